@@ -1,0 +1,520 @@
+"""The route table: RocketMQ's RouteInfoManager as a sans-I/O state machine.
+
+No sockets, no clock, no encoding. Every method that changes state takes `now`
+(milliseconds on any monotonic scale) and returns the §7 events it caused,
+already numbered with one new revision. A request that is refused raises
+before anything is touched, so a failure leaves no trace (§2).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from zns.errors import BadRequest, Conflict
+from zns.schema import (
+    MASTER_ID,
+    PERM_READ,
+    PERM_WRITE,
+    BrokerData,
+    BrokerEvent,
+    DataVersion,
+    LiveBroker,
+    QueueData,
+    RegisterBroker,
+    RouteEvent,
+    TopicRoute,
+)
+
+Event = RouteEvent | BrokerEvent
+LiveKey = tuple[str, str]  # (cluster, broker_addr): liveness is keyed so (§8)
+
+
+@dataclass
+class Liveness:
+    cluster: str
+    addr: str
+    last_heartbeat: int
+    timeout_ms: int
+    data_version: DataVersion
+    ha_addr: str
+    names: set[str] = field(default_factory=set)  # broker names listing this address
+    suspect_deadline: int | None = None  # set by a peer hint (§10)
+
+    @property
+    def deadline(self) -> int:
+        own = self.last_heartbeat + self.timeout_ms
+        if self.suspect_deadline is not None and self.suspect_deadline < own:
+            return self.suspect_deadline
+        return own
+
+
+@dataclass
+class BrokerRecord:
+    cluster: str  # the cluster it was created in: BrokerData.cluster on the wire
+    name: str
+    zone: str
+    addrs: dict[int, str] = field(default_factory=dict)
+    addr_cluster: dict[str, str] = field(default_factory=dict)  # address -> its liveness cluster
+
+    def id_of(self, addr: str) -> int | None:
+        for broker_id, a in self.addrs.items():
+            if a == addr:
+                return broker_id
+        return None
+
+
+@dataclass
+class RegisterOutcome:
+    master_addr: str
+    ha_addr: str
+    events: list[Event]
+
+
+class _Changes:
+    """What one request or expiry step touched; turned into events by `_commit`."""
+
+    def __init__(self) -> None:
+        self.topics: set[str] = set()
+        self.broker_events: list[BrokerEvent] = []
+        self.structural = False  # brokers or clusters changed (visible in snapshot)
+
+
+class RouteTable:
+    def __init__(self, epoch: str) -> None:
+        self.epoch = epoch
+        self.revision = 0
+        self._queues: dict[str, dict[str, QueueData]] = {}  # topic -> broker name -> queues
+        self._broker_topics: dict[str, set[str]] = {}  # broker name -> topics (index)
+        self._brokers: dict[str, BrokerRecord] = {}
+        self._clusters: dict[str, set[str]] = {}
+        self._live: dict[LiveKey, Liveness] = {}
+        self._filter_servers: dict[LiveKey, list[str]] = {}
+        self._order_conf: dict[str, str] = {}
+        self._routes: dict[str, TopicRoute] = {}  # what get_route answers, per topic
+        self._topic_revision: dict[str, int] = {}  # last change of each topic ever known
+        self._broker_data: dict[str, BrokerData] = {}  # shared by every route of a broker
+        self._deadlines: list[tuple[int, LiveKey]] = []  # lazy heap; stale entries skipped
+
+    # --- broker ops (§4) --------------------------------------------------
+
+    def register_broker(self, req: RegisterBroker, now: int) -> RegisterOutcome:
+        name, cluster, addr, broker_id = req.broker_name, req.cluster, req.broker_addr, req.broker_id
+        rec = self._brokers.get(name)
+        if rec is not None:
+            holder = rec.addrs.get(broker_id)
+            if holder is not None and holder != addr:
+                holder_live = self._live.get((rec.addr_cluster[holder], holder))
+                if holder_live and holder_live.data_version.state > req.data_version.state:
+                    raise Conflict(
+                        f"broker {name!r} id {broker_id} is held by {holder} with "
+                        f"data_version.state {holder_live.data_version.state} > "
+                        f"{req.data_version.state}"
+                    )
+
+        ch = _Changes()
+        key = (cluster, addr)
+        live = self._live.get(key)
+        stored_version = live.data_version if live else None
+        held_before = rec is not None and rec.addrs.get(broker_id) == addr and (
+            rec.addr_cluster.get(addr) == cluster
+        )
+        if rec is None:
+            rec = self._brokers[name] = BrokerRecord(cluster, name, req.zone)
+            self._broker_topics[name] = set()
+            ch.structural = True
+        elif rec.zone != req.zone:
+            rec.zone = req.zone
+            self._touch_broker(rec, ch, structural=True)
+
+        # Step 2: the same address under another id (a promotion or demotion).
+        old_id = rec.id_of(addr)
+        if old_id is not None and rec.addr_cluster[addr] != cluster:
+            self._remove_addr(rec, addr, "displaced", ch)  # moved cluster: re-join afresh
+            old_id = None
+        if old_id is not None and old_id != broker_id:
+            del rec.addrs[old_id]
+        # Step 3: another address holding this id (the conflict check passed above).
+        holder = rec.addrs.get(broker_id)
+        if holder is not None and holder != addr:
+            self._remove_addr(rec, holder, "displaced", ch)
+        if name not in self._brokers:  # a removal above took the broker's last address
+            self._brokers[name] = rec
+            self._broker_topics[name] = set()
+
+        rec.addrs[broker_id] = addr
+        rec.addr_cluster[addr] = cluster
+        members = self._clusters.setdefault(cluster, set())
+        if name not in members:
+            members.add(name)
+            ch.structural = True
+        if old_id is None:
+            change = "registered"
+        elif old_id != broker_id or (live is not None and live.ha_addr != req.ha_addr):
+            change = "updated"
+        else:
+            change = ""
+        if change:
+            self._touch_broker(rec, ch, structural=True)
+            ch.broker_events.append(self._broker_event(rec, broker_id, addr, cluster, change, ""))
+
+        # Step 5: liveness.
+        if live is None:
+            live = self._live[key] = Liveness(
+                cluster, addr, now, req.heartbeat_timeout_ms, req.data_version, req.ha_addr
+            )
+        else:
+            live.last_heartbeat = now
+            live.timeout_ms = req.heartbeat_timeout_ms
+            live.data_version = req.data_version
+            live.ha_addr = req.ha_addr
+            live.suspect_deadline = None
+        live.names.add(name)
+        self._schedule(live)
+
+        # Step 4: topic data, only from the master (or the lowest id while no master).
+        is_source = broker_id == MASTER_ID or (
+            MASTER_ID not in rec.addrs and broker_id == min(rec.addrs)
+        )
+        if is_source and (not held_before or stored_version != req.data_version):
+            self._apply_topics(name, req, ch)
+
+        # Step 6: filter servers.
+        if self._filter_servers.get(key, []) != req.filter_servers:
+            if req.filter_servers:
+                self._filter_servers[key] = list(req.filter_servers)
+            else:
+                del self._filter_servers[key]
+            self._touch_broker(rec, ch)
+
+        master_addr = ha_addr = ""
+        if broker_id != MASTER_ID and MASTER_ID in rec.addrs:
+            master_addr = rec.addrs[MASTER_ID]
+            master_live = self._live.get((rec.addr_cluster[master_addr], master_addr))
+            ha_addr = master_live.ha_addr if master_live else ""
+        return RegisterOutcome(master_addr, ha_addr, self._commit(ch))
+
+    def heartbeat(
+        self, cluster: str, name: str, addr: str, data_version: DataVersion, now: int
+    ) -> tuple[bool, bool]:
+        """(known, changed) per §4; stores nothing but the time."""
+        live = self._live.get((cluster, addr))
+        known = live is not None and name in live.names
+        if known:
+            live.last_heartbeat = now
+            live.suspect_deadline = None
+            self._schedule(live)
+            return True, live.data_version != data_version
+        return False, True
+
+    def unregister_broker(self, cluster: str, name: str, addr: str) -> tuple[bool, list[Event]]:
+        rec = self._brokers.get(name)
+        if rec is None or rec.addr_cluster.get(addr) != cluster:
+            return False, []
+        ch = _Changes()
+        self._remove_addr(rec, addr, "unregistered", ch)
+        return True, self._commit(ch)
+
+    # --- liveness (§8, §10) -----------------------------------------------
+
+    def next_deadline(self) -> int | None:
+        """The earliest liveness deadline; a broker expires once `now` is past it."""
+        heap = self._deadlines
+        while heap:
+            deadline, key = heap[0]
+            live = self._live.get(key)
+            if live is not None and live.deadline == deadline:
+                return deadline
+            heapq.heappop(heap)
+        return None
+
+    def expire(self, now: int) -> list[Event]:
+        """Remove every broker whose deadline has passed, re-checked at execution."""
+        events: list[Event] = []
+        while (deadline := self.next_deadline()) is not None and now > deadline:
+            _, key = heapq.heappop(self._deadlines)
+            live = self._live[key]
+            own_deadline = live.last_heartbeat + live.timeout_ms
+            reason = "expired" if now > own_deadline else "peer_expired"
+            ch = _Changes()
+            self._drop_liveness(live, reason, ch)
+            events.extend(self._commit(ch))
+        return events
+
+    def suspect(self, cluster: str, addr: str, grace_ms: int) -> bool:
+        """A peer saw this broker leave: shorten its deadline to last_heartbeat + grace."""
+        live = self._live.get((cluster, addr))
+        if live is None:
+            return False
+        deadline = live.last_heartbeat + grace_ms
+        if deadline >= live.deadline:
+            return False
+        live.suspect_deadline = deadline
+        self._schedule(live)
+        return True
+
+    def shift_deadlines(self, stall_ms: int) -> None:
+        """The process itself was stalled: give every broker that time back."""
+        for live in self._live.values():
+            live.last_heartbeat += stall_ms
+            if live.suspect_deadline is not None:
+                live.suspect_deadline += stall_ms
+        self._rebuild_deadlines()
+
+    # --- admin ops (§6) ---------------------------------------------------
+
+    def wipe_write_perm(self, name: str) -> tuple[int, list[Event]]:
+        return self._change_perm(name, lambda perm: perm & ~PERM_WRITE)
+
+    def add_write_perm(self, name: str) -> tuple[int, list[Event]]:
+        return self._change_perm(name, lambda perm: perm | PERM_READ | PERM_WRITE)
+
+    def delete_topic(self, topic: str, cluster: str = "") -> tuple[bool, list[Event]]:
+        by_broker = self._queues.get(topic, {})
+        if cluster:
+            names = [n for n in by_broker if n in self._clusters.get(cluster, ())]
+        else:
+            names = list(by_broker)
+        if not names:
+            return False, []
+        ch = _Changes()
+        for name in names:
+            self._remove_queue(topic, name, ch)
+        return True, self._commit(ch)
+
+    def register_topic(self, topic: str, queues: list[QueueData]) -> list[Event]:
+        unknown = sorted({q.broker_name for q in queues} - self._brokers.keys())
+        if unknown:
+            raise BadRequest(f"unknown broker name(s) {', '.join(unknown)} - at `$.queues`")
+        ch = _Changes()
+        for q in queues:
+            self._set_queue(topic, q, ch)
+        return self._commit(ch)
+
+    def set_order_conf(self, topic: str, value: str | None) -> list[Event]:
+        """The ORDER_TOPIC_CONFIG KV entry of `topic` changed (None: deleted)."""
+        if value is None:
+            self._order_conf.pop(topic, None)
+        else:
+            self._order_conf[topic] = value
+        ch = _Changes()
+        ch.topics.add(topic)
+        return self._commit(ch)
+
+    # --- queries (§5) -----------------------------------------------------
+
+    def route(self, topic: str) -> TopicRoute | None:
+        return self._routes.get(topic)
+
+    def topic_revision(self, topic: str) -> int:
+        return self._topic_revision.get(topic, 0)
+
+    def routes(self) -> dict[str, TopicRoute]:
+        return self._routes
+
+    def broker_table(self) -> dict[str, BrokerData]:
+        return {name: self._get_broker_data(name) for name in sorted(self._brokers)}
+
+    def cluster_table(self) -> dict[str, list[str]]:
+        return {c: sorted(names) for c, names in sorted(self._clusters.items())}
+
+    def live_brokers(self, now: int) -> list[LiveBroker]:
+        out = []
+        for (cluster, addr), live in sorted(self._live.items()):
+            for name in sorted(live.names):
+                out.append(LiveBroker(
+                    cluster=cluster,
+                    broker_addr=addr,
+                    broker_name=name,
+                    broker_id=self._brokers[name].id_of(addr),
+                    last_heartbeat_ms=max(0, now - live.last_heartbeat),
+                    timeout_ms=live.timeout_ms,
+                    data_version=live.data_version,
+                ))
+        return out
+
+    def topics(self, cluster: str = "", sys_flag: int = 0) -> list[str]:
+        in_cluster = self._clusters.get(cluster, set()) if cluster else None
+        out = []
+        for topic, by_broker in self._queues.items():
+            if in_cluster is not None and in_cluster.isdisjoint(by_broker):
+                continue
+            if sys_flag and (by_broker[min(by_broker)].sys_flag & sys_flag) != sys_flag:
+                continue
+            out.append(topic)
+        out.sort()
+        return out
+
+    def broker_count(self) -> int:
+        return len(self._brokers)
+
+    def topic_count(self) -> int:
+        return len(self._queues)
+
+    # --- internals ----------------------------------------------------------
+
+    def _apply_topics(self, name: str, req: RegisterBroker, ch: _Changes) -> None:
+        if not req.incremental:
+            for topic in self._broker_topics[name] - req.topics.keys():
+                self._remove_queue(topic, name, ch)
+        for topic, cfg in req.topics.items():
+            queue = QueueData(name, cfg.read_queues, cfg.write_queues, cfg.perm, cfg.sys_flag)
+            self._set_queue(topic, queue, ch)
+
+    def _set_queue(self, topic: str, queue: QueueData, ch: _Changes) -> None:
+        by_broker = self._queues.setdefault(topic, {})
+        if by_broker.get(queue.broker_name) != queue:
+            by_broker[queue.broker_name] = queue
+            self._broker_topics[queue.broker_name].add(topic)
+            ch.topics.add(topic)
+
+    def _remove_queue(self, topic: str, name: str, ch: _Changes) -> None:
+        by_broker = self._queues[topic]
+        del by_broker[name]
+        if not by_broker:
+            del self._queues[topic]
+        self._broker_topics[name].discard(topic)
+        ch.topics.add(topic)
+
+    def _change_perm(self, name: str, new_perm) -> tuple[int, list[Event]]:
+        ch = _Changes()
+        for topic in self._broker_topics.get(name, ()):
+            queue = self._queues[topic][name]
+            perm = new_perm(queue.perm)
+            if perm != queue.perm:
+                self._set_queue(topic, QueueData(
+                    name, queue.read_queues, queue.write_queues, perm, queue.sys_flag
+                ), ch)
+        return len(ch.topics), self._commit(ch)
+
+    def _remove_addr(self, rec: BrokerRecord, addr: str, reason: str, ch: _Changes) -> None:
+        """Take one address off one broker name, as `unregister_broker` does."""
+        broker_id = rec.id_of(addr)
+        cluster = rec.addr_cluster.pop(addr)
+        del rec.addrs[broker_id]
+        self._touch_broker(rec, ch, structural=True)
+        ch.broker_events.append(self._broker_event(rec, broker_id, addr, cluster, "removed", reason))
+        key = (cluster, addr)
+        live = self._live.get(key)
+        if live is not None:
+            live.names.discard(rec.name)
+            if not live.names:
+                del self._live[key]
+                if self._filter_servers.pop(key, None) is not None:
+                    self._touch_broker(rec, ch)
+        if cluster not in rec.addr_cluster.values():
+            members = self._clusters[cluster]
+            members.discard(rec.name)
+            if not members:
+                del self._clusters[cluster]
+            ch.structural = True
+        if not rec.addrs:
+            for topic in list(self._broker_topics[rec.name]):
+                self._remove_queue(topic, rec.name, ch)
+            del self._brokers[rec.name], self._broker_topics[rec.name]
+            self._broker_data.pop(rec.name, None)
+            ch.structural = True
+
+    def _drop_liveness(self, live: Liveness, reason: str, ch: _Changes) -> None:
+        """Expiry: the address leaves every broker name that lists it."""
+        for name in sorted(live.names):
+            self._remove_addr(self._brokers[name], live.addr, reason, ch)
+        self._live.pop((live.cluster, live.addr), None)
+
+    def _touch_broker(self, rec: BrokerRecord, ch: _Changes, structural: bool = False) -> None:
+        """Every route of this broker may have changed; `structural`: its BrokerData did."""
+        if structural:
+            self._broker_data.pop(rec.name, None)
+            ch.structural = True
+        ch.topics.update(self._broker_topics.get(rec.name, ()))
+
+    def _broker_event(
+        self, rec: BrokerRecord, broker_id: int, addr: str, cluster: str, change: str, reason: str
+    ) -> BrokerEvent:
+        return BrokerEvent(
+            epoch=self.epoch, revision=0, cluster=cluster, broker_name=rec.name,
+            broker_id=broker_id, broker_addr=addr, change=change, reason=reason,
+        )
+
+    def _get_broker_data(self, name: str) -> BrokerData:
+        data = self._broker_data.get(name)
+        if data is None:
+            rec = self._brokers[name]
+            data = self._broker_data[name] = BrokerData(
+                cluster=rec.cluster, broker_name=name, addrs=dict(sorted(rec.addrs.items())),
+                zone=rec.zone,
+            )
+        return data
+
+    def _build_route(self, topic: str) -> TopicRoute | None:
+        by_broker = self._queues.get(topic)
+        if not by_broker:
+            return None
+        names = sorted(n for n in by_broker if n in self._brokers)
+        if not names:
+            return None
+        brokers = [self._get_broker_data(n) for n in names]
+        filter_servers = {}
+        for n in names:
+            rec = self._brokers[n]
+            for addr in rec.addrs.values():
+                servers = self._filter_servers.get((rec.addr_cluster[addr], addr))
+                if servers:
+                    filter_servers[addr] = servers
+        return TopicRoute(
+            topic=topic, queues=[by_broker[n] for n in names], brokers=brokers,
+            filter_servers=filter_servers, order_conf=self._order_conf.get(topic, ""),
+        )
+
+    def _commit(self, ch: _Changes) -> list[Event]:
+        """Number the changes with one new revision and turn them into events."""
+        route_changes = []
+        for topic in sorted(ch.topics):
+            route = self._build_route(topic)
+            if route != self._routes.get(topic):
+                route_changes.append((topic, route))
+        if not (route_changes or ch.broker_events or ch.structural):
+            return []
+        self.revision += 1
+        revision = self.revision
+        events: list[Event] = []
+        for event in ch.broker_events:
+            event.revision = revision
+            events.append(event)
+        for topic, route in route_changes:
+            if route is None:
+                del self._routes[topic]
+            else:
+                self._routes[topic] = route
+            prev = self._topic_revision.get(topic, 0)
+            self._topic_revision[topic] = revision
+            events.append(RouteEvent(
+                epoch=self.epoch, revision=revision, prev=prev, topic=topic, route=route
+            ))
+        return events
+
+    def _schedule(self, live: Liveness) -> None:
+        heapq.heappush(self._deadlines, (live.deadline, (live.cluster, live.addr)))
+        if len(self._deadlines) > 4 * len(self._live) + 64:
+            self._rebuild_deadlines()
+
+    def _rebuild_deadlines(self) -> None:
+        self._deadlines = [(live.deadline, key) for key, live in self._live.items()]
+        heapq.heapify(self._deadlines)
+
+
+def filter_zone(route: TopicRoute, zone: str) -> TopicRoute:
+    """RocketMQ's zone mode (§5): brokers of `zone` (any case) and brokers with no master."""
+    zone = zone.casefold()
+    brokers = [
+        b for b in route.brokers if b.zone.casefold() == zone or MASTER_ID not in b.addrs
+    ]
+    names = {b.broker_name for b in brokers}
+    addrs = {a for b in brokers for a in b.addrs.values()}
+    return TopicRoute(
+        topic=route.topic,
+        queues=[q for q in route.queues if q.broker_name in names],
+        brokers=brokers,
+        filter_servers={a: s for a, s in route.filter_servers.items() if a in addrs},
+        order_conf=route.order_conf,
+    )

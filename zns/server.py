@@ -1,0 +1,242 @@
+"""The socket loop: one ROUTER for requests, one PUB for events, one zmq.Poller.
+
+Thin on purpose: it reads frames, hands the body to `NameService.respond`,
+sends the reply back with the envelope unchanged, publishes the events, and
+keeps time — heartbeat events, the earliest broker deadline, and the stall
+rule of §8. Everything it decides is decided by the core.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import zmq
+
+from zns.kv import KvStore
+from zns.service import Frames, NameService
+
+log = logging.getLogger("zns")
+
+DEFAULT_ROUTER = "tcp://127.0.0.1:9876"
+DEFAULT_PUB = "tcp://127.0.0.1:9877"
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# One large broker's registration publishes one event per topic; the mark must
+# hold that burst for a subscriber that is a little behind (never 0: unbounded).
+DEFAULT_PUB_HWM = 200_000
+MAX_BATCH = 2048  # requests served per wake-up before timers get a turn
+
+
+@dataclass
+class ServerConfig:
+    router: str = DEFAULT_ROUTER
+    pub: str = DEFAULT_PUB
+    kv_path: str | None = "~/.zns/kv.json"
+    heartbeat_interval: float = 1.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    pub_hwm: int = DEFAULT_PUB_HWM
+    peers: list[str] = field(default_factory=list)
+    peer_grace: float = 3.0
+
+
+def new_epoch() -> str:
+    return secrets.token_hex(8)
+
+
+class Server:
+    """Bind with `bind()` (or the constructor), then `run()` until `stop()`."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._ctx = context or zmq.Context.instance()
+        self._stopping = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.dropped_replies = 0
+        self.service = NameService(
+            KvStore(config.kv_path), epoch=new_epoch(), started_at_ms=self._now()
+        )
+        self.router = self._ctx.socket(zmq.ROUTER)
+        self.pub = self._ctx.socket(zmq.PUB)
+        self._configure_sockets()
+        self.router_endpoint = self._bind(self.router, config.router)
+        self.pub_endpoint = self._bind(self.pub, config.pub)
+        self.service.pub_endpoint = self.pub_endpoint
+
+    # --- life cycle -----------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until `stop()` or SIGTERM/SIGINT (when run in the main thread)."""
+        restore = self._install_signal_handlers()
+        log.info("zns serving requests on %s, events on %s (epoch %s)",
+                 self.router_endpoint, self.pub_endpoint, self.service.epoch)
+        try:
+            self._loop()
+        finally:
+            restore()
+            self.close()
+            log.info("zns stopped")
+
+    def stop(self) -> None:
+        """Thread-safe and signal-safe: the loop ends at its next wake-up."""
+        self._stopping = True
+        self.wake()
+
+    def wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is already pending, or we are closed
+
+    def close(self) -> None:
+        self.router.close(linger=500)
+        self.pub.close(linger=500)
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # --- the loop -------------------------------------------------------
+
+    def _loop(self) -> None:
+        service = self.service
+        interval_ms = max(1, round(self.config.heartbeat_interval * 1000))
+        stall_threshold = max(1000, 2 * interval_ms)
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        now = next_hb = self._now()
+        while not self._stopping:
+            wake_at = next_hb
+            deadline = service.table.next_deadline()
+            if deadline is not None and deadline + 1 < wake_at:
+                wake_at = deadline + 1  # a broker expires once now > deadline
+            ready = dict(poller.poll(max(0, wake_at - now)))
+            now = self._now()
+            # Timers ran at the end of the last pass, so wake_at is late only if
+            # this process was not running (SIGSTOP, suspend, a long pause).
+            late = now - wake_at
+            if late > stall_threshold:
+                log.warning("the server stalled for %d ms; moving every deadline by it", late)
+                service.table.shift_deadlines(late)
+            if self._wake_r in ready:
+                self._drain_wakeups()
+            if self.router in ready:
+                self._serve_batch(now)
+                now = self._now()
+            self._publish(service.expire(now))
+            if now >= next_hb:
+                self._publish([service.heartbeat_event(round(self._wall_clock() * 1000))])
+                next_hb += interval_ms
+                if next_hb <= now:
+                    next_hb = now + interval_ms
+
+    def _serve_batch(self, now: int) -> None:
+        router, respond = self.router, self.service.respond
+        for _ in range(MAX_BATCH):
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) < 2:
+                continue  # a ROUTER always prepends the routing id: nothing to answer
+            response = respond(frames[-1], now)
+            frames[-1] = response.reply
+            try:
+                router.send_multipart(frames, zmq.DONTWAIT)
+            except zmq.ZMQError as exc:
+                # Vanished peer (EHOSTUNREACH) or one at its high-water mark (EAGAIN):
+                # the loop must never block on one peer.
+                if exc.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
+                    raise
+                self.dropped_replies += 1
+            if response.events:
+                self._publish(response.events)
+
+    def _publish(self, events: list[Frames]) -> None:
+        send = self.pub.send_multipart
+        for frames in events:
+            send(frames, zmq.DONTWAIT)
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _now(self) -> int:
+        return int(self._clock() * 1000)
+
+    # --- sockets --------------------------------------------------------
+
+    def _configure_sockets(self) -> None:
+        router, pub = self.router, self.pub
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        router.setsockopt(zmq.LINGER, 500)
+        # Close TCP connections to peers that froze, so their queues are freed.
+        router.setsockopt(zmq.HEARTBEAT_IVL, 5000)
+        router.setsockopt(zmq.HEARTBEAT_TIMEOUT, 15000)
+        pub.setsockopt(zmq.SNDHWM, self.config.pub_hwm)
+        pub.setsockopt(zmq.LINGER, 500)
+
+    def _bind(self, sock: zmq.Socket, endpoint: str) -> str:
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            raise OSError(f"cannot bind {endpoint}: {exc}") from exc
+        bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if not is_loopback(bound):
+            log.warning(
+                "%s is bound to a non-loopback address without CURVE: anyone who can reach "
+                "it can register brokers and rewrite routes", bound,
+            )
+        return bound
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in previous:
+            signal.signal(sig, lambda *_: self.stop())
+        old_fd = signal.set_wakeup_fd(self._wake_w.fileno())
+
+        def restore() -> None:
+            signal.set_wakeup_fd(old_fd)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+
+def is_loopback(endpoint: str) -> bool:
+    """True for inproc/ipc and tcp endpoints on 127.0.0.0/8, ::1 or localhost."""
+    parts = urlsplit(endpoint)
+    if parts.scheme != "tcp":
+        return True
+    host = (parts.hostname or "").strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def serve(config: ServerConfig) -> None:
+    server = Server(config)
+    server.run()
+

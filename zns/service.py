@@ -1,0 +1,261 @@
+"""The NameServer as bytes in, bytes out: decode, dispatch, encode — still no I/O.
+
+`NameService.respond` takes one request body and returns the reply body and
+the events to publish, as frames. The server loop only moves those frames
+between sockets; fuzzers and tests drive this class directly. Errors are
+mapped to `error` replies here, at one boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from msgspec import Raw
+
+from zns import __version__
+from zns.errors import BadRequest, Internal, NotFound, UnknownOp, ZnsError
+from zns.kv import KvStore
+from zns.routes import RouteTable, filter_zone
+from zns.schema import (
+    KNOWN_OPS,
+    ORDER_TOPIC_CONFIG,
+    AddWritePerm,
+    AddWritePermReply,
+    AnyRequest,
+    BrokerEvent,
+    DeleteTopic,
+    DeleteTopicReply,
+    GetClusterInfo,
+    GetClusterInfoReply,
+    GetRoute,
+    GetRouteReply,
+    GetRoutes,
+    GetRoutesReply,
+    GetTopics,
+    GetTopicsReply,
+    HbEvent,
+    Heartbeat,
+    HeartbeatReply,
+    KvDelete,
+    KvDeleteReply,
+    KvGet,
+    KvGetReply,
+    KvList,
+    KvListReply,
+    KvPut,
+    KvPutReply,
+    RegisterBroker,
+    RegisterBrokerReply,
+    RegisterTopic,
+    RegisterTopicReply,
+    Reply,
+    RouteEvent,
+    Snapshot,
+    SnapshotReply,
+    Status,
+    StatusReply,
+    UnregisterBroker,
+    UnregisterBrokerReply,
+    WipeWritePerm,
+    WipeWritePermReply,
+    decode_request,
+    describe_decode_error,
+    encode,
+    event_channel,
+    read_envelope,
+)
+
+log = logging.getLogger("zns")
+
+Frames = tuple[bytes, bytes]  # (channel, body) of one event
+# Decides whether the peer with this CURVE key (None: no CURVE) may send this
+# request; raises NoPermission when not (§9).
+Authorizer = Callable[[str | None, AnyRequest], None]
+
+
+@dataclass
+class Response:
+    reply: bytes
+    events: list[Frames] = field(default_factory=list)
+
+
+class NameService:
+    def __init__(
+        self,
+        kv: KvStore,
+        *,
+        epoch: str,
+        started_at_ms: int,
+        pub_endpoint: str = "",
+        authorize: Authorizer | None = None,
+    ) -> None:
+        self.table = RouteTable(epoch)
+        self.kv = kv
+        self.epoch = epoch
+        self.started_at_ms = started_at_ms
+        self.pub_endpoint = pub_endpoint
+        self.authorize = authorize
+        self.peers: dict[str, bool] = {}  # peer endpoint -> connected (§10, set by the server)
+        self._route_bytes: dict[str, Raw] = {}  # each route encoded once per change
+        for topic, value in kv.list(ORDER_TOPIC_CONFIG).items():
+            self.table.set_order_conf(topic, value)
+
+    # --- the boundary ---------------------------------------------------
+
+    def respond(self, body: bytes, now: int, peer_key: str | None = None) -> Response:
+        try:
+            request = decode_request(body)
+        except msgspec.DecodeError as exc:
+            request_id, op = read_envelope(body)
+            if op is not None and op not in KNOWN_OPS:
+                error: ZnsError = UnknownOp(f"unknown op {op!r}")
+            else:
+                error = BadRequest(describe_decode_error(exc))
+            return Response(encode(error.reply(request_id)))
+        try:
+            if self.authorize is not None:
+                self.authorize(peer_key, request)
+            reply, events = self.handle(request, now)
+        except ZnsError as exc:
+            if isinstance(exc, Internal):
+                log.error("internal error on %s: %s", type(request).__name__, exc)
+            return Response(encode(exc.reply(request.id)))
+        except Exception:
+            log.exception("bug while handling %r", request)
+            return Response(encode(Internal("internal error; see the server log").reply(request.id)))
+        return Response(encode(reply), self._publish(events))
+
+    def expire(self, now: int) -> list[Frames]:
+        return self._publish(self.table.expire(now))
+
+    def heartbeat_event(self, time_ms: int) -> Frames:
+        event = HbEvent(epoch=self.epoch, revision=self.table.revision, time_ms=time_ms)
+        return event_channel(event), encode(event)
+
+    # --- dispatch -------------------------------------------------------
+
+    def handle(self, request: AnyRequest, now: int) -> tuple[Reply, list[RouteEvent | BrokerEvent]]:
+        """Apply one validated request; raises a ZnsError on refusal."""
+        table = self.table
+        rid = request.id
+        match request:
+            case GetRoute(topic=topic, zone=zone):
+                route = self._route_raw(topic)
+                if route is None:
+                    raise NotFound(f"no route for topic {topic!r}", table.topic_revision(topic))
+                if zone:
+                    route = filter_zone(table.route(topic), zone)
+                return GetRouteReply(
+                    id=rid, route=route, revision=table.topic_revision(topic), epoch=self.epoch
+                ), []
+            case Heartbeat(cluster=c, broker_name=n, broker_addr=a, data_version=v):
+                known, changed = table.heartbeat(c, n, a, v, now)
+                return HeartbeatReply(id=rid, known=known, changed=changed), []
+            case RegisterBroker():
+                try:
+                    outcome = table.register_broker(request, now)
+                except ZnsError as exc:
+                    log.warning("broker %s/%s id %d at %s refused: %s", request.cluster,
+                                request.broker_name, request.broker_id, request.broker_addr, exc)
+                    raise
+                reply = RegisterBrokerReply(
+                    id=rid, master_addr=outcome.master_addr, ha_addr=outcome.ha_addr
+                )
+                return reply, outcome.events
+            case UnregisterBroker(cluster=c, broker_name=n, broker_addr=a):
+                removed, events = table.unregister_broker(c, n, a)
+                return UnregisterBrokerReply(id=rid, removed=removed), events
+            case GetRoutes(topics=topics):
+                routes, revisions, missing = {}, {}, []
+                for topic in topics:
+                    revisions[topic] = table.topic_revision(topic)
+                    route = self._route_raw(topic)
+                    if route is None:
+                        missing.append(topic)
+                    else:
+                        routes[topic] = route
+                return GetRoutesReply(
+                    id=rid, routes=routes, revisions=revisions, missing=missing, epoch=self.epoch
+                ), []
+            case GetClusterInfo():
+                return GetClusterInfoReply(
+                    id=rid, brokers=table.broker_table(), clusters=table.cluster_table(),
+                    live=table.live_brokers(now),
+                ), []
+            case GetTopics(cluster=cluster, sys_flag=sys_flag):
+                return GetTopicsReply(id=rid, topics=table.topics(cluster, sys_flag)), []
+            case Snapshot():
+                return SnapshotReply(
+                    id=rid, epoch=self.epoch, revision=table.revision,
+                    routes={t: self._route_raw(t) for t in sorted(table.routes())},
+                    brokers=table.broker_table(), clusters=table.cluster_table(),
+                ), []
+            case Status():
+                return StatusReply(
+                    id=rid, epoch=self.epoch, revision=table.revision, version=__version__,
+                    uptime_ms=max(0, now - self.started_at_ms), brokers=table.broker_count(),
+                    topics=table.topic_count(), pub_endpoint=self.pub_endpoint,
+                    peers=dict(self.peers),
+                ), []
+            case WipeWritePerm(broker_name=name):
+                changed, events = table.wipe_write_perm(name)
+                return WipeWritePermReply(id=rid, changed=changed), events
+            case AddWritePerm(broker_name=name):
+                changed, events = table.add_write_perm(name)
+                return AddWritePermReply(id=rid, changed=changed), events
+            case DeleteTopic(topic=topic, cluster=cluster):
+                removed, events = table.delete_topic(topic, cluster)
+                return DeleteTopicReply(id=rid, removed=removed), events
+            case RegisterTopic(topic=topic, queues=queues):
+                return RegisterTopicReply(id=rid), table.register_topic(topic, queues)
+            case KvPut(namespace=ns, key=key, value=value):
+                self._kv_write(self.kv.put, ns, key, value)
+                events = table.set_order_conf(key, value) if ns == ORDER_TOPIC_CONFIG else []
+                return KvPutReply(id=rid), events
+            case KvGet(namespace=ns, key=key):
+                value = self.kv.get(ns, key)
+                if value is None:
+                    raise NotFound(f"no KV entry {key!r} in namespace {ns!r}")
+                return KvGetReply(id=rid, value=value), []
+            case KvDelete(namespace=ns, key=key):
+                removed = self._kv_write(self.kv.delete, ns, key)
+                events = table.set_order_conf(key, None) if ns == ORDER_TOPIC_CONFIG else []
+                return KvDeleteReply(id=rid, removed=removed), events
+            case KvList(namespace=ns):
+                return KvListReply(id=rid, entries=self.kv.list(ns)), []
+        raise Internal(f"no handler for {type(request).__name__}")
+
+    # --- internals --------------------------------------------------------
+
+    def _kv_write(self, write: Callable[..., bool], *args: str) -> bool:
+        try:
+            return write(*args)
+        except OSError as exc:
+            raise Internal(f"the KV store could not be written durably: {exc}") from exc
+
+    def _route_raw(self, topic: str) -> Raw | None:
+        return self._route_bytes.get(topic)
+
+    def _publish(self, events: list[RouteEvent | BrokerEvent]) -> list[Frames]:
+        frames = []
+        for event in events:
+            if isinstance(event, RouteEvent):
+                if event.route is None:
+                    self._route_bytes.pop(event.topic, None)
+                else:
+                    raw = Raw(encode(event.route))
+                    self._route_bytes[event.topic] = raw
+                    event.route = raw
+            else:
+                _log_broker_event(event)
+            frames.append((event_channel(event), encode(event)))
+        return frames
+
+
+def _log_broker_event(event: BrokerEvent) -> None:
+    reason = f" ({event.reason})" if event.reason else ""
+    log.info("broker %s %s/%s id %d at %s%s", event.change, event.cluster, event.broker_name,
+             event.broker_id, event.broker_addr, reason)
