@@ -1,0 +1,496 @@
+"""The one client harness every benchmark uses.
+
+- `start_zns` / `start_echo`: a server in its own process, endpoints read from its log line.
+- `Session`: the orchestrator's own DEALER, to set state up and check replies.
+- `LoadClients`: client processes, spawned once, that keep N requests in flight
+  against an endpoint for a timed window — the same code drives zns and the echo
+  server, so their ratio compares servers, not clients.
+- `Subscribers`: SUB sockets spread over a few processes that timestamp every
+  event as it arrives (time.monotonic is one system-wide clock on Linux, so
+  timestamps taken in different processes compare).
+
+Every loop here is bounded in time; every address is loopback.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from zns import schema
+
+LOOPBACK = "tcp://127.0.0.1:*"
+REPLY_TIMEOUT_S = 15.0  # a server that answers nothing for this long has failed
+START_TIMEOUT_S = 30.0
+REPO = Path(__file__).resolve().parent.parent
+_SERVING = re.compile(r"serving requests on (\S+), events on (\S+)")
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not measure what it meant to (an error reply, a timeout)."""
+
+
+# --- servers ---------------------------------------------------------------
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[bytes]
+    router: str
+    pub: str
+    log_path: Path
+
+    def rss_kib(self) -> int:
+        return rss_kib(self.proc.pid)
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def start_zns(workdir: Path, *args: str) -> ServerProcess:
+    """`zns serve` on ephemeral loopback ports, its KV file in `workdir`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "zns.cli", "serve", "--router", LOOPBACK, "--pub", LOOPBACK,
+        "--kv-path", str(workdir / "kv.json"), *args,
+    ]
+    return _start(cmd, workdir / f"zns-{time.monotonic_ns()}.log")
+
+
+def start_echo(workdir: Path) -> ServerProcess:
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "bench.echo_server", LOOPBACK]
+    return _start(cmd, workdir / f"echo-{time.monotonic_ns()}.log")
+
+
+def _start(cmd: list[str], log_path: Path) -> ServerProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        match = _SERVING.search(log_path.read_text(errors="replace"))
+        if match:
+            return ServerProcess(proc, match.group(1), match.group(2), log_path)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait(10)
+    raise BenchError(f"{' '.join(cmd)} did not start: {log_path.read_text(errors='replace')}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (/proc/<pid>/stat, clock-tick resolution)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of a process, from /proc/<pid>/status (VmRSS, in KiB)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise BenchError(f"no VmRSS for pid {pid}")
+
+
+# --- requests --------------------------------------------------------------
+
+
+def request(op: str, **fields: Any) -> bytes:
+    return schema.encode({"op": op, **fields})
+
+
+def register_request(
+    broker_name: str, broker_addr: str, topics: Iterable[str] = (), *,
+    cluster: str = "bench", broker_id: int = 0, **extra: Any,
+) -> bytes:
+    """A full registration; every topic with the default TopicConfig unless `topic_config`."""
+    config = extra.pop("topic_config", {})
+    return request(
+        "register_broker", cluster=cluster, broker_name=broker_name, broker_id=broker_id,
+        broker_addr=broker_addr, topics={t: config for t in topics}, **extra,
+    )
+
+
+def heartbeat_request(broker_name: str, broker_addr: str, *, cluster: str = "bench",
+                      broker_id: int = 0, **extra: Any) -> bytes:
+    return request("heartbeat", cluster=cluster, broker_name=broker_name, broker_id=broker_id,
+                   broker_addr=broker_addr, **extra)
+
+
+def broker_addr(i: int) -> str:
+    """A distinct, valid broker address per index (never dialled: only a name here)."""
+    return f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}:10911"
+
+
+def check_reply(body: bytes) -> Any:
+    reply = schema.decode_reply(body)
+    if isinstance(reply, schema.Error):
+        raise BenchError(f"the server answered {reply.code}: {reply.message}")
+    return reply
+
+
+class Session:
+    """The orchestrator's connection: sets state up, one request or a pipeline at a time."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVTIMEO, int(REPLY_TIMEOUT_S * 1000))
+        self.sock.connect(endpoint)
+
+    def call_raw(self, body: bytes) -> bytes:
+        self.sock.send(body)
+        try:
+            return self.sock.recv()
+        except zmq.Again:
+            raise BenchError(f"no reply within {REPLY_TIMEOUT_S} s") from None
+
+    def call(self, op: str, **fields: Any) -> Any:
+        """One request; its decoded reply, or BenchError for an `error` reply."""
+        return check_reply(self.call_raw(request(op, **fields)))
+
+    def pipeline(self, bodies: Sequence[bytes], in_flight: int = 100) -> None:
+        """Send every body with up to `in_flight` outstanding; every reply must be a success."""
+        sent = 0
+        for received in range(len(bodies)):
+            while sent < len(bodies) and sent - received < in_flight:
+                self.sock.send(bodies[sent])
+                sent += 1
+            try:
+                check_reply(self.sock.recv())
+            except zmq.Again:
+                raise BenchError(f"no reply within {REPLY_TIMEOUT_S} s") from None
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+# --- load ------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    rate: float  # replies per second received in the window, all client processes
+    replies: int
+    total: int  # replies received at all, warm-up and tail included
+    latencies: list[float]  # seconds per round trip; only when one request is in flight
+    server_cpu: float  # seconds of CPU the server used while driven (all `total` replies)
+
+    @property
+    def cpu_us_per_request(self) -> float:
+        """Server CPU per request: unlike a rate, barely moved by other load on the machine."""
+        return self.server_cpu / self.total * 1e6 if self.total else float("nan")
+
+
+class LoadClients:
+    """Client processes, spawned once and reused: each keeps requests in flight on a DEALER."""
+
+    def __init__(self, processes: int = 2) -> None:
+        mp = multiprocessing.get_context("spawn")
+        self._conns: list[Connection] = []
+        self._procs = []
+        for _ in range(processes):
+            parent, child = mp.Pipe()
+            proc = mp.Process(target=_client_main, args=(child,), daemon=True)
+            proc.start()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        for conn in self._conns:  # a timed window must not include a process start
+            if not conn.poll(START_TIMEOUT_S) or conn.recv() != "ready":
+                raise BenchError("a client process did not start")
+
+    def drive(
+        self, server: ServerProcess, bodies: Sequence[bytes], *, in_flight: int, duration: float,
+        processes: int = 1, warmup: float = 0.3,
+    ) -> Load:
+        """Keep `in_flight` requests outstanding in total, split over `processes`, cycling
+        through `bodies`; count the replies that arrive during `duration` after `warmup`."""
+        if processes > len(self._conns):
+            raise ValueError(f"only {len(self._conns)} client processes")
+        start_at = time.monotonic() + warmup
+        shares = [in_flight // processes + (i < in_flight % processes) for i in range(processes)]
+        record = in_flight == processes  # one request in flight per process: latency counts
+        cpu_before = server.cpu_seconds()
+        for conn, share in zip(self._conns, shares):
+            conn.send((server.router, list(bodies), share, start_at, duration, record))
+        replies, total, latencies = 0, 0, []
+        for conn in self._conns[:processes]:
+            if not conn.poll(warmup + duration + REPLY_TIMEOUT_S + 10):
+                raise BenchError("a client process did not report")
+            outcome = conn.recv()
+            if isinstance(outcome, str):
+                raise BenchError(outcome)
+            replies += outcome[0]
+            total += outcome[1]
+            latencies.extend(outcome[2])
+        server_cpu = server.cpu_seconds() - cpu_before
+        return Load(replies / duration, replies, total, latencies, server_cpu)
+
+    def close(self) -> None:
+        for conn in self._conns:
+            conn.close()
+        for proc in self._procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+
+    def __enter__(self) -> LoadClients:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def _client_main(conn: Connection) -> None:
+    ctx = zmq.Context.instance()
+    conn.send("ready")
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(_drive(ctx, *job))
+        except zmq.Again:
+            conn.send(f"no reply from {job[0]} within {REPLY_TIMEOUT_S} s")
+
+
+def _drive(
+    ctx: zmq.Context, endpoint: str, bodies: list[bytes], in_flight: int, start_at: float,
+    duration: float, record: bool,
+) -> tuple[int, int, list[float]]:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, int(REPLY_TIMEOUT_S * 1000))
+    sock.connect(endpoint)
+    send, recv, clock = sock.send, sock.recv, time.monotonic
+    end_at = start_at + duration
+    count = len(bodies)
+    sent_at: collections.deque[float] = collections.deque()
+    replies, latencies = 0, []
+    total = 0
+    try:
+        for i in range(in_flight):
+            sent_at.append(clock())
+            send(bodies[i % count])
+        i = in_flight
+        # The hot loop: one reply in, one request out; timestamps only when measuring latency.
+        while True:
+            recv()
+            now = clock()
+            total += 1
+            if record:
+                started = sent_at.popleft()
+            if now >= start_at:
+                if now >= end_at:
+                    break
+                replies += 1
+                if record:
+                    latencies.append(now - started)
+            if record:
+                sent_at.append(clock())
+            send(bodies[i % count])
+            i += 1
+    finally:
+        sock.close(0)
+    return replies, total, latencies
+
+
+# --- subscribers -------------------------------------------------------------
+
+
+@dataclass
+class Arrival:
+    socket: int  # which subscriber socket, 0..sockets-1
+    at: float  # time.monotonic() right after recv
+    revision: int
+    op: str
+    key: str  # route: the topic; broker: the broker address
+    change: str = ""
+    reason: str = ""
+
+
+class Subscribers:
+    """`sockets` SUB sockets spread over `processes` processes, each subscribed to
+    `prefixes`. With `ack`, each process reports over PUSH how many events every one of
+    its sockets has received, so a sender can pace itself (`wait_acked`)."""
+
+    def __init__(self, pub: str, prefixes: Sequence[bytes], *, sockets: int = 1,
+                 processes: int = 1, ack: bool = False) -> None:
+        processes = max(1, min(processes, sockets))
+        self._acks = None
+        ack_endpoint = None
+        if ack:
+            self._acks = zmq.Context.instance().socket(zmq.PULL)
+            self._acks.setsockopt(zmq.LINGER, 0)
+            self._acks.bind(LOOPBACK)
+            ack_endpoint = self._acks.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._acked = [0] * processes
+        mp = multiprocessing.get_context("spawn")
+        self._conns: list[Connection] = []
+        self._procs = []
+        first = 0
+        for p in range(processes):
+            n = sockets // processes + (p < sockets % processes)
+            parent, child = mp.Pipe()
+            proc = mp.Process(target=_subscriber_main, daemon=True,
+                              args=(child, pub, list(prefixes), first, n, p, ack_endpoint))
+            proc.start()
+            self._conns.append(parent)
+            self._procs.append(proc)
+            first += n
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        """Subscriptions are asynchronous: each socket must have received an `hb` first."""
+        deadline = time.monotonic() + timeout
+        for conn in self._conns:
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                raise BenchError("subscribers did not see an hb event in time")
+            if conn.recv() != "ready":
+                raise BenchError("a subscriber process failed")
+
+    def wait_acked(self, count: int, timeout: float) -> bool:
+        """Until every socket has received `count` events; False on timeout."""
+        assert self._acks is not None
+        deadline = time.monotonic() + timeout
+        while min(self._acked) < count:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._acks.poll(int(left * 1000) + 1):
+                return False
+            process, received = self._acks.recv_multipart()
+            index = int(process)
+            self._acked[index] = max(self._acked[index], int(received))
+        return True
+
+    def stop(self) -> list[Arrival]:
+        """Stop every process; every event each socket received, with its arrival time."""
+        arrivals: list[Arrival] = []
+        for conn in self._conns:
+            conn.send("stop")
+        for conn, proc in zip(self._conns, self._procs):
+            if not conn.poll(60):
+                raise BenchError("a subscriber process did not report")
+            arrivals.extend(conn.recv())
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+        if self._acks is not None:
+            self._acks.close(0)
+        return arrivals
+
+
+def _subscriber_main(conn: Connection, pub: str, prefixes: list[bytes], first: int, n: int,
+                     process: int, ack_endpoint: str | None) -> None:
+    ctx = zmq.Context.instance()
+    socks = []
+    poller = zmq.Poller()
+    for _ in range(n):
+        sock = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 1_000_000)  # a timing run must not lose events here
+        for prefix in [*prefixes, schema.HB_CHANNEL]:
+            sock.setsockopt(zmq.SUBSCRIBE, prefix)
+        sock.connect(pub)
+        socks.append(sock)
+        poller.register(sock, zmq.POLLIN)
+    poller.register(conn.fileno(), zmq.POLLIN)
+    push = None
+    if ack_endpoint:
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(ack_endpoint)
+    index = {sock: i for i, sock in enumerate(socks)}
+    seen_hb = [False] * n
+    counts = [0] * n
+    acked = 0
+    raw: list[tuple[int, float, bytes]] = []
+    clock = time.monotonic
+    ready = False
+    while True:
+        ready_socks = poller.poll(1000)
+        for sock, _ in ready_socks:
+            if sock == conn.fileno():
+                continue
+            i = index[sock]
+            while True:
+                try:
+                    channel, body = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                at = clock()
+                if channel == schema.HB_CHANNEL:
+                    seen_hb[i] = True
+                elif ready:
+                    raw.append((i, at, body))
+                    counts[i] += 1
+        if not ready and all(seen_hb):
+            ready = True
+            conn.send("ready")
+        if push is not None and ready and min(counts) > acked:
+            acked = min(counts)
+            push.send_multipart([b"%d" % process, b"%d" % acked])
+        if conn.poll():
+            conn.recv()
+            break
+    conn.send([_arrival(first + i, at, body) for i, at, body in raw])
+    for sock in socks:
+        sock.close(0)
+    if push is not None:
+        push.close(0)
+
+
+def _arrival(socket: int, at: float, body: bytes) -> Arrival:
+    event = schema.decode_event(body)
+    if isinstance(event, schema.RouteEvent):
+        return Arrival(socket, at, event.revision, "route", event.topic)
+    return Arrival(socket, at, event.revision, "broker", event.broker_addr, event.change,
+                   event.reason)
+
+
+# --- statistics --------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
+    if not values:
+        raise BenchError("no samples")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]

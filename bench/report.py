@@ -1,0 +1,297 @@
+"""The one results writer: figures with their reference point, ratio and target;
+the command line every benchmark script shares; the table, results.md and results.json.
+
+A figure keeps every round's value. What is shown is the median with min–max;
+a ratio is the median of per-round ratios, each taken against the reference
+measured in the same round, so slow drift of a noisy machine cancels out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+import zns
+
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal from the issue: `on` the ratio or the value itself, `op` '>=' or '<='."""
+
+    on: str
+    op: str
+    bound: float
+
+    def describe(self, unit: str) -> str:
+        sign = "≥" if self.op == ">=" else "≤"
+        if self.on == "ratio":
+            return f"{sign} {self.bound:g}×"
+        return f"{sign} {self.bound:g} {unit}"
+
+    def met(self, value: float, ratio: float | None) -> bool:
+        x = ratio if self.on == "ratio" else value
+        if x is None:
+            return False
+        return x >= self.bound if self.op == ">=" else x <= self.bound
+
+
+@dataclass
+class Figure:
+    name: str
+    unit: str
+    rounds: list[float]
+    reference: str = ""  # what the value is compared with
+    reference_rounds: list[float] = field(default_factory=list)
+    target: Target | None = None
+    note: str = ""
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.rounds)
+
+    @property
+    def reference_value(self) -> float | None:
+        return statistics.median(self.reference_rounds) if self.reference_rounds else None
+
+    @property
+    def ratios(self) -> list[float]:
+        refs = self.reference_rounds
+        if not refs:
+            return []
+        if len(refs) == 1:
+            refs = refs * len(self.rounds)
+        return [v / r for v, r in zip(self.rounds, refs) if r]
+
+    @property
+    def ratio(self) -> float | None:
+        ratios = self.ratios
+        return statistics.median(ratios) if ratios else None
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.target is None else self.target.met(self.value, self.ratio)
+
+    def as_json(self) -> dict[str, Any]:
+        ratios = self.ratios
+        return {
+            "name": self.name, "unit": self.unit, "median": self.value,
+            "min": min(self.rounds), "max": max(self.rounds), "rounds": self.rounds,
+            "reference": self.reference or None, "reference_median": self.reference_value,
+            "reference_rounds": self.reference_rounds or None,
+            "ratio": self.ratio, "ratio_min": min(ratios) if ratios else None,
+            "ratio_max": max(ratios) if ratios else None,
+            "target": self.target.describe(self.unit) if self.target else None,
+            "target_on": self.target.on if self.target else None,
+            "met": self.met, "note": self.note or None,
+        }
+
+
+@dataclass
+class BenchResult:
+    name: str
+    title: str
+    method: str  # markdown: how it was measured
+    figures: list[Figure] = field(default_factory=list)
+    error: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class RunConfig:
+    quick: bool
+    rounds: int
+    workdir: Path  # scratch space for server logs and KV files
+
+    def log(self, message: str) -> None:
+        print(f"  {message}", file=sys.stderr, flush=True)
+
+
+BenchFn = Callable[[RunConfig], BenchResult]
+
+
+# --- formatting --------------------------------------------------------------
+
+
+def fmt(x: float | None) -> str:
+    if x is None:
+        return "—"
+    magnitude = abs(x)
+    if magnitude >= 1000:
+        return f"{x:,.0f}"
+    if magnitude >= 100:
+        return f"{x:.0f}"
+    if magnitude >= 10:
+        return f"{x:.1f}"
+    if magnitude >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
+def _row(fig: Figure) -> list[str]:
+    spread = f"{fmt(min(fig.rounds))}–{fmt(max(fig.rounds))}" if len(fig.rounds) > 1 else ""
+    ratios = fig.ratios
+    ratio = ""
+    if fig.ratio is not None:
+        ratio = f"{fig.ratio:.3g}×"
+        if len(ratios) > 1:
+            ratio += f" ({min(ratios):.3g}–{max(ratios):.3g})"
+    reference = ""
+    if fig.reference:
+        reference = fig.reference
+        if fig.reference_value is not None:
+            reference += f": {fmt(fig.reference_value)}"
+    met = {None: "", True: "yes", False: "**no**"}[fig.met]
+    target = fig.target.describe(fig.unit) if fig.target else ""
+    return [fig.name, f"{fmt(fig.value)} {fig.unit}", spread, reference, ratio, target, met]
+
+
+HEADER = ["figure", "median", "min–max", "reference", "ratio", "target", "met"]
+
+
+def text_table(results: Sequence[BenchResult]) -> str:
+    rows = [HEADER]
+    for result in results:
+        rows.append([f"[{result.name}]", "", "", "", "", "", ""])
+        if result.error:
+            rows.append([f"FAILED: {result.error.splitlines()[-1]}", "", "", "", "", "", ""])
+        rows.extend([cell.replace("**", "") for cell in _row(fig)] for fig in result.figures)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+    )
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True,
+            text=True, timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "nproc": os.cpu_count(), "cpu": model or platform.processor(),
+        "platform": platform.platform(), "load_average": os.getloadavg(),
+        "python": platform.python_version(), "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(), "msgspec": msgspec.__version__, "zns": zns.__version__,
+        "commit": commit,
+    }
+
+
+def markdown(results: Sequence[BenchResult], info: dict[str, Any], config: RunConfig) -> str:
+    mode = "quick (smoke) parameters" if config.quick else "full parameters"
+    load = ", ".join(f"{x:.2f}" for x in info["load_average"])
+    lines = [
+        "# zns benchmark results",
+        "",
+        f"Written by `make bench` (`python -m bench.run_all`) on {info['date']}, {mode}, "
+        f"{config.rounds} round(s) per figure: each cell is the median of the rounds, with "
+        "min–max; a ratio is the median of the per-round ratios against the reference "
+        "measured in the same round.",
+        "",
+        f"- machine: {info['nproc']} CPUs, {info['cpu']}, {info['platform']}; "
+        f"load average at start {load}",
+        f"- versions: Python {info['python']}, pyzmq {info['pyzmq']}, libzmq {info['libzmq']}, "
+        f"msgspec {info['msgspec']}, zns {info['zns']}"
+        + (f" (commit {info['commit']})" if info["commit"] else ""),
+        "",
+    ]
+    targets = [(r, f) for r in results for f in r.figures if f.target]
+    if targets:
+        lines += ["## Targets", "", "| benchmark | figure | value | ratio | target | met |",
+                  "|---|---|---|---|---|---|"]
+        for result, fig in targets:
+            row = _row(fig)
+            lines.append(f"| {result.name} | {row[0]} | {row[1]} | {row[4]} | {row[5]} | {row[6]} |")
+        lines.append("")
+    for result in results:
+        lines += [f"## {result.title}", "", result.method.strip(), ""]
+        if result.error:
+            lines += ["**This benchmark failed:**", "", "```", result.error.strip(), "```", ""]
+        if result.figures:
+            lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+            lines += ["| " + " | ".join(_row(fig)) + " |" for fig in result.figures]
+            notes = [f"- {fig.name}: {fig.note}" for fig in result.figures if fig.note]
+            lines += ["", *notes, ""] if notes else [""]
+        lines.append(f"_{result.seconds:.0f} s._\n")
+    return "\n".join(lines)
+
+
+def as_json(results: Sequence[BenchResult], info: dict[str, Any], config: RunConfig) -> str:
+    doc = {
+        "machine": info, "quick": config.quick, "rounds": config.rounds,
+        "benchmarks": {
+            r.name: {"title": r.title, "error": r.error or None, "seconds": r.seconds,
+                     "figures": [f.as_json() for f in r.figures]}
+            for r in results
+        },
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=False)
+
+
+# --- the shared command line -------------------------------------------------
+
+
+def cli(benches: dict[str, BenchFn], argv: Sequence[str] | None = None,
+        default_out: Path | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run zns benchmarks.")
+    parser.add_argument("only", nargs="*", metavar="NAME",
+                        help=f"run only these (of {', '.join(benches)})")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny parameters and one round: a smoke run, not a measurement")
+    parser.add_argument("--rounds", type=int, help="rounds per figure (default 3; 1 with --quick)")
+    parser.add_argument("--out", type=Path, default=default_out,
+                        help="write results.md and results.json into this directory"
+                        + (f" (default {default_out})" if default_out else ""))
+    args = parser.parse_args(argv)
+    unknown = set(args.only) - benches.keys()
+    if unknown:
+        parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
+    rounds = args.rounds or (1 if args.quick else 3)
+    info = machine()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="zns-bench-") as tmp:
+        config = RunConfig(quick=args.quick, rounds=rounds, workdir=Path(tmp))
+        for name in args.only or benches:
+            print(f"== {name}", file=sys.stderr, flush=True)
+            started = time.monotonic()
+            try:
+                result = benches[name](config)
+            except Exception:
+                result = BenchResult(name, name, "", error=traceback.format_exc())
+                print(result.error, file=sys.stderr)
+            result.seconds = time.monotonic() - started
+            results.append(result)
+    print(text_table(results))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.md").write_text(markdown(results, info, config))
+        (args.out / "results.json").write_text(as_json(results, info, config) + "\n")
+        print(f"wrote {args.out / 'results.md'} and {args.out / 'results.json'}")
+    return 1 if any(r.error for r in results) else 0
