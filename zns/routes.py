@@ -139,6 +139,7 @@ class RouteTable:
         if holder is not None and holder != addr:
             self._remove_addr(rec, holder, "displaced", ch)
         if name not in self._brokers:  # a removal above took the broker's last address
+            rec.cluster = cluster
             self._brokers[name] = rec
             self._broker_topics[name] = set()
 
@@ -185,7 +186,9 @@ class RouteTable:
                 self._filter_servers[key] = list(req.filter_servers)
             else:
                 del self._filter_servers[key]
-            self._touch_broker(rec, ch)
+            # The list is keyed by (cluster, addr): every broker name listing it shows it.
+            for listing in live.names:
+                self._touch_broker(self._brokers[listing], ch)
 
         master_addr = ha_addr = ""
         if broker_id != MASTER_ID and MASTER_ID in rec.addrs:
@@ -407,6 +410,9 @@ class RouteTable:
             members.discard(rec.name)
             if not members:
                 del self._clusters[cluster]
+            if rec.cluster == cluster and rec.addr_cluster:
+                # BrokerData.cluster must name a cluster that still lists this broker.
+                rec.cluster = min(rec.addr_cluster.values())
             ch.structural = True
         if not rec.addrs:
             for topic in list(self._broker_topics[rec.name]):

@@ -1,0 +1,320 @@
+"""Stateful property tests of the route table (hypothesis RuleBasedStateMachine).
+
+Random sequences of broker, admin and clock operations, drawn from small pools
+of names and addresses so that ids, addresses, clusters and topics collide.
+After every step the table must be internally consistent, and a client that
+replays every route event from an empty cache must hold exactly `routes()`,
+with an unbroken `prev` chain (PROTOCOL.md §7).
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from zns.errors import BadRequest, Conflict
+from zns.routes import RouteTable
+from zns.schema import (
+    MASTER_ID,
+    BrokerData,
+    BrokerEvent,
+    DataVersion,
+    QueueData,
+    RegisterBroker,
+    RouteEvent,
+    TopicConfig,
+    TopicRoute,
+)
+
+CLUSTERS = ["c1", "c2"]
+NAMES = ["broker-a", "broker-b", "broker-c"]
+ADDRS = ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1", "10.0.0.4:1"]
+TOPICS = ["T1", "T2", "T3", "T4"]
+ZONES = ["", "z1", "Z1"]
+FILTER_SERVERS = ["10.9.0.1:1", "10.9.0.2:1"]
+
+clusters = st.sampled_from(CLUSTERS)
+names = st.sampled_from(NAMES)
+addrs = st.sampled_from(ADDRS)
+topics = st.sampled_from(TOPICS)
+broker_ids = st.sampled_from([0, 0, 1, 2])
+versions = st.builds(DataVersion, state=st.integers(0, 2), timestamp=st.just(0),
+                     counter=st.integers(0, 2))
+topic_configs = st.builds(TopicConfig, read_queues=st.sampled_from([1, 4]),
+                          write_queues=st.sampled_from([1, 4]), perm=st.sampled_from([2, 4, 6, 7]),
+                          sys_flag=st.sampled_from([0, 1]))
+queue_datas = st.builds(QueueData, broker_name=st.sampled_from(NAMES + ["ghost"]),
+                        read_queues=st.sampled_from([1, 2]), write_queues=st.sampled_from([1, 2]),
+                        perm=st.sampled_from([4, 6]), sys_flag=st.just(0))
+
+EPOCH = "0123456789abcdef"
+
+
+def observable(table: RouteTable, now: int) -> bytes:
+    """Everything a client can see, by value."""
+    return msgspec.msgpack.encode([
+        table.revision, sorted(table.routes().items()), table.broker_table(),
+        table.cluster_table(), table.live_brokers(now), table.next_deadline(),
+    ])
+
+
+def snapshot_part(table: RouteTable) -> bytes:
+    """What `snapshot` returns (§5): a change of it must advance the revision (§7)."""
+    return msgspec.msgpack.encode([
+        sorted(table.routes().items()), table.broker_table(), table.cluster_table()])
+
+
+def expected_route(table: RouteTable, topic: str) -> TopicRoute | None:
+    """The route of §3 computed from the raw tables, independently of the route cache."""
+    by_broker = table._queues.get(topic)
+    if not by_broker:
+        return None
+    names = sorted(by_broker)
+    brokers = []
+    filter_servers = {}
+    for name in names:
+        rec = table._brokers[name]
+        brokers.append(BrokerData(cluster=rec.cluster, broker_name=name,
+                                  addrs=dict(sorted(rec.addrs.items())), zone=rec.zone))
+        for addr in rec.addrs.values():
+            servers = table._filter_servers.get((rec.addr_cluster[addr], addr))
+            if servers:
+                filter_servers[addr] = list(servers)
+    return TopicRoute(topic=topic, queues=[by_broker[n] for n in names], brokers=brokers,
+                      filter_servers=filter_servers, order_conf=table._order_conf.get(topic, ""))
+
+
+class RouteTableMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = RouteTable(EPOCH)
+        self.now = 0
+        self.cache: dict[str, TopicRoute] = {}  # a client's view, built from events only
+        self.last_event_revision: dict[str, int] = {}  # topic -> revision of its last event
+        self.last_revision = 0
+
+    # --- bookkeeping shared by every step ------------------------------------
+
+    def step(self, action, *, expiry: bool = False):
+        """Run one request (or expiry step), check §7 numbering and replay its events."""
+        before = snapshot_part(self.table)
+        revision_before = self.table.revision
+        result = action()
+        events = result if isinstance(result, list) else _events_of(result)
+        revisions = [e.revision for e in events]
+        if expiry:
+            # One revision per expired broker: consecutive, each batch contiguous.
+            distinct = sorted(set(revisions))
+            assert revisions == sorted(revisions)
+            assert distinct == list(range(revision_before + 1, revision_before + 1 + len(distinct)))
+            assert self.table.revision == revision_before + len(distinct)
+        else:
+            assert len(set(revisions)) <= 1, "all events of one request share one revision"
+            changed = snapshot_part(self.table) != before
+            if events or changed:
+                assert self.table.revision == revision_before + 1
+                assert not events or revisions[0] == self.table.revision
+            else:
+                assert self.table.revision == revision_before
+        for event in events:
+            assert event.epoch == EPOCH
+            assert event.revision > self.last_revision or (
+                event.revision == self.last_revision and event.revision > revision_before)
+            self.last_revision = event.revision
+            if isinstance(event, RouteEvent):
+                assert event.prev == self.last_event_revision.get(event.topic, 0)
+                assert event.revision > event.prev
+                self.last_event_revision[event.topic] = event.revision
+                if event.route is None:
+                    assert event.topic in self.cache, "removal of a route never published"
+                    del self.cache[event.topic]
+                else:
+                    assert event.route.topic == event.topic
+                    self.cache[event.topic] = event.route
+            else:
+                assert isinstance(event, BrokerEvent)
+                assert event.change in ("registered", "updated", "removed")
+                allowed = {"removed": {"unregistered", "expired", "displaced", "peer_expired"}}
+                assert event.reason in allowed.get(event.change, {""})
+        return result
+
+    def refused(self, action, error: type[Exception]) -> bool:
+        before = observable(self.table, self.now)
+        try:
+            self.step(action)
+        except error:
+            assert observable(self.table, self.now) == before, "a refused request left a trace"
+            return True
+        return False
+
+    # --- rules ------------------------------------------------------------------
+
+    @rule(cluster=clusters, name=names, broker_id=broker_ids, addr=addrs,
+          topic_map=st.dictionaries(topics, topic_configs, max_size=3), version=versions,
+          incremental=st.booleans(), zone=st.sampled_from(ZONES),
+          filter_servers=st.lists(st.sampled_from(FILTER_SERVERS), max_size=2, unique=True),
+          ha_addr=st.sampled_from(["", "10.8.0.1:1"]), timeout=st.sampled_from([1_000, 5_000]))
+    def register(self, cluster, name, broker_id, addr, topic_map, version, incremental, zone,
+                 filter_servers, ha_addr, timeout):
+        request = RegisterBroker(
+            cluster=cluster, broker_name=name, broker_id=broker_id, broker_addr=addr,
+            ha_addr=ha_addr, zone=zone, data_version=version, topics=topic_map,
+            filter_servers=filter_servers, heartbeat_timeout_ms=timeout, incremental=incremental,
+        )
+        if self.refused(lambda: self.table.register_broker(request, self.now), Conflict):
+            return
+        rec = self.table._brokers[name]
+        assert rec.addrs[broker_id] == addr
+        live = self.table._live[(cluster, addr)]
+        assert (live.last_heartbeat, live.timeout_ms, live.data_version) == (
+            self.now, timeout, version)
+        assert self.table.heartbeat(cluster, name, addr, version, self.now) == (True, False)
+
+    @rule(cluster=clusters, name=names, addr=addrs, version=versions)
+    def heartbeat(self, cluster, name, addr, version):
+        before = snapshot_part(self.table)
+        revision = self.table.revision
+        known, changed = self.table.heartbeat(cluster, name, addr, version, self.now)
+        live = self.table._live.get((cluster, addr))
+        assert known == (live is not None and name in live.names)
+        assert changed == (not known or live.data_version != version)
+        if known:
+            assert live.last_heartbeat == self.now
+        assert (snapshot_part(self.table), self.table.revision) == (before, revision)
+
+    @rule(cluster=clusters, name=names, addr=addrs)
+    def unregister(self, cluster, name, addr):
+        rec = self.table._brokers.get(name)
+        listed = rec is not None and rec.addr_cluster.get(addr) == cluster
+        removed, _ = self.step(lambda: self.table.unregister_broker(cluster, name, addr))
+        assert removed == listed
+        if removed:
+            rec = self.table._brokers.get(name)
+            assert rec is None or addr not in rec.addrs.values()
+
+    @rule(ms=st.sampled_from([0, 1, 499, 1_000, 3_000, 6_000]))
+    def advance_and_expire(self, ms):
+        self.now += ms
+        self.step(lambda: self.table.expire(self.now), expiry=True)
+        deadline = self.table.next_deadline()
+        assert deadline is None or deadline >= self.now
+
+    @rule(name=st.sampled_from(NAMES + ["ghost"]), wipe=st.booleans())
+    def write_perm(self, name, wipe):
+        op = self.table.wipe_write_perm if wipe else self.table.add_write_perm
+        changed, events = self.step(lambda: op(name))
+        assert changed == len([e for e in events if isinstance(e, RouteEvent)])
+
+    @rule(topic=topics, cluster=st.sampled_from([""] + CLUSTERS))
+    def delete_topic(self, topic, cluster):
+        removed, events = self.step(lambda: self.table.delete_topic(topic, cluster))
+        assert removed == bool(events)
+
+    @rule(topic=topics, queues=st.lists(queue_datas, max_size=3))
+    def register_topic(self, topic, queues):
+        unknown = {q.broker_name for q in queues} - self.table._brokers.keys()
+        refused = self.refused(lambda: self.table.register_topic(topic, queues), BadRequest)
+        assert refused == bool(unknown)
+
+    @rule(topic=topics, value=st.sampled_from([None, "broker-a:4", "broker-b:8"]))
+    def order_conf(self, topic, value):
+        self.step(lambda: self.table.set_order_conf(topic, value))
+
+    @precondition(lambda self: self.table._live)
+    @rule(cluster=clusters, addr=addrs, grace=st.sampled_from([0, 500, 3_000]))
+    def suspect(self, cluster, addr, grace):
+        live = self.table._live.get((cluster, addr))
+        old_deadline = live.deadline if live else None
+        self.table.suspect(cluster, addr, grace)
+        if live is not None:
+            assert live.deadline == min(old_deadline, live.last_heartbeat + grace)
+
+    @rule(stall=st.sampled_from([1, 2_000, 10_000]))
+    def stall(self, stall):
+        deadlines = {k: live.deadline for k, live in self.table._live.items()}
+        self.table.shift_deadlines(stall)
+        assert {k: live.deadline for k, live in self.table._live.items()} == {
+            k: d + stall for k, d in deadlines.items()}
+        self.now += stall
+
+    # --- invariants ---------------------------------------------------------------
+
+    @invariant()
+    def queue_data_names_existing_brokers(self):
+        t = self.table
+        for topic, by_broker in t._queues.items():
+            assert by_broker, f"{topic} kept with no queue data"
+            for name, queue in by_broker.items():
+                assert name in t._brokers and queue.broker_name == name
+                assert topic in t._broker_topics[name]
+        for name, indexed in t._broker_topics.items():
+            assert all(name in t._queues[topic] for topic in indexed)
+        assert t._broker_topics.keys() == t._brokers.keys()
+
+    @invariant()
+    def cluster_and_broker_tables_agree(self):
+        t = self.table
+        clusters = t.cluster_table()
+        brokers = t.broker_table()
+        in_clusters = {n for members in clusters.values() for n in members}
+        assert in_clusters == set(brokers)
+        assert all(members for members in clusters.values()), "empty cluster kept"
+        for name, rec in t._brokers.items():
+            assert rec.addrs, f"{name} kept with no address"
+            assert set(rec.addr_cluster) == set(rec.addrs.values())
+            member_of = {c for c, members in clusters.items() if name in members}
+            assert member_of == set(rec.addr_cluster.values())
+            assert brokers[name].cluster in member_of, "BrokerData.cluster does not list it"
+
+    @invariant()
+    def every_listed_address_is_live(self):
+        t = self.table
+        listed = set()
+        for name, rec in t._brokers.items():
+            for addr in rec.addrs.values():
+                live = t._live.get((rec.addr_cluster[addr], addr))
+                assert live is not None and name in live.names, f"{addr} of {name} not live"
+                listed.add((rec.addr_cluster[addr], addr, name))
+        assert {(c, a, n) for (c, a), live in t._live.items() for n in live.names} == listed
+        assert set(t._filter_servers) <= set(t._live)
+        expected = min((live.deadline for live in t._live.values()), default=None)
+        assert t.next_deadline() == expected
+
+    @invariant()
+    def routes_are_well_formed_and_current(self):
+        t = self.table
+        routes = t.routes()
+        for topic, route in routes.items():
+            queue_names = [q.broker_name for q in route.queues]
+            assert queue_names == sorted(set(queue_names))
+            assert [b.broker_name for b in route.brokers] == queue_names
+            addrs = {a for b in route.brokers for a in b.addrs.values()}
+            assert set(route.filter_servers) <= addrs
+        assert routes == {
+            topic: route for topic in t._queues
+            if (route := expected_route(t, topic)) is not None
+        }
+
+    @invariant()
+    def replaying_events_reproduces_routes(self):
+        assert self.cache == self.table.routes()
+        for topic, revision in self.last_event_revision.items():
+            assert self.table.topic_revision(topic) == revision
+        for topic in self.table.routes():
+            assert topic in self.last_event_revision
+
+
+def _events_of(result) -> list:
+    if hasattr(result, "events"):  # RegisterOutcome
+        return result.events
+    return result[1]  # (value, events)
+
+
+RouteTableMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestRouteTable = pytest.mark.timeout(120)(RouteTableMachine.TestCase)
