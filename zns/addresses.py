@@ -15,8 +15,6 @@ from urllib.parse import urlsplit
 
 import zmq
 
-from zns.server import DEFAULT_ROUTER
-
 ENV_VAR = "ZNS_ADDR"
 WILDCARD_HOSTS = {"*", "0.0.0.0", "::", "[::]", ""}
 _SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
@@ -27,6 +25,8 @@ def parse_addresses(spec: str | Iterable[str] | None) -> list[str]:
 
     None or an empty spec means `$ZNS_ADDR`, and without it the default local NameServer.
     """
+    from zns.server import DEFAULT_ROUTER  # here: zns.server imports this module (peers)
+
     if spec is None or (isinstance(spec, str) and not spec.strip()):
         spec = os.environ.get(ENV_VAR, "").strip() or DEFAULT_ROUTER
     parts = [spec] if isinstance(spec, str) else list(spec)

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import zmq
 
 from zns.kv import KvStore
+from zns.peers import PeerLinks
 from zns.service import Frames, NameService
 
 log = logging.getLogger("zns")
@@ -80,6 +81,11 @@ class Server:
         self.router_endpoint = self._bind(self.router, config.router)
         self.pub_endpoint = self._bind(self.pub, config.pub)
         self.service.pub_endpoint = self.pub_endpoint
+        grace_ms = round(config.peer_grace * 1000)
+        self.peers = PeerLinks(
+            config.peers, now=self._now(), context=self._ctx, connected=self.service.peers,
+            suspect=lambda cluster, addr: self.service.table.suspect(cluster, addr, grace_ms),
+        )
 
     # --- life cycle -----------------------------------------------------
 
@@ -109,6 +115,7 @@ class Server:
     def close(self) -> None:
         self.router.close(linger=500)
         self.pub.close(linger=500)
+        self.peers.close()
         self._wake_r.close()
         self._wake_w.close()
 
@@ -121,12 +128,16 @@ class Server:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        self.peers.attach(poller)
         now = next_hb = self._now()
         while not self._stopping:
             wake_at = next_hb
             deadline = service.table.next_deadline()
             if deadline is not None and deadline + 1 < wake_at:
                 wake_at = deadline + 1  # a broker expires once now > deadline
+            peer_wake = self.peers.next_wake()
+            if peer_wake is not None and peer_wake < wake_at:
+                wake_at = max(now, peer_wake)  # one due before the loop began is not a stall
             ready = dict(poller.poll(max(0, wake_at - now)))
             now = self._now()
             # Timers ran at the end of the last pass, so wake_at is late only if
@@ -140,6 +151,8 @@ class Server:
             if self.router in ready:
                 self._serve_batch(now)
                 now = self._now()
+            self.peers.handle(ready, now)
+            self.peers.tick(now)
             self._publish(service.expire(now))
             if now >= next_hb:
                 self._publish([service.heartbeat_event(round(self._wall_clock() * 1000))])

@@ -1,0 +1,258 @@
+"""Peer hints (§10) between real NameServers on ephemeral ports.
+
+Every wait is a condition with a generous deadline; the only fixed observation
+window (a broker that keeps heartbeating stays) is several heartbeats long on
+both sides, so a loaded machine makes it pass more slowly, never fail.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from conftest import Peer, register_fields, wait_for
+from zns import schema
+
+ADDR = "10.0.0.1:10911"
+BROKER = dict(cluster="c1", broker_name="broker-a", broker_id=0, broker_addr=ADDR)
+
+
+def free_port() -> int:
+    """A port nothing listens on now (for a peer that is down at start)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(endpoint: str) -> bool:
+    """Whether something still listens on this tcp://127.0.0.1:PORT endpoint."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as libzmq binds
+        try:
+            s.bind(("127.0.0.1", int(endpoint.rpartition(":")[2])))
+        except OSError:
+            return True
+    return False
+
+
+def wait_linked(peer: Peer, *endpoints: str, timeout: float = 20) -> None:
+    """Until `status` reports every endpoint as a connected peer."""
+    wait_for(lambda: peer.ok("status").peers == {e: True for e in endpoints}, timeout)
+
+
+def watch(srv) -> Peer:
+    """A subscriber to the broker events of `srv`, subscribed for sure."""
+    peer = srv.peer()
+    peer.subscribe(schema.BROKER_PREFIX, schema.HB_CHANNEL)
+    peer.wait_subscribed()
+    return peer
+
+
+def removal(peer: Peer, addr: str = ADDR, timeout: float = 20) -> schema.BrokerEvent:
+    _, event = peer.next_event(
+        lambda ch, ev: isinstance(ev, schema.BrokerEvent) and ev.change == "removed"
+        and ev.broker_addr == addr, timeout,
+    )
+    return event
+
+
+def live_addrs(peer: Peer) -> set[str]:
+    return {b.broker_addr for b in peer.ok("get_cluster_info").live}
+
+
+@pytest.mark.timeout(60)
+def test_a_broker_one_server_expires_leaves_the_other_within_the_grace(make_server):
+    a = make_server()
+    b = make_server(peers=[a.router], peer_grace=1.0)
+    on_b = watch(b)
+    wait_linked(on_b, a.router)
+    a.peer().ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
+    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
+    registered = time.monotonic()
+
+    event = removal(on_b)
+    assert event.reason == "peer_expired"
+    # Far below B's own 60 s timeout: A's 1 s, the 1 s grace, and slack for a loaded machine.
+    assert time.monotonic() - registered < 30
+    assert on_b.call("get_route", topic="TopicA").code == "not_found"
+    assert ADDR not in live_addrs(on_b)
+
+
+@pytest.mark.timeout(60)
+def test_a_broker_that_keeps_heartbeating_stays_although_a_peer_expired_it(make_server):
+    a = make_server()
+    b = make_server(peers=[a.router], peer_grace=3.0)
+    on_a, on_b = watch(a), watch(b)
+    wait_linked(on_b, a.router)
+    on_a.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
+    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
+
+    stop = threading.Event()
+    broker = Peer(b.router)
+
+    def heartbeat_b() -> None:
+        while not stop.is_set():
+            assert broker.ok("heartbeat", **BROKER).known
+            stop.wait(0.2)
+
+    beats = threading.Thread(target=heartbeat_b, daemon=True)
+    beats.start()
+    try:
+        assert removal(on_a).reason == "expired"
+        # B got the hint at about this moment; its suspicion would expire the broker
+        # 3 s after a heartbeat unless each heartbeat clears it. Watch for longer.
+        until = time.monotonic() + 5
+        while time.monotonic() < until:
+            assert ADDR in live_addrs(on_b)
+            assert beats.is_alive()
+            time.sleep(0.2)
+        with pytest.raises(AssertionError, match="did not arrive"):
+            removal(on_b, timeout=0.5)
+    finally:
+        stop.set()
+        beats.join(5)
+        broker.close()
+
+
+@pytest.mark.timeout(90)
+def test_three_servers_in_a_mesh_converge_and_a_live_broker_stays(make_server):
+    routers = [f"tcp://127.0.0.1:{free_port()}" for _ in range(3)]
+    servers = {
+        name: make_server(router=router, peers=[r for r in routers if r != router],
+                          peer_grace=1.0)
+        for name, router in zip("abc", routers)
+    }
+    on = {name: watch(srv) for name, srv in servers.items()}
+    for name, router in zip("abc", routers):
+        wait_linked(on[name], *(r for r in routers if r != router))
+
+    alive = "10.0.0.2:10911"
+    for name, peer in on.items():
+        timeout = 1000 if name == "a" else 60_000
+        peer.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=timeout))
+        peer.ok("register_broker", **register_fields(
+            broker_name="broker-b", addr=alive, heartbeat_timeout_ms=timeout))
+
+    stop = threading.Event()
+    brokers = [Peer(srv.router) for srv in servers.values()]
+
+    def heartbeat_everywhere() -> None:
+        fields = dict(BROKER, broker_name="broker-b", broker_addr=alive)
+        while not stop.is_set():
+            for broker in brokers:
+                assert broker.ok("heartbeat", **fields).known
+            stop.wait(0.2)
+
+    beats = threading.Thread(target=heartbeat_everywhere, daemon=True)
+    beats.start()
+    try:
+        assert removal(on["a"]).reason == "expired"
+        assert removal(on["b"]).reason == "peer_expired"
+        assert removal(on["c"]).reason == "peer_expired"
+        for peer in on.values():
+            assert ADDR not in live_addrs(peer)
+            assert alive in live_addrs(peer)
+        assert beats.is_alive()
+    finally:
+        stop.set()
+        beats.join(5)
+        for broker in brokers:
+            broker.close()
+
+
+@pytest.mark.timeout(60)
+def test_hints_travel_one_hop_only(make_server):
+    """A -> B -> C: B acts on A's expiry; C must not act on B's peer_expired."""
+    a = make_server()
+    b = make_server(peers=[a.router], peer_grace=1.0)
+    c = make_server(peers=[b.router], peer_grace=1.0)
+    on_b, on_c = watch(b), watch(c)
+    wait_linked(on_b, a.router)
+    wait_linked(on_c, b.router)
+    a.peer().ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
+    for peer in (on_b, on_c):
+        peer.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
+
+    assert removal(on_b).reason == "peer_expired"
+    # The broker is silent since it registered, so an echoed hint would expire it on C
+    # at once; C's own timeout is a minute away.
+    with pytest.raises(AssertionError, match="did not arrive"):
+        removal(on_c, timeout=3)
+    assert ADDR in live_addrs(on_c)
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_down_at_start_changes_nothing_and_is_linked_later(make_server):
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    started = time.monotonic()
+    b = make_server(peers=[endpoint], peer_grace=1.0)
+    on_b = watch(b)
+    assert on_b.ok("status").peers == {endpoint: False}  # serving, without waiting for it
+    assert time.monotonic() - started < 10
+    on_b.ok("register_broker", **register_fields(broker_name="broker-z", addr="10.0.0.9:1",
+                                                 heartbeat_timeout_ms=60_000))
+    revision = on_b.ok("status").revision
+
+    a = make_server(router=endpoint)
+    wait_linked(on_b, endpoint)
+    assert on_b.ok("status").revision == revision  # linking changed nothing
+    assert "10.0.0.9:1" in live_addrs(on_b)
+
+    a.peer().ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
+    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
+    assert removal(on_b).reason == "peer_expired"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("same_pub_port", [True, False], ids=["same-ports", "new-pub-port"])
+def test_a_restarted_peer_changes_nothing_and_is_resubscribed(make_server, same_pub_port):
+    router = f"tcp://127.0.0.1:{free_port()}"
+    pub = f"tcp://127.0.0.1:{free_port()}" if same_pub_port else "tcp://127.0.0.1:*"
+    a = make_server(router=router, pub=pub)
+    b = make_server(peers=[router], peer_grace=1.0)
+    on_b = watch(b)
+    wait_linked(on_b, router)
+    first_epoch = a.peer().ok("status").epoch
+    on_b.ok("register_broker", **register_fields(broker_name="broker-z", addr="10.0.0.9:1",
+                                                 heartbeat_timeout_ms=60_000))
+    revision = on_b.ok("status").revision
+
+    a.stop()
+    # libzmq closes listeners in the background: rebind once the ports are free.
+    wait_for(lambda: not listening(router) and (pub.endswith("*") or not listening(pub)))
+    a = make_server(router=router, pub=pub)
+    assert a.peer().ok("status").epoch != first_epoch
+    # B re-learns A (through silence or the new epoch in A's events) and links again.
+    link = b.server.peers.links[router]
+    wait_for(lambda: link.epoch not in (None, first_epoch) and link.connected, timeout=30)
+    wait_linked(on_b, router)
+    assert on_b.ok("status").revision == revision  # the restart changed nothing on B
+    assert "10.0.0.9:1" in live_addrs(on_b)
+
+    a.peer().ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
+    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
+    assert removal(on_b).reason == "peer_expired"  # hints flow again
+
+
+@pytest.mark.timeout(60)
+def test_cli_peer_options_log_the_link_and_each_hint(process_server):
+    a = process_server("--heartbeat-interval", "0.2")
+    b = process_server("--heartbeat-interval", "0.2", "--peer", a.router, "--peer-grace", "1")
+    on_b = Peer(b.router, b.pub)
+    try:
+        wait_linked(on_b, a.router)
+        on_a = Peer(a.router)
+        on_a.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
+        on_a.close()
+        on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
+        wait_for(lambda: ADDR not in live_addrs(on_b), timeout=20)
+        log = b.output()
+        assert f"peer {a.router} connected" in log
+        assert f"peer hint from {a.router}: broker c1/broker-a at {ADDR} expired there" in log
+        assert "(peer_expired)" in log
+    finally:
+        on_b.close()
