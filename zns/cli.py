@@ -100,5 +100,7 @@ def serve(
     server.run()
 
 
+from zns import tools  # noqa: E402,F401  (registers the operator commands on `main`)
+
 if __name__ == "__main__":
     main()

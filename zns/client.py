@@ -530,6 +530,42 @@ def call_any(
     return endpoint, reply
 
 
+def call_all(
+    endpoints: Iterable[str], request: Request, timeout: float = 3.0,
+    context: zmq.Context | None = None,
+) -> dict[str, Any]:
+    """Send to every NameServer at once (as RocketMQ's admin writes do), wait up to `timeout`.
+
+    Returns {endpoint: reply, or the ZnsError / NameServerUnavailable it came to}.
+    """
+    ctx = context or zmq.Context.instance()
+    endpoints = list(endpoints)
+    socks = {open_socket(ctx, zmq.DEALER, ep): ep for ep in endpoints}
+    results: dict[str, Any] = {}
+    try:
+        poller = zmq.Poller()
+        for sock in socks:
+            sock.send(encode(request))
+            poller.register(sock, zmq.POLLIN)
+        deadline = time.monotonic() + timeout
+        while len(results) < len(socks):
+            left = deadline - time.monotonic()
+            ready = poller.poll(max(0, left) * 1000) if left > 0 else []
+            if not ready:
+                break
+            for sock, _ in ready:
+                reply = decode_reply(sock.recv(), request_op(request))
+                results[socks[sock]] = from_reply(reply) if isinstance(reply, Error) else reply
+                poller.unregister(sock)
+    finally:
+        for sock in socks:
+            sock.close(0)
+    for endpoint in endpoints:
+        results.setdefault(endpoint, NameServerUnavailable(
+            f"no answer from {endpoint} within {timeout:g} s"))
+    return {endpoint: results[endpoint] for endpoint in endpoints}
+
+
 # --- the threaded client ------------------------------------------------------
 
 

@@ -1,0 +1,441 @@
+"""The operator commands of `zns`: status, route, clusters, topics, watch, kv, perms, broker.
+
+Every command takes `--ns` (or `ZNS_ADDR`), `--timeout` and `--json`. Reads
+ask every NameServer at once and show the first answer; writes go to every
+NameServer (as RocketMQ's mqadmin does) and report each one. Exit status: 0
+when done, 1 when a NameServer answered with an error, 3 when a NameServer
+did not answer within `--timeout`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import click
+import msgspec
+import zmq
+
+from zns.addresses import open_socket, parse_addresses, resolve_pub_endpoint
+from zns.broker import BrokerAgent
+from zns.cli import _load_config_file, main
+from zns.client import NameServerUnavailable, call_all, call_any
+from zns.errors import ZnsError
+from zns.schema import (
+    BROKER_PREFIX,
+    ROUTE_PREFIX,
+    AddWritePerm,
+    BrokerEvent,
+    DeleteTopic,
+    GetClusterInfo,
+    GetRoute,
+    GetTopics,
+    HbEvent,
+    KvDelete,
+    KvGet,
+    KvList,
+    KvPut,
+    Request,
+    RouteEvent,
+    Status,
+    TopicConfig,
+    TopicRoute,
+    WipeWritePerm,
+    decode_event,
+    route_channel,
+)
+
+EXIT_ERROR_REPLY = 1
+EXIT_UNREACHABLE = 3
+
+
+@dataclass
+class Target:
+    endpoints: list[str]
+    timeout: float
+    as_json: bool
+
+
+def ns_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--ns, --timeout and --json, handed to the command as one `target`."""
+
+    @click.option("--ns", "ns", envvar="ZNS_ADDR", metavar="ADDRS",
+                  help="NameServers, e.g. 'tcp://h1:9876;h2:9876' (default $ZNS_ADDR, "
+                       "else tcp://127.0.0.1:9876).")
+    @click.option("--timeout", type=click.FloatRange(min=0.01), default=3.0, show_default=True,
+                  help="Seconds to wait for a NameServer.")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+    @functools.wraps(command)
+    def wrapper(ns: str | None, timeout: float, as_json: bool, **kwargs: Any) -> Any:
+        try:
+            endpoints = parse_addresses(ns)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--ns") from None
+        return command(Target(endpoints, timeout, as_json), **kwargs)
+
+    return wrapper
+
+
+# --- talking to NameServers ------------------------------------------------------
+
+
+def ask(target: Target, request: Request) -> tuple[str, Any]:
+    """(endpoint, reply) of the first NameServer to answer; exits plainly when none does."""
+    try:
+        return call_any(target.endpoints, request, target.timeout)
+    except NameServerUnavailable as exc:
+        fail(str(exc), EXIT_UNREACHABLE)
+    except ZnsError as exc:
+        fail(f"error {exc.code}: {exc}", EXIT_ERROR_REPLY)
+
+
+def tell_all(target: Target, request: Request, describe: Callable[[Any], str]) -> None:
+    """Send a write to every NameServer; one line (or JSON entry) each; exit non-zero on any failure."""
+    results = call_all(target.endpoints, request, target.timeout)
+    worst = 0
+    out: dict[str, Any] = {}
+    for endpoint, result in results.items():
+        if isinstance(result, NameServerUnavailable):
+            worst = max(worst, EXIT_UNREACHABLE)
+            click.echo(f"{endpoint}: no answer within {target.timeout:g} s", err=True)
+            out[endpoint] = {"error": "unreachable"}
+        elif isinstance(result, ZnsError):
+            worst = max(worst, EXIT_ERROR_REPLY)
+            click.echo(f"{endpoint}: error {result.code}: {result}", err=True)
+            out[endpoint] = {"error": result.code, "message": str(result)}
+        else:
+            out[endpoint] = _builtins(result)
+            if not target.as_json:
+                click.echo(f"{endpoint}: {describe(result)}")
+    if target.as_json:
+        _print_json(out)
+    if worst:
+        sys.exit(worst)
+
+
+def fail(message: str, code: int) -> NoReturn:
+    click.echo(f"zns: {message}", err=True)
+    sys.exit(code)
+
+
+# --- output -----------------------------------------------------------------------
+
+
+def _builtins(value: Any) -> Any:
+    data = msgspec.to_builtins(value)
+    if isinstance(data, dict):
+        data.pop("id", None)
+    return data
+
+
+def _print_json(value: Any) -> None:
+    click.echo(json.dumps(_builtins(value), indent=2, sort_keys=False))
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    rows = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def perm_text(perm: int) -> str:
+    return "".join(flag if perm & bit else "-" for flag, bit in (("r", 4), ("w", 2), ("x", 1)))
+
+
+def route_table(route: TopicRoute) -> str:
+    brokers = table(
+        ["cluster", "broker", "id", "address", "zone"],
+        [[b.cluster, b.broker_name, i, a, b.zone or "-"] for b in route.brokers
+         for i, a in sorted(b.addrs.items())],
+    )
+    queues = table(
+        ["broker", "read", "write", "perm", "sys_flag"],
+        [[q.broker_name, q.read_queues, q.write_queues, f"{q.perm} ({perm_text(q.perm)})",
+          q.sys_flag] for q in route.queues],
+    )
+    text = f"{brokers}\n\n{queues}"
+    if route.order_conf:
+        text += f"\n\norder_conf: {route.order_conf}"
+    return text
+
+
+def describe_event(event: RouteEvent | BrokerEvent | HbEvent) -> str:
+    stamp = datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3]
+    match event:
+        case RouteEvent(topic=topic, route=None):
+            return f"{stamp} route {topic} gone (rev {event.revision})"
+        case RouteEvent(topic=topic, route=route):
+            queues = ", ".join(
+                f"{q.broker_name} r{q.read_queues}/w{q.write_queues} {perm_text(q.perm)}"
+                for q in route.queues
+            )
+            return f"{stamp} route {topic} rev {event.revision}: {queues or 'no queues'}"
+        case BrokerEvent():
+            reason = f" ({event.reason})" if event.reason else ""
+            return (f"{stamp} broker {event.change}{reason} {event.cluster}/{event.broker_name} "
+                    f"id {event.broker_id} at {event.broker_addr} (rev {event.revision})")
+        case HbEvent():
+            return f"{stamp} hb rev {event.revision}"
+    return f"{stamp} {event!r}"
+
+
+# --- commands ---------------------------------------------------------------------
+
+
+@main.command()
+@ns_options
+def status(target: Target) -> None:
+    """Show the state of every NameServer in the list."""
+    results = call_all(target.endpoints, Status(), target.timeout)
+    if target.as_json:
+        _print_json({ep: _builtins(r) if not isinstance(r, Exception) else {"error": str(r)}
+                     for ep, r in results.items()})
+    else:
+        rows = []
+        for ep, r in results.items():
+            if isinstance(r, Exception):
+                rows.append([ep, "unreachable", "", "", "", "", "", ""])
+            else:
+                rows.append([ep, r.epoch, r.revision, r.version, f"{r.uptime_ms / 1000:.0f}s",
+                             r.brokers, r.topics, r.pub_endpoint])
+        click.echo(table(["nameserver", "epoch", "revision", "version", "uptime", "brokers",
+                          "topics", "events"], rows))
+    failed = [ep for ep, r in results.items() if isinstance(r, Exception)]
+    for ep in failed:
+        click.echo(f"zns: {results[ep]}", err=True)
+    if failed:
+        sys.exit(EXIT_UNREACHABLE)
+
+
+@main.command()
+@click.argument("topic")
+@click.option("--zone", default="", help="Show only what a client of this zone sees.")
+@ns_options
+def route(target: Target, topic: str, zone: str) -> None:
+    """Show the route of TOPIC: its brokers and queues."""
+    _, reply = ask(target, GetRoute(topic=topic, zone=zone))
+    if target.as_json:
+        _print_json(reply)
+    else:
+        click.echo(f"topic {topic} (revision {reply.revision}, epoch {reply.epoch})\n")
+        click.echo(route_table(reply.route))
+
+
+@main.command()
+@ns_options
+def clusters(target: Target) -> None:
+    """Show clusters, their brokers and each address's liveness."""
+    _, reply = ask(target, GetClusterInfo())
+    if target.as_json:
+        _print_json(reply)
+        return
+    live = {(l.broker_name, l.broker_addr): l for l in reply.live}
+    rows = []
+    for cluster, names in reply.clusters.items():
+        for name in names:
+            data = reply.brokers[name]
+            for broker_id, addr in sorted(data.addrs.items()):
+                l = live.get((name, addr))
+                seen = f"{l.last_heartbeat_ms / 1000:.1f}s ago" if l else "-"
+                timeout = f"{l.timeout_ms / 1000:g}s" if l else "-"
+                rows.append([cluster, name, broker_id, addr, data.zone or "-", seen, timeout])
+    click.echo(table(["cluster", "broker", "id", "address", "zone", "last heartbeat",
+                      "timeout"], rows))
+
+
+@main.command()
+@click.option("--cluster", default="", help="Only topics with queues on this cluster.")
+@ns_options
+def topics(target: Target, cluster: str) -> None:
+    """List topics."""
+    _, reply = ask(target, GetTopics(cluster=cluster))
+    if target.as_json:
+        _print_json(reply.topics)
+    else:
+        for topic in reply.topics:
+            click.echo(topic)
+
+
+@main.command()
+@click.argument("topics", nargs=-1)
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="Exit after this many events (default: until Ctrl-C).")
+@ns_options
+def watch(target: Target, topics: tuple[str, ...], count: int | None) -> None:
+    """Print route and broker events as they happen, one line each (all topics by default)."""
+    endpoint, reply = ask(target, Status())
+    pub = resolve_pub_endpoint(reply.pub_endpoint, endpoint)
+    sub = open_socket(zmq.Context.instance(), zmq.SUB, pub)
+    for channel in ([route_channel(t) for t in topics] if topics else
+                    [ROUTE_PREFIX, BROKER_PREFIX]):
+        sub.setsockopt(zmq.SUBSCRIBE, channel)
+    if not target.as_json:
+        click.echo(f"watching {', '.join(topics) or 'every topic and broker'} on {pub} "
+                   f"(Ctrl-C to stop)", err=True)
+    seen = 0
+    try:
+        while count is None or seen < count:
+            event = decode_event(sub.recv_multipart()[-1])
+            seen += 1
+            if target.as_json:
+                click.echo(json.dumps(msgspec.to_builtins(event)))
+            else:
+                click.echo(describe_event(event))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sub.close(0)
+
+
+@main.group()
+def kv() -> None:
+    """Read and write the NameServers' KV store."""
+
+
+@kv.command("get")
+@click.argument("namespace")
+@click.argument("key")
+@ns_options
+def kv_get(target: Target, namespace: str, key: str) -> None:
+    _, reply = ask(target, KvGet(namespace=namespace, key=key))
+    if target.as_json:
+        _print_json(reply)
+    else:
+        click.echo(reply.value)
+
+
+@kv.command("list")
+@click.argument("namespace")
+@ns_options
+def kv_list(target: Target, namespace: str) -> None:
+    _, reply = ask(target, KvList(namespace=namespace))
+    if target.as_json:
+        _print_json(reply.entries)
+    else:
+        click.echo(table(["key", "value"], sorted(reply.entries.items())))
+
+
+@kv.command("put")
+@click.argument("namespace")
+@click.argument("key")
+@click.argument("value")
+@ns_options
+def kv_put(target: Target, namespace: str, key: str, value: str) -> None:
+    """Store VALUE on every NameServer."""
+    tell_all(target, KvPut(namespace=namespace, key=key, value=value), lambda r: "stored")
+
+
+@kv.command("delete")
+@click.argument("namespace")
+@click.argument("key")
+@ns_options
+def kv_delete(target: Target, namespace: str, key: str) -> None:
+    """Delete KEY on every NameServer."""
+    tell_all(target, KvDelete(namespace=namespace, key=key),
+             lambda r: "deleted" if r.removed else "not there")
+
+
+@main.command("wipe-write-perm")
+@click.argument("broker")
+@ns_options
+def wipe_write_perm(target: Target, broker: str) -> None:
+    """Stop producers writing to BROKER (on every NameServer), e.g. before maintenance."""
+    tell_all(target, WipeWritePerm(broker_name=broker), lambda r: f"{r.changed} queue data changed")
+
+
+@main.command("add-write-perm")
+@click.argument("broker")
+@ns_options
+def add_write_perm(target: Target, broker: str) -> None:
+    """Let producers write to BROKER again (on every NameServer)."""
+    tell_all(target, AddWritePerm(broker_name=broker), lambda r: f"{r.changed} queue data changed")
+
+
+@main.command("delete-topic")
+@click.argument("topic")
+@click.option("--cluster", default="", help="Only remove the queues of this cluster's brokers.")
+@ns_options
+def delete_topic(target: Target, topic: str, cluster: str) -> None:
+    """Delete TOPIC from every NameServer."""
+    tell_all(target, DeleteTopic(topic=topic, cluster=cluster),
+             lambda r: "deleted" if r.removed else "no such topic")
+
+
+def parse_topic(spec: str) -> tuple[str, TopicConfig]:
+    """`NAME` or `NAME:QUEUES` or `NAME:READ:WRITE` or `NAME:READ:WRITE:PERM`."""
+    name, *numbers = spec.split(":")
+    try:
+        values = [int(n) for n in numbers]
+    except ValueError:
+        raise click.BadParameter(f"{spec!r}: expected NAME[:READ[:WRITE[:PERM]]]") from None
+    if len(values) > 3:
+        raise click.BadParameter(f"{spec!r}: expected NAME[:READ[:WRITE[:PERM]]]")
+    fields: dict[str, int] = {}
+    if values:
+        fields["read_queues"] = fields["write_queues"] = values[0]
+    if len(values) > 1:
+        fields["write_queues"] = values[1]
+    if len(values) > 2:
+        fields["perm"] = values[2]
+    return name, msgspec.convert(fields, TopicConfig)
+
+
+@main.command()
+@click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
+              callback=_load_config_file, help="TOML file with any of these options as keys.")
+@click.option("--cluster", required=True)
+@click.option("--name", "broker_name", required=True, help="Broker name.")
+@click.option("--addr", "broker_addr", required=True, help="Broker address host:port.")
+@click.option("--id", "broker_id", type=int, default=0, show_default=True,
+              help="0 for the master, another number for a slave.")
+@click.option("--ha-addr", default="")
+@click.option("--zone", default="")
+@click.option("--topic", "topics", multiple=True,
+              help="NAME[:READ[:WRITE[:PERM]]], repeatable (e.g. Orders:8).")
+@click.option("--heartbeat-interval", type=click.FloatRange(min=0.01), default=1.0,
+              show_default=True, help="Seconds between heartbeats.")
+@click.option("--heartbeat-timeout", type=click.FloatRange(min=1, max=3600), default=10.0,
+              show_default=True, help="Seconds of silence after which a NameServer drops it.")
+@click.option("--register-period", type=float, default=30.0, show_default=True,
+              help="Seconds between full registrations (clamped to 10-60).")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
+              case_sensitive=False), default="INFO", show_default=True)
+@ns_options
+def broker(target: Target, cluster: str, broker_name: str, broker_addr: str, broker_id: int,
+           ha_addr: str, zone: str, topics: tuple[str, ...], heartbeat_interval: float,
+           heartbeat_timeout: float, register_period: float, log_level: str) -> None:
+    """Run a broker agent (no message store): registers until Ctrl-C or SIGTERM, then unregisters."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        agent = BrokerAgent(
+            target.endpoints, cluster=cluster, broker_name=broker_name, broker_addr=broker_addr,
+            broker_id=broker_id, ha_addr=ha_addr, zone=zone,
+            topics=dict(parse_topic(t) for t in topics), register_period=register_period,
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_timeout_ms=round(heartbeat_timeout * 1000), request_timeout=target.timeout,
+        )
+    except ZnsError as exc:
+        raise click.UsageError(str(exc)) from None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    announced = False
+    while not stop.wait(0.1):
+        if not announced and agent.registered_everywhere():
+            announced = True
+            click.echo(f"broker {cluster}/{broker_name} id {broker_id} at {broker_addr} "
+                       f"registered with {len(target.endpoints)} NameServer(s)", err=True)
+    done = agent.close()
+    click.echo(f"broker {broker_name} unregistered from "
+               f"{sum(done.values())}/{len(done)} NameServer(s)", err=True)
