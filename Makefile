@@ -18,5 +18,10 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# Every benchmark (about 10 minutes): prints a table, writes bench/results.md and .json.
+# BENCH_ARGS="--quick" for a smoke run, or names to run only some (e.g. "scale").
+bench: $(STAMP)
+	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info

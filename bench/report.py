@@ -266,10 +266,12 @@ def cli(benches: dict[str, BenchFn], argv: Sequence[str] | None = None,
     parser.add_argument("--quick", action="store_true",
                         help="tiny parameters and one round: a smoke run, not a measurement")
     parser.add_argument("--rounds", type=int, help="rounds per figure (default 3; 1 with --quick)")
-    parser.add_argument("--out", type=Path, default=default_out,
+    parser.add_argument("--out", type=Path,
                         help="write results.md and results.json into this directory"
-                        + (f" (default {default_out})" if default_out else ""))
+                        + (f" (default {default_out}, not for --quick)" if default_out else ""))
     args = parser.parse_args(argv)
+    if args.out is None and not args.quick:
+        args.out = default_out  # a smoke run never overwrites the published results
     unknown = set(args.only) - benches.keys()
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
