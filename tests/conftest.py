@@ -99,14 +99,16 @@ class Peer:
 
 
 class ThreadedServer:
-    def __init__(self, tmp_path: Path, **overrides: Any) -> None:
+    def __init__(self, tmp_path: Path, *, server_kwargs: dict[str, Any] | None = None,
+                 **overrides: Any) -> None:
+        """`overrides` set ServerConfig fields; `server_kwargs` go to Server (e.g. clock)."""
         config = ServerConfig(
             router="tcp://127.0.0.1:*", pub="tcp://127.0.0.1:*",
             kv_path=str(tmp_path / "kv.json"), heartbeat_interval=0.2,
         )
         for key, value in overrides.items():
             setattr(config, key, value)
-        self.server = Server(config)
+        self.server = Server(config, **(server_kwargs or {}))
         self.router = self.server.router_endpoint
         self.pub = self.server.pub_endpoint
         self.thread = threading.Thread(target=self.server.run, daemon=True)

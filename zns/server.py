@@ -34,6 +34,10 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # hold that burst for a subscriber that is a little behind (never 0: unbounded).
 DEFAULT_PUB_HWM = 200_000
 MAX_BATCH = 2048  # requests served per wake-up before timers get a turn
+# The loop never plans further ahead than this: a stall is measured from the
+# planned wake-up, so a short plan measures nearly all of it (a broker that
+# heartbeated just before a 3 s SIGSTOP keeps its whole timeout).
+STALL_PROBE_MS = 100
 
 
 @dataclass
@@ -138,19 +142,18 @@ class Server:
             peer_wake = self.peers.next_wake()
             if peer_wake is not None and peer_wake < wake_at:
                 wake_at = max(now, peer_wake)  # one due before the loop began is not a stall
+            wake_at = min(wake_at, now + STALL_PROBE_MS)
             ready = dict(poller.poll(max(0, wake_at - now)))
-            now = self._now()
             # Timers ran at the end of the last pass, so wake_at is late only if
             # this process was not running (SIGSTOP, suspend, a long pause).
-            late = now - wake_at
-            if late > stall_threshold:
-                log.warning("the server stalled for %d ms; moving every deadline by it", late)
-                service.table.shift_deadlines(late)
+            now = self._now_after_stall(wake_at, stall_threshold)
             if self._wake_r in ready:
                 self._drain_wakeups()
             if self.router in ready:
                 self._serve_batch(now)
-                now = self._now()
+                # A stall can also land while serving (a broker's heartbeat reply
+                # wakes whoever then suspends us before the batch ends).
+                now = self._now_after_stall(now, stall_threshold)
             self.peers.handle(ready, now)
             self.peers.tick(now)
             self._publish(service.expire(now))
@@ -196,6 +199,15 @@ class Server:
 
     def _now(self) -> int:
         return int(self._clock() * 1000)
+
+    def _now_after_stall(self, expected: int, stall_threshold: int) -> int:
+        """The time, after moving every deadline by a stall past `expected` (§8)."""
+        now = self._now()
+        late = now - expected
+        if late > stall_threshold:
+            log.warning("the server stalled for %d ms; moving every deadline by it", late)
+            self.service.table.shift_deadlines(late)
+        return now
 
     # --- sockets --------------------------------------------------------
 
