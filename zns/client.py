@@ -144,6 +144,11 @@ class RouteCache:
         entry = self._entries.get(topic)
         return entry.view if entry is not None else None
 
+    def is_current(self, topic: str) -> bool:
+        """Known and not waiting for a pull: its view is the route at `revision`."""
+        entry = self._entries.get(topic)
+        return entry is not None and entry.state == CURRENT
+
     def revision(self, topic: str) -> int:
         entry = self._entries.get(topic)
         return entry.revision if entry is not None else -1
@@ -342,6 +347,7 @@ class ClientSession:
         self.endpoint: str | None = None  # the NameServer followed now
         self.pub_endpoint: str | None = None  # its PUB, once `status` told us
         self.switches = 0  # how many times it moved to another NameServer (for tests, metrics)
+        self.pulls = 0  # get_routes requests sent
         self._resume_at: float | None = None  # when to reconnect after a failure
         self._silence_deadline: float | None = None
         self._pending: dict[int, _Pending] = {}
@@ -464,6 +470,7 @@ class ClientSession:
             return
         topics = self.cache.take_stale()
         if topics:
+            self.pulls += 1
             self._request(GetRoutes(topics=topics), now)
 
     def _request(self, request: Request, now: float) -> None:

@@ -1,0 +1,404 @@
+"""RouteClient: the sans-I/O cache and session (§7, §10) and the threaded client on real servers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import register_fields, wait_for
+from zns.client import (
+    ClientSession,
+    Connect,
+    ConnectSub,
+    NameServerUnavailable,
+    RouteCache,
+    RouteClient,
+    Send,
+    Subscribe,
+)
+from zns.errors import BadRequest, NotFound
+from zns.schema import (
+    HB_CHANNEL,
+    GetRoutesReply,
+    HbEvent,
+    QueueData,
+    RouteEvent,
+    StatusReply,
+    TopicRoute,
+    decode_request,
+    encode,
+    route_channel,
+)
+
+# --- a model NameServer for the sans-I/O cache ----------------------------------------
+
+
+class ModelServer:
+    """Topics whose route is just a version number; every change publishes one event."""
+
+    def __init__(self, topics: list[str]) -> None:
+        self.epoch_no = 0
+        self.topics = topics
+        self.restart()
+
+    def restart(self) -> None:
+        self.epoch_no += 1
+        self.epoch = f"{self.epoch_no:016x}"
+        self.revision = 0
+        self.routes: dict[str, TopicRoute | None] = {t: None for t in self.topics}
+        self.revs = {t: 0 for t in self.topics}
+        self.history: dict[tuple[str, int], TopicRoute | None] = {}
+
+    def change(self, topic: str, delete: bool) -> RouteEvent:
+        self.revision += 1
+        route = None if delete else TopicRoute(topic=topic, queues=[QueueData(
+            broker_name="b", read_queues=self.revision, write_queues=1, perm=6, sys_flag=0)],
+            brokers=[], filter_servers={})
+        prev, self.revs[topic] = self.revs[topic], self.revision
+        self.routes[topic] = route
+        self.history[(topic, self.revision)] = route
+        return RouteEvent(epoch=self.epoch, revision=self.revision, prev=prev, topic=topic,
+                          route=route)
+
+    def pull(self, topics: list[str]) -> tuple[str, dict, dict]:
+        routes = {t: self.routes[t] for t in topics if self.routes[t] is not None}
+        return self.epoch, routes, {t: self.revs[t] for t in topics}
+
+    def hb(self) -> HbEvent:
+        return HbEvent(epoch=self.epoch, revision=self.revision, time_ms=0)
+
+
+TOPICS = ["A", "B", "C"]
+step = st.one_of(
+    st.tuples(st.just("change"), st.sampled_from(TOPICS), st.booleans(), st.booleans()),
+    st.tuples(st.just("reply")),
+    st.tuples(st.just("hb"), st.booleans()),
+    st.tuples(st.just("restart")),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(step, max_size=60))
+def test_cache_is_never_wrong_and_converges(steps):
+    """Events dropped at random, replies late, restarts: the cache never shows a route
+    other than the one the server had at the revision it claims, and once the last
+    change of each topic is delivered and the pulls answered, it equals the server."""
+    server, cache = ModelServer(TOPICS), RouteCache()
+    pending: list[tuple[str, dict, dict]] = []
+    for t in TOPICS:
+        cache.track(t)
+
+    def pull_stale() -> None:
+        topics = cache.take_stale()
+        if topics:
+            pending.append(server.pull(topics))
+
+    def check_consistent() -> None:
+        for t in TOPICS:
+            if cache.is_current(t) and cache.epoch == server.epoch and cache.revision(t) > 0:
+                assert cache.view(t) == server.history[(t, cache.revision(t))]
+
+    pull_stale()
+    for action in steps:
+        match action:
+            case ("change", topic, delete, delivered):
+                event = server.change(topic, delete)
+                if delivered:
+                    cache.apply_event(event)
+            case ("reply",) if pending:
+                cache.apply_pull(*pending.pop(0), now=0)
+            case ("hb", delivered) if delivered:
+                cache.apply_event(server.hb())
+            case ("restart",):
+                server.restart()
+                if pending:  # those requests die with the server: the session times out
+                    pending.clear()
+                    cache.reset()
+        pull_stale()
+        check_consistent()
+    # Settle: one more change of each topic, delivered; then answer every pull.
+    for t in TOPICS:
+        cache.apply_event(server.change(t, delete=False))
+        pull_stale()
+    cache.apply_event(server.hb())
+    pull_stale()
+    while pending:
+        cache.apply_pull(*pending.pop(0), now=0)
+        pull_stale()
+        check_consistent()
+    for t in TOPICS:
+        assert cache.view(t) == server.routes[t], t
+        assert cache.revision(t) == server.revs[t]
+
+
+def test_gap_marks_topic_stale_and_old_events_are_ignored():
+    server, cache = ModelServer(["A"]), RouteCache()
+    cache.track("A")
+    first = server.change("A", delete=False)
+    assert cache.take_stale() == ["A"]
+    assert cache.apply_pull(*server.pull(["A"]), now=0) == [("A", first.route)]
+    assert cache.apply_event(first) == []  # not above the remembered revision
+    server.change("A", delete=False)  # lost
+    third = server.change("A", delete=False)
+    assert cache.apply_event(third) == []
+    assert cache.take_stale() == ["A"]  # the gap asks for a pull
+
+
+def test_unknown_topic_is_remembered_so_its_creation_applies():
+    server, cache = ModelServer(["A"]), RouteCache()
+    cache.track("A")
+    cache.take_stale()
+    assert cache.apply_pull(*server.pull(["A"]), now=0) == [("A", None)]
+    cache.apply_event(server.hb())
+    cache.take_stale()  # the confirming pull after the subscription is proven
+    cache.apply_pull(*server.pull(["A"]), now=0)
+    created = server.change("A", delete=False)
+    assert cache.apply_event(created) == [("A", created.route)]
+
+
+def test_new_epoch_in_an_event_marks_every_topic_stale():
+    server, cache = ModelServer(["A", "B"]), RouteCache()
+    for t in "AB":
+        cache.track(t)
+    cache.take_stale()
+    cache.apply_pull(*server.pull(["A", "B"]), now=0)
+    server.restart()
+    cache.apply_event(server.hb())
+    assert sorted(cache.take_stale()) == ["A", "B"]
+
+
+def test_periodic_pull():
+    server, cache = ModelServer(["A"]), RouteCache(pull_period=30)
+    cache.track("A")
+    cache.take_stale()
+    cache.apply_pull(*server.pull(["A"]), now=100)
+    cache.apply_event(server.hb())
+    cache.take_stale()
+    cache.apply_pull(*server.pull(["A"]), now=100)
+    cache.on_timer(129.9)
+    assert cache.take_stale() == []
+    cache.on_timer(130)
+    assert cache.take_stale() == ["A"]
+
+
+def test_zone_filter_applies_to_pulls_and_events():
+    def route(zone_b: str) -> TopicRoute:
+        from zns.schema import BrokerData
+
+        return TopicRoute(topic="A", queues=[
+            QueueData(broker_name=n, read_queues=1, write_queues=1, perm=6, sys_flag=0)
+            for n in "ab"], brokers=[
+            BrokerData(cluster="c", broker_name="a", addrs={0: "h:1"}, zone="z1"),
+            BrokerData(cluster="c", broker_name="b", addrs={0: "h:2"}, zone=zone_b)],
+            filter_servers={})
+
+    cache = RouteCache(zone="Z1")
+    cache.track("A")
+    cache.take_stale()
+    cache.apply_pull("e", {"A": route("z2")}, {"A": 1}, now=0)
+    assert [b.broker_name for b in cache.view("A").brokers] == ["a"]
+    changes = cache.apply_event(RouteEvent(epoch="e", revision=2, prev=1, topic="A", route=route("z1")))
+    assert [b.broker_name for b in changes[0][1].brokers] == ["a", "b"]
+
+
+# --- the session -----------------------------------------------------------------------
+
+
+def test_session_learns_pub_endpoint_and_switches_on_timeout():
+    import random
+
+    session = ClientSession(["tcp://h1:1", "tcp://h2:1"], request_timeout=1.0,
+                            rng=random.Random(0))
+    session.start(0.0)
+    first = session.endpoint
+    actions = session.actions()
+    assert actions[0] == Connect(first)
+    status = decode_request(actions[1].body)
+    session.on_reply(encode(StatusReply(id=status.id, epoch="e" * 16, revision=0, version="x",
+                                        uptime_ms=0, brokers=0, topics=0,
+                                        pub_endpoint="tcp://0.0.0.0:7")), 0.1)
+    host = first.split("//")[1].split(":")[0]
+    assert session.actions() == [ConnectSub(f"tcp://{host}:7"), Subscribe(HB_CHANNEL)]
+    session.track("T", 0.2)
+    acts = session.actions()
+    assert acts[0] == Subscribe(route_channel("T")) and isinstance(acts[1], Send)
+    session.on_timer(1.3)  # the get_routes went unanswered
+    assert session.actions() == [Connect(None)]
+    assert session.endpoint is None and session.switches == 1
+    session.on_timer(5.0)  # after the backoff: the other NameServer
+    assert session.endpoint != first
+    with pytest.raises(BadRequest):
+        session.track("not a topic!", 5.0)
+
+
+def test_session_switches_when_hb_stops():
+    session = ClientSession(["tcp://h1:1"], heartbeat_interval=0.5, request_timeout=1.0)
+    session.start(0.0)
+    rid = decode_request(session.actions()[1].body).id
+    session.on_reply(encode(StatusReply(id=rid, epoch="e" * 16, revision=0, version="x",
+                                        uptime_ms=0, brokers=0, topics=0,
+                                        pub_endpoint="tcp://h1:2")), 0.0)
+    session.on_event(encode(HbEvent(epoch="e" * 16, revision=0, time_ms=0)), 1.0)
+    session.on_timer(2.4)
+    assert session.switches == 0
+    session.on_timer(2.6)  # 3 intervals without hb
+    assert session.switches == 1
+
+
+# --- against real NameServers ------------------------------------------------------------
+
+
+def has_route(client: RouteClient, topic: str) -> TopicRoute | None:
+    try:
+        return client.route(topic)
+    except NotFound:
+        return None
+
+
+def client_for(*endpoints: str, **kw) -> RouteClient:
+    kw.setdefault("heartbeat_interval", 0.2)
+    kw.setdefault("request_timeout", 1.0)
+    return RouteClient(list(endpoints), **kw)
+
+
+@pytest.mark.timeout(30)
+def test_push_arrives_and_matches_a_fresh_pull(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields())
+    changes = []
+    with client_for(server.router) as client:
+        client.watch("TopicA", lambda t, r: changes.append(r))
+        wait_for(lambda: changes)
+        pulls = client.session.pulls
+        peer.ok("register_broker", **register_fields(
+            topics={"TopicA": {"read_queues": 3, "write_queues": 3}}, data_version={"counter": 1}))
+        wait_for(lambda: changes[-1].queues[0].read_queues == 3)
+        fresh = peer.ok("get_route", topic="TopicA").route
+        assert changes[-1] == fresh == client.route("TopicA")
+        assert client.session.pulls - pulls <= 1  # pushed, not pulled (at most the confirm pull)
+
+
+@pytest.mark.timeout(30)
+def test_lost_event_is_repaired_by_a_pull(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields())
+    with client_for(server.router) as client:
+        client.route("TopicA")
+        wait_for(lambda: client.session.cache.is_current("TopicA") and client.session.pulls >= 2)
+        session = client.session
+        real_on_event, dropped = session.on_event, []
+
+        def lossy(body: bytes, now: float) -> None:
+            event = msgspec.msgpack.decode(body)
+            if event["op"] == "route" and not dropped:
+                dropped.append(event)
+                return
+            real_on_event(body, now)
+
+        session.on_event = lossy
+        pulls = session.pulls
+        peer.ok("register_broker", **register_fields(
+            topics={"TopicA": {"read_queues": 2}}, data_version={"counter": 1}))
+        wait_for(lambda: dropped)
+        assert client.route("TopicA").queues[0].read_queues == 16  # the change was lost
+        peer.ok("register_broker", **register_fields(
+            topics={"TopicA": {"read_queues": 5}}, data_version={"counter": 2}))
+        wait_for(lambda: client.route("TopicA").queues[0].read_queues == 5)
+        assert session.pulls > pulls  # the gap was seen and pulled, not papered over
+        assert client.session.cache.revision("TopicA") == peer.ok(
+            "get_route", topic="TopicA").revision
+
+
+@pytest.mark.timeout(30)
+def test_periodic_pull_repairs_a_lost_last_event(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields())
+    with client_for(server.router, pull_period=0.5) as client:
+        client.route("TopicA")
+        session = client.session
+        real_on_event = session.on_event
+        session.on_event = lambda body, now: (
+            None if msgspec.msgpack.decode(body)["op"] == "route" else real_on_event(body, now))
+        peer.ok("register_broker", **register_fields(
+            topics={"TopicA": {"read_queues": 2}}, data_version={"counter": 1}))
+        wait_for(lambda: client.route("TopicA").queues[0].read_queues == 2)
+
+
+@pytest.mark.timeout(30)
+def test_missing_topic_then_created(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields())
+    with client_for(server.router) as client:
+        with pytest.raises(NotFound):
+            client.route("Later")
+        seen = []
+        client.watch("Later", lambda t, r: seen.append(r))
+        peer.ok("register_broker", **register_fields(
+            topics={"TopicA": {}, "Later": {}}, data_version={"counter": 1}))
+        wait_for(lambda: seen and seen[-1] is not None)
+        assert seen[0] is None
+        assert client.route("Later") == peer.ok("get_route", topic="Later").route
+
+
+@pytest.mark.timeout(30)
+def test_nameserver_restart_is_resynced(make_server, tmp_path: Path):
+    endpoints = dict(router=f"ipc://{tmp_path}/r", pub=f"ipc://{tmp_path}/p",
+                     kv_path=str(tmp_path / "kv.json"))
+    first = make_server(**endpoints)
+    first.peer().ok("register_broker", **register_fields())
+    with client_for(first.router) as client:
+        epoch = client.route("TopicA") and client.session.cache.epoch
+        first.stop()
+        second = make_server(**endpoints)
+        second.peer().ok("register_broker", **register_fields(topics={"TopicA": {"read_queues": 7}}))
+        wait_for(lambda: client.route("TopicA").queues[0].read_queues == 7)
+        assert client.session.cache.epoch not in (None, epoch)
+
+
+@pytest.mark.timeout(30)
+def test_follows_the_other_nameserver_when_one_dies(make_server):
+    servers = [make_server(), make_server()]
+    for srv in servers:
+        srv.peer().ok("register_broker", **register_fields())
+    with client_for(*(s.router for s in servers)) as client:
+        client.route("TopicA")
+        followed = next(s for s in servers if s.router == client.session.endpoint)
+        other = next(s for s in servers if s is not followed)
+        followed.stop()
+        other.peer().ok("register_broker", **register_fields(
+            topics={"TopicA": {"read_queues": 9}}, data_version={"counter": 1}))
+        wait_for(lambda: client.route("TopicA").queues[0].read_queues == 9)
+        assert client.session.endpoint == other.router
+        assert client.session.switches >= 1
+
+
+@pytest.mark.timeout(30)
+def test_zone_client_sees_its_zone_only(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields(zone="east"))
+    peer.ok("register_broker", **register_fields(broker_name="broker-b", addr="10.0.0.2:10911",
+                                                 zone="west"))
+    with client_for(server.router, zone="EAST") as client:
+        assert [b.broker_name for b in client.route("TopicA").brokers] == ["broker-a"]
+        assert {q.broker_name for q in client.write_queues("TopicA")} == {"broker-a"}
+
+
+@pytest.mark.timeout(30)
+def test_no_nameserver_answers():
+    with client_for("tcp://127.0.0.1:1", timeout=0.5) as client:
+        with pytest.raises(NameServerUnavailable):
+            client.route("TopicA")
+
+
+def test_select_queue_through_the_client(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields(topics={"T": {"write_queues": 2}}))
+    peer.ok("register_broker", **register_fields(broker_name="broker-b", addr="10.0.0.2:1",
+                                                 topics={"T": {"write_queues": 2}}))
+    with client_for(server.router) as client:
+        picks = [client.select_queue("T", avoid_broker="broker-a") for _ in range(3)]
+        assert {q.broker_name for q in picks} == {"broker-b"}
+        assert len({client.select_queue("T") for _ in range(4)}) == 4

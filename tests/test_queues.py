@@ -1,0 +1,97 @@
+"""Producer/consumer views and queue selection (RocketMQ's client rules), no sockets."""
+
+from hypothesis import given, strategies as st
+
+from zns.queues import (
+    LATENCY_MAX_MS,
+    NOT_AVAILABLE_MS,
+    LatencyFaults,
+    MessageQueue,
+    QueueSelector,
+    not_available_ms,
+    read_queues,
+    write_queues,
+)
+from zns.schema import BrokerData, QueueData, TopicRoute
+
+
+def make_route(order_conf: str = "") -> TopicRoute:
+    return TopicRoute(
+        topic="T",
+        queues=[
+            QueueData(broker_name="a", read_queues=2, write_queues=3, perm=6, sys_flag=0),
+            QueueData(broker_name="b", read_queues=1, write_queues=1, perm=4, sys_flag=0),  # read only
+            QueueData(broker_name="c", read_queues=1, write_queues=2, perm=6, sys_flag=0),  # no master
+        ],
+        brokers=[
+            BrokerData(cluster="x", broker_name="a", addrs={0: "h:1"}),
+            BrokerData(cluster="x", broker_name="b", addrs={0: "h:2"}),
+            BrokerData(cluster="x", broker_name="c", addrs={1: "h:3"}),
+        ],
+        filter_servers={},
+        order_conf=order_conf,
+    )
+
+
+def test_write_queues_need_write_perm_and_a_master():
+    assert write_queues(make_route()) == [MessageQueue("T", "a", i) for i in range(3)]
+
+
+def test_read_queues_of_every_readable_broker():
+    assert read_queues(make_route()) == [
+        MessageQueue("T", "a", 0), MessageQueue("T", "a", 1), MessageQueue("T", "b", 0),
+        MessageQueue("T", "c", 0),
+    ]
+
+
+def test_ordered_topic_uses_order_conf():
+    queues = write_queues(make_route("b:2;c:1"))
+    assert queues == [MessageQueue("T", "b", 0), MessageQueue("T", "b", 1), MessageQueue("T", "c", 0)]
+
+
+def test_round_robin_and_avoid_broker():
+    sel = QueueSelector()
+    queues = [MessageQueue("T", "a", 0), MessageQueue("T", "b", 0), MessageQueue("T", "a", 1)]
+    assert [sel.select_queue("T", queues) for _ in range(4)] == queues + queues[:1]
+    picks = [sel.select_queue("T", queues, avoid_broker="a") for _ in range(5)]
+    assert {q.broker_name for q in picks} == {"b"}
+    only_a = [MessageQueue("T", "a", 0)]
+    assert sel.select_queue("T", only_a, avoid_broker="a") == only_a[0]  # nothing else: use it
+
+
+def test_latency_thresholds_match_mqfaultstrategy():
+    assert [not_available_ms(ms) for ms in (0, 49, 50, 99, 100, 549)] == [0] * 6
+    assert [not_available_ms(ms) for ms in LATENCY_MAX_MS] == list(NOT_AVAILABLE_MS)
+    assert not_available_ms(1799) == 2000
+    assert not_available_ms(10**6) == 30000
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1e6), min_size=2, max_size=20))
+def test_isolation_never_shrinks_with_latency(latencies):
+    durations = [not_available_ms(x) for x in sorted(latencies)]
+    assert durations == sorted(durations)
+
+
+def test_fault_avoidance_isolates_then_releases():
+    now = [100.0]
+    sel = QueueSelector(fault_tolerance=True, clock=lambda: now[0])
+    queues = [MessageQueue("T", "a", 0), MessageQueue("T", "b", 0)]
+    sel.report("a", 600)  # >= 550 ms: avoid for 2 s
+    assert {sel.select_queue("T", queues).broker_name for _ in range(4)} == {"b"}
+    now[0] += 2.0
+    assert {sel.select_queue("T", queues).broker_name for _ in range(4)} == {"a", "b"}
+    sel.report("b", 0, failed=True)  # a failed send: 30 s
+    faults: LatencyFaults = sel.faults
+    assert not faults.is_available("b")
+    now[0] += 29.9
+    assert not faults.is_available("b")
+    now[0] += 0.2
+    assert faults.is_available("b")
+
+
+def test_all_brokers_isolated_still_yields_a_queue():
+    sel = QueueSelector(fault_tolerance=True, clock=lambda: 0.0)
+    queues = [MessageQueue("T", "a", 0), MessageQueue("T", "b", 0)]
+    sel.report("a", 0, failed=True)
+    sel.report("b", 0, failed=True)
+    assert sel.select_queue("T", queues) in queues
