@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench demo clean
+.PHONY: run test bench demo demo-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ test: $(STAMP)
 # BENCH_ARGS="--quick" for a smoke run, or names to run only some (e.g. "scale").
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
+
+# Three NameServers with peer hints: a silent broker leaves all three within the grace.
+demo-peers: $(STAMP)
+	$(BIN)/python examples/peers_demo.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

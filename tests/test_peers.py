@@ -12,9 +12,11 @@ import threading
 import time
 
 import pytest
+import zmq
 
 from conftest import Peer, register_fields, wait_for
 from zns import schema
+from zns.peers import PeerLinks
 
 ADDR = "10.0.0.1:10911"
 BROKER = dict(cluster="c1", broker_name="broker-a", broker_id=0, broker_addr=ADDR)
@@ -256,3 +258,21 @@ def test_cli_peer_options_log_the_link_and_each_hint(process_server):
         assert "(peer_expired)" in log
     finally:
         on_b.close()
+
+
+@pytest.mark.parametrize("endpoint,error", [
+    ("ns1.example", "no port"),
+    ("tcp://127.0.0.1:notaport", "Invalid argument"),
+])
+def test_a_bad_peer_endpoint_stops_start_up_with_a_clear_error(endpoint, error):
+    with pytest.raises(OSError, match=f"--peer.*{error}"):
+        PeerLinks([endpoint], now=0, suspect=lambda c, a: False, connected={},
+                  context=zmq.Context.instance())
+
+
+@pytest.mark.timeout(30)
+def test_a_bare_host_port_peer_is_tcp_and_listed_once(make_server):
+    a = make_server()
+    bare = a.router.removeprefix("tcp://")
+    b = make_server(peers=[bare, a.router])
+    wait_linked(b.peer(), a.router)

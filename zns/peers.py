@@ -2,10 +2,10 @@
 
 Two layers. `PeerLink` is sans-I/O: what this server knows about one peer —
 its events endpoint, its epoch, when it last spoke — fed with decoded replies
-and events and a `now`, answering with what to do next (ask `status`, move
-the subscription) and with the hint a peer's event carries. `PeerLinks` is the
-thin socket side the server loop polls: one DEALER and one SUB per peer, for
-the life of the server, so the poller's socket set never changes.
+and events and a `now`, answering with what to do next (ask `status`,
+subscribe afresh) and with the hint a peer's event carries. `PeerLinks` is the
+thin socket side the server loop polls: it carries those actions out on a
+DEALER and a SUB per peer and hands each hint to the route table.
 
 A hint only ever reaches `RouteTable.suspect`, which shortens a deadline the
 broker's own silence started; a peer that is down, slow or restarting
@@ -249,13 +249,11 @@ class PeerLinks:
                     if not link.asking:  # answered: no request in flight any more
                         self._replace(self._dealers, endpoint, None)
             sock = self._subs.get(endpoint)
-            while sock is not None and sock in ready and sock is self._subs.get(endpoint):
-                frames = self._recv(sock)
-                if frames is None:
-                    break
-                hint = link.on_event(self._decode(link, frames[-1], decode_event), now)
-                if hint is not None and self._apply(hint):
-                    applied.append(hint)
+            if sock is not None and sock in ready:
+                while (frames := self._recv(sock)) is not None:
+                    hint = link.on_event(self._decode(link, frames[-1], decode_event), now)
+                    if hint is not None and self._apply(hint):
+                        applied.append(hint)
             self._connected[endpoint] = link.connected
         return applied
 
