@@ -917,3 +917,26 @@ def test_suspect_unknown_broker_is_ignored(table):
     assert not table.suspect("c1", OTHER, grace_ms=1)
     assert not table.suspect("c2", MASTER, grace_ms=1)
     assert state(table) == before
+
+
+# --- regressions found by the property tests ----------------------------------------------
+
+
+def test_filter_servers_of_a_shared_address_reach_every_broker_names_route(table):
+    # Filter servers are keyed by (cluster, addr) (§8 liveness key): when two broker names
+    # list one address, a change through either one is a change of both routes.
+    register(table, name="broker-b", topics=["TB"])
+    outcome = register(table, name="broker-a", topics=[], filter_servers=["10.1.1.1:1"])
+    assert table.route("TB").filter_servers == {MASTER: ["10.1.1.1:1"]}
+    assert "TB" in route_events(outcome.events)
+
+
+def test_broker_data_cluster_names_a_cluster_that_lists_the_broker(table):
+    register(table, cluster="c1", topics=[])
+    register(table, cluster="c2", topics=[])  # the only address moves to cluster c2
+    assert table.cluster_table() == {"c2": ["broker-a"]}
+    assert table.broker_table()["broker-a"].cluster == "c2"
+    register(table, cluster="c3", broker_id=1, addr=SLAVE, topics=[])
+    table.unregister_broker("c2", "broker-a", MASTER)
+    assert table.cluster_table() == {"c3": ["broker-a"]}
+    assert table.broker_table()["broker-a"].cluster == "c3"

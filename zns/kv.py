@@ -91,7 +91,8 @@ class KvStore:
             ) from exc
 
     def _persist(self) -> None:
-        assert self.path is not None
+        if self.path is None:  # an in-memory store: nothing to make durable
+            return
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
