@@ -16,6 +16,7 @@ import click
 
 from zns import __version__
 from zns.kv import KvFileError
+from zns.security import KeyFileError, write_keypair
 from zns.server import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_PUB,
@@ -77,11 +78,25 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, path: str | N
               help="Request endpoint of another NameServer to take hints from (repeatable).")
 @click.option("--peer-grace", type=click.FloatRange(min=0), default=3.0, envvar="ZNS_PEER_GRACE",
               show_default=True, help="Seconds a broker a peer saw leave has left here.")
+@click.option("--curve-secret", type=click.Path(dir_okay=False), envvar="ZNS_CURVE_SECRET",
+              help="The server's NAME.key_secret (from `zns keygen`): turns CURVE on for both "
+                   "sockets.")
+@click.option("--brokers-keys", type=click.Path(file_okay=False), envvar="ZNS_BROKERS_KEYS",
+              help="Directory of *.key public keys that may do broker ops.")
+@click.option("--admins-keys", type=click.Path(file_okay=False), envvar="ZNS_ADMINS_KEYS",
+              help="Directory of *.key public keys that may do admin ops.")
+@click.option("--clients-keys", type=click.Path(file_okay=False), envvar="ZNS_CLIENTS_KEYS",
+              help="Directory of *.key public keys that may read routes (with --clients listed).")
+@click.option("--clients", type=click.Choice(["any", "listed"]), default="any",
+              envvar="ZNS_CLIENTS", show_default=True,
+              help="With CURVE: may any key read routes, or only listed ones?")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
               case_sensitive=False), default="INFO", envvar="ZNS_LOG_LEVEL", show_default=True)
 def serve(
     router: str, pub: str, kv_path: str, heartbeat_interval: float, max_message_bytes: int,
-    pub_hwm: int, peer: tuple[str, ...], peer_grace: float, log_level: str,
+    pub_hwm: int, peer: tuple[str, ...], peer_grace: float, curve_secret: str | None,
+    brokers_keys: str | None, admins_keys: str | None, clients_keys: str | None, clients: str,
+    log_level: str,
 ) -> None:
     """Run a NameServer until SIGTERM or Ctrl-C."""
     logging.basicConfig(
@@ -91,13 +106,27 @@ def serve(
     config = ServerConfig(
         router=router, pub=pub, kv_path=kv_path, heartbeat_interval=heartbeat_interval,
         max_message_bytes=max_message_bytes, pub_hwm=pub_hwm, peers=list(peer),
-        peer_grace=peer_grace,
+        peer_grace=peer_grace, curve_secret=curve_secret, brokers_keys=brokers_keys,
+        admins_keys=admins_keys, clients_keys=clients_keys, clients=clients,
     )
+    if not curve_secret and (brokers_keys or admins_keys or clients_keys or clients != "any"):
+        raise click.UsageError("key options need --curve-secret (CURVE is off without it)")
     try:
         server = Server(config)
-    except (KvFileError, OSError) as exc:
+    except (KvFileError, KeyFileError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     server.run()
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("name")
+@click.option("--broker-names", metavar="A,B",
+              help="Bind this broker key to these broker names (certificate metadata).")
+def keygen(directory: str, name: str, broker_names: str | None) -> None:
+    """Write a CURVE key pair: DIRECTORY/NAME.key (public) and NAME.key_secret."""
+    public_file, secret_file = write_keypair(directory, name, broker_names)
+    click.echo(f"public key: {public_file}\nsecret key: {secret_file} (keep it private)")
 
 
 from zns import tools  # noqa: E402,F401  (registers the operator commands on `main`)

@@ -1,0 +1,240 @@
+"""CURVE security of §9: the server's key pair, ZAP, and who may do what.
+
+Keys are z85 text, as `zmq.auth` writes them in certificate files (`NAME.key`
+holds a public key, `NAME.key_secret` the pair). A `KeyPolicy` is an immutable
+picture of the key directories; `Security.reload()` (SIGHUP) builds a new one
+and swaps it in, so the ZAP thread and the serving loop never see half a
+reload. The role decision itself (`KeyPolicy.check`) is pure and sans-I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from zns.errors import NoPermission
+from zns.schema import ADMIN_OPS, BROKER_OPS, AnyRequest, request_op
+
+log = logging.getLogger("zns")
+
+ZAP_DOMAIN = "zns"
+BROKER_NAMES = "broker_names"  # certificate metadata binding a broker key to names
+
+
+class KeyFileError(Exception):
+    """A key file or directory cannot be used; the message names it."""
+
+
+def read_certificate(path: str | os.PathLike[str]) -> tuple[str, str | None, dict[str, str]]:
+    """(public key, secret key or None, metadata) of one `zmq.auth` certificate file."""
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise KeyFileError(f"cannot read certificate {path}: {exc}") from exc
+    metadata: dict[str, str] = {}
+    section = ""
+    # zmq.auth.load_certificate skips the metadata section; it is ZPL, one level deep.
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line[0].isspace():
+            section = line.strip()
+        elif section == "metadata" and "=" in line:
+            name, value = line.split("=", 1)
+            metadata[name.strip()] = value.strip().strip("'\"")
+    return _key_text(public, path), _key_text(secret, path) if secret else None, metadata
+
+
+def _key_text(key: bytes, path: str | os.PathLike[str]) -> str:
+    if len(key) != 40:
+        raise KeyFileError(f"certificate {path}: a CURVE key is 40 z85 characters, got {len(key)}")
+    return key.decode("ascii")
+
+
+def _public_keys(directory: str | None) -> dict[str, dict[str, str]]:
+    """Public key -> metadata of every `*.key` certificate in `directory`."""
+    if not directory:
+        return {}
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        raise KeyFileError(f"key directory {path} does not exist or is not a directory")
+    keys = {}
+    for cert in sorted(path.glob("*.key")):
+        public, _, metadata = read_certificate(cert)
+        keys[public] = metadata
+    return keys
+
+
+@dataclass(frozen=True)
+class KeyPolicy:
+    """Who may connect and what each key may do (§9)."""
+
+    brokers: dict[str, frozenset[str] | None]  # key -> broker names it is bound to (None: any)
+    admins: frozenset[str]
+    clients: frozenset[str]
+    clients_any: bool
+
+    def accepts(self, key: str) -> bool:
+        """The handshake decision: an unknown key gets nothing at all."""
+        return self.clients_any or key in self.brokers or key in self.admins or key in self.clients
+
+    def check(self, key: str | None, request: AnyRequest) -> None:
+        """Raise NoPermission unless `key` may send `request`."""
+        op = request_op(request)
+        if key is None:
+            raise NoPermission(f"{op} needs an authenticated CURVE key")
+        if op in BROKER_OPS:
+            if key not in self.brokers:
+                raise NoPermission(f"{op} is a broker op and this key is not a broker key")
+            names = self.brokers[key]
+            if names is not None and request.broker_name not in names:  # type: ignore[union-attr]
+                raise NoPermission(
+                    f"this broker key may act only for {', '.join(sorted(names))}, "
+                    f"not {request.broker_name!r}"  # type: ignore[union-attr]
+                )
+        elif op in ADMIN_OPS:
+            if key not in self.admins:
+                raise NoPermission(f"{op} is an admin op and this key is not an admin key")
+        elif not self.accepts(key):  # a key removed by a reload, on a connection made before
+            raise NoPermission(f"{op}: this key is no longer listed")
+
+
+def load_policy(
+    brokers_keys: str | None, admins_keys: str | None, clients_keys: str | None, clients: str,
+) -> KeyPolicy:
+    if clients not in ("any", "listed"):
+        raise KeyFileError(f"--clients must be 'any' or 'listed', not {clients!r}")
+    brokers = {}
+    for key, metadata in _public_keys(brokers_keys).items():
+        bound = metadata.get(BROKER_NAMES)
+        brokers[key] = None if bound is None else frozenset(
+            n.strip() for n in bound.split(",") if n.strip()
+        )
+    return KeyPolicy(
+        brokers=brokers,
+        admins=frozenset(_public_keys(admins_keys)),
+        clients=frozenset(_public_keys(clients_keys)),
+        clients_any=clients == "any",
+    )
+
+
+class Security:
+    """The server side of CURVE: apply it to sockets, run ZAP, authorize requests."""
+
+    def __init__(
+        self,
+        curve_secret: str,
+        brokers_keys: str | None = None,
+        admins_keys: str | None = None,
+        clients_keys: str | None = None,
+        clients: str = "any",
+    ) -> None:
+        public, secret, _ = read_certificate(Path(curve_secret).expanduser())
+        if secret is None:
+            raise KeyFileError(
+                f"{curve_secret} holds no secret key: give the NAME.key_secret file "
+                f"that `zns keygen` wrote"
+            )
+        self.public_key, self._secret_key = public, secret
+        self._dirs = (brokers_keys, admins_keys, clients_keys, clients)
+        self.policy = load_policy(*self._dirs)
+        self._auth: ThreadAuthenticator | None = None
+
+    def start(self, ctx: zmq.Context) -> None:
+        """Start the ZAP handler; one per context (it binds a fixed inproc endpoint)."""
+        self._auth = ThreadAuthenticator(ctx, log=logging.getLogger("zns.zap"))
+        self._auth.start()
+        self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self)
+        self._log_policy("loaded")
+
+    def stop(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
+    def apply(self, sock: zmq.Socket) -> None:
+        """Make `sock` a CURVE server checked by ZAP; call before bind."""
+        sock.curve_server = True
+        sock.curve_secretkey = self._secret_key.encode()
+        sock.curve_publickey = self.public_key.encode()
+        sock.zap_domain = ZAP_DOMAIN.encode()
+
+    def reload(self) -> bool:
+        """Re-read the key directories; on any error keep the current policy."""
+        try:
+            self.policy = load_policy(*self._dirs)  # one assignment: the ZAP thread sees old or new
+        except KeyFileError as exc:
+            log.error("keys not reloaded, the previous ones stay in force: %s", exc)
+            return False
+        self._log_policy("reloaded")
+        return True
+
+    # ZAP (called from the authenticator thread) ---------------------------
+
+    def callback(self, _domain: str, key: bytes) -> bool:
+        text = key.decode("ascii")
+        allowed = self.policy.accepts(text)
+        if not allowed:
+            log.warning("refused a CURVE handshake from unknown key %s", text)
+        return allowed
+
+    # the NameService hook --------------------------------------------------
+
+    def authorize(self, peer_key: str | None, request: AnyRequest) -> None:
+        try:
+            self.policy.check(peer_key, request)
+        except NoPermission as exc:
+            log.warning("no_permission for key %s: %s", peer_key, exc)
+            raise
+
+    def _log_policy(self, verb: str) -> None:
+        p = self.policy
+        log.info(
+            "CURVE on (server key %s): %s %d broker, %d admin, %d client keys; clients: %s",
+            self.public_key, verb, len(p.brokers), len(p.admins), len(p.clients),
+            "any key" if p.clients_any else "listed keys only",
+        )
+
+
+def write_keypair(directory: str | os.PathLike[str], name: str,
+                  broker_names: str | None = None) -> tuple[str, str]:
+    """`zns keygen`: NAME.key (public) and NAME.key_secret in `directory`.
+
+    With `broker_names`, both files carry the metadata that binds a broker key
+    to those names (zmq.auth writes metadata into the secret file only, but it
+    is the public file that goes into the server's `--brokers-keys` directory).
+    """
+    os.makedirs(directory, exist_ok=True)
+    metadata = {BROKER_NAMES: f'"{broker_names}"'} if broker_names else None
+    public_file, secret_file = zmq.auth.create_certificates(directory, name, metadata)
+    if metadata:
+        text = Path(public_file).read_text(encoding="utf-8")
+        line = f"    {BROKER_NAMES} = {metadata[BROKER_NAMES]}\n"
+        Path(public_file).write_text(text.replace("metadata\n", "metadata\n" + line, 1),
+                                     encoding="utf-8")
+    os.chmod(secret_file, 0o600)
+    return public_file, secret_file
+
+
+def curve_client(sock: zmq.Socket, server_key: str, keypair_file: str | None = None) -> None:
+    """Make `sock` a CURVE client of a server with public key `server_key` (z85 text
+    or a certificate file). Without `keypair_file` it uses a fresh key pair, which a
+    server started with `--clients any` accepts for client ops."""
+    if os.path.exists(server_key):
+        server_key = read_certificate(server_key)[0]
+    if keypair_file:
+        public, secret, _ = read_certificate(Path(keypair_file).expanduser())
+        if secret is None:
+            raise KeyFileError(f"{keypair_file} holds no secret key (give NAME.key_secret)")
+        public_b, secret_b = public.encode(), secret.encode()
+    else:
+        public_b, secret_b = zmq.curve_keypair()
+    sock.curve_serverkey = server_key.encode()
+    sock.curve_publickey = public_b
+    sock.curve_secretkey = secret_b
