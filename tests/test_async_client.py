@@ -1,0 +1,81 @@
+"""AsyncRouteClient: the same session as RouteClient, driven by asyncio, on real servers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conftest import register_fields
+from zns.async_client import AsyncRouteClient
+from zns.client import NameServerUnavailable
+from zns.errors import NotFound
+
+
+def client_for(*endpoints: str, **kw) -> AsyncRouteClient:
+    kw.setdefault("heartbeat_interval", 0.2)
+    kw.setdefault("request_timeout", 1.0)
+    return AsyncRouteClient(list(endpoints), **kw)
+
+
+@pytest.mark.timeout(30)
+def test_route_and_watch_follow_pushes(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields())
+
+    async def scenario():
+        async with client_for(server.router) as client:
+            assert (await client.route("TopicA")).queues[0].read_queues == 16
+            with pytest.raises(NotFound):
+                await client.route("Later")
+            seen = []
+
+            async def watch():
+                async for route in client.watch("Later"):
+                    seen.append(route)
+                    if route is not None:
+                        return route
+
+            task = asyncio.create_task(watch())
+            while not seen:
+                await asyncio.sleep(0.01)
+            peer.ok("register_broker", **register_fields(
+                topics={"TopicA": {}, "Later": {"read_queues": 2}}, data_version={"counter": 1}))
+            route = await asyncio.wait_for(task, 10)
+            assert seen[0] is None
+            assert route == peer.ok("get_route", topic="Later").route == await client.route("Later")
+            assert (await client.select_queue("Later")).broker_name == "broker-a"
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(30)
+def test_follows_the_other_nameserver_when_one_dies(make_server):
+    servers = [make_server(), make_server()]
+    for srv in servers:
+        srv.peer().ok("register_broker", **register_fields())
+
+    async def scenario():
+        async with client_for(*(s.router for s in servers)) as client:
+            await client.route("TopicA")
+            followed = next(s for s in servers if s.router == client.session.endpoint)
+            other = next(s for s in servers if s is not followed)
+            followed.stop()
+            other.peer().ok("register_broker", **register_fields(
+                topics={"TopicA": {"read_queues": 9}}, data_version={"counter": 1}))
+            async with asyncio.timeout(10):
+                while (await client.route("TopicA")).queues[0].read_queues != 9:
+                    await asyncio.sleep(0.02)
+            assert client.session.endpoint == other.router
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(30)
+def test_no_nameserver_answers():
+    async def scenario():
+        async with client_for("tcp://127.0.0.1:1", timeout=0.5) as client:
+            with pytest.raises(NameServerUnavailable):
+                await client.route("TopicA")
+
+    asyncio.run(scenario())

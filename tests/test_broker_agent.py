@@ -1,0 +1,117 @@
+"""BrokerAgent against real NameServers: every server, re-registration, topic changes, close."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import register_fields, wait_for
+from zns.broker import BrokerAgent
+from zns.errors import BadRequest
+from zns.schema import Error
+
+
+def agent_for(*endpoints: str, **kw) -> BrokerAgent:
+    kw.setdefault("cluster", "c1")
+    kw.setdefault("broker_name", "bk")
+    kw.setdefault("broker_addr", "127.0.0.1:10911")
+    kw.setdefault("topics", ["T1"])
+    kw.setdefault("heartbeat_interval", 0.2)
+    kw.setdefault("request_timeout", 1.0)
+    kw.setdefault("register_period", 60)  # so only heartbeats can explain a quick re-registration
+    return BrokerAgent(list(endpoints), **kw)
+
+
+def route_of(peer, topic: str):
+    reply = peer.call("get_route", topic=topic)
+    return None if isinstance(reply, Error) else reply.route
+
+
+@pytest.mark.timeout(30)
+def test_registers_with_every_nameserver_despite_a_dead_one(make_server):
+    servers = [make_server(), make_server()]
+    with agent_for(servers[0].router, "tcp://127.0.0.1:1", servers[1].router) as agent:
+        peers = [s.peer() for s in servers]
+        wait_for(lambda: all(route_of(p, "T1") for p in peers))
+        status = {s.endpoint: s for s in agent.status()}
+        assert not status["tcp://127.0.0.1:1"].registered
+        assert all(status[s.router].registered for s in servers)
+
+
+@pytest.mark.timeout(30)
+def test_close_unregisters_from_all_within_bounds(make_server):
+    servers = [make_server(), make_server()]
+    agent = agent_for(servers[0].router, servers[1].router, "tcp://127.0.0.1:1")
+    wait_for(lambda: sum(s.registered for s in agent.status()) == 2)
+    started = time.monotonic()
+    result = agent.close(timeout=1.0)
+    assert time.monotonic() - started < 5
+    assert result == {servers[0].router: True, servers[1].router: True, "tcp://127.0.0.1:1": False}
+    for srv in servers:
+        assert srv.peer().ok("get_cluster_info").brokers == {}
+
+
+@pytest.mark.timeout(30)
+def test_reregisters_after_nameserver_restart_by_heartbeat(make_server, tmp_path: Path):
+    endpoints = dict(router=f"ipc://{tmp_path}/r", pub=f"ipc://{tmp_path}/p",
+                     kv_path=str(tmp_path / "kv.json"))
+    first = make_server(**endpoints)
+    with agent_for(first.router) as agent:
+        wait_for(lambda: route_of(first.peer(), "T1"))
+        first.stop()
+        second = make_server(**endpoints)
+        # register_period is 60 s: only a heartbeat answered `known: false` re-registers this fast.
+        wait_for(lambda: route_of(second.peer(), "T1"), timeout=10)
+        assert agent.status()[0].registrations >= 2
+
+
+@pytest.mark.timeout(30)
+def test_topic_changes_register_at_once(server):
+    peer = server.peer()
+    with agent_for(server.router) as agent:
+        wait_for(lambda: route_of(peer, "T1"))
+        version = agent.data_version
+        agent.add_topic("T2", {"read_queues": 4, "write_queues": 4})
+        wait_for(lambda: route_of(peer, "T2"))
+        assert route_of(peer, "T2").queues[0].read_queues == 4
+        assert agent.data_version.counter == version.counter + 1
+        agent.remove_topic("T1")
+        wait_for(lambda: route_of(peer, "T1") is None)
+        with pytest.raises(BadRequest):
+            agent.add_topic("bad topic!")
+
+
+@pytest.mark.timeout(30)
+def test_heartbeats_keep_a_short_timeout_broker_alive(server):
+    peer = server.peer()
+    with agent_for(server.router, heartbeat_timeout_ms=1000):
+        wait_for(lambda: route_of(peer, "T1"))
+        live = peer.ok("get_cluster_info").live
+        assert live[0].timeout_ms == 1000
+        # Outlive several timeouts: only heartbeats can keep it registered.
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            assert route_of(peer, "T1") is not None
+            time.sleep(0.1)
+
+
+@pytest.mark.timeout(30)
+def test_conflict_is_logged_and_retried(server, caplog):
+    peer = server.peer()
+    # Another address holds id 0 with a newer state: our registration is refused (§4 step 3).
+    peer.ok("register_broker", **register_fields(broker_name="bk", addr="10.9.9.9:1",
+                                                 data_version={"state": 5}))
+    caplog.set_level(logging.ERROR, logger="zns.broker")
+    with agent_for(server.router) as agent:
+        wait_for(lambda: "conflict" in agent.status()[0].last_error)
+        assert not agent.status()[0].registered
+        assert any("conflict" in r.getMessage() for r in caplog.records)
+
+
+def test_bad_configuration_fails_at_construction():
+    with pytest.raises(BadRequest, match="broker address"):
+        BrokerAgent("tcp://127.0.0.1:1", cluster="c", broker_name="b", broker_addr="nope",
+                    start=False)

@@ -1,0 +1,145 @@
+"""The operator commands against a live NameServer (click's CliRunner), and `zns broker`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import click.testing
+import pytest
+from click.testing import CliRunner
+
+from conftest import register_fields, wait_for
+from zns.cli import main
+from zns.schema import Error
+
+DEAD = "tcp://127.0.0.1:1"
+
+
+def run(*args: str, ns: str) -> click.testing.Result:
+    return CliRunner().invoke(main, [*args, "--ns", ns, "--timeout", "2"], catch_exceptions=False)
+
+
+@pytest.fixture
+def loaded(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields(topics={"TopicA": {}, "TopicB": {}}, zone="z1"))
+    peer.ok("register_broker", **register_fields(broker_name="broker-b", addr="10.0.0.2:10911",
+                                                 cluster="c2", topics={"TopicB": {}}))
+    return server
+
+
+def test_status_route_clusters_topics(loaded):
+    ns = loaded.router
+    out = run("status", ns=ns)
+    assert out.exit_code == 0 and ns in out.output and loaded.pub in out.output
+    out = run("route", "TopicB", ns=ns)
+    assert out.exit_code == 0 and "broker-a" in out.output and "broker-b" in out.output
+    route = json.loads(run("route", "TopicB", "--json", ns=ns).output)["route"]
+    assert [q["broker_name"] for q in route["queues"]] == ["broker-a", "broker-b"]
+    out = run("clusters", ns=ns)
+    assert "c2" in out.output and "10.0.0.2:10911" in out.output
+    assert json.loads(run("clusters", "--json", ns=ns).output)["clusters"] == {
+        "c1": ["broker-a"], "c2": ["broker-b"]}
+    assert run("topics", ns=ns).output.split() == ["TopicA", "TopicB"]
+    assert json.loads(run("topics", "--cluster", "c2", "--json", ns=ns).output) == ["TopicB"]
+
+
+def test_admin_commands(loaded):
+    ns, peer = loaded.router, loaded.peer()
+    out = run("wipe-write-perm", "broker-a", ns=ns)
+    assert out.exit_code == 0 and "2 queue data changed" in out.output
+    assert peer.ok("get_route", topic="TopicA").route.queues[0].perm == 4
+    assert run("add-write-perm", "broker-a", ns=ns).exit_code == 0
+    assert peer.ok("get_route", topic="TopicA").route.queues[0].perm == 6
+    out = run("delete-topic", "TopicB", "--cluster", "c2", "--json", ns=ns)
+    assert json.loads(out.output)[ns] == {"op": "delete_topic", "removed": True}
+    assert [q.broker_name for q in peer.ok("get_route", topic="TopicB").route.queues] == ["broker-a"]
+
+
+def test_kv_commands(server):
+    ns = server.router
+    assert run("kv", "put", "app", "k", "v 1", ns=ns).exit_code == 0
+    assert run("kv", "get", "app", "k", ns=ns).output == "v 1\n"
+    assert json.loads(run("kv", "list", "app", "--json", ns=ns).output) == {"k": "v 1"}
+    assert "deleted" in run("kv", "delete", "app", "k", ns=ns).output
+    out = run("kv", "get", "app", "k", ns=ns)
+    assert out.exit_code == 1 and "error not_found" in out.stderr
+
+
+def test_error_reply_prints_code_and_exits_nonzero(server):
+    out = run("route", "NoSuchTopic", ns=server.router)
+    assert out.exit_code == 1 and "error not_found" in out.stderr
+    out = run("route", "bad/topic", ns=server.router)
+    assert out.exit_code != 0
+
+
+@pytest.mark.parametrize("args", [["status"], ["route", "T"], ["clusters"], ["topics"],
+                                  ["kv", "put", "a", "b", "c"], ["wipe-write-perm", "x"],
+                                  ["watch"]])
+def test_no_nameserver_says_so(args):
+    out = CliRunner().invoke(main, [*args, "--ns", DEAD, "--timeout", "0.2"])
+    assert out.exit_code == 3, out.output
+    assert "no answer" in out.stderr or "no NameServer answered" in out.stderr
+
+
+def test_ns_from_environment_and_partial_failure(server):
+    out = CliRunner().invoke(main, ["status", "--timeout", "0.5"],
+                             env={"ZNS_ADDR": f"{server.router};{DEAD}"})
+    assert out.exit_code == 3 and server.router in out.output and "unreachable" in out.output
+
+
+@pytest.mark.timeout(30)
+def test_watch_prints_events(server):
+    peer = server.peer()
+    result = {}
+
+    def watch():
+        result["out"] = CliRunner().invoke(main, ["watch", "TopicA", "--count", "1", "--ns",
+                                                  server.router])
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    counter = 0
+    while thread.is_alive():  # until the watcher's subscription is in place and it saw one
+        counter += 1
+        peer.ok("register_broker", **register_fields(
+            topics={"TopicA": {"read_queues": counter}}, data_version={"counter": counter}))
+        thread.join(0.1)
+        assert counter < 100
+    out = result["out"]
+    assert out.exit_code == 0, out.output
+    assert "route TopicA rev" in out.output
+
+
+@pytest.mark.timeout(60)
+def test_broker_command_registers_and_unregisters(server, tmp_path):
+    config = tmp_path / "broker.toml"
+    config.write_text('cluster = "c9"\nbroker_name = "bk-9"\nbroker_addr = "127.0.0.1:10999"\n'
+                      'topics = ["Orders:4", "Pay"]\nheartbeat_interval = 0.2\n')
+    env = {**os.environ, "ZNS_ADDR": server.router}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from zns.cli import main; main()", "broker", "--config",
+         str(config)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        peer = server.peer()
+        route = wait_for(lambda: _route(peer, "Orders"), timeout=20)
+        assert route.queues[0].write_queues == 4 and route.brokers[0].cluster == "c9"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=15)
+        assert proc.returncode == 0, out
+        assert "unregistered from 1/1" in out
+        assert peer.ok("get_cluster_info").brokers == {}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _route(peer, topic):
+    reply = peer.call("get_route", topic=topic)
+    return None if isinstance(reply, Error) else reply.route
