@@ -16,6 +16,7 @@ import click
 
 from zns import __version__
 from zns.kv import KvFileError
+from zns.limits import Limits
 from zns.security import KeyFileError, write_keypair
 from zns.server import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -78,6 +79,19 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, path: str | N
               help="Request endpoint of another NameServer to take hints from (repeatable).")
 @click.option("--peer-grace", type=click.FloatRange(min=0), default=3.0, envvar="ZNS_PEER_GRACE",
               show_default=True, help="Seconds a broker a peer saw leave has left here.")
+@click.option("--max-topics-per-request", type=click.IntRange(min=1),
+              default=Limits.max_topics_per_request, envvar="ZNS_MAX_TOPICS_PER_REQUEST",
+              show_default=True, help="Topics one register_broker (or get_routes) may list.")
+@click.option("--max-brokers", type=click.IntRange(min=1), default=Limits.max_brokers,
+              envvar="ZNS_MAX_BROKERS", show_default=True,
+              help="Broker names, and broker addresses, held at most (each).")
+@click.option("--max-topics", type=click.IntRange(min=1), default=Limits.max_topics,
+              envvar="ZNS_MAX_TOPICS", show_default=True, help="Topics held at most.")
+@click.option("--max-kv-entries", type=click.IntRange(min=1), default=Limits.max_kv_entries,
+              envvar="ZNS_MAX_KV_ENTRIES", show_default=True, help="KV entries per namespace.")
+@click.option("--max-kv-namespaces", type=click.IntRange(min=1),
+              default=Limits.max_kv_namespaces, envvar="ZNS_MAX_KV_NAMESPACES",
+              show_default=True, help="KV namespaces held at most.")
 @click.option("--curve-secret", type=click.Path(dir_okay=False), envvar="ZNS_CURVE_SECRET",
               help="The server's NAME.key_secret (from `zns keygen`): turns CURVE on for both "
                    "sockets.")
@@ -94,7 +108,9 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, path: str | N
               case_sensitive=False), default="INFO", envvar="ZNS_LOG_LEVEL", show_default=True)
 def serve(
     router: str, pub: str, kv_path: str, heartbeat_interval: float, max_message_bytes: int,
-    pub_hwm: int, peer: tuple[str, ...], peer_grace: float, curve_secret: str | None,
+    pub_hwm: int, peer: tuple[str, ...], peer_grace: float, max_topics_per_request: int,
+    max_brokers: int, max_topics: int, max_kv_entries: int, max_kv_namespaces: int,
+    curve_secret: str | None,
     brokers_keys: str | None, admins_keys: str | None, clients_keys: str | None, clients: str,
     log_level: str,
 ) -> None:
@@ -108,6 +124,9 @@ def serve(
         max_message_bytes=max_message_bytes, pub_hwm=pub_hwm, peers=list(peer),
         peer_grace=peer_grace, curve_secret=curve_secret, brokers_keys=brokers_keys,
         admins_keys=admins_keys, clients_keys=clients_keys, clients=clients,
+        limits=Limits(max_topics_per_request=max_topics_per_request, max_brokers=max_brokers,
+                      max_topics=max_topics, max_kv_entries=max_kv_entries,
+                      max_kv_namespaces=max_kv_namespaces),
     )
     if not curve_secret and (brokers_keys or admins_keys or clients_keys or clients != "any"):
         raise click.UsageError("key options need --curve-secret (CURVE is off without it)")

@@ -34,6 +34,10 @@ class KvStore:
     def list(self, namespace: str) -> dict[str, str]:
         return dict(self._data.get(namespace, {}))
 
+    def count(self, namespace: str | None = None) -> int:
+        """Entries in `namespace`, or with None the number of namespaces."""
+        return len(self._data) if namespace is None else len(self._data.get(namespace, {}))
+
     def put(self, namespace: str, key: str, value: str) -> bool:
         """Store durably; False when the value was already there (nothing written)."""
         entries = self._data.setdefault(namespace, {})

@@ -354,6 +354,19 @@ class RouteTable:
     def topic_count(self) -> int:
         return len(self._queues)
 
+    # What zns.limits needs to know before a request grows the table.
+    def address_count(self) -> int:
+        return len(self._live)
+
+    def has_address(self, cluster: str, addr: str) -> bool:
+        return (cluster, addr) in self._live
+
+    def has_broker(self, name: str) -> bool:
+        return name in self._brokers
+
+    def has_topic(self, topic: str) -> bool:
+        return topic in self._queues
+
     # --- internals ----------------------------------------------------------
 
     def _apply_topics(self, name: str, req: RegisterBroker, ch: _Changes) -> None:

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import zmq
 
 from zns.kv import KvStore
+from zns.limits import Limits
 from zns.peers import PeerLinks
 from zns.security import Security
 from zns.service import Frames, NameService
@@ -57,6 +58,7 @@ class ServerConfig:
     admins_keys: str | None = None
     clients_keys: str | None = None
     clients: str = "any"  # any | listed
+    limits: Limits = field(default_factory=Limits)
 
 
 def new_epoch() -> str:
@@ -95,7 +97,7 @@ class Server:
         self.dropped_replies = 0
         self.service = NameService(
             KvStore(config.kv_path), epoch=new_epoch(), started_at_ms=self._now(),
-            authorize=self.security.authorize if self.security else None,
+            authorize=self.security.authorize if self.security else None, limits=config.limits,
         )
         self.router = self._ctx.socket(zmq.ROUTER)
         self.pub = self._ctx.socket(zmq.PUB)

@@ -18,6 +18,7 @@ from msgspec import Raw
 from zns import __version__
 from zns.errors import BadRequest, Internal, NotFound, UnknownOp, ZnsError
 from zns.kv import KvStore
+from zns.limits import Limits
 from zns.routes import RouteTable, filter_zone
 from zns.schema import (
     KNOWN_OPS,
@@ -91,6 +92,7 @@ class NameService:
         started_at_ms: int,
         pub_endpoint: str = "",
         authorize: Authorizer | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.table = RouteTable(epoch)
         self.kv = kv
@@ -98,6 +100,7 @@ class NameService:
         self.started_at_ms = started_at_ms
         self.pub_endpoint = pub_endpoint
         self.authorize = authorize
+        self.limits = limits or Limits()
         self.peers: dict[str, bool] = {}  # peer endpoint -> connected (§10, set by the server)
         self._route_bytes: dict[str, Raw] = {}  # each route encoded once per change
         for topic, value in kv.list(ORDER_TOPIC_CONFIG).items():
@@ -118,6 +121,7 @@ class NameService:
         try:
             if self.authorize is not None:
                 self.authorize(peer_key, request)
+            self.limits.check(request, self.table, self.kv)
             reply, events = self.handle(request, now)
         except ZnsError as exc:
             if isinstance(exc, Internal):

@@ -1,0 +1,114 @@
+"""Limits against memory exhaustion: each refusal is a bad_request naming the limit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conftest import register_fields
+from zns import schema
+from zns.kv import KvStore
+from zns.limits import Limits
+from zns.service import NameService
+
+SMALL = Limits(max_topics_per_request=3, max_brokers=2, max_topics=4, max_kv_entries=2,
+               max_kv_namespaces=2)
+
+
+@pytest.fixture
+def service(tmp_path) -> NameService:
+    return NameService(KvStore(tmp_path / "kv.json"), epoch="e" * 16, started_at_ms=0,
+                       limits=SMALL)
+
+
+def call(service: NameService, op: str, **fields: Any) -> Any:
+    return schema.decode_reply(service.respond(schema.encode({"op": op, **fields}), 1000).reply)
+
+
+def ok(service: NameService, op: str, **fields: Any) -> Any:
+    reply = call(service, op, **fields)
+    assert not isinstance(reply, schema.Error), reply
+    return reply
+
+
+def state(service: NameService) -> tuple:
+    snap = call(service, "snapshot")
+    kv = {ns: service.kv.list(ns) for ns in ("n1", "n2", "n3")}
+    return schema.encode(snap), kv
+
+
+def refused(reply: Any, limit: str) -> bool:
+    return (isinstance(reply, schema.Error) and reply.code == "bad_request"
+            and f"limit {limit} " in reply.message and f"--{limit.replace('_', '-')}" in
+            reply.message)
+
+
+def topics(*names: str) -> dict[str, dict]:
+    return {name: {} for name in names}
+
+
+def test_topics_per_request(service):
+    before = state(service)
+    reply = call(service, "register_broker", **register_fields(topics=topics("A", "B", "C", "D")))
+    assert refused(reply, "max_topics_per_request")
+    assert refused(call(service, "get_routes", topics=["A", "B", "C", "D"]),
+                   "max_topics_per_request")
+    assert state(service) == before
+    ok(service, "register_broker", **register_fields(topics=topics("A", "B", "C")))
+
+
+def test_brokers_names_and_addresses(service):
+    for i in range(2):
+        ok(service, "register_broker", **register_fields(f"b{i}", addr=f"10.0.0.{i}:1"))
+    before = state(service)
+    assert refused(call(service, "register_broker", **register_fields("b2", addr="10.0.0.0:1")),
+                   "max_brokers")  # a new name
+    assert refused(call(service, "register_broker", **register_fields("b0", addr="10.0.0.9:1",
+                                                                      broker_id=1)),
+                   "max_brokers")  # a new address
+    assert state(service) == before
+    # Re-registering what is held is never refused.
+    ok(service, "register_broker", **register_fields("b1", addr="10.0.0.1:1"))
+
+
+def test_topics_in_total(service):
+    call(service, "register_broker", **register_fields(topics=topics("A", "B", "C")))
+    before = state(service)
+    reply = call(service, "register_broker",
+                 **register_fields("b2", addr="10.0.0.2:1", topics=topics("A", "D", "E")))
+    assert refused(reply, "max_topics")
+    assert state(service) == before
+    queues = [dict(broker_name="broker-a", read_queues=1, write_queues=1, perm=6, sys_flag=0)]
+    ok(service, "register_topic", topic="D", queues=queues)  # the 4th topic fits
+    assert refused(call(service, "register_topic", topic="E", queues=queues), "max_topics")
+    ok(service, "register_broker",  # known topics only: fits
+       **register_fields("b2", addr="10.0.0.2:1", topics=topics("A", "D")))
+
+
+def test_kv_entries_and_namespaces(service):
+    ok(service, "kv_put", namespace="n1", key="k1", value="v")
+    ok(service, "kv_put", namespace="n1", key="k2", value="v")
+    before = state(service)
+    assert refused(call(service, "kv_put", namespace="n1", key="k3", value="v"), "max_kv_entries")
+    assert state(service) == before
+    ok(service, "kv_put", namespace="n1", key="k2", value="new")
+    ok(service, "kv_put", namespace="n2", key="k", value="v")
+    assert refused(call(service, "kv_put", namespace="n3", key="k", value="v"),
+                   "max_kv_namespaces")
+    assert service.kv.list("n3") == {} and service.kv.list("n1")["k2"] == "new"
+    assert call(service, "kv_delete", namespace="n1", key="k1").removed
+    ok(service, "kv_put", namespace="n1", key="k3", value="v")
+
+
+def test_limits_come_from_the_command_line(process_server):
+    from conftest import Peer
+
+    srv = process_server("--max-kv-entries", "1")
+    peer = Peer(srv.router)
+    try:
+        peer.ok("kv_put", namespace="n", key="a", value="1")
+        reply = peer.call("kv_put", namespace="n", key="b", value="1")
+        assert refused(reply, "max_kv_entries"), reply
+    finally:
+        peer.close()

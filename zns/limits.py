@@ -1,0 +1,70 @@
+"""Limits against memory exhaustion, checked in one place before a request is applied.
+
+The wire bounds of §3 cap each field; these cap how much state requests may
+pile up. Each refusal is a `bad_request` that names the limit and the option
+that raises it, and (like every refusal) applies nothing. The checks are
+conservative: a registration's new topics are counted before its removals.
+Sans-I/O: it reads the route table and the KV store, nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zns.errors import BadRequest
+from zns.kv import KvStore
+from zns.routes import RouteTable
+from zns.schema import AnyRequest, GetRoutes, KvPut, RegisterBroker, RegisterTopic
+
+
+@dataclass(frozen=True)
+class Limits:
+    # Topics one register_broker may list (also topics one get_routes may ask for).
+    max_topics_per_request: int = 20_000
+    # Broker names, and broker addresses, the server holds (each counted separately).
+    max_brokers: int = 10_000
+    # Distinct topics with queue data.
+    max_topics: int = 200_000
+    # KV entries in one namespace, and KV namespaces.
+    max_kv_entries: int = 10_000
+    max_kv_namespaces: int = 1_000
+
+    def check(self, request: AnyRequest, table: RouteTable, kv: KvStore) -> None:
+        """Raise BadRequest when applying `request` could exceed a limit."""
+        match request:
+            case RegisterBroker(topics=topics, broker_name=name, cluster=cluster, broker_addr=addr):
+                self._per_request(len(topics), "register_broker lists")
+                if not table.has_broker(name) and table.broker_count() >= self.max_brokers:
+                    _refuse("max_brokers", self.max_brokers, f"broker name {name!r} would be new")
+                if (not table.has_address(cluster, addr)
+                        and table.address_count() >= self.max_brokers):
+                    _refuse("max_brokers", self.max_brokers, f"broker address {addr} would be new")
+                count = table.topic_count()
+                if count + len(topics) > self.max_topics:
+                    new = sum(1 for topic in topics if not table.has_topic(topic))
+                    if count + new > self.max_topics:
+                        _refuse("max_topics", self.max_topics, f"{new} topics would be new")
+            case RegisterTopic(topic=topic):
+                if not table.has_topic(topic) and table.topic_count() >= self.max_topics:
+                    _refuse("max_topics", self.max_topics, f"topic {topic!r} would be new")
+            case GetRoutes(topics=topics):
+                self._per_request(len(topics), "get_routes asks for")
+            case KvPut(namespace=ns, key=key):
+                if kv.get(ns, key) is not None:
+                    return
+                if kv.count(ns) >= self.max_kv_entries:
+                    _refuse("max_kv_entries", self.max_kv_entries,
+                            f"namespace {ns!r} is full (per namespace)")
+                if kv.count(ns) == 0 and kv.count() >= self.max_kv_namespaces:
+                    _refuse("max_kv_namespaces", self.max_kv_namespaces,
+                            f"namespace {ns!r} would be new")
+
+    def _per_request(self, count: int, what: str) -> None:
+        if count > self.max_topics_per_request:
+            _refuse("max_topics_per_request", self.max_topics_per_request,
+                    f"{what} {count} topics")
+
+
+def _refuse(limit: str, value: int, detail: str) -> None:
+    option = "--" + limit.replace("_", "-")
+    raise BadRequest(f"limit {limit} ({value}) reached: {detail}; the server's {option} sets it")
