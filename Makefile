@@ -23,6 +23,11 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
+# A NameServer, two brokers in two clusters and a watcher; one broker stops and the
+# pushed route change arrives. Exits by itself (bounded by a 60 s watchdog).
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
 # Three NameServers with peer hints: a silent broker leaves all three within the grace.
 demo-peers: $(STAMP)
 	$(BIN)/python examples/peers_demo.py
