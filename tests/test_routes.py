@@ -787,6 +787,14 @@ def test_noop_requests_do_not_advance_revision(table):
     assert table.revision == revision
 
 
+def test_snapshot_change_without_events_advances_revision(table):
+    # §7: the revision counts every change of what `snapshot` returns, published or not.
+    register(table, topics=[], zone="z1")
+    outcome = register(table, topics=[], zone="z2")  # BrokerData changes, no route, no event
+    assert outcome.events == []
+    assert table.revision == 2
+
+
 def test_broker_change_without_topics_advances_revision(table):
     register(table, topics=[])
     outcome = register(table, broker_id=1, addr=SLAVE, topics=[])

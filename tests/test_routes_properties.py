@@ -13,7 +13,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from zns.errors import BadRequest, Conflict
 from zns.routes import RouteTable
@@ -153,7 +153,8 @@ class RouteTableMachine(RuleBasedStateMachine):
     # --- rules ------------------------------------------------------------------
 
     @rule(cluster=clusters, name=names, broker_id=broker_ids, addr=addrs,
-          topic_map=st.dictionaries(topics, topic_configs, max_size=3), version=versions,
+          topic_map=st.one_of(st.just({}), st.dictionaries(topics, topic_configs, max_size=3)),
+          version=versions,
           incremental=st.booleans(), zone=st.sampled_from(ZONES),
           filter_servers=st.lists(st.sampled_from(FILTER_SERVERS), max_size=2, unique=True),
           ha_addr=st.sampled_from(["", "10.8.0.1:1"]), timeout=st.sampled_from([1_000, 5_000]))
@@ -223,12 +224,12 @@ class RouteTableMachine(RuleBasedStateMachine):
     def order_conf(self, topic, value):
         self.step(lambda: self.table.set_order_conf(topic, value))
 
-    @precondition(lambda self: self.table._live)
     @rule(cluster=clusters, addr=addrs, grace=st.sampled_from([0, 500, 3_000]))
     def suspect(self, cluster, addr, grace):
         live = self.table._live.get((cluster, addr))
         old_deadline = live.deadline if live else None
-        self.table.suspect(cluster, addr, grace)
+        shortened = self.table.suspect(cluster, addr, grace)
+        assert shortened == (live is not None and live.last_heartbeat + grace < old_deadline)
         if live is not None:
             assert live.deadline == min(old_deadline, live.last_heartbeat + grace)
 

@@ -450,7 +450,8 @@ def test_snapshot_is_one_cut(svc):
 
 
 def test_status(svc):
-    reply = call(svc, "status", now=5_000)
+    svc.started_at_ms = 1_000
+    reply = call(svc, "status", now=6_000)
     assert set(reply) == reply_keys("status")
     assert reply["epoch"] == EPOCH
     assert (reply["revision"], reply["brokers"], reply["topics"]) == (1, 1, 1)
