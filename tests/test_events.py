@@ -5,6 +5,7 @@ requests that change nothing, and `hb`."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -176,15 +177,24 @@ NO_CHANGE_REQUESTS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def quiet_server(tmp_path_factory) -> Iterator[tuple[Peer, Peer]]:
+    """One server for the no-change cases (each checks it changed nothing)."""
+    srv = ThreadedServer(tmp_path_factory.mktemp("quiet"))
+    watcher = subscriber(srv, schema.ROUTE_PREFIX, schema.BROKER_PREFIX)
+    watcher.ok("register_broker", **register_fields(topics={"T": {}}))
+    events_until_quiet(watcher)
+    yield watcher, srv.peer()
+    srv.stop()
+
+
 @pytest.mark.parametrize("op, fields", NO_CHANGE_REQUESTS,
                          ids=[f"{i}-{op}" for i, (op, _) in enumerate(NO_CHANGE_REQUESTS)])
-def test_requests_that_change_nothing_publish_nothing(server: ThreadedServer, op, fields):
-    peer = subscriber(server, schema.ROUTE_PREFIX, schema.BROKER_PREFIX)
-    peer.ok("register_broker", **register_fields(topics={"T": {}}))
-    events_until_quiet(peer)
+def test_requests_that_change_nothing_publish_nothing(quiet_server, op, fields):
+    watcher, peer = quiet_server
     before = peer.ok("snapshot")
     peer.call(op, **fields)  # some are refused (unknown broker), which changes nothing too
-    assert events_until_quiet(peer) == []
+    assert events_until_quiet(watcher) == []
     after = peer.ok("snapshot")
     assert after.revision == before.revision == peer.ok("status").revision
     assert (after.routes, after.brokers, after.clusters) == (

@@ -66,12 +66,10 @@ def run_serve(kv_path: Path, timeout: float = 30) -> subprocess.CompletedProcess
 
 
 @pytest.mark.parametrize("content", [
-    b"{not json",
-    b"",
+    b'{"ns": {"k": "v"',
     b'{"ns": {"k": 5}}',
     b'["a list"]',
-    b"\xff\xfe garbage",
-], ids=["truncated", "empty", "wrong-type", "not-a-map", "binary"])
+], ids=["truncated", "wrong-type", "not-a-map"])
 def test_corrupt_kv_file_stops_serve_and_is_left_untouched(tmp_path: Path, content: bytes):
     kv_path = tmp_path / "kv.json"
     kv_path.write_bytes(content)
