@@ -431,3 +431,19 @@ def test_internal_error_is_replied_logged_and_survived(server: ThreadedServer, m
     assert records and "boom in a handler" in str(records[0].exc_info[1])
     peer.ok("register_broker", **register_fields())
     assert peer.ok("status").brokers == 1
+
+
+def test_bug_while_publishing_is_internal_too(server: ThreadedServer, monkeypatch):
+    service = server.server.service
+    publish = service._publish
+
+    def broken_publish(events):
+        if events:
+            raise RuntimeError("boom while encoding events")
+        return publish(events)
+
+    monkeypatch.setattr(service, "_publish", broken_publish)
+    peer = server.peer()
+    reply = peer.call("register_broker", id=5, **register_fields())
+    assert (reply.code, reply.id) == ("internal", 5)
+    assert peer.ok("status").epoch == service.epoch  # still serving

@@ -123,6 +123,8 @@ class NameService:
                 self.authorize(peer_key, request)
             self.limits.check(request, self.table, self.kv)
             reply, events = self.handle(request, now)
+            # Inside the try: a bug while encoding must not escape to the socket loop.
+            return Response(encode(reply), self._publish(events))
         except ZnsError as exc:
             if isinstance(exc, Internal):
                 log.error("internal error on %s: %s", type(request).__name__, exc)
@@ -130,7 +132,6 @@ class NameService:
         except Exception:
             log.exception("bug while handling %r", request)
             return Response(encode(Internal("internal error; see the server log").reply(request.id)))
-        return Response(encode(reply), self._publish(events))
 
     def expire(self, now: int) -> list[Frames]:
         return self._publish(self.table.expire(now))
