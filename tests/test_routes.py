@@ -805,8 +805,26 @@ def test_broker_change_without_topics_advances_revision(table):
 # --- §8 expiry -------------------------------------------------------------------------
 
 
+def test_scan_not_active_broker_removes_exactly_the_silent_one(table):
+    # ported: RouteInfoManagerBrokerRegisterTest.testScanNotActiveBroker, on its
+    # RouteInfoManagerTestBase.registerCluster layout: 3 broker names x 3 ids x 10 topics.
+    topics = [f"topic-{i}" for i in range(10)]
+    members = [(f"broker-{j}", i, f"cluster-broker-{j}:{i + 1}") for j in range(3) for i in range(3)]
+    for name, broker_id, addr in members:
+        register(table, now=0, cluster="cluster", name=name, broker_id=broker_id, addr=addr,
+                 topics=topics)
+    now = 0
+    for silent, (name, broker_id, addr) in enumerate(members):
+        now += TIMEOUT
+        for other_name, _, other_addr in members[silent + 1:]:
+            assert table.heartbeat("cluster", other_name, other_addr, V1, now)[0]
+        events = table.expire(now + 1)
+        assert [(e.broker_name, e.broker_addr, e.reason) for e in broker_events(events)] == [
+            (name, addr, "expired")]
+    assert table.routes() == {} and table.cluster_table() == {}
+
+
 def test_expiry_exactly_at_the_boundary(table):
-    # ported: RouteInfoManagerBrokerRegisterTest.testScanNotActiveBroker (one expiry per broker)
     register(table, now=1_000, heartbeat_timeout_ms=10_000)
     assert table.next_deadline() == 11_000
     assert table.expire(11_000) == []  # not past: now == last + timeout
