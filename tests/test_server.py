@@ -447,3 +447,31 @@ def test_bug_while_publishing_is_internal_too(server: ThreadedServer, monkeypatc
     reply = peer.call("register_broker", id=5, **register_fields())
     assert (reply.code, reply.id) == ("internal", 5)
     assert peer.ok("status").epoch == service.epoch  # still serving
+
+
+def test_reconnecting_peer_with_the_same_routing_id_takes_over(server: ThreadedServer,
+                                                                ctx: zmq.Context):
+    first = ctx.socket(zmq.DEALER)
+    first.setsockopt(zmq.ROUTING_ID, b"broker-a-agent")
+    first.connect(server.router)
+    assert Requester(first)("status").revision == 0
+    # The old connection is still up (a frozen process, say); the new one must be answered.
+    second = ctx.socket(zmq.DEALER)
+    second.setsockopt(zmq.ROUTING_ID, b"broker-a-agent")
+    second.connect(server.router)
+    assert isinstance(Requester(second)("status"), schema.StatusReply)
+
+
+@pytest.mark.timeout(60)
+def test_burst_of_one_large_broker_reaches_a_slow_subscriber(server: ThreadedServer):
+    topics = 10_000  # ten times the default high-water mark of 1000
+    peer = server.peer()
+    peer.subscribe(schema.ROUTE_PREFIX, schema.HB_CHANNEL)
+    peer.wait_subscribed()
+    peer.ok("register_broker", **register_fields(topics={f"T{i}": {} for i in range(topics)}))
+    # Only now does the subscriber start reading: the burst waited in the queues.
+    seen = set()
+    while len(seen) < topics:
+        channel, event = peer.next_event(lambda ch, ev: ch != schema.HB_CHANNEL)
+        seen.add(event.topic)
+    assert peer.ok("status").topics == topics
