@@ -351,10 +351,20 @@ def test_stall_moves_deadlines_with_an_injected_clock(tmp_path):
     srv = ThreadedServer(tmp_path, server_kwargs={"clock": clock})
     try:
         peer = srv.peer()
+        peer.subscribe(b"broker/", schema.HB_CHANNEL)
+        peer.wait_subscribed()
         peer.ok("register_broker", **register_fields(heartbeat_timeout_ms=1000))
+        jumped_ms = time.time() * 1000
         clock.offset += 30.0  # the whole process "stood still" for 30 s
         srv.server.wake()
-        time.sleep(0.3)  # a few loop passes at the new time (nothing may be evicted)
+        # Events up to the first hb after the jump: the pass that saw it evicted nobody.
+        while True:
+            channel, event = peer.next_event()
+            if channel == schema.HB_CHANNEL:
+                if event.time_ms > jumped_ms:
+                    break
+            else:
+                assert event.change == "registered", event
         info = peer.ok("get_cluster_info")
         assert [lb.broker_name for lb in info.live] == ["broker-a"]
         assert info.live[0].last_heartbeat_ms < 1000
