@@ -36,6 +36,8 @@ def test_registers_with_every_nameserver_despite_a_dead_one(make_server):
     with agent_for(servers[0].router, "tcp://127.0.0.1:1", servers[1].router) as agent:
         peers = [s.peer() for s in servers]
         wait_for(lambda: all(route_of(p, "T1") for p in peers))
+        # The replies are processed a moment after the servers apply the registration.
+        wait_for(lambda: sum(s.registered for s in agent.status()) == 2)
         status = {s.endpoint: s for s in agent.status()}
         assert not status["tcp://127.0.0.1:1"].registered
         assert all(status[s.router].registered for s in servers)
@@ -115,3 +117,16 @@ def test_bad_configuration_fails_at_construction():
     with pytest.raises(BadRequest, match="broker address"):
         BrokerAgent("tcp://127.0.0.1:1", cluster="c", broker_name="b", broker_addr="nope",
                     start=False)
+
+
+@pytest.mark.timeout(30)
+def test_changes_made_while_a_registration_is_in_flight_are_not_lost(server):
+    peer = server.peer()
+    with agent_for(server.router) as agent:
+        wait_for(agent.registered_everywhere)
+        for i in range(30):  # some of these land while the previous registration is in flight
+            agent.add_topic(f"X{i}")
+            if i % 3 == 0:
+                route_of(peer, "T1")  # a round trip: lets the agent's registration get going
+        wait_for(lambda: route_of(peer, "X29"))
+        wait_for(agent.registered_everywhere)

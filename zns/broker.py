@@ -317,7 +317,9 @@ class BrokerAgent:
                 link.registered_version = link.sent_version
                 link.registrations += 1
                 link.last_error = ""
-                link.next_register = now + self.register_period
+                # A topic change made while this registration was in flight goes out now.
+                current = link.sent_version == self._version
+                link.next_register = now + self.register_period if current else now
                 link.next_heartbeat = now + self.heartbeat_interval
                 log.debug("registered with %s", link.endpoint)
             case HeartbeatReply(known=known, changed=changed):
