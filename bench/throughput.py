@@ -50,6 +50,13 @@ CPU_NOTE = (
     "its inverse ratio (echo/zns) is the steadiest estimate of the throughput ratio."
 )
 
+FRAMES_NOTE = (
+    "not a target: `bench/echo_server.py frames` makes the same socket calls as the "
+    "reference without pyzmq's multipart sugar (recv(copy=False) + Frame.more, int "
+    "flags, plain send). zns.server would gain about the CPU difference per request by "
+    "adopting it; the reference should then follow."
+)
+
 
 def setup(session: Session, topics: list[str]) -> None:
     session.pipeline([
@@ -73,7 +80,9 @@ def run(config: RunConfig) -> BenchResult:
     cpu = {(s, m[0]): [] for s in ("zns", "echo") for m in modes}  # server µs per request
     rtt = {"zns": ([], []), "echo": ([], [])}  # p50s, p99s per round
     batch_rates: list[float] = []
+    frames_echo: tuple[list[float], list[float]] = ([], [])  # req/s, server µs per request
     with start_echo(config.workdir) as echo, start_zns(config.workdir / "zns") as zns, \
+            start_echo(config.workdir, io="frames") as echo_frames, \
             LoadClients(2) as clients, Session(zns.router) as session:
         setup(session, topics)
         session.call_raw(get_route)
@@ -96,6 +105,10 @@ def run(config: RunConfig) -> BenchResult:
             load = clients.drive(zns, [get_routes], in_flight=p.many, processes=1,
                                  duration=p.duration, warmup=p.warmup)
             batch_rates.append(load.rate)
+            load = clients.drive(echo_frames, [get_route], in_flight=p.many, processes=1,
+                                 duration=p.duration, warmup=p.warmup)
+            frames_echo[0].append(load.rate)
+            frames_echo[1].append(load.cpu_us_per_request)
 
     figures = [
         Figure(name, "req/s", rate["zns", name], "echo", rate["echo", name], target)
@@ -115,6 +128,13 @@ def run(config: RunConfig) -> BenchResult:
         Figure(f"get_routes ({p.batch} topics): routes/s", "routes/s",
                [rate * p.batch for rate in batch_rates],
                f"get_route, {p.many} in flight", rate["zns", modes[1][0]]),
+    ]
+    reference = modes[1][0]
+    figures += [
+        Figure(f"echo with frame I/O: {reference}", "req/s", frames_echo[0], "echo",
+               rate["echo", reference], note=FRAMES_NOTE),
+        Figure(f"echo with frame I/O: server CPU per request, {p.many} in flight", "µs",
+               frames_echo[1], "echo", cpu["echo", reference]),
     ]
     return BenchResult("throughput", "1. get_route throughput against the echo limit",
                        METHOD, figures)
