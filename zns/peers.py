@@ -237,7 +237,7 @@ class PeerLinks:
     def attach(self, poller: zmq.Poller) -> None:
         self._poller = poller
 
-    def handle(self, ready: dict, now: int) -> list[Hint]:
+    def handle(self, ready: dict[zmq.Socket, int], now: int) -> list[Hint]:
         """Drain the peer sockets in `ready`; return the hints that shortened a deadline."""
         applied = []
         for endpoint, link in self.links.items():
@@ -282,7 +282,9 @@ class PeerLinks:
                  hint.peer, hint.cluster, hint.broker_name, hint.broker_addr, hint.reason)
         return True
 
-    def _receive(self, link: PeerLink, sock: zmq.Socket, decode: Callable[[bytes], object]):
+    def _receive(
+        self, link: PeerLink, sock: zmq.Socket, decode: Callable[[bytes], object]
+    ) -> object:
         """The last readable message of `sock`, decoded (earlier ones are superseded)."""
         body = None
         while (frames := self._recv(sock)) is not None:
