@@ -17,6 +17,7 @@ import click
 from zns import __version__
 from zns.kv import KvFileError
 from zns.limits import Limits
+from zns.schema import MAX_TOPICS_PER_REQUEST
 from zns.security import KeyFileError, write_keypair
 from zns.server import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -79,7 +80,7 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, path: str | N
               help="Request endpoint of another NameServer to take hints from (repeatable).")
 @click.option("--peer-grace", type=click.FloatRange(min=0), default=3.0, envvar="ZNS_PEER_GRACE",
               show_default=True, help="Seconds a broker a peer saw leave has left here.")
-@click.option("--max-topics-per-request", type=click.IntRange(min=1),
+@click.option("--max-topics-per-request", type=click.IntRange(1, MAX_TOPICS_PER_REQUEST),
               default=Limits.max_topics_per_request, envvar="ZNS_MAX_TOPICS_PER_REQUEST",
               show_default=True, help="Topics one register_broker (or get_routes) may list.")
 @click.option("--max-brokers", type=click.IntRange(min=1), default=Limits.max_brokers,

@@ -42,6 +42,13 @@ RequestId = Annotated[int, Meta(ge=0)]
 KvValue = Annotated[str, Meta(max_length=65_536)]  # characters; bytes checked in KvPut
 
 MAX_KV_VALUE_BYTES = 65_536
+# Collection sizes (zns bounds; §3 has none). msgspec checks a length at its header,
+# before decoding any element: without them one 16 MiB list of "a:1" costs ~10 s of
+# regex checks. zns.limits applies lower, configurable limits after decoding.
+MAX_TOPICS_PER_REQUEST = 65_536
+MAX_FILTER_SERVERS = 1_024
+TopicMap = Annotated[dict[Topic, "TopicConfig"], Meta(max_length=MAX_TOPICS_PER_REQUEST)]
+TopicList = Annotated[list[Topic], Meta(max_length=MAX_TOPICS_PER_REQUEST)]
 
 PERM_PRIORITY = 8
 PERM_READ = 4
@@ -116,8 +123,8 @@ class RegisterBroker(Request, tag="register_broker"):
     ha_addr: HaAddr = ""
     zone: Zone = ""
     data_version: DataVersion = DataVersion()
-    topics: dict[Topic, TopicConfig] = {}
-    filter_servers: list[BrokerAddr] = []
+    topics: TopicMap = {}
+    filter_servers: Annotated[list[BrokerAddr], Meta(max_length=MAX_FILTER_SERVERS)] = []
     heartbeat_timeout_ms: HeartbeatTimeoutMs = 120_000
     incremental: bool = False
 
@@ -143,7 +150,7 @@ class GetRoute(Request, tag="get_route"):
 
 
 class GetRoutes(Request, tag="get_routes"):
-    topics: list[Topic]
+    topics: TopicList
 
 
 class GetClusterInfo(Request, tag="get_cluster_info"):
@@ -442,7 +449,7 @@ def read_envelope(body: bytes) -> tuple[int, str | None]:
     """The `id` and `op` of a body that did not validate, as far as they can be read."""
     try:
         env = _envelope_decoder.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # msgspec raises RecursionError on deep nesting
         return 0, None
     rid = env.id if type(env.id) is int and 0 <= env.id < 2**64 else 0
     return rid, env.op if isinstance(env.op, str) else None

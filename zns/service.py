@@ -111,7 +111,7 @@ class NameService:
     def respond(self, body: bytes, now: int, peer_key: str | None = None) -> Response:
         try:
             request = decode_request(body)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: RecursionError
             request_id, op = read_envelope(body)
             if op is not None and op not in KNOWN_OPS:
                 error: ZnsError = UnknownOp(f"unknown op {op!r}")
