@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 from click.testing import CliRunner
 
 import zns.cli
@@ -254,6 +255,24 @@ def test_non_loopback_bind_logs_a_warning(process_server):
     assert srv.router.startswith("tcp://0.0.0.0:")
     warnings = [line for line in srv.output().splitlines() if "WARNING" in line]
     assert len(warnings) == 1 and "0.0.0.0" in warnings[0] and "CURVE" in warnings[0]
+
+
+def test_endpoint_in_use_is_a_clear_error(tmp_path: Path):
+    holder = zmq.Context.instance().socket(zmq.ROUTER)
+    holder.setsockopt(zmq.LINGER, 0)
+    holder.bind("tcp://127.0.0.1:*")
+    taken = holder.getsockopt_string(zmq.LAST_ENDPOINT)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "zns.cli", "serve", "--router", taken,
+             "--pub", "tcp://127.0.0.1:*", "--kv-path", str(tmp_path / "kv.json")],
+            capture_output=True, text=True, timeout=30,
+            env={k: v for k, v in os.environ.items() if not k.startswith("ZNS_")},
+        )
+    finally:
+        holder.close()
+    assert result.returncode != 0
+    assert f"cannot bind {taken}" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_loopback_bind_logs_no_warning(process_server):

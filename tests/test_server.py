@@ -231,7 +231,11 @@ def test_unknown_op_keeps_its_id(server: ThreadedServer):
 def test_oversized_request_disconnects_the_peer_which_then_reconnects(make_server):
     srv = make_server(max_message_bytes=4096)
     peer, other = srv.peer(), srv.peer()
-    peer.ok("status")
+    empty = len(schema.encode({"op": "kv_put", "id": 1, "namespace": "ns", "key": "fits",
+                               "value": ""}))
+    fits = "x" * (4096 - empty - 2)  # a str8 header grows by 2 bytes past 31 characters
+    peer.ok("kv_put", id=1, namespace="ns", key="fits", value=fits)  # exactly 4096: served
+    peer.ok("kv_delete", namespace="ns", key="fits")
     peer.send_raw(schema.encode({"op": "kv_put", "id": 1, "namespace": "ns", "key": "big",
                                  "value": "x" * 8192}))
     assert not peer.dealer.poll(500), "an oversized request must get no reply"
