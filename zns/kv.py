@@ -98,7 +98,10 @@ class KvStore:
         if self.path is None:  # an in-memory store: nothing to make durable
             return
         path = self.path
+        created = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
         path.parent.mkdir(parents=True, exist_ok=True)
+        for directory in reversed(created):  # a new directory is durable once its parent is
+            _fsync_dir(directory.parent)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
             f.write(msgspec.json.encode(self._data))
@@ -111,8 +114,12 @@ class KvStore:
             os.link(path, bak_tmp)
             os.replace(bak_tmp, path.with_name(path.name + ".bak"))
         os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
