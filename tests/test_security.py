@@ -266,3 +266,72 @@ def test_sighup_reloads_keys_without_dropping_connections(process_server, keys, 
     assert handshake(again.dealer_monitor) == zmq.EVENT_HANDSHAKE_FAILED_AUTH
     assert srv.proc.poll() is None
     assert srv.stop() == 0
+
+
+# --- the client side: BrokerAgent, RouteClient, tools, peer NameServers ----------------
+
+
+@pytest.mark.timeout(60)
+def test_broker_agent_and_route_client_over_curve(make_server, keys):
+    from zns.broker import BrokerAgent
+    from zns.client import RouteClient
+    from zns.security import curve_context
+
+    broker_key = keys.make("brokers", "broker", broker_names="broker-a")
+    srv = make_server(**keys.server_options(clients="any"))
+    broker_ctx = curve_context(keys.server_public, broker_key)
+    client_ctx = curve_context(str(keys.root / "server" / "server.key"))  # a fresh key pair
+    agent = BrokerAgent(srv.router, cluster="c1", broker_name="broker-a",
+                        broker_addr="10.0.0.1:10911", topics=["TopicA"], context=broker_ctx)
+    client = RouteClient(srv.router, heartbeat_interval=0.2, context=client_ctx)
+    try:
+        wait_for(agent.registered_everywhere)
+        assert client.route("TopicA").brokers[0].broker_name == "broker-a"
+        seen = []
+        client.watch("TopicB", lambda t, r: seen.append(r))
+        agent.add_topic("TopicB")  # pushed over the CURVE PUB socket
+        wait_for(lambda: seen and seen[-1] is not None)
+    finally:
+        client.close()
+        agent.close(timeout=1)
+        broker_ctx.destroy(linger=0)
+        client_ctx.destroy(linger=0)
+
+
+@pytest.mark.timeout(60)
+def test_tools_take_the_server_key_and_a_keypair(process_server, keys):
+    import os
+    import subprocess
+    import sys
+
+    admin = keys.make("admins", "admin")
+    opts = keys.server_options(clients="any")
+    srv = process_server(*[a for k, v in opts.items() for a in (f"--{k.replace('_', '-')}", v)])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
+
+    def zns(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
+        # The `zns` entry point (`python -m zns.cli` lacks the operator commands).
+        return subprocess.run([str(Path(sys.executable).parent / "zns"), *args, "--ns", srv.router,
+                               "--timeout", "2"], env={**env, **extra_env},
+                              capture_output=True, text=True, timeout=30)
+
+    put = zns("kv", "put", "ns", "k", "v", "--server-key", keys.server_public, "--keypair", admin)
+    assert put.returncode == 0, put.stderr
+    got = zns("kv", "get", "ns", "k", ZNS_SERVER_KEY=keys.server_public, ZNS_KEYPAIR=admin)
+    assert got.returncode == 0 and "v" in got.stdout, got.stderr
+    anonymous = zns("kv", "put", "ns", "k", "w", "--server-key", keys.server_public)
+    assert anonymous.returncode != 0 and "no_permission" in anonymous.stderr
+    assert zns("status", "--server-key", keys.server_public).returncode == 0
+    assert zns("status").returncode != 0  # plaintext gets nothing
+
+
+@pytest.mark.timeout(60)
+def test_peer_nameservers_hint_each_other_over_curve(make_server, keys):
+    first = make_server(**keys.server_options(clients="listed"))
+    second = make_server(peers=[first.router], **keys.server_options(clients="listed"))
+    peer = CurvePeer(second.router, second.pub, keys.server_public,
+                     keys.server_secret)  # the shared server key is a client key too
+    try:
+        wait_for(lambda: peer.ok("status").peers == {first.router: True})
+    finally:
+        peer.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import zmq
@@ -143,7 +143,7 @@ class Security:
             )
         self.public_key, self._secret_key = public, secret
         self._dirs = (brokers_keys, admins_keys, clients_keys, clients)
-        self.policy = load_policy(*self._dirs)
+        self.policy = self._load()
         self._auth: ThreadAuthenticator | None = None
 
     def start(self, ctx: zmq.Context) -> None:
@@ -168,12 +168,24 @@ class Security:
     def reload(self) -> bool:
         """Re-read the key directories; on any error keep the current policy."""
         try:
-            self.policy = load_policy(*self._dirs)  # one assignment: the ZAP thread sees old or new
+            self.policy = self._load()  # one assignment: the ZAP thread sees old or new
         except KeyFileError as exc:
             log.error("keys not reloaded, the previous ones stay in force: %s", exc)
             return False
         self._log_policy("reloaded")
         return True
+
+    def _load(self) -> KeyPolicy:
+        # Peer NameServers (§10) connect with this server's own key pair (a cluster's
+        # NameServers share one): it is always a client key.
+        policy = load_policy(*self._dirs)
+        return replace(policy, clients=policy.clients | {self.public_key})
+
+    def peer_client(self, ctx: zmq.Context) -> None:
+        """Make sockets created from now on in `ctx` CURVE clients with this server's key
+        pair, of peers that have the same public key."""
+        apply_client_keys(ctx, (self.public_key.encode(), self.public_key.encode(),
+                                self._secret_key.encode()))
 
     # ZAP (called from the authenticator thread) ---------------------------
 
@@ -222,19 +234,43 @@ def write_keypair(directory: str | os.PathLike[str], name: str,
     return public_file, secret_file
 
 
-def curve_client(sock: zmq.Socket, server_key: str, keypair_file: str | None = None) -> None:
-    """Make `sock` a CURVE client of a server with public key `server_key` (z85 text
-    or a certificate file). Without `keypair_file` it uses a fresh key pair, which a
-    server started with `--clients any` accepts for client ops."""
+def client_keys(server_key: str, keypair_file: str | None = None) -> tuple[bytes, bytes, bytes]:
+    """(server public, own public, own secret) for a CURVE client.
+
+    `server_key` is z85 text or a certificate file; without `keypair_file` a fresh
+    key pair is made, which a server started with `--clients any` accepts for client ops.
+    """
     if os.path.exists(server_key):
         server_key = read_certificate(server_key)[0]
-    if keypair_file:
-        public, secret, _ = read_certificate(Path(keypair_file).expanduser())
-        if secret is None:
-            raise KeyFileError(f"{keypair_file} holds no secret key (give NAME.key_secret)")
-        public_b, secret_b = public.encode(), secret.encode()
-    else:
+    if len(server_key) != 40:
+        raise KeyFileError(f"server key {server_key!r}: neither a certificate file nor 40 z85 "
+                           f"characters")
+    if not keypair_file:
         public_b, secret_b = zmq.curve_keypair()
-    sock.curve_serverkey = server_key.encode()
-    sock.curve_publickey = public_b
-    sock.curve_secretkey = secret_b
+        return server_key.encode(), public_b, secret_b
+    public, secret, _ = read_certificate(Path(keypair_file).expanduser())
+    if secret is None:
+        raise KeyFileError(f"{keypair_file} holds no secret key (give NAME.key_secret)")
+    return server_key.encode(), public.encode(), secret.encode()
+
+
+def apply_client_keys(target: zmq.Socket | zmq.Context, keys: tuple[bytes, bytes, bytes]) -> None:
+    """On a socket (before connect), or on a context: every socket it makes from now on."""
+    server, public, secret = keys
+    target.setsockopt(zmq.CURVE_SERVERKEY, server)
+    target.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    target.setsockopt(zmq.CURVE_SECRETKEY, secret)
+
+
+def curve_client(sock: zmq.Socket, server_key: str, keypair_file: str | None = None) -> None:
+    """Make `sock` a CURVE client (call before connect); see `client_keys`."""
+    apply_client_keys(sock, client_keys(server_key, keypair_file))
+
+
+def curve_context(server_key: str, keypair_file: str | None = None,
+                  context: zmq.Context | None = None) -> zmq.Context:
+    """A context whose sockets are CURVE clients of a NameServer: hand it to
+    `BrokerAgent(..., context=)`, `RouteClient`, `AsyncRouteClient` or `call*`."""
+    ctx = context or zmq.Context()
+    apply_client_keys(ctx, client_keys(server_key, keypair_file))
+    return ctx

@@ -105,6 +105,8 @@ class Server:
         self.router_endpoint = self._bind(self.router, config.router)
         self.pub_endpoint = self._bind(self.pub, config.pub)
         self.service.pub_endpoint = self.pub_endpoint
+        if self.security is not None:
+            self.security.peer_client(self._ctx)  # sockets made from here on: peer links
         grace_ms = round(config.peer_grace * 1000)
         self.peers = PeerLinks(
             config.peers, now=self._now(), context=self._ctx, connected=self.service.peers,

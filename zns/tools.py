@@ -29,6 +29,7 @@ from zns.broker import BrokerAgent
 from zns.cli import _load_config_file, main
 from zns.client import NameServerUnavailable, call_all, call_any
 from zns.errors import ZnsError
+from zns.security import KeyFileError, apply_client_keys, client_keys
 from zns.schema import (
     BROKER_PREFIX,
     ROUTE_PREFIX,
@@ -73,12 +74,22 @@ def ns_options(command: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--timeout", type=click.FloatRange(min=0.01), default=3.0, show_default=True,
                   help="Seconds to wait for a NameServer.")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+    @click.option("--server-key", envvar="ZNS_SERVER_KEY", metavar="KEY|FILE",
+                  help="The NameServers' CURVE public key (z85 or its .key file): turns CURVE on.")
+    @click.option("--keypair", envvar="ZNS_KEYPAIR", type=click.Path(dir_okay=False),
+                  help="Own CURVE NAME.key_secret (default: a fresh one, a plain client).")
     @functools.wraps(command)
-    def wrapper(ns: str | None, timeout: float, as_json: bool, **kwargs: Any) -> Any:
+    def wrapper(ns: str | None, timeout: float, as_json: bool, server_key: str | None,
+                keypair: str | None, **kwargs: Any) -> Any:
         try:
             endpoints = parse_addresses(ns)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--ns") from None
+        if server_key:  # every socket this command makes comes from the default context
+            try:
+                apply_client_keys(zmq.Context.instance(), client_keys(server_key, keypair))
+            except KeyFileError as exc:
+                raise click.BadParameter(str(exc), param_hint="--server-key") from None
         return command(Target(endpoints, timeout, as_json), **kwargs)
 
     return wrapper
