@@ -47,6 +47,7 @@ from zns import schema
 CLUSTER = "soak"
 RESULTS = REPO / "bench" / "soak-results.md"
 RSS_GROWTH_LIMIT = 0.10  # "flat": at most 10 % above the RSS at the end of warm-up
+Acked = dict[tuple[str, int], tuple[str, list[int] | None]]  # (name, id) -> (addr, topics)
 
 
 @dataclass(frozen=True)
@@ -377,7 +378,7 @@ def run(p: Params, results: Path | None) -> bool:
 
     broker_lat, client_lat = array("d"), array("d")
     counts: dict[str, int] = {}
-    acked: dict[tuple[str, int], tuple[str, list[int] | None]] = {}
+    acked: Acked = {}
     for raw, c, a in broker_reports:
         broker_lat.frombytes(raw)
         for key, value in c.items():
@@ -440,7 +441,7 @@ def run(p: Params, results: Path | None) -> bool:
     return ok
 
 
-def lost_registrations(snap: Any, acked: dict[tuple[str, int], tuple[str, list[int] | None]]) -> int:
+def lost_registrations(snap: Any, acked: Acked) -> int:
     """Acknowledged registrations the server does not hold as acknowledged."""
     lost = 0
     expected_queues: dict[str, set[str]] = {}

@@ -86,6 +86,29 @@ def test_topics_in_total(service):
        **register_fields("b2", addr="10.0.0.2:1", topics=topics("A", "D")))
 
 
+def test_queue_entries_in_total(tmp_path):
+    service = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0,
+                          limits=Limits(max_queues=5))
+    ok(service, "register_broker", **register_fields(topics=topics("A", "B", "C")))
+    before = state(service)
+    reply = call(service, "register_broker",
+                 **register_fields("b2", addr="10.0.0.2:1", topics=topics("A", "B", "C")))
+    assert refused(reply, "max_queues")  # 3 + 3 > 5
+    assert state(service) == before
+    # A broker replacing its own topics is counted net: 3 - 3 + 3 fits.
+    ok(service, "register_broker", **register_fields(topics=topics("A", "B", "D"),
+                                                      data_version={"counter": 1}))
+    ok(service, "register_broker",
+       **register_fields("b2", addr="10.0.0.2:1", topics=topics("A", "B")))
+    assert service.table.queue_count() == 5
+    queues = [dict(broker_name=n, read_queues=1, write_queues=1, perm=6, sys_flag=0)
+              for n in ("broker-a", "b2")]
+    assert refused(call(service, "register_topic", topic="D", queues=queues), "max_queues")
+    ok(service, "unregister_broker", **{k: v for k, v in register_fields(
+        "b2", addr="10.0.0.2:1").items() if k != "topics"})
+    assert service.table.queue_count() == 3
+
+
 def test_kv_entries_and_namespaces(service):
     ok(service, "kv_put", namespace="n1", key="k1", value="v")
     ok(service, "kv_put", namespace="n1", key="k2", value="v")

@@ -88,6 +88,9 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, path: str | N
               help="Broker names, and broker addresses, held at most (each).")
 @click.option("--max-topics", type=click.IntRange(min=1), default=Limits.max_topics,
               envvar="ZNS_MAX_TOPICS", show_default=True, help="Topics held at most.")
+@click.option("--max-queues", type=click.IntRange(min=1), default=Limits.max_queues,
+              envvar="ZNS_MAX_QUEUES", show_default=True,
+              help="Queue entries (topic x broker name) held at most; memory grows with them.")
 @click.option("--max-kv-entries", type=click.IntRange(min=1), default=Limits.max_kv_entries,
               envvar="ZNS_MAX_KV_ENTRIES", show_default=True, help="KV entries per namespace.")
 @click.option("--max-kv-namespaces", type=click.IntRange(min=1),
@@ -110,7 +113,8 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, path: str | N
 def serve(
     router: str, pub: str, kv_path: str, heartbeat_interval: float, max_message_bytes: int,
     pub_hwm: int, peer: tuple[str, ...], peer_grace: float, max_topics_per_request: int,
-    max_brokers: int, max_topics: int, max_kv_entries: int, max_kv_namespaces: int,
+    max_brokers: int, max_topics: int, max_queues: int, max_kv_entries: int,
+    max_kv_namespaces: int,
     curve_secret: str | None,
     brokers_keys: str | None, admins_keys: str | None, clients_keys: str | None, clients: str,
     log_level: str,
@@ -126,7 +130,7 @@ def serve(
         peer_grace=peer_grace, curve_secret=curve_secret, brokers_keys=brokers_keys,
         admins_keys=admins_keys, clients_keys=clients_keys, clients=clients,
         limits=Limits(max_topics_per_request=max_topics_per_request, max_brokers=max_brokers,
-                      max_topics=max_topics, max_kv_entries=max_kv_entries,
+                      max_topics=max_topics, max_queues=max_queues, max_kv_entries=max_kv_entries,
                       max_kv_namespaces=max_kv_namespaces),
     )
     if not curve_secret and (brokers_keys or admins_keys or clients_keys or clients != "any"):

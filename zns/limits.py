@@ -25,6 +25,8 @@ class Limits:
     max_brokers: int = 10_000
     # Distinct topics with queue data.
     max_topics: int = 200_000
+    # QueueData held (one per topic per broker name): what memory grows with (~0.8 KiB each in bench/soak.py).
+    max_queues: int = 1_000_000
     # KV entries in one namespace, and KV namespaces.
     max_kv_entries: int = 10_000
     max_kv_namespaces: int = 1_000
@@ -32,21 +34,31 @@ class Limits:
     def check(self, request: AnyRequest, table: RouteTable, kv: KvStore) -> None:
         """Raise BadRequest when applying `request` could exceed a limit."""
         match request:
-            case RegisterBroker(topics=topics, broker_name=name, cluster=cluster, broker_addr=addr):
+            case RegisterBroker(topics=topics, broker_name=name, cluster=cluster,
+                                broker_addr=addr):
                 self._per_request(len(topics), "register_broker lists")
                 if not table.has_broker(name) and table.broker_count() >= self.max_brokers:
                     _refuse("max_brokers", self.max_brokers, f"broker name {name!r} would be new")
                 if (not table.has_address(cluster, addr)
                         and table.address_count() >= self.max_brokers):
                     _refuse("max_brokers", self.max_brokers, f"broker address {addr} would be new")
+                queues = table.queue_count()
+                after = queues + len(topics) - (
+                    0 if request.incremental else table.broker_topic_count(name))
+                if after > queues and after > self.max_queues:
+                    _refuse("max_queues", self.max_queues,
+                            f"{after - queues} more queue entries (topic x broker name)")
                 count = table.topic_count()
                 if count + len(topics) > self.max_topics:
                     new = sum(1 for topic in topics if not table.has_topic(topic))
                     if count + new > self.max_topics:
                         _refuse("max_topics", self.max_topics, f"{new} topics would be new")
-            case RegisterTopic(topic=topic):
+            case RegisterTopic(topic=topic, queues=queues):
                 if not table.has_topic(topic) and table.topic_count() >= self.max_topics:
                     _refuse("max_topics", self.max_topics, f"topic {topic!r} would be new")
+                if table.queue_count() + len(queues) > self.max_queues:
+                    _refuse("max_queues", self.max_queues,
+                            f"{len(queues)} more queue entries (topic x broker name)")
             case GetRoutes(topics=topics):
                 self._per_request(len(topics), "get_routes asks for")
             case KvPut(namespace=ns, key=key):

@@ -86,6 +86,7 @@ class RouteTable:
         self.revision = 0
         self._queues: dict[str, dict[str, QueueData]] = {}  # topic -> broker name -> queues
         self._broker_topics: dict[str, set[str]] = {}  # broker name -> topics (index)
+        self._queue_count = 0  # QueueData held, all topics: what memory grows with (zns.limits)
         self._brokers: dict[str, BrokerRecord] = {}
         self._clusters: dict[str, set[str]] = {}
         self._live: dict[LiveKey, Liveness] = {}
@@ -367,6 +368,12 @@ class RouteTable:
     def has_topic(self, topic: str) -> bool:
         return topic in self._queues
 
+    def queue_count(self) -> int:
+        return self._queue_count
+
+    def broker_topic_count(self, name: str) -> int:
+        return len(self._broker_topics.get(name, ()))
+
     # --- internals ----------------------------------------------------------
 
     def _apply_topics(self, name: str, req: RegisterBroker, ch: _Changes) -> None:
@@ -380,6 +387,8 @@ class RouteTable:
     def _set_queue(self, topic: str, queue: QueueData, ch: _Changes) -> None:
         by_broker = self._queues.setdefault(topic, {})
         if by_broker.get(queue.broker_name) != queue:
+            if queue.broker_name not in by_broker:
+                self._queue_count += 1
             by_broker[queue.broker_name] = queue
             self._broker_topics[queue.broker_name].add(topic)
             ch.topics.add(topic)
@@ -387,6 +396,7 @@ class RouteTable:
     def _remove_queue(self, topic: str, name: str, ch: _Changes) -> None:
         by_broker = self._queues[topic]
         del by_broker[name]
+        self._queue_count -= 1
         if not by_broker:
             del self._queues[topic]
         self._broker_topics[name].discard(topic)
