@@ -17,6 +17,10 @@ from zns.routes import RouteTable
 from zns.schema import AnyRequest, GetRoutes, KvPut, RegisterBroker, RegisterTopic
 
 
+# The requests that can grow the server's state; `Limits.check` looks at nothing else.
+LIMITED_REQUESTS = frozenset({RegisterBroker, RegisterTopic, GetRoutes, KvPut})
+
+
 @dataclass(frozen=True)
 class Limits:
     # Topics one register_broker may list (also topics one get_routes may ask for).

@@ -40,6 +40,7 @@ class Liveness:
     ha_addr: str
     names: set[str] = field(default_factory=set)  # broker names listing this address
     suspect_deadline: int | None = None  # set by a peer hint (§10)
+    scheduled: int | None = None  # deadline of its entry in the deadline heap
 
     @property
     def deadline(self) -> int:
@@ -227,9 +228,14 @@ class RouteTable:
         while heap:
             deadline, key = heap[0]
             live = self._live.get(key)
-            if live is not None and live.deadline == deadline:
+            if live is None or live.scheduled != deadline:
+                heapq.heappop(heap)  # gone, or superseded by an earlier entry
+            elif live.deadline > deadline:
+                # It heartbeated since: move its one entry now rather than on every heartbeat.
+                live.scheduled = live.deadline
+                heapq.heapreplace(heap, (live.scheduled, key))
+            else:
                 return deadline
-            heapq.heappop(heap)
         return None
 
     def expire(self, now: int) -> list[Event]:
@@ -523,12 +529,25 @@ class RouteTable:
         return events
 
     def _schedule(self, live: Liveness) -> None:
-        heapq.heappush(self._deadlines, (live.deadline, (live.cluster, live.addr)))
+        """Make sure the heap holds this broker's deadline, or an earlier entry for it.
+
+        A later deadline (a heartbeat) needs no heap work: `next_deadline` moves
+        the entry when it surfaces. Only a sooner one (a new broker, a hint, a
+        shorter timeout) is pushed.
+        """
+        deadline = live.deadline
+        if live.scheduled is not None and live.scheduled <= deadline:
+            return
+        live.scheduled = deadline
+        heapq.heappush(self._deadlines, (deadline, (live.cluster, live.addr)))
         if len(self._deadlines) > 4 * len(self._live) + 64:
             self._rebuild_deadlines()
 
     def _rebuild_deadlines(self) -> None:
-        self._deadlines = [(live.deadline, key) for key, live in self._live.items()]
+        self._deadlines = []
+        for key, live in self._live.items():
+            live.scheduled = live.deadline
+            self._deadlines.append((live.scheduled, key))
         heapq.heapify(self._deadlines)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import msgspec
 from msgspec import Raw
@@ -18,7 +17,7 @@ from msgspec import Raw
 from zns import __version__
 from zns.errors import BadRequest, Internal, NotFound, UnknownOp, ZnsError
 from zns.kv import KvStore
-from zns.limits import Limits
+from zns.limits import LIMITED_REQUESTS, Limits
 from zns.routes import RouteTable, filter_zone
 from zns.schema import (
     KNOWN_OPS,
@@ -77,10 +76,14 @@ Frames = tuple[bytes, bytes]  # (channel, body) of one event
 Authorizer = Callable[[str | None, AnyRequest], None]
 
 
-@dataclass
 class Response:
-    reply: bytes
-    events: list[Frames] = field(default_factory=list)
+    """One reply body and the events it publishes (a plain class: it is on the hot path)."""
+
+    __slots__ = ("reply", "events")
+
+    def __init__(self, reply: bytes, events: list[Frames] | tuple[()] = ()) -> None:
+        self.reply = reply
+        self.events = events
 
 
 class NameService:
@@ -121,10 +124,11 @@ class NameService:
         try:
             if self.authorize is not None:
                 self.authorize(peer_key, request)
-            self.limits.check(request, self.table, self.kv)
+            if type(request) in LIMITED_REQUESTS:
+                self.limits.check(request, self.table, self.kv)
             reply, events = self.handle(request, now)
             # Inside the try: a bug while encoding must not escape to the socket loop.
-            return Response(encode(reply), self._publish(events))
+            return Response(encode(reply), self._publish(events) if events else ())
         except ZnsError as exc:
             if isinstance(exc, Internal):
                 log.error("internal error on %s: %s", type(request).__name__, exc)
