@@ -1,4 +1,5 @@
-"""Where and how to reach NameServers: address lists (§10) and the one socket factory.
+"""Where and how to reach NameServers: address lists (§10), the one socket factory,
+and the small socket helpers every zns event loop shares.
 
 `ZNS_ADDR="tcp://h1:9876;tcp://h2:9876"` lists NameServers; a bare
 `host:port` means `tcp://host:port`. Every socket a zns client, broker agent
@@ -10,10 +11,13 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 import zmq
+
+from zns.schema import DEFAULT_ROUTER
 
 ENV_VAR = "ZNS_ADDR"
 WILDCARD_HOSTS = {"*", "0.0.0.0", "::", "[::]", ""}
@@ -25,8 +29,6 @@ def parse_addresses(spec: str | Iterable[str] | None) -> list[str]:
 
     None or an empty spec means `$ZNS_ADDR`, and without it the default local NameServer.
     """
-    from zns.server import DEFAULT_ROUTER  # here: zns.server imports this module (peers)
-
     if spec is None or (isinstance(spec, str) and not spec.strip()):
         spec = os.environ.get(ENV_VAR, "").strip() or DEFAULT_ROUTER
     parts = [spec] if isinstance(spec, str) else list(spec)
@@ -73,3 +75,23 @@ def open_socket(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
         sock.setsockopt(zmq.RCVHWM, 100_000)
     sock.connect(endpoint)
     return sock
+
+
+def recv_all(sock: zmq.Socket, limit: int = 10_000) -> list[list[bytes]]:
+    """The messages waiting on `sock` (at most `limit`, so one peer cannot starve a loop)."""
+    messages = []
+    for _ in range(limit):
+        try:
+            messages.append(sock.recv_multipart(zmq.NOBLOCK))
+        except zmq.Again:
+            break
+    return messages
+
+
+def drain(sock: socket.socket) -> None:
+    """Empty a non-blocking wake-up socket."""
+    try:
+        while sock.recv(4096):
+            pass
+    except (BlockingIOError, OSError):
+        pass

@@ -24,8 +24,8 @@ from typing import Any
 import msgspec
 import zmq
 
-from zns.addresses import open_socket, parse_addresses
-from zns.client import Backoff, _drain, _recv_all
+from zns.addresses import drain, open_socket, parse_addresses, recv_all
+from zns.client import Backoff
 from zns.errors import BadRequest
 from zns.schema import (
     DataVersion,
@@ -229,13 +229,13 @@ class BrokerAgent:
             while True:
                 now = self._clock()
                 if ready.pop(self._wake_r, None):
-                    _drain(self._wake_r)
+                    drain(self._wake_r)
                 with self._lock:
                     if self._stopping:
                         break
                     for link in self._links:
                         if link.sock is not None and link.sock in ready:
-                            for frames in _recv_all(link.sock):
+                            for frames in recv_all(link.sock):
                                 self._on_reply(link, frames[-1], now)
                         self._step(link, now)
                     poller = zmq.Poller()
@@ -363,7 +363,7 @@ class BrokerAgent:
                 break
             for sock, _ in poller.poll(left * 1000):
                 link = waiting.pop(sock)
-                for frames in _recv_all(sock):
+                for frames in recv_all(sock):
                     self._on_reply(link, frames[-1], self._clock())
                 poller.unregister(sock)
         for link in waiting.values():

@@ -16,14 +16,13 @@ import click
 
 from zns import __version__
 from zns.kv import KvFileError
+from zns.schema import DEFAULT_PUB, DEFAULT_ROUTER
 from zns.limits import Limits
 from zns.schema import MAX_TOPICS_PER_REQUEST
 from zns.security import KeyFileError, write_keypair
 from zns.server import (
     DEFAULT_MAX_MESSAGE_BYTES,
-    DEFAULT_PUB,
     DEFAULT_PUB_HWM,
-    DEFAULT_ROUTER,
     Server,
     ServerConfig,
 )
@@ -156,4 +155,8 @@ def keygen(directory: str, name: str, broker_names: str | None) -> None:
 from zns import tools  # noqa: E402,F401  (registers the operator commands on `main`)
 
 if __name__ == "__main__":
-    main()
+    # Run as `python -m zns.cli`, this module is `__main__`, a copy that `tools`
+    # did not register on: call the real one.
+    from zns.cli import main as registered_main
+
+    registered_main()

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from zns.addresses import open_socket, parse_addresses, resolve_pub_endpoint
+from zns.addresses import drain, open_socket, parse_addresses, recv_all, resolve_pub_endpoint
 from zns.errors import BadRequest, NotFound, ZnsError, from_reply
 from zns.queues import MessageQueue, QueueSelector, read_queues, write_queues
 from zns.routes import filter_zone
@@ -709,12 +709,12 @@ class RouteClient:
                         return
                     now = self._clock()
                     if self._wake_r in ready:
-                        _drain(self._wake_r)
+                        drain(self._wake_r)
                     if self._dealer is not None and self._dealer in ready:
-                        for frames in _recv_all(self._dealer):
+                        for frames in recv_all(self._dealer):
                             self._session.on_reply(frames[-1], now)
                     if self._sub is not None and self._sub in ready:
-                        for frames in _recv_all(self._sub):
+                        for frames in recv_all(self._sub):
                             self._session.on_event(frames[-1], now)
                     self._session.on_timer(now)
                     calls = self._carry_out(self._session.actions())
@@ -766,24 +766,6 @@ class RouteClient:
             if sock is not None:
                 sock.close(0)
         self._dealer = self._sub = None
-
-
-def _recv_all(sock: zmq.Socket, limit: int = 10_000) -> list[list[bytes]]:
-    messages = []
-    for _ in range(limit):
-        try:
-            messages.append(sock.recv_multipart(zmq.NOBLOCK))
-        except zmq.Again:
-            break
-    return messages
-
-
-def _drain(sock: socket.socket) -> None:
-    try:
-        while sock.recv(4096):
-            pass
-    except (BlockingIOError, OSError):
-        pass
 
 
 def _safely(callback: RouteCallback, topic: str, route: TopicRoute | None) -> None:

@@ -56,6 +56,8 @@ PERM_WRITE = 2
 PERM_INHERIT = 1
 
 MASTER_ID = 0
+DEFAULT_ROUTER = "tcp://127.0.0.1:9876"  # §1 default endpoints
+DEFAULT_PUB = "tcp://127.0.0.1:9877"
 ORDER_TOPIC_CONFIG = "ORDER_TOPIC_CONFIG"
 
 # --- §3 shared structures ------------------------------------------------

@@ -25,12 +25,12 @@ from zns.kv import KvStore
 from zns.limits import Limits
 from zns.peers import PeerLinks
 from zns.security import Security
+from zns.addresses import drain
+from zns.schema import DEFAULT_PUB, DEFAULT_ROUTER
 from zns.service import Frames, NameService
 
 log = logging.getLogger("zns")
 
-DEFAULT_ROUTER = "tcp://127.0.0.1:9876"
-DEFAULT_PUB = "tcp://127.0.0.1:9877"
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # One large broker's registration publishes one event per topic; the mark must
 # hold that burst for a subscriber that is a little behind (never 0: unbounded).
@@ -102,17 +102,22 @@ class Server:
         )
         self.router = self._ctx.socket(zmq.ROUTER)
         self.pub = self._ctx.socket(zmq.PUB)
-        self._configure_sockets()
-        self.router_endpoint = self._bind(self.router, config.router)
-        self.pub_endpoint = self._bind(self.pub, config.pub)
+        self.peers: PeerLinks | None = None
+        try:
+            self._configure_sockets()
+            self.router_endpoint = self._bind(self.router, config.router)
+            self.pub_endpoint = self._bind(self.pub, config.pub)
+            if self.security is not None:
+                self.security.peer_client(self._ctx)  # sockets made from here on: peer links
+            grace_ms = round(config.peer_grace * 1000)
+            self.peers = PeerLinks(
+                config.peers, now=self._now(), context=self._ctx, connected=self.service.peers,
+                suspect=lambda cluster, addr: self.service.table.suspect(cluster, addr, grace_ms),
+            )
+        except BaseException:
+            self.close()  # a refused start (port in use, bad --peer) leaves nothing bound
+            raise
         self.service.pub_endpoint = self.pub_endpoint
-        if self.security is not None:
-            self.security.peer_client(self._ctx)  # sockets made from here on: peer links
-        grace_ms = round(config.peer_grace * 1000)
-        self.peers = PeerLinks(
-            config.peers, now=self._now(), context=self._ctx, connected=self.service.peers,
-            suspect=lambda cluster, addr: self.service.table.suspect(cluster, addr, grace_ms),
-        )
 
     # --- life cycle -----------------------------------------------------
 
@@ -147,7 +152,8 @@ class Server:
     def close(self) -> None:
         self.router.close(linger=500)
         self.pub.close(linger=500)
-        self.peers.close()
+        if self.peers is not None:
+            self.peers.close()
         self._wake_r.close()
         self._wake_w.close()
         if self.security is not None:
@@ -180,7 +186,7 @@ class Server:
             # this process was not running (SIGSTOP, suspend, a long pause).
             now = self._now_after_stall(wake_at, stall_threshold)
             if self._wake_r in ready:
-                self._drain_wakeups()
+                drain(self._wake_r)
             if self._reload_keys:
                 self._reload_keys = False
                 if self.security is not None:
@@ -240,13 +246,6 @@ class Server:
         send = self.pub.send_multipart
         for frames in events:
             send(frames, zmq.DONTWAIT)
-
-    def _drain_wakeups(self) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
 
     def _now(self) -> int:
         return int(self._clock() * 1000)

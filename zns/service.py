@@ -117,7 +117,7 @@ class NameService:
         except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: RecursionError
             request_id, op = read_envelope(body)
             if op is not None and op not in KNOWN_OPS:
-                error: ZnsError = UnknownOp(f"unknown op {op!r}")
+                error: ZnsError = UnknownOp(f"unknown op {op[:100]!r}")
             else:
                 error = BadRequest(describe_decode_error(exc))
             return Response(encode(error.reply(request_id)))
