@@ -85,7 +85,7 @@ def start_zns(workdir: Path, *args: str) -> ServerProcess:
     return _start(cmd, workdir / f"zns-{time.monotonic_ns()}.log")
 
 
-def start_echo(workdir: Path, io: str = "multipart") -> ServerProcess:
+def start_echo(workdir: Path, io: str = "frames") -> ServerProcess:
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "bench.echo_server", LOOPBACK, io]
     return _start(cmd, workdir / f"echo-{time.monotonic_ns()}.log")

@@ -240,6 +240,10 @@ def markdown(results: Sequence[BenchResult], info: dict[str, Any], config: RunCo
             notes = [f"- {fig.name}: {fig.note}" for fig in result.figures if fig.note]
             lines += ["", *notes, ""] if notes else [""]
         lines.append(f"_{result.seconds:.0f} s._\n")
+    # The soak runs for 10 minutes, apart from `make bench`; its latest results belong here too.
+    soak = BENCH_DIR / "soak-results.md"
+    if soak.exists():
+        lines += [soak.read_text().strip(), ""]
     return "\n".join(lines)
 
 

@@ -36,7 +36,11 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # hold that burst for a subscriber that is a little behind (never 0: unbounded).
 DEFAULT_PUB_HWM = 200_000
 MAX_BATCH = 2048  # requests served per wake-up before timers get a turn
+# Plain ints, and the backend's send: pyzmq's IntFlag arithmetic and its Python-level
+# `send` wrapper each cost a noticeable share of a small request.
+_NOBLOCK, _DONTWAIT = int(zmq.NOBLOCK), int(zmq.DONTWAIT)
 _SNDMORE_DONTWAIT = int(zmq.SNDMORE | zmq.DONTWAIT)
+_send = zmq.backend.Socket.send
 # The loop never plans further ahead than this: a stall is measured from the
 # planned wake-up, so a short plan measures nearly all of it (a broker that
 # heartbeated just before a 3 s SIGSTOP keeps its whole timeout).
@@ -170,6 +174,7 @@ class Server:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        peers = self.peers if self.peers.links else None  # none: nothing to ask each pass
         self.peers.attach(poller)
         now = next_hb = self._now()
         while not self._stopping:
@@ -177,7 +182,7 @@ class Server:
             deadline = service.table.next_deadline()
             if deadline is not None and deadline + 1 < wake_at:
                 wake_at = deadline + 1  # a broker expires once now > deadline
-            peer_wake = self.peers.next_wake()
+            peer_wake = peers.next_wake() if peers else None
             if peer_wake is not None and peer_wake < wake_at:
                 wake_at = max(now, peer_wake)  # one due before the loop began is not a stall
             wake_at = min(wake_at, now + STALL_PROBE_MS)
@@ -198,9 +203,11 @@ class Server:
                 # A stall can also land while serving (a broker's heartbeat reply
                 # wakes whoever then suspends us before the batch ends).
                 now = self._now_after_stall(now, stall_threshold)
-            self.peers.handle(ready, now)
-            self.peers.tick(now)
-            self._publish(service.expire(now))
+            if peers:
+                peers.handle(ready, now)
+                peers.tick(now)
+            if (events := service.expire(now)):
+                self._publish(events)
             if now >= next_hb:
                 self._publish([service.heartbeat_event(round(self._wall_clock() * 1000))])
                 next_hb += interval_ms
@@ -215,11 +222,12 @@ class Server:
         handling; `Frame.more` reads it from the message. The body frame also
         carries the ZAP User-Id (the peer's CURVE key) when CURVE is on.
         """
-        recv, send, respond = self.router.recv, self.router.send, self.service.respond
+        router, respond = self.router, self.service.respond
+        recv = router.recv
         with_key = self.security is not None
         for _ in range(MAX_BATCH):
             try:
-                frame = recv(zmq.NOBLOCK, copy=False)
+                frame = recv(_NOBLOCK, copy=False)
             except zmq.Again:
                 return
             envelope = []
@@ -231,8 +239,8 @@ class Server:
             response = respond(frame.bytes, now, frame.get("User-Id") if with_key else None)
             try:
                 for part in envelope:
-                    send(part, _SNDMORE_DONTWAIT, copy=False)
-                send(response.reply, zmq.DONTWAIT)
+                    _send(router, part, _SNDMORE_DONTWAIT, False)
+                _send(router, response.reply, _DONTWAIT)
             except zmq.ZMQError as exc:
                 # Vanished peer (EHOSTUNREACH) or one at its high-water mark (EAGAIN):
                 # the loop must never block on one peer.

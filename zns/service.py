@@ -152,7 +152,7 @@ class NameService:
         rid = request.id
         match request:
             case GetRoute(topic=topic, zone=zone):
-                route = self._route_raw(topic)
+                route = self._route_bytes.get(topic)
                 if route is None:
                     raise NotFound(f"no route for topic {topic!r}", table.topic_revision(topic))
                 if zone:
@@ -181,7 +181,7 @@ class NameService:
                 routes, revisions, missing = {}, {}, []
                 for topic in topics:
                     revisions[topic] = table.topic_revision(topic)
-                    route = self._route_raw(topic)
+                    route = self._route_bytes.get(topic)
                     if route is None:
                         missing.append(topic)
                     else:
@@ -199,7 +199,7 @@ class NameService:
             case Snapshot():
                 return SnapshotReply(
                     id=rid, epoch=self.epoch, revision=table.revision,
-                    routes={t: self._route_raw(t) for t in sorted(table.routes())},
+                    routes={t: self._route_bytes.get(t) for t in sorted(table.routes())},
                     brokers=table.broker_table(), clusters=table.cluster_table(),
                 ), []
             case Status():
@@ -244,9 +244,6 @@ class NameService:
             return write(*args)
         except OSError as exc:
             raise Internal(f"the KV store could not be written durably: {exc}") from exc
-
-    def _route_raw(self, topic: str) -> Raw | None:
-        return self._route_bytes.get(topic)
 
     def _publish(self, events: list[RouteEvent | BrokerEvent]) -> list[Frames]:
         frames = []
