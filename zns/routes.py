@@ -97,6 +97,7 @@ class RouteTable:
         self._topic_revision: dict[str, int] = {}  # last change of each topic ever known
         self._broker_data: dict[str, BrokerData] = {}  # shared by every route of a broker
         self._deadlines: list[tuple[int, LiveKey]] = []  # lazy heap; stale entries skipped
+        self._queue_values: dict[QueueData, QueueData] = {}  # interned; dropped with the broker
 
     # --- broker ops (§4) --------------------------------------------------
 
@@ -391,6 +392,8 @@ class RouteTable:
             self._set_queue(topic, queue, ch)
 
     def _set_queue(self, topic: str, queue: QueueData, ch: _Changes) -> None:
+        # A broker's topics mostly share one configuration: share one (frozen) object.
+        queue = self._queue_values.setdefault(queue, queue)
         by_broker = self._queues.setdefault(topic, {})
         if by_broker.get(queue.broker_name) != queue:
             if queue.broker_name not in by_broker:
@@ -447,6 +450,9 @@ class RouteTable:
             for topic in list(self._broker_topics[rec.name]):
                 self._remove_queue(topic, rec.name, ch)
             del self._brokers[rec.name], self._broker_topics[rec.name]
+            self._queue_values = {
+                q: q for q in self._queue_values if q.broker_name != rec.name
+            }
             self._broker_data.pop(rec.name, None)
             ch.structural = True
 
