@@ -88,10 +88,35 @@ def recv_all(sock: zmq.Socket, limit: int = 10_000) -> list[list[bytes]]:
     return messages
 
 
-def drain(sock: socket.socket) -> None:
-    """Empty a non-blocking wake-up socket."""
-    try:
-        while sock.recv(4096):
+class Waker:
+    """Wakes a poller loop from another thread or a signal handler.
+
+    `reader` is registered in the zmq.Poller; `wake()` never blocks (a wake-up
+    already pending is enough) and is safe after `close()`.
+    """
+
+    def __init__(self) -> None:
+        self.reader, self._writer = socket.socketpair()
+        self.reader.setblocking(False)
+        self._writer.setblocking(False)
+
+    def wake(self) -> None:
+        try:
+            self._writer.send(b"\0")
+        except OSError:  # BlockingIOError: one is pending; otherwise: closed
             pass
-    except (BlockingIOError, OSError):
-        pass
+
+    def fileno(self) -> int:
+        """The writing end, for `signal.set_wakeup_fd`."""
+        return self._writer.fileno()
+
+    def drain(self) -> None:
+        try:
+            while self.reader.recv(4096):
+                pass
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.reader.close()
+        self._writer.close()

@@ -15,7 +15,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from zns.addresses import open_socket, parse_addresses
+from zns.addresses import parse_addresses
 from zns.client import (
     Action,
     ClientSession,
@@ -24,6 +24,7 @@ from zns.client import (
     NameServerUnavailable,
     Notify,
     Send,
+    SessionSockets,
     Subscribe,
     log,
 )
@@ -58,8 +59,7 @@ class AsyncRouteClient:
         self.selector = QueueSelector(fault_tolerance=fault_tolerance, clock=clock)
         self._ctx = context or zmq.asyncio.Context.instance()
         self._clock = clock
-        self._dealer: zmq.asyncio.Socket | None = None
-        self._sub: zmq.asyncio.Socket | None = None
+        self._sockets = SessionSockets(self._ctx)
         self._watchers: dict[str, list[asyncio.Queue[TopicRoute | None]]] = {}
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()  # set (and replaced) after every pass of the loop
@@ -127,7 +127,7 @@ class AsyncRouteClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        self._close_sockets()
+        self._sockets.close()
 
     async def __aenter__(self) -> AsyncRouteClient:
         await self.start()
@@ -143,11 +143,11 @@ class AsyncRouteClient:
         session = self._session
         while True:
             now = self._clock()
-            if self._dealer is not None and self._dealer in ready:
-                for frames in await _recv_all(self._dealer):
+            if self._sockets.dealer is not None and self._sockets.dealer in ready:
+                for frames in await _recv_all(self._sockets.dealer):
                     session.on_reply(frames[-1], now)
-            if self._sub is not None and self._sub in ready:
-                for frames in await _recv_all(self._sub):
+            if self._sockets.sub is not None and self._sockets.sub in ready:
+                for frames in await _recv_all(self._sockets.sub):
                     session.on_event(frames[-1], now)
             session.on_timer(now)
             self._carry_out(session.actions())
@@ -158,7 +158,7 @@ class AsyncRouteClient:
     async def _wait(self, deadline: float | None) -> dict[Any, int]:
         """Until a socket is readable, `_wake` is set, or `deadline` passes."""
         poller = zmq.asyncio.Poller()
-        for sock in (self._dealer, self._sub):
+        for sock in (self._sockets.dealer, self._sockets.sub):
             if sock is not None:
                 poller.register(sock, zmq.POLLIN)
         wait_ms = None if deadline is None else max(0, (deadline - self._clock()) * 1000)
@@ -175,31 +175,16 @@ class AsyncRouteClient:
     def _carry_out(self, actions: list[Action]) -> None:
         for action in actions:
             match action:
-                case Connect(endpoint=endpoint):
-                    self._close_sockets()
-                    if endpoint is not None:
-                        self._dealer = open_socket(self._ctx, zmq.DEALER, endpoint)
-                case ConnectSub(endpoint=endpoint):
-                    if self._sub is not None:
-                        self._sub.close(0)
-                    self._sub = open_socket(self._ctx, zmq.SUB, endpoint)
-                case Subscribe(channel=channel):
-                    if self._sub is not None:
-                        self._sub.setsockopt(zmq.SUBSCRIBE, channel)
+                case Connect() | ConnectSub() | Subscribe():
+                    self._sockets.carry_out(action)
                 case Send(body=body):
-                    if self._dealer is not None:
-                        sent = self._dealer.send(body, zmq.DONTWAIT)
+                    if self._sockets.dealer is not None:
+                        sent = self._sockets.dealer.send(body, zmq.DONTWAIT)
                         if sent.done() and sent.exception() is not None:
                             log.debug("request not queued; the session will time it out")
                 case Notify(topic=topic, route=route):
                     for queue in self._watchers.get(topic, ()):
                         queue.put_nowait(route)
-
-    def _close_sockets(self) -> None:
-        for sock in (self._dealer, self._sub):
-            if sock is not None:
-                sock.close(0)
-        self._dealer = self._sub = None
 
 
 async def _recv_all(sock: zmq.asyncio.Socket, limit: int = 10_000) -> list[list[bytes]]:

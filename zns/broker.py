@@ -14,7 +14,6 @@ after an exponential backoff with jitter.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -24,7 +23,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from zns.addresses import drain, open_socket, parse_addresses, recv_all
+from zns.addresses import Waker, open_socket, parse_addresses, recv_all
 from zns.client import Backoff
 from zns.errors import BadRequest
 from zns.schema import (
@@ -136,9 +135,7 @@ class BrokerAgent:
         self._lock = threading.Lock()
         self._stopping = False
         self._next_id = 1
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._waker = Waker()
         self._thread = threading.Thread(target=self._run, name="zns-broker-agent", daemon=True)
         if start:
             self.start()
@@ -185,11 +182,10 @@ class BrokerAgent:
         self._close_timeout = timeout
         with self._lock:
             self._stopping = True
-        self._wake()
+        self._waker.wake()
         if self._thread.is_alive():
             self._thread.join(timeout + 2)
-        self._wake_r.close()
-        self._wake_w.close()
+        self._waker.close()
         return {link.endpoint: link.unregistered for link in self._links}
 
     def __enter__(self) -> BrokerAgent:
@@ -207,7 +203,7 @@ class BrokerAgent:
             self._version = DataVersion(state=v.state, timestamp=_wall_ms(), counter=v.counter + 1)
             for link in self._links:
                 link.next_register = 0.0  # register the change at once, everywhere
-        self._wake()
+        self._waker.wake()
 
     def _registration(self) -> RegisterBroker:
         c = self._config
@@ -217,19 +213,13 @@ class BrokerAgent:
             heartbeat_timeout_ms=c.heartbeat_timeout_ms,
         )
 
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass
-
     def _run(self) -> None:
         try:
             ready: dict[Any, int] = {}
             while True:
                 now = self._clock()
-                if ready.pop(self._wake_r, None):
-                    drain(self._wake_r)
+                if ready.pop(self._waker.reader, None):
+                    self._waker.drain()
                 with self._lock:
                     if self._stopping:
                         break
@@ -239,7 +229,7 @@ class BrokerAgent:
                                 self._on_reply(link, frames[-1], now)
                         self._step(link, now)
                     poller = zmq.Poller()
-                    poller.register(self._wake_r, zmq.POLLIN)
+                    poller.register(self._waker.reader, zmq.POLLIN)
                     for link in self._links:
                         if link.sock is not None:
                             poller.register(link.sock, zmq.POLLIN)

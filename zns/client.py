@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -23,7 +22,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from zns.addresses import drain, open_socket, parse_addresses, recv_all, resolve_pub_endpoint
+from zns.addresses import Waker, open_socket, parse_addresses, recv_all, resolve_pub_endpoint
 from zns.errors import BadRequest, NotFound, ZnsError, from_reply
 from zns.queues import MessageQueue, QueueSelector, read_queues, write_queues
 from zns.routes import filter_zone
@@ -576,6 +575,38 @@ def call_all(
 # --- the threaded client ------------------------------------------------------
 
 
+class SessionSockets:
+    """The DEALER and SUB that a ClientSession's actions open, subscribe and close.
+
+    Shared by the threaded and the asyncio client: `ctx` decides which sockets these are.
+    """
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.ctx = ctx
+        self.dealer: Any = None
+        self.sub: Any = None
+
+    def carry_out(self, action: Connect | ConnectSub | Subscribe) -> None:
+        match action:
+            case Connect(endpoint=endpoint):
+                self.close()
+                if endpoint is not None:
+                    self.dealer = open_socket(self.ctx, zmq.DEALER, endpoint)
+            case ConnectSub(endpoint=endpoint):
+                if self.sub is not None:
+                    self.sub.close(0)
+                self.sub = open_socket(self.ctx, zmq.SUB, endpoint)
+            case Subscribe(channel=channel):
+                if self.sub is not None:
+                    self.sub.setsockopt(zmq.SUBSCRIBE, channel)
+
+    def close(self) -> None:
+        for sock in (self.dealer, self.sub):
+            if sock is not None:
+                sock.close(0)
+        self.dealer = self.sub = None
+
+
 class RouteClient:
     """Routes of topics from a list of NameServers, kept current by pushed events.
 
@@ -610,12 +641,9 @@ class RouteClient:
         self._watchers: dict[str, list[RouteCallback]] = {}
         # Calls for watchers added while the route was known: its value then, first.
         self._first_calls: list[tuple[RouteCallback, str, TopicRoute | None]] = []
-        self._dealer: zmq.Socket | None = None
-        self._sub: zmq.Socket | None = None
+        self._sockets = SessionSockets(self._ctx)
         self._stopping = False
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._waker = Waker()
         with self._changed:
             self._session.start(self._clock())
         self._thread = threading.Thread(target=self._run, name="zns-route-client", daemon=True)
@@ -631,7 +659,7 @@ class RouteClient:
         """The route of `topic`; raises NotFound when it has none, NameServerUnavailable."""
         with self._changed:
             self._session.track(topic, self._clock())
-            self._wake()
+            self._waker.wake()
             ok = self._changed.wait_for(
                 lambda: self._session.cache.known(topic) or self._stopping,
                 self.timeout if timeout is None else timeout,
@@ -653,7 +681,7 @@ class RouteClient:
             self._watchers.setdefault(topic, []).append(callback)
             if self._session.cache.known(topic):
                 self._first_calls.append((callback, topic, self._session.cache.view(topic)))
-            self._wake()
+            self._waker.wake()
 
         def unwatch() -> None:
             with self._changed:
@@ -681,10 +709,9 @@ class RouteClient:
         with self._changed:
             self._stopping = True
             self._changed.notify_all()
-        self._wake()
+        self._waker.wake()
         self._thread.join(5)
-        self._wake_r.close()
-        self._wake_w.close()
+        self._waker.close()
 
     def __enter__(self) -> RouteClient:
         return self
@@ -694,12 +721,6 @@ class RouteClient:
 
     # --- the thread --------------------------------------------------------------
 
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass
-
     def _run(self) -> None:
         ready: dict[Any, int] = {}
         try:
@@ -708,13 +729,13 @@ class RouteClient:
                     if self._stopping:
                         return
                     now = self._clock()
-                    if self._wake_r in ready:
-                        drain(self._wake_r)
-                    if self._dealer is not None and self._dealer in ready:
-                        for frames in recv_all(self._dealer):
+                    if self._waker.reader in ready:
+                        self._waker.drain()
+                    if self._sockets.dealer is not None and self._sockets.dealer in ready:
+                        for frames in recv_all(self._sockets.dealer):
                             self._session.on_reply(frames[-1], now)
-                    if self._sub is not None and self._sub in ready:
-                        for frames in recv_all(self._sub):
+                    if self._sockets.sub is not None and self._sockets.sub in ready:
+                        for frames in recv_all(self._sockets.sub):
                             self._session.on_event(frames[-1], now)
                     self._session.on_timer(now)
                     calls = self._carry_out(self._session.actions())
@@ -722,8 +743,8 @@ class RouteClient:
                     calls[:0] = first
                     self._changed.notify_all()
                     poller = zmq.Poller()
-                    poller.register(self._wake_r, zmq.POLLIN)
-                    for sock in (self._dealer, self._sub):
+                    poller.register(self._waker.reader, zmq.POLLIN)
+                    for sock in (self._sockets.dealer, self._sockets.sub):
                         if sock is not None:
                             poller.register(sock, zmq.POLLIN)
                     deadline = self._session.next_deadline()
@@ -733,39 +754,24 @@ class RouteClient:
                 ready = dict(poller.poll(wait_ms))
         finally:
             with self._changed:
-                self._close_sockets()
+                self._sockets.close()
 
     def _carry_out(self, actions: list[Action]) -> list[tuple[RouteCallback, str, Any]]:
         """Do the socket actions; return the callbacks to run (outside the lock)."""
         calls = []
         for action in actions:
             match action:
-                case Connect(endpoint=endpoint):
-                    self._close_sockets()
-                    if endpoint is not None:
-                        self._dealer = open_socket(self._ctx, zmq.DEALER, endpoint)
-                case ConnectSub(endpoint=endpoint):
-                    if self._sub is not None:
-                        self._sub.close(0)
-                    self._sub = open_socket(self._ctx, zmq.SUB, endpoint)
-                case Subscribe(channel=channel):
-                    if self._sub is not None:
-                        self._sub.setsockopt(zmq.SUBSCRIBE, channel)
+                case Connect() | ConnectSub() | Subscribe():
+                    self._sockets.carry_out(action)
                 case Send(body=body):
-                    if self._dealer is not None:
+                    if self._sockets.dealer is not None:
                         try:
-                            self._dealer.send(body, zmq.DONTWAIT)
+                            self._sockets.dealer.send(body, zmq.DONTWAIT)
                         except zmq.Again:
                             pass  # counts as a timeout: the session moves on
                 case Notify(topic=topic, route=route):
                     calls.extend((cb, topic, route) for cb in self._watchers.get(topic, ()))
         return calls
-
-    def _close_sockets(self) -> None:
-        for sock in (self._dealer, self._sub):
-            if sock is not None:
-                sock.close(0)
-        self._dealer = self._sub = None
 
 
 def _safely(callback: RouteCallback, topic: str, route: TopicRoute | None) -> None:

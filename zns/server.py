@@ -12,7 +12,6 @@ import errno
 import logging
 import secrets
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from zns.kv import KvStore
 from zns.limits import Limits
 from zns.peers import PeerLinks
 from zns.security import Security
-from zns.addresses import drain
+from zns.addresses import Waker
 from zns.schema import DEFAULT_PUB, DEFAULT_ROUTER
 from zns.service import Frames, NameService
 
@@ -96,9 +95,7 @@ class Server:
         self._ctx = context or zmq.Context.instance()
         self._stopping = False
         self._reload_keys = False
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._waker = Waker()
         self.dropped_replies = 0
         self.service = NameService(
             KvStore(config.kv_path), epoch=new_epoch(), started_at_ms=self._now(),
@@ -148,18 +145,14 @@ class Server:
         self.wake()
 
     def wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass  # a wake-up is already pending, or we are closed
+        self._waker.wake()
 
     def close(self) -> None:
         self.router.close(linger=500)
         self.pub.close(linger=500)
         if self.peers is not None:
             self.peers.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        self._waker.close()
         if self.security is not None:
             self.security.stop()
         if self._own_ctx is not None:
@@ -173,7 +166,7 @@ class Server:
         stall_threshold = max(1000, 2 * interval_ms)
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._waker.reader, zmq.POLLIN)
         peers = self.peers if self.peers.links else None  # none: nothing to ask each pass
         self.peers.attach(poller)
         now = next_hb = self._now()
@@ -190,8 +183,8 @@ class Server:
             # Timers ran at the end of the last pass, so wake_at is late only if
             # this process was not running (SIGSTOP, suspend, a long pause).
             now = self._now_after_stall(wake_at, stall_threshold)
-            if self._wake_r in ready:
-                drain(self._wake_r)
+            if self._waker.reader in ready:
+                self._waker.drain()
             if self._reload_keys:
                 self._reload_keys = False
                 if self.security is not None:
@@ -305,7 +298,7 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
         signal.signal(signal.SIGHUP, lambda *_: self.reload_keys())
-        old_fd = signal.set_wakeup_fd(self._wake_w.fileno())
+        old_fd = signal.set_wakeup_fd(self._waker.fileno())
 
         def restore() -> None:
             signal.set_wakeup_fd(old_fd)
