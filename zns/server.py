@@ -70,7 +70,7 @@ def new_epoch() -> str:
 
 
 class Server:
-    """Bind with `bind()` (or the constructor), then `run()` until `stop()`."""
+    """Binds both sockets when made; `run()` serves until `stop()` or a signal."""
 
     def __init__(
         self,
