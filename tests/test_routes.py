@@ -889,6 +889,15 @@ def test_next_deadline_empty_and_after_heartbeat(table):
     assert table.next_deadline() == 1_000 + TIMEOUT
 
 
+def test_a_stall_moves_deadlines_but_not_the_reported_time_since_the_heartbeat(table):
+    register(table, now=0, heartbeat_timeout_ms=10_000)
+    table.shift_deadlines(60_000)
+    assert table.next_deadline() == 70_000
+    assert table.live_brokers(65_000)[0].last_heartbeat_ms == 65_000  # real time since
+    table.heartbeat("c1", "broker-a", MASTER, V1, 66_000)
+    assert table.next_deadline() == 76_000  # the credit ends with the next heartbeat
+
+
 def test_shift_deadlines_moves_every_deadline(table):
     register(table, now=0, name="b1", addr="10.0.0.1:1", heartbeat_timeout_ms=10_000)
     register(table, now=0, name="b2", addr="10.0.0.2:1", heartbeat_timeout_ms=20_000)

@@ -229,9 +229,9 @@ class RouteTableMachine(RuleBasedStateMachine):
         live = self.table._live.get((cluster, addr))
         old_deadline = live.deadline if live else None
         shortened = self.table.suspect(cluster, addr, grace)
-        assert shortened == (live is not None and live.last_heartbeat + grace < old_deadline)
+        assert shortened == (live is not None and live.silent_since + grace < old_deadline)
         if live is not None:
-            assert live.deadline == min(old_deadline, live.last_heartbeat + grace)
+            assert live.deadline == min(old_deadline, live.silent_since + grace)
 
     @rule(stall=st.sampled_from([1, 2_000, 10_000]))
     def stall(self, stall):

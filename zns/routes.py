@@ -40,14 +40,30 @@ class Liveness:
     ha_addr: str
     names: set[str] = field(default_factory=set)  # broker names listing this address
     suspect_deadline: int | None = None  # set by a peer hint (§10)
+    stall_credit: int = 0  # time the server itself stalled since the last heartbeat (§8)
     scheduled: int | None = None  # deadline of its entry in the deadline heap
 
     @property
+    def silent_since(self) -> int:
+        """The last heartbeat, as far as the server was running to hear one."""
+        return self.last_heartbeat + self.stall_credit
+
+    @property
+    def own_deadline(self) -> int:
+        return self.silent_since + self.timeout_ms
+
+    @property
     def deadline(self) -> int:
-        own = self.last_heartbeat + self.timeout_ms
+        own = self.own_deadline
         if self.suspect_deadline is not None and self.suspect_deadline < own:
             return self.suspect_deadline
         return own
+
+    def heard(self, now: int) -> None:
+        """A registration or heartbeat: alive now, any suspicion cleared."""
+        self.last_heartbeat = now
+        self.stall_credit = 0
+        self.suspect_deadline = None
 
 
 @dataclass
@@ -168,11 +184,10 @@ class RouteTable:
                 cluster, addr, now, req.heartbeat_timeout_ms, req.data_version, req.ha_addr
             )
         else:
-            live.last_heartbeat = now
+            live.heard(now)
             live.timeout_ms = req.heartbeat_timeout_ms
             live.data_version = req.data_version
             live.ha_addr = req.ha_addr
-            live.suspect_deadline = None
         live.names.add(name)
         self._schedule(live)
 
@@ -207,8 +222,7 @@ class RouteTable:
         live = self._live.get((cluster, addr))
         known = live is not None and name in live.names
         if known:
-            live.last_heartbeat = now
-            live.suspect_deadline = None
+            live.heard(now)
             self._schedule(live)
             return True, live.data_version != data_version
         return False, True
@@ -245,19 +259,18 @@ class RouteTable:
         while (deadline := self.next_deadline()) is not None and now > deadline:
             _, key = heapq.heappop(self._deadlines)
             live = self._live[key]
-            own_deadline = live.last_heartbeat + live.timeout_ms
-            reason = "expired" if now > own_deadline else "peer_expired"
+            reason = "expired" if now > live.own_deadline else "peer_expired"
             ch = _Changes()
             self._drop_liveness(live, reason, ch)
             events.extend(self._commit(ch))
         return events
 
     def suspect(self, cluster: str, addr: str, grace_ms: int) -> bool:
-        """A peer saw this broker leave: shorten its deadline to last_heartbeat + grace."""
+        """A peer saw this broker leave: shorten its deadline to its last heartbeat + grace."""
         live = self._live.get((cluster, addr))
         if live is None:
             return False
-        deadline = live.last_heartbeat + grace_ms
+        deadline = live.silent_since + grace_ms
         if deadline >= live.deadline:
             return False
         live.suspect_deadline = deadline
@@ -267,7 +280,7 @@ class RouteTable:
     def shift_deadlines(self, stall_ms: int) -> None:
         """The process itself was stalled: give every broker that time back."""
         for live in self._live.values():
-            live.last_heartbeat += stall_ms
+            live.stall_credit += stall_ms
             if live.suspect_deadline is not None:
                 live.suspect_deadline += stall_ms
         self._rebuild_deadlines()
