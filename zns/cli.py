@@ -34,7 +34,7 @@ def main() -> None:
     """zns: a NameServer for message-bus clusters over ZeroMQ (ZNS/1)."""
 
 
-def _load_config_file(ctx: click.Context, _param: click.Parameter, path: str | None) -> str | None:
+def load_config_file(ctx: click.Context, _param: click.Parameter, path: str | None) -> str | None:
     """Feed the TOML file to click as defaults, below the command line and environment."""
     if not path:
         return path
@@ -58,7 +58,7 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, path: str | N
 
 @main.command()
 @click.option("--config", type=click.Path(dir_okay=False), envvar="ZNS_CONFIG", is_eager=True,
-              expose_value=False, callback=_load_config_file,
+              expose_value=False, callback=load_config_file,
               help="TOML file with any of these options as keys (e.g. kv_path = \"...\").")
 @click.option("--router", default=DEFAULT_ROUTER, envvar="ZNS_ROUTER", show_default=True,
               help="Endpoint of the request (ROUTER) socket.")

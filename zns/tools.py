@@ -26,7 +26,7 @@ import zmq
 
 from zns.addresses import open_socket, parse_addresses, resolve_pub_endpoint
 from zns.broker import BrokerAgent
-from zns.cli import _load_config_file, main
+from zns.cli import load_config_file, main
 from zns.client import NameServerUnavailable, call_all, call_any
 from zns.errors import ZnsError
 from zns.security import KeyFileError, apply_client_keys, client_keys
@@ -403,7 +403,7 @@ def parse_topic(spec: str) -> tuple[str, TopicConfig]:
 
 @main.command()
 @click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
-              callback=_load_config_file, help="TOML file with any of these options as keys.")
+              callback=load_config_file, help="TOML file with any of these options as keys.")
 @click.option("--cluster", required=True)
 @click.option("--name", "broker_name", required=True, help="Broker name.")
 @click.option("--addr", "broker_addr", required=True, help="Broker address host:port.")
