@@ -5,6 +5,7 @@ Time is an injected integer clock in milliseconds, as everywhere in the core.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from zns.peers import (
@@ -19,6 +20,7 @@ from zns.peers import (
     hint_from_event,
 )
 from zns.routes import RouteTable
+from zns.schema import decode_event, decode_reply
 from zns.schema import (
     BrokerEvent,
     DataVersion,
@@ -310,3 +312,11 @@ def test_unreadable_events_change_nothing():
     assert link.on_event(None, 100) is None
     assert link.on_reply(None, 100) == []
     assert link.epoch == "a" * 16 and link.connected
+
+
+@pytest.mark.parametrize("decode", [decode_event, lambda body: decode_reply(body, "status")])
+def test_deeply_nested_peer_input_is_a_decode_error_not_a_crash(decode):
+    # msgspec raises RecursionError on such input; the peer links only catch DecodeError.
+    body = b"\x84\xa2op\xa2hb\xa5epoch\xa1e\xa8revision\x01\xa1x" + b"\x91" * 100_000 + b"\xc0"
+    with pytest.raises(msgspec.DecodeError):
+        decode(body)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import msgspec
 import zmq
 
-from zns.addresses import open_socket, parse_addresses, resolve_pub_endpoint
+from zns.addresses import open_socket, parse_addresses, recv_all, resolve_pub_endpoint
 from zns.schema import (
     BROKER_PREFIX,
     HB_CHANNEL,
@@ -250,7 +250,7 @@ class PeerLinks:
                         self._replace(self._dealers, endpoint, None)
             sock = self._subs.get(endpoint)
             if sock is not None and sock in ready:
-                while (frames := self._recv(sock)) is not None:
+                for frames in recv_all(sock):
                     hint = link.on_event(self._decode(link, frames[-1], decode_event), now)
                     if hint is not None and self._apply(hint):
                         applied.append(hint)
@@ -286,17 +286,8 @@ class PeerLinks:
         self, link: PeerLink, sock: zmq.Socket, decode: Callable[[bytes], object]
     ) -> object:
         """The last readable message of `sock`, decoded (earlier ones are superseded)."""
-        body = None
-        while (frames := self._recv(sock)) is not None:
-            body = frames[-1]
-        return None if body is None else self._decode(link, body, decode)
-
-    @staticmethod
-    def _recv(sock: zmq.Socket) -> list[bytes] | None:
-        try:
-            return sock.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            return None
+        messages = recv_all(sock)
+        return self._decode(link, messages[-1][-1], decode) if messages else None
 
     @staticmethod
     def _decode(link: PeerLink, body: bytes, decode: Callable[[bytes], object]) -> object:

@@ -460,13 +460,20 @@ def read_envelope(body: bytes) -> tuple[int, str | None]:
 
 def decode_reply(body: bytes, op: str | None = None) -> Struct:
     """Decode a reply; with `op`, only that op's reply or an `error` is accepted."""
-    if op is None:
-        return _any_reply_decoder.decode(body)
-    return _reply_decoders[op].decode(body)
+    decoder = _any_reply_decoder if op is None else _reply_decoders[op]
+    return _decode_bounded(decoder, body)
 
 
 def decode_event(body: bytes) -> RouteEvent | BrokerEvent | HbEvent:
-    return _event_decoder.decode(body)
+    return _decode_bounded(_event_decoder, body)
+
+
+def _decode_bounded(decoder: msgspec.msgpack.Decoder[Any], body: bytes) -> Any:
+    """msgspec raises RecursionError on very deep nesting; callers expect a DecodeError."""
+    try:
+        return decoder.decode(body)
+    except RecursionError:
+        raise msgspec.DecodeError("MessagePack data is nested too deeply") from None
 
 
 def request_op(request: Request) -> str:
