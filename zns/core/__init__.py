@@ -1,0 +1,1 @@
+"""zns.core: everything that decides, with no sockets, threads, asyncio or clock."""
