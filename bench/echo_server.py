@@ -1,6 +1,6 @@
 """The limit zns is judged against: a bare pyzmq ROUTER that echoes each request.
 
-It runs in its own process and has the very loop shape of `zns.server.Server`
+It runs in its own process and has the very loop shape of `zns.drivers.server.Server`
 (blocking `zmq.Poller`, then a NOBLOCK drain of up to MAX_BATCH requests, replies
 sent with DONTWAIT, the same socket options), minus everything zns does with a
 body. So the ratio zns/echo is the share of a Python ROUTER server's ceiling
@@ -8,7 +8,7 @@ that zns keeps.
 
     python -m bench.echo_server [ENDPOINT [frames|multipart]]
 
-`frames` (the default, and the reference) makes the socket calls zns.server
+`frames` (the default, and the reference) makes the socket calls zns.drivers.server
 makes: recv(copy=False) frame by frame with Frame.more, plain sends.
 `multipart` is the idiomatic recv_multipart/send_multipart echo, which asks the
 socket for RCVMORE after every frame and costs ~3 µs more per request; it is
@@ -22,7 +22,9 @@ import sys
 
 import zmq
 
-from zns.server import DEFAULT_MAX_MESSAGE_BYTES, MAX_BATCH
+from zns.drivers.server import DEFAULT_MAX_MESSAGE_BYTES
+
+MAX_BATCH = 2048  # requests drained per wake-up
 
 
 def serve(endpoint: str, io: str = "frames") -> None:
@@ -45,7 +47,7 @@ def serve(endpoint: str, io: str = "frames") -> None:
 
 
 def _echo_multipart(router: zmq.Socket) -> None:
-    """What zns.server does today: recv_multipart / send_multipart."""
+    """What zns.drivers.server does today: recv_multipart / send_multipart."""
     for _ in range(MAX_BATCH):
         try:
             frames = router.recv_multipart(zmq.NOBLOCK)
@@ -62,11 +64,11 @@ def _echo_multipart(router: zmq.Socket) -> None:
 # each) are most of what recv_multipart/send_multipart cost on small messages.
 _NOBLOCK, _DONTWAIT = int(zmq.NOBLOCK), int(zmq.DONTWAIT)
 _MORE = int(zmq.SNDMORE | zmq.DONTWAIT)
-_send = zmq.backend.Socket.send  # what zns.server calls: no Python-level wrapper
+_send = zmq.backend.Socket.send  # what zns.drivers.server calls: no Python-level wrapper
 
 
 def _echo_frames(router: zmq.Socket) -> None:
-    """The socket calls zns.server makes: copy=False frames, Frame.more, int flags, backend send."""
+    """The socket calls zns.drivers.server makes: copy=False frames, Frame.more, int flags, backend send."""
     recv = router.recv
     for _ in range(MAX_BATCH):
         try:

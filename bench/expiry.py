@@ -17,7 +17,7 @@ from bench.harness import (
     start_zns,
 )
 from bench.report import BenchResult, Figure, RunConfig, Target, cli
-from zns.schema import BROKER_PREFIX
+from zns.core.schema import BROKER_PREFIX
 
 TIMEOUT_MS = 1000  # the smallest heartbeat_timeout_ms ZNS/1 allows
 ROCKETMQ_TIMEOUT_S = 120.0  # BROKER_CHANNEL_EXPIRED_TIME
@@ -137,7 +137,7 @@ def _register_staggered(session: Session, p: Params, first: int) -> dict[str, fl
 
 
 def _agent_settings(p: Params) -> dict[str, float]:
-    from zns.broker import BrokerAgent
+    from zns.drivers.broker_agent import BrokerAgent
 
     defaults = inspect.signature(BrokerAgent).parameters
     names = ("heartbeat_interval", "heartbeat_timeout_ms")
@@ -175,7 +175,7 @@ def _kill_agents(router: str, p: Params, rounds: int, settings: dict[str, float]
 
 def _agent_main(conn: Connection, router: str, name: str, addr: str,
                 settings: dict[str, float]) -> None:
-    from zns.broker import BrokerAgent
+    from zns.drivers.broker_agent import BrokerAgent
 
     agent = BrokerAgent(router, cluster="bench", broker_name=name, broker_addr=addr,
                         topics=[name.replace("-", "_")], **settings)

@@ -79,7 +79,7 @@ def start_zns(workdir: Path, *args: str) -> ServerProcess:
     """`zns serve` on ephemeral loopback ports, its KV file in `workdir`."""
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "zns.cli", "serve", "--router", LOOPBACK, "--pub", LOOPBACK,
+        sys.executable, "-m", "zns", "serve", "--router", LOOPBACK, "--pub", LOOPBACK,
         "--kv-path", str(workdir / "kv.json"), *args,
     ]
     return _start(cmd, workdir / f"zns-{time.monotonic_ns()}.log")

@@ -13,7 +13,7 @@ from bench.harness import (
     register_request, request, start_echo, start_zns,
 )
 from bench.report import BenchResult, Figure, RunConfig, Target, cli
-from zns.schema import route_channel
+from zns.core.schema import route_channel
 
 TOPIC = "PushTopic"
 SUB_PROCESSES = 2  # one per core of the reference machine

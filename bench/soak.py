@@ -232,7 +232,7 @@ def broker_main(conn: Connection, router: str, indices: list[int], p: Params, se
 
 def client_main(conn: Connection, router: str, n: int, p: Params, seed: int) -> None:
     """`n` RouteClients watching topics, and a puller; report latency and cache checks."""
-    from zns.client import RouteClient  # in the child: a context of its own
+    from zns.drivers.route_client import RouteClient  # in the child: a context of its own
 
     rnd = random.Random(seed)
     in_use = sorted({topic_name(t) for i in range(p.brokers // 2) for t in initial_topics(i, p)})

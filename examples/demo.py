@@ -11,7 +11,7 @@ import threading
 import time
 
 from zns import BrokerAgent, RouteClient
-from zns.server import Server, ServerConfig
+from zns.drivers.server import Server, ServerConfig
 
 WATCHDOG_S = 60
 threading.Timer(WATCHDOG_S, lambda: (print("demo: timed out", flush=True), os._exit(1))).start()

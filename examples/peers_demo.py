@@ -21,8 +21,8 @@ from pathlib import Path
 
 import zmq
 
-from zns.client import call
-from zns.schema import (
+from zns.drivers.route_client import call
+from zns.core.schema import (
     BROKER_PREFIX,
     BrokerEvent,
     GetClusterInfo,
@@ -51,7 +51,7 @@ def start_servers(workdir: Path) -> tuple[dict[str, str], dict[str, subprocess.P
     for name in "ABC":
         peers = [arg for other in "ABC" if other != name for arg in ("--peer", routers[other])]
         procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "zns.cli", "serve", "--router", routers[name],
+            [sys.executable, "-m", "zns", "serve", "--router", routers[name],
              "--pub", pubs[name], "--kv-path", str(workdir / f"{name}.json"),
              "--heartbeat-interval", "0.2", "--peer-grace", str(GRACE), *peers],
             stdout=subprocess.DEVNULL, stderr=open(workdir / f"{name}.log", "w"),

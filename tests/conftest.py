@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import zmq
 
-from zns import schema
-from zns.server import Server, ServerConfig
+from zns.core import schema
+from zns.drivers.server import Server, ServerConfig
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01) -> Any:
@@ -157,7 +157,7 @@ class ProcessServer:
         self.log_path = tmp_path / f"server-{time.monotonic_ns()}.log"
         self.log = open(self.log_path, "w")
         cmd = [
-            sys.executable, "-m", "zns.cli", "serve", "--router", "tcp://127.0.0.1:*",
+            sys.executable, "-m", "zns", "serve", "--router", "tcp://127.0.0.1:*",
             "--pub", "tcp://127.0.0.1:*", "--kv-path", str(self.kv_path), *args,
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}

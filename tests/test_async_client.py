@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from conftest import register_fields
-from zns.async_client import AsyncRouteClient
-from zns.client import NameServerUnavailable
-from zns.errors import NotFound
+from zns.drivers.async_client import AsyncRouteClient
+from zns.drivers.route_client import NameServerUnavailable
+from zns.core.errors import NotFound
 
 
 def client_for(*endpoints: str, **kw) -> AsyncRouteClient:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from conftest import Peer, ThreadedServer, register_fields
-from zns import schema
+from zns.core import schema
 
 A = "10.0.0.1:10911"
 BROKER = dict(cluster="c1", broker_name="broker-a", broker_id=0, broker_addr=A)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from conftest import register_fields, wait_for
-from zns.broker import BrokerAgent
-from zns.errors import BadRequest
-from zns.schema import Error
+from zns.drivers.broker_agent import BrokerAgent
+from zns.core.errors import UsageError
+from zns.core.schema import Error
 
 
 def agent_for(*endpoints: str, **kw) -> BrokerAgent:
@@ -82,7 +82,7 @@ def test_topic_changes_register_at_once(server):
         assert agent.data_version.counter == version.counter + 1
         agent.remove_topic("T1")
         wait_for(lambda: route_of(peer, "T1") is None)
-        with pytest.raises(BadRequest):
+        with pytest.raises(UsageError):
             agent.add_topic("bad topic!")
 
 
@@ -106,7 +106,7 @@ def test_conflict_is_logged_and_retried(server, caplog):
     # Another address holds id 0 with a newer state: our registration is refused (§4 step 3).
     peer.ok("register_broker", **register_fields(broker_name="bk", addr="10.9.9.9:1",
                                                  data_version={"state": 5}))
-    caplog.set_level(logging.ERROR, logger="zns.broker")
+    caplog.set_level(logging.ERROR, logger="zns.drivers.broker_agent")
     with agent_for(server.router) as agent:
         wait_for(lambda: "conflict" in agent.status()[0].last_error)
         assert not agent.status()[0].registered
@@ -114,7 +114,7 @@ def test_conflict_is_logged_and_retried(server, caplog):
 
 
 def test_bad_configuration_fails_at_construction():
-    with pytest.raises(BadRequest, match="broker address"):
+    with pytest.raises(UsageError, match="broker address"):
         BrokerAgent("tcp://127.0.0.1:1", cluster="c", broker_name="b", broker_addr="nope",
                     start=False)
 

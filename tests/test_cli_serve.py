@@ -19,21 +19,23 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-import zns.cli
+import zns.cli.serve
+from zns.cli import main as zns_main
 from conftest import Peer, register_fields, wait_for
-from zns import __version__, schema
-from zns.server import ServerConfig
+from zns import __version__
+from zns.core import schema
+from zns.drivers.server import ServerConfig
 
 # --- the command line, in process (fast) ------------------------------------
 
 
 def test_version():
-    result = CliRunner().invoke(zns.cli.main, ["--version"])
+    result = CliRunner().invoke(zns_main, ["--version"])
     assert result.exit_code == 0 and __version__ in result.output
 
 
 def test_help_shows_every_default():
-    result = CliRunner().invoke(zns.cli.main, ["serve", "--help"])
+    result = CliRunner().invoke(zns_main, ["serve", "--help"])
     assert result.exit_code == 0
     text = " ".join(result.output.split())  # click wraps long lines
     for option, default in [
@@ -63,12 +65,12 @@ def serve_config(monkeypatch) -> Callable[..., ServerConfig]:
     for name in list(os.environ):
         if name.startswith("ZNS_"):
             monkeypatch.delenv(name)
-    monkeypatch.setattr(zns.cli, "Server", CapturedServer)
+    monkeypatch.setattr(zns.cli.serve, "Server", CapturedServer)
     CapturedServer.configs.clear()
 
     def run(*args: str, env: dict[str, str] | None = None) -> ServerConfig:
         CapturedServer.configs.clear()
-        result = CliRunner().invoke(zns.cli.main, ["serve", *args], env=env or {})
+        result = CliRunner().invoke(zns_main, ["serve", *args], env=env or {})
         assert result.exit_code == 0, result.output
         [config] = CapturedServer.configs
         return config
@@ -131,7 +133,7 @@ def test_precedence_cli_over_env_over_file(serve_config, tmp_path: Path):
 def test_bad_config_file_is_refused_clearly(serve_config, tmp_path: Path, content, needle):
     conf = tmp_path / "zns.toml"
     conf.write_text(content)
-    result = CliRunner().invoke(zns.cli.main, ["serve", "--config", str(conf)])
+    result = CliRunner().invoke(zns_main, ["serve", "--config", str(conf)])
     assert result.exit_code != 0 and needle in result.output
     assert CapturedServer.configs == []
 
@@ -154,7 +156,7 @@ def spawn() -> Iterator[Callable[..., subprocess.Popen]]:
 
     def start(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen:
         base = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
-        proc = subprocess.Popen([sys.executable, "-m", "zns.cli", "serve", *args],
+        proc = subprocess.Popen([sys.executable, "-m", "zns", "serve", *args],
                                 env={**base, **env}, stdout=log.open("w"),
                                 stderr=subprocess.STDOUT)
         procs.append(proc)
@@ -264,7 +266,7 @@ def test_endpoint_in_use_is_a_clear_error(tmp_path: Path):
     taken = holder.getsockopt_string(zmq.LAST_ENDPOINT)
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "zns.cli", "serve", "--router", taken,
+            [sys.executable, "-m", "zns", "serve", "--router", taken,
              "--pub", "tcp://127.0.0.1:*", "--kv-path", str(tmp_path / "kv.json")],
             capture_output=True, text=True, timeout=30,
             env={k: v for k, v in os.environ.items() if not k.startswith("ZNS_")},

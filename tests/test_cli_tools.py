@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from conftest import register_fields, wait_for
 from zns.cli import main
-from zns.schema import Error
+from zns.core.schema import Error
 
 DEAD = "tcp://127.0.0.1:1"
 

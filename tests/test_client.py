@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import register_fields, wait_for
-from zns.client import (
+from zns.drivers.route_client import (
     ClientSession,
     Connect,
     ConnectSub,
@@ -19,8 +19,8 @@ from zns.client import (
     Send,
     Subscribe,
 )
-from zns.errors import BadRequest, NotFound
-from zns.schema import (
+from zns.core.errors import NotFound, UsageError
+from zns.core.schema import (
     HB_CHANNEL,
     GetRoutesReply,
     HbEvent,
@@ -186,7 +186,7 @@ def test_periodic_pull():
 
 def test_zone_filter_applies_to_pulls_and_events():
     def route(zone_b: str) -> TopicRoute:
-        from zns.schema import BrokerData
+        from zns.core.schema import BrokerData
 
         return TopicRoute(topic="A", queues=[
             QueueData(broker_name=n, read_queues=1, write_queues=1, perm=6, sys_flag=0)
@@ -230,7 +230,7 @@ def test_session_learns_pub_endpoint_and_switches_on_timeout():
     assert session.endpoint is None and session.switches == 1
     session.on_timer(5.0)  # after the backoff: the other NameServer
     assert session.endpoint != first
-    with pytest.raises(BadRequest):
+    with pytest.raises(UsageError):
         session.track("not a topic!", 5.0)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from conftest import Peer, ThreadedServer, register_fields
-from zns import schema
+from zns.core import schema
 
 
 def events_until_quiet(peer: Peer) -> list[tuple[bytes, Any]]:

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import zmq
 
-import zns.client
+import zns.drivers.route_client
 from conftest import Peer, register_fields, wait_for
-from zns import schema
-from zns.broker import BrokerAgent
-from zns.client import RouteClient
+from zns.core import schema
+from zns.drivers.broker_agent import BrokerAgent
+from zns.drivers.route_client import RouteClient
 
 HB = 0.2  # the servers' heartbeat interval in these tests (seconds)
 
@@ -150,8 +150,8 @@ def test_subscriber_behind_the_pub_hwm(make_server, monkeypatch, clients, caplog
         sock.connect(endpoint)
         return sock
 
-    monkeypatch.setattr(zns.client, "open_socket", small_hwm_socket)
-    caplog.set_level(logging.DEBUG, logger="zns.client")
+    monkeypatch.setattr(zns.drivers.route_client, "open_socket", small_hwm_socket)
+    caplog.set_level(logging.DEBUG, logger="zns.drivers.route_client")
     gate, blocked = threading.Event(), threading.Event()
 
     def slow_consumer(topic: str, route: Any) -> None:

@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import Peer, register_fields
-from zns import schema
-from zns.kv import KvStore
-from zns.service import NameService
+from zns.core import schema
+from zns.drivers.kv_file import KvStore
+from zns.core.service import NameService
 
 CODES = {"bad_request", "unknown_op", "not_found", "no_permission", "conflict", "busy"}
 READ_OPS = schema.CLIENT_OPS | {"kv_get", "kv_list"}
@@ -242,7 +242,7 @@ def test_fuzz_respond(capsys):
     start = time.monotonic()
     counts = run_inputs(Fuzzer(seed=20261130), n, service, scratch)
     assert observable(service) == before
-    # The O(1) count zns.limits relies on stayed exact through thousands of valid writes.
+    # The O(1) count zns.core.limits relies on stayed exact through thousands of valid writes.
     assert scratch.table.queue_count() == sum(len(q) for q in scratch.table._queues.values())
     assert counts["error"] > n // 2 and counts["ok"] > 0
     report(capsys, "random and mutated, NameService.respond", n, counts, time.monotonic() - start)

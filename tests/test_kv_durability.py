@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Peer, register_fields
-from zns import schema
+from zns.core import schema
 
 KILL_TIMEOUT = 15
 
@@ -59,7 +59,7 @@ def test_every_acknowledged_write_survives_kill_9(process_server, tmp_path: Path
 
 def run_serve(kv_path: Path, timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "zns.cli", "serve", "--router", "tcp://127.0.0.1:*",
+        [sys.executable, "-m", "zns", "serve", "--router", "tcp://127.0.0.1:*",
          "--pub", "tcp://127.0.0.1:*", "--kv-path", str(kv_path)],
         capture_output=True, text=True, timeout=timeout,
     )

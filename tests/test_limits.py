@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from conftest import register_fields
-from zns import schema
-from zns.kv import KvStore
-from zns.limits import Limits
-from zns.service import NameService
+from zns.core import schema
+from zns.drivers.kv_file import KvStore
+from zns.core.limits import Limits
+from zns.core.service import NameService
 
 SMALL = Limits(max_topics_per_request=3, max_brokers=2, max_topics=4, max_kv_entries=2,
                max_kv_namespaces=2)

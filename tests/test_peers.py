@@ -15,8 +15,9 @@ import pytest
 import zmq
 
 from conftest import Peer, register_fields, wait_for
-from zns import schema
-from zns.peers import PeerLinks
+from zns.core import schema
+from zns.core.errors import EndpointError
+from zns.drivers.peer_links import PeerLinks
 
 ADDR = "10.0.0.1:10911"
 BROKER = dict(cluster="c1", broker_name="broker-a", broker_id=0, broker_addr=ADDR)
@@ -265,7 +266,7 @@ def test_cli_peer_options_log_the_link_and_each_hint(process_server):
     ("tcp://127.0.0.1:notaport", "Invalid argument"),
 ])
 def test_a_bad_peer_endpoint_stops_start_up_with_a_clear_error(endpoint, error):
-    with pytest.raises(OSError, match=f"--peer.*{error}"):
+    with pytest.raises(EndpointError, match=f"--peer.*{error}"):
         PeerLinks([endpoint], now=0, suspect=lambda c, a: False, connected={},
                   context=zmq.Context.instance())
 

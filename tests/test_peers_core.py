@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from zns.peers import (
+from zns.core.peer_link import (
     DEFAULT_PEER_INTERVAL_MS,
     MIN_SILENCE_MS,
     RETRY_MAX_MS,
@@ -19,9 +19,9 @@ from zns.peers import (
     Subscribe,
     hint_from_event,
 )
-from zns.routes import RouteTable
-from zns.schema import decode_event, decode_reply
-from zns.schema import (
+from zns.core.routes import RouteTable
+from zns.core.schema import decode_event, decode_reply
+from zns.core.schema import (
     BrokerEvent,
     DataVersion,
     Error,

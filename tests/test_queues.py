@@ -2,7 +2,7 @@
 
 from hypothesis import given, strategies as st
 
-from zns.queues import (
+from zns.core.queues import (
     LATENCY_MAX_MS,
     NOT_AVAILABLE_MS,
     LatencyFaults,
@@ -12,7 +12,7 @@ from zns.queues import (
     read_queues,
     write_queues,
 )
-from zns.schema import BrokerData, QueueData, TopicRoute
+from zns.core.schema import BrokerData, QueueData, TopicRoute
 
 
 def make_route(order_conf: str = "") -> TopicRoute:

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 
 import pytest
 
-from zns.errors import BadRequest, Conflict
-from zns.routes import RouteTable, filter_zone
-from zns.schema import (
+from zns.core.errors import BadRequest, Conflict
+from zns.core.routes import RouteTable, filter_zone
+from zns.core.schema import (
     PERM_READ,
     PERM_WRITE,
     BrokerData,

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from zns.errors import BadRequest, Conflict
-from zns.routes import RouteTable
-from zns.schema import (
+from zns.core.errors import BadRequest, Conflict
+from zns.core.routes import RouteTable
+from zns.core.schema import (
     MASTER_ID,
     BrokerData,
     BrokerEvent,

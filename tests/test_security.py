@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from zmq.utils.monitor import recv_monitor_message
 
 from conftest import Peer, register_fields, wait_for
-from zns import schema
+from zns.core import schema
 from zns.cli import main
-from zns.errors import NoPermission
-from zns.security import KeyPolicy, curve_client, load_policy, read_certificate, write_keypair
+from zns.core.errors import NoPermission
+from zns.drivers.security import KeyPolicy, curve_client, load_policy, read_certificate, write_keypair
 
 
 class Keys:
@@ -273,9 +273,9 @@ def test_sighup_reloads_keys_without_dropping_connections(process_server, keys, 
 
 @pytest.mark.timeout(60)
 def test_broker_agent_and_route_client_over_curve(make_server, keys):
-    from zns.broker import BrokerAgent
-    from zns.client import RouteClient
-    from zns.security import curve_context
+    from zns.drivers.broker_agent import BrokerAgent
+    from zns.drivers.route_client import RouteClient
+    from zns.drivers.security import curve_context
 
     broker_key = keys.make("brokers", "broker", broker_names="broker-a")
     srv = make_server(**keys.server_options(clients="any"))
@@ -310,7 +310,7 @@ def test_tools_take_the_server_key_and_a_keypair(process_server, keys):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
 
     def zns(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
-        # The `zns` entry point (`python -m zns.cli` lacks the operator commands).
+        # The `zns` entry point (and `python -m zns` serve the same commands).
         return subprocess.run([str(Path(sys.executable).parent / "zns"), *args, "--ns", srv.router,
                                "--timeout", "2"], env={**env, **extra_env},
                               capture_output=True, text=True, timeout=30)

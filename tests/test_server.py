@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from conftest import Peer, ThreadedServer, register_fields, wait_for
-from zns import schema
+from zns.core import schema
 
 Call = Callable[..., Any]
 

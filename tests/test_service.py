@@ -11,13 +11,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from zns.kv import KvStore
-from zns.schema import (
+from zns.drivers.kv_file import KvStore
+from zns.core.schema import (
     ORDER_TOPIC_CONFIG,
     REPLY_TYPES,
     encode,
 )
-from zns.service import NameService
+from zns.core.service import NameService
 
 EPOCH = "0123456789abcdef"
 MASTER = "10.0.0.1:10911"

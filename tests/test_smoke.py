@@ -1,6 +1,6 @@
 """End-to-end smoke: one request of each kind over real sockets, and one event."""
 
-from zns import schema
+from zns.core import schema
 from conftest import register_fields
 
 

@@ -1,6 +1,6 @@
 """`AsyncRouteClient`: the route client for asyncio, same semantics as `RouteClient`.
 
-The protocol logic is `zns.client.ClientSession` (sans-I/O); this module only
+The protocol logic is `zns.drivers.route_client.ClientSession` (sans-I/O); this module only
 carries out its actions with `zmq.asyncio` sockets on one task.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from zns.addresses import parse_addresses
-from zns.client import (
+from zns.drivers.sockets import parse_addresses
+from zns.drivers.route_client import (
     Action,
     ClientSession,
     Connect,
@@ -28,9 +28,9 @@ from zns.client import (
     Subscribe,
     log,
 )
-from zns.errors import NotFound
-from zns.queues import MessageQueue, QueueSelector, read_queues, write_queues
-from zns.schema import TopicRoute
+from zns.core.errors import NotFound
+from zns.core.queues import MessageQueue, QueueSelector, read_queues, write_queues
+from zns.core.schema import TopicRoute
 
 
 class AsyncRouteClient:

@@ -23,10 +23,10 @@ from typing import Any
 import msgspec
 import zmq
 
-from zns.addresses import Waker, open_socket, parse_addresses, recv_all
-from zns.client import Backoff
-from zns.errors import BadRequest
-from zns.schema import (
+from zns.drivers.sockets import Waker, open_socket, parse_addresses, recv_all
+from zns.drivers.route_client import Backoff
+from zns.core.errors import UsageError
+from zns.core.schema import (
     DataVersion,
     Error,
     Heartbeat,
@@ -43,7 +43,7 @@ from zns.schema import (
     request_op,
 )
 
-log = logging.getLogger("zns.broker")
+log = logging.getLogger("zns.drivers.broker_agent")
 
 MIN_REGISTER_PERIOD, MAX_REGISTER_PERIOD = 10.0, 60.0  # RocketMQ's clamp
 
@@ -371,7 +371,7 @@ def _validate(registration: dict[str, Any]) -> None:
     try:
         msgspec.convert(registration, RegisterBroker)
     except msgspec.ValidationError as exc:
-        raise BadRequest(describe_decode_error(exc)) from None
+        raise UsageError(describe_decode_error(exc)) from None
 
 
 def _topic_config(config: TopicConfig | Mapping[str, Any]) -> TopicConfig:

@@ -4,31 +4,27 @@ Keys are z85 text, as `zmq.auth` writes them in certificate files (`NAME.key`
 holds a public key, `NAME.key_secret` the pair). A `KeyPolicy` is an immutable
 picture of the key directories; `Security.reload()` (SIGHUP) builds a new one
 and swaps it in, so the ZAP thread and the serving loop never see half a
-reload. The role decision itself (`KeyPolicy.check`) is pure and sans-I/O.
+reload. The role decision itself is `zns.core.keys.KeyPolicy.check`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from zns.errors import NoPermission
-from zns.schema import ADMIN_OPS, BROKER_OPS, AnyRequest, request_op
+from zns.core.errors import KeyFileError, NoPermission
+from zns.core.keys import BROKER_NAMES, KeyPolicy
+from zns.core.schema import AnyRequest
 
 log = logging.getLogger("zns")
 
 ZAP_DOMAIN = "zns"
-BROKER_NAMES = "broker_names"  # certificate metadata binding a broker key to names
-
-
-class KeyFileError(Exception):
-    """A key file or directory cannot be used; the message names it."""
 
 
 def read_certificate(path: str | os.PathLike[str]) -> tuple[str, str | None, dict[str, str]]:
@@ -69,40 +65,6 @@ def _public_keys(directory: str | None) -> dict[str, dict[str, str]]:
         public, _, metadata = read_certificate(cert)
         keys[public] = metadata
     return keys
-
-
-@dataclass(frozen=True)
-class KeyPolicy:
-    """Who may connect and what each key may do (§9)."""
-
-    brokers: dict[str, frozenset[str] | None]  # key -> broker names it is bound to (None: any)
-    admins: frozenset[str]
-    clients: frozenset[str]
-    clients_any: bool
-
-    def accepts(self, key: str) -> bool:
-        """The handshake decision: an unknown key gets nothing at all."""
-        return self.clients_any or key in self.brokers or key in self.admins or key in self.clients
-
-    def check(self, key: str | None, request: AnyRequest) -> None:
-        """Raise NoPermission unless `key` may send `request`."""
-        op = request_op(request)
-        if key is None:
-            raise NoPermission(f"{op} needs an authenticated CURVE key")
-        if op in BROKER_OPS:
-            if key not in self.brokers:
-                raise NoPermission(f"{op} is a broker op and this key is not a broker key")
-            names = self.brokers[key]
-            if names is not None and request.broker_name not in names:  # type: ignore[union-attr]
-                raise NoPermission(
-                    f"this broker key may act only for {', '.join(sorted(names))}, "
-                    f"not {request.broker_name!r}"  # type: ignore[union-attr]
-                )
-        elif op in ADMIN_OPS:
-            if key not in self.admins:
-                raise NoPermission(f"{op} is an admin op and this key is not an admin key")
-        elif not self.accepts(key):  # a key removed by a reload, on a connection made before
-            raise NoPermission(f"{op}: this key is no longer listed")
 
 
 def load_policy(

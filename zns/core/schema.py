@@ -45,7 +45,7 @@ KvValue = Annotated[str, Meta(max_length=65_536)]  # characters; bytes checked i
 MAX_KV_VALUE_BYTES = 65_536
 # Collection sizes (zns bounds; §3 has none). msgspec checks a length at its header,
 # before decoding any element: without them one 16 MiB list of "a:1" costs ~10 s of
-# regex checks. zns.limits applies lower, configurable limits after decoding.
+# regex checks. zns.core.limits applies lower, configurable limits after decoding.
 MAX_TOPICS_PER_REQUEST = 65_536
 MAX_FILTER_SERVERS = 1_024
 TopicMap = Annotated[dict[Topic, "TopicConfig"], Meta(max_length=MAX_TOPICS_PER_REQUEST)]

@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from zns.schema import MASTER_ID, PERM_READ, PERM_WRITE, TopicRoute
+from zns.core.errors import NoWritableQueue
+from zns.core.schema import MASTER_ID, PERM_READ, PERM_WRITE, TopicRoute
 
 # MQFaultStrategy: a send that took at least LATENCY_MAX_MS[i] isolates the
 # broker for NOT_AVAILABLE_MS[i].
@@ -98,7 +99,7 @@ class QueueSelector:
         self, topic: str, queues: list[MessageQueue], avoid_broker: str | None = None
     ) -> MessageQueue:
         if not queues:
-            raise LookupError(f"topic {topic!r} has no writable queue")
+            raise NoWritableQueue(f"topic {topic!r} has no writable queue")
         with self._lock:
             start = next(self._counters.setdefault(topic, itertools.count()))
         order = [queues[(start + i) % len(queues)] for i in range(len(queues))]

@@ -1,4 +1,4 @@
-"""The `zns` command. `zns serve` runs a NameServer; other commands talk to one.
+"""`zns serve` (run a NameServer) and `zns keygen` (make a CURVE key pair).
 
 Every option of `zns serve` can also come from an environment variable
 `ZNS_<OPTION>` or from the TOML file given by `--config`; the command line
@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import logging
 import sys
-import tomllib
-from typing import Any
 
 import click
 
-from zns import __version__
-from zns.kv import KvFileError
-from zns.schema import DEFAULT_PUB, DEFAULT_ROUTER
-from zns.limits import Limits
-from zns.schema import MAX_TOPICS_PER_REQUEST
-from zns.security import KeyFileError, write_keypair
-from zns.server import (
+from zns.cli.config import load_config_file
+from zns.core.limits import Limits
+from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER, MAX_TOPICS_PER_REQUEST
+from zns.core.errors import ConfigError
+from zns.drivers.security import write_keypair
+from zns.drivers.server import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_PUB_HWM,
     Server,
@@ -28,35 +25,7 @@ from zns.server import (
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="zns")
-def main() -> None:
-    """zns: a NameServer for message-bus clusters over ZeroMQ (ZNS/1)."""
-
-
-def load_config_file(ctx: click.Context, _param: click.Parameter, path: str | None) -> str | None:
-    """Feed the TOML file to click as defaults, below the command line and environment."""
-    if not path:
-        return path
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc}") from exc
-    known = {p.name for p in ctx.command.params}
-    defaults: dict[str, Any] = {}
-    for key, value in data.items():
-        name = key.replace("-", "_")
-        if name == "peers":
-            name = "peer"
-        if name not in known or name == "config":
-            raise click.BadParameter(f"{path}: unknown key {key!r}")
-        defaults[name] = value
-    ctx.default_map = {**(ctx.default_map or {}), **defaults}
-    return path
-
-
-@main.command()
+@click.command()
 @click.option("--config", type=click.Path(dir_okay=False), envvar="ZNS_CONFIG", is_eager=True,
               expose_value=False, callback=load_config_file,
               help="TOML file with any of these options as keys (e.g. kv_path = \"...\").")
@@ -136,12 +105,12 @@ def serve(
         raise click.UsageError("key options need --curve-secret (CURVE is off without it)")
     try:
         server = Server(config)
-    except (KvFileError, KeyFileError, OSError) as exc:
+    except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     server.run()
 
 
-@main.command()
+@click.command()
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.argument("name")
 @click.option("--broker-names", metavar="A,B",
@@ -150,13 +119,3 @@ def keygen(directory: str, name: str, broker_names: str | None) -> None:
     """Write a CURVE key pair: DIRECTORY/NAME.key (public) and NAME.key_secret."""
     public_file, secret_file = write_keypair(directory, name, broker_names)
     click.echo(f"public key: {public_file}\nsecret key: {secret_file} (keep it private)")
-
-
-from zns import tools  # noqa: E402,F401  (registers the operator commands on `main`)
-
-if __name__ == "__main__":
-    # Run as `python -m zns.cli`, this module is `__main__`, a copy that `tools`
-    # did not register on: call the real one.
-    from zns.cli import main as registered_main
-
-    registered_main()

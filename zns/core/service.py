@@ -15,11 +15,11 @@ import msgspec
 from msgspec import Raw
 
 from zns import __version__
-from zns.errors import BadRequest, Internal, NotFound, UnknownOp, ZnsError
-from zns.kv import KvStore
-from zns.limits import LIMITED_REQUESTS, Limits
-from zns.routes import RouteTable, filter_zone
-from zns.schema import (
+from zns.core.errors import BadRequest, ErrorReply, Internal, NotFound, UnknownOp
+from zns.core.kv import KvBackend
+from zns.core.limits import LIMITED_REQUESTS, Limits
+from zns.core.routes import RouteTable, filter_zone
+from zns.core.schema import (
     KNOWN_OPS,
     ORDER_TOPIC_CONFIG,
     AddWritePerm,
@@ -89,7 +89,7 @@ class Response:
 class NameService:
     def __init__(
         self,
-        kv: KvStore,
+        kv: KvBackend,
         *,
         epoch: str,
         started_at_ms: int,
@@ -117,7 +117,7 @@ class NameService:
         except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: RecursionError
             request_id, op = read_envelope(body)
             if op is not None and op not in KNOWN_OPS:
-                error: ZnsError = UnknownOp(f"unknown op {op[:100]!r}")
+                error: ErrorReply = UnknownOp(f"unknown op {op[:100]!r}")
             else:
                 error = BadRequest(describe_decode_error(exc))
             return Response(encode(error.reply(request_id)))
@@ -129,7 +129,7 @@ class NameService:
             reply, events = self.handle(request, now)
             # Inside the try: a bug while encoding must not escape to the socket loop.
             return Response(encode(reply), self._publish(events) if events else ())
-        except ZnsError as exc:
+        except ErrorReply as exc:
             if isinstance(exc, Internal):
                 log.error("internal error on %s: %s", type(request).__name__, exc)
             return Response(encode(exc.reply(request.id)))
@@ -147,7 +147,7 @@ class NameService:
     # --- dispatch -------------------------------------------------------
 
     def handle(self, request: AnyRequest, now: int) -> tuple[Reply, list[RouteEvent | BrokerEvent]]:
-        """Apply one validated request; raises a ZnsError on refusal."""
+        """Apply one validated request; raises an ErrorReply on refusal."""
         table = self.table
         rid = request.id
         match request:
@@ -166,7 +166,7 @@ class NameService:
             case RegisterBroker():
                 try:
                     outcome = table.register_broker(request, now)
-                except ZnsError as exc:
+                except ErrorReply as exc:
                     log.warning("broker %s/%s id %d at %s refused: %s", request.cluster,
                                 request.broker_name, request.broker_id, request.broker_addr, exc)
                     raise

@@ -10,53 +10,22 @@ or tool opens to a NameServer is made by `open_socket`, so transport options
 from __future__ import annotations
 
 import os
-import re
 import socket
 from collections.abc import Iterable
-from urllib.parse import urlsplit
 
 import zmq
 
-from zns.schema import DEFAULT_ROUTER
+from zns.core.addresses import parse_addresses as core_parse_addresses
+from zns.core.schema import DEFAULT_ROUTER
 
 ENV_VAR = "ZNS_ADDR"
-WILDCARD_HOSTS = {"*", "0.0.0.0", "::", "[::]", ""}
-_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
 
 
 def parse_addresses(spec: str | Iterable[str] | None) -> list[str]:
-    """`"a:1;tcp://b:2"` (or a list of such strings) as endpoints, in order, without repeats.
-
-    None or an empty spec means `$ZNS_ADDR`, and without it the default local NameServer.
-    """
+    """The NameServers of `spec`; None or an empty spec means `$ZNS_ADDR`, else the local default."""
     if spec is None or (isinstance(spec, str) and not spec.strip()):
         spec = os.environ.get(ENV_VAR, "").strip() or DEFAULT_ROUTER
-    parts = [spec] if isinstance(spec, str) else list(spec)
-    endpoints: list[str] = []
-    for part in parts:
-        for item in re.split(r"[;,\s]+", part):
-            if not item:
-                continue
-            endpoint = item if _SCHEME.match(item) else f"tcp://{item}"
-            if endpoint.startswith("tcp://") and ":" not in endpoint[len("tcp://"):]:
-                raise ValueError(f"NameServer address {item!r} has no port (expected host:port)")
-            if endpoint not in endpoints:
-                endpoints.append(endpoint)
-    if not endpoints:
-        raise ValueError(f"no NameServer address in {spec!r}")
-    return endpoints
-
-
-def resolve_pub_endpoint(pub_endpoint: str, request_endpoint: str) -> str:
-    """The endpoint to connect a SUB to (§5): a wildcard host becomes the request host."""
-    pub = urlsplit(pub_endpoint)
-    if pub.scheme != "tcp":
-        return pub_endpoint
-    host, _, port = pub.netloc.rpartition(":")
-    if host not in WILDCARD_HOSTS:
-        return pub_endpoint
-    request_host = urlsplit(request_endpoint).netloc.rpartition(":")[0]
-    return f"tcp://{request_host}:{port}"
+    return core_parse_addresses(spec)
 
 
 def open_socket(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:

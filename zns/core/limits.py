@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zns.errors import BadRequest
-from zns.kv import KvStore
-from zns.routes import RouteTable
-from zns.schema import AnyRequest, GetRoutes, KvPut, RegisterBroker, RegisterTopic
+from zns.core.errors import BadRequest
+from zns.core.kv import KvBackend
+from zns.core.routes import RouteTable
+from zns.core.schema import AnyRequest, GetRoutes, KvPut, RegisterBroker, RegisterTopic
 
 
 # The requests that can grow the server's state; `Limits.check` looks at nothing else.
@@ -35,7 +35,7 @@ class Limits:
     max_kv_entries: int = 10_000
     max_kv_namespaces: int = 1_000
 
-    def check(self, request: AnyRequest, table: RouteTable, kv: KvStore) -> None:
+    def check(self, request: AnyRequest, table: RouteTable, kv: KvBackend) -> None:
         """Raise BadRequest when applying `request` could exceed a limit."""
         match request:
             case RegisterBroker(topics=topics, broker_name=name, cluster=cluster,

@@ -5,7 +5,7 @@ when a topic must be pulled again. `ClientSession` adds §10 around it: follow
 one NameServer at a time, learn its PUB endpoint from `status`, time out
 requests, notice a silent NameServer and move to the next one with backoff.
 Neither touches a socket or a clock: they take `now` and return `Action`s,
-which `RouteClient` (threads) and `zns.async_client.AsyncRouteClient`
+which `RouteClient` (threads) and `zns.drivers.async_client.AsyncRouteClient`
 (asyncio) carry out.
 """
 
@@ -22,11 +22,18 @@ from typing import Any
 import msgspec
 import zmq
 
-from zns.addresses import Waker, open_socket, parse_addresses, recv_all, resolve_pub_endpoint
-from zns.errors import BadRequest, NotFound, ZnsError, from_reply
-from zns.queues import MessageQueue, QueueSelector, read_queues, write_queues
-from zns.routes import filter_zone
-from zns.schema import (
+from zns.core.addresses import resolve_pub_endpoint
+from zns.drivers.sockets import Waker, open_socket, parse_addresses, recv_all
+from zns.core.errors import (
+    ErrorReply,
+    NameServerUnavailable,
+    NotFound,
+    UsageError,
+    from_reply,
+)
+from zns.core.queues import MessageQueue, QueueSelector, read_queues, write_queues
+from zns.core.routes import filter_zone
+from zns.core.schema import (
     HB_CHANNEL,
     BrokerEvent,
     Error,
@@ -46,7 +53,7 @@ from zns.schema import (
     route_channel,
 )
 
-log = logging.getLogger("zns.client")
+log = logging.getLogger("zns.drivers.route_client")
 
 Change = tuple[str, TopicRoute | None]  # a topic and its route as this client now sees it
 RouteCallback = Callable[[str, TopicRoute | None], None]
@@ -54,16 +61,12 @@ RouteCallback = Callable[[str, TopicRoute | None], None]
 SILENT_HEARTBEATS = 3  # §7: no `hb` for this many intervals means the NameServer is gone
 
 
-class NameServerUnavailable(TimeoutError):
-    """No NameServer in the list answered in time."""
-
-
 def check_topic(topic: str) -> str:
     """Refuse a malformed topic here, before it can fail a whole batched pull."""
     try:
         return msgspec.convert(topic, Topic)
     except msgspec.ValidationError:
-        raise BadRequest(
+        raise UsageError(
             f"{topic!r} is not a topic: 1-127 characters of [A-Za-z0-9_%|-]"
         ) from None
 
@@ -335,7 +338,7 @@ class ClientSession:
         rng: random.Random | None = None,
     ) -> None:
         if not endpoints:
-            raise ValueError("no NameServer endpoint")
+            raise UsageError("no NameServer endpoint")
         self.endpoints = list(endpoints)
         self.cache = RouteCache(zone, pull_period)
         self.heartbeat_interval = heartbeat_interval
@@ -491,7 +494,7 @@ def call(
 ) -> Any:
     """Send one request to one NameServer and return its reply.
 
-    Raises the ZnsError of an `error` reply, or NameServerUnavailable on timeout.
+    Raises the ErrorReply of an `error` reply, or NameServerUnavailable on timeout.
     """
     ctx = context or zmq.Context.instance()
     sock = open_socket(ctx, zmq.DEALER, endpoint)
@@ -542,7 +545,7 @@ def call_all(
 ) -> dict[str, Any]:
     """Send to every NameServer at once (as RocketMQ's admin writes do), wait up to `timeout`.
 
-    Returns {endpoint: reply, or the ZnsError / NameServerUnavailable it came to}.
+    Returns {endpoint: reply, or the ErrorReply / NameServerUnavailable it came to}.
     """
     ctx = context or zmq.Context.instance()
     endpoints = list(endpoints)
@@ -783,5 +786,5 @@ def _safely(callback: RouteCallback, topic: str, route: TopicRoute | None) -> No
 
 __all__ = [
     "Backoff", "ClientSession", "NameServerUnavailable", "RouteCache", "RouteClient", "call",
-    "call_any", "check_topic", "ZnsError",
+    "call_any", "check_topic",
 ]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from zns.errors import BadRequest, Conflict
-from zns.schema import (
+from zns.core.errors import BadRequest, Conflict
+from zns.core.schema import (
     MASTER_ID,
     PERM_READ,
     PERM_WRITE,
@@ -103,7 +103,7 @@ class RouteTable:
         self.revision = 0
         self._queues: dict[str, dict[str, QueueData]] = {}  # topic -> broker name -> queues
         self._broker_topics: dict[str, set[str]] = {}  # broker name -> topics (index)
-        self._queue_count = 0  # QueueData held, all topics: what memory grows with (zns.limits)
+        self._queue_count = 0  # QueueData held, all topics: what memory grows with (zns.core.limits)
         self._brokers: dict[str, BrokerRecord] = {}
         self._clusters: dict[str, set[str]] = {}
         self._live: dict[LiveKey, Liveness] = {}
@@ -375,7 +375,7 @@ class RouteTable:
     def topic_count(self) -> int:
         return len(self._queues)
 
-    # What zns.limits needs to know before a request grows the table.
+    # What zns.core.limits needs to know before a request grows the table.
     def address_count(self) -> int:
         return len(self._live)
 

@@ -15,11 +15,9 @@ from pathlib import Path
 
 import msgspec
 
+from zns.core.errors import KvFileError
+
 _FileFormat = dict[str, dict[str, str]]
-
-
-class KvFileError(Exception):
-    """The KV file exists but cannot be used; the message says how to recover."""
 
 
 class KvStore:

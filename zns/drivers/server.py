@@ -2,8 +2,8 @@
 
 Thin on purpose: it reads frames, hands the body to `NameService.respond`,
 sends the reply back with the envelope unchanged, publishes the events, and
-keeps time — heartbeat events, the earliest broker deadline, and the stall
-rule of §8. Everything it decides is decided by the core.
+arms the one timer `zns.core.timers.ServerTimers` asks for (`hb` events,
+expiry, peers, the §8 stall rule). Everything it decides is decided by the core.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ from urllib.parse import urlsplit
 
 import zmq
 
-from zns.kv import KvStore
-from zns.limits import Limits
-from zns.peers import PeerLinks
-from zns.security import Security
-from zns.addresses import Waker
-from zns.schema import DEFAULT_PUB, DEFAULT_ROUTER
-from zns.service import Frames, NameService
+from zns.core.errors import EndpointError
+from zns.drivers.kv_file import KvStore
+from zns.core.limits import Limits
+from zns.drivers.peer_links import PeerLinks
+from zns.drivers.security import Security
+from zns.drivers.sockets import Waker
+from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER
+from zns.core.service import Frames, NameService
+from zns.core.timers import ServerTimers
 
 log = logging.getLogger("zns")
 
@@ -34,16 +36,15 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # One large broker's registration publishes one event per topic; the mark must
 # hold that burst for a subscriber that is a little behind (never 0: unbounded).
 DEFAULT_PUB_HWM = 200_000
-MAX_BATCH = 2048  # requests served per wake-up before timers get a turn
+# Serving gives the timers their turn after this long (§8: hb and expiry stay on
+# time whatever the load); the clock is read every CLOCK_EVERY requests.
+SLICE_MS = 5
+CLOCK_EVERY = 16
 # Plain ints, and the backend's send: pyzmq's IntFlag arithmetic and its Python-level
 # `send` wrapper each cost a noticeable share of a small request.
 _NOBLOCK, _DONTWAIT = int(zmq.NOBLOCK), int(zmq.DONTWAIT)
 _SNDMORE_DONTWAIT = int(zmq.SNDMORE | zmq.DONTWAIT)
 _send = zmq.backend.Socket.send
-# The loop never plans further ahead than this: a stall is measured from the
-# planned wake-up, so a short plan measures nearly all of it (a broker that
-# heartbeated just before a 3 s SIGSTOP keeps its whole timeout).
-STALL_PROBE_MS = 100
 
 
 @dataclass
@@ -115,6 +116,10 @@ class Server:
                 config.peers, now=self._now(), context=self._ctx, connected=self.service.peers,
                 suspect=lambda cluster, addr: self.service.table.suspect(cluster, addr, grace_ms),
             )
+            self.timers = ServerTimers(
+                self.service, heartbeat_interval_ms=round(config.heartbeat_interval * 1000),
+                now=self._now(), peers=self.peers.links,
+            )
         except BaseException:
             self.close()  # a refused start (port in use, bad --peer) leaves nothing bound
             raise
@@ -161,28 +166,17 @@ class Server:
     # --- the loop -------------------------------------------------------
 
     def _loop(self) -> None:
-        service = self.service
-        interval_ms = max(1, round(self.config.heartbeat_interval * 1000))
-        stall_threshold = max(1000, 2 * interval_ms)
+        timers = self.timers
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self._waker.reader, zmq.POLLIN)
         peers = self.peers if self.peers.links else None  # none: nothing to ask each pass
         self.peers.attach(poller)
-        now = next_hb = self._now()
+        now = self._now()
         while not self._stopping:
-            wake_at = next_hb
-            deadline = service.table.next_deadline()
-            if deadline is not None and deadline + 1 < wake_at:
-                wake_at = deadline + 1  # a broker expires once now > deadline
-            peer_wake = peers.next_wake() if peers else None
-            if peer_wake is not None and peer_wake < wake_at:
-                wake_at = max(now, peer_wake)  # one due before the loop began is not a stall
-            wake_at = min(wake_at, now + STALL_PROBE_MS)
-            ready = dict(poller.poll(max(0, wake_at - now)))
-            # Timers ran at the end of the last pass, so wake_at is late only if
-            # this process was not running (SIGSTOP, suspend, a long pause).
-            now = self._now_after_stall(wake_at, stall_threshold)
+            ready = dict(poller.poll(max(0, timers.next_wake() - now)))
+            now = self._now()
+            timers.woke(now)
             if self._waker.reader in ready:
                 self._waker.drain()
             if self._reload_keys:
@@ -192,33 +186,38 @@ class Server:
                 else:
                     log.info("SIGHUP: CURVE is off, no keys to reload")
             if self.router in ready:
-                self._serve_batch(now)
-                # A stall can also land while serving (a broker's heartbeat reply
-                # wakes whoever then suspends us before the batch ends).
-                now = self._now_after_stall(now, stall_threshold)
+                cpu_before = _cpu_ms()
+                self._serve_slice(now)
+                after = self._now()
+                # A stall can also land while serving (a broker's heartbeat reply wakes
+                # whoever then suspends us): wall time the loop did not run.
+                timers.ran(after - now, _cpu_ms() - cpu_before)
+                now = after
             if peers:
                 peers.handle(ready, now)
-                peers.tick(now)
-            if (events := service.expire(now)):
-                self._publish(events)
-            if now >= next_hb:
-                self._publish([service.heartbeat_event(round(self._wall_clock() * 1000))])
-                next_hb += interval_ms
-                if next_hb <= now:
-                    next_hb = now + interval_ms
+            work = timers.on_timer(now, round(self._wall_clock() * 1000))
+            for link, actions in work.peer_actions:
+                self.peers.carry_out(link, actions)
+            if work.events:
+                self._publish(work.events)
 
-    def _serve_batch(self, now: int) -> None:
-        """Answer up to MAX_BATCH waiting requests.
+    def _serve_slice(self, now: int) -> None:
+        """Answer waiting requests for at most SLICE_MS, then give the timers their turn.
 
         Frame by frame with `copy=False`: `recv_multipart` asks the socket for
         RCVMORE after every frame, which costs more than the whole request
         handling; `Frame.more` reads it from the message. The body frame also
-        carries the ZAP User-Id (the peer's CURVE key) when CURVE is on.
+        carries the ZAP User-Id (the peer's CURVE key) when CURVE is on. The
+        clock is read every CLOCK_EVERY requests: reading it costs more than a
+        small request.
         """
         router, respond = self.router, self.service.respond
         recv = router.recv
         with_key = self.security is not None
-        for _ in range(MAX_BATCH):
+        clock = self._clock
+        until = clock() + SLICE_MS / 1000
+        served = 0
+        while True:
             try:
                 frame = recv(_NOBLOCK, copy=False)
             except zmq.Again:
@@ -227,21 +226,25 @@ class Server:
             while frame.more:  # the rest of a message is there once its first frame is
                 envelope.append(frame)
                 frame = recv(copy=False)
-            if not envelope:
-                continue  # a ROUTER always prepends the routing id: nothing to answer
-            response = respond(frame.bytes, now, frame.get("User-Id") if with_key else None)
-            try:
-                for part in envelope:
-                    _send(router, part, _SNDMORE_DONTWAIT, False)
-                _send(router, response.reply, _DONTWAIT)
-            except zmq.ZMQError as exc:
-                # Vanished peer (EHOSTUNREACH) or one at its high-water mark (EAGAIN):
-                # the loop must never block on one peer.
-                if exc.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
-                    raise
-                self.dropped_replies += 1
-            if response.events:
-                self._publish(response.events)
+            if envelope:  # a ROUTER always prepends the routing id: else nothing to answer
+                response = respond(frame.bytes, now, frame.get("User-Id") if with_key else None)
+                try:
+                    for part in envelope:
+                        _send(router, part, _SNDMORE_DONTWAIT, False)
+                    _send(router, response.reply, _DONTWAIT)
+                except zmq.ZMQError as exc:
+                    # Vanished peer (EHOSTUNREACH) or one at its high-water mark (EAGAIN):
+                    # the loop must never block on one peer.
+                    if exc.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
+                        raise
+                    self.dropped_replies += 1
+                if response.events:
+                    self._publish(response.events)
+            served += 1
+            if served % CLOCK_EVERY == 0:
+                if clock() >= until:
+                    return
+                now = self._now()
 
     def _publish(self, events: list[Frames]) -> None:
         send = self.pub.send_multipart
@@ -250,15 +253,6 @@ class Server:
 
     def _now(self) -> int:
         return int(self._clock() * 1000)
-
-    def _now_after_stall(self, expected: int, stall_threshold: int) -> int:
-        """The time, after moving every deadline by a stall past `expected` (§8)."""
-        now = self._now()
-        late = now - expected
-        if late > stall_threshold:
-            log.warning("the server stalled for %d ms; moving every deadline by it", late)
-            self.service.table.shift_deadlines(late)
-        return now
 
     # --- sockets --------------------------------------------------------
 
@@ -281,7 +275,7 @@ class Server:
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
-            raise OSError(f"cannot bind {endpoint}: {exc}") from exc
+            raise EndpointError(f"cannot bind {endpoint}: {exc}") from exc
         bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.security is None and not is_loopback(bound):
             log.warning(
@@ -317,7 +311,6 @@ def is_loopback(endpoint: str) -> bool:
     return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
-def serve(config: ServerConfig) -> None:
-    server = Server(config)
-    server.run()
-
+def _cpu_ms() -> int:
+    """CPU time of this thread: what the loop spent running (a stopped process spends none)."""
+    return int(time.thread_time() * 1000)

@@ -24,13 +24,14 @@ import click
 import msgspec
 import zmq
 
-from zns.addresses import open_socket, parse_addresses, resolve_pub_endpoint
-from zns.broker import BrokerAgent
-from zns.cli import load_config_file, main
-from zns.client import NameServerUnavailable, call_all, call_any
-from zns.errors import ZnsError
-from zns.security import KeyFileError, apply_client_keys, client_keys
-from zns.schema import (
+from zns.core.addresses import resolve_pub_endpoint
+from zns.drivers.sockets import open_socket, parse_addresses
+from zns.drivers.broker_agent import BrokerAgent
+from zns.cli.config import load_config_file
+from zns.core.errors import ErrorReply, KeyFileError, NameServerUnavailable
+from zns.drivers.route_client import call_all, call_any
+from zns.drivers.security import apply_client_keys, client_keys
+from zns.core.schema import (
     BROKER_PREFIX,
     ROUTE_PREFIX,
     AddWritePerm,
@@ -104,7 +105,7 @@ def ask(target: Target, request: Request) -> tuple[str, Any]:
         return call_any(target.endpoints, request, target.timeout)
     except NameServerUnavailable as exc:
         fail(str(exc), EXIT_UNREACHABLE)
-    except ZnsError as exc:
+    except ErrorReply as exc:
         fail(f"error {exc.code}: {exc}", EXIT_ERROR_REPLY)
 
 
@@ -118,7 +119,7 @@ def tell_all(target: Target, request: Request, describe: Callable[[Any], str]) -
             worst = max(worst, EXIT_UNREACHABLE)
             click.echo(f"{endpoint}: no answer within {target.timeout:g} s", err=True)
             out[endpoint] = {"error": "unreachable"}
-        elif isinstance(result, ZnsError):
+        elif isinstance(result, ErrorReply):
             worst = max(worst, EXIT_ERROR_REPLY)
             click.echo(f"{endpoint}: error {result.code}: {result}", err=True)
             out[endpoint] = {"error": result.code, "message": str(result)}
@@ -203,7 +204,7 @@ def describe_event(event: RouteEvent | BrokerEvent | HbEvent) -> str:
 # --- commands ---------------------------------------------------------------------
 
 
-@main.command()
+@click.command()
 @ns_options
 def status(target: Target) -> None:
     """Show the state of every NameServer in the list."""
@@ -228,7 +229,7 @@ def status(target: Target) -> None:
         sys.exit(EXIT_UNREACHABLE)
 
 
-@main.command()
+@click.command()
 @click.argument("topic")
 @click.option("--zone", default="", help="Show only what a client of this zone sees.")
 @ns_options
@@ -242,7 +243,7 @@ def route(target: Target, topic: str, zone: str) -> None:
         click.echo(route_table(reply.route))
 
 
-@main.command()
+@click.command()
 @ns_options
 def clusters(target: Target) -> None:
     """Show clusters, their brokers and each address's liveness."""
@@ -264,7 +265,7 @@ def clusters(target: Target) -> None:
                       "timeout"], rows))
 
 
-@main.command()
+@click.command()
 @click.option("--cluster", default="", help="Only topics with queues on this cluster.")
 @ns_options
 def topics(target: Target, cluster: str) -> None:
@@ -277,7 +278,7 @@ def topics(target: Target, cluster: str) -> None:
             click.echo(topic)
 
 
-@main.command()
+@click.command()
 @click.argument("topics", nargs=-1)
 @click.option("--count", type=click.IntRange(min=1), default=None,
               help="Exit after this many events (default: until Ctrl-C).")
@@ -308,7 +309,7 @@ def watch(target: Target, topics: tuple[str, ...], count: int | None) -> None:
         sub.close(0)
 
 
-@main.group()
+@click.group()
 def kv() -> None:
     """Read and write the NameServers' KV store."""
 
@@ -356,7 +357,7 @@ def kv_delete(target: Target, namespace: str, key: str) -> None:
              lambda r: "deleted" if r.removed else "not there")
 
 
-@main.command("wipe-write-perm")
+@click.command("wipe-write-perm")
 @click.argument("broker")
 @ns_options
 def wipe_write_perm(target: Target, broker: str) -> None:
@@ -364,7 +365,7 @@ def wipe_write_perm(target: Target, broker: str) -> None:
     tell_all(target, WipeWritePerm(broker_name=broker), lambda r: f"{r.changed} queue data changed")
 
 
-@main.command("add-write-perm")
+@click.command("add-write-perm")
 @click.argument("broker")
 @ns_options
 def add_write_perm(target: Target, broker: str) -> None:
@@ -372,7 +373,7 @@ def add_write_perm(target: Target, broker: str) -> None:
     tell_all(target, AddWritePerm(broker_name=broker), lambda r: f"{r.changed} queue data changed")
 
 
-@main.command("delete-topic")
+@click.command("delete-topic")
 @click.argument("topic")
 @click.option("--cluster", default="", help="Only remove the queues of this cluster's brokers.")
 @ns_options
@@ -401,7 +402,7 @@ def parse_topic(spec: str) -> tuple[str, TopicConfig]:
     return name, msgspec.convert(fields, TopicConfig)
 
 
-@main.command()
+@click.command()
 @click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
               callback=load_config_file, help="TOML file with any of these options as keys.")
 @click.option("--cluster", required=True)
@@ -436,7 +437,7 @@ def broker(target: Target, cluster: str, broker_name: str, broker_addr: str, bro
             heartbeat_interval=heartbeat_interval,
             heartbeat_timeout_ms=round(heartbeat_timeout * 1000), request_timeout=target.timeout,
         )
-    except ZnsError as exc:
+    except ErrorReply as exc:
         raise click.UsageError(str(exc)) from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -450,3 +451,7 @@ def broker(target: Target, cluster: str, broker_name: str, broker_addr: str, bro
     done = agent.close()
     click.echo(f"broker {broker_name} unregistered from "
                f"{sum(done.values())}/{len(done)} NameServer(s)", err=True)
+
+# Added to the `zns` group by zns.cli.app.
+COMMANDS = [status, route, clusters, topics, watch, kv, wipe_write_perm, add_write_perm, delete_topic,
+            broker]

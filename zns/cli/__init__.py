@@ -1,0 +1,5 @@
+"""The `zns` command line."""
+
+from zns.cli.app import main
+
+__all__ = ["main"]

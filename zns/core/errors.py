@@ -1,0 +1,161 @@
+"""Every error zns raises on purpose, in one tree that says who is at fault.
+
+```
+ZnsError                      base: catch this to catch everything below
+├── ErrorReply                the wire's `error` reply (ZNS/1 §2): one class per code
+│   ├── BadRequest            the PEER sent something malformed or out of bounds
+│   ├── UnknownOp             the PEER asked for an op this server does not have
+│   ├── NotFound              the topic, broker or KV entry asked for does not exist
+│   ├── NoPermission          the PEER's key may not do this op (CURVE, §9)
+│   ├── Conflict              another live address holds the broker id (§4)
+│   ├── Busy                  the SERVER sheds load; retry later
+│   └── Internal              a BUG in zns; logged with a traceback, the server carries on
+├── UsageError                the CALLER (your code, your command line) misused the API;
+│                             nothing was sent to any NameServer
+├── NameServerUnavailable     no NameServer answered in time (network, or all down)
+├── NoWritableQueue           a route has no queue a producer may write to
+└── ConfigError               the server or a tool cannot start as configured
+    ├── KvFileError           the KV file exists but cannot be used
+    ├── KeyFileError          a CURVE key file or directory cannot be used
+    └── EndpointError         an endpoint cannot be bound or is malformed (`--peer`, ...)
+```
+
+Where each is raised:
+
+- `ErrorReply` subclasses are raised by the core (`zns.core`) while handling
+  a request; `NameService.respond` is the one place they become `error`
+  replies (`ErrorReply.reply`). A client raises the same class when it
+  receives that reply (`from_reply`), so `except NotFound` means the same on
+  both sides. A request refused with any of them changed nothing.
+- `UsageError` is raised by the client library and the broker agent before
+  anything is sent (an invalid topic name passed to `RouteClient.route`, a
+  broker registration that ZNS/1 would refuse): fix the calling code. It is
+  also a `ValueError`.
+- `NameServerUnavailable` (also a `TimeoutError`): check the address list and
+  the network; clients keep retrying the next NameServer on their own.
+- `ConfigError`s stop `zns serve` before it serves anything, with a message
+  that names the file or option and says how to recover; the command prints
+  it and exits non-zero.
+"""
+
+from __future__ import annotations
+
+from msgspec import UNSET
+
+from zns.core.schema import Error
+
+__all__ = [
+    "BY_CODE", "BadRequest", "Busy", "ConfigError", "Conflict", "EndpointError", "ErrorReply",
+    "Internal", "KeyFileError", "KvFileError", "NameServerUnavailable", "NoPermission",
+    "NoWritableQueue", "NotFound", "UnknownOp", "UsageError", "ZnsError", "from_reply",
+]
+
+
+class ZnsError(Exception):
+    """Base of every error zns raises on purpose."""
+
+
+class ErrorReply(ZnsError):
+    """A ZNS/1 error code: raised by the core on refusal, or by a client for an `error` reply."""
+
+    code = "internal"
+
+    def reply(self, request_id: int) -> Error:
+        return Error(id=request_id, code=self.code, message=str(self))
+
+
+class BadRequest(ErrorReply):
+    """The peer sent something malformed or out of bounds; nothing was applied. Fix the sender."""
+
+    code = "bad_request"
+
+
+class UnknownOp(ErrorReply):
+    """The peer named an op this server does not implement; nothing was applied."""
+
+    code = "unknown_op"
+
+
+class NotFound(ErrorReply):
+    """The topic, broker or KV entry does not exist.
+
+    For a topic it carries the revision at which the topic last changed (0:
+    never known), so a client can watch a topic before it exists (§5).
+    """
+
+    code = "not_found"
+
+    def __init__(self, message: str, revision: int | None = None) -> None:
+        super().__init__(message)
+        self.revision = revision
+
+    def reply(self, request_id: int) -> Error:
+        revision = UNSET if self.revision is None else self.revision
+        return Error(id=request_id, code=self.code, message=str(self), revision=revision)
+
+
+class NoPermission(ErrorReply):
+    """The authenticated peer may not do this op (§9); list its key in the right directory."""
+
+    code = "no_permission"
+
+
+class Conflict(ErrorReply):
+    """Another live address holds this broker id with a newer state version (§4)."""
+
+    code = "conflict"
+
+
+class Busy(ErrorReply):
+    """The server sheds load (for example a peer's unread replies are over their bound)."""
+
+    code = "busy"
+
+
+class Internal(ErrorReply):
+    """A bug in zns, or a KV write that could not be made durable; logged, the server carries on."""
+
+    code = "internal"
+
+
+class UsageError(ZnsError, ValueError):
+    """The caller misused the API (a bad argument or option); nothing was sent."""
+
+
+class NameServerUnavailable(ZnsError, TimeoutError):
+    """No NameServer in the list answered in time."""
+
+
+class NoWritableQueue(ZnsError, LookupError):
+    """The topic's route has no queue with WRITE permission (every broker wiped or gone)."""
+
+
+class ConfigError(ZnsError):
+    """zns cannot start as configured; the message names the file or option to fix."""
+
+
+class KvFileError(ConfigError):
+    """The KV file exists but cannot be used; the message says how to recover."""
+
+
+class KeyFileError(ConfigError):
+    """A CURVE certificate, key directory or key option cannot be used."""
+
+
+class EndpointError(ConfigError):
+    """An endpoint cannot be bound (in use, bad address) or is malformed (a bad `--peer`)."""
+
+
+BY_CODE: dict[str, type[ErrorReply]] = {
+    cls.code: cls for cls in (BadRequest, UnknownOp, NotFound, NoPermission, Conflict, Busy, Internal)
+}
+
+
+def from_reply(error: Error) -> ErrorReply:
+    """The exception a client raises for an `error` reply (an unknown code: ErrorReply)."""
+    cls = BY_CODE.get(error.code, ErrorReply)
+    if cls is NotFound:
+        return NotFound(error.message, None if error.revision is UNSET else error.revision)
+    exc = cls(error.message)
+    exc.code = error.code
+    return exc

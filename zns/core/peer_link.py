@@ -1,0 +1,187 @@
+"""Peer hints (§10), sans-I/O: what this server knows about one peer NameServer.
+
+`PeerLink` holds a peer's events endpoint, its epoch and when it last spoke.
+It is fed decoded replies and events with a `now` (milliseconds, as the whole
+core) and answers with what to do next (ask `status`, subscribe afresh) and
+with the hint a peer's event carries. `zns.drivers.peer_links` carries those
+actions out on sockets.
+
+A hint only ever reaches `RouteTable.suspect`, which shortens a deadline the
+broker's own silence started; a peer that is down, slow or restarting
+therefore changes nothing here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from zns.core.addresses import resolve_pub_endpoint
+from zns.core.schema import (
+    BrokerEvent,
+    Error,
+    HbEvent,
+    StatusReply,
+)
+
+log = logging.getLogger("zns")
+
+# Reasons a peer's `removed` event is a hint for. `peer_expired` is deliberately
+# absent: acting on a peer's own hint-driven removal would echo between peers.
+HINT_REASONS = frozenset({"expired", "unregistered"})
+RETRY_MIN_MS = 200  # the first retry of an unanswered `status`; doubles up to the max
+RETRY_MAX_MS = 5000
+DEFAULT_PEER_INTERVAL_MS = 1000  # a peer's hb period until two of its hbs measured it
+SILENCE_INTERVALS = 3  # as a client (§7): no hb for 3 intervals means the link is gone
+MIN_SILENCE_MS = 1000  # as the stall rule (§8): never declare a peer silent sooner
+
+
+@dataclass(frozen=True)
+class Hint:
+    """A peer reports that it took this broker address offline."""
+
+    peer: str
+    cluster: str
+    broker_name: str
+    broker_addr: str
+    reason: str
+
+
+def hint_from_event(peer: str, event: object) -> Hint | None:
+    """The hint a peer's event carries, if any: `removed` as `expired` or `unregistered`."""
+    match event:
+        case BrokerEvent(change="removed", reason=reason) if reason in HINT_REASONS:
+            return Hint(peer, event.cluster, event.broker_name, event.broker_addr, reason)
+    return None
+
+
+@dataclass(frozen=True)
+class AskStatus:
+    """Send a `status` request to the peer."""
+
+    request_id: int
+
+
+@dataclass(frozen=True)
+class Subscribe:
+    """Subscribe afresh to the peer's events at `endpoint`, replacing any earlier SUB."""
+
+    endpoint: str
+
+
+Action = AskStatus | Subscribe
+
+
+class PeerLink:
+    """One peer as a state machine: no sockets, no clock.
+
+    It is asking (a `status` is due or in flight, retried with backoff) until a
+    reply tells it the peer's events endpoint; from then on every `hb` and
+    `broker` event proves the link alive. A new epoch (the peer restarted) or
+    silence (no `hb` for 3 of the peer's intervals) sends it back to asking,
+    so the endpoint is learned again; silence also renews the subscription.
+    """
+
+    def __init__(self, endpoint: str, now: int) -> None:
+        self.endpoint = endpoint
+        self.pub: str | None = None  # the events endpoint the SUB is connected to
+        self.epoch: str | None = None
+        self.connected = False  # an hb of this peer arrived and it has not gone silent since
+        self.asking = True
+        self._next_ask = now
+        self._backoff_ms = RETRY_MIN_MS
+        self._request_id = 0
+        self._renew_subscription = False  # after silence: reconnect even to the same endpoint
+        self._last_heard: int | None = None  # local time of the last event (or of subscribing)
+        self._last_hb_time_ms: int | None = None  # the peer's clock in its last hb
+        self.interval_ms = DEFAULT_PEER_INTERVAL_MS
+
+    # --- inputs ---------------------------------------------------------
+
+    def on_timer(self, now: int) -> list[Action]:
+        if self._last_heard is not None and now - self._last_heard > self.silence_ms:
+            self._on_silence(now)
+        if self.asking and now >= self._next_ask:
+            self._request_id += 1
+            self._next_ask = now + self._backoff_ms
+            self._backoff_ms = min(2 * self._backoff_ms, RETRY_MAX_MS)
+            return [AskStatus(self._request_id)]
+        return []
+
+    def on_reply(self, reply: object, now: int) -> list[Action]:
+        """A decoded reply on the DEALER: a `StatusReply` or an `Error`."""
+        if isinstance(reply, Error):
+            log.warning("peer %s refused status: %s %s", self.endpoint, reply.code, reply.message)
+            return []
+        if not isinstance(reply, StatusReply) or not self.asking:
+            return []  # an answer to an earlier attempt that was already taken
+        self.asking = False
+        self._backoff_ms = RETRY_MIN_MS
+        if self.epoch is not None and reply.epoch != self.epoch:
+            log.info("peer %s restarted (epoch %s -> %s)", self.endpoint, self.epoch, reply.epoch)
+            self._last_hb_time_ms = None
+        self.epoch = reply.epoch
+        pub = resolve_pub_endpoint(reply.pub_endpoint, self.endpoint)
+        if pub == self.pub and not self._renew_subscription:
+            return []
+        self.pub = pub
+        self._renew_subscription = False
+        self._last_heard = now  # the silence clock starts with the subscription
+        return [Subscribe(pub)]
+
+    def on_event(self, event: object, now: int) -> Hint | None:
+        """A decoded event on the SUB (None: unreadable); returns the hint it carries."""
+        if not isinstance(event, (HbEvent, BrokerEvent)):
+            return None
+        if self.epoch is not None and event.epoch != self.epoch:
+            log.info("peer %s restarted (epoch %s -> %s); asking for its endpoints again",
+                     self.endpoint, self.epoch, event.epoch)
+            self._last_hb_time_ms = None
+            self._start_asking(now)
+        self.epoch = event.epoch
+        self._last_heard = now
+        if isinstance(event, HbEvent):
+            self._on_hb(event)
+        return hint_from_event(self.endpoint, event)
+
+    # --- timers ---------------------------------------------------------
+
+    @property
+    def silence_ms(self) -> int:
+        return max(MIN_SILENCE_MS, SILENCE_INTERVALS * self.interval_ms)
+
+    def next_wake(self) -> int | None:
+        wakes = []
+        if self.asking:
+            wakes.append(self._next_ask)
+        if self._last_heard is not None:
+            wakes.append(self._last_heard + self.silence_ms + 1)
+        return min(wakes, default=None)
+
+    # --- internals ------------------------------------------------------
+
+    def _on_hb(self, event: HbEvent) -> None:
+        if self._last_hb_time_ms is not None:
+            gap = event.time_ms - self._last_hb_time_ms
+            if 0 < gap <= 60_000:  # a wall-clock jump on the peer says nothing of its period
+                self.interval_ms = gap
+        self._last_hb_time_ms = event.time_ms
+        self._renew_subscription = False  # the subscription works: nothing to renew
+        if not self.connected:
+            self.connected = True
+            log.info("peer %s connected (epoch %s, events on %s)",
+                     self.endpoint, self.epoch, self.pub)
+
+    def _on_silence(self, now: int) -> None:
+        if self.connected:
+            log.warning("peer %s disconnected: no hb for %d ms", self.endpoint, now - self._last_heard)
+        self.connected = False
+        self._last_heard = None
+        self._renew_subscription = True
+        self._start_asking(now)
+
+    def _start_asking(self, now: int) -> None:
+        if not self.asking:
+            self.asking = True
+            self._next_ask = now
+            self._backoff_ms = RETRY_MIN_MS

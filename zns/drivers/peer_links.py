@@ -1,0 +1,167 @@
+"""Peer hints (§10), the socket side: a DEALER and a SUB per `--peer`, in the server's loop.
+
+What to do with each peer is decided by `zns.core.peer_link.PeerLink`; this
+module only carries its actions out and hands each hint to the route table.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import msgspec
+import zmq
+
+from zns.core.errors import EndpointError
+from zns.core.peer_link import Action, AskStatus, Hint, PeerLink, Subscribe
+from zns.drivers.sockets import open_socket, parse_addresses, recv_all
+from zns.core.schema import BROKER_PREFIX, HB_CHANNEL, Status, decode_event, decode_reply, encode
+
+log = logging.getLogger("zns")
+
+
+class PeerLinks:
+    """The socket side of every `--peer`, driven by the server's one poller loop.
+
+    `attach(poller)` once; then each pass `handle(ready, now)` drains the peer
+    sockets that are ready, and `carry_out` does what a link's timer asked for
+    (the links' timers run in `zns.core.timers.ServerTimers`). Sockets come from `open_socket`, like every socket
+    that reaches a NameServer, and are replaced as a link needs: a fresh
+    DEALER per `status` attempt (so a retry never queues behind a lost one),
+    a fresh SUB per learned events endpoint. The poller is kept in step here.
+
+    `suspect(cluster, addr)` applies a hint to the route table and returns
+    whether a deadline was shortened; `connected` is the `status` view of the
+    peers (endpoint -> connected), kept up to date here.
+    """
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        *,
+        now: int,
+        suspect: Callable[[str, str], bool],
+        connected: dict[str, bool],
+        context: zmq.Context,
+    ) -> None:
+        self._suspect = suspect
+        self._connected = connected
+        self._ctx = context
+        self._poller: zmq.Poller | None = None
+        self.links = {endpoint: PeerLink(endpoint, now) for endpoint in _checked(endpoints, context)}
+        self._dealers: dict[str, zmq.Socket] = {}
+        self._subs: dict[str, zmq.Socket] = {}
+        for endpoint in self.links:
+            connected[endpoint] = False
+        if self.links:
+            log.info("taking hints from peers %s", ", ".join(self.links))
+
+    def attach(self, poller: zmq.Poller) -> None:
+        self._poller = poller
+
+    def handle(self, ready: dict[zmq.Socket, int], now: int) -> list[Hint]:
+        """Drain the peer sockets in `ready`; return the hints that shortened a deadline."""
+        applied = []
+        for endpoint, link in self.links.items():
+            sock = self._dealers.get(endpoint)
+            if sock is not None and sock in ready:
+                reply = self._receive(link, sock, decode_status)
+                if reply is not None:
+                    self._do(link, link.on_reply(reply, now))
+                    if not link.asking:  # answered: no request in flight any more
+                        self._replace(self._dealers, endpoint, None)
+            sock = self._subs.get(endpoint)
+            if sock is not None and sock in ready:
+                for frames in recv_all(sock):
+                    hint = link.on_event(self._decode(link, frames[-1], decode_event), now)
+                    if hint is not None and self._apply(hint):
+                        applied.append(hint)
+            self._connected[endpoint] = link.connected
+        return applied
+
+    def carry_out(self, link: PeerLink, actions: list[Action]) -> None:
+        """Do what a link's timer asked for (`zns.core.timers.ServerTimers.on_timer`)."""
+        self._do(link, actions)
+        self._connected[link.endpoint] = link.connected
+
+    def close(self) -> None:
+        for sockets in (self._dealers, self._subs):
+            for endpoint in list(sockets):
+                self._replace(sockets, endpoint, None)
+
+    # --- internals ------------------------------------------------------
+
+    def _apply(self, hint: Hint) -> bool:
+        if not self._suspect(hint.cluster, hint.broker_addr):
+            log.debug("peer hint from %s: broker %s/%s at %s %s there; nothing to shorten here",
+                      hint.peer, hint.cluster, hint.broker_name, hint.broker_addr, hint.reason)
+            return False
+        log.info("peer hint from %s: broker %s/%s at %s %s there; suspected here",
+                 hint.peer, hint.cluster, hint.broker_name, hint.broker_addr, hint.reason)
+        return True
+
+    def _receive(
+        self, link: PeerLink, sock: zmq.Socket, decode: Callable[[bytes], object]
+    ) -> object:
+        """The last readable message of `sock`, decoded (earlier ones are superseded)."""
+        messages = recv_all(sock)
+        return self._decode(link, messages[-1][-1], decode) if messages else None
+
+    @staticmethod
+    def _decode(link: PeerLink, body: bytes, decode: Callable[[bytes], object]) -> object:
+        try:
+            return decode(body)
+        except msgspec.DecodeError as exc:
+            log.warning("peer %s sent something unreadable: %s", link.endpoint, exc)
+            return None
+
+    def _do(self, link: PeerLink, actions: list[Action]) -> None:
+        for action in actions:
+            match action:
+                case AskStatus(request_id=rid):
+                    dealer = open_socket(self._ctx, zmq.DEALER, link.endpoint)
+                    self._replace(self._dealers, link.endpoint, dealer)
+                    dealer.send(encode(Status(id=rid)), zmq.DONTWAIT)  # queued: never blocks
+                case Subscribe(endpoint=endpoint):
+                    sub = open_socket(self._ctx, zmq.SUB, endpoint)
+                    sub.setsockopt(zmq.SUBSCRIBE, BROKER_PREFIX)
+                    sub.setsockopt(zmq.SUBSCRIBE, HB_CHANNEL)
+                    self._replace(self._subs, link.endpoint, sub)
+                    log.info("peer %s: subscribed to its broker events on %s",
+                             link.endpoint, endpoint)
+
+    def _replace(self, sockets: dict[str, zmq.Socket], endpoint: str,
+                 new: zmq.Socket | None) -> None:
+        old = sockets.pop(endpoint, None)
+        if old is not None:
+            if self._poller is not None:
+                self._poller.unregister(old)
+            old.close(linger=0)
+        if new is not None:
+            sockets[endpoint] = new
+            if self._poller is not None:
+                self._poller.register(new, zmq.POLLIN)
+
+
+def _checked(endpoints: list[str], context: zmq.Context) -> list[str]:
+    """The peers as endpoints (a bare host:port is tcp), once each; a bad one stops start-up."""
+    if not endpoints:
+        return []
+    try:
+        endpoints = parse_addresses(endpoints)
+    except ValueError as exc:
+        raise EndpointError(f"--peer: {exc}") from exc
+    probe = context.socket(zmq.DEALER)
+    try:
+        for endpoint in endpoints:
+            try:
+                probe.connect(endpoint)  # only checks the syntax: connecting is asynchronous
+            except zmq.ZMQError as exc:
+                raise EndpointError(f"--peer {endpoint}: {exc}") from exc
+    finally:
+        probe.close(linger=0)
+    return endpoints
+
+
+def decode_status(body: bytes) -> object:
+    return decode_reply(body, "status")
