@@ -30,7 +30,7 @@ from typing import Any
 
 import zmq
 
-from zns import schema
+from zns.core import schema
 
 LOOPBACK = "tcp://127.0.0.1:*"
 REPLY_TIMEOUT_S = 15.0  # a server that answers nothing for this long has failed

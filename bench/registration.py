@@ -13,7 +13,7 @@ from bench.harness import (
     request, start_echo, start_zns,
 )
 from bench.report import BenchResult, Figure, RunConfig, Target, cli
-from zns import schema
+from zns.core import schema
 
 GROUP = 10  # brokers that host the same topics, as the brokers of one cluster do
 # zns's wire bound on topics in one request: the 100k-topic registration is

@@ -42,7 +42,7 @@ from bench.harness import (
     REPO, Session, broker_addr, cpu_seconds, heartbeat_request, percentile, register_request,
     request, rss_kib, start_zns,
 )
-from zns import schema
+from zns.core import schema
 
 CLUSTER = "soak"
 RESULTS = REPO / "bench" / "soak-results.md"

@@ -1,1 +1,67 @@
-"""zns.core: everything that decides, with no sockets, threads, asyncio or clock."""
+"""zns.core: everything that decides, and nothing that waits.
+
+This package is the NameServer, the clients and the broker agent with the I/O
+taken out. A driver (`zns.drivers`) owns the sockets, the threads, the event
+loop and the clock; it moves bytes into the core and carries out what the
+core returns. The rules below keep it that way. A change that breaks one of
+them is a design change: discuss it first.
+
+1. **No I/O, no waiting, no clock.** Nothing under `zns.core` imports zmq,
+   asyncio, threading, socket or selectors, opens a file or reads a clock
+   (`tests/test_architecture.py` fails if importing the core loads zmq,
+   asyncio or threading). Time comes in as an argument called `now`.
+   Logging is allowed: it is how the core says what it decided.
+
+2. **One time unit: integer milliseconds.** Every `now`, deadline, timeout
+   and interval inside the core is an `int` of milliseconds, `now` from a
+   monotonic clock. The wall clock appears only as a value the driver hands
+   in to be published (`hb` events' `time_ms`).
+
+3. **Inputs in, decisions out.** A core object is fed what happened
+   (`respond(body, now)`, `on_reply`, `on_event`, `woke(now)`) and answers
+   with what to do: reply bytes and events to publish, or small action
+   objects (`Connect`, `AskStatus`, `Subscribe`, ...). It never performs the
+   action itself.
+
+4. **It says when it next wants to run.** Every object with timers has a
+   `next_wake()` (or `next_deadline()`) and an `on_timer(now)`. A driver arms
+   exactly one timer: the earliest of these. No hidden sleeps, no polling
+   intervals in drivers.
+
+5. **One schema.** Every ZNS/1 message is a tagged `msgspec.Struct` in
+   `schema.py`; one typed decoder validates a whole message, bounds
+   included, before any handler sees it; handlers `match` on the type.
+
+6. **Errors say who is at fault** (`errors.py`). The peer's malformed input
+   is an `ErrorReply` (BadRequest, ...), turned into an `error` reply in one
+   place, `NameService.respond`; nothing else catches it to reply. The
+   caller's own misuse is a `UsageError`; configuration problems are
+   `ConfigError`s. A refused request changes nothing (all-or-nothing): check
+   everything, then mutate.
+
+7. **Imports point one way.** `zns.drivers` and `zns.cli` import the core;
+   the core never imports them. No module imports another that imports it
+   back (checked by the same test).
+
+8. **Everything a peer can make the server hold has a bound** (`limits.py`
+   and the schema's `Meta` bounds), and the bound is checked before the state
+   grows.
+
+Modules:
+
+| module | decides |
+|---|---|
+| `schema` | every ZNS/1 message, bound and default; encode/decode |
+| `errors` | the error tree and its wire codes |
+| `routes` | the route table: §4 registration, §6 admin ops, §8 expiry, revisions and events |
+| `limits` | how much state requests may pile up |
+| `service` | `NameService`: request bytes in, reply bytes and events out |
+| `timers` | the server's `hb` schedule, expiry wake-ups, peers' wake-ups, the §8 stall rule |
+| `kv` | what the core needs of the KV store (the file lives in `zns.drivers.kv_file`) |
+| `keys` | the CURVE key policy (§9): who may do what |
+| `peer_link` | one peer NameServer (§10): when to ask, what its events hint |
+| `addresses` | NameServer address lists, the events endpoint a client connects to |
+| `backoff` | exponential backoff with jitter |
+| `queues` | producer/consumer views of a route, queue selection with fault avoidance |
+| `remoting` | RocketMQ's remoting protocol: codec and translation to ZNS/1 ops |
+"""

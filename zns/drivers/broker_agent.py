@@ -24,7 +24,7 @@ import msgspec
 import zmq
 
 from zns.drivers.sockets import Waker, open_socket, parse_addresses, recv_all
-from zns.drivers.route_client import Backoff
+from zns.core.backoff import Backoff
 from zns.core.errors import UsageError
 from zns.core.schema import (
     DataVersion,

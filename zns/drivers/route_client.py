@@ -23,9 +23,9 @@ import msgspec
 import zmq
 
 from zns.core.addresses import resolve_pub_endpoint
+from zns.core.backoff import Backoff
 from zns.drivers.sockets import Waker, open_socket, parse_addresses, recv_all
 from zns.core.errors import (
-    ErrorReply,
     NameServerUnavailable,
     NotFound,
     UsageError,
@@ -69,23 +69,6 @@ def check_topic(topic: str) -> str:
         raise UsageError(
             f"{topic!r} is not a topic: 1-127 characters of [A-Za-z0-9_%|-]"
         ) from None
-
-
-class Backoff:
-    """Exponential backoff with jitter, so many clients do not return in step."""
-
-    def __init__(self, base: float = 0.1, cap: float = 10.0, rng: random.Random | None = None):
-        self.base, self.cap = base, cap
-        self._rng = rng or random.Random()
-        self._failures = 0
-
-    def next_delay(self) -> float:
-        delay = min(self.cap, self.base * 2 ** self._failures)
-        self._failures = min(self._failures + 1, 32)
-        return delay * self._rng.uniform(0.5, 1.0)
-
-    def reset(self) -> None:
-        self._failures = 0
 
 
 # --- §7: the cache --------------------------------------------------------

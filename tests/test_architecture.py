@@ -1,0 +1,133 @@
+"""The architecture, enforced: the core does no I/O, imports point toward it, no cycles."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "zns"
+# Loaded at run time by importing the core: none of these may be.
+NOT_LOADED_BY_CORE = ("zmq", "asyncio", "socket", "selectors", "click")
+# Imported by no core module (`logging` loads threading itself, so threading and
+# the clock are checked in the source).
+NOT_IMPORTED_BY_CORE = ("zmq", "asyncio", "threading", "socket", "selectors", "time", "os")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The zns modules `path` imports, anywhere in the file (lazy imports included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from zns.core import schema` imports zns.core.schema, `from zns.x import f` zns.x
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules
+                     else node.module for a in node.names]
+        else:
+            continue
+        found.update(n for n in names if n in modules)
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_importing_the_core_loads_no_io_library():
+    core = [m for m in all_modules() if m == "zns.core" or m.startswith("zns.core.")]
+    assert "zns.core.service" in core and "zns.core.routes" in core
+    code = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in core)
+        + f"print(','.join(m for m in {NOT_LOADED_BY_CORE!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"the core loaded {out.stdout.strip()}"
+
+
+@pytest.mark.timeout(60)
+def test_no_core_module_imports_io_threads_or_the_clock():
+    for name, path in all_modules().items():
+        if not name.startswith("zns.core"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                roots = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                roots = {node.module.split(".")[0]}
+            else:
+                continue
+            banned = roots & set(NOT_IMPORTED_BY_CORE)
+            assert not banned, f"{name} imports {sorted(banned)} (line {node.lineno})"
+
+
+@pytest.mark.timeout(60)
+def test_import_zns_is_cheap_and_public_names_resolve_lazily():
+    code = (
+        "import sys, zns\n"
+        "print(','.join(m for m in ('zmq', 'asyncio', 'click') if m in sys.modules))\n"
+        "from zns import RouteClient, AsyncRouteClient, BrokerAgent\n"
+        "import zns.errors\n"
+        "assert zns.errors.NotFound is __import__('zns.core.errors').core.errors.NotFound\n"
+        "assert zns.RouteClient is RouteClient\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def test_the_core_imports_nothing_outside_it():
+    modules = all_modules()
+    for name, path in modules.items():
+        if name.startswith("zns.core"):
+            outside = {m for m in imports_of(path, modules)
+                       if not m.startswith("zns.core") and m != "zns"}
+            assert not outside, f"{name} imports {sorted(outside)}"
+
+
+def test_no_import_cycles():
+    modules = all_modules()
+    graph = {name: imports_of(path, modules) - {name} for name, path in modules.items()}
+    # A package's __init__ importing its own submodules is how packages re-export; a
+    # submodule importing its package back for a name would still be a cycle.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_the_cycle_check_can_fail(tmp_path, monkeypatch):
+    pkg = tmp_path / "zns"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("from zns.a.y import f\n")
+    (pkg / "a" / "y.py").write_text("def f(): from zns.a import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
+    with pytest.raises(pytest.fail.Exception, match="import cycle"):
+        test_no_import_cycles()
