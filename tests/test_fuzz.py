@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from conftest import Peer, register_fields
 from zns.core import schema
 from zns.drivers.kv_file import KvStore
+from zns.drivers.server import MAX_ENVELOPE_FRAMES
 from zns.core.service import NameService
 
 CODES = {"bad_request", "unknown_op", "not_found", "no_permission", "conflict", "busy"}
@@ -326,6 +327,11 @@ def test_fuzz_live_server(make_server, capsys):
                 for frames in msgs:
                     peer.dealer.send_multipart(frames)
                 for frames in msgs:
+                    if len(frames) - 1 > MAX_ENVELOPE_FRAMES:
+                        # §1: dropped unanswered; the next reply on this DEALER must be
+                        # the next message's (checked by its envelope below).
+                        counts["dropped"] += 1
+                        continue
                     reply = peer.recv_raw(timeout=30)  # the server neither crashes nor hangs
                     assert reply[:-1] == frames[:-1]  # the envelope comes back unchanged
                     check_reply(frames[-1], reply[-1], counts)

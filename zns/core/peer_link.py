@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 
 from zns.core.addresses import resolve_pub_endpoint
+from zns.core.text import quote
 from zns.core.schema import (
     BrokerEvent,
     Error,
@@ -92,6 +93,7 @@ class PeerLink:
         self._backoff_ms = RETRY_MIN_MS
         self._request_id = 0
         self._renew_subscription = False  # after silence: reconnect even to the same endpoint
+        self._subscribe_failures = 0  # bad events endpoints in a row (see on_subscribe_failed)
         self._last_heard: int | None = None  # local time of the last event (or of subscribing)
         self._last_hb_time_ms: int | None = None  # the peer's clock in its last hb
         self.interval_ms = DEFAULT_PEER_INTERVAL_MS
@@ -111,14 +113,16 @@ class PeerLink:
     def on_reply(self, reply: object, now: int) -> list[Action]:
         """A decoded reply on the DEALER: a `StatusReply` or an `Error`."""
         if isinstance(reply, Error):
-            log.warning("peer %s refused status: %s %s", self.endpoint, reply.code, reply.message)
+            log.warning("peer %s refused status: %s %s", self.endpoint, quote(reply.code),
+                        quote(reply.message))
             return []
         if not isinstance(reply, StatusReply) or not self.asking:
             return []  # an answer to an earlier attempt that was already taken
         self.asking = False
         self._backoff_ms = RETRY_MIN_MS
         if self.epoch is not None and reply.epoch != self.epoch:
-            log.info("peer %s restarted (epoch %s -> %s)", self.endpoint, self.epoch, reply.epoch)
+            log.info("peer %s restarted (epoch %s -> %s)", self.endpoint, quote(self.epoch),
+                     quote(reply.epoch))
             self._last_hb_time_ms = None
         self.epoch = reply.epoch
         pub = resolve_pub_endpoint(reply.pub_endpoint, self.endpoint)
@@ -129,17 +133,30 @@ class PeerLink:
         self._last_heard = now  # the silence clock starts with the subscription
         return [Subscribe(pub)]
 
+    def on_subscribe_failed(self, now: int) -> None:
+        """The events endpoint the peer named cannot be connected to: ask again, backing off.
+
+        The backoff grows with each failure in a row (the peer answering `status`
+        does not reset it), so a peer that keeps naming a bad endpoint costs one
+        attempt every RETRY_MAX_MS at most.
+        """
+        self._subscribe_failures += 1
+        self.pub = None
+        self.asking = True
+        self._next_ask = now + min(RETRY_MIN_MS << min(self._subscribe_failures, 16), RETRY_MAX_MS)
+
     def on_event(self, event: object, now: int) -> Hint | None:
         """A decoded event on the SUB (None: unreadable); returns the hint it carries."""
         if not isinstance(event, (HbEvent, BrokerEvent)):
             return None
         if self.epoch is not None and event.epoch != self.epoch:
             log.info("peer %s restarted (epoch %s -> %s); asking for its endpoints again",
-                     self.endpoint, self.epoch, event.epoch)
+                     self.endpoint, quote(self.epoch), quote(event.epoch))
             self._last_hb_time_ms = None
             self._start_asking(now)
         self.epoch = event.epoch
         self._last_heard = now
+        self._subscribe_failures = 0
         if isinstance(event, HbEvent):
             self._on_hb(event)
         return hint_from_event(self.endpoint, event)
@@ -170,7 +187,7 @@ class PeerLink:
         if not self.connected:
             self.connected = True
             log.info("peer %s connected (epoch %s, events on %s)",
-                     self.endpoint, self.epoch, self.pub)
+                     self.endpoint, quote(self.epoch), quote(self.pub))
 
     def _on_silence(self, now: int) -> None:
         if self.connected:

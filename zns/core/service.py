@@ -19,6 +19,7 @@ from zns.core.errors import BadRequest, ErrorReply, Internal, NotFound, UnknownO
 from zns.core.kv import KvBackend
 from zns.core.limits import LIMITED_REQUESTS, Limits
 from zns.core.routes import RouteTable, filter_zone
+from zns.core.text import quote
 from zns.core.schema import (
     KNOWN_OPS,
     ORDER_TOPIC_CONFIG,
@@ -134,7 +135,7 @@ class NameService:
                 log.error("internal error on %s: %s", type(request).__name__, exc)
             return Response(encode(exc.reply(request.id)))
         except Exception:
-            log.exception("bug while handling %r", request)
+            log.exception("bug while handling %s", quote(request, 300))
             return Response(encode(Internal("internal error; see the server log").reply(request.id)))
 
     def expire(self, now: int) -> list[Frames]:

@@ -14,6 +14,7 @@ import zmq
 
 from zns.core.errors import EndpointError
 from zns.core.peer_link import Action, AskStatus, Hint, PeerLink, Subscribe
+from zns.core.text import quote
 from zns.drivers.sockets import open_socket, parse_addresses, recv_all
 from zns.core.schema import BROKER_PREFIX, HB_CHANNEL, Status, decode_event, decode_reply, encode
 
@@ -43,8 +44,10 @@ class PeerLinks:
         suspect: Callable[[str, str], bool],
         connected: dict[str, bool],
         context: zmq.Context,
+        max_message_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self._suspect = suspect
+        self._max_bytes = max_message_bytes
         self._connected = connected
         self._ctx = context
         self._poller: zmq.Poller | None = None
@@ -67,21 +70,21 @@ class PeerLinks:
             if sock is not None and sock in ready:
                 reply = self._receive(link, sock, decode_status)
                 if reply is not None:
-                    self._do(link, link.on_reply(reply, now))
+                    self._do(link, link.on_reply(reply, now), now)
                     if not link.asking:  # answered: no request in flight any more
                         self._replace(self._dealers, endpoint, None)
             sock = self._subs.get(endpoint)
             if sock is not None and sock in ready:
-                for frames in recv_all(sock):
+                for frames in recv_all(sock, max_frames=2, max_bytes=self._max_bytes):
                     hint = link.on_event(self._decode(link, frames[-1], decode_event), now)
                     if hint is not None and self._apply(hint):
                         applied.append(hint)
             self._connected[endpoint] = link.connected
         return applied
 
-    def carry_out(self, link: PeerLink, actions: list[Action]) -> None:
+    def carry_out(self, link: PeerLink, actions: list[Action], now: int) -> None:
         """Do what a link's timer asked for (`zns.core.timers.ServerTimers.on_timer`)."""
-        self._do(link, actions)
+        self._do(link, actions, now)
         self._connected[link.endpoint] = link.connected
 
     def close(self) -> None:
@@ -104,7 +107,7 @@ class PeerLinks:
         self, link: PeerLink, sock: zmq.Socket, decode: Callable[[bytes], object]
     ) -> object:
         """The last readable message of `sock`, decoded (earlier ones are superseded)."""
-        messages = recv_all(sock)
+        messages = recv_all(sock, max_frames=1, max_bytes=self._max_bytes)
         return self._decode(link, messages[-1][-1], decode) if messages else None
 
     @staticmethod
@@ -115,20 +118,34 @@ class PeerLinks:
             log.warning("peer %s sent something unreadable: %s", link.endpoint, exc)
             return None
 
-    def _do(self, link: PeerLink, actions: list[Action]) -> None:
+    def _do(self, link: PeerLink, actions: list[Action], now: int) -> None:
         for action in actions:
             match action:
                 case AskStatus(request_id=rid):
-                    dealer = open_socket(self._ctx, zmq.DEALER, link.endpoint)
+                    dealer = self._open(zmq.DEALER, link.endpoint)
                     self._replace(self._dealers, link.endpoint, dealer)
                     dealer.send(encode(Status(id=rid)), zmq.DONTWAIT)  # queued: never blocks
                 case Subscribe(endpoint=endpoint):
-                    sub = open_socket(self._ctx, zmq.SUB, endpoint)
+                    try:
+                        sub = self._open(zmq.SUB, endpoint)
+                    except zmq.ZMQError as exc:
+                        # The peer named an endpoint nobody can connect to ("", garbage,
+                        # a bad port): its problem, not ours. Ask again later.
+                        log.warning("peer %s named events endpoint %s, which cannot be "
+                                    "connected to (%s); asking again later", link.endpoint,
+                                    quote(endpoint), exc)
+                        self._replace(self._subs, link.endpoint, None)
+                        link.on_subscribe_failed(now)
+                        continue
                     sub.setsockopt(zmq.SUBSCRIBE, BROKER_PREFIX)
                     sub.setsockopt(zmq.SUBSCRIBE, HB_CHANNEL)
                     self._replace(self._subs, link.endpoint, sub)
                     log.info("peer %s: subscribed to its broker events on %s",
-                             link.endpoint, endpoint)
+                             link.endpoint, quote(endpoint))
+
+    def _open(self, kind: int, endpoint: str) -> zmq.Socket:
+        """A socket to a peer that refuses any message over the server's own bound."""
+        return open_socket(self._ctx, kind, endpoint, max_message_bytes=self._max_bytes)
 
     def _replace(self, sockets: dict[str, zmq.Socket], endpoint: str,
                  new: zmq.Socket | None) -> None:

@@ -25,6 +25,8 @@ from zns.drivers.kv_file import KvStore
 from zns.core.limits import Limits
 from zns.drivers.peer_links import PeerLinks
 from zns.drivers.security import Security
+from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
+from zns.drivers.logs import install_repeat_filter
 from zns.drivers.sockets import Waker
 from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER
 from zns.core.service import Frames, NameService
@@ -40,6 +42,12 @@ DEFAULT_PUB_HWM = 200_000
 # time whatever the load); the clock is read every CLOCK_EVERY requests.
 SLICE_MS = 5
 CLOCK_EVERY = 16
+# §1: a request has at most this many envelope frames, and all its frames together
+# at most max_message_bytes; anything else is dropped unanswered (and logged).
+MAX_ENVELOPE_FRAMES = 32
+# §1: the events socket refuses subscriptions longer than this (a subscription
+# message is one flag byte and the channel prefix).
+MAX_SUBSCRIPTION_BYTES = 1024
 # Plain ints, and the backend's send: pyzmq's IntFlag arithmetic and its Python-level
 # `send` wrapper each cost a noticeable share of a small request.
 _NOBLOCK, _DONTWAIT = int(zmq.NOBLOCK), int(zmq.DONTWAIT)
@@ -98,6 +106,11 @@ class Server:
         self._reload_keys = False
         self._waker = Waker()
         self.dropped_replies = 0
+        self.dropped_requests = 0  # over §1's envelope or total-size bound
+        self._draining = False  # in the middle of dropping an oversized message
+        self.descriptor_limit = raise_descriptor_limit()
+        self.descriptors = DescriptorGuard()
+        install_repeat_filter(log)
         self.service = NameService(
             KvStore(config.kv_path), epoch=new_epoch(), started_at_ms=self._now(),
             authorize=self.security.authorize if self.security else None, limits=config.limits,
@@ -114,6 +127,7 @@ class Server:
             grace_ms = round(config.peer_grace * 1000)
             self.peers = PeerLinks(
                 config.peers, now=self._now(), context=self._ctx, connected=self.service.peers,
+                max_message_bytes=config.max_message_bytes,
                 suspect=lambda cluster, addr: self.service.table.suspect(cluster, addr, grace_ms),
             )
             self.timers = ServerTimers(
@@ -132,6 +146,8 @@ class Server:
         restore = self._install_signal_handlers()
         log.info("zns serving requests on %s, events on %s (epoch %s)",
                  self.router_endpoint, self.pub_endpoint, self.service.epoch)
+        log.info("file descriptors: limit %d, room for about %d clients (a client uses two: "
+                 "requests and events)", self.descriptor_limit, self.descriptor_limit // 2 - 32)
         try:
             self._loop()
         finally:
@@ -153,6 +169,7 @@ class Server:
         self._waker.wake()
 
     def close(self) -> None:
+        self.descriptors.close()
         self.router.close(linger=500)
         self.pub.close(linger=500)
         if self.peers is not None:
@@ -170,6 +187,9 @@ class Server:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self._waker.reader, zmq.POLLIN)
+        for listener in self.descriptors.listeners:
+            poller.register(listener.monitor, zmq.POLLIN)
+        monitors = {listener.monitor for listener in self.descriptors.listeners}
         peers = self.peers if self.peers.links else None  # none: nothing to ask each pass
         self.peers.attach(poller)
         now = self._now()
@@ -179,27 +199,36 @@ class Server:
             timers.woke(now)
             if self._waker.reader in ready:
                 self._waker.drain()
+            if monitors.intersection(ready):
+                _guarded("shedding connections", self.descriptors.handle, ready)
             if self._reload_keys:
                 self._reload_keys = False
-                if self.security is not None:
-                    self.security.reload()  # checked at new handshakes; connections stay up
-                else:
-                    log.info("SIGHUP: CURVE is off, no keys to reload")
-            if self.router in ready:
+                _guarded("reloading keys", self._reload)
+            if self.router in ready or self._draining:
                 cpu_before = _cpu_ms()
-                self._serve_slice(now)
+                _guarded("serving requests", self._serve_slice, now)
                 after = self._now()
                 # A stall can also land while serving (a broker's heartbeat reply wakes
                 # whoever then suspends us): wall time the loop did not run.
                 timers.ran(after - now, _cpu_ms() - cpu_before)
                 now = after
             if peers:
-                peers.handle(ready, now)
-            work = timers.on_timer(now, round(self._wall_clock() * 1000))
-            for link, actions in work.peer_actions:
-                self.peers.carry_out(link, actions)
-            if work.events:
-                self._publish(work.events)
+                _guarded("reading peers", peers.handle, ready, now)
+            _guarded("running timers", self._run_timers, now)
+
+    def _run_timers(self, now: int) -> None:
+        work = self.timers.on_timer(now, round(self._wall_clock() * 1000))
+        # Publish first: a failing peer action must not swallow expiry events.
+        if work.events:
+            self._publish(work.events)
+        for link, actions in work.peer_actions:
+            _guarded("acting for a peer link", self.peers.carry_out, link, actions, now)
+
+    def _reload(self) -> None:
+        if self.security is not None:
+            self.security.reload()  # checked at new handshakes; connections stay up
+        else:
+            log.info("SIGHUP: CURVE is off, no keys to reload")
 
     def _serve_slice(self, now: int) -> None:
         """Answer waiting requests for at most SLICE_MS, then give the timers their turn.
@@ -216,6 +245,9 @@ class Server:
         with_key = self.security is not None
         clock = self._clock
         until = clock() + SLICE_MS / 1000
+        max_bytes = self.config.max_message_bytes
+        if self._draining and not self._drain(until):
+            return
         served = 0
         while True:
             try:
@@ -223,9 +255,22 @@ class Server:
             except zmq.Again:
                 return
             envelope = []
+            # The first frame is the routing id the ROUTER itself prepends: the bounds
+            # count what the peer sent (a DEALER's request is just its body).
+            size = 0
             while frame.more:  # the rest of a message is there once its first frame is
                 envelope.append(frame)
+                if len(envelope) > MAX_ENVELOPE_FRAMES + 1 or size > max_bytes:
+                    self._drop_oversized(len(envelope) - 1, size)
+                    if not self._drain(until):
+                        return
+                    envelope = []
+                    break
                 frame = recv(copy=False)
+                size += len(frame)
+            if size > max_bytes and envelope:
+                self._drop_oversized(len(envelope) - 1, size)
+                envelope = []
             if envelope:  # a ROUTER always prepends the routing id: else nothing to answer
                 response = respond(frame.bytes, now, frame.get("User-Id") if with_key else None)
                 try:
@@ -245,6 +290,26 @@ class Server:
                 if clock() >= until:
                     return
                 now = self._now()
+
+    def _drop_oversized(self, frames: int, size: int) -> None:
+        self.dropped_requests += 1
+        log.warning("dropped a request unanswered: more than %d envelope frames or %d bytes "
+                    "(§1 bounds; at least %d frames, %d bytes)", MAX_ENVELOPE_FRAMES,
+                    self.config.max_message_bytes, frames, size)
+
+    def _drain(self, until: float) -> bool:
+        """Read and discard the rest of the current message; False if the slice ran out first."""
+        recv, clock = self.router.recv, self._clock
+        self._draining = True
+        count = 0
+        while True:
+            frame = recv(copy=False)
+            if not frame.more:
+                self._draining = False
+                return True
+            count += 1
+            if count % 1024 == 0 and clock() >= until:
+                return False
 
     def _publish(self, events: list[Frames]) -> None:
         send = self.pub.send_multipart
@@ -270,13 +335,15 @@ class Server:
             self.security.apply(pub)
         pub.setsockopt(zmq.SNDHWM, self.config.pub_hwm)
         pub.setsockopt(zmq.LINGER, 500)
+        # What a PUB socket reads are subscriptions: libzmq disconnects a subscriber whose
+        # (un)subscription is longer than §1 allows before it is stored or buffered.
+        pub.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES + 1)
 
     def _bind(self, sock: zmq.Socket, endpoint: str) -> str:
         try:
-            sock.bind(endpoint)
-        except zmq.ZMQError as exc:
+            bound = self.descriptors.bind(sock, endpoint).endpoint
+        except (zmq.ZMQError, OSError, ValueError) as exc:
             raise EndpointError(f"cannot bind {endpoint}: {exc}") from exc
-        bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.security is None and not is_loopback(bound):
             log.warning(
                 "%s is bound to a non-loopback address without CURVE: anyone who can reach "
@@ -309,6 +376,18 @@ def is_loopback(endpoint: str) -> bool:
         return True
     host = (parts.hostname or "").strip("[]")
     return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def _guarded(what: str, step: Callable[..., object], *args: object) -> None:
+    """Run one step of the loop; a bug in it is logged with its traceback, and the loop goes on.
+
+    `NameService.respond` is the boundary for requests; this is the same boundary
+    for everything else the loop does (peer links, timers, key reloads, sockets).
+    """
+    try:
+        step(*args)
+    except Exception:
+        log.exception("bug while %s; the server carries on", what)
 
 
 def _cpu_ms() -> int:

@@ -28,32 +28,62 @@ def parse_addresses(spec: str | Iterable[str] | None) -> list[str]:
     return core_parse_addresses(spec)
 
 
-def open_socket(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
+def open_socket(
+    ctx: zmq.Context, kind: int, endpoint: str, *, max_message_bytes: int | None = None,
+) -> zmq.Socket:
     """A connected DEALER or SUB with the options every zns peer wants.
 
     LINGER is finite so closing a socket to a dead NameServer never hangs;
     ZMTP heartbeats drop a TCP connection to a frozen peer so it reconnects.
+    `max_message_bytes` makes libzmq refuse larger frames from the other side
+    (the server sets it on the sockets it opens to its peers). A bad endpoint
+    raises zmq.ZMQError and leaves no socket behind.
     (The place to add CURVE client keys.)
     """
     sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
-    if kind == zmq.SUB:
-        # Route events are small; hold a large burst so few are dropped (gaps re-pull).
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-    sock.connect(endpoint)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        if max_message_bytes is not None:
+            sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        if kind == zmq.SUB:
+            # Route events are small; hold a large burst so few are dropped (gaps re-pull).
+            sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.connect(endpoint)
+    except BaseException:
+        sock.close(linger=0)
+        raise
     return sock
 
 
-def recv_all(sock: zmq.Socket, limit: int = 10_000) -> list[list[bytes]]:
-    """The messages waiting on `sock` (at most `limit`, so one peer cannot starve a loop)."""
+def recv_all(
+    sock: zmq.Socket, limit: int = 10_000, *, max_frames: int = 34, max_bytes: int | None = None,
+) -> list[list[bytes]]:
+    """The messages waiting on `sock` (at most `limit`, so one peer cannot starve a loop).
+
+    A message of more than `max_frames` frames or `max_bytes` bytes in all is read
+    and discarded (libzmq hands over a message only once it is whole, so it is
+    already in memory; what is bounded here is what this process copies of it).
+    """
     messages = []
+    recv = sock.recv
     for _ in range(limit):
         try:
-            messages.append(sock.recv_multipart(zmq.NOBLOCK))
+            frame = recv(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             break
+        frames, size = [frame.bytes], len(frame)
+        while frame.more:
+            frame = recv(copy=False)
+            size += len(frame)
+            if frames and (len(frames) >= max_frames
+                           or (max_bytes is not None and size > max_bytes)):
+                frames = []  # too big: keep reading to the end of it, keep nothing
+            if frames:
+                frames.append(frame.bytes)
+        if frames and (max_bytes is None or size <= max_bytes):
+            messages.append(frames)
     return messages
 
 

@@ -1,0 +1,60 @@
+"""Logging for `zns serve`: plain or JSON lines, and a bound on repeated warnings.
+
+A peer can make the server warn as often as it can send (a refused
+registration, an unreadable message, a forbidden op). `RepeatFilter` lets
+at most `burst` warnings with the same template through per `window_s`
+seconds and then says, in one line, how many it held back. The clock is the
+log record's own timestamp, so the filter reads no clock of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+
+WINDOW_S = 10.0
+BURST = 20
+
+
+class RepeatFilter(logging.Filter):
+    """At most `burst` records per (logger, level, template) every `window_s` seconds (WARNING+)."""
+
+    def __init__(self, window_s: float = WINDOW_S, burst: int = BURST) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self.burst = burst
+        # template key -> [window start, records let through, records suppressed]
+        self._windows: dict[tuple[str, int, str], list[float]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or getattr(record, "zns_summary", False):
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        window = self._windows.get(key)
+        if window is None or record.created - window[0] >= self.window_s:
+            if window is not None and window[2]:
+                self._summarize(record, key, int(window[2]))
+            if len(self._windows) >= 10_000:  # templates are few; this only bounds the dict
+                self._windows.clear()
+            self._windows[key] = [record.created, 1, 0]
+            return True
+        if window[1] < self.burst:
+            window[1] += 1
+            return True
+        window[2] += 1
+        return False
+
+    def _summarize(self, record: logging.LogRecord, key: tuple[str, int, str], count: int) -> None:
+        logging.getLogger(record.name).log(
+            record.levelno, "%d more warnings like %r were suppressed in the last %g s",
+            count, key[2][:80], self.window_s, extra={"zns_summary": True},
+        )
+
+
+def install_repeat_filter(logger: logging.Logger) -> RepeatFilter:
+    """Add one RepeatFilter to `logger` (idempotent)."""
+    for existing in logger.filters:
+        if isinstance(existing, RepeatFilter):
+            return existing
+    repeat = RepeatFilter()
+    logger.addFilter(repeat)
+    return repeat
