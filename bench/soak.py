@@ -3,10 +3,11 @@
     python -m bench.soak [--duration 600] [--brokers 1000] [--clients 50] [--results FILE]
 
 Brokers are simulated in a few processes, each driving many brokers over one
-DEALER: a registration with its topics at start, a heartbeat every second
-(a `known: false` or `changed: true` reply re-registers at once, as
-BrokerAgent does), and churn — now and then a broker changes one topic, or
-restarts (unregisters and registers again). Half the brokers are masters, half
+DEALER. Each broker is a `BrokerSession`, the core of BrokerAgent: a
+registration with its topics at start and every 30 s, a heartbeat every
+second (a `known: false` or `changed: true` reply re-registers at once), and
+churn — now and then a broker changes one topic, or restarts (unregisters and
+registers again with a new session). Half the brokers are masters, half
 their slaves (same broker name, id 1). Clients are real `RouteClient`s, each
 watching topics, plus a puller per client process sending `get_route` and
 `get_routes` to measure request latency.
@@ -21,6 +22,7 @@ are appended to bench/soak-results.md (the "Soak" section of the results).
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import os
 import random
@@ -30,6 +32,7 @@ import tempfile
 import threading
 import time
 from array import array
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from multiprocessing.connection import Connection
@@ -39,15 +42,18 @@ from typing import Any
 import zmq
 
 from bench.harness import (
-    REPO, Session, broker_addr, cpu_seconds, heartbeat_request, percentile, register_request,
-    request, rss_kib, start_zns,
+    REPO, Session, broker_addr, cpu_seconds, percentile, request, rss_kib, start_zns,
 )
 from zns.core import schema
+from zns.core.broker_session import Action, BrokerSession, BrokerState, Disconnect, Done, Send
+from zns.core.schema import TopicConfig, request_op
 
 CLUSTER = "soak"
 RESULTS = REPO / "bench" / "soak-results.md"
 RSS_GROWTH_LIMIT = 0.10  # "flat": at most 10 % above the RSS at the end of warm-up
-Acked = dict[tuple[str, int], tuple[str, list[int] | None]]  # (name, id) -> (addr, topics)
+Acked = dict[tuple[str, int], tuple[str, list[str] | None]]  # (name, id) -> (addr, topics)
+HEARTBEAT_TIMEOUT_MS = 120_000  # the NameServer's default: expiry is not what a soak tests
+REQUEST_TIMEOUT_MS = 30_000  # a slower reply is reported as an error (the soak fails)
 
 
 @dataclass(frozen=True)
@@ -84,69 +90,89 @@ def topic_name(t: int) -> str:
 
 
 class SimBroker:
-    def __init__(self, index: int, p: Params) -> None:
+    """One simulated broker: its registration (`BrokerState`) and its `BrokerSession`.
+
+    The session decides everything a BrokerAgent's would (registrations, heartbeats,
+    re-registration, timeouts); `broker_main` is only its driver, over a DEALER shared
+    by many brokers, which tells replies apart by request id.
+    """
+
+    def __init__(self, index: int, p: Params, ids: Iterator[int]) -> None:
         self.name_index, self.broker_id = divmod(index, 2)
         self.name = name_of(self.name_index)
         self.addr = broker_addr(index)
-        self.topics = initial_topics(self.name_index, p)
-        self.counter = 0
-        self.acked: tuple[int, list[int]] | None = None  # (counter, topics) the server confirmed
-        self.next_hb = 0.0
-        self.busy = False  # a registration or unregistration in flight
-
-    def register_body(self, request_id: int) -> bytes:
-        return register_request(
-            self.name, self.addr, [topic_name(t) for t in self.topics], cluster=CLUSTER,
-            broker_id=self.broker_id, id=request_id,
-            data_version={"state": 0, "timestamp": 0, "counter": self.counter},
+        self.state = BrokerState(
+            cluster=CLUSTER, broker_name=self.name, broker_id=self.broker_id,
+            broker_addr=self.addr, heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+            topics={topic_name(t): TopicConfig() for t in initial_topics(self.name_index, p)},
         )
+        self._heartbeat_ms = round(p.heartbeat * 1000)
+        self._ids = ids
+        self.session = self.new_session()
+        self.closing = False  # restarting: the unregistration is under way
+        self.start_at = 0.0
+        self.sent: tuple[int, str, float] | None = None  # (id, op, when) of the request in flight
 
-    def heartbeat_body(self, request_id: int) -> bytes:
-        return heartbeat_request(
-            self.name, self.addr, cluster=CLUSTER, broker_id=self.broker_id, id=request_id,
-            data_version={"state": 0, "timestamp": 0, "counter": self.counter},
-        )
+    def new_session(self) -> BrokerSession:
+        return BrokerSession("soak", self.state, heartbeat_interval_ms=self._heartbeat_ms,
+                             request_timeout_ms=REQUEST_TIMEOUT_MS, request_ids=self._ids)
 
-    def unregister_body(self, request_id: int) -> bytes:
-        return request("unregister_broker", cluster=CLUSTER, broker_name=self.name,
-                       broker_id=self.broker_id, broker_addr=self.addr, id=request_id)
+    def settled(self) -> bool:
+        """Registered, nothing in flight: stop driving it and its acknowledgement is final."""
+        return not self.closing and self.session.in_flight is None and self.session.registered
+
+    def acked_topics(self) -> list[str] | None:
+        acked = self.session.acknowledged
+        return sorted(acked.topics) if acked is not None else None
 
 
 def broker_main(conn: Connection, router: str, indices: list[int], p: Params, seed: int) -> None:
     """Drive `indices` brokers over one DEALER until told to stop; report what was acked."""
     rnd = random.Random(seed)
-    brokers = [SimBroker(i, p) for i in indices]
+    ids = itertools.count(1)  # one id space on the shared DEALER: an id names its broker
+    brokers = [SimBroker(i, p, ids) for i in indices]
     pairs: dict[int, list[SimBroker]] = {}
     for b in brokers:
         pairs.setdefault(b.name_index, []).append(b)
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(router)
-    pending: dict[int, tuple[SimBroker, str, float, int]] = {}
+    pending: dict[int, SimBroker] = {}
     latencies = array("d")
     counts = {"registrations": 0, "heartbeats": 0, "reregistered": 0, "errors": 0,
               "restarts": 0, "churn": 0}
-    next_id = 1
     share = len(pairs) / max(1, p.brokers // 2)
     churn_every = 1 / (p.churn_per_s * share) if p.churn_per_s * share > 0 else None
     restart_every = 60 / (p.restarts_per_min * share) if p.restarts_per_min * share > 0 else None
     now = time.monotonic()
     next_churn = now + (churn_every or 0) * rnd.random()
     next_restart = now + (restart_every or 0) * rnd.random()
-    for b in brokers:
-        b.next_hb = now + p.heartbeat * rnd.random()
-    to_register = list(brokers)
+    for b in brokers:  # spread over one heartbeat interval, so heartbeats are too
+        b.start_at = now + p.heartbeat * rnd.random()
+    to_start = sorted(brokers, key=lambda b: b.start_at, reverse=True)
     stopping = reported_ready = False
 
-    def send(b: SimBroker, op: str) -> None:
-        nonlocal next_id
-        rid, next_id = next_id, next_id + 1
-        body = {"register_broker": b.register_body, "heartbeat": b.heartbeat_body,
-                "unregister_broker": b.unregister_body}[op](rid)
-        if op != "heartbeat":
-            b.busy = True
-        pending[rid] = (b, op, time.monotonic(), b.counter)
-        sock.send(body)
+    def error(b: SimBroker, what: str) -> None:
+        counts["errors"] += 1
+        print(f"soak broker {b.name}/{b.broker_id}: {what}", file=sys.stderr)
+
+    def carry_out(b: SimBroker, actions: list[Action]) -> None:
+        for action in actions:
+            match action:
+                case Send(request=request):
+                    if b.sent is not None:  # the session gave up on it: so do we
+                        pending.pop(b.sent[0], None)
+                    b.sent = (request.id, request_op(request), time.monotonic())
+                    pending[request.id] = b
+                    sock.send(schema.encode(request))
+                case Disconnect() if not b.closing:  # only a timeout or a wrong reply does this
+                    error(b, b.session.last_error)
+                case Done(unregistered=unregistered):
+                    if not unregistered:
+                        error(b, f"unregistration not confirmed: {b.session.last_error}")
+                    b.closing = False
+                    b.session = b.new_session()  # the restart: back at once
+                    carry_out(b, b.session.start(now_ms()))
 
     while True:
         now = time.monotonic()
@@ -156,75 +182,70 @@ def broker_main(conn: Connection, router: str, indices: list[int], p: Params, se
                 stopping = True
             elif message == "steady":  # the start-up burst is timed apart: its queueing
                 del latencies[:]       # says nothing of the steady state
-        while to_register and len(pending) < 200:
-            b = to_register.pop()
-            if b.busy:
-                continue
-            send(b, "register_broker")
+        while to_start and to_start[-1].start_at <= now and len(pending) < 200:
+            b = to_start.pop()
+            carry_out(b, b.session.start(now_ms()))
         if not stopping:
             if churn_every and now >= next_churn:
                 next_churn += churn_every
                 pair = pairs[rnd.choice(list(pairs))]
-                if not any(b.busy for b in pair):
-                    old = rnd.choice(pair[0].topics)
-                    new = rnd.randrange(p.topic_pool)
-                    for b in pair:
-                        b.topics = sorted((set(b.topics) - {old}) | {new})
-                        b.counter += 1
-                        send(b, "register_broker")
-                    counts["churn"] += 1
+                old = rnd.choice(sorted(pair[0].state.topics))
+                new = topic_name(rnd.randrange(p.topic_pool))
+                for b in pair:
+                    topics = b.state.topics
+                    topics.pop(old, None)
+                    topics[new] = TopicConfig()
+                    b.state.set_topics(topics, wall_ms=int(time.time() * 1000))
+                    carry_out(b, b.session.topics_changed(now_ms()))
+                counts["churn"] += 1
             if restart_every and now >= next_restart:
                 next_restart += restart_every
                 b = rnd.choice(brokers)
-                if not b.busy:
+                if not b.closing and b not in to_start:
                     counts["restarts"] += 1
-                    send(b, "unregister_broker")
+                    b.closing = True
+                    carry_out(b, b.session.close(now_ms(), REQUEST_TIMEOUT_MS))
+        ms = now_ms()
         for b in brokers:
-            if b.next_hb <= now:
-                b.next_hb += p.heartbeat
-                if b.acked is not None and not b.busy and not stopping:
-                    send(b, "heartbeat")
-        if not reported_ready and all(b.acked is not None for b in brokers):
+            wake = b.session.next_wake()
+            if wake is not None and wake <= ms and not (stopping and b.settled()):
+                carry_out(b, b.session.on_timer(ms))
+        if not reported_ready and all(b.session.acknowledged is not None for b in brokers):
             conn.send(("ready", None))
             reported_ready = True
-        if stopping and not pending and not to_register:
+        if stopping and not to_start and all(b.settled() for b in brokers):
             break
-        wake = min(b.next_hb for b in brokers)
-        if sock.poll(max(0, min(0.05, wake - time.monotonic())) * 1000):
+        wakes = [w for b in brokers if (w := b.session.next_wake()) is not None]
+        wait_ms = min(50, max(0, min(wakes, default=ms + 50) - now_ms()))
+        if sock.poll(wait_ms):
             while True:
                 try:
                     body = sock.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     break
                 reply = schema.decode_reply(body)
-                entry = pending.pop(reply.id, None)
-                if entry is None:
+                b = pending.pop(reply.id, None)
+                if b is None or b.sent is None:
                     continue
-                b, op, sent, counter = entry
+                _, op, sent = b.sent
+                b.sent = None
                 latencies.append(time.monotonic() - sent)
-                if isinstance(reply, schema.Error):
-                    counts["errors"] += 1
-                    print(f"soak broker {b.name}/{b.broker_id} {op}: {reply.code} {reply.message}",
-                          file=sys.stderr)
-                    b.busy = False
-                    to_register.append(b)
-                elif op == "register_broker":
-                    counts["registrations"] += 1
-                    b.busy = False
-                    if counter == b.counter:
-                        b.acked = (counter, list(b.topics))
-                elif op == "unregister_broker":
-                    b.busy = False
-                    b.acked = None
-                    to_register.append(b)  # the restart: back at once
-                else:
-                    counts["heartbeats"] += 1
-                    if not reply.known or reply.changed:
-                        counts["reregistered"] += 1
-                        to_register.append(b)
+                match reply:
+                    case schema.Error(code=code, message=message):
+                        error(b, f"{op}: {code} {message}")
+                    case schema.RegisterBrokerReply():
+                        counts["registrations"] += 1
+                    case schema.HeartbeatReply(known=known, changed=changed):
+                        counts["heartbeats"] += 1
+                        counts["reregistered"] += not known or changed
+                carry_out(b, b.session.on_reply(reply, now_ms()))
     sock.close(0)
-    acked = {(b.name, b.broker_id): (b.addr, b.acked[1] if b.acked else None) for b in brokers}
+    acked = {(b.name, b.broker_id): (b.addr, b.acked_topics()) for b in brokers}
     conn.send(("done", (latencies.tobytes(), counts, acked)))
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 # --- the clients ------------------------------------------------------------------
@@ -457,7 +478,7 @@ def lost_registrations(snap: Any, acked: Acked) -> int:
             continue
         if broker_id == 0:  # topic data comes from the master
             for t in topics:
-                expected_queues.setdefault(topic_name(t), set()).add(name)
+                expected_queues.setdefault(t, set()).add(name)
     held = {topic: {q.broker_name for q in route.queues} for topic, route in snap.routes.items()}
     for topic in set(held) | set(expected_queues):
         if held.get(topic, set()) != expected_queues.get(topic, set()):

@@ -106,7 +106,7 @@ def test_conflict_is_logged_and_retried(server, caplog):
     # Another address holds id 0 with a newer state: our registration is refused (§4 step 3).
     peer.ok("register_broker", **register_fields(broker_name="bk", addr="10.9.9.9:1",
                                                  data_version={"state": 5}))
-    caplog.set_level(logging.ERROR, logger="zns.drivers.broker_agent")
+    caplog.set_level(logging.ERROR, logger="zns.core.broker_session")
     with agent_for(server.router) as agent:
         wait_for(lambda: "conflict" in agent.status()[0].last_error)
         assert not agent.status()[0].registered
@@ -128,5 +128,28 @@ def test_changes_made_while_a_registration_is_in_flight_are_not_lost(server):
             agent.add_topic(f"X{i}")
             if i % 3 == 0:
                 route_of(peer, "T1")  # a round trip: lets the agent's registration get going
-        wait_for(lambda: route_of(peer, "X29"))
+        topics = ["T1"] + [f"X{i}" for i in range(30)]
+
+        def held() -> set[str]:
+            reply = peer.ok("get_routes", topics=topics)
+            return set(reply.routes)
+
+        # Every topic, not only the last: a registration carries all of them, so a lost change
+        # shows as a missing topic only until the next one; the version held says which won.
+        wait_for(lambda: held() == set(topics))
         wait_for(agent.registered_everywhere)
+        assert held() == set(topics)
+        live = peer.ok("get_cluster_info").live
+        assert [b.data_version for b in live] == [agent.data_version]
+        assert agent.data_version.counter == 30
+
+
+@pytest.mark.timeout(30)
+def test_status_shows_the_master_and_ha_addresses_registrations_return(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields(broker_name="bk", addr="10.0.0.1:10911",
+                                                 ha_addr="10.0.0.1:10912"))
+    with agent_for(server.router, broker_id=1, broker_addr="10.0.0.2:10911") as agent:
+        wait_for(agent.registered_everywhere)
+        status = agent.status()[0]
+        assert (status.master_addr, status.ha_addr) == ("10.0.0.1:10911", "10.0.0.1:10912")

@@ -143,3 +143,10 @@ def test_broker_command_registers_and_unregisters(server, tmp_path):
 def _route(peer, topic):
     reply = peer.call("get_route", topic=topic)
     return None if isinstance(reply, Error) else reply.route
+
+
+def test_broker_command_reports_a_bad_address_as_a_usage_error():
+    out = CliRunner().invoke(main, ["broker", "--cluster", "c", "--name", "b", "--addr", "nope",
+                                    "--ns", DEAD])
+    assert out.exit_code == 2, out.output
+    assert "broker address" in out.output and out.exception.__class__ is SystemExit

@@ -28,7 +28,7 @@ from zns.core.addresses import resolve_pub_endpoint
 from zns.drivers.sockets import open_socket, parse_addresses
 from zns.drivers.broker_agent import BrokerAgent
 from zns.cli.config import load_config_file
-from zns.core.errors import ErrorReply, KeyFileError, NameServerUnavailable
+from zns.core.errors import ErrorReply, KeyFileError, NameServerUnavailable, UsageError
 from zns.drivers.route_client import call_all, call_any
 from zns.drivers.security import apply_client_keys, client_keys
 from zns.core.schema import (
@@ -437,7 +437,7 @@ def broker(target: Target, cluster: str, broker_name: str, broker_addr: str, bro
             heartbeat_interval=heartbeat_interval,
             heartbeat_timeout_ms=round(heartbeat_timeout * 1000), request_timeout=target.timeout,
         )
-    except ErrorReply as exc:
+    except (ErrorReply, UsageError) as exc:  # a bad address or topic: a usage message, no trace
         raise click.UsageError(str(exc)) from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

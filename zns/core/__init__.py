@@ -60,6 +60,7 @@ Modules:
 | `kv` | what the core needs of the KV store (the file lives in `zns.drivers.kv_file`) |
 | `keys` | the CURVE key policy (§9): who may do what |
 | `peer_link` | one peer NameServer (§10): when to ask, what its events hint |
+| `broker_session` | a broker's side of §4: when to register, heartbeat, reconnect, unregister |
 | `addresses` | NameServer address lists, the events endpoint a client connects to |
 | `backoff` | exponential backoff with jitter |
 | `queues` | producer/consumer views of a route, queue selection with fault avoidance |

@@ -1,14 +1,11 @@
 """`BrokerAgent`: keeps one broker registered with every NameServer of a list (§4, §10).
 
-Each NameServer gets its own DEALER and its own schedule, served by one
-background thread with one poller, so a NameServer that is down or slow never
-delays the others. Per NameServer: a full `register_broker` at start and
-every `register_period`, a `heartbeat` every `heartbeat_interval`, and a new
-registration at once when a heartbeat answers `known: false` or
-`changed: true` (a restarted NameServer is complete again within one
-heartbeat). A request that times out closes that DEALER (so a late reply
-cannot be taken for the answer to a later request) and the agent reconnects
-after an exponential backoff with jitter.
+The decisions (when to register, heartbeat, reconnect, unregister) are
+`zns.core.broker_session`'s: one `BrokerSession` per NameServer, all sharing
+one `BrokerState`. This driver owns what they cannot: one DEALER per
+NameServer, one background thread with one poller whose timeout is the
+earliest `next_wake()` of the sessions, the clock, and a lock so the topic
+methods can be called from any thread.
 """
 
 from __future__ import annotations
@@ -17,53 +14,34 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import zmq
 
-from zns.drivers.sockets import Waker, open_socket, parse_addresses, recv_all
-from zns.core.backoff import Backoff
-from zns.core.errors import UsageError
-from zns.core.schema import (
-    DataVersion,
-    Error,
-    Heartbeat,
-    HeartbeatReply,
-    RegisterBroker,
-    RegisterBrokerReply,
-    Request,
-    TopicConfig,
-    UnregisterBroker,
-    UnregisterBrokerReply,
-    decode_reply,
-    describe_decode_error,
-    encode,
-    request_op,
+from zns.core.broker_session import (
+    Action,
+    BrokerSession,
+    BrokerState,
+    Connect,
+    Disconnect,
+    Done,
+    Send,
+    topic_config,
 )
+from zns.core.schema import DataVersion, TopicConfig, decode_reply, encode
+from zns.drivers.sockets import Waker, open_socket, parse_addresses, recv_all
 
 log = logging.getLogger("zns.drivers.broker_agent")
-
-MIN_REGISTER_PERIOD, MAX_REGISTER_PERIOD = 10.0, 60.0  # RocketMQ's clamp
 
 
 @dataclass
 class _Link:
-    """One NameServer as this agent sees it."""
+    """One NameServer: its session and the socket the session asked for."""
 
-    endpoint: str
-    backoff: Backoff
+    session: BrokerSession
     sock: zmq.Socket | None = None
-    in_flight: tuple[int, str, float] | None = None  # (id, op, deadline): one at a time
-    registered_version: DataVersion | None = None  # what the NameServer holds, as far as we know
-    sent_version: DataVersion | None = None  # the version of the registration in flight
-    next_register: float = 0.0
-    next_heartbeat: float = 0.0
-    reconnect_at: float = 0.0
-    last_error: str = ""
-    registrations: int = 0
-    unregistered: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,26 +50,16 @@ class LinkStatus:
     registered: bool
     registrations: int  # successful registrations so far
     last_error: str
-
-
-@dataclass
-class _Config:
-    cluster: str
-    broker_name: str
-    broker_id: int
-    broker_addr: str
-    ha_addr: str
-    zone: str
-    filter_servers: list[str]
-    heartbeat_timeout_ms: int
-    topics: dict[str, TopicConfig] = field(default_factory=dict)
+    master_addr: str = ""  # what this NameServer's last registration reply said
+    ha_addr: str = ""
 
 
 class BrokerAgent:
     """Registers one broker with every NameServer; `close()` unregisters it.
 
     Usable as a context manager. The topic methods are thread-safe; each bumps
-    the DataVersion and registers at once.
+    the DataVersion and registers at once. Times are in seconds here, as
+    everywhere in the public API; the sessions get milliseconds.
     """
 
     def __init__(
@@ -117,24 +85,26 @@ class BrokerAgent:
     ) -> None:
         if not isinstance(topics, Mapping):
             topics = {topic: TopicConfig() for topic in topics}
-        self._config = _Config(
+        self._broker = BrokerState(
             cluster=cluster, broker_name=broker_name, broker_id=broker_id,
-            broker_addr=broker_addr, ha_addr=ha_addr, zone=zone,
-            filter_servers=list(filter_servers), heartbeat_timeout_ms=heartbeat_timeout_ms,
-            topics={t: _topic_config(c) for t, c in topics.items()},
+            broker_addr=broker_addr, ha_addr=ha_addr, zone=zone, topics=topics,
+            filter_servers=filter_servers, heartbeat_timeout_ms=heartbeat_timeout_ms,
+            version=DataVersion(state=state_version, timestamp=_wall_ms(), counter=0),
         )
-        self._version = DataVersion(state=state_version, timestamp=_wall_ms(), counter=0)
-        _validate(msgspec.to_builtins(self._registration()))
-        self.register_period = min(MAX_REGISTER_PERIOD, max(MIN_REGISTER_PERIOD, register_period))
-        self.heartbeat_interval = heartbeat_interval
-        self.request_timeout = request_timeout
-        self._close_timeout = 3.0
+        self._links = [
+            _Link(BrokerSession(
+                endpoint, self._broker, register_period_ms=_ms(register_period),
+                heartbeat_interval_ms=_ms(heartbeat_interval),
+                request_timeout_ms=_ms(request_timeout),
+            ))
+            for endpoint in parse_addresses(addrs)
+        ]
         self._clock = clock
         self._ctx = context or zmq.Context.instance()
-        self._links = [_Link(ep, Backoff()) for ep in parse_addresses(addrs)]
         self._lock = threading.Lock()
         self._stopping = False
-        self._next_id = 1
+        self._changed = False  # the topics changed since the loop last told the sessions
+        self._close_timeout = 3.0
         self._waker = Waker()
         self._thread = threading.Thread(target=self._run, name="zns-broker-agent", daemon=True)
         if start:
@@ -146,22 +116,23 @@ class BrokerAgent:
         self._thread.start()
 
     @property
+    def register_period(self) -> float:
+        """Seconds between full registrations, after RocketMQ's 10–60 s clamp."""
+        return self._links[0].session.register_period_ms / 1000 if self._links else 0.0
+
+    @property
     def data_version(self) -> DataVersion:
-        return self._version
+        return self._broker.version
 
     @property
     def topics(self) -> dict[str, TopicConfig]:
         with self._lock:
-            return dict(self._config.topics)
+            return self._broker.topics
 
     def add_topic(self, topic: str, config: TopicConfig | Mapping[str, Any] | None = None) -> None:
         """Add or update a topic; registers at once with every NameServer."""
-        cfg = _topic_config(config or {})
-        _validate({"op": "register_broker", "topics": {topic: msgspec.to_builtins(cfg)},
-                   **_ids(self._config)})
+        cfg = topic_config(config or {})
         self._change(lambda topics: topics.__setitem__(topic, cfg))
-
-    update_topic = add_topic
 
     def remove_topic(self, topic: str) -> None:
         self._change(lambda topics: topics.pop(topic, None))
@@ -169,9 +140,9 @@ class BrokerAgent:
     def status(self) -> list[LinkStatus]:
         with self._lock:
             return [
-                LinkStatus(link.endpoint, link.registered_version == self._version,
-                           link.registrations, link.last_error)
-                for link in self._links
+                LinkStatus(s.endpoint, s.registered, s.registrations, s.last_error,
+                           s.master_addr, s.ha_addr)
+                for s in (link.session for link in self._links)
             ]
 
     def registered_everywhere(self) -> bool:
@@ -186,7 +157,7 @@ class BrokerAgent:
         if self._thread.is_alive():
             self._thread.join(timeout + 2)
         self._waker.close()
-        return {link.endpoint: link.unregistered for link in self._links}
+        return {link.session.endpoint: link.session.unregistered for link in self._links}
 
     def __enter__(self) -> BrokerAgent:
         return self
@@ -194,188 +165,90 @@ class BrokerAgent:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --- internals -------------------------------------------------------------
+    # --- the loop --------------------------------------------------------------
 
     def _change(self, edit: Callable[[dict[str, TopicConfig]], object]) -> None:
         with self._lock:
-            edit(self._config.topics)
-            v = self._version
-            self._version = DataVersion(state=v.state, timestamp=_wall_ms(), counter=v.counter + 1)
-            for link in self._links:
-                link.next_register = 0.0  # register the change at once, everywhere
+            topics = self._broker.topics
+            edit(topics)
+            self._broker.set_topics(topics, _wall_ms())  # checks first: a bad topic changes nothing
+            self._changed = True
         self._waker.wake()
 
-    def _registration(self) -> RegisterBroker:
-        c = self._config
-        return RegisterBroker(
-            **_ids(c), ha_addr=c.ha_addr, zone=c.zone, data_version=self._version,
-            topics=dict(c.topics), filter_servers=list(c.filter_servers),
-            heartbeat_timeout_ms=c.heartbeat_timeout_ms,
-        )
+    def _now(self) -> int:
+        return int(self._clock() * 1000)
 
     def _run(self) -> None:
         try:
+            with self._lock:
+                now = self._now()
+                for link in self._links:
+                    self._carry_out(link, link.session.start(now))
             ready: dict[Any, int] = {}
+            closing = False
             while True:
-                now = self._clock()
+                now = self._now()
                 if ready.pop(self._waker.reader, None):
                     self._waker.drain()
                 with self._lock:
-                    if self._stopping:
-                        break
+                    if self._stopping and not closing:
+                        closing = True
+                        for link in self._links:
+                            self._carry_out(link, link.session.close(now, _ms(self._close_timeout)))
+                    if self._changed:
+                        self._changed = False
+                        for link in self._links:
+                            self._carry_out(link, link.session.topics_changed(now))
                     for link in self._links:
                         if link.sock is not None and link.sock in ready:
                             for frames in recv_all(link.sock):
                                 self._on_reply(link, frames[-1], now)
-                        self._step(link, now)
+                        self._carry_out(link, link.session.on_timer(now))
+                    if all(link.session.done for link in self._links):
+                        break
                     poller = zmq.Poller()
                     poller.register(self._waker.reader, zmq.POLLIN)
                     for link in self._links:
                         if link.sock is not None:
                             poller.register(link.sock, zmq.POLLIN)
-                    wait = max(0.0, min(self._next_wake(link) for link in self._links) - now)
-                ready = dict(poller.poll(wait * 1000))
-            self._unregister_all(self._close_timeout)
+                    wakes = [w for link in self._links if (w := link.session.next_wake()) is not None]
+                    wait = max(0, min(wakes) - now) if wakes else None
+                ready = dict(poller.poll(wait))
         finally:
             for link in self._links:
                 self._drop_socket(link)
 
-    def _step(self, link: _Link, now: float) -> None:
-        """Time out, reconnect, or send what is due on this link."""
-        if link.in_flight is not None:
-            if now < link.in_flight[2]:
-                return
-            self._fail(link, now, f"no reply to {link.in_flight[1]} within "
-                                  f"{self.request_timeout:g} s")
-        if link.sock is None:
-            if now < link.reconnect_at:
-                return
-            link.sock = open_socket(self._ctx, zmq.DEALER, link.endpoint)
-        if now >= link.next_register:
-            self._send(link, self._registration(), now)
-        elif link.registered_version == self._version and now >= link.next_heartbeat:
-            c = self._config
-            self._send(link, Heartbeat(**_ids(c), data_version=self._version), now)
-
-    def _next_wake(self, link: _Link) -> float:
-        if link.in_flight is not None:
-            return link.in_flight[2]
-        if link.sock is None:
-            return link.reconnect_at
-        if link.registered_version == self._version:
-            return min(link.next_register, link.next_heartbeat)
-        return link.next_register
-
-    def _send(self, link: _Link, request: Request, now: float) -> None:
-        request_id = self._next_id
-        self._next_id += 1
-        assert link.sock is not None
-        try:
-            link.sock.send(encode(msgspec.structs.replace(request, id=request_id)), zmq.DONTWAIT)
-        except zmq.Again:
-            pass  # not connected yet: the timeout below handles it like a lost reply
-        link.in_flight = (request_id, request_op(request), now + self.request_timeout)
-        if isinstance(request, Heartbeat):
-            link.next_heartbeat = now + self.heartbeat_interval
-        elif isinstance(request, RegisterBroker):
-            link.sent_version = request.data_version
-
-    def _on_reply(self, link: _Link, body: bytes, now: float) -> None:
+    def _on_reply(self, link: _Link, body: bytes, now: int) -> None:
         try:
             reply = decode_reply(body)
         except msgspec.DecodeError as exc:
-            log.warning("unreadable reply from %s: %s", link.endpoint, exc)
+            log.warning("unreadable reply from %s: %s", link.session.endpoint, exc)
             return
-        if link.in_flight is None or reply.id != link.in_flight[0]:
-            return  # not the answer we wait for (a stale one): ignore
-        op, link.in_flight = link.in_flight[1], None
-        link.backoff.reset()
-        match reply:
-            case Error(code=code, message=message):
-                link.last_error = f"{code}: {message}"
-                link.registered_version = None
-                if op == "register_broker":
-                    # A conflict or a refused field does not fix itself: say so, retry per period.
-                    log.error("NameServer %s refused the registration of %s: %s %s",
-                              link.endpoint, self._config.broker_name, code, message)
-                    link.next_register = now + self.register_period
-                else:
-                    log.warning("NameServer %s answered %s with %s: %s",
-                                link.endpoint, op, code, message)
-                    link.next_register = now
-            case RegisterBrokerReply():
-                link.registered_version = link.sent_version
-                link.registrations += 1
-                link.last_error = ""
-                # A topic change made while this registration was in flight goes out now.
-                current = link.sent_version == self._version
-                link.next_register = now + self.register_period if current else now
-                link.next_heartbeat = now + self.heartbeat_interval
-                log.debug("registered with %s", link.endpoint)
-            case HeartbeatReply(known=known, changed=changed):
-                if not known or changed:
-                    log.info("NameServer %s %s this broker: registering again", link.endpoint,
-                             "does not know" if not known else "holds another version of")
-                    link.registered_version = None
-                    link.next_register = now
-            case UnregisterBrokerReply():
-                link.unregistered = True
+        self._carry_out(link, link.session.on_reply(reply, now))
 
-    def _fail(self, link: _Link, now: float, why: str) -> None:
-        delay = link.backoff.next_delay()
-        log.warning("NameServer %s: %s; reconnecting in %.2f s", link.endpoint, why, delay)
-        link.last_error = why
-        link.registered_version = None
-        link.next_register = 0.0
-        self._drop_socket(link)
-        link.reconnect_at = now + delay
+    def _carry_out(self, link: _Link, actions: list[Action]) -> None:
+        for action in actions:
+            match action:
+                case Connect():
+                    self._drop_socket(link)
+                    link.sock = open_socket(self._ctx, zmq.DEALER, link.session.endpoint)
+                case Send(request=request):
+                    assert link.sock is not None
+                    try:
+                        link.sock.send(encode(request), zmq.DONTWAIT)
+                    except zmq.Again:
+                        pass  # not connected yet: the session's timeout treats it as a lost reply
+                case Disconnect() | Done():
+                    self._drop_socket(link)
 
     def _drop_socket(self, link: _Link) -> None:
         if link.sock is not None:
             link.sock.close(0)
         link.sock = None
-        link.in_flight = None
-
-    def _unregister_all(self, timeout: float) -> None:
-        """Send `unregister_broker` everywhere at once and wait for the answers, bounded."""
-        deadline = self._clock() + timeout
-        request = UnregisterBroker(**_ids(self._config))
-        poller = zmq.Poller()
-        for link in self._links:
-            self._drop_socket(link)  # a fresh socket: no stale replies, no queued requests
-            link.sock = open_socket(self._ctx, zmq.DEALER, link.endpoint)
-            self._send(link, request, self._clock())
-            poller.register(link.sock, zmq.POLLIN)
-        waiting = {link.sock: link for link in self._links}
-        while waiting:
-            left = deadline - self._clock()
-            if left <= 0:
-                break
-            for sock, _ in poller.poll(left * 1000):
-                link = waiting.pop(sock)
-                for frames in recv_all(sock):
-                    self._on_reply(link, frames[-1], self._clock())
-                poller.unregister(sock)
-        for link in waiting.values():
-            log.warning("NameServer %s did not confirm the unregistration of %s within %g s",
-                        link.endpoint, self._config.broker_name, timeout)
 
 
-def _ids(c: _Config) -> dict[str, Any]:
-    return dict(cluster=c.cluster, broker_name=c.broker_name, broker_id=c.broker_id,
-                broker_addr=c.broker_addr)
-
-
-def _validate(registration: dict[str, Any]) -> None:
-    """Check a registration against the wire schema now, so a typo fails at the call."""
-    try:
-        msgspec.convert(registration, RegisterBroker)
-    except msgspec.ValidationError as exc:
-        raise UsageError(describe_decode_error(exc)) from None
-
-
-def _topic_config(config: TopicConfig | Mapping[str, Any]) -> TopicConfig:
-    return config if isinstance(config, TopicConfig) else msgspec.convert(config, TopicConfig)
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
 
 
 def _wall_ms() -> int:
