@@ -8,8 +8,7 @@ import pytest
 
 from conftest import register_fields
 from zns.drivers.async_client import AsyncRouteClient
-from zns.drivers.route_client import NameServerUnavailable
-from zns.core.errors import NotFound
+from zns.core.errors import NameServerUnavailable, NotFound
 
 
 def client_for(*endpoints: str, **kw) -> AsyncRouteClient:
