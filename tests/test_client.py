@@ -549,3 +549,29 @@ def test_select_queue_through_the_client(server):
         picks = [client.select_queue("T", avoid_broker="broker-a") for _ in range(3)]
         assert {q.broker_name for q in picks} == {"broker-b"}
         assert len({client.select_queue("T") for _ in range(4)}) == 4
+
+
+@pytest.mark.timeout(30)
+def test_forget_stops_following_a_topic(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields(topics={"TopicA": {}, "TopicB": {}}))
+    seen: list = []
+    with client_for(server.router) as client:
+        client.watch("TopicA", lambda t, r: seen.append(r))
+        client.route("TopicB")
+        wait_for(lambda: seen)
+        client.forget("TopicA")
+        assert client.session.cache.topics() == ["TopicB"]
+        count, pulls = len(seen), client.session.pulls
+        peer.ok("register_broker", **register_fields(
+            topics={"TopicA": {"read_queues": 2}, "TopicB": {"read_queues": 2}},
+            data_version={"counter": 1}))
+        wait_for(lambda: client.route("TopicB").queues[0].read_queues == 2)
+        assert len(seen) == count  # no callback for the forgotten topic
+        assert "TopicA" not in client.session.cache.topics()
+        assert client.session.pulls == pulls  # TopicB came by push; TopicA was not pulled
+        assert client.route("TopicA").queues[0].read_queues == 2  # followed afresh ...
+        marker: list = []  # callbacks run in order: once this one ran, any for TopicA did
+        client.watch("TopicB", lambda t, r: marker.append(r))
+        wait_for(lambda: marker)
+        assert len(seen) == count  # ... without the callbacks it had before
