@@ -21,7 +21,7 @@ from pathlib import Path
 
 import zmq
 
-from zns.drivers.route_client import call
+from zns.drivers.requests import call
 from zns.core.schema import (
     BROKER_PREFIX,
     BrokerEvent,

@@ -8,8 +8,7 @@ import pytest
 
 from conftest import register_fields
 from zns.drivers.async_client import AsyncRouteClient
-from zns.drivers.route_client import NameServerUnavailable
-from zns.core.errors import NotFound
+from zns.core.errors import NameServerUnavailable, NotFound
 
 
 def client_for(*endpoints: str, **kw) -> AsyncRouteClient:
@@ -77,5 +76,32 @@ def test_no_nameserver_answers():
         async with client_for("tcp://127.0.0.1:1", timeout=0.5) as client:
             with pytest.raises(NameServerUnavailable):
                 await client.route("TopicA")
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(30)
+def test_slow_watcher_gets_the_latest_route_and_forget_ends_it(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields())
+
+    async def scenario():
+        async with client_for(server.router) as client:
+            watching = client.watch("TopicA")
+            assert (await anext(watching)).queues[0].read_queues == 16
+            for counter in range(1, 21):  # 20 changes while the watcher does not read
+                peer.ok("register_broker", **register_fields(
+                    topics={"TopicA": {"read_queues": counter}},
+                    data_version={"counter": counter}))
+            revision = peer.ok("get_route", topic="TopicA").revision
+            async with asyncio.timeout(10):
+                while client.session.cache.revision("TopicA") != revision:
+                    await asyncio.sleep(0.02)
+            # One route buffered, not twenty: the next one is the latest.
+            assert (await anext(watching)).queues[0].read_queues == 20
+            client.forget("TopicA")
+            with pytest.raises(StopAsyncIteration):
+                await asyncio.wait_for(anext(watching), 5)
+            assert "TopicA" not in client.session.cache.topics()
 
     asyncio.run(scenario())

@@ -9,17 +9,18 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import register_fields, wait_for
-from zns.drivers.route_client import (
+from zns.core.backoff import Backoff
+from zns.core.client_session import (
     ClientSession,
     Connect,
     ConnectSub,
-    NameServerUnavailable,
-    RouteCache,
-    RouteClient,
     Send,
     Subscribe,
+    Unsubscribe,
 )
-from zns.core.errors import NotFound, UsageError
+from zns.core.errors import NameServerUnavailable, NotFound, UsageError
+from zns.core.route_cache import RouteCache
+from zns.drivers.route_client import RouteClient
 from zns.core.schema import (
     HB_CHANNEL,
     GetRoutesReply,
@@ -74,27 +75,39 @@ class ModelServer:
 TOPICS = ["A", "B", "C"]
 step = st.one_of(
     st.tuples(st.just("change"), st.sampled_from(TOPICS), st.booleans(), st.booleans()),
+    st.tuples(st.just("serve")),
     st.tuples(st.just("reply")),
     st.tuples(st.just("hb"), st.booleans()),
-    st.tuples(st.just("restart")),
+    st.tuples(st.just("effective")),
+    st.tuples(st.just("restart"), st.booleans()),
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(st.lists(step, max_size=60))
 def test_cache_is_never_wrong_and_converges(steps):
-    """Events dropped at random, replies late, restarts: the cache never shows a route
-    other than the one the server had at the revision it claims, and once the last
-    change of each topic is delivered and the pulls answered, it equals the server."""
+    """The subscriptions reach the publisher at some unknown point (`effective`); before
+    it every event and `hb` is lost, after it only some, at random (a high-water mark).
+    A pull is served at one moment and its reply arrives later; the server restarts,
+    and requests not yet served may reach the new one. The cache never shows a route
+    other than the one the server had at the revision it claims. And once the
+    subscriptions are effective, an `hb` delivered and every pull answered, it equals
+    the server, without one more event: a periodic pull is allowed only when an event
+    was lost after the subscriptions took effect (then nothing else can show it)."""
     server, cache = ModelServer(TOPICS), RouteCache()
-    pending: list[tuple[str, dict, dict]] = []
+    pending: list[list] = []  # [topics, the server's answer once served], in order
+    effective = lost_while_effective = False
     for t in TOPICS:
         cache.track(t)
 
     def pull_stale() -> None:
         topics = cache.take_stale()
         if topics:
-            pending.append(server.pull(topics))
+            pending.append([topics, None])
+
+    def serve() -> None:
+        unserved = next(p for p in pending if p[1] is None)
+        unserved[1] = server.pull(unserved[0])
 
     def check_consistent() -> None:
         for t in TOPICS:
@@ -104,47 +117,146 @@ def test_cache_is_never_wrong_and_converges(steps):
     pull_stale()
     for action in steps:
         match action:
-            case ("change", topic, delete, delivered):
+            case ("change", topic, delete, lost):
                 event = server.change(topic, delete)
-                if delivered:
+                if effective and not lost:
                     cache.apply_event(event)
-            case ("reply",) if pending:
-                cache.apply_pull(*pending.pop(0), now=0)
-            case ("hb", delivered) if delivered:
+                lost_while_effective |= effective and lost
+            case ("serve",) if any(p[1] is None for p in pending):
+                serve()
+            case ("reply",) if pending and pending[0][1] is not None:
+                cache.apply_pull(*pending.pop(0)[1], now=0)
+            case ("hb", delivered) if effective and delivered:
                 cache.apply_event(server.hb())
-            case ("restart",):
+            case ("effective",):
+                effective = True
+            case ("restart", requests_survive):
                 server.restart()
-                if pending:  # those requests die with the server: the session times out
+                effective = False  # the new publisher has none of the subscriptions yet
+                if pending and (not requests_survive or pending[0][1] is not None):
+                    # Answers (or requests) die with the server: the session times out.
                     pending.clear()
                     cache.reset()
         pull_stale()
         check_consistent()
-    # Settle: one more change of each topic, delivered; then answer every pull.
-    for t in TOPICS:
-        cache.apply_event(server.change(t, delete=False))
+    # Settle: the subscriptions take effect and are proven; nothing else changes.
+    def answer_every_pull() -> None:
         pull_stale()
+        while pending:
+            if pending[0][1] is None:
+                serve()
+            cache.apply_pull(*pending.pop(0)[1], now=0)
+            pull_stale()
+            check_consistent()
+
     cache.apply_event(server.hb())
-    pull_stale()
-    while pending:
-        cache.apply_pull(*pending.pop(0), now=0)
-        pull_stale()
-        check_consistent()
+    answer_every_pull()
+    if lost_while_effective:  # the periodic pull, which comes after any answer in flight
+        cache.on_timer(10**9)
+        answer_every_pull()
     for t in TOPICS:
         assert cache.view(t) == server.routes[t], t
         assert cache.revision(t) == server.revs[t]
 
 
+def current_cache(server: ModelServer, topics: list[str]) -> RouteCache:
+    """A cache holding `topics` as `server` has them, subscriptions proven."""
+    cache = RouteCache()
+    for t in topics:
+        cache.track(t)
+    cache.apply_pull(*server.pull(cache.take_stale()), now=0)
+    cache.apply_event(server.hb())
+    cache.apply_pull(*server.pull(cache.take_stale()), now=0)  # the confirming pull
+    assert all(cache.is_current(t) for t in topics) and cache.take_stale() == []
+    return cache
+
+
 def test_gap_marks_topic_stale_and_old_events_are_ignored():
-    server, cache = ModelServer(["A"]), RouteCache()
-    cache.track("A")
+    server = ModelServer(["A"])
     first = server.change("A", delete=False)
-    assert cache.take_stale() == ["A"]
-    assert cache.apply_pull(*server.pull(["A"]), now=0) == [("A", first.route)]
-    assert cache.apply_event(first) == []  # not above the remembered revision
+    second = server.change("A", delete=False)
+    cache = current_cache(server, ["A"])
+    assert cache.revision("A") == 2
+    assert cache.apply_event(first) == []  # older than what we hold: ignored, not a gap
+    assert cache.is_current("A") and cache.take_stale() == []
+    assert cache.view("A") == second.route
     server.change("A", delete=False)  # lost
-    third = server.change("A", delete=False)
-    assert cache.apply_event(third) == []
+    fourth = server.change("A", delete=False)
+    assert cache.apply_event(fourth) == []
     assert cache.take_stale() == ["A"]  # the gap asks for a pull
+
+
+def test_event_at_the_revision_held_is_ignored_without_a_pull():
+    server = ModelServer(["A"])
+    held = server.change("A", delete=False)
+    cache = current_cache(server, ["A"])
+    assert cache.revision("A") == held.revision
+    assert cache.apply_event(held) == []
+    assert cache.is_current("A") and cache.take_stale() == []
+
+
+def test_new_epoch_in_a_pull_reply_marks_every_other_topic_stale():
+    server = ModelServer(["A", "B"])
+    for _ in range(5):
+        server.change("B", delete=False)
+    cache = current_cache(server, ["A", "B"])
+    assert cache.revision("B") == 5
+    # A goes stale (a gap, say) and its pull is answered by the restarted server:
+    # the reply is the first sign of the new epoch.
+    server.change("A", delete=False)
+    cache.apply_event(server.change("A", delete=False))
+    assert cache.take_stale() == ["A"]
+    server.restart()
+    new_b = server.change("B", delete=False)  # revision 1 < 5 in the new epoch
+    cache.apply_pull(*server.pull(["A"]), now=0)
+    assert cache.epoch == server.epoch
+    assert not cache.is_current("B")
+    assert cache.take_stale() == ["B"]  # B is pulled, not kept from the dead epoch
+    cache.apply_pull(*server.pull(["B"]), now=0)
+    assert cache.view("B") == new_b.route and cache.revision("B") == 1
+    # No `hb` has come through the new publisher yet: the next one repeats the pulls.
+    cache.apply_event(server.hb())
+    assert sorted(cache.take_stale()) == ["A", "B"]
+
+
+def test_pull_in_flight_when_subscription_is_proven_is_repeated():
+    server = ModelServer(["A"])
+    cache = RouteCache()
+    cache.track("A")
+    answer = server.pull(cache.take_stale())  # served before the subscription took effect
+    missed = server.change("A", delete=False)  # so its event never arrives
+    cache.apply_event(server.hb())  # the subscription is proven while the pull is in flight
+    cache.apply_pull(*answer, now=0)
+    assert cache.take_stale() == ["A"]  # pulled again, and the missed change is seen
+    cache.apply_pull(*server.pull(["A"]), now=0)
+    assert cache.view("A") == missed.route and cache.is_current("A")
+
+
+def test_new_epoch_in_an_hb_repeats_a_pull_in_flight_after_its_answer():
+    server = ModelServer(["A"])
+    cache = current_cache(server, ["A"])
+    server.change("A", delete=False)  # lost
+    cache.apply_event(server.change("A", delete=False))  # the gap: A is pulled
+    assert cache.take_stale() == ["A"]
+    server.restart()
+    answer = server.pull(["A"])  # the new server answers it ...
+    created = server.change("A", delete=False)  # ... before a change whose event is lost
+    cache.apply_event(server.hb())  # the new epoch, seen first in an `hb`
+    assert cache.take_stale() == []  # no second pull racing the one in flight
+    cache.apply_pull(*answer, now=0)
+    assert cache.take_stale() == ["A"]  # but repeated once it is answered
+    cache.apply_pull(*server.pull(["A"]), now=0)
+    assert cache.view("A") == created.route and cache.is_current("A")
+
+
+def test_forget_stops_pulling_and_ignores_the_topic():
+    server = ModelServer(["A", "B"])
+    cache = current_cache(server, ["A", "B"])
+    assert cache.forget("A") and not cache.forget("A")
+    assert cache.topics() == ["B"] and not cache.known("A")
+    assert cache.apply_event(server.change("A", delete=False)) == []
+    cache.on_timer(10**9)
+    assert cache.take_stale() == ["B"]
 
 
 def test_unknown_topic_is_remembered_so_its_creation_applies():
@@ -171,16 +283,16 @@ def test_new_epoch_in_an_event_marks_every_topic_stale():
 
 
 def test_periodic_pull():
-    server, cache = ModelServer(["A"]), RouteCache(pull_period=30)
+    server, cache = ModelServer(["A"]), RouteCache(pull_period_ms=30_000)
     cache.track("A")
     cache.take_stale()
-    cache.apply_pull(*server.pull(["A"]), now=100)
+    cache.apply_pull(*server.pull(["A"]), now=100_000)
     cache.apply_event(server.hb())
     cache.take_stale()
-    cache.apply_pull(*server.pull(["A"]), now=100)
-    cache.on_timer(129.9)
+    cache.apply_pull(*server.pull(["A"]), now=100_000)
+    cache.on_timer(129_999)
     assert cache.take_stale() == []
-    cache.on_timer(130)
+    cache.on_timer(130_000)
     assert cache.take_stale() == ["A"]
 
 
@@ -207,45 +319,80 @@ def test_zone_filter_applies_to_pulls_and_events():
 # --- the session -----------------------------------------------------------------------
 
 
+def status_reply(request_body: bytes, pub_endpoint: str) -> bytes:
+    return encode(StatusReply(id=decode_request(request_body).id, epoch="e" * 16, revision=0,
+                              version="x", uptime_ms=0, brokers=0, topics=0,
+                              pub_endpoint=pub_endpoint))
+
+
 def test_session_learns_pub_endpoint_and_switches_on_timeout():
     import random
 
-    session = ClientSession(["tcp://h1:1", "tcp://h2:1"], request_timeout=1.0,
+    session = ClientSession(["tcp://h1:1", "tcp://h2:1"], request_timeout_ms=1_000,
                             rng=random.Random(0))
-    session.start(0.0)
+    session.start(0)
     first = session.endpoint
     actions = session.actions()
     assert actions[0] == Connect(first)
-    status = decode_request(actions[1].body)
-    session.on_reply(encode(StatusReply(id=status.id, epoch="e" * 16, revision=0, version="x",
-                                        uptime_ms=0, brokers=0, topics=0,
-                                        pub_endpoint="tcp://0.0.0.0:7")), 0.1)
+    session.on_reply(status_reply(actions[1].body, "tcp://0.0.0.0:7"), 100)
     host = first.split("//")[1].split(":")[0]
     assert session.actions() == [ConnectSub(f"tcp://{host}:7"), Subscribe(HB_CHANNEL)]
-    session.track("T", 0.2)
+    session.track("T", 200)
     acts = session.actions()
     assert acts[0] == Subscribe(route_channel("T")) and isinstance(acts[1], Send)
-    session.on_timer(1.3)  # the get_routes went unanswered
+    session.on_timer(1_300)  # the get_routes went unanswered
     assert session.actions() == [Connect(None)]
     assert session.endpoint is None and session.switches == 1
-    session.on_timer(5.0)  # after the backoff: the other NameServer
+    session.on_timer(5_000)  # after the backoff: the other NameServer
     assert session.endpoint != first
     with pytest.raises(UsageError):
-        session.track("not a topic!", 5.0)
+        session.track("not a topic!", 5_000)
 
 
 def test_session_switches_when_hb_stops():
-    session = ClientSession(["tcp://h1:1"], heartbeat_interval=0.5, request_timeout=1.0)
-    session.start(0.0)
-    rid = decode_request(session.actions()[1].body).id
-    session.on_reply(encode(StatusReply(id=rid, epoch="e" * 16, revision=0, version="x",
-                                        uptime_ms=0, brokers=0, topics=0,
-                                        pub_endpoint="tcp://h1:2")), 0.0)
-    session.on_event(encode(HbEvent(epoch="e" * 16, revision=0, time_ms=0)), 1.0)
-    session.on_timer(2.4)
+    session = ClientSession(["tcp://h1:1"], heartbeat_interval_ms=500, request_timeout_ms=1_000)
+    session.start(0)
+    session.on_reply(status_reply(session.actions()[1].body, "tcp://h1:2"), 0)
+    session.on_event(encode(HbEvent(epoch="e" * 16, revision=0, time_ms=0)), 1_000)
+    session.on_timer(2_400)
     assert session.switches == 0
-    session.on_timer(2.6)  # 3 intervals without hb
+    session.on_timer(2_600)  # 3 intervals without hb
     assert session.switches == 1
+
+
+def test_hb_resets_the_reconnect_backoff():
+    import random
+
+    session = ClientSession(["tcp://h1:1", "tcp://h2:1"], heartbeat_interval_ms=500,
+                            request_timeout_ms=1_000, backoff=Backoff(100, 10_000, random.Random(1)))
+    now = 0
+    session.start(now)
+    for _ in range(5):  # five NameServers in a row do not answer: the backoff grows
+        now += 1_000
+        session.on_timer(now)
+        now = session.next_deadline()
+        session.on_timer(now)
+    assert session.switches == 5 and session.backoff.next_delay() >= 1_600
+    *_, ask_status = session.actions()  # the sixth try: this one answers
+    session.on_reply(status_reply(ask_status.body, "tcp://h:2"), now)
+    session.on_event(encode(HbEvent(epoch="e" * 16, revision=0, time_ms=0)), now)
+    now += 1_500  # the followed NameServer falls silent: 3 intervals without hb
+    session.on_timer(now)
+    assert session.switches == 6
+    assert session.next_deadline() - now <= 100  # the shortest backoff again, not ~3 s
+
+
+def test_forget_unsubscribes_and_stops_pulling_the_topic():
+    session = ClientSession(["tcp://h1:1"])
+    session.start(0)
+    session.on_reply(status_reply(session.actions()[1].body, "tcp://h1:2"), 0)
+    session.track("T", 0)
+    session.track("U", 0)
+    session.actions()
+    session.forget("T")
+    assert session.actions() == [Unsubscribe(route_channel("T"))]
+    session.forget("T")  # not kept: nothing to do
+    assert session.actions() == [] and session.cache.topics() == ["U"]
 
 
 # --- against real NameServers ------------------------------------------------------------
@@ -402,3 +549,29 @@ def test_select_queue_through_the_client(server):
         picks = [client.select_queue("T", avoid_broker="broker-a") for _ in range(3)]
         assert {q.broker_name for q in picks} == {"broker-b"}
         assert len({client.select_queue("T") for _ in range(4)}) == 4
+
+
+@pytest.mark.timeout(30)
+def test_forget_stops_following_a_topic(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields(topics={"TopicA": {}, "TopicB": {}}))
+    seen: list = []
+    with client_for(server.router) as client:
+        client.watch("TopicA", lambda t, r: seen.append(r))
+        client.route("TopicB")
+        wait_for(lambda: seen)
+        client.forget("TopicA")
+        assert client.session.cache.topics() == ["TopicB"]
+        count, pulls = len(seen), client.session.pulls
+        peer.ok("register_broker", **register_fields(
+            topics={"TopicA": {"read_queues": 2}, "TopicB": {"read_queues": 2}},
+            data_version={"counter": 1}))
+        wait_for(lambda: client.route("TopicB").queues[0].read_queues == 2)
+        assert len(seen) == count  # no callback for the forgotten topic
+        assert "TopicA" not in client.session.cache.topics()
+        assert client.session.pulls == pulls  # TopicB came by push; TopicA was not pulled
+        assert client.route("TopicA").queues[0].read_queues == 2  # followed afresh ...
+        marker: list = []  # callbacks run in order: once this one ran, any for TopicA did
+        client.watch("TopicB", lambda t, r: marker.append(r))
+        wait_for(lambda: marker)
+        assert len(seen) == count  # ... without the callbacks it had before

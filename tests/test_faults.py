@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import zmq
 
-import zns.drivers.route_client
+import zns.drivers.client_base
 from conftest import Peer, register_fields, wait_for
 from zns.core import schema
 from zns.drivers.broker_agent import BrokerAgent
@@ -150,8 +150,8 @@ def test_subscriber_behind_the_pub_hwm(make_server, monkeypatch, clients, caplog
         sock.connect(endpoint)
         return sock
 
-    monkeypatch.setattr(zns.drivers.route_client, "open_socket", small_hwm_socket)
-    caplog.set_level(logging.DEBUG, logger="zns.drivers.route_client")
+    monkeypatch.setattr(zns.drivers.client_base, "open_socket", small_hwm_socket)
+    caplog.set_level(logging.DEBUG, logger="zns.client")
     gate, blocked = threading.Event(), threading.Event()
 
     def slow_consumer(topic: str, route: Any) -> None:

@@ -52,11 +52,11 @@ def test_ordered_topic_uses_order_conf():
 def test_round_robin_and_avoid_broker():
     sel = QueueSelector()
     queues = [MessageQueue("T", "a", 0), MessageQueue("T", "b", 0), MessageQueue("T", "a", 1)]
-    assert [sel.select_queue("T", queues) for _ in range(4)] == queues + queues[:1]
-    picks = [sel.select_queue("T", queues, avoid_broker="a") for _ in range(5)]
+    assert [sel.select_queue("T", queues, 0) for _ in range(4)] == queues + queues[:1]
+    picks = [sel.select_queue("T", queues, 0, avoid_broker="a") for _ in range(5)]
     assert {q.broker_name for q in picks} == {"b"}
     only_a = [MessageQueue("T", "a", 0)]
-    assert sel.select_queue("T", only_a, avoid_broker="a") == only_a[0]  # nothing else: use it
+    assert sel.select_queue("T", only_a, 0, avoid_broker="a") == only_a[0]  # nothing else
 
 
 def test_latency_thresholds_match_mqfaultstrategy():
@@ -73,25 +73,44 @@ def test_isolation_never_shrinks_with_latency(latencies):
 
 
 def test_fault_avoidance_isolates_then_releases():
-    now = [100.0]
-    sel = QueueSelector(fault_tolerance=True, clock=lambda: now[0])
+    now = 100_000
+    sel = QueueSelector(fault_tolerance=True)
     queues = [MessageQueue("T", "a", 0), MessageQueue("T", "b", 0)]
-    sel.report("a", 600)  # >= 550 ms: avoid for 2 s
-    assert {sel.select_queue("T", queues).broker_name for _ in range(4)} == {"b"}
-    now[0] += 2.0
-    assert {sel.select_queue("T", queues).broker_name for _ in range(4)} == {"a", "b"}
-    sel.report("b", 0, failed=True)  # a failed send: 30 s
+    sel.report("a", 600, now)  # >= 550 ms: avoid for 2 s
+    assert {sel.select_queue("T", queues, now).broker_name for _ in range(4)} == {"b"}
+    now += 2_000
+    assert {sel.select_queue("T", queues, now).broker_name for _ in range(4)} == {"a", "b"}
+    sel.report("b", 0, now, failed=True)  # a failed send: 30 s
     faults: LatencyFaults = sel.faults
-    assert not faults.is_available("b")
-    now[0] += 29.9
-    assert not faults.is_available("b")
-    now[0] += 0.2
-    assert faults.is_available("b")
+    assert not faults.is_available("b", now)
+    now += 29_900
+    assert not faults.is_available("b", now)
+    now += 200
+    assert faults.is_available("b", now)
 
 
-def test_all_brokers_isolated_still_yields_a_queue():
-    sel = QueueSelector(fault_tolerance=True, clock=lambda: 0.0)
-    queues = [MessageQueue("T", "a", 0), MessageQueue("T", "b", 0)]
-    sel.report("a", 0, failed=True)
-    sel.report("b", 0, failed=True)
-    assert sel.select_queue("T", queues) in queues
+def test_fault_avoidance_still_honours_avoid_broker():
+    sel = QueueSelector(fault_tolerance=True)
+    queues = [MessageQueue("T", "a", 0), MessageQueue("T", "b", 0), MessageQueue("T", "a", 1)]
+    picks = [sel.select_queue("T", queues, 0, avoid_broker="a") for _ in range(6)]
+    assert {q.broker_name for q in picks} == {"b"}
+    sel.report("b", 600, 0)  # b isolated too: still not the broker a send just failed on
+    picks = [sel.select_queue("T", queues, 0, avoid_broker="a") for _ in range(6)]
+    assert {q.broker_name for q in picks} == {"b"}
+
+
+def test_all_brokers_isolated_picks_the_least_bad_one():
+    """pickOneAtLeast: rank the isolated brokers (lowest latency first, then the earliest
+    release) and take turns among the better half; one of two: always the best."""
+    sel = QueueSelector(fault_tolerance=True)
+    queues = [MessageQueue("T", n, i) for n in "abcd" for i in range(2)]
+    sel.report("a", 0, 0, failed=True)  # 30 s, the worst
+    sel.report("b", 600, 0)  # 2 s
+    sel.report("c", 4_000, 0)  # 6 s
+    picks = [sel.select_queue("T", queues[:6], 10) for _ in range(6)]
+    assert {q.broker_name for q in picks} == {"b"}  # half of 3 is 1: the best only
+    assert {q.queue_id for q in picks} == {0, 1}  # and still round-robin over its queues
+    sel.report("d", 3_000, 0)  # 6 s, below c's latency
+    picks = [sel.select_queue("T", queues, 10) for _ in range(8)]
+    assert {q.broker_name for q in picks} == {"b", "d"}  # turns among the better half
+    assert sel.select_queue("T", queues, 2_000).broker_name == "b"  # b is available again

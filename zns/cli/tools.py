@@ -29,7 +29,7 @@ from zns.drivers.sockets import open_socket, parse_addresses
 from zns.drivers.broker_agent import BrokerAgent
 from zns.cli.config import load_config_file
 from zns.core.errors import ErrorReply, KeyFileError, NameServerUnavailable, UsageError
-from zns.drivers.route_client import call_all, call_any
+from zns.drivers.requests import call_all, call_any
 from zns.drivers.security import apply_client_keys, client_keys
 from zns.core.schema import (
     BROKER_PREFIX,

@@ -63,6 +63,8 @@ Modules:
 | `broker_session` | a broker's side of §4: when to register, heartbeat, reconnect, unregister |
 | `addresses` | NameServer address lists, the events endpoint a client connects to |
 | `backoff` | exponential backoff with jitter |
+| `route_cache` | the client's cache (§7): which events apply, when to pull again |
+| `client_session` | the client following one NameServer (§10): connect, subscribe, time out, move on |
 | `queues` | producer/consumer views of a route, queue selection with fault avoidance |
 | `remoting` | RocketMQ's remoting protocol: codec and translation to ZNS/1 ops |
 """

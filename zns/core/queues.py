@@ -7,15 +7,16 @@
   the read queues of every broker with READ perm.
 - `QueueSelector.select_queue`: round-robin that skips the broker that just
   failed, with optional latency fault avoidance (MQFaultStrategy): a slow or
-  failed broker is left alone for a while. The clock is injected.
+  failed broker is left alone for a while; when every broker is left alone,
+  the least bad one is used (LatencyFaultTolerance.pickOneAtLeast).
+
+Times are integer milliseconds handed in as `now`. Nothing here locks: a
+driver that calls a selector from several threads serialises the calls.
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
-import time
-from collections.abc import Callable
 from typing import NamedTuple
 
 from zns.core.errors import NoWritableQueue
@@ -35,6 +36,7 @@ class MessageQueue(NamedTuple):
 
 
 def write_queues(route: TopicRoute) -> list[MessageQueue]:
+    """The queues a producer may send to."""
     if route.order_conf:
         # "brokerA:4;brokerB:8": ordered topics use exactly these queues.
         queues = []
@@ -53,6 +55,7 @@ def write_queues(route: TopicRoute) -> list[MessageQueue]:
 
 
 def read_queues(route: TopicRoute) -> list[MessageQueue]:
+    """The queues a consumer reads."""
     return [
         MessageQueue(route.topic, q.broker_name, i)
         for q in route.queues
@@ -69,49 +72,69 @@ def not_available_ms(latency_ms: float) -> int:
     return 0
 
 
+class _Fault(NamedTuple):
+    latency_ms: int  # the send's latency (FAILED_SEND_LATENCY_MS for a failed send)
+    until: int  # avoided until this `now`
+
+
 class LatencyFaults:
-    """RocketMQ's LatencyFaultTolerance: which brokers to avoid until when."""
+    """RocketMQ's LatencyFaultTolerance: which brokers to avoid until when.
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock  # seconds
-        self._until: dict[str, float] = {}
+    A failed send is remembered as FAILED_SEND_LATENCY_MS slow, so a broker
+    that failed ranks behind one that was merely slow.
+    """
 
-    def report(self, broker_name: str, latency_ms: float, failed: bool = False) -> None:
-        duration = not_available_ms(FAILED_SEND_LATENCY_MS if failed else latency_ms)
-        self._until[broker_name] = self._clock() + duration / 1000
+    def __init__(self) -> None:
+        self._faults: dict[str, _Fault] = {}
 
-    def is_available(self, broker_name: str) -> bool:
-        until = self._until.get(broker_name)
-        return until is None or self._clock() >= until
+    def report(self, broker_name: str, latency_ms: float, now: int, failed: bool = False) -> None:
+        latency = FAILED_SEND_LATENCY_MS if failed else round(latency_ms)
+        self._faults[broker_name] = _Fault(latency, now + not_available_ms(latency))
+
+    def is_available(self, broker_name: str, now: int) -> bool:
+        fault = self._faults.get(broker_name)
+        return fault is None or now >= fault.until
+
+    def least_bad(self, broker_names: list[str], now: int, turn: int) -> str:
+        """pickOneAtLeast among `broker_names`: available first, then the lowest
+        latency, then the earliest release; `turn` rotates through the better half."""
+        def rank(name: str) -> tuple[bool, int, int]:
+            fault = self._faults.get(name, _Fault(0, 0))
+            return (not self.is_available(name, now), fault.latency_ms, fault.until)
+
+        ranked = sorted(broker_names, key=rank)
+        half = len(ranked) // 2
+        return ranked[0] if half <= 0 else ranked[turn % half]
 
 
 class QueueSelector:
-    """Round-robin queue choice per topic, thread-safe."""
+    """Round-robin queue choice per topic, optionally avoiding slow or failed brokers."""
 
-    def __init__(
-        self, fault_tolerance: bool = False, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.faults = LatencyFaults(clock) if fault_tolerance else None
+    def __init__(self, fault_tolerance: bool = False) -> None:
+        self.faults = LatencyFaults() if fault_tolerance else None
         self._counters: dict[str, itertools.count[int]] = {}
-        self._lock = threading.Lock()
+        self._least_bad_turns = itertools.count()
 
     def select_queue(
-        self, topic: str, queues: list[MessageQueue], avoid_broker: str | None = None
+        self, topic: str, queues: list[MessageQueue], now: int, avoid_broker: str | None = None
     ) -> MessageQueue:
+        """The next queue of `topic` after the last one chosen, not on `avoid_broker`
+        (the broker a send just failed on) unless nothing else is left."""
         if not queues:
             raise NoWritableQueue(f"topic {topic!r} has no writable queue")
-        with self._lock:
-            start = next(self._counters.setdefault(topic, itertools.count()))
+        start = next(self._counters.setdefault(topic, itertools.count()))
         order = [queues[(start + i) % len(queues)] for i in range(len(queues))]
+        candidates = [q for q in order if q.broker_name != avoid_broker] or order
         if self.faults is not None:
-            for queue in order:
-                if queue.broker_name != avoid_broker and self.faults.is_available(queue.broker_name):
+            for queue in candidates:
+                if self.faults.is_available(queue.broker_name, now):
                     return queue
-        for queue in order:
-            if queue.broker_name != avoid_broker:
-                return queue
-        return order[0]  # every queue is on the broker to avoid: use it anyway
+            names = list(dict.fromkeys(q.broker_name for q in candidates))
+            broker = self.faults.least_bad(names, now, next(self._least_bad_turns))
+            return next(q for q in candidates if q.broker_name == broker)
+        return candidates[0]
 
-    def report(self, broker_name: str, latency_ms: float, failed: bool = False) -> None:
+    def report(self, broker_name: str, latency_ms: float, now: int, failed: bool = False) -> None:
+        """A send to `broker_name` took `latency_ms` (or failed): feeds fault avoidance."""
         if self.faults is not None:
-            self.faults.report(broker_name, latency_ms, failed)
+            self.faults.report(broker_name, latency_ms, now, failed)

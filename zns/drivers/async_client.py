@@ -1,7 +1,9 @@
 """`AsyncRouteClient`: the route client for asyncio, same semantics as `RouteClient`.
 
-The protocol logic is `zns.drivers.route_client.ClientSession` (sans-I/O); this module only
-carries out its actions with `zmq.asyncio` sockets on one task.
+The protocol is `zns.core.client_session.ClientSession`; `ClientDriver`
+carries out what it decides. This module adds only the task: one
+`zmq.asyncio.Poller` wait, raced with a wake-up event, and a one-route
+buffer per `watch` iterator.
 """
 
 from __future__ import annotations
@@ -15,28 +17,40 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from zns.drivers.sockets import parse_addresses
-from zns.drivers.route_client import (
-    Action,
-    ClientSession,
-    Connect,
-    ConnectSub,
-    NameServerUnavailable,
-    Notify,
-    Send,
-    SessionSockets,
-    Subscribe,
-    log,
-)
-from zns.core.errors import NotFound
-from zns.core.queues import MessageQueue, QueueSelector, read_queues, write_queues
+from zns.core.queues import MessageQueue, read_queues, write_queues
 from zns.core.schema import TopicRoute
+from zns.drivers.client_base import ClientDriver
+
+_EMPTY = object()  # a `_Latest` with nothing new
+_FORGOTTEN = object()  # the topic is no longer followed: the iterator ends
 
 
-class AsyncRouteClient:
+class _Latest:
+    """One `watch` iterator's buffer: only the newest route is kept, so a consumer
+    slower than the changes skips to the latest instead of holding every one."""
+
+    def __init__(self) -> None:
+        self._value: Any = _EMPTY
+        self._ready = asyncio.Event()
+
+    def put(self, value: Any) -> None:
+        if self._value is not _FORGOTTEN:
+            self._value = value
+            self._ready.set()
+
+    async def get(self) -> Any:
+        await self._ready.wait()
+        value = self._value
+        if value is not _FORGOTTEN:
+            self._value = _EMPTY
+            self._ready.clear()
+        return value
+
+
+class AsyncRouteClient(ClientDriver):
     """`async with AsyncRouteClient(addrs) as client:` then `await client.route(topic)`
-    or `async for route in client.watch(topic)` (the current route, then every change;
-    None when the topic has no route)."""
+    or `async for route in client.watch(topic)` (the current route, then changes;
+    None when the topic has no route). Durations are in seconds."""
 
     def __init__(
         self,
@@ -51,63 +65,50 @@ class AsyncRouteClient:
         context: zmq.asyncio.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.timeout = timeout
-        self._session = ClientSession(
-            parse_addresses(addrs), zone=zone, heartbeat_interval=heartbeat_interval,
-            request_timeout=request_timeout, pull_period=pull_period,
+        super().__init__(
+            addrs, zone=zone, timeout=timeout, request_timeout=request_timeout,
+            heartbeat_interval=heartbeat_interval, pull_period=pull_period,
+            fault_tolerance=fault_tolerance, context=context or zmq.asyncio.Context.instance(),
+            clock=clock, lock=contextlib.nullcontext(),  # one task, one thread
         )
-        self.selector = QueueSelector(fault_tolerance=fault_tolerance, clock=clock)
-        self._ctx = context or zmq.asyncio.Context.instance()
-        self._clock = clock
-        self._sockets = SessionSockets(self._ctx)
-        self._watchers: dict[str, list[asyncio.Queue[TopicRoute | None]]] = {}
-        self._wake = asyncio.Event()
+        self._watchers: dict[str, list[_Latest]] = {}
+        self._wakeup = asyncio.Event()
         self._changed = asyncio.Event()  # set (and replaced) after every pass of the loop
         self._task: asyncio.Task[None] | None = None
 
-    @property
-    def session(self) -> ClientSession:
-        return self._session
-
     async def start(self) -> None:
         if self._task is None:
-            self._session.start(self._clock())
+            self._session.start(self._now())
             self._task = asyncio.create_task(self._run(), name="zns-async-route-client")
 
     async def route(self, topic: str, timeout: float | None = None) -> TopicRoute:
         """The route of `topic`; raises NotFound when it has none, NameServerUnavailable."""
         await self.start()
-        self._session.track(topic, self._clock())
-        self._wake.set()
-        cache = self._session.cache
+        self._track(topic)
+        cache, known = self._session.cache, True
         try:
             async with asyncio.timeout(self.timeout if timeout is None else timeout):
                 while not cache.known(topic):
                     await self._changed.wait()
         except TimeoutError:
-            raise NameServerUnavailable(
-                f"no route for {topic!r}: no NameServer answered "
-                f"(tried {', '.join(self._session.endpoints)})"
-            ) from None
-        route = cache.view(topic)
-        if route is None:
-            raise NotFound(f"no route for topic {topic!r}", cache.revision(topic))
-        return route
+            known = False
+        return self._answer(topic, known)
 
     async def watch(self, topic: str) -> AsyncIterator[TopicRoute | None]:
-        """The route of `topic` once known, then each change, until the loop is left."""
+        """The route of `topic` once known, then its changes, until the loop is left
+        or `forget(topic)`. A consumer that falls behind gets the latest route next."""
         await self.start()
-        self._session.track(topic, self._clock())
-        queue: asyncio.Queue[TopicRoute | None] = asyncio.Queue()
+        latest = _Latest()
+        self._watchers.setdefault(topic, []).append(latest)
+        self._track(topic)
         if self._session.cache.known(topic):
-            queue.put_nowait(self._session.cache.view(topic))
-        self._watchers.setdefault(topic, []).append(queue)
-        self._wake.set()
+            latest.put(self._session.cache.view(topic))
         try:
-            while True:
-                yield await queue.get()
+            while (route := await latest.get()) is not _FORGOTTEN:
+                yield route
         finally:
-            self._watchers[topic].remove(queue)
+            with contextlib.suppress(ValueError):
+                self._watchers.get(topic, []).remove(latest)
 
     async def write_queues(self, topic: str) -> list[MessageQueue]:
         return write_queues(await self.route(topic))
@@ -116,10 +117,8 @@ class AsyncRouteClient:
         return read_queues(await self.route(topic))
 
     async def select_queue(self, topic: str, avoid_broker: str | None = None) -> MessageQueue:
-        return self.selector.select_queue(topic, await self.write_queues(topic), avoid_broker)
-
-    def report_latency(self, broker_name: str, latency_ms: float, failed: bool = False) -> None:
-        self.selector.report(broker_name, latency_ms, failed)
+        """The next writable queue, round-robin, not on `avoid_broker` when possible."""
+        return self._select(topic, await self.write_queues(topic), avoid_broker)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -139,59 +138,35 @@ class AsyncRouteClient:
     # --- the task ---------------------------------------------------------------
 
     async def _run(self) -> None:
-        ready: dict[Any, int] = {}
-        session = self._session
+        ready: set[Any] = set()
         while True:
-            now = self._clock()
-            if self._sockets.dealer is not None and self._sockets.dealer in ready:
-                for frames in await _recv_all(self._sockets.dealer):
-                    session.on_reply(frames[-1], now)
-            if self._sockets.sub is not None and self._sockets.sub in ready:
-                for frames in await _recv_all(self._sockets.sub):
-                    session.on_event(frames[-1], now)
-            session.on_timer(now)
-            self._carry_out(session.actions())
+            self._turn(ready)
             self._changed.set()
             self._changed = asyncio.Event()
-            ready = await self._wait(session.next_deadline())
+            ready = await self._wait(self._session.next_deadline())
 
-    async def _wait(self, deadline: float | None) -> dict[Any, int]:
-        """Until a socket is readable, `_wake` is set, or `deadline` passes."""
+    async def _wait(self, deadline: int | None) -> set[Any]:
+        """Until a socket is readable, `_wake` is called, or `deadline` passes."""
         poller = zmq.asyncio.Poller()
-        for sock in (self._sockets.dealer, self._sockets.sub):
-            if sock is not None:
-                poller.register(sock, zmq.POLLIN)
-        wait_ms = None if deadline is None else max(0, (deadline - self._clock()) * 1000)
-        poll = asyncio.ensure_future(poller.poll(wait_ms))
-        woken = asyncio.ensure_future(self._wake.wait())
+        for sock in self._sockets.readable():
+            poller.register(sock, zmq.POLLIN)
+        poll = asyncio.ensure_future(poller.poll(self._wait_ms(deadline)))
+        woken = asyncio.ensure_future(self._wakeup.wait())
         try:
             await asyncio.wait({poll, woken}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for fut in (poll, woken):
                 fut.cancel()
-        self._wake.clear()
-        return dict(poll.result()) if poll.done() and not poll.cancelled() else {}
+        self._wakeup.clear()
+        return {sock for sock, _ in poll.result()} if poll.done() and not poll.cancelled() else set()
 
-    def _carry_out(self, actions: list[Action]) -> None:
-        for action in actions:
-            match action:
-                case Connect() | ConnectSub() | Subscribe():
-                    self._sockets.carry_out(action)
-                case Send(body=body):
-                    if self._sockets.dealer is not None:
-                        sent = self._sockets.dealer.send(body, zmq.DONTWAIT)
-                        if sent.done() and sent.exception() is not None:
-                            log.debug("request not queued; the session will time it out")
-                case Notify(topic=topic, route=route):
-                    for queue in self._watchers.get(topic, ()):
-                        queue.put_nowait(route)
+    def _wake(self) -> None:
+        self._wakeup.set()
 
+    def _notify(self, topic: str, route: TopicRoute | None) -> None:
+        for latest in self._watchers.get(topic, ()):
+            latest.put(route)
 
-async def _recv_all(sock: zmq.asyncio.Socket, limit: int = 10_000) -> list[list[bytes]]:
-    messages = []
-    for _ in range(limit):
-        try:
-            messages.append(await sock.recv_multipart(zmq.NOBLOCK))
-        except zmq.Again:
-            break
-    return messages
+    def _forget_watchers(self, topic: str) -> None:
+        for latest in self._watchers.pop(topic, ()):
+            latest.put(_FORGOTTEN)

@@ -1,0 +1,284 @@
+"""The client's session (PROTOCOL §5, §7, §10), sans-I/O: one NameServer at a time.
+
+`ClientSession` follows one NameServer of a list (a random one first, the
+next on a timeout, an `error` reply or silence), learns its PUB endpoint from
+`status`, subscribes before it pulls, and keeps a `RouteCache` right. It is
+fed replies, events and the time; it answers with small actions (`Connect`,
+`ConnectSub`, `Subscribe`, `Unsubscribe`, `Send`, `Notify`) that a driver
+carries out, and says with `next_deadline()` when it next wants `on_timer`.
+
+Every time is an integer of milliseconds from a monotonic clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+import msgspec
+
+from zns.core.addresses import resolve_pub_endpoint
+from zns.core.backoff import Backoff
+from zns.core.errors import UsageError
+from zns.core.route_cache import Change, RouteCache
+from zns.core.schema import (
+    HB_CHANNEL,
+    Error,
+    GetRoutes,
+    GetRoutesReply,
+    HbEvent,
+    Request,
+    Status,
+    StatusReply,
+    Topic,
+    TopicRoute,
+    decode_event,
+    decode_reply,
+    encode,
+    request_op,
+    route_channel,
+)
+
+log = logging.getLogger("zns.client")
+
+SILENT_HEARTBEATS = 3  # §7: no `hb` for this many intervals means the NameServer is gone
+BACKOFF_BASE_MS = 100  # the first reconnect waits 50-100 ms ...
+BACKOFF_CAP_MS = 10_000  # ... doubling up to 5-10 s
+
+
+def check_topic(topic: str) -> str:
+    """Refuse a malformed topic here, before it can fail a whole batched pull."""
+    try:
+        return msgspec.convert(topic, Topic)
+    except msgspec.ValidationError:
+        raise UsageError(
+            f"{topic!r} is not a topic: 1-127 characters of [A-Za-z0-9_%|-]"
+        ) from None
+
+
+# --- what the session asks a driver to do --------------------------------------
+
+
+@dataclass
+class Connect:
+    """Close both sockets; open a DEALER to `endpoint` (None: stay disconnected)."""
+
+    endpoint: str | None
+
+
+@dataclass
+class ConnectSub:
+    """Close the SUB socket; open one to `endpoint`."""
+
+    endpoint: str
+
+
+@dataclass
+class Subscribe:
+    """Add `channel` to the SUB socket's subscriptions."""
+
+    channel: bytes
+
+
+@dataclass
+class Unsubscribe:
+    """Drop `channel` from the SUB socket's subscriptions."""
+
+    channel: bytes
+
+
+@dataclass
+class Send:
+    """Send `body` on the DEALER (without blocking: a request not sent times out)."""
+
+    body: bytes
+
+
+@dataclass
+class Notify:
+    """Tell the watchers of `topic` its route changed (None: the topic has no route)."""
+
+    topic: str
+    route: TopicRoute | None
+
+
+Action = Connect | ConnectSub | Subscribe | Unsubscribe | Send | Notify
+
+
+@dataclass
+class _Pending:
+    op: str
+    deadline: int
+
+
+class ClientSession:
+    """Follows one NameServer (random start, next on timeout or silence) for a RouteCache."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        *,
+        zone: str = "",
+        heartbeat_interval_ms: int = 1_000,
+        request_timeout_ms: int = 3_000,
+        pull_period_ms: int = 30_000,
+        backoff: Backoff | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not endpoints:
+            raise UsageError("no NameServer endpoint")
+        self.endpoints = list(endpoints)
+        self.cache = RouteCache(zone, pull_period_ms)
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.request_timeout_ms = request_timeout_ms
+        self._rng = rng or random.Random()
+        self.backoff = backoff or Backoff(BACKOFF_BASE_MS, BACKOFF_CAP_MS, rng=self._rng)
+        self._index = self._rng.randrange(len(endpoints))
+        self.endpoint: str | None = None  # the NameServer followed now
+        self.pub_endpoint: str | None = None  # its PUB, once `status` told us
+        self.switches = 0  # how many times it moved to another NameServer (for tests, metrics)
+        self.pulls = 0  # get_routes requests sent
+        self._resume_at: int | None = None  # when to reconnect after a failure
+        self._silence_deadline: int | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._next_id = 1
+        self._actions: list[Action] = []
+
+    # --- inputs ---------------------------------------------------------
+
+    def start(self, now: int) -> None:
+        self._connect(now)
+
+    def track(self, topic: str, now: int) -> None:
+        """Keep `topic` (subscribed and pulled); a no-op when already kept."""
+        check_topic(topic)
+        if self.cache.track(topic) and self.pub_endpoint is not None:
+            self._actions.append(Subscribe(route_channel(topic)))
+        self._pull_stale(now)
+
+    def forget(self, topic: str) -> None:
+        """Stop keeping `topic`: no more pulls of it, its subscription dropped."""
+        if self.cache.forget(topic) and self.pub_endpoint is not None:
+            self._actions.append(Unsubscribe(route_channel(topic)))
+
+    def on_reply(self, body: bytes, now: int) -> None:
+        try:
+            reply = decode_reply(body)
+        except msgspec.DecodeError as exc:
+            log.warning("unreadable reply from %s: %s", self.endpoint, exc)
+            return
+        pending = self._pending.pop(reply.id, None)
+        if pending is None:
+            return  # the answer to a request we gave up on
+        if isinstance(reply, Error):
+            log.warning("%s answered %s with %s: %s", self.endpoint, pending.op, reply.code,
+                        reply.message)
+            self._fail(now, f"{pending.op} refused")
+            return
+        if isinstance(reply, StatusReply):
+            self.pub_endpoint = resolve_pub_endpoint(reply.pub_endpoint, self.endpoint or "")
+            self._actions.append(ConnectSub(self.pub_endpoint))
+            # Topics first, `hb` last: the first `hb` received proves all of them.
+            for topic in self.cache.topics():
+                self._actions.append(Subscribe(route_channel(topic)))
+            self._actions.append(Subscribe(HB_CHANNEL))
+            self._silence_deadline = now + self.request_timeout_ms + self._silence_after_ms
+        elif isinstance(reply, GetRoutesReply):
+            changes = self.cache.apply_pull(reply.epoch, reply.routes, reply.revisions, now)
+            self._notify(changes)
+        self._pull_stale(now)
+
+    def on_event(self, body: bytes, now: int) -> None:
+        try:
+            event = decode_event(body)
+        except msgspec.DecodeError as exc:
+            log.warning("unreadable event from %s: %s", self.pub_endpoint, exc)
+            return
+        if isinstance(event, HbEvent):
+            # The NameServer is alive and reachable: a later failure is a new one and
+            # starts from the shortest backoff.
+            self._silence_deadline = now + self._silence_after_ms
+            self.backoff.reset()
+        self._notify(self.cache.apply_event(event))
+        self._pull_stale(now)
+
+    def on_timer(self, now: int) -> None:
+        if self._resume_at is not None:
+            if now >= self._resume_at:
+                self._connect(now)
+            return
+        if any(p.deadline <= now for p in self._pending.values()):
+            self._fail(now, "no reply within %d ms" % self.request_timeout_ms)
+            return
+        if self._silence_deadline is not None and now >= self._silence_deadline:
+            self._fail(now, "no hb event for %d intervals" % SILENT_HEARTBEATS)
+            return
+        self.cache.on_timer(now)
+        self._pull_stale(now)
+
+    # --- outputs ----------------------------------------------------------
+
+    def actions(self) -> list[Action]:
+        """What to do now, in order; each action is handed out once."""
+        actions, self._actions = self._actions, []
+        return actions
+
+    def next_deadline(self) -> int | None:
+        """When `on_timer` must next run (None: only an input can change anything)."""
+        if self._resume_at is not None:
+            return self._resume_at
+        deadlines = [p.deadline for p in self._pending.values()]
+        for d in (self._silence_deadline, self.cache.next_deadline()):
+            if d is not None:
+                deadlines.append(d)
+        return min(deadlines, default=None)
+
+    @property
+    def connected(self) -> bool:
+        return self.pub_endpoint is not None and self._resume_at is None
+
+    # --- internals ----------------------------------------------------------
+
+    @property
+    def _silence_after_ms(self) -> int:
+        return SILENT_HEARTBEATS * self.heartbeat_interval_ms
+
+    def _connect(self, now: int) -> None:
+        self._resume_at = None
+        self.endpoint = self.endpoints[self._index]
+        self.pub_endpoint = None
+        self._silence_deadline = None
+        self._actions.append(Connect(self.endpoint))
+        self._request(Status(), now)
+
+    def _fail(self, now: int, why: str) -> None:
+        delay_ms = round(self.backoff.next_delay())
+        self._index = (self._index + 1) % len(self.endpoints)
+        log.warning("NameServer %s: %s; trying %s in %d ms", self.endpoint, why,
+                    self.endpoints[self._index], delay_ms)
+        self.switches += 1
+        self._pending.clear()
+        self.cache.reset()
+        self.endpoint = self.pub_endpoint = None
+        self._silence_deadline = None
+        self._resume_at = now + delay_ms
+        self._actions.append(Connect(None))
+
+    def _pull_stale(self, now: int) -> None:
+        if not self.connected:
+            return
+        topics = self.cache.take_stale()
+        if topics:
+            self.pulls += 1
+            self._request(GetRoutes(topics=topics), now)
+
+    def _request(self, request: Request, now: int) -> None:
+        request_id = self._next_id
+        self._next_id += 1
+        body = encode(msgspec.structs.replace(request, id=request_id))
+        self._pending[request_id] = _Pending(request_op(request), now + self.request_timeout_ms)
+        self._actions.append(Send(body))
+
+    def _notify(self, changes: list[Change]) -> None:
+        self._actions.extend(Notify(topic, route) for topic, route in changes)

@@ -1,0 +1,226 @@
+"""What the threaded and the asyncio route client share: the driver half of a `ClientSession`.
+
+`ClientDriver` owns the session, the queue selector, the sockets and the
+clock. It turns the clock into the core's integer milliseconds, feeds the
+session what the sockets received (`_turn`), carries out the session's
+actions and turns a finished wait into a route or the right error. A
+subclass supplies only how to wait and whom to tell: `RouteClient` (one
+thread, one `zmq.Poller`, callbacks) and `AsyncRouteClient` (one asyncio
+task, iterators).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
+
+import zmq
+
+from zns.core.client_session import (
+    Action,
+    ClientSession,
+    Connect,
+    ConnectSub,
+    Notify,
+    Send,
+    Subscribe,
+    Unsubscribe,
+)
+from zns.core.errors import NameServerUnavailable, NotFound
+from zns.core.queues import MessageQueue, QueueSelector
+from zns.core.schema import TopicRoute
+from zns.drivers.sockets import open_socket, parse_addresses, recv_all
+
+log = logging.getLogger("zns.client")
+
+RouteCallback = Callable[[str, TopicRoute | None], None]
+
+
+def to_ms(seconds: float) -> int:
+    """A duration of the drivers' API (seconds) in the core's unit."""
+    return max(1, round(seconds * 1000))
+
+
+class SessionSockets:
+    """The DEALER and SUB that a ClientSession's actions open, subscribe and close.
+
+    `ctx` decides what kind of sockets `dealer` and `sub` are (the driver's
+    poller waits on them); messages are sent and received through a plain
+    `zmq.Socket` view of each, so both clients use the one `recv_all`.
+    """
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.ctx = ctx
+        self.dealer: Any = None
+        self.sub: Any = None
+        self._plain: dict[Any, zmq.Socket] = {}
+
+    def carry_out(self, action: Connect | ConnectSub | Subscribe | Unsubscribe) -> None:
+        match action:
+            case Connect(endpoint=endpoint):
+                self.close()
+                if endpoint is not None:
+                    self.dealer = self._open(zmq.DEALER, endpoint)
+            case ConnectSub(endpoint=endpoint):
+                self._close(self.sub)
+                self.sub = self._open(zmq.SUB, endpoint)
+            case Subscribe(channel=channel):
+                if self.sub is not None:
+                    self._plain[self.sub].setsockopt(zmq.SUBSCRIBE, channel)
+            case Unsubscribe(channel=channel):
+                if self.sub is not None:
+                    self._plain[self.sub].setsockopt(zmq.UNSUBSCRIBE, channel)
+
+    def send(self, body: bytes) -> None:
+        """Queue `body` on the DEALER without blocking; one not queued times out in the session."""
+        if self.dealer is None:
+            return
+        try:
+            self._plain[self.dealer].send(body, zmq.DONTWAIT)
+        except zmq.Again:
+            log.debug("request not queued; the session will time it out")
+
+    def receive(self, sock: Any) -> list[bytes]:
+        """The bodies waiting on `sock` (`dealer` or `sub`; the body is the last frame)."""
+        return [frames[-1] for frames in recv_all(self._plain[sock])]
+
+    def readable(self) -> list[Any]:
+        """The open sockets, for the driver's poller."""
+        return [sock for sock in (self.dealer, self.sub) if sock is not None]
+
+    def close(self) -> None:
+        for sock in (self.dealer, self.sub):
+            self._close(sock)
+        self.dealer = self.sub = None
+
+    def _open(self, kind: int, endpoint: str) -> Any:
+        sock = open_socket(self.ctx, kind, endpoint)
+        self._plain[sock] = zmq.Socket.shadow(sock.underlying)
+        return sock
+
+    def _close(self, sock: Any) -> None:
+        if sock is not None:
+            self._plain.pop(sock, None)
+            sock.close(0)
+
+
+class ClientDriver:
+    """The constructor, the error path, the queue helpers and the action loop of both clients.
+
+    Every access to the session happens inside `self._lock` (a real lock in
+    the threaded client, a no-op under asyncio); a subclass defines
+    `_wake` (make its loop run a turn now), `_notify` (a watched route
+    changed) and `_forget_watchers` (a topic is no longer followed).
+    """
+
+    def __init__(
+        self,
+        addrs: str | Iterable[str] | None,
+        *,
+        zone: str,
+        timeout: float,
+        request_timeout: float,
+        heartbeat_interval: float,
+        pull_period: float,
+        fault_tolerance: bool,
+        context: zmq.Context,
+        clock: Callable[[], float],
+        lock: contextlib.AbstractContextManager[Any],
+    ) -> None:
+        self.timeout = timeout
+        self._clock = clock  # seconds, monotonic
+        self._session = ClientSession(
+            parse_addresses(addrs), zone=zone, heartbeat_interval_ms=to_ms(heartbeat_interval),
+            request_timeout_ms=to_ms(request_timeout), pull_period_ms=to_ms(pull_period),
+        )
+        self.selector = QueueSelector(fault_tolerance=fault_tolerance)
+        self._selector_lock = threading.Lock()  # select_queue/report_latency from any thread
+        self._sockets = SessionSockets(context)
+        self._lock = lock
+
+    # --- the shared API ------------------------------------------------------
+
+    @property
+    def session(self) -> ClientSession:
+        return self._session
+
+    def forget(self, topic: str) -> None:
+        """Stop following `topic`: no more pulls or events of it; its watchers end."""
+        with self._lock:
+            self._session.forget(topic)
+            self._forget_watchers(topic)
+        self._wake()
+
+    def report_latency(self, broker_name: str, latency_ms: float, failed: bool = False) -> None:
+        """Feed the latency fault avoidance (used when `fault_tolerance=True`)."""
+        with self._selector_lock:
+            self.selector.report(broker_name, latency_ms, self._now(), failed)
+
+    # --- for the subclasses ------------------------------------------------------
+
+    def _now(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _track(self, topic: str) -> None:
+        with self._lock:
+            self._session.track(topic, self._now())
+        self._wake()
+
+    def _answer(self, topic: str, known: bool) -> TopicRoute:
+        """The end of a `route()` wait: the route, or why there is none."""
+        if not known:
+            raise NameServerUnavailable(
+                f"no route for {topic!r}: no NameServer answered "
+                f"(tried {', '.join(self._session.endpoints)})"
+            )
+        cache = self._session.cache
+        route = cache.view(topic)
+        if route is None:
+            raise NotFound(f"no route for topic {topic!r}", cache.revision(topic))
+        return route
+
+    def _select(self, topic: str, queues: list[MessageQueue],
+                avoid_broker: str | None) -> MessageQueue:
+        with self._selector_lock:
+            return self.selector.select_queue(topic, queues, self._now(), avoid_broker)
+
+    def _turn(self, ready: Collection[Any]) -> None:
+        """One pass of the loop (inside the lock): what `ready` sockets hold, the timers,
+        then the session's actions."""
+        now = self._now()
+        sockets, session = self._sockets, self._session
+        if sockets.dealer is not None and sockets.dealer in ready:
+            for body in sockets.receive(sockets.dealer):
+                session.on_reply(body, now)
+        if sockets.sub is not None and sockets.sub in ready:
+            for body in sockets.receive(sockets.sub):
+                session.on_event(body, now)
+        session.on_timer(now)
+        self._carry_out(session.actions())
+
+    def _wait_ms(self, deadline: int | None) -> int | None:
+        """How long the loop may block before `deadline` (None: until a socket or a wake)."""
+        return None if deadline is None else max(0, deadline - self._now())
+
+    def _carry_out(self, actions: list[Action]) -> None:
+        for action in actions:
+            match action:
+                case Connect() | ConnectSub() | Subscribe() | Unsubscribe():
+                    self._sockets.carry_out(action)
+                case Send(body=body):
+                    self._sockets.send(body)
+                case Notify(topic=topic, route=route):
+                    self._notify(topic, route)
+
+    def _wake(self) -> None:
+        raise NotImplementedError
+
+    def _notify(self, topic: str, route: TopicRoute | None) -> None:
+        raise NotImplementedError
+
+    def _forget_watchers(self, topic: str) -> None:
+        raise NotImplementedError
+
