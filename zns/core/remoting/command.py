@@ -152,7 +152,10 @@ def decode_json_header(data: bytes | memoryview, *, max_ext_fields: int = MAX_EX
             text = bytes(raw)
             first = text[:1]
             if first == b'"':
-                ext[key] = _STR_DECODER.decode(text)
+                try:
+                    ext[key] = _STR_DECODER.decode(text)
+                except msgspec.DecodeError:  # msgspec checks UTF-8 inside a Raw only now
+                    raise RemotingFrameError(f"ext field {quote(key)} is not valid UTF-8") from None
             elif first == b"n":  # null
                 continue
             elif first in (b"{", b"["):
