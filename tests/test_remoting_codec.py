@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import tracemalloc
 import zlib
 from pathlib import Path
 
@@ -220,21 +221,22 @@ def test_frame_limit_refused_from_the_length_field_alone():
         FrameDecoder(max_frame_bytes=len(ok) - 1).feed(ok[:4])
 
 
-@pytest.mark.parametrize("head", [
-    struct.pack(">ii", 8, 5),          # header length 5 > 4 bytes after it
-    struct.pack(">ii", 4, 1),          # header length 1, nothing after
-    struct.pack(">i", -1),             # negative length
-    struct.pack(">i", 0),              # zero length
-    struct.pack(">i", 3),              # no room for the type/length word
-    struct.pack(">ii", 4, 2 << 24),    # unknown serialize type 2
-    struct.pack(">iI", 4, 0xFF << 24), # unknown serialize type 255
-    struct.pack(">ii", 4, 0),          # empty JSON header
-    struct.pack(">ii", 4, 1 << 24),    # empty ROCKETMQ header
+@pytest.mark.parametrize("head,reason", [
+    (struct.pack(">ii", 8, 5), "header length 5 exceeds"),         # 5 > the 4 bytes after it
+    (struct.pack(">ii", 4, 1), "header length 1 exceeds"),         # nothing after it
+    (struct.pack(">ii", 100, 0x7FFFFF), "header length"),          # far beyond the frame
+    (struct.pack(">i", -1), "below the minimum"),                  # negative length
+    (struct.pack(">i", 0), "below the minimum"),                   # zero length
+    (struct.pack(">i", 3), "below the minimum"),                   # no room for the type/length word
+    (struct.pack(">ii", 4, 2 << 24), "unknown serialize type 2"),
+    (struct.pack(">iI", 4, 0xFF << 24), "unknown serialize type 255"),
+    (struct.pack(">ii", 4, 0), "JSON header cannot be decoded"),   # empty JSON header
+    (struct.pack(">ii", 4, 1 << 24), "shorter than the 21-byte"),  # empty ROCKETMQ header
 ])
-def test_lying_frames_are_frame_errors(head):
+def test_lying_frames_are_frame_errors(head, reason):
     good = frame("oneway request (no header)")
-    with pytest.raises(RemotingFrameError) as info:
-        FrameDecoder().feed(good + head + b"\x00" * 8)
+    with pytest.raises(RemotingFrameError, match=reason) as info:
+        FrameDecoder().feed(good + head + b"\x00" * 100)
     assert len(info.value.commands) == 1  # the good frame before it is handed over
 
 
@@ -441,8 +443,14 @@ def test_bad_zlib_and_zip_bomb():
         rm.decode_register_broker_body(zlib.compress(b"\x00\x00")[:-3], compressed=True, version=479)
     bomb = zlib.compress(b"\x00" * (64 * 1024 * 1024), 9)  # 64 MiB of zeros in ~64 KiB
     assert len(bomb) < 100_000
-    with pytest.raises(RemotingBodyError, match="inflates past"):
-        rm.decode_register_broker_body(bomb, compressed=True, version=479, max_inflated_bytes=1024 * 1024)
+    tracemalloc.start()
+    try:
+        with pytest.raises(RemotingBodyError, match="inflates past"):
+            rm.decode_register_broker_body(bomb, compressed=True, version=479, max_inflated_bytes=1024 * 1024)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024, f"inflating the bomb allocated {peak} bytes"
     with pytest.raises(RemotingBodyError, match="inflates past"):
         rm.decode_register_broker_body(bomb, compressed=True, version=479)  # default: the 16 MiB frame limit
 

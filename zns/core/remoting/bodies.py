@@ -25,7 +25,7 @@ it attribute for attribute and is also what `decode_topic_route_data` returns.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
@@ -33,7 +33,7 @@ from msgspec import Struct
 
 from .constants import STANDARD_JSON_MIN_VERSION
 from .errors import RemotingBodyError
-from .fastjson import escape_legacy, escape_standard, loads_lenient, to_utf8
+from .fastjson import LEGACY_SPECIAL, STANDARD_SPECIAL, escape_legacy, escape_standard, loads_lenient, to_utf8
 
 # --- shapes (wire names via rename; Python names match zns.schema) ---------------
 
@@ -101,13 +101,30 @@ class RouteLike(Protocol):
 # --- emitters -----------------------------------------------------------------------
 
 
-def _broker_json(b: BrokerLike, legacy: bool) -> str:
-    esc = escape_legacy if legacy else escape_standard
+def _plain(s: str) -> str:
+    # For strings already known to need no escaping in the chosen form.
+    return f'"{s}"'
+
+
+def _escaper(strings: Iterable[str], legacy: bool) -> Callable[[str], str]:
+    """The escape function for a document whose strings are `strings`.
+
+    One regex scan over all of them (in C) usually shows that nothing needs
+    escaping -- names and addresses are plain ASCII -- and then every string
+    is written as is, instead of paying a Python-level check per string.
+    """
+    special = LEGACY_SPECIAL if legacy else STANDARD_SPECIAL
+    if special.search("".join(strings)) is None:
+        return _plain
+    return escape_legacy if legacy else escape_standard
+
+
+def _broker_json(b: BrokerLike, legacy: bool, esc: Callable[[str], str]) -> str:
     # brokerAddrs keys are Java Longs: bare numbers in the legacy form, quoted in the standard one.
     if legacy:
-        addrs = ",".join(f"{bid}:{esc(addr)}" for bid, addr in sorted(b.addrs.items()))
+        addrs = ",".join([f"{bid}:{esc(addr)}" for bid, addr in sorted(b.addrs.items())])
     else:
-        addrs = ",".join(f'"{bid}":{esc(addr)}' for bid, addr in sorted(b.addrs.items()))
+        addrs = ",".join([f'"{bid}":{esc(addr)}' for bid, addr in sorted(b.addrs.items())])
     acting = "true" if getattr(b, "enable_acting_master", False) else "false"
     zone = f',"zoneName":{esc(b.zone)}' if b.zone else ""  # Java: null unless the broker has a zone
     return (
@@ -132,18 +149,24 @@ def encode_topic_route(route: RouteLike, legacy: bool) -> bytes:
     non-empty zone and ``orderTopicConf`` only when set, as Java leaves nulls
     out. Call it once per route change and keep both results.
     """
-    esc = escape_legacy if legacy else escape_standard
-    brokers = ",".join(_broker_json(b, legacy) for b in route.brokers)
+    strings = [q.broker_name for q in route.queues]
+    for b in route.brokers:
+        strings += (b.broker_name, b.cluster, b.zone, *b.addrs.values())
+    for addr, servers in route.filter_servers.items():
+        strings += (addr, *servers)
+    strings.append(route.order_conf)
+    esc = _escaper(strings, legacy)
+    brokers = ",".join([_broker_json(b, legacy, esc) for b in route.brokers])
     filters = ",".join(
         f'{esc(addr)}:[{",".join(esc(s) for s in servers)}]'
         for addr, servers in sorted(route.filter_servers.items(), key=lambda kv: _utf16_key(kv[0]))
     )
     order = f',"orderTopicConf":{esc(route.order_conf)}' if route.order_conf else ""
-    queues = ",".join(
+    queues = ",".join([
         f'{{"brokerName":{esc(q.broker_name)},"perm":{q.perm},"readQueueNums":{q.read_queues},'
         f'"topicSysFlag":{q.sys_flag},"writeQueueNums":{q.write_queues}}}'
         for q in route.queues
-    )
+    ])
     text = f'{{"brokerDatas":[{brokers}],"filterServerTable":{{{filters}}}{order},"queueDatas":[{queues}]}}'
     # The standard form is pure ASCII; the legacy form keeps non-ASCII as UTF-8.
     return text.encode("ascii") if not legacy else to_utf8(text)
@@ -168,7 +191,7 @@ def encode_cluster_info(brokers: Mapping[str, BrokerLike], clusters: Mapping[str
     its broker names (zns's get_cluster_info shape).
     """
     table = ",".join(
-        f"{escape_legacy(name)}:{_broker_json(b, True)}"
+        f"{escape_legacy(name)}:{_broker_json(b, True, escape_legacy)}"
         for name, b in sorted(brokers.items(), key=lambda kv: _utf16_key(kv[0]))
     )
     cl = ",".join(

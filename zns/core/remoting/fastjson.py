@@ -43,10 +43,10 @@ _SHORT_ESCAPES = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r
 
 # Characters fastjson's default writer escapes (SerializeWriter with no extra
 # features): C0 controls, quote, backslash, U+007F-U+009F, U+2028, U+2029.
-_LEGACY_SPECIAL = re.compile('[\x00-\x1f"\\\\\x7f-\x9f\u2028\u2029]')
+LEGACY_SPECIAL = re.compile('[\x00-\x1f"\\\\\x7f-\x9f\u2028\u2029]')
 # Characters the BrowserCompatible writer escapes: the above plus "/" and
 # everything from U+007F up.
-_STANDARD_SPECIAL = re.compile('[\x00-\x1f"/\\\\\x7f-\U0010ffff]')
+STANDARD_SPECIAL = re.compile('[\x00-\x1f"/\\\\\x7f-\U0010ffff]')
 
 
 def _legacy_sub(m: re.Match[str]) -> str:
@@ -75,9 +75,9 @@ def escape_legacy(s: str) -> str:
     Non-ASCII text stays raw (it is UTF-8 encoded with the rest of the
     document); only the characters fastjson treats as special are escaped.
     """
-    if _LEGACY_SPECIAL.search(s) is None:  # the common case: plain names and addresses
+    if LEGACY_SPECIAL.search(s) is None:  # the common case: plain names and addresses
         return f'"{s}"'
-    return '"' + _LEGACY_SPECIAL.sub(_legacy_sub, s) + '"'
+    return '"' + LEGACY_SPECIAL.sub(_legacy_sub, s) + '"'
 
 
 def escape_standard(s: str) -> str:
@@ -86,9 +86,9 @@ def escape_standard(s: str) -> str:
     Pure ASCII output: ``/`` becomes ``\\/`` and every char >= U+007F a
     ``\\uXXXX`` escape with uppercase hex (``bé/x`` -> ``b\\u00E9\\/x``).
     """
-    if _STANDARD_SPECIAL.search(s) is None:
+    if STANDARD_SPECIAL.search(s) is None:
         return f'"{s}"'
-    return '"' + _STANDARD_SPECIAL.sub(_standard_sub, s) + '"'
+    return '"' + STANDARD_SPECIAL.sub(_standard_sub, s) + '"'
 
 
 def to_utf8(text: str) -> bytes:
