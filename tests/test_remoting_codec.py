@@ -1,0 +1,509 @@
+"""The remoting codec against the golden vectors of RocketMQ 5.3.3 + fastjson 1.2.83, and its edges."""
+
+from __future__ import annotations
+
+import json
+import struct
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from zns.core import remoting as rm
+from zns.core.remoting import (
+    BrokerData,
+    FrameDecoder,
+    QueueData,
+    RemotingBodyError,
+    RemotingCommand,
+    RemotingFrameError,
+    TopicRouteData,
+)
+
+VECTORS = Path(__file__).parent / "data" / "remoting-vectors.txt"
+
+
+def _load_vectors() -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Sections with frames (title -> {frame, header, body}) and one-line values (title -> text)."""
+    frames: dict[str, dict[str, str]] = {}
+    inline: dict[str, str] = {}
+    current: dict[str, str] | None = None
+    for line in VECTORS.read_text(encoding="utf-8").splitlines():
+        if line.startswith("### "):
+            title = line[4:]
+            if ": " in title and not title.endswith(")"):
+                name, _, value = title.partition(": ")
+                inline[name] = value
+                current = None
+                if name.startswith("RegisterBrokerBody compressed hex") or name.startswith("crc32"):
+                    pass
+                continue
+            current = frames.setdefault(title, {})
+        elif current is not None and line.startswith("frame hex: "):
+            current["frame"] = line[len("frame hex: "):]
+        elif current is not None and line.startswith("header json: "):
+            current["header"] = line[len("header json: "):]
+        elif current is not None and line.startswith("body: "):
+            current["body"] = line[len("body: "):]
+    return frames, inline
+
+
+FRAMES, INLINE = _load_vectors()
+
+
+def frame(title: str) -> bytes:
+    return bytes.fromhex(FRAMES[title]["frame"])
+
+
+def test_vectors_file_parsed():
+    assert len(FRAMES) == 7, sorted(FRAMES)
+    assert "TopicRouteData plain encode()" in INLINE
+    assert "RegisterBrokerBody compressed hex" in INLINE
+
+
+# --- frames and headers ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("title", sorted(FRAMES))
+def test_every_vector_frame_decodes_and_reencodes_byte_exactly(title):
+    data = frame(title)
+    [cmd] = FrameDecoder().feed(data)
+    info = FRAMES[title]
+    if "header" in info:
+        h = json.loads(info["header"])
+        assert cmd.code == h["code"] and cmd.opaque == h["opaque"] and cmd.flag == h["flag"]
+        assert cmd.version == h["version"] and cmd.language == h["language"]
+        assert cmd.remark == h.get("remark")
+        assert cmd.ext_fields == h.get("extFields")
+        assert list((cmd.ext_fields or {}).keys()) == list(h.get("extFields", {}).keys())
+    if "body" in info:
+        assert cmd.body == info["body"].encode()
+    # Responses (and requests, whose ext order is Java's HashMap order) re-encode exactly.
+    assert rm.encode_command(cmd, cmd.serialize_type) == data
+
+
+def test_json_request_fields():
+    [cmd] = FrameDecoder().feed(frame("GET_ROUTEINFO_BY_TOPIC request JSON"))
+    assert cmd == RemotingCommand(code=105, language="JAVA", version=479, opaque=7, flag=0,
+                                  ext_fields={"topic": "TopicTest"}, serialize_type=0)
+    assert not cmd.is_response and not cmd.is_oneway
+
+
+def test_rocketmq_request_decodes_like_the_json_one():
+    [cmd] = FrameDecoder().feed(frame("GET_ROUTEINFO_BY_TOPIC request ROCKETMQ"))
+    assert cmd.serialize_type == rm.SERIALIZE_ROCKETMQ
+    assert (cmd.code, cmd.language, cmd.version, cmd.opaque, cmd.flag, cmd.remark, cmd.ext_fields) == (
+        105, "JAVA", 479, 7, 0, None, {"topic": "TopicTest"})
+    assert rm.encode_command(cmd, rm.SERIALIZE_ROCKETMQ) == frame("GET_ROUTEINFO_BY_TOPIC request ROCKETMQ")
+
+
+def test_oneway_request_has_no_ext_fields():
+    [cmd] = FrameDecoder().feed(frame("oneway request (no header)"))
+    assert cmd.is_oneway and cmd.ext_fields is None and cmd.code == 904
+
+
+def test_responses_built_like_java_match_vectors():
+    req = RemotingCommand(code=105, opaque=7, version=479)
+    route = rm.encode_topic_route(_vector_route(order_conf="broker-a:4"), legacy=True)
+    ok = req.make_response(0, body=route)
+    assert rm.encode_command(ok) == frame("GET_ROUTEINFO_BY_TOPIC response JSON (version sysprop 479)")
+    miss = RemotingCommand(code=105, opaque=8).make_response(17, "No topic route info in name server for the topic: X")
+    assert rm.encode_command(miss) == frame("TOPIC_NOT_EXIST response")
+    # A reply built from a response header class with every field null: "extFields":{}.
+    reg = RemotingCommand(code=103, opaque=11).make_response(0, ext_fields={})
+    assert rm.encode_command(reg) == frame("REGISTER_BROKER response (null haServerAddr/masterAddr, no body)")
+    qdv = RemotingCommand(code=322, opaque=5).make_response(0, ext_fields={"changed": "false"})
+    assert rm.encode_json_header(qdv) == INLINE["QUERY_DATA_VERSION response header"].encode()
+    kv = RemotingCommand(code=101, opaque=6).make_response(0, ext_fields={"value": "v1"})
+    assert rm.encode_json_header(kv) == INLINE["GET_KV_CONFIG response header"].encode()
+
+
+def test_ext_fields_written_in_java_hashmap_order():
+    # Field declaration order of RegisterBrokerRequestHeader, as Java inserts them.
+    ext = {"brokerName": "broker-a", "brokerAddr": "127.0.0.1:10911", "clusterName": "DefaultCluster",
+           "haServerAddr": "127.0.0.1:10912", "brokerId": "0", "enableActingMaster": "false",
+           "compressed": "false", "bodyCrc32": "700810413"}
+    cmd = RemotingCommand(code=103, version=479, opaque=11, ext_fields=ext)
+    expected = FRAMES["REGISTER_BROKER request"]["header"].encode()
+    assert rm.encode_json_header(cmd) == expected
+    assert rm.java_hashmap_order(["a"] * 0) == []
+    many = [f"k{i}" for i in range(40)]  # past two resizes: still a permutation
+    assert sorted(rm.java_hashmap_order(many)) == sorted(many)
+
+
+@pytest.mark.parametrize("stype", [rm.SERIALIZE_JSON, rm.SERIALIZE_ROCKETMQ])
+@pytest.mark.parametrize("cmd", [
+    RemotingCommand(code=103, language="GO", version=317, opaque=-5, flag=3, remark="bé/\"x\"\n\u2028",
+                    ext_fields={"a": "1", "é": "ü/\\", "brokerName": "b"}, body=b"\x00\xff body"),
+    RemotingCommand(code=0, language="CPP", version=0, opaque=2**31 - 1, flag=1),
+    RemotingCommand(code=-1, language="NODE_JS", version=-2, opaque=-(2**31), flag=0, remark="r",
+                    ext_fields={"k": "v" * 70000}),
+])
+def test_header_round_trip(stype, cmd):
+    data = rm.encode_command(cmd, stype)
+    [back] = FrameDecoder().feed(data)
+    assert back.serialize_type == stype
+    back.serialize_type = cmd.serialize_type
+    assert back == cmd
+    assert rm.encode_command(back, stype) == data
+
+
+def test_json_header_coerces_ext_values_and_rejects_structures():
+    hdr = b'{"code":"105","extFields":{"a":1,"b":true,"c":null,"d":"x","e":1.50},"opaque":3,"language":"KLINGON"}'
+    cmd = rm.decode_json_header(hdr)
+    assert cmd.code == 105 and cmd.ext_fields == {"a": "1", "b": "true", "d": "x", "e": "1.50"}
+    assert cmd.language is None  # unknown language: Java reads null
+    assert rm.decode_json_header(b"{}").language == "JAVA"  # Java's default
+    for bad in (b'{"extFields":[1]}', b'{"extFields":"x"}', b'{"extFields":{"a":{"b":1}}}',
+                b'{"extFields":{"a":[1]}}', b'[]', b'null', b'{"code":2147483648}', b'{"code":1.5', b'\xff'):
+        with pytest.raises(RemotingFrameError):
+            rm.decode_json_header(bad)
+
+
+def test_too_many_ext_fields_is_a_frame_error():
+    ext = {f"k{i}": "v" for i in range(rm.MAX_EXT_FIELDS + 1)}
+    for stype in (0, 1):
+        data = rm.encode_command(RemotingCommand(code=1, ext_fields=ext), stype)
+        with pytest.raises(RemotingFrameError, match="ext fields"):
+            FrameDecoder().feed(data)
+
+
+def test_language_table():
+    assert rm.LANGUAGE_CODES["JAVA"] == 0 and rm.LANGUAGE_CODES["NODE_JS"] == 13
+    assert rm.LANGUAGE_NAMES[9] == "GO" and len(rm.LANGUAGE_NAMES) == 14
+
+
+# --- the frame decoder ----------------------------------------------------------------
+
+
+def test_one_byte_at_a_time_and_many_frames_per_chunk():
+    stream = b"".join(frame(t) for t in sorted(FRAMES))
+    dec = FrameDecoder()
+    got = []
+    for i in range(len(stream)):
+        got += dec.feed(stream[i : i + 1])
+    assert [c.opaque for c in got] == [c.opaque for c in FrameDecoder().feed(stream)]
+    assert len(got) == len(FRAMES) and dec.buffered == 0
+    dec2 = FrameDecoder()
+    assert len(dec2.feed(stream * 3)) == 3 * len(FRAMES)
+
+
+def test_partial_frame_waits():
+    data = frame("TOPIC_NOT_EXIST response")
+    dec = FrameDecoder()
+    assert dec.feed(data[:10]) == [] and dec.buffered == 10
+    assert [c.code for c in dec.feed(data[10:] + data[:3])] == [17]
+    assert dec.buffered == 3
+
+
+def test_one_byte_feeding_is_linear():
+    # 200 KiB body fed a byte at a time: quadratic copying would take minutes.
+    big = rm.encode_command(RemotingCommand(code=1, body=b"x" * 200_000))
+    dec = FrameDecoder()
+    out = []
+    for i in range(len(big)):
+        out += dec.feed(big[i : i + 1])
+    assert len(out) == 1 and len(out[0].body) == 200_000
+
+
+def test_frame_limit_refused_from_the_length_field_alone():
+    dec = FrameDecoder(max_frame_bytes=1000)
+    with pytest.raises(RemotingFrameError, match="exceeds the limit"):
+        dec.feed(struct.pack(">i", 997))  # 4 + 997 > 1000
+    with pytest.raises(RemotingFrameError):  # dead afterwards
+        dec.feed(b"")
+    ok = rm.encode_command(RemotingCommand(code=1, body=b"x" * (1000 - 8 - 93)))
+    assert len(ok) <= 1000
+    assert len(FrameDecoder(max_frame_bytes=len(ok)).feed(ok)) == 1
+    with pytest.raises(RemotingFrameError):
+        FrameDecoder(max_frame_bytes=len(ok) - 1).feed(ok[:4])
+
+
+@pytest.mark.parametrize("head,reason", [
+    (struct.pack(">ii", 8, 5), "header length 5 exceeds"),         # 5 > the 4 bytes after it
+    (struct.pack(">ii", 4, 1), "header length 1 exceeds"),         # nothing after it
+    (struct.pack(">ii", 100, 0x7FFFFF), "header length"),          # far beyond the frame
+    (struct.pack(">i", -1), "below the minimum"),                  # negative length
+    (struct.pack(">i", 0), "below the minimum"),                   # zero length
+    (struct.pack(">i", 3), "below the minimum"),                   # no room for the type/length word
+    (struct.pack(">ii", 4, 2 << 24), "unknown serialize type 2"),
+    (struct.pack(">iI", 4, 0xFF << 24), "unknown serialize type 255"),
+    (struct.pack(">ii", 4, 0), "JSON header cannot be decoded"),   # empty JSON header
+    (struct.pack(">ii", 4, 1 << 24), "shorter than the 21-byte"),  # empty ROCKETMQ header
+])
+def test_lying_frames_are_frame_errors(head, reason):
+    good = frame("oneway request (no header)")
+    with pytest.raises(RemotingFrameError, match=reason) as info:
+        FrameDecoder().feed(good + head + b"\x00" * 100)
+    assert len(info.value.commands) == 1  # the good frame before it is handed over
+
+
+def test_rocketmq_header_lengths_checked():
+    base = bytes.fromhex(FRAMES["GET_ROUTEINFO_BY_TOPIC request ROCKETMQ"]["frame"])[8:]
+    for pos, value, fmt in [(13, 10**6, ">i"), (13, -1, ">i"), (17, 1000, ">i"), (17, -5, ">i"),
+                            (21, -1, ">h"), (21, 30000, ">h"), (28, 10**6, ">i")]:
+        hdr = bytearray(base)
+        struct.pack_into(fmt, hdr, pos, value)
+        with pytest.raises(RemotingFrameError):
+            rm.decode_rocketmq_header(bytes(hdr))
+    with pytest.raises(RemotingFrameError):
+        rm.decode_rocketmq_header(base[:20])
+
+
+# --- bodies ---------------------------------------------------------------------------------
+
+
+def _vector_route(order_conf: str = "") -> TopicRouteData:
+    return TopicRouteData(
+        topic="TopicTest",
+        queues=[QueueData(broker_name="broker-a", read_queues=4, write_queues=4, perm=6, sys_flag=0)],
+        brokers=[BrokerData(cluster="DefaultCluster", broker_name="broker-a",
+                            addrs={1: "127.0.0.1:10921", 0: "127.0.0.1:10911"})],
+        order_conf=order_conf,
+    )
+
+
+def test_topic_route_both_forms():
+    r = _vector_route()
+    assert rm.encode_topic_route(r, legacy=True) == INLINE["TopicRouteData plain encode()"].encode()
+    assert rm.encode_topic_route(r, legacy=False) == INLINE["TopicRouteData standard"].encode()
+    r2 = _vector_route("broker-a:4")
+    assert rm.encode_topic_route(r2, legacy=False) == INLINE["TopicRouteData standard w/ orderTopicConf"].encode()
+
+
+def test_topic_route_escaping():
+    r = TopicRouteData(queues=[QueueData(broker_name="bé/x")])
+    assert rm.encode_topic_route(r, legacy=True) == INLINE["non-ascii plain"].encode()
+    assert rm.encode_topic_route(r, legacy=False) == INLINE["non-ascii standard"].encode()
+    assert b"b\\u00E9\\/x" in rm.encode_topic_route(r, legacy=False)
+    assert rm.escape_standard("\U0001F600\x7f\x01\t\"\\") == '"\\uD83D\\uDE00\\u007F\\u0001\\t\\"\\\\"'
+    assert rm.escape_legacy("\U0001F600\x7f\x01\x0b\t\"\\/\u2028") == '"\U0001F600\\u007F\\u0001\\u000B\\t\\"\\\\/\\u2028"'
+
+
+def test_topic_route_zone_filters_and_zns_shape():
+    from zns import schema
+
+    route = schema.TopicRoute(
+        topic="T",
+        queues=[schema.QueueData(broker_name="b", read_queues=8, write_queues=8, perm=6, sys_flag=1)],
+        brokers=[schema.BrokerData(cluster="c", broker_name="b", addrs={0: "h:1", 1: "h:2"}, zone="z1")],
+        filter_servers={"h:1": ["f:1", "f:2"]},
+        order_conf="",
+    )
+    legacy = rm.encode_topic_route(route, legacy=True)
+    std = rm.encode_topic_route(route, legacy=False)
+    assert b'{0:"h:1",1:"h:2"}' in legacy and b'"zoneName":"z1"' in legacy
+    assert b'"filterServerTable":{"h:1":["f:1","f:2"]}' in std and b"orderTopicConf" not in std
+    decoded = json.loads(std)
+    assert decoded["brokerDatas"][0]["brokerAddrs"] == {"0": "h:1", "1": "h:2"}
+    # The lenient reader reads the legacy form back into the same route.
+    back = rm.decode_topic_route_data(legacy)
+    assert back.brokers[0].addrs == {0: "h:1", 1: "h:2"} and back.queues[0].sys_flag == 1
+    assert rm.encode_topic_route(back, legacy=True) == legacy
+
+
+def test_other_bodies():
+    b = BrokerData(cluster="DefaultCluster", broker_name="broker-a", addrs={0: "127.0.0.1:10911", 1: "127.0.0.1:10921"})
+    assert rm.encode_cluster_info({"broker-a": b}, {"DefaultCluster": ["broker-a"]}) == INLINE["ClusterInfo"].encode()
+    assert rm.encode_topic_list(["TopicTest", "DefaultCluster"]) == INLINE["TopicList"].encode()
+    assert rm.encode_topic_list(["TopicTest", "DefaultCluster"], "127.0.0.1:10911") == INLINE["TopicList w/ brokerAddr"].encode()
+    assert rm.encode_kv_table({"TopicTest": "broker-a:4"}) == INLINE["KVTable"].encode()
+    dv = rm.DataVersion(counter=3, state_version=0, timestamp=1700000000000)
+    assert rm.encode_data_version(dv) == INLINE["DataVersion"].encode()
+    assert rm.decode_data_version(INLINE["DataVersion"].encode()) == dv
+    assert rm.encode_broker_member_group("DefaultCluster", "broker-a", {0: "127.0.0.1:10911"}) == \
+        INLINE["GetBrokerMemberGroupResponseBody"].encode()
+
+
+def test_wants_standard_json():
+    assert rm.wants_standard_json(401, None) and not rm.wants_standard_json(400, None)
+    assert rm.wants_standard_json(317, {"acceptStandardJsonOnly": "TRUE"})
+    assert not rm.wants_standard_json(317, {"acceptStandardJsonOnly": "yes"})
+
+
+# --- lenient JSON -------------------------------------------------------------------------
+
+
+def test_lenient_reads_unquoted_keys_only_outside_strings():
+    assert rm.loads_lenient(b'{0:"a", -3 :"b",\n12\t: "c"}', dict[int, str]) == {0: "a", -3: "b", 12: "c"}
+    tricky = b'{"s":"{0:\\"x\\", 1:2}","m":{7:"{8:9}"}}'
+    assert rm.loads_lenient(tricky) == {"s": '{0:"x", 1:2}', "m": {"7": "{8:9}"}}
+    assert rm.quote_integer_keys(b'{"a\\\\":{1:2}}') == b'{"a\\\\":{"1":2}}'
+    for bad in (b'{0:}', b'{"a":1', b'nope', b'{a:1}', b'', b'{0:"unterminated'):
+        with pytest.raises(RemotingBodyError):
+            rm.loads_lenient(bad)
+    with pytest.raises(RemotingBodyError):  # the wrong type is not retried
+        rm.loads_lenient(b'{"counter":"x"}', rm.DataVersion)
+
+
+def test_lenient_deep_json_is_a_body_error():
+    for deep in (b"[" * 100_000 + b"]" * 100_000, b"{0:" * 50_000 + b"1" + b"}" * 50_000,
+                 b'{"topicConfigSerializeWrapper":{"topicQueueMappingDetailMap":{"t":' + b"[" * 100_000 + b"]" * 100_000 + b"}}}"):
+        with pytest.raises(RemotingBodyError, match="nested too deeply|malformed"):
+            rm.loads_lenient(deep)
+        with pytest.raises(RemotingBodyError):
+            rm.decode_register_broker_body(deep, compressed=False, version=479)
+
+
+def test_lenient_is_linear_on_hostile_input():
+    import time
+
+    for hostile in (b'"\\' * 500_000, b"{" + b",1" * 500_000, b'{"a":"' + b"\\\"" * 500_000):
+        t = time.perf_counter()
+        with pytest.raises(RemotingBodyError):
+            rm.loads_lenient(hostile)
+        assert time.perf_counter() - t < 2.0
+
+
+# --- REGISTER_BROKER ------------------------------------------------------------------------
+
+
+def _register_request() -> RemotingCommand:
+    [cmd] = FrameDecoder().feed(frame("REGISTER_BROKER request"))
+    return cmd
+
+
+def test_register_body_plain_and_compressed_agree():
+    cmd = _register_request()
+    rm.check_body_crc32(cmd.body, cmd.ext_fields)
+    assert rm.body_crc32(cmd.body) == int(INLINE["crc32 masked of uncompressed"])
+    assert not rm.parse_bool(cmd.ext_fields, "compressed")
+    plain = rm.decode_register_broker_body(cmd.body, compressed=False, version=cmd.version)
+    packed = rm.decode_register_broker_body(bytes.fromhex(INLINE["RegisterBrokerBody compressed hex"]),
+                                            compressed=True, version=479)
+    for b in (plain, packed):
+        w = b.topic_config_serialize_wrapper
+        assert w.data_version == rm.DataVersion(counter=3, state_version=0, timestamp=1700000000000)
+        assert b.filter_server_list == []
+        assert list(w.topic_config_table) == ["TopicTest"]
+    tp, tc = plain.topic_config_serialize_wrapper.topic_config_table["TopicTest"], \
+        packed.topic_config_serialize_wrapper.topic_config_table["TopicTest"]
+    assert tp == tc == rm.TopicConfig(topic_name="TopicTest", read_queue_nums=4, write_queue_nums=4, perm=6,
+                                       topic_filter_type="SINGLE_TAG", topic_sys_flag=0, order=False, attributes={})
+    assert plain.topic_config_serialize_wrapper.mapping_data_version.timestamp == 1796086643321
+    assert INLINE["TopicConfig.encode()"] == "TopicTest 4 4 6 SINGLE_TAG {}"
+
+
+def _compress(dv: bytes, topics: list[bytes], filters: bytes, mappings: list[bytes] | None) -> bytes:
+    def chunk(b: bytes) -> bytes:
+        return struct.pack(">i", len(b)) + b
+    raw = chunk(dv) + struct.pack(">i", len(topics)) + b"".join(chunk(t) for t in topics) + chunk(filters)
+    if mappings is not None:
+        raw += struct.pack(">i", len(mappings)) + b"".join(chunk(m) for m in mappings)
+    return zlib.compress(raw)
+
+
+def test_register_body_compressed_details():
+    dv = b'{"counter":1,"stateVersion":2,"timestamp":3}'
+    body = _compress(dv, [b"A 8 8 6 MULTI_TAG {\"+k\":\"v\"}", b"B 1 2 4 SINGLE_TAG {not json}", b"C 1 1 6 SINGLE_TAG"],
+                     b'["f:1"]', [b'{"topic":"A","bname":"b","currIdMap":{0:1}}'])
+    r = rm.decode_register_broker_body(body, compressed=True, version=413)
+    w = r.topic_config_serialize_wrapper
+    assert w.data_version.state_version == 2 and r.filter_server_list == ["f:1"]
+    assert w.topic_config_table["A"].attributes == {"+k": "v"} and w.topic_config_table["A"].topic_filter_type == "MULTI_TAG"
+    assert w.topic_config_table["B"].attributes == {}  # unparsable attributes are ignored, as Java does
+    assert w.topic_queue_mapping_info_map["A"].curr_id_map == {0: 1}
+    # Before 5.0.0 there is no mapping section (trailing bytes are ignored).
+    r2 = rm.decode_register_broker_body(body, compressed=True, version=412)
+    assert r2.topic_config_serialize_wrapper.topic_queue_mapping_info_map == {}
+    for bad_topics in ([b"A 8 8"], [b"A x 8 6 SINGLE_TAG"], [b"A 8 8 6 NO_TAG"], [b"A 99999999999 8 6 SINGLE_TAG"]):
+        with pytest.raises(RemotingBodyError):
+            rm.decode_register_broker_body(_compress(dv, bad_topics, b"[]", []), compressed=True, version=479)
+    # Missing mapping section for a 5.x broker: ends early.
+    with pytest.raises(RemotingBodyError, match="ends early"):
+        rm.decode_register_broker_body(_compress(dv, [], b"[]", None), compressed=True, version=479)
+    # A count larger than the bytes could hold is refused before looping.
+    raw = struct.pack(">i", len(dv)) + dv + struct.pack(">i", 2**31 - 1)
+    with pytest.raises(RemotingBodyError, match="exceeds"):
+        rm.decode_register_broker_body(zlib.compress(raw), compressed=True, version=479)
+
+
+def test_register_body_edge_forms():
+    empty = rm.decode_register_broker_body(b"", compressed=False, version=479)
+    assert empty.topic_config_serialize_wrapper.topic_config_table == {}
+    assert empty.topic_config_serialize_wrapper.data_version == rm.DataVersion()
+    wrapper = b'{"dataVersion":{"counter":5,"timestamp":9},"topicConfigTable":{"T":{"topicName":"T","perm":7}}}'
+    old = rm.decode_register_broker_body(wrapper, compressed=False, version=36)
+    assert old.topic_config_serialize_wrapper.topic_config_table["T"].perm == 7
+    assert old.topic_config_serialize_wrapper.topic_config_table["T"].read_queue_nums == 16
+    lenient = b'{"topicConfigSerializeWrapper":{"topicQueueMappingInfoMap":{"T":{"topic":"T","currIdMap":{0:3,1:4}}}}}'
+    r = rm.decode_register_broker_body(lenient, compressed=False, version=479)
+    assert r.topic_config_serialize_wrapper.topic_queue_mapping_info_map["T"].curr_id_map == {0: 3, 1: 4}
+    for bad in (b"not json", b'{"topicConfigSerializeWrapper":{"topicConfigTable":{"T":{"perm":"x"}}}}'):
+        with pytest.raises(RemotingBodyError):
+            rm.decode_register_broker_body(bad, compressed=False, version=479)
+
+
+def test_bad_zlib_and_zip_bomb():
+    with pytest.raises(RemotingBodyError, match="zlib"):
+        rm.decode_register_broker_body(b"\x78\xda garbage", compressed=True, version=479)
+    with pytest.raises(RemotingBodyError, match="ends early"):
+        rm.decode_register_broker_body(zlib.compress(b"\x00\x00")[:-3], compressed=True, version=479)
+    bomb = zlib.compress(b"\x00" * (64 * 1024 * 1024), 9)  # 64 MiB of zeros in ~64 KiB
+    assert len(bomb) < 100_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(RemotingBodyError, match="inflates past"):
+            rm.decode_register_broker_body(bomb, compressed=True, version=479, max_inflated_bytes=1024 * 1024)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024, f"inflating the bomb allocated {peak} bytes"
+    with pytest.raises(RemotingBodyError, match="inflates past"):
+        rm.decode_register_broker_body(bomb, compressed=True, version=479)  # default: the 16 MiB frame limit
+
+
+def test_crc_mismatch():
+    cmd = _register_request()
+    rm.check_body_crc32(cmd.body, cmd.ext_fields)
+    with pytest.raises(RemotingBodyError, match="crc32 not match"):
+        rm.check_body_crc32(cmd.body + b" ", cmd.ext_fields)
+    rm.check_body_crc32(b"anything", {**cmd.ext_fields, "bodyCrc32": "0"})  # 0: not checked
+    rm.check_body_crc32(b"anything", None)
+    with pytest.raises(RemotingBodyError, match="bodyCrc32"):
+        rm.check_body_crc32(b"x", {"bodyCrc32": "12ab"})
+
+
+# --- ext fields -------------------------------------------------------------------------
+
+
+def test_ext_field_parsing():
+    ext = {"n": "42", "neg": "-7", "plus": "+3", "big": "2147483648", "bad": "4 2", "t": "TrUe", "f": "yes"}
+    assert rm.parse_int(ext, "n") == 42 and rm.parse_int(ext, "neg") == -7 and rm.parse_int(ext, "plus") == 3
+    assert rm.parse_long(ext, "big") == 2**31
+    with pytest.raises(RemotingBodyError, match="<big>"):
+        rm.parse_int(ext, "big")
+    with pytest.raises(RemotingBodyError, match="<bad>"):
+        rm.parse_int(ext, "bad")
+    for odd in ("", " 1", "1_0", "0x1", "١", "1.0"):
+        with pytest.raises(RemotingBodyError):
+            rm.parse_long({"v": odd}, "v")
+    with pytest.raises(RemotingBodyError, match="the custom field <missing> is null"):
+        rm.parse_int(ext, "missing")
+    with pytest.raises(RemotingBodyError, match="<topic>"):
+        rm.require(None, "topic")
+    assert rm.parse_int(ext, "missing", required=False, default=5) == 5
+    assert rm.parse_bool(ext, "t") and not rm.parse_bool(ext, "f") and not rm.parse_bool(ext, "missing")
+    assert rm.optional(ext, "missing", "d") == "d" and rm.require(ext, "n") == "42"
+
+
+def test_constants():
+    assert rm.RequestCode.GET_ROUTEINFO_BY_TOPIC == 105 and rm.ResponseCode.TOPIC_NOT_EXIST == 17
+    assert 34 not in rm.NAMESERVER_REQUEST_CODES and 904 in rm.NAMESERVER_REQUEST_CODES
+    assert rm.STANDARD_JSON_MIN_VERSION == 401 and rm.MAPPING_SECTION_MIN_VERSION == 413
+    assert len(rm.NAMESERVER_REQUEST_CODES) == 23
+
+
+def test_error_messages_are_bounded():
+    huge = "x" * 1_000_000
+    with pytest.raises(RemotingBodyError) as info:
+        rm.parse_int({"v": huge}, "v")
+    assert len(str(info.value)) < 200
+    with pytest.raises(RemotingBodyError) as info2:
+        rm.decode_register_broker_body(_compress(b"{}", [b"A" * 100_000], b"[]", []), compressed=True, version=479)
+    assert len(str(info2.value)) < 300
+    with pytest.raises(RemotingFrameError) as info3:
+        rm.decode_json_header(b'{"extFields":{"' + b"k" * 100_000 + b'":{}}}')
+    assert len(str(info3.value)) < 300
