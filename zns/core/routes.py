@@ -227,13 +227,20 @@ class RouteTable:
             return True, live.data_version != data_version
         return False, True
 
-    def unregister_broker(self, cluster: str, name: str, addr: str) -> tuple[bool, list[Event]]:
+    def unregister_broker(
+        self, cluster: str, name: str, addr: str, reason: str = "unregistered"
+    ) -> tuple[bool, list[Event]]:
+        """§4 unregister_broker; `reason` is `disconnected` when a remoting connection closed (§12)."""
         rec = self._brokers.get(name)
         if rec is None or rec.addr_cluster.get(addr) != cluster:
             return False, []
         ch = _Changes()
-        self._remove_addr(rec, addr, "unregistered", ch)
+        self._remove_addr(rec, addr, reason, ch)
         return True, self._commit(ch)
+
+    def liveness(self, cluster: str, addr: str) -> Liveness | None:
+        """What the table holds about a broker address's liveness (read it, never change it)."""
+        return self._live.get((cluster, addr))
 
     # --- liveness (§8, §10) -----------------------------------------------
 

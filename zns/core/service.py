@@ -125,11 +125,9 @@ class NameService:
         try:
             if self.authorize is not None:
                 self.authorize(peer_key, request)
-            if type(request) in LIMITED_REQUESTS:
-                self.limits.check(request, self.table, self.kv)
-            reply, events = self.handle(request, now)
+            reply, frames = self.execute(request, now)
             # Inside the try: a bug while encoding must not escape to the socket loop.
-            return Response(encode(reply), self._publish(events) if events else ())
+            return Response(encode(reply), frames)
         except ErrorReply as exc:
             if isinstance(exc, Internal):
                 log.error("internal error on %s: %s", type(request).__name__, exc)
@@ -137,6 +135,24 @@ class NameService:
         except Exception:
             log.exception("bug while handling %s", quote(request, 300))
             return Response(encode(Internal("internal error; see the server log").reply(request.id)))
+
+    def execute(self, request: AnyRequest, now: int) -> tuple[Reply, list[Frames]]:
+        """Apply one decoded, authorized request: limits, then the op, then its events as frames.
+
+        Raises an ErrorReply on refusal, having changed nothing. `respond` calls it
+        for ZNS/1; the RocketMQ remoting listener calls it for the op each of its
+        requests corresponds to, so both get the same checks and the same events.
+        """
+        if type(request) in LIMITED_REQUESTS:
+            self.limits.check(request, self.table, self.kv)
+        reply, events = self.handle(request, now)
+        return reply, self._publish(events) if events else []
+
+    def remove_disconnected(self, cluster: str, broker_name: str, broker_addr: str) -> list[Frames]:
+        """Unregister an address whose RocketMQ remoting connection closed (§12, reason `disconnected`)."""
+        _, events = self.table.unregister_broker(cluster, broker_name, broker_addr,
+                                                 reason="disconnected")
+        return self._publish(events) if events else []
 
     def expire(self, now: int) -> list[Frames]:
         return self._publish(self.table.expire(now))

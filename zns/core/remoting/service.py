@@ -1,0 +1,449 @@
+"""RocketMQ remoting requests carried out as ZNS/1 ops, answered as the Java NameServer answers.
+
+`RemotingService.handle(command, connection, now)` takes one decoded request
+and returns the reply to send (None for a one-way request or a stray
+response) and the ZNS/1 event frames to publish. It never touches a socket.
+
+Rules this module keeps:
+
+- **One table.** Every request that reads or changes state becomes the ZNS/1
+  request it corresponds to (`RegisterBroker` with `incremental=True` for
+  REGISTER_BROKER, `Heartbeat` for QUERY_DATA_VERSION and BROKER_HEARTBEAT,
+  ...), built with `msgspec.convert` so the schema's bounds apply, and goes
+  through `NameService.execute`: the same limits, the same events, the same
+  revision rules as over ZeroMQ. A refusal changes nothing.
+- **Who may write** is decided by the connection's source address (the
+  listener has no CURVE): broker codes from `brokers` networks, admin codes
+  from `admins` networks; reads are open, as in RocketMQ.
+- **Replies** carry the codes, ext fields and bodies of the Java 5.3.3
+  NameServer; a ZNS/1 refusal is SYSTEM_ERROR (1) with the ZNS/1 message as
+  remark; a body or ext field that cannot be read is SYSTEM_ERROR too.
+- **`disconnected`.** The connection over which a broker address last
+  registered or heartbeated is remembered; when it closes, the address is
+  removed at once with reason `disconnected`, unless it was heard from since
+  over another connection or over ZNS/1 (its last heartbeat is then newer).
+- **Routes are encoded once per change**, in both JSON forms, and reused by
+  every GET_ROUTEINFO_BY_TOPIC until the topic's revision moves.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from zns.core.errors import ErrorReply, NotFound
+from zns.core.routes import filter_zone
+from zns.core.schema import (
+    MASTER_ID,
+    ORDER_TOPIC_CONFIG,
+    AddWritePerm,
+    AnyRequest,
+    DataVersion,
+    DeleteTopic,
+    GetTopics,
+    Heartbeat,
+    KvDelete,
+    KvGet,
+    KvList,
+    KvPut,
+    RegisterBroker,
+    RegisterTopic,
+    Topic,
+    UnregisterBroker,
+    WipeWritePerm,
+    describe_decode_error,
+)
+from zns.core.service import Frames, NameService
+from zns.core.text import quote
+
+from .bodies import (
+    decode_data_version,
+    decode_topic_route_data,
+    encode_broker_member_group,
+    encode_cluster_info,
+    encode_data_version,
+    encode_kv_table,
+    encode_topic_list,
+    encode_topic_route,
+    wants_standard_json,
+)
+from .bodies import DataVersion as WireDataVersion
+from .command import RemotingCommand
+from .constants import SERIALIZE_JSON, RequestCode, ResponseCode
+from .errors import RemotingBodyError
+from .ext import optional, parse_bool, parse_long, require
+from .register import check_body_crc32, decode_register_broker_body
+
+log = logging.getLogger("zns")
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+
+R = RequestCode
+BROKER_CODES = frozenset({R.REGISTER_BROKER, R.UNREGISTER_BROKER, R.QUERY_DATA_VERSION,
+                          R.BROKER_HEARTBEAT, R.REGISTER_TOPIC_IN_NAMESRV})
+ADMIN_CODES = frozenset({R.PUT_KV_CONFIG, R.DELETE_KV_CONFIG, R.WIPE_WRITE_PERM_OF_BROKER,
+                         R.DELETE_TOPIC_IN_NAMESRV, R.ADD_WRITE_PERM_OF_BROKER})
+FLAG_UNIT, FLAG_UNIT_SUB = 1, 2
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Who sent a request: the listener's id for the TCP connection and its source address."""
+
+    conn_id: int
+    host: str
+
+
+class RemotingService:
+    def __init__(
+        self,
+        service: NameService,
+        *,
+        brokers: Iterable[Network] | None = None,
+        admins: Iterable[Network] = LOOPBACK,
+        properties: Mapping[str, str] | None = None,
+    ) -> None:
+        """`brokers` None: broker codes from any address; `properties`: what GET_NAMESRV_CONFIG shows."""
+        self.service = service
+        self.brokers = None if brokers is None else tuple(brokers)
+        self.admins = tuple(admins)
+        self.properties = dict(properties or {})
+        # (cluster, addr) -> (connection id, `now` of its last register/heartbeat over it)
+        self._via: dict[tuple[str, str], tuple[int, int]] = {}
+        # topic -> (revision, legacy JSON, standard JSON)
+        self._routes: dict[str, tuple[int, bytes, bytes]] = {}
+
+    # --- the boundary ---------------------------------------------------
+
+    def handle(
+        self, cmd: RemotingCommand, conn: Connection, now: int
+    ) -> tuple[RemotingCommand | None, list[Frames]]:
+        """The reply to `cmd` (None: send nothing) and the events to publish."""
+        if cmd.is_response:
+            return None, []  # a server sends no requests, so no response is awaited
+        frames: list[Frames] = []
+        try:
+            reply = self._dispatch(cmd, conn, now, frames)
+        except RemotingBodyError as exc:
+            reply = _error(cmd, ResponseCode.SYSTEM_ERROR, str(exc))
+        except ErrorReply as exc:
+            reply = _error(cmd, ResponseCode.SYSTEM_ERROR, f"{exc.code}: {exc}")
+        except Exception:
+            log.exception("bug while handling remoting request %d from %s", cmd.code, conn.host)
+            reply = _error(cmd, ResponseCode.SYSTEM_ERROR, "internal error; see the server log")
+        if cmd.is_oneway:
+            return None, frames
+        return reply, frames
+
+    def connection_closed(self, conn_id: int, now: int) -> list[Frames]:
+        """Remove, with reason `disconnected`, what last registered over this connection (§12)."""
+        table = self.service.table
+        frames: list[Frames] = []
+        for key, (via, heard) in list(self._via.items()):
+            if via != conn_id:
+                continue
+            del self._via[key]
+            live = table.liveness(*key)
+            if live is None or live.last_heartbeat != heard:
+                continue  # gone already, or heard from since over another way
+            cluster, addr = key
+            for name in sorted(live.names):
+                frames.extend(self.service.remove_disconnected(cluster, name, addr))
+        return frames
+
+    # --- dispatch -------------------------------------------------------
+
+    def _dispatch(
+        self, cmd: RemotingCommand, conn: Connection, now: int, frames: list[Frames]
+    ) -> RemotingCommand:
+        code, ext = cmd.code, cmd.ext_fields or {}
+        if code in BROKER_CODES:
+            self._allow(conn, self.brokers, "--remoting-brokers", code)
+        elif code in ADMIN_CODES:
+            self._allow(conn, self.admins, "--remoting-admins", code)
+        match code:
+            case R.GET_ROUTEINFO_BY_TOPIC:
+                return self._route(cmd, ext)
+            case R.REGISTER_BROKER:
+                return self._register(cmd, ext, conn, now, frames)
+            case R.QUERY_DATA_VERSION | R.BROKER_HEARTBEAT:
+                return self._heartbeat(cmd, ext, conn, now, frames)
+            case R.UNREGISTER_BROKER:
+                self._run(UnregisterBroker, now, frames, cluster=require(ext, "clusterName"),
+                          broker_name=require(ext, "brokerName"),
+                          broker_id=parse_long(ext, "brokerId"),
+                          broker_addr=require(ext, "brokerAddr"))
+                return _ok(cmd)
+            case R.GET_BROKER_CLUSTER_INFO:
+                table = self.service.table
+                body = encode_cluster_info(table.broker_table(), table.cluster_table())
+                return _ok(cmd, body=body)
+            case R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER:
+                return _ok(cmd, body=encode_topic_list(self._topics()))
+            case R.GET_TOPICS_BY_CLUSTER:
+                return _ok(cmd, body=encode_topic_list(self._topics(require(ext, "cluster"))))
+            case R.GET_UNIT_TOPIC_LIST:
+                return _ok(cmd, body=encode_topic_list(self._topics(sys_flag=FLAG_UNIT)))
+            case R.GET_HAS_UNIT_SUB_TOPIC_LIST:
+                return _ok(cmd, body=encode_topic_list(self._topics(sys_flag=FLAG_UNIT_SUB)))
+            case R.GET_HAS_UNIT_SUB_UNUNIT_TOPIC_LIST:
+                both = set(self._topics(sys_flag=FLAG_UNIT | FLAG_UNIT_SUB))
+                topics = [t for t in self._topics(sys_flag=FLAG_UNIT_SUB) if t not in both]
+                return _ok(cmd, body=encode_topic_list(topics))
+            case R.GET_SYSTEM_TOPIC_LIST_FROM_NS:
+                return _ok(cmd, body=self._system_topics())
+            case R.GET_BROKER_MEMBER_GROUP:
+                cluster, name = require(ext, "clusterName"), require(ext, "brokerName")
+                data = self.service.table.broker_table().get(name)
+                addrs = data.addrs if data is not None else {}
+                return _ok(cmd, body=encode_broker_member_group(cluster, name, addrs))
+            case R.WIPE_WRITE_PERM_OF_BROKER:
+                reply = self._run(WipeWritePerm, now, frames, broker_name=require(ext, "brokerName"))
+                return _ok(cmd, ext_fields={"wipeTopicCount": str(reply.changed)})
+            case R.ADD_WRITE_PERM_OF_BROKER:
+                reply = self._run(AddWritePerm, now, frames, broker_name=require(ext, "brokerName"))
+                return _ok(cmd, ext_fields={"addTopicCount": str(reply.changed)})
+            case R.DELETE_TOPIC_IN_NAMESRV:
+                self._run(DeleteTopic, now, frames, topic=require(ext, "topic"),
+                          cluster=optional(ext, "clusterName") or "")
+                return _ok(cmd)
+            case R.REGISTER_TOPIC_IN_NAMESRV:
+                return self._register_topic(cmd, ext, now, frames)
+            case R.PUT_KV_CONFIG:
+                self._run(KvPut, now, frames, namespace=require(ext, "namespace"),
+                          key=require(ext, "key"), value=require(ext, "value"))
+                return _ok(cmd)
+            case R.GET_KV_CONFIG:
+                namespace, key = require(ext, "namespace"), require(ext, "key")
+                try:
+                    reply = self._run(KvGet, now, frames, namespace=namespace, key=key)
+                except NotFound:
+                    return _error(cmd, ResponseCode.QUERY_NOT_FOUND,
+                                  f"No config item, Namespace: {namespace} Key: {key}",
+                                  ext_fields={})
+                return _ok(cmd, ext_fields={"value": reply.value})
+            case R.DELETE_KV_CONFIG:
+                self._run(KvDelete, now, frames, namespace=require(ext, "namespace"),
+                          key=require(ext, "key"))
+                return _ok(cmd)
+            case R.GET_KVLIST_BY_NAMESPACE:
+                namespace = require(ext, "namespace")
+                entries = self._run(KvList, now, frames, namespace=namespace).entries
+                if not entries:
+                    return _error(cmd, ResponseCode.QUERY_NOT_FOUND,
+                                  f"No config item, Namespace: {namespace}")
+                return _ok(cmd, body=encode_kv_table(entries))
+            case R.UPDATE_NAMESRV_CONFIG:
+                log.warning("refused UPDATE_NAMESRV_CONFIG from %s: zns changes no configuration "
+                            "at run time", conn.host)
+                return _error(cmd, ResponseCode.NO_PERMISSION,
+                              "zns changes no configuration at run time: UPDATE_NAMESRV_CONFIG "
+                              "is refused; use the command line or the config file")
+            case R.GET_NAMESRV_CONFIG:
+                text = "".join(f"{k}={v}\n" for k, v in self.properties.items())
+                return _ok(cmd, body=text.encode())
+        return _error(cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                      f" request type {code} not supported")
+
+    # --- requests ---------------------------------------------------------
+
+    def _route(self, cmd: RemotingCommand, ext: Mapping[str, str]) -> RemotingCommand:
+        topic = _convert(require(ext, "topic"), Topic, "topic")
+        table = self.service.table
+        legacy = not wants_standard_json(cmd.version, cmd.ext_fields)
+        if parse_bool(ext, "__ZONE_MODE") and (zone := optional(ext, "__ZONE_NAME")):
+            route = table.route(topic)
+            if route is None:
+                return _no_route(cmd, topic)
+            return _ok(cmd, body=encode_topic_route(filter_zone(route, zone), legacy))
+        revision = table.topic_revision(topic)
+        cached = self._routes.get(topic)
+        if cached is None or cached[0] != revision:
+            route = table.route(topic)
+            if route is None:
+                self._routes.pop(topic, None)
+                return _no_route(cmd, topic)
+            if len(self._routes) > table.topic_count() + 1024:
+                self._prune_routes()
+            cached = (revision, encode_topic_route(route, True), encode_topic_route(route, False))
+            self._routes[topic] = cached
+        return _ok(cmd, body=cached[1] if legacy else cached[2])
+
+    def _register(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
+                  now: int, frames: list[Frames]) -> RemotingCommand:
+        cluster, addr = require(ext, "clusterName"), require(ext, "brokerAddr")
+        fields = dict(
+            cluster=cluster, broker_name=require(ext, "brokerName"),
+            broker_id=parse_long(ext, "brokerId"), broker_addr=addr,
+            ha_addr=require(ext, "haServerAddr"), zone=optional(ext, "__ZONE_NAME") or "",
+            heartbeat_timeout_ms=parse_long(ext, "heartbeatTimeoutMillis", required=False,
+                                            default=120_000),
+            incremental=True,
+        )
+        check_body_crc32(cmd.body, ext)
+        body = decode_register_broker_body(
+            cmd.body, compressed=parse_bool(ext, "compressed"), version=cmd.version)
+        wrapper = body.topic_config_serialize_wrapper
+        fields["data_version"] = _zns_version(wrapper.data_version)
+        fields["topics"] = {
+            name: {"read_queues": t.read_queue_nums, "write_queues": t.write_queue_nums,
+                   "perm": t.perm, "sys_flag": t.topic_sys_flag, "order": t.order}
+            for name, t in wrapper.topic_config_table.items()
+        }
+        fields["filter_servers"] = body.filter_server_list
+        reply = self._run(RegisterBroker, now, frames, **fields)
+        self._heard(cluster, addr, conn, now)
+        reply_ext: dict[str, str] = {}
+        if reply.ha_addr:
+            reply_ext["haServerAddr"] = reply.ha_addr
+        if reply.master_addr:
+            reply_ext["masterAddr"] = reply.master_addr
+        order = self.service.kv.list(ORDER_TOPIC_CONFIG)
+        return _ok(cmd, ext_fields=reply_ext, body=encode_kv_table(order) if order else b"")
+
+    def _heartbeat(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
+                   now: int, frames: list[Frames]) -> RemotingCommand:
+        cluster, addr = require(ext, "clusterName"), require(ext, "brokerAddr")
+        name = require(ext, "brokerName")
+        query = cmd.code == R.QUERY_DATA_VERSION
+        live = self.service.table.liveness(cluster, addr)
+        if query:
+            broker_id = parse_long(ext, "brokerId")
+            version = _zns_version(decode_data_version(cmd.body)) if cmd.body else DataVersion()
+        else:  # 904 carries no DataVersion and needs no broker id (§12)
+            broker_id = parse_long(ext, "brokerId", required=False, default=0)
+            version = live.data_version if live is not None else DataVersion()
+        reply = self._run(Heartbeat, now, frames, cluster=cluster, broker_name=name,
+                          broker_id=broker_id, broker_addr=addr, data_version=version)
+        if reply.known:
+            self._heard(cluster, addr, conn, now)
+        if not query:
+            return _ok(cmd)
+        body = b""
+        if live is not None:
+            v = live.data_version
+            body = encode_data_version(
+                WireDataVersion(state_version=v.state, timestamp=v.timestamp, counter=v.counter))
+        return _ok(cmd, ext_fields={"changed": "true" if reply.changed else "false"}, body=body)
+
+    def _register_topic(self, cmd: RemotingCommand, ext: Mapping[str, str], now: int,
+                        frames: list[Frames]) -> RemotingCommand:
+        topic = require(ext, "topic")
+        if not cmd.body:
+            return _ok(cmd)  # Java registers nothing without a body
+        data = decode_topic_route_data(cmd.body)
+        queues = [{"broker_name": q.broker_name, "read_queues": q.read_queues,
+                   "write_queues": q.write_queues, "perm": q.perm, "sys_flag": q.sys_flag}
+                  for q in data.queues]
+        self._run(RegisterTopic, now, frames, topic=topic, queues=queues)
+        return _ok(cmd)
+
+    # --- helpers ------------------------------------------------------------
+
+    def _run(self, kind: type[AnyRequest], now: int, frames: list[Frames], **fields: Any) -> Any:
+        """Build the ZNS/1 request (the schema's bounds apply) and execute it."""
+        request = _convert(fields, kind, kind.__struct_config__.tag)
+        reply, events = self.service.execute(request, now)
+        frames.extend(events)
+        return reply
+
+    def _allow(self, conn: Connection, networks: tuple[Network, ...] | None, option: str,
+               code: int) -> None:
+        if networks is None or _in_networks(conn.host, networks):
+            return
+        log.warning("remoting request %d from %s refused: not in %s", code, conn.host, option)
+        raise _Refused(f"request code {code} is not allowed from {conn.host}: "
+                       f"the server's {option} lists the networks that may send it")
+
+    def _heard(self, cluster: str, addr: str, conn: Connection, now: int) -> None:
+        self._via[(cluster, addr)] = (conn.conn_id, now)
+        limit = 2 * self.service.limits.max_brokers + 1024
+        if len(self._via) > limit:  # addresses that expired since: forget them
+            table = self.service.table
+            for key in [k for k in self._via if table.liveness(*k) is None]:
+                del self._via[key]
+
+    def _topics(self, cluster: str = "", sys_flag: int = 0) -> list[str]:
+        return self.service.table.topics(cluster, sys_flag)
+
+    def _system_topics(self) -> bytes:
+        table = self.service.table
+        names: list[str] = []
+        for cluster, brokers in table.cluster_table().items():
+            names.append(cluster)
+            names.extend(brokers)
+        broker_addr = None
+        for data in table.broker_table().values():
+            if data.addrs:
+                broker_addr = data.addrs.get(MASTER_ID, next(iter(data.addrs.values())))
+                break
+        return encode_topic_list(names, broker_addr)
+
+    def _prune_routes(self) -> None:
+        table = self.service.table
+        for topic in [t for t in self._routes if not table.has_topic(t)]:
+            del self._routes[topic]
+
+
+class _Refused(Exception):
+    """A code this connection's source network may not send (NO_PERMISSION)."""
+
+
+def _convert(value: Any, kind: Any, what: str) -> Any:
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        raise RemotingBodyError(f"{what}: {describe_decode_error(exc)}") from None
+
+
+def _zns_version(v: Any) -> DataVersion:
+    return DataVersion(state=v.state_version, timestamp=v.timestamp, counter=v.counter)
+
+
+def _in_networks(host: str, networks: tuple[Network, ...]) -> bool:
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in networks)
+
+
+def parse_networks(specs: Iterable[str]) -> tuple[Network, ...]:
+    """CIDRs (or bare addresses) of --remoting-brokers / --remoting-admins; ValueError names a bad one."""
+    networks = []
+    for spec in specs:
+        try:
+            networks.append(ipaddress.ip_network(spec.strip(), strict=False))
+        except ValueError as exc:
+            raise ValueError(f"{quote(spec)} is not a network (CIDR like 10.0.0.0/8): {exc}") from None
+    return tuple(networks)
+
+
+def _ok(cmd: RemotingCommand, *, ext_fields: dict[str, str] | None = None,
+        body: bytes = b"") -> RemotingCommand:
+    return _reply(cmd, ResponseCode.SUCCESS, None, ext_fields, body)
+
+
+def _error(cmd: RemotingCommand, code: int, remark: str,
+           ext_fields: dict[str, str] | None = None) -> RemotingCommand:
+    return _reply(cmd, code, remark, ext_fields, b"")
+
+
+def _no_route(cmd: RemotingCommand, topic: str) -> RemotingCommand:
+    return _error(cmd, ResponseCode.TOPIC_NOT_EXIST,
+                  f"No topic route info in name server for the topic: {topic}")
+
+
+def _reply(cmd: RemotingCommand, code: int, remark: str | None,
+           ext_fields: dict[str, str] | None, body: bytes) -> RemotingCommand:
+    reply = cmd.make_response(code, remark=remark, ext_fields=ext_fields, body=body)
+    reply.serialize_type = SERIALIZE_JSON  # the Java NameServer answers in its own type, JSON
+    return reply
