@@ -4,7 +4,6 @@ one starts empty, and ORDER_TOPIC_CONFIG entries reach routes."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 
 from conftest import Peer, register_fields
 from zns.core import schema
+from zns.drivers.kv_file import encode_record, read_kv_file
 
 KILL_TIMEOUT = 15
 
@@ -51,10 +51,7 @@ def test_every_acknowledged_write_survives_kill_9(process_server, tmp_path: Path
             entries[fields["key"]] = fields["value"]
         else:
             del entries[fields["key"]]
-    assert json.loads(kv_path.read_text()) == {ns: e for ns, e in expected.items() if e}
-    backup = kv_path.with_name("kv.json.bak")
-    assert backup.exists()
-    assert json.loads(backup.read_text()) == {"other": {"a": "x"}, "ns": {"a": "2"}}
+    assert read_kv_file(kv_path) == {ns: e for ns, e in expected.items() if e}
 
 
 def run_serve(kv_path: Path, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -100,7 +97,7 @@ def test_missing_kv_file_starts_empty(process_server, tmp_path: Path):
         assert peer.call("kv_get", namespace="ns", key="k").code == "not_found"
         assert not kv_path.exists()  # nothing is written until something is stored
         peer.ok("kv_put", namespace="ns", key="k", value="v")
-        assert json.loads(kv_path.read_text()) == {"ns": {"k": "v"}}
+        assert read_kv_file(kv_path) == {"ns": {"k": "v"}}
     finally:
         peer.close()
 
@@ -146,3 +143,31 @@ def test_order_topic_config_is_loaded_at_start(process_server, tmp_path: Path):
         assert peer.ok("get_route", topic="T").route.order_conf == "broker-a:8"
     finally:
         peer.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_torn_last_record_after_kill_9_is_cut_and_the_rest_kept(process_server, tmp_path):
+    """A crash in the middle of an unacknowledged write leaves part of its record at the
+    end of the log: the next start cuts it (and says so) and keeps every acknowledged write."""
+    kv_path = tmp_path / "kv.json"
+    srv = process_server(kv_path=kv_path)
+    peer = Peer(srv.router)
+    for i in range(5):
+        peer.ok("kv_put", namespace="ns", key=f"k{i}", value=f"v{i}" * 100)
+    peer.ok("kv_delete", namespace="ns", key="k0")
+    peer.close()
+    kill_hard(srv)
+    good = kv_path.read_bytes()
+    kv_path.write_bytes(good + encode_record("ns", "k9", "never acknowledged")[:-5])
+
+    srv = process_server(kv_path=kv_path)
+    peer = Peer(srv.router)
+    try:
+        assert peer.ok("kv_list", namespace="ns").entries == {
+            f"k{i}": f"v{i}" * 100 for i in range(1, 5)}
+        assert kv_path.read_bytes() == good
+        peer.ok("kv_put", namespace="ns", key="k9", value="now")
+        assert read_kv_file(kv_path)["ns"]["k9"] == "now"
+    finally:
+        peer.close()
+    assert "torn" in srv.output() and str(kv_path) in srv.output()

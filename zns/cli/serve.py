@@ -64,6 +64,9 @@ from zns.drivers.server import (
 @click.option("--max-kv-namespaces", type=click.IntRange(min=1),
               default=Limits.max_kv_namespaces, envvar="ZNS_MAX_KV_NAMESPACES",
               show_default=True, help="KV namespaces held at most.")
+@click.option("--max-kv-bytes", type=click.IntRange(min=1), default=Limits.max_kv_bytes,
+              envvar="ZNS_MAX_KV_BYTES", show_default=True,
+              help="UTF-8 bytes of all KV namespaces, keys and values held at most.")
 @click.option("--curve-secret", type=click.Path(dir_okay=False), envvar="ZNS_CURVE_SECRET",
               help="The server's NAME.key_secret (from `zns keygen`): turns CURVE on for both "
                    "sockets.")
@@ -82,7 +85,7 @@ def serve(
     router: str, pub: str, kv_path: str, heartbeat_interval: float, max_message_bytes: int,
     pub_hwm: int, peer: tuple[str, ...], peer_grace: float, max_topics_per_request: int,
     max_brokers: int, max_topics: int, max_queues: int, max_kv_entries: int,
-    max_kv_namespaces: int,
+    max_kv_namespaces: int, max_kv_bytes: int,
     curve_secret: str | None,
     brokers_keys: str | None, admins_keys: str | None, clients_keys: str | None, clients: str,
     log_level: str,
@@ -99,7 +102,7 @@ def serve(
         admins_keys=admins_keys, clients_keys=clients_keys, clients=clients,
         limits=Limits(max_topics_per_request=max_topics_per_request, max_brokers=max_brokers,
                       max_topics=max_topics, max_queues=max_queues, max_kv_entries=max_kv_entries,
-                      max_kv_namespaces=max_kv_namespaces),
+                      max_kv_namespaces=max_kv_namespaces, max_kv_bytes=max_kv_bytes),
     )
     if not curve_secret and (brokers_keys or admins_keys or clients_keys or clients != "any"):
         raise click.UsageError("key options need --curve-secret (CURVE is off without it)")

@@ -10,6 +10,11 @@ from __future__ import annotations
 from typing import Protocol
 
 
+def entry_bytes(namespace: str, key: str, value: str) -> int:
+    """What one entry counts against `Limits.max_kv_bytes`: its UTF-8 bytes."""
+    return len(namespace.encode()) + len(key.encode()) + len(value.encode())
+
+
 class KvBackend(Protocol):
     def get(self, namespace: str, key: str) -> str | None:
         """The value, or None."""
@@ -19,6 +24,9 @@ class KvBackend(Protocol):
 
     def count(self, namespace: str | None = None) -> int:
         """Entries in `namespace`, or with None the number of namespaces."""
+
+    def total_bytes(self) -> int:
+        """The sum of `entry_bytes` over every entry held."""
 
     def put(self, namespace: str, key: str, value: str) -> bool:
         """Store durably before returning; False when the value was already there.

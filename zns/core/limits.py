@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zns.core.errors import BadRequest
-from zns.core.kv import KvBackend
+from zns.core.kv import KvBackend, entry_bytes
 from zns.core.routes import RouteTable
 from zns.core.schema import AnyRequest, GetRoutes, KvPut, RegisterBroker, RegisterTopic
 
@@ -34,6 +34,8 @@ class Limits:
     # KV entries in one namespace, and KV namespaces.
     max_kv_entries: int = 10_000
     max_kv_namespaces: int = 1_000
+    # UTF-8 bytes of every KV namespace, key and value held (each entry counted whole).
+    max_kv_bytes: int = 64 << 20
 
     def check(self, request: AnyRequest, table: RouteTable, kv: KvBackend) -> None:
         """Raise BadRequest when applying `request` could exceed a limit."""
@@ -65,8 +67,14 @@ class Limits:
                             f"{len(queues)} more queue entries (topic x broker name)")
             case GetRoutes(topics=topics):
                 self._per_request(len(topics), "get_routes asks for")
-            case KvPut(namespace=ns, key=key):
-                if kv.get(ns, key) is not None:
+            case KvPut(namespace=ns, key=key, value=value):
+                old = kv.get(ns, key)
+                grows = entry_bytes(ns, key, value) - (
+                    0 if old is None else entry_bytes(ns, key, old))
+                if grows > 0 and kv.total_bytes() + grows > self.max_kv_bytes:
+                    _refuse("max_kv_bytes", self.max_kv_bytes,
+                            f"{grows} more bytes of KV entries (namespaces, keys and values)")
+                if old is not None:
                     return
                 if kv.count(ns) >= self.max_kv_entries:
                     _refuse("max_kv_entries", self.max_kv_entries,

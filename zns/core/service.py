@@ -238,6 +238,10 @@ class NameService:
             case RegisterTopic(topic=topic, queues=queues):
                 return RegisterTopicReply(id=rid), table.register_topic(topic, queues)
             case KvPut(namespace=ns, key=key, value=value):
+                # The durable write first: it is the step that can fail (`internal`, nothing
+                # changed). set_order_conf refuses nothing, so the route change cannot fail
+                # after it; in the other order a failed write would leave a revision bumped
+                # and an event published for a value that is not stored.
                 self._kv_write(self.kv.put, ns, key, value)
                 events = table.set_order_conf(key, value) if ns == ORDER_TOPIC_CONFIG else []
                 return KvPutReply(id=rid), events

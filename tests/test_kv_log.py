@@ -1,0 +1,324 @@
+"""The KV log (zns.drivers.kv_file) in process: what each write costs and writes, the
+order of its fsyncs, torn tails, damage, the JSON format, compaction and failed fsyncs."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from zns.core.errors import KvFileError
+from zns.drivers import kv_file
+from zns.drivers.kv_file import MAGIC, KvStore, encode_record, read_kv_file
+
+Model = dict[str, dict[str, str]]
+
+
+def fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def on_disk(path: Path) -> Model:
+    """What a restart would read: `path`, then `<path>.next` while a compaction runs."""
+    data: Model = {}
+    kv_file._replay_file(path, data, continuation=False)
+    nxt = path.with_name(path.name + ".next")
+    if nxt.exists():
+        kv_file._replay_file(nxt, data, continuation=True)
+    return data
+
+
+def apply(model: Model, ns: str, key: str, value: str | None) -> None:
+    if value is None:
+        model.get(ns, {}).pop(key, None)
+        if ns in model and not model[ns]:
+            del model[ns]
+    else:
+        model.setdefault(ns, {})[key] = value
+
+
+class Spy:
+    """Records the file system calls the store makes, in order, by file name."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[str, str]] = []
+        real_fsync, real_replace, real_write = os.fsync, os.replace, os.write
+        self.fail_fsync: Callable[[str], bool] = lambda name: False
+
+        def fsync(fd: int) -> None:
+            name = fd_path(fd)
+            if self.fail_fsync(name):
+                self.calls.append(("fsync-failed", name))
+                raise OSError(errno.EIO, "injected fsync failure")
+            real_fsync(fd)
+            self.calls.append(("fsync", name))
+
+        def replace(src: object, dst: object) -> None:
+            real_replace(src, dst)
+            self.calls.append(("replace", f"{src} -> {dst}"))
+
+        def write(fd: int, data: bytes) -> int:
+            n = real_write(fd, data)
+            self.calls.append(("write", fd_path(fd)))
+            self.written += n
+            return n
+
+        self.written = 0
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "replace", replace)
+        monkeypatch.setattr(os, "write", write)
+
+    def mark(self, what: str) -> None:
+        self.calls.append((what, ""))
+
+    def since(self, what: str) -> list[tuple[str, str]]:
+        index = max(i for i, call in enumerate(self.calls) if call[0] == what)
+        return self.calls[index + 1:]
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "kv.json"
+
+
+@pytest.fixture
+def stores() -> Iterator[list[KvStore]]:
+    opened: list[KvStore] = []
+    yield opened
+    for store in opened:
+        store.close()
+
+
+def open_store(stores: list[KvStore], path: Path, **kw: int) -> KvStore:
+    store = KvStore(path, **kw)
+    stores.append(store)
+    return store
+
+
+# --- what a write costs ---------------------------------------------------------------
+
+
+def test_a_put_writes_its_own_record_only(path, stores, monkeypatch):
+    store = open_store(stores, path)
+    for i in range(200):
+        store.put("ns", f"k{i}", "v" * 10_000)  # 2 MB held
+    spy = Spy(monkeypatch)
+    assert store.put("ns", "small", "x")
+    assert spy.written == len(encode_record("ns", "small", "x"))
+    assert [c for c in spy.calls if c[0] == "fsync"] == [("fsync", str(path))]
+    assert store.delete("ns", "small")
+    assert spy.written == len(encode_record("ns", "small", "x")) + len(
+        encode_record("ns", "small", None))
+    assert store.put("ns", "small", "x") and not store.put("ns", "small", "x")  # same: no write
+    assert read_kv_file(path)["ns"]["small"] == "x"
+
+
+def test_record_is_fsynced_before_put_and_delete_return(path, stores, monkeypatch):
+    store = open_store(stores, path)
+    spy = Spy(monkeypatch)
+    store.put("ns", "a", "1")  # the first write creates the file: tmp, fsync, rename, dir
+    spy.mark("returned")
+    tmp = str(path) + ".tmp"
+    first = spy.calls[:spy.calls.index(("returned", ""))]
+    assert first == [("write", tmp), ("fsync", tmp), ("replace", f"{tmp} -> {path}"),
+                     ("fsync", str(path.parent))]
+    for op in (lambda: store.put("ns", "b", "2"), lambda: store.delete("ns", "a")):
+        op()
+        spy.mark("returned")
+        assert spy.calls[-3:] == [("write", str(path)), ("fsync", str(path)), ("returned", "")]
+
+
+# --- torn tails and damage ------------------------------------------------------------
+
+
+def write_entries(path: Path, stores: list[KvStore]) -> Model:
+    store = open_store(stores, path)
+    store.put("ns", "a", "1")
+    store.put("ns", "b", "2" * 300)
+    store.delete("ns", "a")
+    store.put("other", "k", "v")
+    store.close()
+    return {"ns": {"b": "2" * 300}, "other": {"k": "v"}}
+
+
+@pytest.mark.parametrize("tail", [
+    encode_record("ns", "c", "3" * 100)[:-7],  # payload cut short
+    encode_record("ns", "c", "3")[:5],  # header cut short
+    b"\0" * 50,  # blocks allocated, never written
+], ids=["payload", "header", "zeros"])
+def test_a_torn_last_record_is_cut_at_start(path, stores, tail, caplog):
+    model = write_entries(path, stores)
+    good = path.read_bytes()
+    path.write_bytes(good + tail)
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        store = open_store(stores, path)
+    assert store.list("ns") == model["ns"] and store.list("other") == model["other"]
+    assert path.read_bytes() == good
+    assert "torn" in caplog.text and str(path) in caplog.text
+    store.put("ns", "d", "4")  # appends after the cut
+    assert read_kv_file(path) == {"ns": {"b": "2" * 300, "d": "4"}, "other": {"k": "v"}}
+
+
+def test_a_damaged_record_with_valid_ones_after_it_is_an_error(path, stores):
+    write_entries(path, stores)
+    raw = bytearray(path.read_bytes())
+    raw[len(MAGIC) + 14] ^= 0x01  # inside the first record's payload
+    path.write_bytes(bytes(raw))
+    with pytest.raises(KvFileError) as info:
+        KvStore(path)
+    assert str(path) in str(info.value) and "corrupt" in str(info.value)
+    assert f"offset {len(MAGIC)}" in str(info.value)
+    assert path.read_bytes() == bytes(raw)  # left alone
+
+
+def test_a_file_that_is_neither_format_is_an_error(path):
+    path.write_bytes(b"ZNS KV lo")
+    with pytest.raises(KvFileError, match="corrupt"):
+        KvStore(path)
+    assert path.read_bytes() == b"ZNS KV lo"
+
+
+# --- the JSON format of earlier versions ---------------------------------------------------
+
+
+def test_the_json_format_is_read_and_converted(path, stores):
+    old = msgspec.json.encode({"ns": {"k": "v", "ü": "ö" * 10}, "o": {"x": "y"}})
+    path.write_bytes(old)
+    store = open_store(stores, path)
+    assert store.list("ns") == {"k": "v", "ü": "ö" * 10} and store.get("o", "x") == "y"
+    assert path.read_bytes().startswith(MAGIC)
+    assert path.with_name("kv.json.bak").read_bytes() == old  # kept for a downgrade
+    store.put("o", "x", "z")
+    store.close()
+    again = open_store(stores, path)
+    assert again.list("ns") == {"k": "v", "ü": "ö" * 10} and again.get("o", "x") == "z"
+    assert again.total_bytes() == (2 + 1 + 1) + (2 + 2 + 20) + (1 + 1 + 1)
+
+
+# --- compaction -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_compaction_keeps_every_entry_and_bounds_the_file(path, stores):
+    rnd = random.Random(7)
+    store = open_store(stores, path, compact_min_bytes=4_000, step_bytes=600)
+    model: Model = {}
+    compactions = 0
+    was_compacting = False
+    for i in range(3_000):
+        ns = rnd.choice(["a", "b", "c"])
+        key = f"k{rnd.randrange(40)}"
+        value = None if rnd.random() < 0.25 else f"{i}-" + "v" * rnd.randrange(0, 300)
+        if value is None:
+            store.delete(ns, key)
+        else:
+            store.put(ns, key, value)
+        apply(model, ns, key, value)
+        compacting = store._compaction is not None
+        compactions += was_compacting and not compacting
+        was_compacting = compacting
+        if i % 50 == 0 or compacting:
+            assert on_disk(path) == model, i
+        assert {ns: store.list(ns) for ns in model} == model
+        live = len(b"".join(kv_file._live_records(model)))
+        # `path` stays within 2x live (or the minimum) plus what one compaction writes.
+        assert store.file_bytes() <= 3 * max(2 * live, 4_000) + 2_000, i
+    assert compactions >= 5
+    assert path.with_name("kv.json.bak").exists()
+    store.close()
+    assert {ns: open_store(stores, path).list(ns) for ns in model} == model
+
+
+def test_compaction_orders_fsync_rename_and_directory_fsync(path, stores, monkeypatch):
+    store = open_store(stores, path, compact_min_bytes=2_000, step_bytes=500)
+    nxt = str(path) + ".next"
+    for j in range(20):  # more than one step's worth of live entries
+        store.put("ns", f"other{j}", "w" * 200)
+    spy = Spy(monkeypatch)
+    for i in range(1_000):
+        store.put("ns", "k", f"{i:04}" + "v" * 200)
+        if store._compaction is not None:
+            break
+    # The write that started it: .next fsynced, then its directory, before the reply.
+    assert spy.calls[-3:] == [("write", nxt), ("fsync", nxt), ("fsync", str(path.parent))]
+    for j in range(1_000):
+        if store._compaction is None:
+            break
+        store.put("ns", "k", f"again{j}")
+    index = spy.calls.index(("replace", f"{nxt} -> {path}"))
+    # The new file is durable before the rename: its last write is followed by its fsync.
+    last_write = max(k for k, c in enumerate(spy.calls[:index]) if c == ("write", nxt))
+    assert ("fsync", nxt) in spy.calls[last_write:index]
+    assert spy.calls[index + 1] == ("fsync", str(path.parent))  # and its name after it
+    backup = str(path) + ".bak"
+    assert ("replace", f"{backup}.tmp -> {backup}") in spy.calls[:index]
+    # Each write is followed by one fsync of that same file before anything else happens.
+    for k, (call, name) in enumerate(spy.calls):
+        if call == "write":
+            following = next(c for c in spy.calls[k + 1:] if c != ("write", name))
+            assert following == ("fsync", name), spy.calls[k:k + 3]
+
+
+def test_a_crash_mid_compaction_is_recovered_at_start(path, stores):
+    store = open_store(stores, path, compact_min_bytes=3_000, step_bytes=300)
+    model: Model = {}
+    for i in range(200):
+        key = f"k{i % 30}"
+        store.put("ns", key, f"{i}" + "x" * 100)
+        apply(model, "ns", key, f"{i}" + "x" * 100)
+        if store._compaction is not None and not store._compaction.done and i > 100:
+            break
+    assert store._compaction is not None, "the test wants a compaction in progress"
+    nxt = path.with_name("kv.json.next")
+    nxt.write_bytes(nxt.read_bytes() + encode_record("ns", "torn", "t")[:-2])  # and a torn tail
+    stores.remove(store)
+    store.close()  # the process dies here: nothing finishes the compaction
+    again = open_store(stores, path, compact_min_bytes=3_000, step_bytes=300)
+    assert again.list("ns") == model["ns"]
+    assert not nxt.exists() and read_kv_file(path) == model
+
+
+# --- writes that cannot be made durable ----------------------------------------------------
+
+
+PHASES: dict[str, Callable[[KvStore], bool]] = {
+    "append": lambda s: s.count("ns") >= 5,
+    "start-compaction": lambda s: s._compaction is None and s._size > max(2 * s._live, 2_000),
+    "compaction-step": lambda s: s._compaction is not None and not s._compaction.done,
+}
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_a_failed_fsync_changes_nothing(path, stores, monkeypatch, phase):
+    store = open_store(stores, path, compact_min_bytes=2_000, step_bytes=300)
+    model: Model = {}
+    for i in range(10_000):
+        if PHASES[phase](store):
+            break
+        key, value = f"k{i % 30}", f"{i}" + "v" * 150
+        store.put("ns", key, value)
+        apply(model, "ns", key, value)
+    assert PHASES[phase](store)
+    files = {p.name: p.read_bytes() for p in path.parent.iterdir()}
+    spy = Spy(monkeypatch)
+    spy.fail_fsync = lambda name: name.startswith(str(path))
+    for op in (lambda: store.put("ns", "k1", "new"), lambda: store.put("ns", "fresh", "x"),
+               lambda: store.delete("ns", "k0")):
+        with pytest.raises(OSError, match="injected"):
+            op()
+        assert store.list("ns") == model["ns"]
+        assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == files
+    assert any(c[0] == "fsync-failed" for c in spy.calls)
+    spy.fail_fsync = lambda name: False
+    assert store.put("ns", "k1", "new") and store.delete("ns", "k0")
+    apply(model, "ns", "k1", "new")
+    apply(model, "ns", "k0", None)
+    assert on_disk(path) == model
+    store.close()
+    assert open_store(stores, path).list("ns") == model["ns"]

@@ -1,0 +1,125 @@
+"""KV writes through NameService: a write that cannot be made durable is `internal` and
+changes nothing — not the store, not the routes, no event; `--max-kv-bytes` bounds the store."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import zns.cli.serve
+from conftest import register_fields
+from zns.cli.app import main as zns_main
+from zns.core import schema
+from zns.core.limits import Limits
+from zns.core.schema import ORDER_TOPIC_CONFIG
+from zns.core.service import NameService
+from zns.drivers.kv_file import KvStore, read_kv_file
+
+
+def respond(service: NameService, op: str, **fields: Any) -> tuple[Any, list]:
+    response = service.respond(schema.encode({"op": op, "id": 7, **fields}), 1000)
+    return schema.decode_reply(response.reply), [
+        (ch, schema.decode_event(body)) for ch, body in response.events]
+
+
+def ok(service: NameService, op: str, **fields: Any) -> tuple[Any, list]:
+    reply, events = respond(service, op, **fields)
+    assert not isinstance(reply, schema.Error), reply
+    return reply, events
+
+
+@pytest.fixture
+def service(tmp_path: Path):
+    kv = KvStore(tmp_path / "kv.json")
+    svc = NameService(kv, epoch="e" * 16, started_at_ms=0)
+    ok(svc, "register_broker", **register_fields(topics={"T": {"order": True}}))
+    ok(svc, "kv_put", namespace=ORDER_TOPIC_CONFIG, key="T", value="broker-a:4")
+    ok(svc, "kv_put", namespace="ns", key="k", value="v")
+    yield svc
+    kv.close()
+
+
+def failing_fsync(monkeypatch: pytest.MonkeyPatch, kv_path: Path) -> None:
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(kv_path)):
+            raise OSError(errno.EIO, "injected fsync failure")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def observable(svc: NameService) -> tuple:
+    return (svc.table.revision, svc.table.topic_revision("T"),
+            schema.encode(respond(svc, "get_route", topic="T")[0]),
+            svc.kv.list(ORDER_TOPIC_CONFIG), svc.kv.list("ns"))
+
+
+@pytest.mark.parametrize("op, fields", [
+    ("kv_put", dict(namespace=ORDER_TOPIC_CONFIG, key="T", value="broker-a:8")),
+    ("kv_delete", dict(namespace=ORDER_TOPIC_CONFIG, key="T")),
+    ("kv_put", dict(namespace="ns", key="k", value="w")),
+    ("kv_put", dict(namespace="ns", key="new", value="w")),
+    ("kv_delete", dict(namespace="ns", key="k")),
+])
+def test_a_write_that_cannot_be_made_durable_is_internal_and_changes_nothing(
+        service, tmp_path, monkeypatch, op, fields):
+    kv_path = tmp_path / "kv.json"
+    before, file_before = observable(service), kv_path.read_bytes()
+    failing_fsync(monkeypatch, kv_path)
+    reply, events = respond(service, op, **fields)
+    assert isinstance(reply, schema.Error) and reply.code == "internal"
+    assert "could not be written durably" in reply.message and "injected" in reply.message
+    assert events == []
+    assert observable(service) == before
+    assert kv_path.read_bytes() == file_before
+    # Once the disk works again, the same write goes through and the prev chain has no gap.
+    monkeypatch.undo()
+    _, events = ok(service, op, **fields)
+    if fields["namespace"] == ORDER_TOPIC_CONFIG:
+        [(_, event)] = events
+        assert event.prev == before[1] and event.revision == before[0] + 1
+    assert read_kv_file(kv_path).get(fields["namespace"], {}) == service.kv.list(
+        fields["namespace"])
+
+
+# --- --max-kv-bytes -------------------------------------------------------------------------
+
+
+def test_max_kv_bytes_refuses_growth_and_applies_nothing(tmp_path):
+    kv = KvStore(tmp_path / "kv.json")
+    svc = NameService(kv, epoch="e" * 16, started_at_ms=0, limits=Limits(max_kv_bytes=30))
+    ok(svc, "kv_put", namespace="ns", key="a", value="x" * 20)  # 2 + 1 + 20 = 23 bytes
+    assert kv.total_bytes() == 23
+    for key, value in (("b", "12345"), ("a", "x" * 28), ("ü", "1234")):
+        reply, events = respond(svc, "kv_put", namespace="ns", key=key, value=value)
+        assert isinstance(reply, schema.Error) and reply.code == "bad_request", reply
+        assert "max_kv_bytes (30)" in reply.message and "--max-kv-bytes" in reply.message
+        assert events == [] and kv.list("ns") == {"a": "x" * 20}
+    assert read_kv_file(tmp_path / "kv.json") == {"ns": {"a": "x" * 20}}
+    ok(svc, "kv_put", namespace="ns", key="b", value="1234")  # exactly 30
+    ok(svc, "kv_put", namespace="ns", key="a", value="short")  # shrinking is always allowed
+    ok(svc, "kv_delete", namespace="ns", key="b")
+    assert kv.total_bytes() == 2 + 1 + 5
+    kv.close()
+
+
+def test_max_kv_bytes_option_and_environment(monkeypatch):
+    configs = []
+    monkeypatch.setattr(zns.cli.serve, "Server", lambda config: configs.append(config) or
+                        type("S", (), {"run": lambda self: None})())
+    for name in [n for n in os.environ if n.startswith("ZNS_")]:
+        monkeypatch.delenv(name)
+    assert CliRunner().invoke(zns_main, ["serve"]).exit_code == 0
+    assert configs[-1].limits.max_kv_bytes == 64 * 1024 * 1024
+    assert CliRunner().invoke(zns_main, ["serve", "--max-kv-bytes", "1000"]).exit_code == 0
+    assert configs[-1].limits.max_kv_bytes == 1000
+    result = CliRunner().invoke(zns_main, ["serve"], env={"ZNS_MAX_KV_BYTES": "2000"})
+    assert result.exit_code == 0 and configs[-1].limits.max_kv_bytes == 2000
+    assert CliRunner().invoke(zns_main, ["serve", "--max-kv-bytes", "0"]).exit_code != 0
