@@ -17,6 +17,8 @@ from zns.core.limits import Limits
 from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER, MAX_TOPICS_PER_REQUEST
 from zns.core.errors import ConfigError
 from zns.drivers.security import write_keypair
+from zns.core.remoting.service import parse_networks
+from zns.drivers.remoting_listener import DEFAULT_MAX_CONNECTIONS
 from zns.drivers.server import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_PUB_HWM,
@@ -79,6 +81,19 @@ from zns.drivers.server import (
 @click.option("--clients", type=click.Choice(["any", "listed"]), default="any",
               envvar="ZNS_CLIENTS", show_default=True,
               help="With CURVE: may any key read routes, or only listed ones?")
+@click.option("--remoting", metavar="HOST:PORT", envvar="ZNS_REMOTING",
+              help="Also serve RocketMQ's remoting protocol here (HOST:PORT or tcp://HOST:PORT), "
+                   "so RocketMQ brokers, clients and mqadmin can use this NameServer. Off by "
+                   "default; plain TCP.")
+@click.option("--remoting-brokers", metavar="CIDR", multiple=True, envvar="ZNS_REMOTING_BROKERS",
+              help="Networks whose remoting connections may register brokers (repeatable; "
+                   "default: any).")
+@click.option("--remoting-admins", metavar="CIDR", multiple=True, envvar="ZNS_REMOTING_ADMINS",
+              help="Networks whose remoting connections may do admin writes (repeatable; "
+                   "default: loopback only).")
+@click.option("--remoting-max-connections", type=click.IntRange(min=1),
+              default=DEFAULT_MAX_CONNECTIONS, envvar="ZNS_REMOTING_MAX_CONNECTIONS",
+              show_default=True, help="Remoting connections open at once; more are refused.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
               case_sensitive=False), default="INFO", envvar="ZNS_LOG_LEVEL", show_default=True)
 def serve(
@@ -88,7 +103,8 @@ def serve(
     max_kv_namespaces: int, max_kv_bytes: int,
     curve_secret: str | None,
     brokers_keys: str | None, admins_keys: str | None, clients_keys: str | None, clients: str,
-    log_level: str,
+    remoting: str | None, remoting_brokers: tuple[str, ...], remoting_admins: tuple[str, ...],
+    remoting_max_connections: int, log_level: str,
 ) -> None:
     """Run a NameServer until SIGTERM or Ctrl-C."""
     logging.basicConfig(
@@ -103,7 +119,17 @@ def serve(
         limits=Limits(max_topics_per_request=max_topics_per_request, max_brokers=max_brokers,
                       max_topics=max_topics, max_queues=max_queues, max_kv_entries=max_kv_entries,
                       max_kv_namespaces=max_kv_namespaces, max_kv_bytes=max_kv_bytes),
+        remoting=remoting or None, remoting_brokers=list(remoting_brokers),
+        remoting_max_connections=remoting_max_connections,
     )
+    if remoting_admins:
+        config.remoting_admins = list(remoting_admins)
+    for option, specs in (("--remoting-brokers", remoting_brokers),
+                          ("--remoting-admins", remoting_admins)):
+        try:
+            parse_networks(specs)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=option) from exc
     if not curve_secret and (brokers_keys or admins_keys or clients_keys or clients != "any"):
         raise click.UsageError("key options need --curve-secret (CURVE is off without it)")
     try:

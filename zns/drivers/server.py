@@ -27,6 +27,8 @@ from zns.drivers.peer_links import PeerLinks
 from zns.drivers.security import Security
 from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
 from zns.drivers.logs import install_repeat_filter
+from zns.drivers.remoting_listener import DEFAULT_MAX_CONNECTIONS, RemotingListener
+from zns.core.remoting.service import RemotingService, parse_networks
 from zns.drivers.sockets import Waker
 from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER
 from zns.core.service import Frames, NameService
@@ -72,6 +74,27 @@ class ServerConfig:
     clients_keys: str | None = None
     clients: str = "any"  # any | listed
     limits: Limits = field(default_factory=Limits)
+    # §12 RocketMQ remoting listener: on when `remoting` (HOST:PORT) is set.
+    remoting: str | None = None
+    remoting_brokers: list[str] = field(default_factory=list)  # CIDRs; empty: any
+    remoting_admins: list[str] = field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
+    remoting_max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+    def properties(self) -> dict[str, str]:
+        """The effective settings, as GET_NAMESRV_CONFIG shows them: no file paths, no keys."""
+        shown = {
+            "router": self.router, "pub": self.pub, "heartbeatInterval": self.heartbeat_interval,
+            "maxMessageBytes": self.max_message_bytes, "pubHwm": self.pub_hwm,
+            "peers": ";".join(self.peers), "peerGrace": self.peer_grace,
+            "curve": self.curve_secret is not None, "clients": self.clients,
+            "remoting": self.remoting or "",
+            "remotingBrokers": ",".join(self.remoting_brokers) or "any",
+            "remotingAdmins": ",".join(self.remoting_admins),
+            "remotingMaxConnections": self.remoting_max_connections,
+        }
+        for name, value in vars(self.limits).items():
+            shown["".join(w.capitalize() if i else w for i, w in enumerate(name.split("_")))] = value
+        return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in shown.items()}
 
 
 def new_epoch() -> str:
@@ -130,6 +153,9 @@ class Server:
                 max_message_bytes=config.max_message_bytes,
                 suspect=lambda cluster, addr: self.service.table.suspect(cluster, addr, grace_ms),
             )
+            self.remoting: RemotingListener | None = None
+            if config.remoting:
+                self.remoting = self._listen_remoting(config)
             self.timers = ServerTimers(
                 self.service, heartbeat_interval_ms=round(config.heartbeat_interval * 1000),
                 now=self._now(), peers=self.peers.links,
@@ -170,6 +196,8 @@ class Server:
 
     def close(self) -> None:
         self.descriptors.close()
+        if getattr(self, "remoting", None) is not None:
+            self.remoting.close()
         self.router.close(linger=500)
         self.pub.close(linger=500)
         if self.peers is not None:
@@ -190,6 +218,9 @@ class Server:
         for listener in self.descriptors.listeners:
             poller.register(listener.monitor, zmq.POLLIN)
         monitors = {listener.monitor for listener in self.descriptors.listeners}
+        remoting = self.remoting
+        if remoting is not None:
+            remoting.attach(poller)
         peers = self.peers if self.peers.links else None  # none: nothing to ask each pass
         self.peers.attach(poller)
         now = self._now()
@@ -212,9 +243,39 @@ class Server:
                 # whoever then suspends us): wall time the loop did not run.
                 timers.ran(after - now, _cpu_ms() - cpu_before)
                 now = after
+            if remoting is not None:
+                _guarded("serving remoting", self._serve_remoting, ready, now)
             if peers:
                 _guarded("reading peers", peers.handle, ready, now)
             _guarded("running timers", self._run_timers, now)
+
+    def _serve_remoting(self, ready: dict, now: int) -> None:
+        assert self.remoting is not None
+        events = self.remoting.handle(ready, now)
+        events.extend(self.remoting.on_timer(now))
+        if events:
+            self._publish(events)
+
+    def _listen_remoting(self, config: ServerConfig) -> RemotingListener:
+        try:
+            service = RemotingService(
+                self.service,
+                brokers=parse_networks(config.remoting_brokers) if config.remoting_brokers else None,
+                admins=parse_networks(config.remoting_admins), properties=config.properties(),
+            )
+            listener = RemotingListener(
+                config.remoting, service, now=self._now(),
+                max_frame_bytes=config.max_message_bytes,
+                max_connections=config.remoting_max_connections,
+            )
+        except (OSError, ValueError) as exc:
+            raise EndpointError(f"--remoting {config.remoting}: {exc}") from exc
+        if not is_loopback(f"tcp://{listener.endpoint}"):
+            log.warning("the RocketMQ remoting listener on %s is plain TCP (no CURVE): anyone "
+                        "who can reach it can read routes; writes are limited by "
+                        "--remoting-brokers and --remoting-admins", listener.endpoint)
+        log.info("RocketMQ remoting listener on %s", listener.endpoint)
+        return listener
 
     def _run_timers(self, now: int) -> None:
         work = self.timers.on_timer(now, round(self._wall_clock() * 1000))

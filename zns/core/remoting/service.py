@@ -45,7 +45,6 @@ from zns.core.schema import (
     AnyRequest,
     DataVersion,
     DeleteTopic,
-    GetTopics,
     Heartbeat,
     KvDelete,
     KvGet,
