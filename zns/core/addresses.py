@@ -36,11 +36,17 @@ def parse_addresses(spec: str | Iterable[str]) -> list[str]:
 
 def resolve_pub_endpoint(pub_endpoint: str, request_endpoint: str) -> str:
     """The endpoint to connect a SUB to (§5): a wildcard host becomes the request host."""
-    pub = urlsplit(pub_endpoint)
+    try:
+        pub = urlsplit(pub_endpoint)
+    except ValueError:  # e.g. "tcp://[::1:5555": connecting to it fails, as it should
+        return pub_endpoint
     if pub.scheme != "tcp":
         return pub_endpoint
     host, _, port = pub.netloc.rpartition(":")
     if host not in WILDCARD_HOSTS:
         return pub_endpoint
-    request_host = urlsplit(request_endpoint).netloc.rpartition(":")[0]
+    try:
+        request_host = urlsplit(request_endpoint).netloc.rpartition(":")[0]
+    except ValueError:
+        return pub_endpoint
     return f"tcp://{request_host}:{port}"

@@ -7,24 +7,40 @@ no new client gets in. zns therefore hands libzmq listening sockets it made
 itself (`ZMQ_USE_FD`) and watches each zmq socket's monitor for
 `ACCEPT_FAILED`. On that event it frees a reserve descriptor it keeps open
 for this purpose, accepts the waiting connections on that same listening
-socket and closes them at once (the peer sees a closed connection and
-retries later), then takes the reserve back. Existing connections are never
-touched; the log says, at most once per interval, that new connections are
-being refused for lack of descriptors.
+socket and closes them at once, takes the reserve back, and then stops new
+connections before they reach any accept queue: a one-instruction socket
+filter that drops every packet is attached to each listening socket, so the
+kernel drops incoming SYNs and clients retry at TCP's own pace (1 s, 2 s, 4 s
+...). Nothing is accepted, so nothing spins. Once a second the guard counts
+the process's descriptors; with enough free again it takes the filters off.
+Existing connections are never touched; the log says when new connections
+stop and start again.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
 import resource
 import socket
+import struct
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger("zns")
+
+# Linux SO_ATTACH_FILTER / SO_DETACH_FILTER and the classic BPF program `ret #0`
+# (accept 0 bytes of every packet: drop it).
+SO_ATTACH_FILTER, SO_DETACH_FILTER = 26, 27
+_DROP_ALL = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))
+_DROP_ALL_PROG = struct.pack("HxxxxxxQ", 1, ctypes.addressof(_DROP_ALL))
+RETRY_MS = 1000  # how often a paused guard checks for free descriptors
+HEADROOM = 64  # descriptors that must be free before new connections are let in again
+MONITOR_EVENTS_PER_PASS = 1024
+SHED_PER_PASS = 1024
 
 
 def raise_descriptor_limit() -> int:
@@ -79,10 +95,14 @@ class Listener:
 class DescriptorGuard:
     """Keeps a reserve descriptor and sheds waiting connections when accept runs out."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self._reserve: int | None = _open_reserve()
         self.listeners: list[Listener] = []
-        self.exhausted = 0  # ACCEPT_FAILED events for lack of descriptors
+        self.plain: list[socket.socket] = []  # listening sockets accepted from by zns itself
+        self.exhausted = 0  # times new connections were stopped for lack of descriptors
+        self.paused_since: int | None = None
+        self._retry_at = 0
 
     def bind(self, sock: zmq.Socket, endpoint: str) -> Listener:
         """Bind `sock` to `endpoint` (OSError or zmq.ZMQError when it cannot be)."""
@@ -90,27 +110,51 @@ class DescriptorGuard:
         self.listeners.append(listener)
         return listener
 
-    def handle(self, ready: dict) -> None:
-        """Read the monitors that are ready; shed connections where accept failed for descriptors."""
+    def handle(self, ready: dict, now: int) -> None:
+        """Read the monitors that are ready; stop new connections where accept ran out."""
         for listener in self.listeners:
             if listener.monitor not in ready:
                 continue
             out_of_descriptors = False
-            while True:
+            for _ in range(MONITOR_EVENTS_PER_PASS):
                 try:
                     event = parse_monitor_message(listener.monitor.recv_multipart(zmq.NOBLOCK))
                 except zmq.Again:
                     break
-                if event["event"] == zmq.EVENT_ACCEPT_FAILED and event["value"] in (
-                        errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                if event["event"] == zmq.EVENT_ACCEPT_FAILED and event["value"] in OUT_OF_FDS:
                     out_of_descriptors = True
             if out_of_descriptors and listener.listening is not None:
-                self.exhausted += 1
-                shed = self._shed(listener.listening)
-                listener.shed += shed
-                log.warning("out of file descriptors: closed %d new connection(s) to %s at once "
-                            "(existing ones are served; raise the open-file limit, `ulimit -n`)",
-                            shed, listener.endpoint)
+                listener.shed += self.out_of_descriptors(listener.listening, now)
+
+    def out_of_descriptors(self, listening: socket.socket, now: int) -> int:
+        """Accept failed on `listening` for lack of descriptors: shed its queue, stop new ones."""
+        shed = self._shed(listening)
+        if self.paused_since is None:
+            self.exhausted += 1
+            self.paused_since = now
+            for sock in self._listening():
+                _set_drop_filter(sock, True)
+            log.warning("out of file descriptors (limit %d): new connections are dropped until "
+                        "some close; existing ones are served (%d waiting closed). Raise the "
+                        "limit with `ulimit -n`", self.limit, shed)
+        self._retry_at = now + RETRY_MS
+        return shed
+
+    def tick(self, now: int) -> None:
+        """While paused, once a second: let new connections in again when descriptors are free."""
+        if self.paused_since is None or now < self._retry_at:
+            return
+        self._retry_at = now + RETRY_MS
+        if _open_descriptors() + HEADROOM > self.limit:
+            return
+        for sock in self._listening():
+            _set_drop_filter(sock, False)
+        log.warning("file descriptors free again: accepting new connections (stopped for %d ms)",
+                    now - self.paused_since)
+        self.paused_since = None
+
+    def _listening(self) -> list[socket.socket]:
+        return [l.listening for l in self.listeners if l.listening is not None] + self.plain
 
     def close(self) -> None:
         for listener in self.listeners:
@@ -127,7 +171,7 @@ class DescriptorGuard:
             self._reserve = None
         shed = 0
         try:
-            while shed < 10_000:
+            while shed < SHED_PER_PASS:
                 try:
                     conn, _ = listening.accept()
                 except (BlockingIOError, InterruptedError):
@@ -141,6 +185,27 @@ class DescriptorGuard:
         finally:
             self._reserve = _open_reserve()
         return shed
+
+
+OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+def _set_drop_filter(sock: socket.socket, on: bool) -> None:
+    try:
+        if on:
+            sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, _DROP_ALL_PROG)
+        else:
+            sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
+    except OSError as exc:
+        log.warning("could not %s the drop filter on a listening socket: %s",
+                    "attach" if on else "detach", exc)
+
+
+def _open_descriptors() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:  # out of descriptors ourselves, or no /proc: assume still full
+        return 1 << 30
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -23,7 +23,6 @@ Sockets are non-blocking; replies produced in one pass leave in one `send`.
 
 from __future__ import annotations
 
-import errno
 import itertools
 import logging
 import socket
@@ -35,6 +34,7 @@ from zns.core.remoting import FrameDecoder, RemotingFrameError, encode_command
 from zns.core.remoting.service import Connection, RemotingService
 from zns.core.service import Frames
 from zns.core.text import quote
+from zns.drivers.descriptors import OUT_OF_FDS, DescriptorGuard
 
 log = logging.getLogger("zns")
 
@@ -69,6 +69,7 @@ class RemotingListener:
         high_water: int = HIGH_WATER,
         max_unsent: int = MAX_UNSENT,
         read_chunk: int = READ_CHUNK,
+        descriptors: DescriptorGuard | None = None,
     ) -> None:
         """Binds at once; OSError (or ValueError for a malformed endpoint) when it cannot."""
         self.service = service
@@ -79,6 +80,9 @@ class RemotingListener:
         self.max_unsent = max_unsent
         self.read_chunk = read_chunk
         self.listening = _listen(endpoint)
+        self.descriptors = descriptors
+        if descriptors is not None:
+            descriptors.plain.append(self.listening)
         host, port = self.listening.getsockname()[:2]
         self.endpoint = f"{'[' + host + ']' if ':' in host else host}:{port}"
         self.connections: dict[int, _Conn] = {}
@@ -139,8 +143,9 @@ class RemotingListener:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.warning("remoting listener: cannot accept (%s); new connections wait", exc)
+                if exc.errno in OUT_OF_FDS:
+                    if self.descriptors is not None:
+                        self.descriptors.out_of_descriptors(self.listening, now)
                     return
                 raise
             host = address[0] if isinstance(address, tuple) else str(address)

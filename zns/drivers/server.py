@@ -50,6 +50,7 @@ MAX_ENVELOPE_FRAMES = 32
 # §1: the events socket refuses subscriptions longer than this (a subscription
 # message is one flag byte and the channel prefix).
 MAX_SUBSCRIPTION_BYTES = 1024
+SUBSCRIBE_COMMAND_BYTES = 10
 # Plain ints, and the backend's send: pyzmq's IntFlag arithmetic and its Python-level
 # `send` wrapper each cost a noticeable share of a small request.
 _NOBLOCK, _DONTWAIT = int(zmq.NOBLOCK), int(zmq.DONTWAIT)
@@ -132,7 +133,7 @@ class Server:
         self.dropped_requests = 0  # over §1's envelope or total-size bound
         self._draining = False  # in the middle of dropping an oversized message
         self.descriptor_limit = raise_descriptor_limit()
-        self.descriptors = DescriptorGuard()
+        self.descriptors = DescriptorGuard(self.descriptor_limit)
         install_repeat_filter(log)
         self.service = NameService(
             KvStore(config.kv_path), epoch=new_epoch(), started_at_ms=self._now(),
@@ -231,7 +232,8 @@ class Server:
             if self._waker.reader in ready:
                 self._waker.drain()
             if monitors.intersection(ready):
-                _guarded("shedding connections", self.descriptors.handle, ready)
+                _guarded("shedding connections", self.descriptors.handle, ready, now)
+            self.descriptors.tick(now)
             if self._reload_keys:
                 self._reload_keys = False
                 _guarded("reloading keys", self._reload)
@@ -264,7 +266,7 @@ class Server:
                 admins=parse_networks(config.remoting_admins), properties=config.properties(),
             )
             listener = RemotingListener(
-                config.remoting, service, now=self._now(),
+                config.remoting, service, now=self._now(), descriptors=self.descriptors,
                 max_frame_bytes=config.max_message_bytes,
                 max_connections=config.remoting_max_connections,
             )
@@ -397,8 +399,10 @@ class Server:
         pub.setsockopt(zmq.SNDHWM, self.config.pub_hwm)
         pub.setsockopt(zmq.LINGER, 500)
         # What a PUB socket reads are subscriptions: libzmq disconnects a subscriber whose
-        # (un)subscription is longer than §1 allows before it is stored or buffered.
-        pub.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES + 1)
+        # (un)subscription is longer than §1 allows before it is stored or buffered. The
+        # frame carries the channel after ZMTP 3.1's command name (b"\x09SUBSCRIBE", 10
+        # bytes; ZMTP 3.0 peers use 1 flag byte instead).
+        pub.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES + SUBSCRIBE_COMMAND_BYTES)
 
     def _bind(self, sock: zmq.Socket, endpoint: str) -> str:
         try:
