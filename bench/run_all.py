@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from bench import expiry, push_latency, registration, scale, throughput
+from bench import expiry, partition, push_latency, registration, scale, throughput
 from bench.report import BENCH_DIR, BenchFn, cli
 
 BENCHMARKS: dict[str, BenchFn] = {
@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, BenchFn] = {
     "push_latency": push_latency.run,
     "expiry": expiry.run,
     "scale": scale.run,
+    "partition": partition.run,
 }
 
 if __name__ == "__main__":

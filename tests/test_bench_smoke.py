@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale"]
+SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "partition"]
 
 
 @pytest.mark.timeout(60)
