@@ -269,3 +269,21 @@ def test_no_permission_comes_before_any_limit():
     # The request is over a limit too: answering bad_request would tell an unauthorised
     # peer about the limits and the table.
     assert reply["code"] == "no_permission", reply
+
+
+def test_slices_of_a_late_partition_are_not_taken_for_a_stall():
+    from zns.core.timers import ServerTimers
+
+    service = NameService(KvStore(None), epoch=EPOCH, started_at_ms=0)
+    for i in range(3000):
+        register(service.table, i, {f"T{i}": TopicConfig()}, timeout=1_000)
+    timers = ServerTimers(service, heartbeat_interval_ms=1000, now=0)
+    now = 3_000  # the loop reaches the partition 2 s after the deadlines (it was busy serving)
+    timers.on_timer(now, 0)
+    assert service.table.next_deadline() == 1_000  # more due: the first slice took a part
+    while service.table.next_deadline() is not None:
+        assert timers.next_wake() <= now + 1
+        now += 5  # the loop served a slice of requests in between
+        assert timers.woke(now) == 0, "expiring in slices is not a stall"
+        timers.on_timer(now, 0)
+    assert service.table.address_count() == 0
