@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from bench import expiry, kv, push_latency, registration, scale, throughput
+from bench import expiry, kv, partition, push_latency, registration, scale, throughput
 from bench.report import BENCH_DIR, BenchFn, cli
 
 BENCHMARKS: dict[str, BenchFn] = {
@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, BenchFn] = {
     "expiry": expiry.run,
     "scale": scale.run,
     "kv": kv.run,
+    "partition": partition.run,
 }
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv"]
+SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv", "partition"]
 
 
 @pytest.mark.timeout(60)

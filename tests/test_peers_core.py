@@ -53,9 +53,9 @@ def removed(events: list) -> list[BrokerEvent]:
 
 def test_suspicion_shortens_the_deadline_to_last_heartbeat_plus_grace():
     table = RouteTable("e" * 16)
-    register(table, now=1000)
-    assert table.next_deadline() == 61_000
-    assert table.suspect("c1", ADDR, GRACE) is True
+    register(table, now=1000, timeout_ms=8000)  # a quarter of it (2 s) is below the grace
+    assert table.next_deadline() == 9000
+    assert table.suspect("c1", ADDR, GRACE, now=1000) is True
     assert table.next_deadline() == 1000 + GRACE
     assert table.expire(1000 + GRACE) == []  # expired only once now is past the deadline
     events = table.expire(1000 + GRACE + 1)
@@ -75,7 +75,7 @@ def test_suspicion_never_lengthens_a_deadline():
 
 def test_a_second_hint_never_lengthens_the_first():
     table = RouteTable("e" * 16)
-    register(table, now=0)
+    register(table, now=0, timeout_ms=2000)
     assert table.suspect("c1", ADDR, 1000) is True
     assert table.suspect("c1", ADDR, 5000) is False
     assert table.next_deadline() == 1000
@@ -112,11 +112,12 @@ def test_a_hint_for_an_unknown_broker_is_ignored():
     assert table.revision == revision
 
 
-def test_a_hint_after_a_long_silence_expires_at_the_next_check():
+def test_a_hint_after_a_long_silence_expires_a_quarter_timeout_after_the_hint():
     table = RouteTable("e" * 16)
-    register(table, now=0)
-    assert table.suspect("c1", ADDR, GRACE) is True  # the broker is silent since 0
-    [event] = removed(table.expire(10_000))
+    register(table, now=0, timeout_ms=8000)
+    assert table.suspect("c1", ADDR, GRACE, now=5000) is True  # the broker is silent since 0
+    assert table.next_deadline() == 7000  # not 3000: the hint came later than that
+    [event] = removed(table.expire(7001))
     assert event.reason == "peer_expired"
 
 
@@ -130,7 +131,7 @@ def test_own_timeout_passing_first_is_reported_as_expired():
 
 def test_a_stall_moves_suspicion_deadlines_too():
     table = RouteTable("e" * 16)
-    register(table, now=0)
+    register(table, now=0, timeout_ms=8000)
     table.suspect("c1", ADDR, GRACE)
     table.shift_deadlines(10_000)
     assert table.next_deadline() == 10_000 + GRACE
@@ -177,10 +178,10 @@ def test_hints_do_not_echo_between_two_servers():
     """A expires a broker; B acts on the hint; A ignores B's peer_expired event."""
     a, b = RouteTable("a" * 16), RouteTable("b" * 16)
     register(a, now=0, timeout_ms=1000)
-    register(b, now=0, timeout_ms=60_000)
+    register(b, now=0, timeout_ms=8_000)
     [from_a] = removed(a.expire(1001))
     hint = hint_from_event("tcp://a:1", from_a)
-    assert b.suspect(hint.cluster, hint.broker_addr, GRACE)
+    assert b.suspect(hint.cluster, hint.broker_addr, GRACE, now=1000)
     [from_b] = removed(b.expire(GRACE + 1))
     assert from_b.reason == "peer_expired"
     assert hint_from_event("tcp://b:1", from_b) is None

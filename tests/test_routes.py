@@ -900,8 +900,8 @@ def test_a_stall_moves_deadlines_but_not_the_reported_time_since_the_heartbeat(t
 
 def test_shift_deadlines_moves_every_deadline(table):
     register(table, now=0, name="b1", addr="10.0.0.1:1", heartbeat_timeout_ms=10_000)
-    register(table, now=0, name="b2", addr="10.0.0.2:1", heartbeat_timeout_ms=20_000)
-    table.suspect("c1", "10.0.0.2:1", grace_ms=3_000)
+    register(table, now=0, name="b2", addr="10.0.0.2:1", heartbeat_timeout_ms=8_000)
+    table.suspect("c1", "10.0.0.2:1", grace_ms=3_000, now=0)
     table.shift_deadlines(60_000)
     assert table.next_deadline() == 63_000  # b2's peer-hint deadline, moved too
     assert table.expire(63_000) == []
@@ -912,8 +912,8 @@ def test_shift_deadlines_moves_every_deadline(table):
 
 
 def test_suspect_shortens_the_deadline_and_expires_as_peer_expired(table):
-    register(table, now=1_000)
-    assert table.suspect("c1", MASTER, grace_ms=3_000)
+    register(table, now=1_000, heartbeat_timeout_ms=8_000)
+    assert table.suspect("c1", MASTER, grace_ms=3_000, now=1_000)
     assert table.next_deadline() == 4_000
     assert table.expire(4_000) == []
     events = table.expire(4_001)

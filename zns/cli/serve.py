@@ -48,7 +48,7 @@ from zns.drivers.server import (
               help="Events queued per subscriber before the PUB socket drops (never 0).")
 @click.option("--peer", multiple=True, envvar="ZNS_PEER",
               help="Request endpoint of another NameServer to take hints from (repeatable).")
-@click.option("--peer-grace", type=click.FloatRange(min=0), default=3.0, envvar="ZNS_PEER_GRACE",
+@click.option("--peer-grace", type=click.FloatRange(min=1), default=3.0, envvar="ZNS_PEER_GRACE",
               show_default=True, help="Seconds a broker a peer saw leave has left here.")
 @click.option("--max-topics-per-request", type=click.IntRange(1, MAX_TOPICS_PER_REQUEST),
               default=Limits.max_topics_per_request, envvar="ZNS_MAX_TOPICS_PER_REQUEST",

@@ -29,7 +29,11 @@ class Limits:
     max_brokers: int = 10_000
     # Distinct topics with queue data.
     max_topics: int = 200_000
-    # QueueData held (one per topic per broker name): what memory grows with (~0.8 KiB each in bench/soak.py).
+    # QueueData held (one per topic per broker name): what memory grows with (~0.8 KiB each in
+    # bench/soak.py). Every route of a broker name carries the filter servers of its addresses,
+    # so each of those counts as one more entry per topic (a 255-character filter server costs
+    # less than a queue entry): 20,000 topics x 1,024 filter servers would be 20 M entries,
+    # several GiB of encoded routes, and is refused.
     max_queues: int = 1_000_000
     # KV entries in one namespace, and KV namespaces.
     max_kv_entries: int = 10_000
@@ -48,12 +52,19 @@ class Limits:
                 if (not table.has_address(cluster, addr)
                         and table.address_count() >= self.max_brokers):
                     _refuse("max_brokers", self.max_brokers, f"broker address {addr} would be new")
-                queues = table.queue_count()
-                after = queues + len(topics) - (
-                    0 if request.incremental else table.broker_topic_count(name))
-                if after > queues and after > self.max_queues:
+                # Conservative: its topics and filter servers are counted before what it drops.
+                weight = table.queue_weight()
+                servers = len(request.filter_servers)
+                name_topics = len(topics) + (
+                    table.broker_topic_count(name) if request.incremental else 0)
+                after = (weight - table.broker_weight(name)
+                         + name_topics * (1 + table.filter_server_count(name) + servers))
+                for other in table.names_of(cluster, addr) - {name}:  # a shared address
+                    after += table.broker_topic_count(other) * servers
+                if after > weight and after > self.max_queues:
                     _refuse("max_queues", self.max_queues,
-                            f"{after - queues} more queue entries (topic x broker name)")
+                            f"{after - weight} more queue entries (topic x broker name, "
+                            "each filter server of the broker's addresses counted as one more)")
                 count = table.topic_count()
                 if count + len(topics) > self.max_topics:
                     new = sum(1 for topic in topics if not table.has_topic(topic))
@@ -62,7 +73,9 @@ class Limits:
             case RegisterTopic(topic=topic, queues=queues):
                 if not table.has_topic(topic) and table.topic_count() >= self.max_topics:
                     _refuse("max_topics", self.max_topics, f"topic {topic!r} would be new")
-                if table.queue_count() + len(queues) > self.max_queues:
+                new = len({q.broker_name for q in queues})
+                if new and table.queue_weight() + new * (1 + max(
+                        table.filter_server_count(q.broker_name) for q in queues)) > self.max_queues:
                     _refuse("max_queues", self.max_queues,
                             f"{len(queues)} more queue entries (topic x broker name)")
             case GetRoutes(topics=topics):

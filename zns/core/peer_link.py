@@ -29,12 +29,14 @@ log = logging.getLogger("zns")
 
 # Reasons a peer's `removed` event is a hint for. `peer_expired` is deliberately
 # absent: acting on a peer's own hint-driven removal would echo between peers.
-HINT_REASONS = frozenset({"expired", "unregistered"})
+HINT_REASONS = frozenset({"expired", "unregistered", "disconnected"})
 RETRY_MIN_MS = 200  # the first retry of an unanswered `status`; doubles up to the max
 RETRY_MAX_MS = 5000
 DEFAULT_PEER_INTERVAL_MS = 1000  # a peer's hb period until two of its hbs measured it
 SILENCE_INTERVALS = 3  # as a client (§7): no hb for 3 intervals means the link is gone
 MIN_SILENCE_MS = 1000  # as the stall rule (§8): never declare a peer silent sooner
+MAX_PEER_INTERVAL_MS = 60_000  # a longer gap between two hbs is an outage, not a period
+MIN_PEER_GRACE_MS = 1000  # §10: `--peer-grace` is at least 1 s
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class Hint:
 
 
 def hint_from_event(peer: str, event: object) -> Hint | None:
-    """The hint a peer's event carries, if any: `removed` as `expired` or `unregistered`."""
+    """The hint a peer's event carries, if any: `removed` for a reason in HINT_REASONS."""
     match event:
         case BrokerEvent(change="removed", reason=reason) if reason in HINT_REASONS:
             return Hint(peer, event.cluster, event.broker_name, event.broker_addr, reason)
@@ -95,7 +97,7 @@ class PeerLink:
         self._renew_subscription = False  # after silence: reconnect even to the same endpoint
         self._subscribe_failures = 0  # bad events endpoints in a row (see on_subscribe_failed)
         self._last_heard: int | None = None  # local time of the last event (or of subscribing)
-        self._last_hb_time_ms: int | None = None  # the peer's clock in its last hb
+        self._last_hb_at: int | None = None  # local time (`now`) of the peer's last hb
         self.interval_ms = DEFAULT_PEER_INTERVAL_MS
 
     # --- inputs ---------------------------------------------------------
@@ -123,7 +125,7 @@ class PeerLink:
         if self.epoch is not None and reply.epoch != self.epoch:
             log.info("peer %s restarted (epoch %s -> %s)", self.endpoint, quote(self.epoch),
                      quote(reply.epoch))
-            self._last_hb_time_ms = None
+            self._last_hb_at = None
         self.epoch = reply.epoch
         pub = resolve_pub_endpoint(reply.pub_endpoint, self.endpoint)
         if pub == self.pub and not self._renew_subscription:
@@ -152,13 +154,13 @@ class PeerLink:
         if self.epoch is not None and event.epoch != self.epoch:
             log.info("peer %s restarted (epoch %s -> %s); asking for its endpoints again",
                      self.endpoint, quote(self.epoch), quote(event.epoch))
-            self._last_hb_time_ms = None
+            self._last_hb_at = None
             self._start_asking(now)
         self.epoch = event.epoch
         self._last_heard = now
         self._subscribe_failures = 0
         if isinstance(event, HbEvent):
-            self._on_hb(event)
+            self._on_hb(now)
         return hint_from_event(self.endpoint, event)
 
     # --- timers ---------------------------------------------------------
@@ -177,12 +179,15 @@ class PeerLink:
 
     # --- internals ------------------------------------------------------
 
-    def _on_hb(self, event: HbEvent) -> None:
-        if self._last_hb_time_ms is not None:
-            gap = event.time_ms - self._last_hb_time_ms
-            if 0 < gap <= 60_000:  # a wall-clock jump on the peer says nothing of its period
+    def _on_hb(self, now: int) -> None:
+        # The period is measured on our own monotonic clock: the peer's `time_ms` is its
+        # wall clock, which may jump, and a peer could claim any period it likes and so
+        # stay "connected" long after it fell silent.
+        if self._last_hb_at is not None:
+            gap = now - self._last_hb_at
+            if 0 < gap <= MAX_PEER_INTERVAL_MS:
                 self.interval_ms = gap
-        self._last_hb_time_ms = event.time_ms
+        self._last_hb_at = now
         self._renew_subscription = False  # the subscription works: nothing to renew
         if not self.connected:
             self.connected = True

@@ -29,6 +29,18 @@ from zns.core.schema import (
 Event = RouteEvent | BrokerEvent
 LiveKey = tuple[str, str]  # (cluster, broker_addr): liveness is keyed so (§8)
 
+# Removed topics whose last revision is still remembered (the oldest is forgotten
+# first). Forgetting is safe for the §7 recipe: a client that remembered a removed
+# topic's revision R sees the topic's next creation with `prev` 0 != R and pulls
+# again; a client that asks after the revision was forgotten gets `not_found` with
+# revision 0 and then rightly applies a creation event whose `prev` is 0 (it
+# carries the whole route). Either way no change is missed; at worst one extra pull.
+REMEMBERED_REMOVED_TOPICS = 10_000
+# One expiry step stops taking addresses once it has touched this many
+# (address, topic) pairs, so a partition is expired in slices between which the
+# loop serves requests (§8); the next step is due at once.
+EXPIRY_STEP_WORK = 2_000
+
 
 @dataclass
 class Liveness:
@@ -95,6 +107,7 @@ class _Changes:
         self.topics: set[str] = set()
         self.broker_events: list[BrokerEvent] = []
         self.structural = False  # brokers or clusters changed (visible in snapshot)
+        self.stale_brokers: set[str] = set()  # broker names whose BrokerData must be rebuilt
 
 
 class RouteTable:
@@ -104,21 +117,32 @@ class RouteTable:
         self._queues: dict[str, dict[str, QueueData]] = {}  # topic -> broker name -> queues
         self._broker_topics: dict[str, set[str]] = {}  # broker name -> topics (index)
         self._queue_count = 0  # QueueData held, all topics: what memory grows with (zns.core.limits)
+        # Filter servers listed by the addresses of each broker name (absent: none). Every
+        # route of the name carries them, so each one weighs like a queue entry per topic.
+        self._fs_count: dict[str, int] = {}
+        self._queue_weight = 0  # sum over broker names of topics x (1 + filter servers)
         self._brokers: dict[str, BrokerRecord] = {}
         self._clusters: dict[str, set[str]] = {}
         self._live: dict[LiveKey, Liveness] = {}
         self._filter_servers: dict[LiveKey, list[str]] = {}
         self._order_conf: dict[str, str] = {}
         self._routes: dict[str, TopicRoute] = {}  # what get_route answers, per topic
-        self._topic_revision: dict[str, int] = {}  # last change of each topic ever known
+        self._topic_revision: dict[str, int] = {}  # last change of each topic with a route
+        # The last revision of recently removed topics, oldest first (bounded: see above).
+        self._removed_revision: dict[str, int] = {}
         self._broker_data: dict[str, BrokerData] = {}  # shared by every route of a broker
         self._deadlines: list[tuple[int, LiveKey]] = []  # lazy heap; stale entries skipped
-        self._queue_values: dict[QueueData, QueueData] = {}  # interned; dropped with the broker
+        # Interned QueueData -> [the shared object, how many queue entries use it]: a
+        # broker's topics mostly share one configuration. Counted, so a value leaves
+        # with its last use and a removal costs what it removes, not the table size.
+        self._queue_values: dict[QueueData, list] = {}
+        self._latest_now = 0  # the latest `now` the table was given (see `suspect`)
 
     # --- broker ops (§4) --------------------------------------------------
 
     def register_broker(self, req: RegisterBroker, now: int) -> RegisterOutcome:
         name, cluster, addr, broker_id = req.broker_name, req.cluster, req.broker_addr, req.broker_id
+        self.observe(now)
         rec = self._brokers.get(name)
         if rec is not None:
             holder = rec.addrs.get(broker_id)
@@ -219,6 +243,7 @@ class RouteTable:
         self, cluster: str, name: str, addr: str, data_version: DataVersion, now: int
     ) -> tuple[bool, bool]:
         """(known, changed) per §4; stores nothing but the time."""
+        self.observe(now)
         live = self._live.get((cluster, addr))
         known = live is not None and name in live.names
         if known:
@@ -260,24 +285,51 @@ class RouteTable:
                 return deadline
         return None
 
-    def expire(self, now: int) -> list[Event]:
-        """Remove every broker whose deadline has passed, re-checked at execution."""
-        events: list[Event] = []
-        while (deadline := self.next_deadline()) is not None and now > deadline:
+    def expire(self, now: int, work: int = EXPIRY_STEP_WORK) -> list[Event]:
+        """One expiry step (§8): remove the addresses due at `now`, as one revision.
+
+        Each affected route is rebuilt once, however many of its brokers go. The
+        step stops taking addresses once they serve `work` (address, topic) pairs
+        between them (it always takes one), so a partition is removed in slices;
+        `next_deadline()` is then still past `now` and the caller runs another
+        step once it has served what waits. The decision is re-checked here.
+        """
+        self.observe(now)
+        ch = _Changes()
+        done = 0
+        while done < work and (deadline := self.next_deadline()) is not None and now > deadline:
             _, key = heapq.heappop(self._deadlines)
             live = self._live[key]
+            live.scheduled = None
             reason = "expired" if now > live.own_deadline else "peer_expired"
-            ch = _Changes()
+            done += 1 + sum(len(self._broker_topics.get(n, ())) for n in live.names)
             self._drop_liveness(live, reason, ch)
-            events.extend(self._commit(ch))
-        return events
+        return self._commit(ch)
 
-    def suspect(self, cluster: str, addr: str, grace_ms: int) -> bool:
-        """A peer saw this broker leave: shorten its deadline to its last heartbeat + grace."""
+    def observe(self, now: int) -> None:
+        """Tell the table the time (drivers call it when they wake); see `suspect`."""
+        if now > self._latest_now:
+            self._latest_now = now
+
+    def suspect(
+        self, cluster: str, addr: str, grace_ms: int, now: int | None = None
+    ) -> bool:
+        """A peer saw this broker leave at `now`: shorten its deadline (§10).
+
+        The deadline becomes the later of its last heartbeat + `grace_ms` and
+        `now` + a quarter of its own timeout, unless already sooner: a broker
+        that still reaches us beats at least four times per timeout, so it
+        beats before the suspicion can expire it. `now` None: the latest time
+        the table was given (`observe`), for drivers that do not pass it.
+        """
         live = self._live.get((cluster, addr))
         if live is None:
             return False
-        deadline = live.silent_since + grace_ms
+        if now is None:
+            now = self._latest_now
+        else:
+            self.observe(now)
+        deadline = max(live.silent_since + grace_ms, now + live.timeout_ms // 4)
         if deadline >= live.deadline:
             return False
         live.suspect_deadline = deadline
@@ -338,7 +390,11 @@ class RouteTable:
         return self._routes.get(topic)
 
     def topic_revision(self, topic: str) -> int:
-        return self._topic_revision.get(topic, 0)
+        """The revision of the topic's last change; 0 when unknown or forgotten (§7)."""
+        revision = self._topic_revision.get(topic)
+        if revision is None:
+            return self._removed_revision.get(topic, 0)
+        return revision
 
     def routes(self) -> dict[str, TopicRoute]:
         return self._routes
@@ -398,6 +454,26 @@ class RouteTable:
     def queue_count(self) -> int:
         return self._queue_count
 
+    def queue_weight(self) -> int:
+        """Queue entries, each filter server its routes carry counted as one more (limits)."""
+        return self._queue_weight
+
+    def broker_weight(self, name: str) -> int:
+        """This broker name's share of `queue_weight`."""
+        return len(self._broker_topics.get(name, ())) * (1 + self._fs_count.get(name, 0))
+
+    def filter_server_count(self, name: str) -> int:
+        """Filter servers the addresses of this broker name list."""
+        return self._fs_count.get(name, 0)
+
+    def names_of(self, cluster: str, addr: str) -> set[str]:
+        """Broker names that list this address."""
+        live = self._live.get((cluster, addr))
+        return live.names if live is not None else set()
+
+    def filter_servers_of(self, cluster: str, addr: str) -> int:
+        return len(self._filter_servers.get((cluster, addr), ()))
+
     def broker_topic_count(self, name: str) -> int:
         return len(self._broker_topics.get(name, ()))
 
@@ -412,24 +488,57 @@ class RouteTable:
             self._set_queue(topic, queue, ch)
 
     def _set_queue(self, topic: str, queue: QueueData, ch: _Changes) -> None:
-        # A broker's topics mostly share one configuration: share one (frozen) object.
-        queue = self._queue_values.setdefault(queue, queue)
         by_broker = self._queues.setdefault(topic, {})
-        if by_broker.get(queue.broker_name) != queue:
-            if queue.broker_name not in by_broker:
+        name = queue.broker_name
+        old = by_broker.get(name)
+        if old != queue:
+            if old is None:
                 self._queue_count += 1
-            by_broker[queue.broker_name] = queue
-            self._broker_topics[queue.broker_name].add(topic)
+                self._queue_weight += 1 + self._fs_count.get(name, 0)
+            else:
+                self._release(old)
+            by_broker[name] = self._intern(queue)
+            self._broker_topics[name].add(topic)
             ch.topics.add(topic)
 
     def _remove_queue(self, topic: str, name: str, ch: _Changes) -> None:
         by_broker = self._queues[topic]
-        del by_broker[name]
+        self._release(by_broker.pop(name))
         self._queue_count -= 1
+        self._queue_weight -= 1 + self._fs_count.get(name, 0)
         if not by_broker:
             del self._queues[topic]
         self._broker_topics[name].discard(topic)
         ch.topics.add(topic)
+
+    def _intern(self, queue: QueueData) -> QueueData:
+        entry = self._queue_values.get(queue)
+        if entry is None:
+            self._queue_values[queue] = [queue, 1]
+            return queue
+        entry[1] += 1
+        return entry[0]
+
+    def _release(self, queue: QueueData) -> None:
+        entry = self._queue_values[queue]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._queue_values[queue]
+
+    def _count_filter_servers(self, name: str) -> None:
+        """Recount the filter servers of one broker name's addresses (and the weight)."""
+        rec = self._brokers.get(name)
+        count = 0
+        if rec is not None:
+            for addr, cluster in rec.addr_cluster.items():
+                count += len(self._filter_servers.get((cluster, addr), ()))
+        old = self._fs_count.get(name, 0)
+        if count != old:
+            self._queue_weight += len(self._broker_topics.get(name, ())) * (count - old)
+            if count:
+                self._fs_count[name] = count
+            else:
+                del self._fs_count[name]
 
     def _change_perm(self, name: str, new_perm) -> tuple[int, list[Event]]:
         ch = _Changes()
@@ -470,9 +579,6 @@ class RouteTable:
             for topic in list(self._broker_topics[rec.name]):
                 self._remove_queue(topic, rec.name, ch)
             del self._brokers[rec.name], self._broker_topics[rec.name]
-            self._queue_values = {
-                q: q for q in self._queue_values if q.broker_name != rec.name
-            }
             self._broker_data.pop(rec.name, None)
             ch.structural = True
 
@@ -486,7 +592,9 @@ class RouteTable:
         """Every route of this broker may have changed; `structural`: its BrokerData did."""
         if structural:
             self._broker_data.pop(rec.name, None)
+            ch.stale_brokers.add(rec.name)
             ch.structural = True
+        self._count_filter_servers(rec.name)
         ch.topics.update(self._broker_topics.get(rec.name, ()))
 
     def _broker_event(
@@ -508,28 +616,39 @@ class RouteTable:
         return data
 
     def _build_route(self, topic: str) -> TopicRoute | None:
+        """The route of `topic` now. Every broker name with queue data is registered
+        (its last address takes its queue data with it), and `_commit` refreshed the
+        BrokerData of every name it touched, so the per-broker work is C loops only:
+        a shared topic of 1,000 brokers is rebuilt on every registration."""
         by_broker = self._queues.get(topic)
         if not by_broker:
             return None
-        names = sorted(n for n in by_broker if n in self._brokers)
-        if not names:
-            return None
-        brokers = [self._get_broker_data(n) for n in names]
+        names = sorted(by_broker)
         filter_servers = {}
-        for n in names:
-            rec = self._brokers[n]
-            for addr in rec.addrs.values():
-                servers = self._filter_servers.get((rec.addr_cluster[addr], addr))
-                if servers:
-                    filter_servers[addr] = servers
+        fs_names = self._fs_count
+        if fs_names:
+            if len(fs_names) < len(names):
+                with_servers = sorted(n for n in fs_names if n in by_broker)
+            else:
+                with_servers = [n for n in names if n in fs_names]
+            for n in with_servers:
+                rec = self._brokers[n]
+                for addr in rec.addrs.values():
+                    servers = self._filter_servers.get((rec.addr_cluster[addr], addr))
+                    if servers:
+                        filter_servers[addr] = servers
         return TopicRoute(
-            topic=topic, queues=[by_broker[n] for n in names], brokers=brokers,
+            topic=topic, queues=list(map(by_broker.__getitem__, names)),
+            brokers=list(map(self._broker_data.__getitem__, names)),
             filter_servers=filter_servers, order_conf=self._order_conf.get(topic, ""),
         )
 
     def _commit(self, ch: _Changes) -> list[Event]:
         """Number the changes with one new revision and turn them into events."""
         route_changes = []
+        for name in ch.stale_brokers:  # BrokerData dropped by _touch_broker: build each once
+            if name in self._brokers:
+                self._get_broker_data(name)
         for topic in sorted(ch.topics):
             route = self._build_route(topic)
             if route != self._routes.get(topic):
@@ -545,10 +664,16 @@ class RouteTable:
         for topic, route in route_changes:
             if route is None:
                 del self._routes[topic]
+                prev = self._topic_revision.pop(topic)
+                self._removed_revision[topic] = revision
+                if len(self._removed_revision) > REMEMBERED_REMOVED_TOPICS:
+                    del self._removed_revision[next(iter(self._removed_revision))]
             else:
                 self._routes[topic] = route
-            prev = self._topic_revision.get(topic, 0)
-            self._topic_revision[topic] = revision
+                prev = self._topic_revision.get(topic)
+                if prev is None:
+                    prev = self._removed_revision.pop(topic, 0)
+                self._topic_revision[topic] = revision
             events.append(RouteEvent(
                 epoch=self.epoch, revision=revision, prev=prev, topic=topic, route=route
             ))

@@ -48,6 +48,9 @@ MAX_KV_VALUE_BYTES = 65_536
 # regex checks. zns.core.limits applies lower, configurable limits after decoding.
 MAX_TOPICS_PER_REQUEST = 65_536
 MAX_FILTER_SERVERS = 1_024
+# One QueueData per broker name, so no more than the broker names a server may hold
+# (zns.core.limits.Limits.max_brokers applies the configured, lower, bound).
+MAX_QUEUES_PER_TOPIC = 65_536
 TopicMap = Annotated[dict[Topic, "TopicConfig"], Meta(max_length=MAX_TOPICS_PER_REQUEST)]
 TopicList = Annotated[list[Topic], Meta(max_length=MAX_TOPICS_PER_REQUEST)]
 
@@ -188,7 +191,7 @@ class DeleteTopic(Request, tag="delete_topic"):
 
 class RegisterTopic(Request, tag="register_topic"):
     topic: Topic
-    queues: list[QueueData]
+    queues: Annotated[list[QueueData], Meta(max_length=MAX_QUEUES_PER_TOPIC)]
 
 
 class KvPut(Request, tag="kv_put"):

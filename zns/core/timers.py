@@ -70,7 +70,10 @@ class ServerTimers:
         wake = self._next_hb
         deadline = self.service.table.next_deadline()
         if deadline is not None and deadline + 1 < wake:
-            wake = deadline + 1  # a broker expires once now > deadline
+            # A broker expires once now > deadline. One already due (a partition expired
+            # in slices) is due now, not at its deadline: planning a past wake-up would
+            # make the time spent expiring look like a stall and move every deadline.
+            wake = max(now, deadline + 1)
         for link in self.peers.values():
             peer_wake = link.next_wake()
             if peer_wake is not None and peer_wake < wake:

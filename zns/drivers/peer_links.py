@@ -41,7 +41,7 @@ class PeerLinks:
         endpoints: list[str],
         *,
         now: int,
-        suspect: Callable[[str, str], bool],
+        suspect: Callable[[str, str, int], bool],
         connected: dict[str, bool],
         context: zmq.Context,
         max_message_bytes: int = 16 * 1024 * 1024,
@@ -62,9 +62,8 @@ class PeerLinks:
     def attach(self, poller: zmq.Poller) -> None:
         self._poller = poller
 
-    def handle(self, ready: dict[zmq.Socket, int], now: int) -> list[Hint]:
-        """Drain the peer sockets in `ready`; return the hints that shortened a deadline."""
-        applied = []
+    def handle(self, ready: dict[zmq.Socket, int], now: int) -> None:
+        """Drain the peer sockets in `ready`, applying the hints their events carry."""
         for endpoint, link in self.links.items():
             sock = self._dealers.get(endpoint)
             if sock is not None and sock in ready:
@@ -77,10 +76,9 @@ class PeerLinks:
             if sock is not None and sock in ready:
                 for frames in recv_all(sock, max_frames=2, max_bytes=self._max_bytes):
                     hint = link.on_event(self._decode(link, frames[-1], decode_event), now)
-                    if hint is not None and self._apply(hint):
-                        applied.append(hint)
+                    if hint is not None:
+                        self._apply(hint, now)
             self._connected[endpoint] = link.connected
-        return applied
 
     def carry_out(self, link: PeerLink, actions: list[Action], now: int) -> None:
         """Do what a link's timer asked for (`zns.core.timers.ServerTimers.on_timer`)."""
@@ -94,14 +92,13 @@ class PeerLinks:
 
     # --- internals ------------------------------------------------------
 
-    def _apply(self, hint: Hint) -> bool:
-        if not self._suspect(hint.cluster, hint.broker_addr):
+    def _apply(self, hint: Hint, now: int) -> None:
+        if not self._suspect(hint.cluster, hint.broker_addr, now):
             log.debug("peer hint from %s: broker %s/%s at %s %s there; nothing to shorten here",
                       hint.peer, hint.cluster, hint.broker_name, hint.broker_addr, hint.reason)
-            return False
+            return
         log.info("peer hint from %s: broker %s/%s at %s %s there; suspected here",
                  hint.peer, hint.cluster, hint.broker_name, hint.broker_addr, hint.reason)
-        return True
 
     def _receive(
         self, link: PeerLink, sock: zmq.Socket, decode: Callable[[bytes], object]

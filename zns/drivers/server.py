@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 
 import zmq
 
-from zns.core.errors import EndpointError
+from zns.core.errors import ConfigError, EndpointError
+from zns.core.peer_link import MIN_PEER_GRACE_MS
 from zns.drivers.kv_file import KvStore
 from zns.core.limits import Limits
 from zns.drivers.peer_links import PeerLinks
@@ -113,6 +114,9 @@ class Server:
         wall_clock: Callable[[], float] = time.time,
         context: zmq.Context | None = None,
     ) -> None:
+        if config.peer_grace * 1000 < MIN_PEER_GRACE_MS:
+            raise ConfigError(f"--peer-grace must be at least {MIN_PEER_GRACE_MS / 1000:g} s "
+                              f"(§10), not {config.peer_grace:g}")
         self.config = config
         self._clock = clock
         self._wall_clock = wall_clock
@@ -152,7 +156,8 @@ class Server:
             self.peers = PeerLinks(
                 config.peers, now=self._now(), context=self._ctx, connected=self.service.peers,
                 max_message_bytes=config.max_message_bytes,
-                suspect=lambda cluster, addr: self.service.table.suspect(cluster, addr, grace_ms),
+                suspect=lambda cluster, addr, now: self.service.table.suspect(
+                    cluster, addr, grace_ms, now),
             )
             self.remoting: RemotingListener | None = None
             if config.remoting:
