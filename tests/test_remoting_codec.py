@@ -283,7 +283,7 @@ def test_topic_route_escaping():
 
 
 def test_topic_route_zone_filters_and_zns_shape():
-    from zns import schema
+    from zns.core import schema
 
     route = schema.TopicRoute(
         topic="T",
