@@ -129,6 +129,8 @@ class RemotingService:
         frames: list[Frames] = []
         try:
             reply = self._dispatch(cmd, conn, now, frames)
+        except _Refused as exc:
+            reply = _error(cmd, ResponseCode.NO_PERMISSION, str(exc))
         except RemotingBodyError as exc:
             reply = _error(cmd, ResponseCode.SYSTEM_ERROR, str(exc))
         except ErrorReply as exc:
