@@ -610,6 +610,14 @@ def test_heard_over_zns1_since_keeps_it(rs, svc):
     assert svc.table.liveness("DefaultCluster", MASTER) is not None
 
 
+def test_zns1_broker_heartbeating_over_remoting_is_not_tied_to_the_connection(rs, svc):
+    zns1(svc, "register_broker", now=1000, cluster="DefaultCluster", broker_name="broker-a",
+         broker_id=0, broker_addr=MASTER, topics={"TopicTest": {}})
+    ok(rs, req(904, HB_EXT), C2, now=1500)
+    assert rs.connection_closed(2, 2000) == []
+    assert svc.table.liveness("DefaultCluster", MASTER) is not None
+
+
 def test_reregistered_over_another_connection_keeps_it(rs, svc):
     ok(rs, register_cmd(), C1, now=1000)
     ok(rs, register_cmd(), C2, now=1500)
