@@ -420,6 +420,17 @@ def test_compressed_body_registers_the_same_topics(svc):
     assert svc.table.route("TopicTest").queues[0].read_queues == 4
 
 
+@pytest.mark.parametrize("cut", [1, 4, 5, 20])
+def test_truncated_compressed_body_applies_nothing(rs, svc, cut):
+    before = observable(svc)
+    cmd = vector_register()
+    cmd.body = bytes.fromhex(INLINE["RegisterBrokerBody compressed hex"])[:-cut]
+    cmd.ext_fields.update(compressed="true", bodyCrc32="0")
+    reply = call(rs, cmd)
+    assert reply.code == 1 and "zlib" in reply.remark, reply.remark
+    assert observable(svc) == before
+
+
 def test_wrong_crc_applies_nothing(rs, svc):
     before = observable(svc)
     cmd = vector_register()
