@@ -14,8 +14,9 @@ import rocketmq
 
 
 @pytest.fixture(scope="session")
-def rocketmq_env() -> Iterator[None]:
+def rocketmq_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The jars are cached and ZnsInteropClient is compiled; at session end no JVM is left."""
+    rocketmq.set_scratch_dir(tmp_path_factory.mktemp("rmq-oneshot"))
     try:
         rocketmq.ensure_jars()
         rocketmq.client_classes()

@@ -21,6 +21,7 @@ the tail of its log.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import importlib.util
@@ -186,7 +187,11 @@ _live_lock = threading.Lock()
 
 
 def _die_with_parent() -> None:
-    """preexec_fn: the JVM gets SIGKILL when the test process goes away, however it goes."""
+    """preexec_fn: the JVM gets SIGKILL when the test process goes away, however it goes.
+
+    Linux ties this to the thread that started the child: start long-lived JVMs from the
+    main thread (:func:`in_parallel` is for one-shot JVMs that end before their thread).
+    """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -463,8 +468,9 @@ class Broker(JavaProcess):
             **self.config,
         }
 
-    def start(self, timeout: float = 90.0, wait: bool = True) -> Broker:
-        """Launch; with `wait` also wait for the ready line (printed after the first registration)."""
+    def start(self, timeout: float = 90.0, wait: bool = True, registered: bool = True) -> Broker:
+        """Launch; with `wait`, wait for the ready line and (with `registered`) for a completed
+        registration with every NameServer in `namesrv` (see :meth:`wait_registered`)."""
         ensure_jars()
         for attempt in range(3):
             if self.port is None or attempt > 0:
@@ -477,7 +483,7 @@ class Broker(JavaProcess):
             if not wait:
                 return self
             try:
-                self.wait_ready(timeout)
+                self.wait_ready(timeout, registered=registered)
                 return self
             except InteropError:
                 if self.alive() or "Address already in use" not in self.log_tail(200):
@@ -485,18 +491,71 @@ class Broker(JavaProcess):
                 self.kill()  # lost a port race; pick another trio
         raise self.fail("could not bind a free port trio in 3 attempts")
 
-    def wait_ready(self, timeout: float = 90.0) -> Broker:
+    def wait_ready(self, timeout: float = 90.0, registered: bool = True) -> Broker:
         self.wait_for_log(BROKER_READY, timeout)
         self.ready_after = time.monotonic() - self.started_at
+        if registered:
+            self.wait_registered(timeout=30.0)
         return self
 
-    def wait_unregistered(self, timeout: float = 15.0) -> None:
-        """After terminate(): wait for the broker's own "unregisterBroker OK" log line(s)."""
-        self.wait_for_log(r"unregisterBroker OK", timeout, log="broker.log")
+    def wait_registered(self, namesrv: str | None = None, timeout: float = 30.0, count: int = 1) -> None:
+        """Wait until `count` registrations with each NameServer (default: all of `namesrv`) completed.
 
-    def shutdown(self, timeout: float = 40.0) -> int | None:
-        """Graceful SIGTERM: the broker unregisters at once, but its JVM takes 10-20 s to exit."""
-        return self.stop(timeout)
+        The ready line does not prove a registration: the broker registers at start only
+        with the NameServers its client has already connected to (a background scan), so
+        on a busy machine the first registration can be the periodic one, 10 s later.
+        A registration that the NameServer refuses is logged as a failure, not counted.
+        """
+        addrs = [a.strip() for a in (namesrv or self.namesrv).split(";") if a.strip()]
+        deadline = time.monotonic() + timeout
+        for addr in addrs:
+            rx = re.compile(r"Registering current broker to name server completed\. TargetHost=" + re.escape(addr) + r"\b")
+            while True:
+                try:
+                    text = (self.log_dir / "broker.log").read_text("utf-8", "replace")
+                except FileNotFoundError:
+                    text = ""
+                if len(rx.findall(text)) >= count:
+                    break
+                if not self.alive():
+                    raise self.fail(f"exited before registering with {addr}", "broker.log")
+                if time.monotonic() > deadline:
+                    raise self.fail(f"no completed registration with {addr} within {timeout:.0f} s", "broker.log")
+                time.sleep(0.1)
+
+    def wait_unregistered(self, namesrv: str | None = None, timeout: float = 15.0) -> None:
+        """After SIGTERM: wait until the broker has unregistered from each NameServer.
+
+        The shutdown hook sends UNREGISTER_BROKER to the NameServers one after the other,
+        first thing; a refused or failed one is logged and fails this wait at once.
+        """
+        addrs = [a.strip() for a in (namesrv or self.namesrv).split(";") if a.strip()]
+        deadline = time.monotonic() + timeout
+        for addr in addrs:
+            ok = re.compile(r"unregisterBroker OK, NamesrvAddr: " + re.escape(addr) + r"\b")
+            bad = re.compile(r"unregisterBroker Exception, NamesrvAddr: " + re.escape(addr) + r"\b")
+            while True:
+                try:
+                    text = (self.log_dir / "broker.log").read_text("utf-8", "replace")
+                except FileNotFoundError:
+                    text = ""
+                if ok.search(text):
+                    break
+                if bad.search(text):
+                    raise self.fail(f"unregistering from {addr} failed", "broker.log")
+                if time.monotonic() > deadline:
+                    raise self.fail(f"did not unregister from {addr} within {timeout:.0f} s", "broker.log")
+                time.sleep(0.05)
+
+    def shutdown(self, timeout: float = 30.0, wait_exit: bool = False) -> int | None:
+        """Graceful stop (SIGTERM). The broker unregisters from every NameServer within a
+        fraction of a second, then spends 10-20 s stopping its services. Waits for the
+        unregistrations, or with `wait_exit` for the exit (SIGKILL after `timeout`)."""
+        if wait_exit:
+            return self.stop(timeout)
+        self.terminate()
+        self.wait_unregistered(timeout=timeout)
+        return None
 
 
 class ProcessGroup:
@@ -519,16 +578,17 @@ class ProcessGroup:
         self.procs.append(ns)
         return ns.start()
 
-    def broker(self, namesrv: str, name: str = "broker-a", *, wait: bool = True, **kw: Any) -> Broker:
+    def broker(self, namesrv: str, name: str = "broker-a", *, wait: bool = True, registered: bool = True,
+               **kw: Any) -> Broker:
         b = Broker(self._dir(name), namesrv, name=name, **kw)
         self.procs.append(b)
-        return b.start(wait=wait)
+        return b.start(wait=wait, registered=registered)
 
-    def brokers(self, namesrv: str, names: Sequence[str], **kw: Any) -> list[Broker]:
+    def brokers(self, namesrv: str, names: Sequence[str], *, registered: bool = True, **kw: Any) -> list[Broker]:
         """Start several brokers in parallel (their JVM start-ups overlap) and wait for all."""
         started = [self.broker(namesrv, name, wait=False, **kw) for name in names]
         for b in started:
-            b.wait_ready()
+            b.wait_ready(registered=registered)
         return started
 
     def close(self) -> None:
@@ -554,10 +614,18 @@ class Result(NamedTuple):
 _scratch: Path | None = None
 
 
+def set_scratch_dir(path: Path) -> None:
+    """Where one-shot JVMs (mqadmin, produce, ...) keep their logs when no workdir is given."""
+    global _scratch
+    _scratch = Path(path)
+    _scratch.mkdir(parents=True, exist_ok=True)
+
+
 def _scratch_dir() -> Path:
     global _scratch
     if _scratch is None:
         _scratch = Path(tempfile.mkdtemp(prefix="zns-interop-"))
+        atexit.register(shutil.rmtree, _scratch, True)
     return _scratch
 
 
@@ -649,6 +717,32 @@ def consume(namesrv: str, topic: str, count: int, timeout: float = 30.0, **kw: A
 def route(namesrv: str, topic: str, **kw: Any) -> dict[str, Any]:
     """The topic's TopicRouteData as plain JSON ({"ok": false, "code": 17, ...} when absent)."""
     return run_client("route", namesrv, topic, **kw)[1]
+
+
+def in_parallel(*calls: Callable[[], Any]) -> list[Any]:
+    """Run one-shot helpers (mqadmin, route, produce, ...) side by side; results in order.
+
+    Their JVMs mostly wait (start-up I/O, Netty's shutdown poll), so two or three at once
+    cost little more than one. The first exception is raised after all have finished.
+    """
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException | None] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for exc in errors:
+        if exc is not None:
+            raise exc
+    return results
 
 
 class ProduceLoop:
