@@ -160,7 +160,8 @@ def client_classes() -> Path:
     if (out / f"{CLIENT_MAIN}.class").is_file():
         _classes = out
         return out
-    staging = Path(tempfile.mkdtemp(prefix=f".{digest}.", dir=out.parent if out.parent.exists() else None))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{digest}.", dir=out.parent))
     try:
         proc = subprocess.run(
             ["javac", "-nowarn", "-encoding", "UTF-8", "-cp", classpath("client"), "-d", str(staging), str(CLIENT_SOURCE)],
@@ -168,7 +169,6 @@ def client_classes() -> Path:
         )
         if proc.returncode != 0:
             raise InteropError(f"javac {CLIENT_SOURCE.name} failed:\n{proc.stdout}{proc.stderr}")
-        out.parent.mkdir(parents=True, exist_ok=True)
         try:
             staging.rename(out)
         except OSError:

@@ -277,7 +277,9 @@ public final class ZnsInteropClient {
         Map<String, AtomicLong> brokers = new ConcurrentHashMap<>();
         CountDownLatch done = new CountDownLatch(1);
 
-        DefaultMQPushConsumer c = new DefaultMQPushConsumer(o.getOrDefault("group", "zns_interop_consumer"));
+        // A fresh group by default: it starts from the first offset and shares no queues.
+        DefaultMQPushConsumer c = new DefaultMQPushConsumer(
+            o.getOrDefault("group", "zns_interop_cg_" + ProcessHandle.current().pid() + "_" + System.nanoTime()));
         c.setNamesrvAddr(o.get("namesrv"));
         c.setInstanceName("zns-interop-" + ProcessHandle.current().pid());
         c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
