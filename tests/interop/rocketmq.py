@@ -682,16 +682,20 @@ def mqadmin(args: Sequence[str], namesrv: str | None, *, timeout: float = 60.0, 
     return _run_oneshot(cmd, workdir, f"mqadmin-{argv[0] if argv else 'help'}", timeout)
 
 
-def run_client(mode: str, namesrv: str, topic: str, *, timeout: float = 120.0, workdir: Path | None = None,
+def run_client(mode: str, namesrv: str, topic: str, *, process_timeout: float = 120.0, workdir: Path | None = None,
                **options: Any) -> tuple[Result, dict[str, Any]]:
-    """Run one ZnsInteropClient mode; returns the raw result and its last JSON line."""
+    """Run one ZnsInteropClient mode; returns the raw result and its last JSON line.
+
+    `options` become ``--name value`` arguments (``run_id`` -> ``--run-id``): group,
+    run_id, send_timeout, retries, poll_ms, heartbeat_ms, api_timeout, body_size, ...
+    """
     workdir = Path(workdir) if workdir else _scratch_dir()
     argv = [mode, "--namesrv", namesrv, "--topic", topic]
     for key, value in options.items():
         if value is not None:
             argv += [f"--{key.replace('_', '-')}", str(value)]
     cmd = [*_client_cmd(workdir / "client-home"), CLIENT_MAIN, *argv]
-    res = _run_oneshot(cmd, workdir, f"client-{mode}", timeout)
+    res = _run_oneshot(cmd, workdir, f"client-{mode}", process_timeout)
     summary: dict[str, Any] = {}
     for line in reversed(res.stdout.splitlines()):
         line = line.strip()
@@ -706,11 +710,13 @@ def run_client(mode: str, namesrv: str, topic: str, *, timeout: float = 120.0, w
 
 def produce(namesrv: str, topic: str, count: int, **kw: Any) -> dict[str, Any]:
     """Send `count` messages synchronously; the summary has sent, failed, brokers, errors, run_id."""
+    kw.setdefault("process_timeout", 60 + count * 0.1)
     return run_client("produce", namesrv, topic, count=count, **kw)[1]
 
 
 def consume(namesrv: str, topic: str, count: int, timeout: float = 30.0, **kw: Any) -> dict[str, Any]:
     """Push-consume until `count` distinct keys arrived or `timeout`; pass run_id= to count only one run."""
+    kw.setdefault("process_timeout", timeout + 60)
     return run_client("consume", namesrv, topic, count=count, timeout=timeout, **kw)[1]
 
 
