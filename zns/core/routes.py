@@ -120,7 +120,8 @@ class RouteTable:
         # Filter servers listed by the addresses of each broker name (absent: none). Every
         # route of the name carries them, so each one weighs like a queue entry per topic.
         self._fs_count: dict[str, int] = {}
-        self._queue_weight = 0  # sum over broker names of topics x (1 + filter servers)
+        # Sum over broker names of topics x (1 + filter servers + addresses past the first).
+        self._queue_weight = 0
         self._brokers: dict[str, BrokerRecord] = {}
         self._clusters: dict[str, set[str]] = {}
         self._live: dict[LiveKey, Liveness] = {}
@@ -492,7 +493,7 @@ class RouteTable:
         return self._queue_count
 
     def queue_weight(self) -> int:
-        """Queue entries, each filter server its routes carry counted as one more (limits)."""
+        """Queue entries, each filter server and extra address a route carries counted as one more."""
         return self._queue_weight
 
     def broker_weight(self, name: str) -> int:
@@ -500,7 +501,7 @@ class RouteTable:
         return len(self._broker_topics.get(name, ())) * (1 + self._fs_count.get(name, 0))
 
     def filter_server_count(self, name: str) -> int:
-        """Filter servers the addresses of this broker name list."""
+        """Filter servers the addresses of this broker name list, plus its addresses past the first."""
         return self._fs_count.get(name, 0)
 
     def names_of(self, cluster: str, addr: str) -> set[str]:
@@ -563,10 +564,17 @@ class RouteTable:
             del self._queue_values[queue]
 
     def _count_filter_servers(self, name: str) -> None:
-        """Recount the filter servers of one broker name's addresses (and the weight)."""
+        """Recount what one broker name adds to each of its routes beyond one queue entry.
+
+        Every route of the name lists each of its addresses and their filter servers, so
+        both count: the filter servers, and every address past the first. That makes
+        `queue_weight` (and so --max-queues) bound what the routes hold, whatever the
+        shape of the registrations.
+        """
         rec = self._brokers.get(name)
         count = 0
         if rec is not None:
+            count += max(0, len(rec.addr_cluster) - 1)
             for addr, cluster in rec.addr_cluster.items():
                 count += len(self._filter_servers.get((cluster, addr), ()))
         old = self._fs_count.get(name, 0)
