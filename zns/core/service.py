@@ -109,6 +109,7 @@ class NameService:
         self.limits = limits or Limits()
         self.peers: dict[str, bool] = {}  # peer endpoint -> connected (§10, set by the server)
         self._route_bytes: dict[str, Raw] = {}  # each route encoded once per change
+        self._snapshot_routes: tuple[int, Raw] = (-1, Raw(b""))  # (revision, encoded map)
         for topic, value in kv.list(ORDER_TOPIC_CONFIG).items():
             self.table.set_order_conf(topic, value)
 
@@ -255,10 +256,13 @@ class NameService:
                               epoch=self.epoch)
 
     def _snapshot(self, rid: int) -> SnapshotReply:
+        """One consistent cut; its route map is encoded once per revision, however often asked."""
         table = self.table
+        if self._snapshot_routes[0] != table.revision:
+            routes = Raw(encode({t: self._route_bytes[t] for t in sorted(self._route_bytes)}))
+            self._snapshot_routes = (table.revision, routes)
         return SnapshotReply(
-            id=rid, epoch=self.epoch, revision=table.revision,
-            routes={t: self._route_bytes.get(t) for t in sorted(table.routes())},
+            id=rid, epoch=self.epoch, revision=table.revision, routes=self._snapshot_routes[1],
             brokers=table.broker_table(), clusters=table.cluster_table(),
         )
 
