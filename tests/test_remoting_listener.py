@@ -423,3 +423,12 @@ def test_cli_remoting_non_loopback_warning(process_server, endpoint, warned):
                 if "WARNING" in line and "plain TCP" in line]
     assert bool(warnings) == warned, srv.output()
     assert srv.stop() == 0
+
+
+def test_namesrv_config_shows_the_bound_endpoints(rserver):
+    """GET_NAMESRV_CONFIG shows where the server listens (the Java NameServer shows its bound
+    listenPort), not the configured `*` or port 0 (seen with mqadmin getNamesrvConfig)."""
+    srv, listener, endpoint = rserver()
+    shown = listener.service.properties
+    assert (shown["router"], shown["pub"], shown["remoting"]) == (srv.router, srv.pub, endpoint)
+    assert not endpoint.endswith(":0") and "*" not in shown["router"] + shown["pub"]

@@ -259,6 +259,16 @@ def test_write_perm_counts(rs, svc):
     assert ok(rs, req(205, {"brokerName": "nobody"})).ext_fields == {"wipeTopicCount": "0"}
 
 
+def test_write_perm_counts_every_topic_of_the_broker_as_java(rs, svc):
+    """Java's 205/327 count every QueueData of the broker, changed or not (seen with mqadmin
+    wipeWritePerm against a real broker: one topic was already read-only)."""
+    ok(rs, register_cmd(topics={"T1": {}, "T2": {"perm": 4}}))
+    assert ok(rs, req(205, {"brokerName": "broker-a"})).ext_fields == {"wipeTopicCount": "2"}
+    assert ok(rs, req(205, {"brokerName": "broker-a"})).ext_fields == {"wipeTopicCount": "2"}
+    assert ok(rs, req(327, {"brokerName": "broker-a"})).ext_fields == {"addTopicCount": "2"}
+    assert ok(rs, req(327, {"brokerName": "broker-a"})).ext_fields == {"addTopicCount": "2"}
+
+
 def topic_list(reply: RemotingCommand) -> dict[str, Any]:
     return json.loads(reply.body)
 

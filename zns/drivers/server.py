@@ -281,6 +281,10 @@ class Server:
             )
         except (OSError, ValueError) as exc:
             raise EndpointError(f"--remoting {config.remoting}: {exc}") from exc
+        # GET_NAMESRV_CONFIG shows where the server listens, as the Java NameServer shows its
+        # bound listenPort: the endpoints bound, not the configured `*` or port 0.
+        service.properties.update(router=self.router_endpoint, pub=self.pub_endpoint,
+                                  remoting=listener.endpoint)
         if not is_loopback(f"tcp://{listener.endpoint}"):
             log.warning("the RocketMQ remoting listener on %s is plain TCP (no CURVE): anyone "
                         "who can reach it can read routes; writes are limited by "

@@ -358,6 +358,7 @@ public final class ZnsInteropClient {
                 bd.getBrokerAddrs().forEach((id, addr) -> addrs.put(Long.toString(id), addr));
                 m.put("brokerAddrs", addrs);
                 m.put("enableActingMaster", bd.isEnableActingMaster());
+                m.put("zoneName", bd.getZoneName());
                 bds.add(m);
             }
             out.put("brokerDatas", bds);
@@ -372,6 +373,11 @@ public final class ZnsInteropClient {
                 qds.add(m);
             }
             out.put("queueDatas", qds);
+            Map<String, Object> filters = new TreeMap<>();
+            if (route.getFilterServerTable() != null) {
+                filters.putAll(route.getFilterServerTable());
+            }
+            out.put("filterServerTable", filters);
             System.out.println(json(out));
             return 0;
         } finally {
