@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench demo demo-peers clean
+.PHONY: run test rocketmq-jars bench demo demo-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,21 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/zns serve $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) rocketmq-jars
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The real RocketMQ 5.3.3 jars for tests/interop, fetched once into a cache outside git
+# ($ZNS_ROCKETMQ_CACHE or ~/.cache/zns/rocketmq-5.3.3); a second run only checks a stamp.
+# Without java/javac/mvn it does nothing and the interop tests skip; a failed fetch is only
+# a warning unless ZNS_REQUIRE_INTEROP=1.
+rocketmq-jars:
+	@if command -v java >/dev/null 2>&1 && command -v javac >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then \
+		$(PYTHON) tools/rocketmq/fetch.py >/dev/null || { \
+			if [ "$${ZNS_REQUIRE_INTEROP:-0}" = 1 ]; then exit 1; fi; \
+			echo "rocketmq-jars: fetch failed; the interop tests will skip" >&2; }; \
+	else \
+		echo "rocketmq-jars: no JDK/Maven on PATH; the interop tests will skip" >&2; \
+	fi
 
 # Every benchmark (about 10 minutes): prints a table, writes bench/results.md and .json.
 # BENCH_ARGS="--quick" for a smoke run, or names to run only some (e.g. "scale").

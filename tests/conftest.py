@@ -215,4 +215,45 @@ def register_fields(
     return fields
 
 
+# ---- interop: the real Apache RocketMQ 5.3.3 JVMs (see tests/interop/README.md) ----------------
+# The fixtures live here, not in a tests/interop/conftest.py: test modules import helpers with
+# `from conftest import ...`, and a second conftest module would shadow this one. The harness
+# is imported under one name, `rocketmq`, by these fixtures and by the tests alike.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "interop"))
+import rocketmq  # noqa: E402
 
+
+@pytest.fixture(scope="session")
+def rocketmq_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The jars are cached and ZnsInteropClient is compiled; at session end no JVM is left.
+
+    Skips (reason "no JDK/Maven: ...") when that is impossible; with ZNS_REQUIRE_INTEROP=1
+    (CI sets it) it fails instead.
+    """
+    rocketmq.set_scratch_dir(tmp_path_factory.mktemp("rmq-oneshot"))
+    try:
+        rocketmq.ensure_jars()
+        rocketmq.client_classes()
+    except rocketmq.InteropUnavailable as exc:
+        if rocketmq.interop_required():
+            pytest.fail(f"{exc} ({rocketmq.REQUIRE_ENV}=1 makes this a failure)", pytrace=False)
+        pytest.skip(str(exc))
+    yield
+    rocketmq.kill_all()
+
+
+@pytest.fixture(scope="module")
+def rmq_module(rocketmq_env: None, tmp_path_factory: pytest.TempPathFactory,
+               request: pytest.FixtureRequest) -> Iterator[rocketmq.ProcessGroup]:
+    """NameServers and brokers shared by one test module; all killed after its last test."""
+    group = rocketmq.ProcessGroup(tmp_path_factory.mktemp(f"rmq-{request.module.__name__}"))
+    yield group
+    group.close()
+
+
+@pytest.fixture
+def rmq(rocketmq_env: None, tmp_path: Path) -> Iterator[rocketmq.ProcessGroup]:
+    """NameServers and brokers for one test; all killed when it ends."""
+    group = rocketmq.ProcessGroup(tmp_path / "rmq")
+    yield group
+    group.close()

@@ -15,7 +15,7 @@ import msgspec
 from msgspec import Raw
 
 from zns import __version__
-from zns.core.errors import BadRequest, ErrorReply, Internal, NotFound, UnknownOp
+from zns.core.errors import BadRequest, Busy, ErrorReply, Internal, NotFound, UnknownOp
 from zns.core.kv import KvBackend
 from zns.core.limits import LIMITED_REQUESTS, Limits
 from zns.core.routes import RouteTable, filter_zone
@@ -80,11 +80,13 @@ Authorizer = Callable[[str | None, AnyRequest], None]
 class Response:
     """One reply body and the events it publishes (a plain class: it is on the hot path)."""
 
-    __slots__ = ("reply", "events")
+    __slots__ = ("reply", "events", "request_id")
 
-    def __init__(self, reply: bytes, events: list[Frames] | tuple[()] = ()) -> None:
+    def __init__(self, reply: bytes, events: list[Frames] | tuple[()] = (),
+                 request_id: int = 0) -> None:
         self.reply = reply
         self.events = events
+        self.request_id = request_id  # for a `busy` sent instead of a reply too large to afford
 
 
 class NameService:
@@ -127,7 +129,7 @@ class NameService:
                 self.authorize(peer_key, request)
             reply, frames = self.execute(request, now)
             # Inside the try: a bug while encoding must not escape to the socket loop.
-            return Response(encode(reply), frames)
+            return Response(encode(reply), frames, request.id)
         except ErrorReply as exc:
             if isinstance(exc, Internal):
                 log.error("internal error on %s: %s", type(request).__name__, exc)
@@ -153,6 +155,13 @@ class NameService:
         _, events = self.table.unregister_broker(cluster, broker_name, broker_addr,
                                                  reason="disconnected")
         return self._publish(events) if events else []
+
+    @staticmethod
+    def busy_reply(request_id: int) -> bytes:
+        """What a peer gets instead of a large reply its byte budget cannot afford now."""
+        return encode(Busy("the reply is larger than this peer's budget of unread replies "
+                           "allows now; read the replies already sent and retry later")
+                      .reply(request_id))
 
     def expire(self, now: int) -> list[Frames]:
         return self._publish(self.table.expire(now))

@@ -32,6 +32,7 @@ from zns.drivers.remoting_listener import DEFAULT_MAX_CONNECTIONS, RemotingListe
 from zns.core.remoting.service import RemotingService, parse_networks
 from zns.drivers.sockets import Waker
 from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER
+from zns.core.budget import ReplyBudget
 from zns.core.service import Frames, NameService
 from zns.core.timers import ServerTimers
 
@@ -52,6 +53,8 @@ MAX_ENVELOPE_FRAMES = 32
 # message is one flag byte and the channel prefix).
 MAX_SUBSCRIPTION_BYTES = 1024
 SUBSCRIBE_COMMAND_BYTES = 10
+# A peer that reads nothing for this long is disconnected and its unread replies freed.
+TCP_TIMEOUT_MS = 10_000
 # Plain ints, and the backend's send: pyzmq's IntFlag arithmetic and its Python-level
 # `send` wrapper each cost a noticeable share of a small request.
 _NOBLOCK, _DONTWAIT = int(zmq.NOBLOCK), int(zmq.DONTWAIT)
@@ -136,6 +139,7 @@ class Server:
         self.dropped_replies = 0
         self.dropped_requests = 0  # over §1's envelope or total-size bound
         self._draining = False  # in the middle of dropping an oversized message
+        self.reply_budget = ReplyBudget()
         self.descriptor_limit = raise_descriptor_limit()
         self.descriptors = DescriptorGuard(self.descriptor_limit)
         install_repeat_filter(log)
@@ -314,6 +318,8 @@ class Server:
         clock = self._clock
         until = clock() + SLICE_MS / 1000
         max_bytes = self.config.max_message_bytes
+        budget = self.reply_budget
+        heavy = budget.heavy_bytes
         if self._draining and not self._drain(until):
             return
         served = 0
@@ -341,10 +347,13 @@ class Server:
                 envelope = []
             if envelope:  # a ROUTER always prepends the routing id: else nothing to answer
                 response = respond(frame.bytes, now, frame.get("User-Id") if with_key else None)
+                reply = response.reply
+                if len(reply) >= heavy and not budget.allow(envelope[0].bytes, len(reply), now):
+                    reply = self.service.busy_reply(response.request_id)
                 try:
                     for part in envelope:
                         _send(router, part, _SNDMORE_DONTWAIT, False)
-                    _send(router, response.reply, _DONTWAIT)
+                    _send(router, reply, _DONTWAIT)
                 except zmq.ZMQError as exc:
                     # Vanished peer (EHOSTUNREACH) or one at its high-water mark (EAGAIN):
                     # the loop must never block on one peer.
@@ -395,9 +404,13 @@ class Server:
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
         router.setsockopt(zmq.LINGER, 500)
-        # Close TCP connections to peers that froze, so their queues are freed.
+        # Close TCP connections to peers that froze, so their queues are freed. ZMTP
+        # heartbeats cannot do it for a peer that stops reading (our PING waits behind the
+        # replies it does not read); TCP's own timeout for unacknowledged data does: a
+        # connection whose peer reads nothing for TCP_TIMEOUT_MS is closed by the kernel.
         router.setsockopt(zmq.HEARTBEAT_IVL, 5000)
         router.setsockopt(zmq.HEARTBEAT_TIMEOUT, 15000)
+        router.setsockopt(zmq.TCP_MAXRT, TCP_TIMEOUT_MS)
         if self.security is not None:
             self.security.apply(router)
             self.security.apply(pub)

@@ -19,7 +19,7 @@ servers) the order may differ from a Java server's, which no reader --
 fastjson included -- depends on. Lists (topic lists) keep the caller's order.
 
 Inputs are duck-typed: `encode_topic_route` takes zns's own route shape
-(``zns.schema.TopicRoute``) or this module's `TopicRouteData`, which mirrors
+(``zns.core.schema.TopicRoute``) or this module's `TopicRouteData`, which mirrors
 it attribute for attribute and is also what `decode_topic_route_data` returns.
 """
 
@@ -35,7 +35,7 @@ from .constants import STANDARD_JSON_MIN_VERSION
 from .errors import RemotingBodyError
 from .fastjson import LEGACY_SPECIAL, STANDARD_SPECIAL, escape_legacy, escape_standard, loads_lenient, to_utf8
 
-# --- shapes (wire names via rename; Python names match zns.schema) ---------------
+# --- shapes (wire names via rename; Python names match zns.core.schema) ---------------
 
 
 class DataVersion(Struct, rename="camel"):

@@ -190,6 +190,8 @@ def inflate_bounded(data: bytes, max_bytes: int) -> bytes:
         raise RemotingBodyError(f"compressed register body is not a valid zlib stream: {exc}") from None
     if len(out) > max_bytes:
         raise RemotingBodyError(f"compressed register body inflates past {max_bytes} bytes")
+    if not inflater.eof:  # Java's InflaterInputStream: "Unexpected end of ZLIB input stream"
+        raise RemotingBodyError("compressed register body is a truncated zlib stream")
     return out
 
 

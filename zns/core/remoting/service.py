@@ -129,6 +129,8 @@ class RemotingService:
         frames: list[Frames] = []
         try:
             reply = self._dispatch(cmd, conn, now, frames)
+        except _Refused as exc:
+            reply = _error(cmd, ResponseCode.NO_PERMISSION, str(exc))
         except RemotingBodyError as exc:
             reply = _error(cmd, ResponseCode.SYSTEM_ERROR, str(exc))
         except ErrorReply as exc:
@@ -320,7 +322,9 @@ class RemotingService:
             version = live.data_version if live is not None else DataVersion()
         reply = self._run(Heartbeat, now, frames, cluster=cluster, broker_name=name,
                           broker_id=broker_id, broker_addr=addr, data_version=version)
-        if reply.known:
+        # Only an address that registered over remoting is tied to a connection: a broker
+        # registered over ZNS/1 that also heartbeats here must not go when this one closes.
+        if reply.known and (cluster, addr) in self._via:
             self._heard(cluster, addr, conn, now)
         if not query:
             return _ok(cmd)

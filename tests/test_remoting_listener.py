@@ -1,0 +1,425 @@
+"""The remoting listener in a live server: plain sockets and the codec as the client.
+
+Pipelining, the bounds (frame size, unsent replies, connections, idle time),
+slow and hostile connections next to well-behaved ones, ZNS/1 events for
+remoting brokers, and the `zns serve --remoting` command line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import zns.cli.serve
+from conftest import Peer, ThreadedServer, wait_for
+from test_remoting_codec import frame
+from zns.cli import main as zns_main
+from zns.core import schema
+from zns.core.remoting import FrameDecoder, RemotingCommand, body_crc32, encode_command
+from zns.drivers.remoting_listener import RemotingListener
+from zns.drivers.server import ServerConfig
+
+pytestmark = pytest.mark.timeout(90)
+
+REGISTER_VECTOR = "REGISTER_BROKER request"
+
+
+class Client:
+    """One remoting TCP connection; replies decoded with the codec."""
+
+    def __init__(self, endpoint: str, timeout: float = 10.0) -> None:
+        host, port = endpoint.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.decoder = FrameDecoder(64 << 20)
+        self.pending: list[RemotingCommand] = []
+        self.opaque = 0
+
+    def send(self, cmd: RemotingCommand) -> int:
+        self.opaque += 1
+        cmd.opaque = self.opaque
+        self.sock.sendall(encode_command(cmd))
+        return cmd.opaque
+
+    def recv(self, timeout: float = 10.0) -> RemotingCommand:
+        deadline = time.monotonic() + timeout
+        while not self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError("no reply within timeout")
+            self.sock.settimeout(left)
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("closed by the server")
+            self.pending.extend(self.decoder.feed(data))
+        return self.pending.pop(0)
+
+    def call(self, cmd: RemotingCommand, timeout: float = 10.0) -> RemotingCommand:
+        opaque = self.send(cmd)
+        reply = self.recv(timeout)
+        assert reply.opaque == opaque
+        return reply
+
+    def closed_by_server(self, timeout: float = 10.0) -> bool:
+        """True once the server closed the connection (EOF or reset), unread replies skipped."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = self.sock.recv(1 << 16)
+            except socket.timeout:
+                return False
+            except (ConnectionResetError, BrokenPipeError):
+                return True
+            if not data:
+                return True
+        return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def cluster_info() -> RemotingCommand:
+    return RemotingCommand(code=106, version=479)
+
+
+def probe(endpoint: str) -> None:
+    """A fresh connection gets GET_BROKER_CLUSTER_INFO answered."""
+    client = Client(endpoint)
+    try:
+        assert client.call(cluster_info()).code == 0
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def rserver(make_server):
+    def make(**overrides: Any) -> tuple[ThreadedServer, RemotingListener, str]:
+        srv = make_server(remoting="127.0.0.1:0", **overrides)
+        listener = srv.server.remoting
+        assert listener is not None
+        return srv, listener, listener.endpoint
+
+    return make
+
+
+def register_cmd(name: str = "broker-a", addr: str = "127.0.0.1:10911",
+                 topics: tuple[str, ...] = ("TopicTest",)) -> RemotingCommand:
+    table = {t: {"topicName": t, "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}
+             for t in topics}
+    body = json.dumps({"topicConfigSerializeWrapper": {
+        "dataVersion": {"counter": 1}, "topicConfigTable": table}}).encode()
+    ext = {"brokerId": "0", "bodyCrc32": str(body_crc32(body)), "clusterName": "DefaultCluster",
+           "brokerAddr": addr, "haServerAddr": "", "compressed": "false", "brokerName": name}
+    return RemotingCommand(code=103, version=479, ext_fields=ext, body=body)
+
+
+# --- pipelining ------------------------------------------------------------------------------
+
+
+def test_pipelined_requests_answered_in_order_in_few_sends(rserver, monkeypatch):
+    sends = []
+    original = RemotingListener._write
+
+    def counting_write(self, entry, now, frames):
+        sends.append(len(entry.unsent))
+        original(self, entry, now, frames)
+
+    monkeypatch.setattr(RemotingListener, "_write", counting_write)
+    srv, listener, endpoint = rserver()
+    client = Client(endpoint)
+    ops = [RemotingCommand(code=101, version=479, opaque=i,
+                           ext_fields={"namespace": "ns", "key": f"k{i}"}) for i in range(1, 201)]
+    client.sock.sendall(b"".join(encode_command(c) for c in ops))
+    replies = [client.recv() for _ in ops]
+    assert [r.opaque for r in replies] == list(range(1, 201))
+    assert all(r.code == 22 and f"k{r.opaque}" in r.remark for r in replies)
+    assert 1 <= len(sends) <= 20, len(sends)  # replies of one read leave in one send
+    client.close()
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+
+def test_oversized_frame_closes_only_that_connection(rserver, caplog):
+    srv, listener, endpoint = rserver(max_message_bytes=1 << 16)
+    good = Client(endpoint)
+    assert good.call(cluster_info()).code == 0
+    bad = Client(endpoint)
+    assert bad.call(cluster_info()).code == 0
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        bad.sock.sendall(struct.pack(">i", 1 << 16) + b"\0" * 100)  # 4 + 65536 > 65536
+        assert bad.closed_by_server()
+    assert good.call(cluster_info()).code == 0
+    assert "exceeds the limit" in caplog.text
+    # exactly at the limit is still a frame
+    edge = Client(endpoint)
+    padding = (1 << 16) - len(encode_command(cluster_info()))
+    cmd = cluster_info()
+    cmd.body = b"x" * padding
+    assert len(encode_command(cmd)) == 1 << 16
+    assert edge.call(cmd).code == 0
+
+
+@pytest.mark.parametrize("raw", [
+    b"\x00\x00\x00\x02\x00\x00",  # length below 4
+    b"\x00\x00\x00\x08\x05\x00\x00\x00\x00\x00\x00\x00",  # serialize type 5
+    b"\x00\x00\x00\x08\x00\x00\x00\x04{{{{",  # header that is not JSON
+])
+def test_unframeable_input_closes_the_connection(rserver, raw):
+    srv, listener, endpoint = rserver()
+    before = srv.server.service.table.revision
+    client = Client(endpoint)
+    client.sock.sendall(raw)
+    assert client.closed_by_server()
+    probe(endpoint)
+    assert srv.server.service.table.revision == before
+
+
+def test_bad_body_is_a_system_error_and_the_connection_stays(rserver):
+    srv, listener, endpoint = rserver()
+    client = Client(endpoint)
+    cmd = register_cmd()
+    cmd.body = b"{not json"
+    cmd.ext_fields["bodyCrc32"] = "0"
+    reply = client.call(cmd)
+    assert reply.code == 1 and "register body" in reply.remark
+    cmd = register_cmd()
+    cmd.body, cmd.ext_fields["compressed"] = b"\x78\xda garbage", "true"
+    cmd.ext_fields["bodyCrc32"] = "0"
+    assert client.call(cmd).code == 1
+    assert srv.server.service.table.broker_count() == 0
+    assert client.call(cluster_info()).code == 0  # same connection
+
+
+def register_many(endpoint: str, count: int = 30) -> Client:
+    """Brokers enough that a GET_BROKER_CLUSTER_INFO reply is ~30 times its request."""
+    client = Client(endpoint)
+    for i in range(count):
+        assert client.call(register_cmd(f"broker-{i}", f"127.0.0.1:{20000 + i}")).code == 0
+    assert len(encode_command(client.call(cluster_info()))) > 3000
+    return client
+
+
+def test_reader_that_never_reads_is_cut_off(rserver):
+    srv, listener, endpoint = rserver()
+    setup = register_many(endpoint)
+    listener.high_water = 64 << 10
+    listener.max_unsent = 512 << 10
+    hog = Client(endpoint)
+    request = encode_command(cluster_info())
+    stop = threading.Event()
+
+    def flood() -> None:
+        try:
+            while not stop.is_set():
+                hog.sock.sendall(request * 500)
+        except OSError:
+            pass  # cut off
+
+    sender = threading.Thread(target=flood, daemon=True)
+    sender.start()
+    try:
+        wait_for(lambda: listener.cut_off == 1, timeout=30)
+        probe(endpoint)  # the loop kept serving others
+        assert hog.closed_by_server(timeout=30)
+    finally:
+        stop.set()
+        hog.close()
+        sender.join(10)
+    probe(endpoint)
+    setup.close()
+    wait_for(lambda: not listener.connections)
+
+
+def test_slow_reader_is_paused_not_cut_off(rserver):
+    srv, listener, endpoint = rserver()
+    setup = register_many(endpoint)
+    listener.high_water = 16 << 10
+    listener.max_unsent = 1 << 20
+    listener.read_chunk = 4096  # ~40 requests, ~120 KB of replies per pass
+    client = Client(endpoint)
+    count = 5000  # ~15 MB of replies: far more than max_unsent plus the kernel's buffers
+    payload = b"".join(encode_command(RemotingCommand(code=106, version=479, opaque=i))
+                       for i in range(count))
+    sender = threading.Thread(target=client.sock.sendall, args=(payload,), daemon=True)
+    sender.start()
+    time.sleep(1.0)  # not reading: past high_water the server stops reading this one
+    probe(endpoint)
+    replies = [client.recv(timeout=30) for _ in range(count)]
+    assert [r.opaque for r in replies] == list(range(count))
+    sender.join(10)
+    assert listener.cut_off == 0
+    setup.close()
+
+
+# --- connections ------------------------------------------------------------------------------
+
+
+def test_max_connections(rserver, caplog):
+    srv, listener, endpoint = rserver(remoting_max_connections=2)
+    a, b = Client(endpoint), Client(endpoint)
+    assert a.call(cluster_info()).code == 0 and b.call(cluster_info()).code == 0
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        c = Client(endpoint)
+        assert c.closed_by_server()
+        wait_for(lambda: "--remoting-max-connections" in caplog.text)
+    assert listener.refused == 1
+    a.close()
+    wait_for(lambda: len(listener.connections) == 1)
+    d = Client(endpoint)
+    assert d.call(cluster_info()).code == 0
+    assert b.call(cluster_info()).code == 0
+
+
+def test_idle_connections_are_closed(rserver):
+    srv, listener, endpoint = rserver()
+    listener.idle_timeout_ms = 1500
+    idle, busy = Client(endpoint), Client(endpoint)
+    assert idle.call(cluster_info()).code == 0
+    started = time.monotonic()
+    while time.monotonic() - started < 3:
+        assert busy.call(cluster_info()).code == 0  # traffic keeps it open
+        time.sleep(0.1)
+    assert idle.closed_by_server(timeout=10)
+    assert busy.call(cluster_info()).code == 0
+
+
+def test_dribbling_connection_is_bounded_and_blocks_nobody(rserver):
+    srv, listener, endpoint = rserver(max_message_bytes=4096)
+    silent = Client(endpoint)  # opens and never sends
+    slow = Client(endpoint)
+    data = encode_command(cluster_info())
+    wait_for(lambda: len(listener.connections) == 2)
+    for i, byte in enumerate(data):
+        slow.sock.sendall(bytes([byte]))
+        if i % 20 == 0:
+            probe(endpoint)
+            held = [e.decoder.buffered for e in list(listener.connections.values())]
+            assert max(held, default=0) <= 4096
+    assert slow.recv().code == 0
+    # a length field within the limit, then a trickle: it holds at most one frame
+    slow.sock.sendall(struct.pack(">i", 4000) + b"\0" * 1000)
+    probe(endpoint)
+    assert max(e.decoder.buffered for e in list(listener.connections.values())) <= 4096
+    silent.close()
+
+
+# --- ZNS/1 events for remoting brokers --------------------------------------------------------
+
+
+def test_zns1_watcher_sees_remoting_broker_come_and_go(rserver):
+    srv, listener, endpoint = rserver()
+    watcher = Peer(srv.router, srv.pub)
+    watcher.subscribe(b"broker/", schema.HB_CHANNEL)
+    watcher.wait_subscribed()
+    broker = Client(endpoint)
+    assert broker.call(register_cmd()).code == 0
+    _, event = watcher.next_event(lambda ch, ev: ch.startswith(b"broker/"))
+    assert (event.change, event.broker_name, event.broker_addr) == (
+        "registered", "broker-a", "127.0.0.1:10911")
+    broker.close()
+    _, event = watcher.next_event(lambda ch, ev: ch.startswith(b"broker/"))
+    assert (event.change, event.reason) == ("removed", "disconnected")
+    assert srv.server.service.table.broker_count() == 0
+    watcher.close()
+
+
+# --- zns serve --remoting ----------------------------------------------------------------------
+
+
+class CapturedServer:
+    configs: list[ServerConfig] = []
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.configs.append(config)
+
+    def run(self) -> None:
+        pass
+
+
+@pytest.fixture
+def serve(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("ZNS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setattr(zns.cli.serve, "Server", CapturedServer)
+
+    def run(*args: str, env: dict[str, str] | None = None):
+        CapturedServer.configs.clear()
+        result = CliRunner().invoke(zns_main, ["serve", *args], env=env or {})
+        return result, (CapturedServer.configs[0] if CapturedServer.configs else None)
+
+    return run
+
+
+def test_cli_remoting_option_env_and_file(serve, tmp_path: Path):
+    result, config = serve()
+    assert result.exit_code == 0 and config.remoting is None
+    assert config.remoting_brokers == [] and config.remoting_admins == ["127.0.0.0/8", "::1/128"]
+    _, config = serve("--remoting", "127.0.0.1:9000")
+    assert config.remoting == "127.0.0.1:9000"
+    _, config = serve(env={"ZNS_REMOTING": "tcp://127.0.0.1:9001"})
+    assert config.remoting == "tcp://127.0.0.1:9001"
+    conf = tmp_path / "zns.toml"
+    conf.write_text('remoting = "127.0.0.1:9002"\nremoting-brokers = ["10.0.0.0/8"]\n'
+                    'remoting_max_connections = 7\n')
+    _, config = serve("--config", str(conf))
+    assert (config.remoting, config.remoting_brokers, config.remoting_max_connections) == (
+        "127.0.0.1:9002", ["10.0.0.0/8"], 7)
+    _, config = serve("--config", str(conf), "--remoting", "127.0.0.1:9003")
+    assert config.remoting == "127.0.0.1:9003"
+
+
+def test_cli_remoting_networks(serve):
+    result, config = serve("--remoting", "127.0.0.1:9000", "--remoting-brokers", "10.0.0.0/8",
+                           "--remoting-brokers", "192.168.1.7", "--remoting-admins", "10.1.0.0/16")
+    assert result.exit_code == 0, result.output
+    assert config.remoting_brokers == ["10.0.0.0/8", "192.168.1.7"]
+    assert config.remoting_admins == ["10.1.0.0/16"]  # replaces the loopback default
+    _, config = serve(env={"ZNS_REMOTING_BROKERS": "10.0.0.0/8 172.16.0.0/12"})
+    assert config.remoting_brokers == ["10.0.0.0/8", "172.16.0.0/12"]
+    for option in ("--remoting-brokers", "--remoting-admins"):
+        result, config = serve("--remoting", "127.0.0.1:9000", option, "10.0.0.0/33")
+        assert result.exit_code == 2 and config is None
+        assert option in result.output and "10.0.0.0/33" in result.output
+
+
+def test_cli_remoting_port_in_use_is_a_clear_error(tmp_path: Path):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "zns", "serve", "--router", "tcp://127.0.0.1:*",
+             "--pub", "tcp://127.0.0.1:*", "--kv-path", str(tmp_path / "kv.json"),
+             "--remoting", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=30,
+            env={k: v for k, v in os.environ.items() if not k.startswith("ZNS_")},
+        )
+    finally:
+        holder.close()
+    assert result.returncode != 0
+    assert f"--remoting 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("endpoint, warned", [("0.0.0.0:0", True), ("127.0.0.1:0", False)])
+def test_cli_remoting_non_loopback_warning(process_server, endpoint, warned):
+    srv = process_server("--remoting", endpoint)
+    wait_for(lambda: "RocketMQ remoting listener on" in srv.output())
+    warnings = [line for line in srv.output().splitlines()
+                if "WARNING" in line and "plain TCP" in line]
+    assert bool(warnings) == warned, srv.output()
+    assert srv.stop() == 0

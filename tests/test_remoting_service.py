@@ -1,0 +1,671 @@
+"""`RemotingService` without sockets: RocketMQ remoting requests against a real `NameService`.
+
+Replies are compared byte for byte with what the Java 5.3.3 NameServer sent
+(tests/data/remoting-vectors.txt); state changes are compared with the same
+op over ZNS/1 (same table, same events, same revisions, same refusals).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import msgspec
+import pytest
+
+from test_remoting_codec import FRAMES, INLINE, frame
+from zns.core import schema
+from zns.core.limits import Limits
+from zns.core.remoting import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    SERIALIZE_JSON,
+    RemotingCommand,
+    body_crc32,
+    decode_frame,
+    encode_command,
+    encode_json_header,
+    loads_lenient,
+)
+from zns.core.remoting.service import Connection, RemotingService, parse_networks
+from zns.core.schema import ORDER_TOPIC_CONFIG, encode
+from zns.core.service import NameService
+from zns.drivers.kv_file import KvStore
+
+pytestmark = pytest.mark.timeout(60)
+
+EPOCH = "0123456789abcdef"
+MASTER, SLAVE = "127.0.0.1:10911", "127.0.0.1:10921"
+LOCAL = Connection(1, "127.0.0.1")
+
+REGISTER_VECTOR = "REGISTER_BROKER request"
+REGISTER_REPLY = "REGISTER_BROKER response (null haServerAddr/masterAddr, no body)"
+ROUTE_REPLY = "GET_ROUTEINFO_BY_TOPIC response JSON (version sysprop 479)"
+
+
+def new_service(limits: Limits | None = None) -> NameService:
+    return NameService(KvStore(None), epoch=EPOCH, started_at_ms=0, limits=limits)
+
+
+@pytest.fixture
+def svc() -> NameService:
+    return new_service()
+
+
+@pytest.fixture
+def rs(svc: NameService) -> RemotingService:
+    return RemotingService(svc, properties={"router": "tcp://127.0.0.1:9876", "remoting": "x"})
+
+
+def req(code: int, ext: dict[str, str] | None = None, body: bytes = b"", *, opaque: int = 1,
+        version: int = 479, flag: int = 0) -> RemotingCommand:
+    return RemotingCommand(code=code, version=version, opaque=opaque, flag=flag, ext_fields=ext,
+                           body=body)
+
+
+def call(rs: RemotingService, cmd: RemotingCommand, conn: Connection = LOCAL,
+         now: int = 1000) -> RemotingCommand:
+    reply, _ = rs.handle(cmd, conn, now)
+    assert reply is not None
+    assert reply.opaque == cmd.opaque and reply.flag == FLAG_RESPONSE
+    return reply
+
+
+def ok(rs: RemotingService, cmd: RemotingCommand, conn: Connection = LOCAL,
+       now: int = 1000) -> RemotingCommand:
+    reply = call(rs, cmd, conn, now)
+    assert reply.code == 0, reply.remark
+    return reply
+
+
+def vector_register() -> RemotingCommand:
+    return decode_frame(frame(REGISTER_VECTOR)[4:])
+
+
+def register_cmd(broker_id: int = 0, addr: str = MASTER, topics: dict[str, dict] | None = None,
+                 *, name: str = "broker-a", cluster: str = "DefaultCluster", counter: int = 3,
+                 state: int = 0, ha: str = "127.0.0.1:10912", extra: dict[str, str] | None = None,
+                 opaque: int = 11) -> RemotingCommand:
+    """A REGISTER_BROKER as a 5.3.3 broker sends it (plain body, CRC set)."""
+    topics = {"TopicTest": {}} if topics is None else topics
+    table = {
+        t: {"attributes": {}, "order": False, "perm": c.get("perm", 6),
+            "readQueueNums": c.get("read", 4), "topicFilterType": "SINGLE_TAG", "topicName": t,
+            "topicSysFlag": c.get("sys_flag", 0), "writeQueueNums": c.get("write", 4)}
+        for t, c in topics.items()
+    }
+    body = json.dumps({"filterServerList": [], "topicConfigSerializeWrapper": {
+        "dataVersion": {"counter": counter, "stateVersion": state, "timestamp": 1700000000000},
+        "topicConfigTable": table}}).encode()
+    ext = {"brokerId": str(broker_id), "bodyCrc32": str(body_crc32(body)), "clusterName": cluster,
+           "brokerAddr": addr, "enableActingMaster": "false", "haServerAddr": ha,
+           "compressed": "false", "brokerName": name, **(extra or {})}
+    return req(103, ext, body, opaque=opaque)
+
+
+def register_pair(rs: RemotingService) -> None:
+    """broker-a: master 127.0.0.1:10911 with TopicTest (4/4, perm 6) and slave 127.0.0.1:10921."""
+    ok(rs, register_cmd())
+    ok(rs, register_cmd(1, SLAVE, ha="127.0.0.1:10922"))
+
+
+def zns1(svc: NameService, op: str, now: int = 1000, **fields: Any) -> dict[str, Any]:
+    reply = msgspec.msgpack.decode(svc.respond(encode({"op": op, "id": 1, **fields}), now).reply)
+    assert isinstance(reply, dict)
+    return reply
+
+
+def observable(svc: NameService) -> tuple:
+    return (zns1(svc, "snapshot"), zns1(svc, "get_cluster_info", now=1),
+            svc.kv.list(ORDER_TOPIC_CONFIG), svc.kv.list("ns"), svc.table.revision)
+
+
+def decode_events(frames: list) -> list[Any]:
+    return [schema.decode_event(body) for _, body in frames]
+
+
+def header_json(reply: RemotingCommand) -> str:
+    return encode_json_header(reply).decode()
+
+
+# --- byte-exact replies ------------------------------------------------------------------
+
+
+def test_register_broker_reply_is_the_java_frame(rs, svc):
+    reply = ok(rs, vector_register())
+    assert encode_command(reply) == frame(REGISTER_REPLY)
+    assert svc.table.route("TopicTest") is not None  # a single-topic first registration
+
+
+def test_topic_not_exist_is_the_java_frame(rs):
+    reply = call(rs, req(105, {"topic": "X"}, opaque=8))
+    assert encode_command(reply) == frame("TOPIC_NOT_EXIST response")
+
+
+def route_setup(rs: RemotingService) -> None:
+    register_pair(rs)
+    ok(rs, req(100, {"namespace": ORDER_TOPIC_CONFIG, "key": "TopicTest", "value": "broker-a:4"}))
+
+
+def test_route_reply_legacy_is_the_java_frame(rs):
+    route_setup(rs)
+    reply = ok(rs, req(105, {"topic": "TopicTest"}, opaque=7, version=317))
+    assert encode_command(reply) == frame(ROUTE_REPLY)
+
+
+@pytest.mark.parametrize("version, ext", [
+    (479, {}), (401, {}), (317, {"acceptStandardJsonOnly": "true"}),
+    (317, {"acceptStandardJsonOnly": "TRUE"}),
+])
+def test_route_reply_standard_form(rs, version, ext):
+    route_setup(rs)
+    reply = ok(rs, req(105, {"topic": "TopicTest", **ext}, opaque=7, version=version))
+    assert reply.body.decode() == INLINE["TopicRouteData standard w/ orderTopicConf"]
+
+
+@pytest.mark.parametrize("version, ext", [(400, {}), (37, {"acceptStandardJsonOnly": "false"})])
+def test_route_reply_legacy_below_401(rs, version, ext):
+    route_setup(rs)
+    reply = ok(rs, req(105, {"topic": "TopicTest", **ext}, opaque=7, version=version))
+    assert reply.body.decode() == FRAMES[ROUTE_REPLY]["body"]
+
+
+def test_route_request_in_rocketmq_header_is_answered_in_json(rs):
+    route_setup(rs)
+    request = decode_frame(frame("GET_ROUTEINFO_BY_TOPIC request ROCKETMQ")[4:])
+    assert request.serialize_type == 1
+    reply = ok(rs, request)
+    assert reply.serialize_type == SERIALIZE_JSON
+    assert reply.body.decode() == INLINE["TopicRouteData standard w/ orderTopicConf"]
+    wire = encode_command(reply)
+    assert wire[4] == 0  # the type byte: the Java NameServer answers in its own type, JSON
+
+
+def test_query_data_version_reply_header(rs):
+    ok(rs, vector_register())
+    body = INLINE["DataVersion"].encode()  # counter 3, stateVersion 0, as registered
+    ext = {"brokerName": "broker-a", "brokerAddr": MASTER, "clusterName": "DefaultCluster",
+           "brokerId": "0"}
+    reply = ok(rs, req(322, ext, body, opaque=5))
+    assert header_json(reply) == INLINE["QUERY_DATA_VERSION response header"]
+    assert reply.body.decode() == INLINE["DataVersion"]
+    changed = dict(json.loads(INLINE["DataVersion"]), counter=4)
+    reply = ok(rs, req(322, ext, json.dumps(changed).encode(), opaque=5))
+    assert reply.ext_fields == {"changed": "true"}
+
+
+def test_get_kv_config_reply_header(rs):
+    ok(rs, req(100, {"namespace": "ns", "key": "k", "value": "v1"}))
+    reply = ok(rs, req(101, {"namespace": "ns", "key": "k"}, opaque=6))
+    assert header_json(reply) == INLINE["GET_KV_CONFIG response header"]
+
+
+# --- every request code ---------------------------------------------------------------------
+
+
+def test_kv_codes(rs, svc):
+    ok(rs, req(100, {"namespace": "ns", "key": "k", "value": "v"}))
+    assert svc.kv.get("ns", "k") == "v"
+    assert ok(rs, req(101, {"namespace": "ns", "key": "k"})).ext_fields == {"value": "v"}
+    table = ok(rs, req(219, {"namespace": "ns"})).body
+    assert table == b'{"table":{"k":"v"}}'
+    ok(rs, req(102, {"namespace": "ns", "key": "k"}))
+    missing = call(rs, req(101, {"namespace": "ns", "key": "k"}))
+    assert missing.code == 22 and "k" in missing.remark and missing.ext_fields == {}
+    assert call(rs, req(219, {"namespace": "ns"})).code == 22
+    assert call(rs, req(100, {"namespace": "ns", "key": "k"})).code == 1  # value is required
+
+
+def test_kv_table_vector(rs):
+    ok(rs, req(100, {"namespace": "n", "key": "TopicTest", "value": "broker-a:4"}))
+    assert ok(rs, req(219, {"namespace": "n"})).body.decode() == INLINE["KVTable"]
+
+
+def test_register_reply_for_a_slave_names_master_and_ha(rs):
+    ok(rs, register_cmd())
+    reply = ok(rs, register_cmd(1, SLAVE, ha="127.0.0.1:10922"))
+    assert reply.ext_fields == {"masterAddr": MASTER, "haServerAddr": "127.0.0.1:10912"}
+    assert reply.body == b""
+
+
+def test_register_reply_carries_order_topic_config(rs):
+    ok(rs, req(100, {"namespace": ORDER_TOPIC_CONFIG, "key": "TopicTest", "value": "broker-a:4"}))
+    reply = ok(rs, vector_register())
+    assert reply.body.decode() == INLINE["KVTable"]
+
+
+def test_cluster_info_is_the_java_body(rs):
+    register_pair(rs)
+    assert ok(rs, req(106)).body.decode() == INLINE["ClusterInfo"]
+
+
+def test_unregister_broker(rs, svc):
+    register_pair(rs)
+    ok(rs, req(104, {"brokerName": "broker-a", "brokerAddr": SLAVE,
+                     "clusterName": "DefaultCluster", "brokerId": "1"}))
+    assert svc.table.broker_table()["broker-a"].addrs == {0: MASTER}
+    assert call(rs, req(104, {"brokerName": "broker-a"})).code == 1  # required fields
+
+
+def test_write_perm_counts(rs, svc):
+    ok(rs, register_cmd(topics={"T1": {}, "T2": {}}))
+    reply = ok(rs, req(205, {"brokerName": "broker-a"}))
+    assert reply.ext_fields == {"wipeTopicCount": "2"}
+    assert svc.table.route("T1").queues[0].perm == 4
+    reply = ok(rs, req(327, {"brokerName": "broker-a"}))
+    assert reply.ext_fields == {"addTopicCount": "2"}
+    assert svc.table.route("T1").queues[0].perm == 6
+    assert ok(rs, req(205, {"brokerName": "nobody"})).ext_fields == {"wipeTopicCount": "0"}
+
+
+def topic_list(reply: RemotingCommand) -> dict[str, Any]:
+    return json.loads(reply.body)
+
+
+def test_topic_lists(rs):
+    ok(rs, register_cmd(topics={"T1": {}, "U1": {"sys_flag": 1}, "U2": {"sys_flag": 2},
+                                "U3": {"sys_flag": 3}}))
+    ok(rs, register_cmd(0, "127.0.0.1:20911", {"Other": {}}, name="broker-b", cluster="c2"))
+    everything = {"T1", "U1", "U2", "U3", "Other"}
+    assert set(topic_list(ok(rs, req(206)))["topicList"]) == everything
+    assert set(topic_list(ok(rs, req(224, {"cluster": "c2"})))["topicList"]) == {"Other"}
+    assert topic_list(ok(rs, req(224, {"cluster": "nope"}))) == {"topicList": []}
+    assert set(topic_list(ok(rs, req(311)))["topicList"]) == {"U1", "U3"}
+    assert set(topic_list(ok(rs, req(312)))["topicList"]) == {"U2", "U3"}
+    assert set(topic_list(ok(rs, req(313)))["topicList"]) == {"U2"}
+    system = topic_list(ok(rs, req(304)))
+    assert set(system["topicList"]) == {"DefaultCluster", "broker-a", "c2", "broker-b"}
+    assert system["brokerAddr"] in (MASTER, "127.0.0.1:20911")
+
+
+def test_system_topic_list_shape(rs):
+    ok(rs, vector_register())
+    body = ok(rs, req(304)).body.decode()
+    assert body == '{"brokerAddr":"127.0.0.1:10911","topicList":["DefaultCluster","broker-a"]}'
+
+
+def test_delete_topic(rs, svc):
+    ok(rs, register_cmd(topics={"T1": {}, "T2": {}}))
+    ok(rs, req(216, {"topic": "T1"}))
+    assert call(rs, req(105, {"topic": "T1"})).code == 17
+    ok(rs, req(216, {"topic": "T2", "clusterName": "other"}))  # not in that cluster: kept
+    assert svc.table.route("T2") is not None
+
+
+def test_register_topic(rs, svc):
+    ok(rs, vector_register())
+    body = INLINE["TopicRouteData plain encode()"].encode()  # legacy JSON: unquoted keys
+    ok(rs, req(217, {"topic": "NewTopic"}, body))
+    [queue] = svc.table.route("NewTopic").queues
+    assert (queue.broker_name, queue.read_queues, queue.perm) == ("broker-a", 4, 6)
+
+
+def test_register_topic_unknown_broker_applies_nothing(rs, svc):
+    ok(rs, vector_register())
+    before = observable(svc)
+    body = json.dumps({"queueDatas": [
+        {"brokerName": "broker-a", "perm": 6, "readQueueNums": 4, "writeQueueNums": 4,
+         "topicSysFlag": 0},
+        {"brokerName": "ghost", "perm": 6, "readQueueNums": 4, "writeQueueNums": 4,
+         "topicSysFlag": 0}]}).encode()
+    reply = call(rs, req(217, {"topic": "NewTopic"}, body))
+    assert reply.code == 1 and "ghost" in reply.remark
+    assert observable(svc) == before
+
+
+def test_update_namesrv_config_refused(rs):
+    reply = call(rs, req(318, None, b"a=b\n"))
+    assert reply.code == 16 and "configuration" in reply.remark
+
+
+def test_get_namesrv_config(rs):
+    assert ok(rs, req(319)).body == b"router=tcp://127.0.0.1:9876\nremoting=x\n"
+
+
+def test_broker_member_group(rs):
+    ok(rs, vector_register())
+    reply = ok(rs, req(901, {"clusterName": "DefaultCluster", "brokerName": "broker-a"}))
+    assert reply.body.decode() == INLINE["GetBrokerMemberGroupResponseBody"]
+    empty = ok(rs, req(901, {"clusterName": "DefaultCluster", "brokerName": "nobody"}))
+    assert json.loads(empty.body)["brokerMemberGroup"]["brokerAddrs"] == {}
+
+
+def test_broker_heartbeat(rs, svc):
+    ok(rs, vector_register(), now=1000)
+    ext = {"clusterName": "DefaultCluster", "brokerAddr": MASTER, "brokerName": "broker-a"}
+    reply = ok(rs, req(904, ext), now=5000)  # without brokerId
+    assert reply.ext_fields is None
+    assert svc.table.liveness("DefaultCluster", MASTER).last_heartbeat == 5000
+    # one-way, as brokers send it: refreshed, nothing answered
+    reply, _ = rs.handle(req(904, ext, flag=FLAG_ONEWAY), LOCAL, 7000)
+    assert reply is None
+    assert svc.table.liveness("DefaultCluster", MASTER).last_heartbeat == 7000
+
+
+def test_unknown_code(rs):
+    reply = call(rs, req(34, opaque=3))
+    assert (reply.code, reply.remark) == (3, " request type 34 not supported")
+    assert call(rs, req(9999)).remark == " request type 9999 not supported"
+
+
+def test_oneway_request_is_never_answered(rs, svc):
+    for cmd in (req(34), req(101, {}), req(103, {"brokerName": "x"}), req(318)):
+        cmd.flag = FLAG_ONEWAY
+        assert rs.handle(cmd, LOCAL, 1000) == (None, [])
+
+
+def test_response_is_ignored(rs, svc):
+    before = observable(svc)
+    cmd = vector_register()
+    cmd.flag = FLAG_RESPONSE
+    assert rs.handle(cmd, LOCAL, 1000) == (None, [])
+    assert observable(svc) == before
+
+
+def test_missing_or_bad_ext_fields_are_system_errors(rs, svc):
+    before = observable(svc)
+    cmd = vector_register()
+    del cmd.ext_fields["brokerAddr"]
+    reply = call(rs, cmd)
+    assert reply.code == 1 and "brokerAddr" in reply.remark
+    cmd = vector_register()
+    cmd.ext_fields["brokerId"] = "zero"
+    reply = call(rs, cmd)
+    assert reply.code == 1 and "brokerId" in reply.remark
+    reply = call(rs, req(105, {}))
+    assert reply.code == 1 and "topic" in reply.remark
+    assert observable(svc) == before
+
+
+# --- ZNS/1 parity ----------------------------------------------------------------------------
+
+
+def test_registration_is_the_zns1_register_broker(svc):
+    rs = RemotingService(svc)
+    other = new_service()
+    revision = svc.table.revision
+    reply, frames = rs.handle(vector_register(), LOCAL, 1000)
+    assert reply.code == 0
+    zns1_frames = other.respond(encode({
+        "op": "register_broker", "id": 1, "cluster": "DefaultCluster",
+        "broker_name": "broker-a", "broker_id": 0, "broker_addr": MASTER,
+        "ha_addr": "127.0.0.1:10912", "incremental": True,
+        "data_version": {"state": 0, "timestamp": 1700000000000, "counter": 3},
+        "topics": {"TopicTest": {"read_queues": 4, "write_queues": 4, "perm": 6}},
+    }), 1000).events
+    assert frames == zns1_frames  # the same events, byte for byte
+    events = decode_events(frames)
+    assert {type(e).__name__ for e in events} == {"BrokerEvent", "RouteEvent"}
+    assert [e.change for e in events if isinstance(e, schema.BrokerEvent)] == ["registered"]
+    assert {e.revision for e in events} == {revision + 1} == {svc.table.revision}
+    assert zns1(svc, "snapshot")["routes"] == zns1(other, "snapshot")["routes"]
+    assert zns1(svc, "get_cluster_info")["brokers"] == {"broker-a": {
+        "cluster": "DefaultCluster", "broker_name": "broker-a", "addrs": {0: MASTER},
+        "zone": ""}}
+    route = zns1(svc, "get_route", topic="TopicTest")["route"]
+    assert route["queues"] == [{"broker_name": "broker-a", "read_queues": 4, "write_queues": 4,
+                                "perm": 6, "sys_flag": 0}]
+
+
+def test_compressed_body_registers_the_same_topics(svc):
+    rs = RemotingService(svc)
+    cmd = vector_register()
+    cmd.body = bytes.fromhex(INLINE["RegisterBrokerBody compressed hex"])
+    cmd.ext_fields.update(compressed="true", bodyCrc32=str(body_crc32(cmd.body)))
+    ok(rs, cmd)
+    plain = new_service()
+    ok(RemotingService(plain), vector_register())
+    assert zns1(svc, "snapshot")["routes"] == zns1(plain, "snapshot")["routes"]
+    assert svc.table.route("TopicTest").queues[0].read_queues == 4
+
+
+@pytest.mark.parametrize("cut", [1, 4, 5, 20])
+def test_truncated_compressed_body_applies_nothing(rs, svc, cut):
+    before = observable(svc)
+    cmd = vector_register()
+    cmd.body = bytes.fromhex(INLINE["RegisterBrokerBody compressed hex"])[:-cut]
+    cmd.ext_fields.update(compressed="true", bodyCrc32="0")
+    reply = call(rs, cmd)
+    assert reply.code == 1 and "zlib" in reply.remark, reply.remark
+    assert observable(svc) == before
+
+
+def test_wrong_crc_applies_nothing(rs, svc):
+    before = observable(svc)
+    cmd = vector_register()
+    cmd.ext_fields["bodyCrc32"] = "12345"
+    reply = call(rs, cmd)
+    assert (reply.code, reply.remark) == (1, "crc32 not match")
+    assert observable(svc) == before
+    cmd.ext_fields["bodyCrc32"] = "0"  # 0: not checked
+    ok(rs, cmd)
+
+
+def zns1_error(svc: NameService, **fields: Any) -> str:
+    reply = zns1(svc, "register_broker", **fields)
+    assert reply["op"] == "error", reply
+    return reply["message"]
+
+
+@pytest.mark.parametrize("topics, zns1_topics", [
+    ({"bad topic": {}}, {"bad topic": {}}),
+    ({"T": {"read": 70000}}, {"T": {"read_queues": 70000}}),
+])
+def test_refused_values_are_system_errors_with_the_zns1_message(rs, svc, topics, zns1_topics):
+    ok(rs, vector_register())
+    before = observable(svc)
+    reply = call(rs, register_cmd(topics=topics, counter=9))
+    message = zns1_error(svc, cluster="DefaultCluster", broker_name="broker-a", broker_id=0,
+                         broker_addr=MASTER, topics=zns1_topics)
+    assert reply.code == 1
+    assert message.split(" - at ")[0] in reply.remark, (reply.remark, message)
+    assert observable(svc) == before
+
+
+def test_limit_is_a_system_error_with_the_zns1_message():
+    svc = new_service(Limits(max_topics=2))
+    rs = RemotingService(svc)
+    ok(rs, register_cmd(topics={"T1": {}}))
+    before = observable(svc)
+    reply = call(rs, register_cmd(topics={"T2": {}, "T3": {}}, counter=4))
+    message = zns1_error(svc, cluster="DefaultCluster", broker_name="broker-a", broker_id=0,
+                         broker_addr=MASTER, topics={"T2": {}, "T3": {}}, incremental=True)
+    assert reply.code == 1 and message in reply.remark and "max_topics" in reply.remark
+    assert observable(svc) == before
+
+
+def test_conflict_is_a_system_error_with_the_zns1_message(rs, svc):
+    ok(rs, register_cmd(state=5))
+    before = observable(svc)
+    reply = call(rs, register_cmd(addr="127.0.0.1:30911", state=1))
+    message = zns1_error(svc, cluster="DefaultCluster", broker_name="broker-a", broker_id=0,
+                         broker_addr="127.0.0.1:30911", data_version={"state": 1})
+    assert reply.code == 1 and message in reply.remark and "held by" in reply.remark
+    assert observable(svc) == before
+
+
+def test_registration_is_incremental(rs, svc):
+    ok(rs, register_cmd(topics={"T1": {}}, counter=1))
+    ok(rs, register_cmd(topics={"T2": {}}, counter=2))  # a broker's new topic, alone
+    assert svc.table.topics() == ["T1", "T2"]
+
+
+def test_heartbeat_timeout_and_zone(rs, svc):
+    ok(rs, register_cmd(extra={"heartbeatTimeoutMillis": "10000", "__ZONE_NAME": "z1"}))
+    assert svc.table.liveness("DefaultCluster", MASTER).timeout_ms == 10000
+    assert svc.table.broker_table()["broker-a"].zone == "z1"
+    body = ok(rs, req(105, {"topic": "TopicTest", "__ZONE_MODE": "true", "__ZONE_NAME": "z1"},
+                      version=479)).body
+    assert json.loads(body)["brokerDatas"][0]["zoneName"] == "z1"
+    body = ok(rs, req(105, {"topic": "TopicTest", "__ZONE_MODE": "true", "__ZONE_NAME": "z2"},
+                      version=479)).body
+    assert json.loads(body)["brokerDatas"] == []
+    legacy = ok(rs, req(105, {"topic": "TopicTest", "__ZONE_MODE": "true", "__ZONE_NAME": "z1"},
+                        version=317)).body
+    assert b'{0:"127.0.0.1:10911"}' in legacy
+
+
+# --- who may write ---------------------------------------------------------------------------
+
+BROKER_REQUESTS = {
+    103: lambda: register_cmd(),
+    104: lambda: req(104, {"brokerName": "broker-a", "brokerAddr": MASTER,
+                           "clusterName": "DefaultCluster", "brokerId": "0"}),
+    322: lambda: req(322, {"brokerName": "broker-a", "brokerAddr": MASTER,
+                           "clusterName": "DefaultCluster", "brokerId": "0"}),
+    904: lambda: req(904, {"brokerName": "broker-a", "brokerAddr": MASTER,
+                           "clusterName": "DefaultCluster"}),
+    217: lambda: req(217, {"topic": "TopicTest"}, INLINE["TopicRouteData plain encode()"].encode()),
+}
+ADMIN_REQUESTS = {
+    100: lambda: req(100, {"namespace": "ns", "key": "k", "value": "v"}),
+    102: lambda: req(102, {"namespace": "ns", "key": "k"}),
+    205: lambda: req(205, {"brokerName": "broker-a"}),
+    216: lambda: req(216, {"topic": "TopicTest"}),
+    327: lambda: req(327, {"brokerName": "broker-a"}),
+}
+
+
+@pytest.mark.parametrize("code", sorted(BROKER_REQUESTS))
+def test_broker_codes_only_from_broker_networks(svc, code, caplog):
+    rs = RemotingService(svc, brokers=parse_networks(["10.0.0.0/8"]))
+    ok(rs, register_cmd(), Connection(9, "10.1.2.3"))
+    ok(rs, req(100, {"namespace": "ns", "key": "k", "value": "v"}))
+    before = observable(svc)
+    for host in ("192.168.1.5", "::ffff:192.168.1.5", "::1", "not-an-address"):
+        with caplog.at_level(logging.WARNING, logger="zns"):
+            reply = call(rs, BROKER_REQUESTS[code](), Connection(2, host))
+        assert reply.code == 16 and "--remoting-brokers" in reply.remark, (host, reply.remark)
+        assert "--remoting-brokers" in caplog.text
+        assert observable(svc) == before
+    for host in ("10.1.2.3", "::ffff:10.1.2.3"):
+        assert call(rs, BROKER_REQUESTS[code](), Connection(3, host)).code == 0
+
+
+@pytest.mark.parametrize("code", sorted(ADMIN_REQUESTS))
+def test_admin_codes_only_from_loopback_by_default(rs, svc, code):
+    ok(rs, register_cmd())
+    ok(rs, req(100, {"namespace": "ns", "key": "k", "value": "v"}))
+    before = observable(svc)
+    for host in ("10.1.2.3", "::ffff:10.1.2.3", "fe80::1%eth0"):
+        reply = call(rs, ADMIN_REQUESTS[code](), Connection(2, host))
+        assert reply.code == 16 and "--remoting-admins" in reply.remark, (host, reply.remark)
+    assert observable(svc) == before
+    for host in ("127.0.0.1", "127.1.2.3", "::1", "::ffff:127.0.0.1"):
+        assert call(rs, ADMIN_REQUESTS[code](), Connection(3, host)).code == 0
+
+
+def test_admin_networks_replace_the_default(svc):
+    rs = RemotingService(svc, admins=parse_networks(["10.0.0.0/8"]))
+    assert call(rs, ADMIN_REQUESTS[100](), Connection(1, "10.9.9.9")).code == 0
+    assert call(rs, ADMIN_REQUESTS[100](), Connection(1, "127.0.0.1")).code == 16
+
+
+def test_reads_are_open(svc):
+    rs = RemotingService(svc, brokers=parse_networks(["10.0.0.0/8"]))
+    ok(rs, register_cmd(), Connection(1, "10.0.0.1"))
+    stranger = Connection(2, "203.0.113.9")
+    for cmd in (req(105, {"topic": "TopicTest"}), req(106), req(206), req(319), req(311),
+                req(224, {"cluster": "DefaultCluster"}),
+                req(901, {"clusterName": "DefaultCluster", "brokerName": "broker-a"})):
+        assert call(rs, cmd, stranger).code == 0, cmd.code
+
+
+def test_parse_networks():
+    assert [str(n) for n in parse_networks(["10.1.2.3/8", "::1", " 192.168.0.0/16 "])] == [
+        "10.0.0.0/8", "::1/128", "192.168.0.0/16"]
+    with pytest.raises(ValueError, match="not a network"):
+        parse_networks(["10.0.0.0/33"])
+
+
+# --- disconnected ----------------------------------------------------------------------------
+
+C1, C2 = Connection(1, "127.0.0.1"), Connection(2, "127.0.0.1")
+HB_EXT = {"clusterName": "DefaultCluster", "brokerAddr": MASTER, "brokerName": "broker-a",
+          "brokerId": "0"}
+
+
+def removed_events(frames: list) -> list[schema.BrokerEvent]:
+    return [e for e in decode_events(frames)
+            if isinstance(e, schema.BrokerEvent) and e.change == "removed"]
+
+
+def test_closing_the_registering_connection_removes_the_address(rs, svc):
+    ok(rs, register_cmd(), C1, now=1000)
+    ok(rs, register_cmd(1, SLAVE), C2, now=1000)
+    assert rs.connection_closed(2, 1500) and rs.connection_closed(2, 1500) == []
+    [event] = removed_events(rs.connection_closed(1, 2000))
+    assert (event.broker_addr, event.reason, event.broker_id) == (MASTER, "disconnected", 0)
+    assert svc.table.liveness("DefaultCluster", MASTER) is None
+    assert "broker-a" not in svc.table.broker_table()
+    assert call(rs, req(105, {"topic": "TopicTest"})).code == 17
+
+
+@pytest.mark.parametrize("code", [904, 322])
+def test_heard_over_another_connection_since_keeps_it(rs, svc, code):
+    ok(rs, register_cmd(), C1, now=1000)
+    ok(rs, req(code, HB_EXT, INLINE["DataVersion"].encode() if code == 322 else b""), C2,
+       now=1500)
+    assert rs.connection_closed(1, 2000) == []
+    assert svc.table.liveness("DefaultCluster", MASTER) is not None
+    [event] = removed_events(rs.connection_closed(2, 2500))
+    assert event.reason == "disconnected"
+
+
+def test_heard_over_zns1_since_keeps_it(rs, svc):
+    ok(rs, register_cmd(), C1, now=1000)
+    assert zns1(svc, "heartbeat", now=1500, cluster="DefaultCluster", broker_name="broker-a",
+                broker_id=0, broker_addr=MASTER)["known"] is True
+    assert rs.connection_closed(1, 2000) == []
+    assert svc.table.liveness("DefaultCluster", MASTER) is not None
+
+
+def test_zns1_broker_heartbeating_over_remoting_is_not_tied_to_the_connection(rs, svc):
+    zns1(svc, "register_broker", now=1000, cluster="DefaultCluster", broker_name="broker-a",
+         broker_id=0, broker_addr=MASTER, topics={"TopicTest": {}})
+    ok(rs, req(904, HB_EXT), C2, now=1500)
+    assert rs.connection_closed(2, 2000) == []
+    assert svc.table.liveness("DefaultCluster", MASTER) is not None
+
+
+def test_reregistered_over_another_connection_keeps_it(rs, svc):
+    ok(rs, register_cmd(), C1, now=1000)
+    ok(rs, register_cmd(), C2, now=1500)
+    assert rs.connection_closed(1, 2000) == []
+    assert removed_events(rs.connection_closed(2, 2000))
+
+
+def test_heartbeat_over_the_same_connection_still_removes(rs, svc):
+    ok(rs, register_cmd(), C1, now=1000)
+    ok(rs, req(904, HB_EXT), C1, now=1500)
+    assert removed_events(rs.connection_closed(1, 2000))
+
+
+def test_unknown_heartbeat_does_not_claim_the_address(rs, svc):
+    ok(rs, register_cmd(), C1, now=1000)
+    ext = dict(HB_EXT, brokerName="other")  # not a name this address registered
+    ok(rs, req(904, ext), C2, now=1500)
+    assert removed_events(rs.connection_closed(1, 2000))
+
+
+# --- route cache -----------------------------------------------------------------------------
+
+
+def test_route_cache_follows_changes(rs, svc):
+    register_pair(rs)
+    both = lambda: [ok(rs, req(105, {"topic": "TopicTest"}, version=v)).body for v in (317, 479)]
+    assert both() == [INLINE["TopicRouteData plain encode()"].encode(),
+                      INLINE["TopicRouteData standard"].encode()]
+    ok(rs, req(205, {"brokerName": "broker-a"}))
+    legacy, standard = both()
+    assert b'"perm":4' in legacy and b'"perm":4' in standard
+    assert loads_lenient(legacy, dict) == json.loads(standard)
+    ok(rs, req(100, {"namespace": ORDER_TOPIC_CONFIG, "key": "TopicTest", "value": "broker-a:4"}))
+    ok(rs, req(327, {"brokerName": "broker-a"}))
+    assert both() == [FRAMES[ROUTE_REPLY]["body"].encode(),
+                      INLINE["TopicRouteData standard w/ orderTopicConf"].encode()]
+    ok(rs, req(216, {"topic": "TopicTest"}))
+    assert call(rs, req(105, {"topic": "TopicTest"})).code == 17
+    ok(rs, register_cmd(counter=7))  # back again
+    assert both()[1] == INLINE["TopicRouteData standard w/ orderTopicConf"].encode()

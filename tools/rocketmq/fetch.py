@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Fetch the Apache RocketMQ 5.3.3 jars once, into a cache outside git.
+
+    python3 tools/rocketmq/fetch.py            # fetch what is missing, print the cache path
+    python3 tools/rocketmq/fetch.py --check    # exit 0 when the cache is complete, 1 otherwise
+
+The cache is ``$ZNS_ROCKETMQ_CACHE`` or ``~/.cache/zns/rocketmq-5.3.3``; it holds one
+classpath folder per process kind (``namesrv/``, ``broker/``, ``client/``, ``tools/``),
+a Maven local repository of its own (``m2/``) and a stamp file per kind. Every RocketMQ
+jar ships its own ``rmq.<kind>.logback.xml`` and the first one found on the classpath
+wins, so the kinds must not share a folder.
+
+A kind whose stamp matches ``pom.xml`` is not fetched again: a second run costs a hash
+of the pom. Only the standard library is used, so the Makefile can run this before the
+virtualenv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+VERSION = "5.3.3"
+KINDS = ("namesrv", "broker", "client", "tools")
+POM = Path(__file__).resolve().with_name("pom.xml")
+
+
+class FetchError(RuntimeError):
+    """Maven could not bring the jars (no network, no Maven, a broken cache)."""
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("ZNS_ROCKETMQ_CACHE")
+    if env:
+        return Path(env).expanduser().resolve()
+    return Path.home() / ".cache" / "zns" / f"rocketmq-{VERSION}"
+
+
+def _pom_digest() -> str:
+    return hashlib.sha256(POM.read_bytes()).hexdigest()[:16]
+
+
+def _stamp(cache: Path, kind: str) -> Path:
+    return cache / f".{kind}.stamp"
+
+
+def kind_ready(kind: str, cache: Path | None = None) -> bool:
+    cache = cache or cache_dir()
+    stamp = _stamp(cache, kind)
+    return stamp.is_file() and stamp.read_text().strip() == _pom_digest() and (cache / kind).is_dir()
+
+
+def all_ready(cache: Path | None = None) -> bool:
+    return all(kind_ready(kind, cache) for kind in KINDS)
+
+
+def classpath(kind: str, cache: Path | None = None) -> str:
+    """The ``-cp`` value for one process kind (a folder wildcard, expanded by the JVM)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
+    return str((cache or cache_dir()) / kind / "*")
+
+
+@contextlib.contextmanager
+def _locked(cache: Path) -> Iterator[None]:
+    """One fetch at a time per cache (make and pytest may race on a fresh machine)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _fetch_kind(kind: str, cache: Path, mvn: str, log) -> None:
+    staging = cache / f".{kind}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    cmd = [
+        mvn, "-B", "-q", "-f", str(POM), "-P", kind,
+        f"-Dmaven.repo.local={cache / 'm2'}",
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={staging}",
+        "-DincludeScope=runtime",
+    ]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0 or not any(staging.glob(f"rocketmq-*-{VERSION}.jar")):
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
+        shutil.rmtree(staging, ignore_errors=True)
+        raise FetchError(f"mvn failed for {kind} (exit {proc.returncode}):\n{tail}")
+    final = cache / kind
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    _stamp(cache, kind).write_text(_pom_digest() + "\n")
+    log(f"rocketmq {VERSION}: {kind} classpath ready in {time.monotonic() - started:.1f} s "
+        f"({len(list(final.iterdir()))} jars)")
+
+
+def ensure(cache: Path | None = None, log=lambda msg: print(msg, file=sys.stderr)) -> Path:
+    """Fetch every kind that is missing or stale; return the cache folder."""
+    cache = cache or cache_dir()
+    if all_ready(cache):
+        return cache
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise FetchError("mvn not found on PATH")
+    with _locked(cache):
+        for kind in KINDS:
+            if not kind_ready(kind, cache):
+                _fetch_kind(kind, cache, mvn, log)
+    return cache
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report whether the cache is complete")
+    args = parser.parse_args(argv)
+    if args.check:
+        ok = all_ready()
+        print(cache_dir() if ok else f"incomplete: {cache_dir()}")
+        return 0 if ok else 1
+    try:
+        print(ensure())
+    except (FetchError, subprocess.TimeoutExpired) as exc:
+        print(f"rocketmq jars: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
