@@ -150,3 +150,33 @@ def test_broker_command_reports_a_bad_address_as_a_usage_error():
                                     "--ns", DEAD])
     assert out.exit_code == 2, out.output
     assert "broker address" in out.output and out.exception.__class__ is SystemExit
+
+
+@pytest.mark.timeout(30)
+def test_status_exits_1_on_an_error_reply_and_3_when_nothing_answers(server):
+    import zmq
+
+    from zns.core import schema
+
+    ctx = zmq.Context.instance()
+    refusing = ctx.socket(zmq.ROUTER)
+    refusing.setsockopt(zmq.LINGER, 0)
+    port = refusing.bind_to_random_port("tcp://127.0.0.1")
+
+    def answer_with_an_error() -> None:
+        if refusing.poll(10_000):
+            routing_id, body = refusing.recv_multipart()
+            request = schema.decode_request(body)
+            refusing.send_multipart([routing_id, schema.encode(
+                {"op": "error", "id": request.id, "code": "no_permission", "message": "no"})])
+
+    thread = threading.Thread(target=answer_with_an_error)
+    thread.start()
+    try:
+        result = run("status", ns=f"{server.router};tcp://127.0.0.1:{port}")
+        assert result.exit_code == 1, result.output
+        assert "error no_permission" in result.output
+        assert run("status", ns=DEAD).exit_code == 3
+    finally:
+        thread.join(15)
+        refusing.close(0)

@@ -135,3 +135,23 @@ def test_limits_come_from_the_command_line(process_server):
         assert refused(reply, "max_kv_entries"), reply
     finally:
         peer.close()
+
+
+def test_every_address_past_the_first_counts_in_every_route_of_its_broker():
+    # One broker name with many addresses is listed whole in each of its routes: 3 topics
+    # x 4 addresses is 12 entries of route state, not 3, and --max-queues must see that.
+    service = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0,
+                          limits=Limits(max_queues=10))
+    ok(service, "register_broker", **register_fields(topics=topics("A", "B", "C")))
+    for broker_id in (1, 2):
+        ok(service, "register_broker", **register_fields(
+            broker_id=broker_id, addr=f"10.0.0.1:{10911 + broker_id}", topics=topics("A", "B", "C")))
+    assert service.table.queue_weight() == 9
+    before = state(service)
+    reply = call(service, "register_broker", **register_fields(
+        broker_id=3, addr="10.0.0.1:10914", topics=topics("A", "B", "C")))
+    assert refused(reply, "max_queues")  # 9 + 3 > 10
+    assert state(service) == before
+    # Re-registering an address already held is not a new entry.
+    ok(service, "register_broker", **register_fields(broker_id=2, addr="10.0.0.1:10913",
+                                                      topics=topics("A", "B", "C")))

@@ -215,18 +215,23 @@ def status(target: Target) -> None:
     else:
         rows = []
         for ep, r in results.items():
-            if isinstance(r, Exception):
+            if isinstance(r, ErrorReply):
+                rows.append([ep, f"error {r.code}", "", "", "", "", "", ""])
+            elif isinstance(r, Exception):
                 rows.append([ep, "unreachable", "", "", "", "", "", ""])
             else:
                 rows.append([ep, r.epoch, r.revision, r.version, f"{r.uptime_ms / 1000:.0f}s",
                              r.brokers, r.topics, r.pub_endpoint])
         click.echo(table(["nameserver", "epoch", "revision", "version", "uptime", "brokers",
                           "topics", "events"], rows))
-    failed = [ep for ep, r in results.items() if isinstance(r, Exception)]
-    for ep in failed:
-        click.echo(f"zns: {results[ep]}", err=True)
-    if failed:
-        sys.exit(EXIT_UNREACHABLE)
+    worst = 0
+    for ep, r in results.items():
+        if isinstance(r, Exception):
+            click.echo(f"zns: {ep}: {r}", err=True)
+            # An answer that is an error (say no_permission) is 1; no answer at all is 3.
+            worst = max(worst, EXIT_ERROR_REPLY if isinstance(r, ErrorReply) else EXIT_UNREACHABLE)
+    if worst:
+        sys.exit(worst)
 
 
 @click.command()

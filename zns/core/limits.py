@@ -54,7 +54,10 @@ class Limits:
                     _refuse("max_brokers", self.max_brokers, f"broker address {addr} would be new")
                 # Conservative: its topics and filter servers are counted before what it drops.
                 weight = table.queue_weight()
-                servers = len(request.filter_servers)
+                # A second (third, ...) address of this name is one more entry in each route.
+                servers = len(request.filter_servers) + (
+                    1 if table.has_broker(name) and name not in table.names_of(cluster, addr)
+                    else 0)
                 name_topics = len(topics) + (
                     table.broker_topic_count(name) if request.incremental else 0)
                 after = (weight - table.broker_weight(name)
@@ -64,7 +67,8 @@ class Limits:
                 if after > weight and after > self.max_queues:
                     _refuse("max_queues", self.max_queues,
                             f"{after - weight} more queue entries (topic x broker name, "
-                            "each filter server of the broker's addresses counted as one more)")
+                            "each filter server and each address past the first of the broker "
+                            "counted as one more)")
                 count = table.topic_count()
                 if count + len(topics) > self.max_topics:
                     new = sum(1 for topic in topics if not table.has_topic(topic))

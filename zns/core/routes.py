@@ -120,7 +120,8 @@ class RouteTable:
         # Filter servers listed by the addresses of each broker name (absent: none). Every
         # route of the name carries them, so each one weighs like a queue entry per topic.
         self._fs_count: dict[str, int] = {}
-        self._queue_weight = 0  # sum over broker names of topics x (1 + filter servers)
+        # Sum over broker names of topics x (1 + filter servers + addresses past the first).
+        self._queue_weight = 0
         self._brokers: dict[str, BrokerRecord] = {}
         self._clusters: dict[str, set[str]] = {}
         self._live: dict[LiveKey, Liveness] = {}
@@ -141,35 +142,61 @@ class RouteTable:
     # --- broker ops (§4) --------------------------------------------------
 
     def register_broker(self, req: RegisterBroker, now: int) -> RegisterOutcome:
-        name, cluster, addr, broker_id = req.broker_name, req.cluster, req.broker_addr, req.broker_id
+        """§4 `register_broker`, all-or-nothing: the one refusal is checked before any change."""
         self.observe(now)
-        rec = self._brokers.get(name)
-        if rec is not None:
-            holder = rec.addrs.get(broker_id)
-            if holder is not None and holder != addr:
-                holder_live = self._live.get((rec.addr_cluster[holder], holder))
-                if holder_live and holder_live.data_version.state > req.data_version.state:
-                    raise Conflict(
-                        f"broker {name!r} id {broker_id} is held by {holder} with "
-                        f"data_version.state {holder_live.data_version.state} > "
-                        f"{req.data_version.state}"
-                    )
-
+        self._refuse_conflict(req)
         ch = _Changes()
-        key = (cluster, addr)
-        live = self._live.get(key)
-        stored_version = live.data_version if live else None
-        held_before = rec is not None and rec.addrs.get(broker_id) == addr and (
-            rec.addr_cluster.get(addr) == cluster
-        )
+        key = (req.cluster, req.broker_addr)
+        before = self._live.get(key)  # what the table held of this address before the request
+        stored_version = before.data_version if before else None
+        rec = self._brokers.get(req.broker_name)
+        held_before = rec is not None and rec.addrs.get(req.broker_id) == req.broker_addr and (
+            rec.addr_cluster.get(req.broker_addr) == req.cluster)
+        rec = self._join_cluster(req, ch)                                     # step 1
+        old_id = self._move_address(rec, req, ch)                             # steps 2 and 3
+        self._record_address(rec, req, old_id, before, ch)
+        live = self._record_liveness(req, now)                                # step 5
+        if self._is_topic_source(rec, req.broker_id) and (
+                not held_before or stored_version != req.data_version):
+            self._apply_topics(req.broker_name, req, ch)                      # step 4
+        self._set_filter_servers(key, req.filter_servers, live, ch)           # step 6
+        master_addr, ha_addr = self._master_of(rec, req.broker_id)
+        return RegisterOutcome(master_addr, ha_addr, self._commit(ch))
+
+    # --- the steps of register_broker, in order -----------------------------
+
+    def _refuse_conflict(self, req: RegisterBroker) -> None:
+        """Step 3's refusal: another address holds this id with a newer state version."""
+        rec = self._brokers.get(req.broker_name)
         if rec is None:
-            rec = self._brokers[name] = BrokerRecord(cluster, name, req.zone)
-            self._broker_topics[name] = set()
+            return
+        holder = rec.addrs.get(req.broker_id)
+        if holder is None or holder == req.broker_addr:
+            return
+        holder_live = self._live.get((rec.addr_cluster[holder], holder))
+        if holder_live and holder_live.data_version.state > req.data_version.state:
+            raise Conflict(
+                f"broker {req.broker_name!r} id {req.broker_id} is held by {holder} with "
+                f"data_version.state {holder_live.data_version.state} > "
+                f"{req.data_version.state}"
+            )
+
+    def _join_cluster(self, req: RegisterBroker, ch: _Changes) -> BrokerRecord:
+        """Step 1: the broker name's record, created if absent; its zone is overwritten."""
+        rec = self._brokers.get(req.broker_name)
+        if rec is None:
+            rec = self._brokers[req.broker_name] = BrokerRecord(
+                req.cluster, req.broker_name, req.zone)
+            self._broker_topics[req.broker_name] = set()
             ch.structural = True
         elif rec.zone != req.zone:
             rec.zone = req.zone
             self._touch_broker(rec, ch, structural=True)
+        return rec
 
+    def _move_address(self, rec: BrokerRecord, req: RegisterBroker, ch: _Changes) -> int | None:
+        """Steps 2 and 3: free the id and the address; returns the id the address had (None: new)."""
+        name, cluster, addr, broker_id = req.broker_name, req.cluster, req.broker_addr, req.broker_id
         # Step 2: the same address under another id (a promotion or demotion).
         old_id = rec.id_of(addr)
         if old_id is not None and rec.addr_cluster[addr] != cluster:
@@ -177,7 +204,7 @@ class RouteTable:
             old_id = None
         if old_id is not None and old_id != broker_id:
             del rec.addrs[old_id]
-        # Step 3: another address holding this id (the conflict check passed above).
+        # Step 3: another address holding this id (the conflict check passed already).
         holder = rec.addrs.get(broker_id)
         if holder is not None and holder != addr:
             self._remove_addr(rec, holder, "displaced", ch)
@@ -185,7 +212,12 @@ class RouteTable:
             rec.cluster = cluster
             self._brokers[name] = rec
             self._broker_topics[name] = set()
+        return old_id
 
+    def _record_address(self, rec: BrokerRecord, req: RegisterBroker, old_id: int | None,
+                        before: Liveness | None, ch: _Changes) -> None:
+        """The address takes its id in its cluster; `registered` or `updated` when that is news."""
+        name, cluster, addr, broker_id = req.broker_name, req.cluster, req.broker_addr, req.broker_id
         rec.addrs[broker_id] = addr
         rec.addr_cluster[addr] = cluster
         members = self._clusters.setdefault(cluster, set())
@@ -194,50 +226,56 @@ class RouteTable:
             ch.structural = True
         if old_id is None:
             change = "registered"
-        elif old_id != broker_id or (live is not None and live.ha_addr != req.ha_addr):
+        elif old_id != broker_id or (before is not None and before.ha_addr != req.ha_addr):
             change = "updated"
         else:
-            change = ""
-        if change:
-            self._touch_broker(rec, ch, structural=True)
-            ch.broker_events.append(self._broker_event(rec, broker_id, addr, cluster, change, ""))
+            return
+        self._touch_broker(rec, ch, structural=True)
+        ch.broker_events.append(self._broker_event(rec, broker_id, addr, cluster, change, ""))
 
-        # Step 5: liveness.
+    def _record_liveness(self, req: RegisterBroker, now: int) -> Liveness:
+        """Step 5: alive now, with the broker's timeout, DataVersion and HA address."""
+        key = (req.cluster, req.broker_addr)
+        live = self._live.get(key)
         if live is None:
             live = self._live[key] = Liveness(
-                cluster, addr, now, req.heartbeat_timeout_ms, req.data_version, req.ha_addr
+                req.cluster, req.broker_addr, now, req.heartbeat_timeout_ms, req.data_version,
+                req.ha_addr,
             )
         else:
             live.heard(now)
             live.timeout_ms = req.heartbeat_timeout_ms
             live.data_version = req.data_version
             live.ha_addr = req.ha_addr
-        live.names.add(name)
+        live.names.add(req.broker_name)
         self._schedule(live)
+        return live
 
-        # Step 4: topic data, only from the master (or the lowest id while no master).
-        is_source = broker_id == MASTER_ID or (
-            MASTER_ID not in rec.addrs and broker_id == min(rec.addrs)
-        )
-        if is_source and (not held_before or stored_version != req.data_version):
-            self._apply_topics(name, req, ch)
+    @staticmethod
+    def _is_topic_source(rec: BrokerRecord, broker_id: int) -> bool:
+        """Step 4's source: the master, or the lowest id while no master is registered."""
+        return broker_id == MASTER_ID or (MASTER_ID not in rec.addrs and broker_id == min(rec.addrs))
 
-        # Step 6: filter servers.
-        if self._filter_servers.get(key, []) != req.filter_servers:
-            if req.filter_servers:
-                self._filter_servers[key] = list(req.filter_servers)
-            else:
-                del self._filter_servers[key]
-            # The list is keyed by (cluster, addr): every broker name listing it shows it.
-            for listing in live.names:
-                self._touch_broker(self._brokers[listing], ch)
+    def _set_filter_servers(self, key: LiveKey, servers: list[str], live: Liveness,
+                            ch: _Changes) -> None:
+        """Step 6: the address's filter servers are replaced (an empty list removes them)."""
+        if self._filter_servers.get(key, []) == servers:
+            return
+        if servers:
+            self._filter_servers[key] = list(servers)
+        else:
+            del self._filter_servers[key]
+        # The list is keyed by (cluster, addr): every broker name listing it shows it.
+        for listing in live.names:
+            self._touch_broker(self._brokers[listing], ch)
 
-        master_addr = ha_addr = ""
-        if broker_id != MASTER_ID and MASTER_ID in rec.addrs:
-            master_addr = rec.addrs[MASTER_ID]
-            master_live = self._live.get((rec.addr_cluster[master_addr], master_addr))
-            ha_addr = master_live.ha_addr if master_live else ""
-        return RegisterOutcome(master_addr, ha_addr, self._commit(ch))
+    def _master_of(self, rec: BrokerRecord, broker_id: int) -> tuple[str, str]:
+        """The reply: a slave learns its master's address and HA address, when registered."""
+        if broker_id == MASTER_ID or MASTER_ID not in rec.addrs:
+            return "", ""
+        master_addr = rec.addrs[MASTER_ID]
+        master_live = self._live.get((rec.addr_cluster[master_addr], master_addr))
+        return master_addr, master_live.ha_addr if master_live else ""
 
     def heartbeat(
         self, cluster: str, name: str, addr: str, data_version: DataVersion, now: int
@@ -455,7 +493,7 @@ class RouteTable:
         return self._queue_count
 
     def queue_weight(self) -> int:
-        """Queue entries, each filter server its routes carry counted as one more (limits)."""
+        """Queue entries, each filter server and extra address a route carries counted as one more."""
         return self._queue_weight
 
     def broker_weight(self, name: str) -> int:
@@ -463,7 +501,7 @@ class RouteTable:
         return len(self._broker_topics.get(name, ())) * (1 + self._fs_count.get(name, 0))
 
     def filter_server_count(self, name: str) -> int:
-        """Filter servers the addresses of this broker name list."""
+        """Filter servers the addresses of this broker name list, plus its addresses past the first."""
         return self._fs_count.get(name, 0)
 
     def names_of(self, cluster: str, addr: str) -> set[str]:
@@ -526,10 +564,17 @@ class RouteTable:
             del self._queue_values[queue]
 
     def _count_filter_servers(self, name: str) -> None:
-        """Recount the filter servers of one broker name's addresses (and the weight)."""
+        """Recount what one broker name adds to each of its routes beyond one queue entry.
+
+        Every route of the name lists each of its addresses and their filter servers, so
+        both count: the filter servers, and every address past the first. That makes
+        `queue_weight` (and so --max-queues) bound what the routes hold, whatever the
+        shape of the registrations.
+        """
         rec = self._brokers.get(name)
         count = 0
         if rec is not None:
+            count += max(0, len(rec.addr_cluster) - 1)
             for addr, cluster in rec.addr_cluster.items():
                 count += len(self._filter_servers.get((cluster, addr), ()))
         old = self._fs_count.get(name, 0)

@@ -280,7 +280,8 @@ class GetTopicsReply(Reply, tag="get_topics"):
 class SnapshotReply(Reply, tag="snapshot"):
     epoch: str
     revision: int
-    routes: dict[str, TopicRoute | Raw]
+    # The server sends the map pre-encoded (Raw, once per revision); a client decodes it.
+    routes: dict[str, TopicRoute | Raw] | Raw
     brokers: dict[str, BrokerData]
     clusters: dict[str, list[str]]
 

@@ -109,6 +109,7 @@ class NameService:
         self.limits = limits or Limits()
         self.peers: dict[str, bool] = {}  # peer endpoint -> connected (§10, set by the server)
         self._route_bytes: dict[str, Raw] = {}  # each route encoded once per change
+        self._snapshot_routes: tuple[int, Raw] = (-1, Raw(b""))  # (revision, encoded map)
         for topic, value in kv.list(ORDER_TOPIC_CONFIG).items():
             self.table.set_order_conf(topic, value)
 
@@ -173,99 +174,124 @@ class NameService:
     # --- dispatch -------------------------------------------------------
 
     def handle(self, request: AnyRequest, now: int) -> tuple[Reply, list[RouteEvent | BrokerEvent]]:
-        """Apply one validated request; raises an ErrorReply on refusal."""
-        table = self.table
-        rid = request.id
+        """Apply one validated request; raises an ErrorReply on refusal. One line per op."""
+        t, rid = self.table, request.id
         match request:
-            case GetRoute(topic=topic, zone=zone):
-                route = self._route_bytes.get(topic)
-                if route is None:
-                    raise NotFound(f"no route for topic {topic!r}", table.topic_revision(topic))
-                if zone:
-                    route = filter_zone(table.route(topic), zone)
-                return GetRouteReply(
-                    id=rid, route=route, revision=table.topic_revision(topic), epoch=self.epoch
-                ), []
+            case GetRoute():
+                return self._get_route(request), []
             case Heartbeat(cluster=c, broker_name=n, broker_addr=a, data_version=v):
-                known, changed = table.heartbeat(c, n, a, v, now)
+                known, changed = t.heartbeat(c, n, a, v, now)
                 return HeartbeatReply(id=rid, known=known, changed=changed), []
             case RegisterBroker():
-                try:
-                    outcome = table.register_broker(request, now)
-                except ErrorReply as exc:
-                    log.warning("broker %s/%s id %d at %s refused: %s", request.cluster,
-                                request.broker_name, request.broker_id, request.broker_addr, exc)
-                    raise
-                reply = RegisterBrokerReply(
-                    id=rid, master_addr=outcome.master_addr, ha_addr=outcome.ha_addr
-                )
-                return reply, outcome.events
+                return self._register_broker(request, now)
             case UnregisterBroker(cluster=c, broker_name=n, broker_addr=a):
-                removed, events = table.unregister_broker(c, n, a)
-                return UnregisterBrokerReply(id=rid, removed=removed), events
+                return _with_events(UnregisterBrokerReply, rid, "removed",
+                                    t.unregister_broker(c, n, a))
             case GetRoutes(topics=topics):
-                routes, revisions, missing = {}, {}, []
-                for topic in topics:
-                    revisions[topic] = table.topic_revision(topic)
-                    route = self._route_bytes.get(topic)
-                    if route is None:
-                        missing.append(topic)
-                    else:
-                        routes[topic] = route
-                return GetRoutesReply(
-                    id=rid, routes=routes, revisions=revisions, missing=missing, epoch=self.epoch
-                ), []
+                return self._get_routes(rid, topics), []
             case GetClusterInfo():
-                return GetClusterInfoReply(
-                    id=rid, brokers=table.broker_table(), clusters=table.cluster_table(),
-                    live=table.live_brokers(now),
-                ), []
+                return GetClusterInfoReply(id=rid, brokers=t.broker_table(),
+                                           clusters=t.cluster_table(),
+                                           live=t.live_brokers(now)), []
             case GetTopics(cluster=cluster, sys_flag=sys_flag):
-                return GetTopicsReply(id=rid, topics=table.topics(cluster, sys_flag)), []
+                return GetTopicsReply(id=rid, topics=t.topics(cluster, sys_flag)), []
             case Snapshot():
-                return SnapshotReply(
-                    id=rid, epoch=self.epoch, revision=table.revision,
-                    routes={t: self._route_bytes.get(t) for t in sorted(table.routes())},
-                    brokers=table.broker_table(), clusters=table.cluster_table(),
-                ), []
+                return self._snapshot(rid), []
             case Status():
-                return StatusReply(
-                    id=rid, epoch=self.epoch, revision=table.revision, version=__version__,
-                    uptime_ms=max(0, now - self.started_at_ms), brokers=table.broker_count(),
-                    topics=table.topic_count(), pub_endpoint=self.pub_endpoint,
-                    peers=dict(self.peers),
-                ), []
+                return self._status(rid, now), []
             case WipeWritePerm(broker_name=name):
-                changed, events = table.wipe_write_perm(name)
-                return WipeWritePermReply(id=rid, changed=changed), events
+                return _with_events(WipeWritePermReply, rid, "changed", t.wipe_write_perm(name))
             case AddWritePerm(broker_name=name):
-                changed, events = table.add_write_perm(name)
-                return AddWritePermReply(id=rid, changed=changed), events
+                return _with_events(AddWritePermReply, rid, "changed", t.add_write_perm(name))
             case DeleteTopic(topic=topic, cluster=cluster):
-                removed, events = table.delete_topic(topic, cluster)
-                return DeleteTopicReply(id=rid, removed=removed), events
+                return _with_events(DeleteTopicReply, rid, "removed",
+                                    t.delete_topic(topic, cluster))
             case RegisterTopic(topic=topic, queues=queues):
-                return RegisterTopicReply(id=rid), table.register_topic(topic, queues)
+                return RegisterTopicReply(id=rid), t.register_topic(topic, queues)
             case KvPut(namespace=ns, key=key, value=value):
-                # The durable write first: it is the step that can fail (`internal`, nothing
-                # changed). set_order_conf refuses nothing, so the route change cannot fail
-                # after it; in the other order a failed write would leave a revision bumped
-                # and an event published for a value that is not stored.
-                self._kv_write(self.kv.put, ns, key, value)
-                events = table.set_order_conf(key, value) if ns == ORDER_TOPIC_CONFIG else []
-                return KvPutReply(id=rid), events
+                return KvPutReply(id=rid), self._kv_change(self.kv.put, ns, key, value)[1]
             case KvGet(namespace=ns, key=key):
-                value = self.kv.get(ns, key)
-                if value is None:
-                    raise NotFound(f"no KV entry {key!r} in namespace {ns!r}")
-                return KvGetReply(id=rid, value=value), []
+                return KvGetReply(id=rid, value=self._kv_get(ns, key)), []
             case KvDelete(namespace=ns, key=key):
-                removed = self._kv_write(self.kv.delete, ns, key)
-                events = table.set_order_conf(key, None) if ns == ORDER_TOPIC_CONFIG else []
-                return KvDeleteReply(id=rid, removed=removed), events
+                return _with_events(KvDeleteReply, rid, "removed",
+                                    self._kv_change(self.kv.delete, ns, key, None))
             case KvList(namespace=ns):
                 return KvListReply(id=rid, entries=self.kv.list(ns)), []
         raise Internal(f"no handler for {type(request).__name__}")
+
+    # --- the ops that take more than a line -------------------------------------
+
+    def _get_route(self, request: GetRoute) -> GetRouteReply:
+        table, topic = self.table, request.topic
+        route = self._route_bytes.get(topic)
+        if route is None:
+            raise NotFound(f"no route for topic {topic!r}", table.topic_revision(topic))
+        if request.zone:
+            route = filter_zone(table.route(topic), request.zone)
+        return GetRouteReply(id=request.id, route=route, revision=table.topic_revision(topic),
+                             epoch=self.epoch)
+
+    def _register_broker(self, request: RegisterBroker,
+                         now: int) -> tuple[Reply, list[RouteEvent | BrokerEvent]]:
+        try:
+            outcome = self.table.register_broker(request, now)
+        except ErrorReply as exc:
+            log.warning("broker %s/%s id %d at %s refused: %s", request.cluster,
+                        request.broker_name, request.broker_id, request.broker_addr, exc)
+            raise
+        reply = RegisterBrokerReply(id=request.id, master_addr=outcome.master_addr,
+                                    ha_addr=outcome.ha_addr)
+        return reply, outcome.events
+
+    def _get_routes(self, rid: int, topics: list[str]) -> GetRoutesReply:
+        routes, revisions, missing = {}, {}, []
+        for topic in topics:
+            revisions[topic] = self.table.topic_revision(topic)
+            route = self._route_bytes.get(topic)
+            if route is None:
+                missing.append(topic)
+            else:
+                routes[topic] = route
+        return GetRoutesReply(id=rid, routes=routes, revisions=revisions, missing=missing,
+                              epoch=self.epoch)
+
+    def _snapshot(self, rid: int) -> SnapshotReply:
+        """One consistent cut; its route map is encoded once per revision, however often asked."""
+        table = self.table
+        if self._snapshot_routes[0] != table.revision:
+            routes = Raw(encode({t: self._route_bytes[t] for t in sorted(self._route_bytes)}))
+            self._snapshot_routes = (table.revision, routes)
+        return SnapshotReply(
+            id=rid, epoch=self.epoch, revision=table.revision, routes=self._snapshot_routes[1],
+            brokers=table.broker_table(), clusters=table.cluster_table(),
+        )
+
+    def _status(self, rid: int, now: int) -> StatusReply:
+        table = self.table
+        return StatusReply(
+            id=rid, epoch=self.epoch, revision=table.revision, version=__version__,
+            uptime_ms=max(0, now - self.started_at_ms), brokers=table.broker_count(),
+            topics=table.topic_count(), pub_endpoint=self.pub_endpoint, peers=dict(self.peers),
+        )
+
+    def _kv_get(self, ns: str, key: str) -> str:
+        value = self.kv.get(ns, key)
+        if value is None:
+            raise NotFound(f"no KV entry {key!r} in namespace {ns!r}")
+        return value
+
+    def _kv_change(self, write: Callable[..., bool], ns: str, key: str,
+                   value: str | None) -> tuple[bool, list[RouteEvent | BrokerEvent]]:
+        """A durable KV write, then (for ORDER_TOPIC_CONFIG) the route change it makes.
+
+        The durable write comes first: it is the step that can fail (`internal`, nothing
+        changed). set_order_conf refuses nothing, so the route change cannot fail after
+        it; in the other order a failed write would leave a revision bumped and an event
+        published for a value that is not stored.
+        """
+        args = (ns, key) if value is None else (ns, key, value)
+        done = self._kv_write(write, *args)
+        return done, self.table.set_order_conf(key, value) if ns == ORDER_TOPIC_CONFIG else []
 
     # --- internals --------------------------------------------------------
 
@@ -289,6 +315,14 @@ class NameService:
                 _log_broker_event(event)
             frames.append((event_channel(event), encode(event)))
         return frames
+
+
+def _with_events(reply: type, rid: int, field: str,
+                 outcome: tuple[object, list[RouteEvent | BrokerEvent]]
+                 ) -> tuple[Reply, list[RouteEvent | BrokerEvent]]:
+    """A reply with one field from a table call's (value, events)."""
+    value, events = outcome
+    return reply(id=rid, **{field: value}), events
 
 
 def _log_broker_event(event: BrokerEvent) -> None:
