@@ -1,4 +1,4 @@
-"""Peer hints at work (PROTOCOL §10): three NameServers, one broker falls silent.
+"""Peer hints at work (docs/protocol.md §10): three NameServers, one broker falls silent.
 
 Starts three `zns serve` processes that take hints from each other, registers
 one broker with all three — with a 1 s heartbeat timeout on A, 60 s on B and

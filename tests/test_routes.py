@@ -1,4 +1,4 @@
-"""Unit tests of the sans-I/O route table: every rule of PROTOCOL.md §4–§8, with an injected clock.
+"""Unit tests of the sans-I/O route table: every rule of docs/protocol.md §4–§8, with an injected clock.
 
 Scenarios ported from Apache RocketMQ's RouteInfoManager tests
 (namesrv/src/test/java/org/apache/rocketmq/namesrv/routeinfo/) say so in a

@@ -4,7 +4,7 @@ Random sequences of broker, admin and clock operations, drawn from small pools
 of names and addresses so that ids, addresses, clusters and topics collide.
 After every step the table must be internally consistent, and a client that
 replays every route event from an empty cache must hold exactly `routes()`,
-with an unbroken `prev` chain (PROTOCOL.md §7).
+with an unbroken `prev` chain (docs/protocol.md §7).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ZNS/1 wire schema: every request, reply and event as a tagged msgspec Struct.
 
-This module is the single definition of the contract in ``shared/PROTOCOL.md``.
+This module is the single definition of the contract that ``docs/protocol.md`` describes.
 Every bound of §3 is expressed here as a type, so the one typed decoder
 (`decode_request`) is the only validation there is. Everything else in zns
 imports from here; this module imports nothing of zns.
