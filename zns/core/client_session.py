@@ -213,6 +213,15 @@ class ClientSession:
         self._notify(self.cache.apply_event(event))
         self._pull_stale(now)
 
+    def on_events_disconnected(self, now: int) -> None:
+        """The SUB's connection dropped: a relay or the NameServer's PUB went away, or
+        the network did. Events published until it reconnects are lost without a gap
+        to show (a topic may change once and never again), so re-pull after the next `hb`."""
+        if self.pub_endpoint is not None:
+            log.info("events connection to %s dropped: pulling again once it is back",
+                     self.pub_endpoint)
+            self.cache.subscription_lost()
+
     def on_timer(self, now: int) -> None:
         if self._resume_at is not None:
             if now >= self._resume_at:

@@ -80,6 +80,7 @@ class SessionSockets:
         self.ctx = ctx
         self.dealer: Any = None
         self.sub: Any = None
+        self.monitor: Any = None  # the SUB's disconnections (a relay restart, a network cut)
         self._plain: dict[Any, zmq.Socket] = {}
 
     def carry_out(self, action: Connect | ConnectSub | Subscribe | Unsubscribe) -> None:
@@ -89,8 +90,10 @@ class SessionSockets:
                 if endpoint is not None:
                     self.dealer = self._open(zmq.DEALER, endpoint)
             case ConnectSub(endpoint=endpoint):
-                self._close(self.sub)
+                self._close_sub()
                 self.sub = self._open(zmq.SUB, endpoint)
+                self.monitor = self.sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                self._plain[self.monitor] = zmq.Socket.shadow(self.monitor.underlying)
             case Subscribe(channel=channel):
                 if self.sub is not None:
                     self._plain[self.sub].setsockopt(zmq.SUBSCRIBE, channel)
@@ -113,12 +116,25 @@ class SessionSockets:
 
     def readable(self) -> list[Any]:
         """The open sockets, for the driver's poller."""
-        return [sock for sock in (self.dealer, self.sub) if sock is not None]
+        return [sock for sock in (self.dealer, self.sub, self.monitor) if sock is not None]
+
+    def disconnected(self) -> bool:
+        """Read the SUB's monitor: did its connection drop since the last call?"""
+        return bool(self.monitor is not None and recv_all(self._plain[self.monitor]))
 
     def close(self) -> None:
-        for sock in (self.dealer, self.sub):
-            self._close(sock)
-        self.dealer = self.sub = None
+        self._close_sub()
+        self._close(self.dealer)
+        self.dealer = None
+
+    def _close_sub(self) -> None:
+        if self.monitor is not None:
+            self._plain.pop(self.monitor, None)
+            self.sub.disable_monitor()
+            self.monitor.close(0)
+            self.monitor = None
+        self._close(self.sub)
+        self.sub = None
 
     def _open(self, kind: int, endpoint: str) -> Any:
         sock = open_socket(self.ctx, kind, endpoint)
@@ -229,6 +245,8 @@ class ClientDriver:
                 if self._on_event is not None:
                     _safely(self._on_event, body)
                 session.on_event(body, now)
+        if sockets.monitor is not None and sockets.monitor in ready and sockets.disconnected():
+            session.on_events_disconnected(now)
         session.on_timer(now)
         self._carry_out(session.actions())
 
