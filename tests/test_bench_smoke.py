@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv", "partition"]
+SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv", "partition",
+           "ops"]
 
 
 @pytest.mark.timeout(60)
