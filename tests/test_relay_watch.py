@@ -6,10 +6,11 @@ import asyncio
 import json
 import os
 import re
-import select
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -99,20 +100,54 @@ def test_events_endpoint_from_argument_or_environment(monkeypatch):
 # --- the commands, as processes ------------------------------------------------------
 
 
-def _zns(*args: str) -> subprocess.Popen[str]:
+class _Proc(subprocess.Popen):
+    """A `zns` process whose output lines are read by threads into queues (select on a
+    buffered pipe misses lines already read into the buffer)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.queues: dict[str, queue.Queue[str | None]] = {}
+        for name in ("stdout", "stderr"):
+            q: queue.Queue[str | None] = queue.Queue()
+            self.queues[name] = q
+            threading.Thread(target=self._pump, args=(getattr(self, name), q),
+                             daemon=True).start()
+
+    @staticmethod
+    def _pump(pipe, q: queue.Queue) -> None:
+        for line in pipe:
+            q.put(line.rstrip("\n"))
+        q.put(None)
+
+    def rest(self, stream: str = "stdout") -> str:
+        lines, q = [], self.queues[stream]
+        while (line := q.get(timeout=15)) is not None:
+            lines.append(line)
+        return "\n".join(lines)
+
+
+def _zns(*args: str) -> _Proc:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
-    return subprocess.Popen([sys.executable, "-m", "zns", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return _Proc([sys.executable, "-m", "zns", *args], stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _line(proc: subprocess.Popen[str], timeout: float = 15.0, stream: str = "stdout") -> str:
-    pipe = getattr(proc, stream)
-    ready, _, _ = select.select([pipe], [], [], timeout)
-    if not ready:
-        raise AssertionError(f"no line from {proc.args} within {timeout} s")
-    line = pipe.readline()
-    assert line, f"{proc.args} ended: {proc.stderr.read() if stream == 'stdout' else ''}"
-    return line.rstrip("\n")
+def _line(proc: _Proc, timeout: float = 30.0, stream: str = "stdout") -> str:
+    try:
+        line = proc.queues[stream].get(timeout=timeout)
+    except queue.Empty:
+        raise AssertionError(f"no line from {proc.args} within {timeout} s") from None
+    assert line is not None, f"{proc.args} ended"
+    return line
+
+
+def _ready_line(proc: _Proc, timeout: float) -> str | None:
+    try:
+        line = proc.queues["stdout"].get(timeout=timeout)
+    except queue.Empty:
+        return None
+    assert line is not None, f"{proc.args} ended"
+    return line
 
 
 def _stop(proc: subprocess.Popen[str]) -> int:
@@ -129,7 +164,7 @@ def _stop(proc: subprocess.Popen[str]) -> int:
 def test_watch_prints_what_a_topic_gained_and_lost(server: ThreadedServer):
     peer = server.peer()
     _register(peer, "b1", "10.0.0.1:10911", {"T": {"read_queues": 4, "write_queues": 4}})
-    proc = _zns("watch", "T", "--ns", server.router, "--count", "3", "--timeout", "1")
+    proc = _zns("watch", "T", "--ns", server.router, "--count", "3", "--timeout", "3")
     try:
         first = _line(proc)
         assert re.search(r"route T rev \d+: brokers c1/b1 \(id 0 10.0.0.1:10911\); "
@@ -151,7 +186,7 @@ def test_watch_prints_what_a_topic_gained_and_lost(server: ThreadedServer):
 @pytest.mark.timeout(90)
 def test_watch_everything_shows_brokers_and_new_topics(server: ThreadedServer):
     peer = server.peer()
-    proc = _zns("watch", "--ns", server.router, "--timeout", "1")
+    proc = _zns("watch", "--ns", server.router, "--timeout", "3")
     try:
         lines: list[str] = []
         deadline = time.monotonic() + 30
@@ -161,9 +196,9 @@ def test_watch_everything_shows_brokers_and_new_topics(server: ThreadedServer):
             assert time.monotonic() < deadline, lines
             version += 1
             _register(peer, "bw", f"10.0.0.{version % 250 + 1}:1", {"NewT": {}}, version)
-            ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-            if ready:
-                lines.append(_line(proc))
+            line = _ready_line(proc, 0.2)
+            if line is not None:
+                lines.append(line)
         while not any("route NewT rev" in line for line in lines):
             lines.append(_line(proc))
         assert any(re.search(r"broker registered c1/bw id 0 at 10\.0\.0\.\d+:1 \(rev \d+\)", l)
@@ -178,7 +213,7 @@ def test_watch_json_prints_raw_events_through_a_relay(server: ThreadedServer):
     _register(peer, "b1", "10.0.0.1:1", {"TopicJ": {}})
     with Relay(server.router, "tcp://127.0.0.1:*") as relay:
         proc = _zns("watch", "TopicJ", "--json", "--ns", server.router, "--events",
-                    relay.endpoint, "--count", "1", "--timeout", "1")
+                    relay.endpoint, "--count", "1", "--timeout", "3")
         try:
             version = 1
             deadline = time.monotonic() + 30
@@ -188,8 +223,8 @@ def test_watch_json_prints_raw_events_through_a_relay(server: ThreadedServer):
                 _register(peer, "b1", "10.0.0.1:1", {"TopicJ": {"read_queues": version}},
                           version)
                 time.sleep(0.1)
-            out = proc.stdout.read()
-            assert proc.returncode == 0, out + proc.stderr.read()
+            out = proc.rest()
+            assert proc.returncode == 0, out + proc.rest("stderr")
             event = json.loads(out.splitlines()[0])
             assert event["op"] == "route" and event["topic"] == "TopicJ"
             assert event["route"]["queues"][0]["read_queues"] >= 2
@@ -219,4 +254,4 @@ def test_relay_refuses_when_no_nameserver_answers():
     proc = _zns("relay", "--from", "tcp://127.0.0.1:1", "--bind", "tcp://127.0.0.1:*",
                 "--timeout", "0.2")
     assert proc.wait(30) == 3
-    assert "no" in proc.stderr.read().lower()
+    assert "no" in proc.rest("stderr").lower()
