@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from bench import expiry, flood, kv, partition, push_latency, registration, scale, throughput
+from bench import expiry, flood, kv, ops, partition, push_latency, registration, scale, throughput
 from bench.report import BENCH_DIR, BenchFn, cli
 
 BENCHMARKS: dict[str, BenchFn] = {
@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, BenchFn] = {
     "kv": kv.run,
     "partition": partition.run,
     "flood": flood.run,
+    "ops": ops.run,
 }
 
 if __name__ == "__main__":

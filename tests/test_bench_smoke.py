@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv", "partition", "flood"]
+SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv", "partition",
+           "flood", "ops"]
 
 
 @pytest.mark.timeout(60)

@@ -327,3 +327,14 @@ def test_one_log_line_per_broker_change_and_none_per_query(process_server):
     assert len(lines) == len(expected), "\n".join(lines)
     for line in expected:
         assert sum(line in got for got in lines) == 1, (line, lines)
+
+
+def test_metrics_and_log_format_from_option_env_and_file(serve_config, tmp_path: Path):
+    assert serve_config().metrics is None  # off by default
+    assert serve_config("--metrics", "127.0.0.1:9100").metrics == "127.0.0.1:9100"
+    assert serve_config(env={"ZNS_METRICS": "127.0.0.1:9101"}).metrics == "127.0.0.1:9101"
+    conf = tmp_path / "zns.toml"
+    conf.write_text('metrics = "127.0.0.1:9102"\nlog_format = "json"\n')
+    assert serve_config("--config", str(conf)).metrics == "127.0.0.1:9102"
+    result = CliRunner().invoke(zns_main, ["serve", "--log-format", "xml"])
+    assert result.exit_code == 2 and "--log-format" in result.output

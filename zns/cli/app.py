@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from zns import __version__
-from zns.cli import serve, tools
+from zns.cli import relay, serve, tools, watch
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,5 +18,5 @@ def main() -> None:
     """zns: a NameServer for message-bus clusters over ZeroMQ (ZNS/1)."""
 
 
-for command in (serve.serve, serve.keygen, *tools.COMMANDS):
+for command in (serve.serve, serve.keygen, *tools.COMMANDS, watch.watch, relay.relay):
     main.add_command(command)

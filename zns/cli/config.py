@@ -6,9 +6,19 @@ The command line wins over the environment, which wins over the file.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from typing import Any
 
 import click
+
+
+def log_format_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--log-format text|json` (env ZNS_LOG_FORMAT): plain lines or one JSON object per line."""
+    return click.option(
+        "--log-format", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
+        envvar="ZNS_LOG_FORMAT", show_default=True,
+        help="text: plain lines; json: one JSON object per line (time, level, logger, message, "
+             "exception).")(command)
 
 
 def load_config_file(ctx: click.Context, _param: click.Parameter, path: str | None) -> str | None:

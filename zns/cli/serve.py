@@ -7,15 +7,13 @@ wins over the environment, which wins over the file.
 
 from __future__ import annotations
 
-import logging
-import sys
-
 import click
 
-from zns.cli.config import load_config_file
+from zns.cli.config import load_config_file, log_format_option
 from zns.core.limits import Limits
 from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER, MAX_TOPICS_PER_REQUEST
 from zns.core.errors import ConfigError
+from zns.drivers.logs import configure_logging
 from zns.drivers.security import write_keypair
 from zns.core.remoting.service import parse_networks
 from zns.drivers.remoting_listener import DEFAULT_MAX_CONNECTIONS
@@ -94,8 +92,13 @@ from zns.drivers.server import (
 @click.option("--remoting-max-connections", type=click.IntRange(min=1),
               default=DEFAULT_MAX_CONNECTIONS, envvar="ZNS_REMOTING_MAX_CONNECTIONS",
               show_default=True, help="Remoting connections open at once; more are refused.")
+@click.option("--metrics", metavar="HOST:PORT", envvar="ZNS_METRICS",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics and liveness at "
+                   "/healthz (needs prometheus_client: pip install 'zns[metrics]'). Off by "
+                   "default; plain HTTP.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
               case_sensitive=False), default="INFO", envvar="ZNS_LOG_LEVEL", show_default=True)
+@log_format_option
 def serve(
     router: str, pub: str, kv_path: str, heartbeat_interval: float, max_message_bytes: int,
     pub_hwm: int, peer: tuple[str, ...], peer_grace: float, max_topics_per_request: int,
@@ -104,13 +107,10 @@ def serve(
     curve_secret: str | None,
     brokers_keys: str | None, admins_keys: str | None, clients_keys: str | None, clients: str,
     remoting: str | None, remoting_brokers: tuple[str, ...], remoting_admins: tuple[str, ...],
-    remoting_max_connections: int, log_level: str,
+    remoting_max_connections: int, metrics: str | None, log_level: str, log_format: str,
 ) -> None:
     """Run a NameServer until SIGTERM or Ctrl-C."""
-    logging.basicConfig(
-        level=log_level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(log_level, log_format)
     config = ServerConfig(
         router=router, pub=pub, kv_path=kv_path, heartbeat_interval=heartbeat_interval,
         max_message_bytes=max_message_bytes, pub_hwm=pub_hwm, peers=list(peer),
@@ -120,7 +120,7 @@ def serve(
                       max_topics=max_topics, max_queues=max_queues, max_kv_entries=max_kv_entries,
                       max_kv_namespaces=max_kv_namespaces, max_kv_bytes=max_kv_bytes),
         remoting=remoting or None, remoting_brokers=list(remoting_brokers),
-        remoting_max_connections=remoting_max_connections,
+        remoting_max_connections=remoting_max_connections, metrics=metrics or None,
     )
     if remoting_admins:
         config.remoting_admins = list(remoting_admins)

@@ -1,4 +1,5 @@
-"""The operator commands of `zns`: status, route, clusters, topics, watch, kv, perms, broker.
+"""The operator commands of `zns`: status, route, clusters, topics, kv, perms, broker
+(`zns watch` is in zns.cli.watch).
 
 Every command takes `--ns` (or `ZNS_ADDR`), `--timeout` and `--json`. Reads
 ask every NameServer at once and show the first answer; writes go to every
@@ -9,7 +10,6 @@ did not answer within `--timeout`.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
 import logging
@@ -24,35 +24,27 @@ import click
 import msgspec
 import zmq
 
-from zns.core.addresses import resolve_pub_endpoint
-from zns.drivers.sockets import open_socket, parse_addresses
+from zns.drivers.sockets import parse_addresses
 from zns.drivers.broker_agent import BrokerAgent
 from zns.cli.config import load_config_file
 from zns.core.errors import ErrorReply, KeyFileError, NameServerUnavailable, UsageError
 from zns.drivers.requests import call_all, call_any
 from zns.drivers.security import apply_client_keys, client_keys
 from zns.core.schema import (
-    BROKER_PREFIX,
-    ROUTE_PREFIX,
     AddWritePerm,
-    BrokerEvent,
     DeleteTopic,
     GetClusterInfo,
     GetRoute,
     GetTopics,
-    HbEvent,
     KvDelete,
     KvGet,
     KvList,
     KvPut,
     Request,
-    RouteEvent,
     Status,
     TopicConfig,
     TopicRoute,
     WipeWritePerm,
-    decode_event,
-    route_channel,
 )
 
 EXIT_ERROR_REPLY = 1
@@ -181,26 +173,6 @@ def route_table(route: TopicRoute) -> str:
     return text
 
 
-def describe_event(event: RouteEvent | BrokerEvent | HbEvent) -> str:
-    stamp = datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3]
-    match event:
-        case RouteEvent(topic=topic, route=None):
-            return f"{stamp} route {topic} gone (rev {event.revision})"
-        case RouteEvent(topic=topic, route=route):
-            queues = ", ".join(
-                f"{q.broker_name} r{q.read_queues}/w{q.write_queues} {perm_text(q.perm)}"
-                for q in route.queues
-            )
-            return f"{stamp} route {topic} rev {event.revision}: {queues or 'no queues'}"
-        case BrokerEvent():
-            reason = f" ({event.reason})" if event.reason else ""
-            return (f"{stamp} broker {event.change}{reason} {event.cluster}/{event.broker_name} "
-                    f"id {event.broker_id} at {event.broker_addr} (rev {event.revision})")
-        case HbEvent():
-            return f"{stamp} hb rev {event.revision}"
-    return f"{stamp} {event!r}"
-
-
 # --- commands ---------------------------------------------------------------------
 
 
@@ -281,37 +253,6 @@ def topics(target: Target, cluster: str) -> None:
     else:
         for topic in reply.topics:
             click.echo(topic)
-
-
-@click.command()
-@click.argument("topics", nargs=-1)
-@click.option("--count", type=click.IntRange(min=1), default=None,
-              help="Exit after this many events (default: until Ctrl-C).")
-@ns_options
-def watch(target: Target, topics: tuple[str, ...], count: int | None) -> None:
-    """Print route and broker events as they happen, one line each (all topics by default)."""
-    endpoint, reply = ask(target, Status())
-    pub = resolve_pub_endpoint(reply.pub_endpoint, endpoint)
-    sub = open_socket(zmq.Context.instance(), zmq.SUB, pub)
-    for channel in ([route_channel(t) for t in topics] if topics else
-                    [ROUTE_PREFIX, BROKER_PREFIX]):
-        sub.setsockopt(zmq.SUBSCRIBE, channel)
-    if not target.as_json:
-        click.echo(f"watching {', '.join(topics) or 'every topic and broker'} on {pub} "
-                   f"(Ctrl-C to stop)", err=True)
-    seen = 0
-    try:
-        while count is None or seen < count:
-            event = decode_event(sub.recv_multipart()[-1])
-            seen += 1
-            if target.as_json:
-                click.echo(json.dumps(msgspec.to_builtins(event)))
-            else:
-                click.echo(describe_event(event))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        sub.close(0)
 
 
 @click.group()
@@ -458,5 +399,5 @@ def broker(target: Target, cluster: str, broker_name: str, broker_addr: str, bro
                f"{sum(done.values())}/{len(done)} NameServer(s)", err=True)
 
 # Added to the `zns` group by zns.cli.app.
-COMMANDS = [status, route, clusters, topics, watch, kv, wipe_write_perm, add_write_perm, delete_topic,
+COMMANDS = [status, route, clusters, topics, kv, wipe_write_perm, add_write_perm, delete_topic,
             broker]

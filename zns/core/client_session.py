@@ -125,10 +125,17 @@ class ClientSession:
         pull_period_ms: int = 30_000,
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
+        events: str | None = None,
+        channels: tuple[bytes, ...] = (),
     ) -> None:
+        """`events`: subscribe there (an events relay) instead of at the followed
+        NameServer's own PUB; `channels`: more channels to subscribe besides the
+        followed topics and `hb` (their events reach the driver; the cache ignores them)."""
         if not endpoints:
             raise UsageError("no NameServer endpoint")
         self.endpoints = list(endpoints)
+        self.events = events
+        self.channels = channels
         self.cache = RouteCache(zone, pull_period_ms)
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.request_timeout_ms = request_timeout_ms
@@ -177,11 +184,14 @@ class ClientSession:
             self._fail(now, f"{pending.op} refused")
             return
         if isinstance(reply, StatusReply):
-            self.pub_endpoint = resolve_pub_endpoint(reply.pub_endpoint, self.endpoint or "")
+            self.pub_endpoint = self.events or resolve_pub_endpoint(reply.pub_endpoint,
+                                                                    self.endpoint or "")
             self._actions.append(ConnectSub(self.pub_endpoint))
             # Topics first, `hb` last: the first `hb` received proves all of them.
             for topic in self.cache.topics():
                 self._actions.append(Subscribe(route_channel(topic)))
+            for channel in self.channels:
+                self._actions.append(Subscribe(channel))
             self._actions.append(Subscribe(HB_CHANNEL))
             self._silence_deadline = now + self.request_timeout_ms + self._silence_after_ms
         elif isinstance(reply, GetRoutesReply):
@@ -202,6 +212,15 @@ class ClientSession:
             self.backoff.reset()
         self._notify(self.cache.apply_event(event))
         self._pull_stale(now)
+
+    def on_events_disconnected(self, now: int) -> None:
+        """The SUB's connection dropped: a relay or the NameServer's PUB went away, or
+        the network did. Events published until it reconnects are lost without a gap
+        to show (a topic may change once and never again), so re-pull after the next `hb`."""
+        if self.pub_endpoint is not None:
+            log.info("events connection to %s dropped: pulling again once it is back",
+                     self.pub_endpoint)
+            self.cache.subscription_lost()
 
     def on_timer(self, now: int) -> None:
         if self._resume_at is not None:

@@ -230,6 +230,12 @@ class RouteCache:
             elif entry.state == PULLING:
                 entry.pull_again = True
 
+    def subscription_lost(self) -> None:
+        """The events connection dropped (and will reconnect by itself): what was published
+        meanwhile is lost, and no later event need show it. The next `hb` proves the new
+        connection and every topic is pulled again then."""
+        self._lose_proof()
+
     def _lose_proof(self) -> None:
         for entry in self._entries.values():
             entry.proven = False

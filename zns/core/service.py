@@ -9,6 +9,7 @@ mapped to `error` replies here, at one boundary.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Callable
 
 import msgspec
@@ -67,6 +68,7 @@ from zns.core.schema import (
     encode,
     event_channel,
     read_envelope,
+    request_op,
 )
 
 log = logging.getLogger("zns")
@@ -110,6 +112,13 @@ class NameService:
         self.peers: dict[str, bool] = {}  # peer endpoint -> connected (§10, set by the server)
         self._route_bytes: dict[str, Raw] = {}  # each route encoded once per change
         self._snapshot_routes: tuple[int, Raw] = (-1, Raw(b""))  # (revision, encoded map)
+        # Plain counts for metrics, read (never reset) by a scrape in another thread: an
+        # increment is all the hot path pays. Answered requests by request type; refused
+        # ones by (op, error code), op "unknown" for one that is not an op at all.
+        self.ok_counts: defaultdict[type, int] = defaultdict(int)
+        self.error_counts: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.published: defaultdict[str, int] = defaultdict(int)  # events by channel kind
+        self.removals: defaultdict[str, int] = defaultdict(int)  # broker addresses, by reason
         for topic, value in kv.list(ORDER_TOPIC_CONFIG).items():
             self.table.set_order_conf(topic, value)
 
@@ -124,19 +133,24 @@ class NameService:
                 error: ErrorReply = UnknownOp(f"unknown op {op[:100]!r}")
             else:
                 error = BadRequest(describe_decode_error(exc))
+            self.error_counts[op if op in KNOWN_OPS else "unknown", error.code] += 1
             return Response(encode(error.reply(request_id)))
         try:
             if self.authorize is not None:
                 self.authorize(peer_key, request)
             reply, frames = self.execute(request, now)
             # Inside the try: a bug while encoding must not escape to the socket loop.
-            return Response(encode(reply), frames, request.id)
+            response = Response(encode(reply), frames, request.id)
+            self.ok_counts[type(request)] += 1
+            return response
         except ErrorReply as exc:
             if isinstance(exc, Internal):
                 log.error("internal error on %s: %s", type(request).__name__, exc)
+            self.error_counts[request_op(request), exc.code] += 1
             return Response(encode(exc.reply(request.id)))
         except Exception:
             log.exception("bug while handling %s", quote(request, 300))
+            self.error_counts[request_op(request), Internal.code] += 1
             return Response(encode(Internal("internal error; see the server log").reply(request.id)))
 
     def execute(self, request: AnyRequest, now: int) -> tuple[Reply, list[Frames]]:
@@ -169,6 +183,7 @@ class NameService:
 
     def heartbeat_event(self, time_ms: int) -> Frames:
         event = HbEvent(epoch=self.epoch, revision=self.table.revision, time_ms=time_ms)
+        self.published["hb"] += 1
         return event_channel(event), encode(event)
 
     # --- dispatch -------------------------------------------------------
@@ -303,8 +318,10 @@ class NameService:
 
     def _publish(self, events: list[RouteEvent | BrokerEvent]) -> list[Frames]:
         frames = []
+        published = self.published
         for event in events:
             if isinstance(event, RouteEvent):
+                published["route"] += 1
                 if event.route is None:
                     self._route_bytes.pop(event.topic, None)
                 else:
@@ -312,6 +329,9 @@ class NameService:
                     self._route_bytes[event.topic] = raw
                     event.route = raw
             else:
+                published["broker"] += 1
+                if event.change == "removed":
+                    self.removals[event.reason or "unregistered"] += 1
                 _log_broker_event(event)
             frames.append((event_channel(event), encode(event)))
         return frames

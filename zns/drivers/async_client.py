@@ -50,7 +50,8 @@ class _Latest:
 class AsyncRouteClient(ClientDriver):
     """`async with AsyncRouteClient(addrs) as client:` then `await client.route(topic)`
     or `async for route in client.watch(topic)` (the current route, then changes;
-    None when the topic has no route). Durations are in seconds."""
+    None when the topic has no route). Durations are in seconds. `events` (or
+    `$ZNS_EVENTS`): subscribe at this events relay instead of the NameServer's PUB."""
 
     def __init__(
         self,
@@ -64,12 +65,13 @@ class AsyncRouteClient(ClientDriver):
         fault_tolerance: bool = False,
         context: zmq.asyncio.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
+        events: str | None = None,
     ) -> None:
         super().__init__(
             addrs, zone=zone, timeout=timeout, request_timeout=request_timeout,
             heartbeat_interval=heartbeat_interval, pull_period=pull_period,
             fault_tolerance=fault_tolerance, context=context or zmq.asyncio.Context.instance(),
-            clock=clock, lock=contextlib.nullcontext(),  # one task, one thread
+            clock=clock, events=events, lock=contextlib.nullcontext(),  # one task, one thread
         )
         self._watchers: dict[str, list[_Latest]] = {}
         self._wakeup = asyncio.Event()

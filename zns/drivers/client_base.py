@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
@@ -29,7 +30,7 @@ from zns.core.client_session import (
     Subscribe,
     Unsubscribe,
 )
-from zns.core.errors import NameServerUnavailable, NotFound
+from zns.core.errors import NameServerUnavailable, NotFound, UsageError
 from zns.core.queues import MessageQueue, QueueSelector
 from zns.core.schema import TopicRoute
 from zns.drivers.sockets import open_socket, parse_addresses, recv_all
@@ -37,6 +38,29 @@ from zns.drivers.sockets import open_socket, parse_addresses, recv_all
 log = logging.getLogger("zns.client")
 
 RouteCallback = Callable[[str, TopicRoute | None], None]
+
+
+EVENTS_ENV_VAR = "ZNS_EVENTS"
+
+
+def events_endpoint(spec: str | None) -> str | None:
+    """Where to subscribe instead of the NameServer's own PUB (an events relay):
+    `spec`, else `$ZNS_EVENTS`, else None (the NameServer's PUB, learnt from `status`)."""
+    if spec is None or not spec.strip():
+        spec = os.environ.get(EVENTS_ENV_VAR, "").strip()
+    if not spec:
+        return None
+    endpoints = parse_addresses(spec)
+    if len(endpoints) != 1:
+        raise UsageError(f"events endpoint {spec!r}: expected one endpoint, got {len(endpoints)}")
+    return endpoints[0]
+
+
+def _safely(hook: Callable[[bytes], None], body: bytes) -> None:
+    try:
+        hook(body)
+    except Exception:
+        log.exception("event hook failed")
 
 
 def to_ms(seconds: float) -> int:
@@ -56,6 +80,7 @@ class SessionSockets:
         self.ctx = ctx
         self.dealer: Any = None
         self.sub: Any = None
+        self.monitor: Any = None  # the SUB's disconnections (a relay restart, a network cut)
         self._plain: dict[Any, zmq.Socket] = {}
 
     def carry_out(self, action: Connect | ConnectSub | Subscribe | Unsubscribe) -> None:
@@ -65,8 +90,10 @@ class SessionSockets:
                 if endpoint is not None:
                     self.dealer = self._open(zmq.DEALER, endpoint)
             case ConnectSub(endpoint=endpoint):
-                self._close(self.sub)
+                self._close_sub()
                 self.sub = self._open(zmq.SUB, endpoint)
+                self.monitor = self.sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                self._plain[self.monitor] = zmq.Socket.shadow(self.monitor.underlying)
             case Subscribe(channel=channel):
                 if self.sub is not None:
                     self._plain[self.sub].setsockopt(zmq.SUBSCRIBE, channel)
@@ -89,12 +116,25 @@ class SessionSockets:
 
     def readable(self) -> list[Any]:
         """The open sockets, for the driver's poller."""
-        return [sock for sock in (self.dealer, self.sub) if sock is not None]
+        return [sock for sock in (self.dealer, self.sub, self.monitor) if sock is not None]
+
+    def disconnected(self) -> bool:
+        """Read the SUB's monitor: did its connection drop since the last call?"""
+        return bool(self.monitor is not None and recv_all(self._plain[self.monitor]))
 
     def close(self) -> None:
-        for sock in (self.dealer, self.sub):
-            self._close(sock)
-        self.dealer = self.sub = None
+        self._close_sub()
+        self._close(self.dealer)
+        self.dealer = None
+
+    def _close_sub(self) -> None:
+        if self.monitor is not None:
+            self._plain.pop(self.monitor, None)
+            self.sub.disable_monitor()
+            self.monitor.close(0)
+            self.monitor = None
+        self._close(self.sub)
+        self.sub = None
 
     def _open(self, kind: int, endpoint: str) -> Any:
         sock = open_socket(self.ctx, kind, endpoint)
@@ -129,12 +169,17 @@ class ClientDriver:
         context: zmq.Context,
         clock: Callable[[], float],
         lock: contextlib.AbstractContextManager[Any],
+        events: str | None = None,
+        channels: Iterable[bytes] = (),
+        on_event: Callable[[bytes], None] | None = None,
     ) -> None:
         self.timeout = timeout
         self._clock = clock  # seconds, monotonic
+        self._on_event = on_event
         self._session = ClientSession(
             parse_addresses(addrs), zone=zone, heartbeat_interval_ms=to_ms(heartbeat_interval),
             request_timeout_ms=to_ms(request_timeout), pull_period_ms=to_ms(pull_period),
+            events=events_endpoint(events), channels=tuple(channels),
         )
         self.selector = QueueSelector(fault_tolerance=fault_tolerance)
         self._selector_lock = threading.Lock()  # select_queue/report_latency from any thread
@@ -197,7 +242,11 @@ class ClientDriver:
                 session.on_reply(body, now)
         if sockets.sub is not None and sockets.sub in ready:
             for body in sockets.receive(sockets.sub):
+                if self._on_event is not None:
+                    _safely(self._on_event, body)
                 session.on_event(body, now)
+        if sockets.monitor is not None and sockets.monitor in ready and sockets.disconnected():
+            session.on_events_disconnected(now)
         session.on_timer(now)
         self._carry_out(session.actions())
 

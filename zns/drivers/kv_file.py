@@ -44,9 +44,11 @@ fails, the store refuses every later write until the server restarts.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,6 +72,24 @@ STEP_BYTES = 256 << 10
 _Record = tuple[str, str, "str | None"]
 _encode_payload = msgspec.msgpack.Encoder().encode
 _decode_payload = msgspec.msgpack.Decoder(tuple[str, str, str | None]).decode
+
+
+class WriteTimes:
+    """How many durable appends (write and fsync) took how long: a histogram of plain ints.
+
+    Kept here rather than in a metrics library so the store works without one; a
+    scrape in another thread reads the ints (a stale read is one write behind).
+    """
+
+    BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(self.BOUNDS) + 1)  # per bucket, the last one past every bound
+        self.total_seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.BOUNDS, seconds)] += 1
+        self.total_seconds += seconds
 
 
 def encode_record(namespace: str, key: str, value: str | None) -> bytes:
@@ -109,6 +129,7 @@ class KvStore:
         self._size = 0  # its length
         self._compaction: _Compaction | None = None
         self._broken = ""  # why writes are refused, after a write that could not be undone
+        self.write_times = WriteTimes()  # durable appends and their seconds, for metrics
         if self.path is not None:
             self._open()
 
@@ -186,6 +207,11 @@ class KvStore:
         """Make `record` durable, with the next compaction slice; raises OSError, undone."""
         if self.path is None:  # an in-memory store: nothing to make durable
             return
+        started = time.perf_counter()
+        self._append_durably(record)
+        self.write_times.add(time.perf_counter() - started)
+
+    def _append_durably(self, record: bytes) -> None:
         if self._broken:
             raise OSError(self._broken)
         if self._fd is None:

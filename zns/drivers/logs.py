@@ -9,7 +9,10 @@ log record's own timestamp, so the filter reads no clock of its own.
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
+import sys
 
 WINDOW_S = 10.0
 BURST = 20
@@ -58,3 +61,38 @@ def install_repeat_filter(logger: logging.Logger) -> RepeatFilter:
     repeat = RepeatFilter()
     logger.addFilter(repeat)
     return repeat
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and exception text when any).
+
+    For log collectors that parse lines: the same records as the plain format,
+    with the message already formatted, so nothing downstream needs `%` args.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, str] = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+            .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exception"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """Log to stderr at `level`, as plain lines (`text`) or JSON objects (`json`)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else
+                         logging.Formatter(PLAIN_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler])

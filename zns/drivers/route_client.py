@@ -30,6 +30,11 @@ class RouteClient(ClientDriver):
     thread with the current route and then on every change (`route` None: the
     topic has no route); `forget(topic)` stops following it. Durations are
     in seconds; `clock` is a monotonic clock in seconds.
+
+    `events` (or `$ZNS_EVENTS`): subscribe at this endpoint, an events relay
+    (`zns relay`), instead of at the NameServer's own PUB. `channels` are
+    subscribed besides the followed topics, and `on_event(body)` sees every
+    event body received, on the client's thread (`zns watch` uses both).
     """
 
     def __init__(
@@ -44,13 +49,17 @@ class RouteClient(ClientDriver):
         fault_tolerance: bool = False,
         context: zmq.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
+        events: str | None = None,
+        channels: Iterable[bytes] = (),
+        on_event: Callable[[bytes], None] | None = None,
     ) -> None:
         self._changed = threading.Condition()
         super().__init__(
             addrs, zone=zone, timeout=timeout, request_timeout=request_timeout,
             heartbeat_interval=heartbeat_interval, pull_period=pull_period,
             fault_tolerance=fault_tolerance, context=context or zmq.Context.instance(),
-            clock=clock, lock=self._changed,
+            clock=clock, events=events, channels=channels, on_event=on_event,
+            lock=self._changed,
         )
         self._watchers: dict[str, list[RouteCallback]] = {}
         # Callbacks to run on the thread, outside the lock, in order.

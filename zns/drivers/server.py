@@ -28,6 +28,7 @@ from zns.drivers.peer_links import PeerLinks
 from zns.drivers.security import Security
 from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
 from zns.drivers.logs import install_repeat_filter
+from zns.drivers.metrics import MetricsServer
 from zns.drivers.remoting_listener import DEFAULT_MAX_CONNECTIONS, RemotingListener
 from zns.core.remoting.service import RemotingService, parse_networks
 from zns.drivers.sockets import Waker
@@ -84,6 +85,8 @@ class ServerConfig:
     remoting_brokers: list[str] = field(default_factory=list)  # CIDRs; empty: any
     remoting_admins: list[str] = field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
     remoting_max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # Prometheus /metrics and /healthz over HTTP (zns.drivers.metrics): on when set.
+    metrics: str | None = None
 
     def properties(self) -> dict[str, str]:
         """The effective settings, as GET_NAMESRV_CONFIG shows them: no file paths, no keys."""
@@ -150,6 +153,8 @@ class Server:
         self.router = self._ctx.socket(zmq.ROUTER)
         self.pub = self._ctx.socket(zmq.PUB)
         self.peers: PeerLinks | None = None
+        self.metrics: MetricsServer | None = None
+        self.last_pass_ms = self._now()  # when the loop last completed a pass (/healthz)
         try:
             self._configure_sockets()
             self.router_endpoint = self._bind(self.router, config.router)
@@ -170,6 +175,9 @@ class Server:
                 self.service, heartbeat_interval_ms=round(config.heartbeat_interval * 1000),
                 now=self._now(), peers=self.peers.links,
             )
+            if config.metrics:
+                self.metrics = MetricsServer(self, config.metrics,
+                                             heartbeat_interval=config.heartbeat_interval)
         except BaseException:
             self.close()  # a refused start (port in use, bad --peer) leaves nothing bound
             raise
@@ -204,7 +212,14 @@ class Server:
     def wake(self) -> None:
         self._waker.wake()
 
+    def loop_age_s(self) -> float:
+        """Seconds since the loop last completed a pass (thread-safe: one int read)."""
+        return max(0, self._now() - self.last_pass_ms) / 1000
+
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         self.descriptors.close()
         if getattr(self, "remoting", None) is not None:
             self.remoting.close()
@@ -259,6 +274,7 @@ class Server:
             if peers:
                 _guarded("reading peers", peers.handle, ready, now)
             _guarded("running timers", self._run_timers, now)
+            self.last_pass_ms = now
 
     def _serve_remoting(self, ready: dict, now: int) -> None:
         assert self.remoting is not None

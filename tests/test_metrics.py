@@ -1,0 +1,174 @@
+"""`zns serve --metrics`: what /metrics says after real requests, /healthz, and the
+clear error when prometheus_client is missing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import Peer, ThreadedServer, register_fields, wait_for
+from zns.cli import main as zns_main
+from zns.drivers.logs import JsonFormatter
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def scrape(srv: ThreadedServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics as {(name, sorted labels): value}."""
+    status, text = get(f"http://127.0.0.1:{srv.server.metrics.port}/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.fixture
+def metered(tmp_path: Path):
+    srv = ThreadedServer(tmp_path, metrics="127.0.0.1:0")
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.timeout(60)
+def test_metrics_count_what_happened(metered: ThreadedServer):
+    peer = metered.peer()
+    for name in ("b1", "b2"):
+        peer.ok("register_broker", **register_fields(broker_name=name,
+                                                     addr=f"10.0.0.{name[-1]}:10911",
+                                                     topics={"T1": {}, "T2": {}}))
+    for _ in range(3):
+        peer.ok("get_route", topic="T1")
+    assert peer.call("get_route", topic="Nope").code == "not_found"
+    peer.send_raw(b"\x93junk")
+    peer.recv_raw()
+    peer.ok("kv_put", namespace="ns", key="k", value="v")
+    peer.ok("unregister_broker", cluster="c1", broker_name="b2", broker_id=0,
+            broker_addr="10.0.0.2:10911")
+
+    m = scrape(metered)
+    assert m["zns_requests_total", (("op", "get_route"), ("outcome", "ok"))] == 3
+    assert m["zns_requests_total", (("op", "get_route"), ("outcome", "not_found"))] == 1
+    assert m["zns_requests_total", (("op", "register_broker"), ("outcome", "ok"))] == 2
+    assert m["zns_requests_total", (("op", "unknown"), ("outcome", "bad_request"))] == 1
+    assert m["zns_brokers", ()] == 1
+    assert m["zns_broker_addresses", ()] == 1
+    assert m["zns_topics", ()] == 2
+    assert m["zns_queue_entries", ()] == 2
+    assert m["zns_broker_removals_total", (("reason", "unregistered"),)] == 1
+    assert m["zns_events_published_total", (("channel_kind", "broker"),)] == 3
+    assert m["zns_events_published_total", (("channel_kind", "route"),)] >= 4
+    assert m["zns_events_published_total", (("channel_kind", "hb"),)] >= 1
+    assert m["zns_kv_writes_total", ()] == 1
+    assert m["zns_kv_write_seconds_count", ()] == 1
+    assert m["zns_kv_write_seconds_bucket", (("le", "+Inf"),)] == 1
+    assert m["zns_dropped_replies_total", ()] == 0
+    assert m["zns_stalls_total", ()] == 0
+    assert m["zns_remoting_connections", ()] == 0
+    assert m["zns_info", (("epoch", metered.server.service.epoch), ("version", "0.1.0"))] == 1
+    assert m["process_resident_memory_bytes", ()] > 0
+
+    # Counters only grow, and a second scrape sees the requests made since.
+    peer.ok("get_route", topic="T1")
+    assert scrape(metered)["zns_requests_total", (("op", "get_route"), ("outcome", "ok"))] == 4
+
+
+@pytest.mark.timeout(60)
+def test_peer_connected_gauge(make_server):
+    other = make_server()
+    srv = make_server(metrics="127.0.0.1:0", peers=[other.router])
+    wait_for(lambda: scrape(srv).get(("zns_peer_connected", (("peer", other.router),))) == 1)
+
+
+@pytest.mark.timeout(60)
+def test_healthz_fails_while_the_loop_is_stuck(metered: ThreadedServer):
+    url = f"http://127.0.0.1:{metered.server.metrics.port}/healthz"
+    assert get(url)[0] == 200
+    service = metered.server.service
+    respond = service.respond
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(*args, **kwargs):  # holds the loop inside a request, as a bug or a stall would
+        entered.set()
+        release.wait(30)
+        return respond(*args, **kwargs)
+
+    service.respond = stuck
+    peer = metered.peer()
+    peer.send_raw(b'\x82\xa2op\xa6status\xa2id\x01')
+    assert entered.wait(10)
+    # 2 heartbeat intervals (0.2 s each) without a completed pass: stuck.
+    status, body = wait_for(lambda: (r := get(url))[0] == 503 and r, timeout=10)
+    assert "stuck" in body
+    release.set()
+    peer.recv_raw()
+    wait_for(lambda: get(url)[0] == 200, timeout=10)
+
+
+def test_missing_prometheus_client_is_a_clear_error(monkeypatch, tmp_path: Path):
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
+    result = CliRunner().invoke(zns_main, [
+        "serve", "--router", "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*",
+        "--kv-path", str(tmp_path / "kv.json"), "--metrics", "127.0.0.1:0"])
+    assert result.exit_code == 1, result.output
+    assert "prometheus_client" in result.output and "zns[metrics]" in result.output
+
+
+@pytest.mark.parametrize("spec", ["nonsense", "127.0.0.1:", "127.0.0.1:99999", ":80"])
+def test_bad_metrics_address_is_refused(spec: str, tmp_path: Path):
+    result = CliRunner().invoke(zns_main, [
+        "serve", "--router", "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*",
+        "--kv-path", str(tmp_path / "kv.json"), "--metrics", spec])
+    assert result.exit_code == 1 and "HOST:PORT" in result.output, result.output
+
+
+# --- --log-format json ----------------------------------------------------------
+
+
+def test_json_formatter_one_object_per_record():
+    formatter = JsonFormatter()
+    record = logging.LogRecord("zns", logging.WARNING, __file__, 1, "broker %s refused: %s",
+                               ("b1", 'say "no"\nnow'), None)
+    line = formatter.format(record)
+    assert "\n" not in line
+    data = json.loads(line)
+    assert data["level"] == "WARNING" and data["logger"] == "zns"
+    assert data["message"] == 'broker b1 refused: say "no"\nnow'
+    assert data["time"].endswith("Z") and "exception" not in data
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("zns", logging.ERROR, __file__, 1, "bug", (), sys.exc_info())
+    data = json.loads(formatter.format(record))
+    assert "ValueError: boom" in data["exception"] and "Traceback" in data["exception"]
+
+
+@pytest.mark.timeout(60)
+def test_serve_logs_json_lines(process_server):
+    srv = process_server("--log-format", "json", "--heartbeat-interval", "0.2")
+    peer = Peer(srv.router)
+    peer.ok("register_broker", **register_fields(broker_name="jb", addr="10.1.1.1:1"))
+    peer.close()
+    wait_for(lambda: "broker registered" in srv.output())
+    assert srv.stop() == 0
+    lines = [json.loads(line) for line in srv.output().splitlines()]
+    messages = [line["message"] for line in lines]
+    assert any(m.startswith("zns serving requests on") for m in messages)
+    assert any(m.startswith("broker registered c1/jb") for m in messages)
+    assert messages[-1] == "zns stopped"
+    assert {"time", "level", "logger", "message"} <= set(lines[0])

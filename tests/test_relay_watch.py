@@ -1,0 +1,257 @@
+"""The events relay (NameServer -> relay -> clients) and `zns watch` for people and in JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Peer, ThreadedServer, register_fields, wait_for
+from zns.core import schema
+from zns.core.errors import UsageError
+from zns.drivers.async_client import AsyncRouteClient
+from zns.drivers.client_base import events_endpoint
+from zns.drivers.relay import Relay
+from zns.drivers.route_client import RouteClient
+
+
+def _register(peer: Peer, name: str, addr: str, topics: dict, version: int = 1) -> None:
+    peer.ok("register_broker", **register_fields(broker_name=name, addr=addr, topics=topics,
+                                                 data_version={"counter": version}))
+
+
+def _write_queues(client: RouteClient, topic: str) -> int | None:
+    try:
+        return client.route(topic, timeout=0.5).queues[0].write_queues
+    except Exception:
+        return None
+
+
+@pytest.mark.timeout(60)
+def test_relay_carries_changes_and_a_restart_is_repaired(server: ThreadedServer):
+    peer = server.peer()
+    _register(peer, "b1", "10.0.0.1:1", {"T1": {"write_queues": 1, "read_queues": 1}})
+    relay = Relay(server.router, "tcp://127.0.0.1:*")
+    endpoint = relay.endpoint
+    seen: list[int] = []
+    with RouteClient(server.router, events=endpoint, heartbeat_interval=0.2) as client:
+        client.watch("T1", lambda t, r: seen.append(r.queues[0].write_queues if r else -1))
+        wait_for(lambda: seen == [1])
+        wait_for(lambda: client.session.connected)
+        assert client.session.pub_endpoint == endpoint  # not the NameServer's own PUB
+        # A change arrives through the relay, as an event (no pull needed).
+        wait_for(lambda: client.session.cache._entries["T1"].proven)
+        pulls = client.session.pulls
+        _register(peer, "b1", "10.0.0.1:1", {"T1": {"write_queues": 2, "read_queues": 2}}, 2)
+        wait_for(lambda: seen[-1] == 2)
+        assert client.session.pulls == pulls
+        # The relay goes away; a change is made that no event will ever repeat.
+        relay.close()
+        _register(peer, "b1", "10.0.0.1:1", {"T1": {"write_queues": 3, "read_queues": 3}}, 3)
+        relay = Relay(server.router, endpoint)  # same endpoint: clients reconnect by themselves
+        # Silence (or a gap) makes the client pull again, and it learns the missed change.
+        wait_for(lambda: seen[-1] == 3, timeout=20)
+        assert client.session.pulls > pulls
+    relay.close()
+
+
+@pytest.mark.timeout(60)
+def test_async_client_through_a_relay(server: ThreadedServer):
+    peer = server.peer()
+    _register(peer, "b1", "10.0.0.1:1", {"T1": {}})
+
+    async def main() -> int:
+        with Relay(server.router, "tcp://127.0.0.1:*") as relay:
+            async with AsyncRouteClient(server.router, events=relay.endpoint,
+                                        heartbeat_interval=0.2) as client:
+                routes = client.watch("T1")
+                first = await asyncio.wait_for(routes.__anext__(), 10)
+                assert client.session.pub_endpoint == relay.endpoint
+                while True:  # until the subscription through the relay is proven
+                    _register(peer, "b2", "10.0.0.2:1", {"T1": {}}, int(time.time() * 1000))
+                    route = await asyncio.wait_for(routes.__anext__(), 10)
+                    if len(route.brokers) == 2:
+                        return len(first.brokers)
+
+    assert asyncio.run(main()) == 1
+
+
+def test_events_endpoint_from_argument_or_environment(monkeypatch):
+    monkeypatch.delenv("ZNS_EVENTS", raising=False)
+    assert events_endpoint(None) is None
+    assert events_endpoint("127.0.0.1:5000") == "tcp://127.0.0.1:5000"
+    monkeypatch.setenv("ZNS_EVENTS", "tcp://127.0.0.1:5001")
+    assert events_endpoint(None) == "tcp://127.0.0.1:5001"
+    assert events_endpoint("tcp://127.0.0.1:5002") == "tcp://127.0.0.1:5002"
+    with pytest.raises(UsageError):
+        events_endpoint("a:1;b:2")
+
+
+# --- the commands, as processes ------------------------------------------------------
+
+
+class _Proc(subprocess.Popen):
+    """A `zns` process whose output lines are read by threads into queues (select on a
+    buffered pipe misses lines already read into the buffer)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.queues: dict[str, queue.Queue[str | None]] = {}
+        for name in ("stdout", "stderr"):
+            q: queue.Queue[str | None] = queue.Queue()
+            self.queues[name] = q
+            threading.Thread(target=self._pump, args=(getattr(self, name), q),
+                             daemon=True).start()
+
+    @staticmethod
+    def _pump(pipe, q: queue.Queue) -> None:
+        for line in pipe:
+            q.put(line.rstrip("\n"))
+        q.put(None)
+
+    def rest(self, stream: str = "stdout") -> str:
+        lines, q = [], self.queues[stream]
+        while (line := q.get(timeout=15)) is not None:
+            lines.append(line)
+        return "\n".join(lines)
+
+
+def _zns(*args: str) -> _Proc:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
+    return _Proc([sys.executable, "-m", "zns", *args], stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _line(proc: _Proc, timeout: float = 30.0, stream: str = "stdout") -> str:
+    try:
+        line = proc.queues[stream].get(timeout=timeout)
+    except queue.Empty:
+        raise AssertionError(f"no line from {proc.args} within {timeout} s") from None
+    assert line is not None, f"{proc.args} ended"
+    return line
+
+
+def _ready_line(proc: _Proc, timeout: float) -> str | None:
+    try:
+        line = proc.queues["stdout"].get(timeout=timeout)
+    except queue.Empty:
+        return None
+    assert line is not None, f"{proc.args} ended"
+    return line
+
+
+def _stop(proc: subprocess.Popen[str]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(15)
+
+
+@pytest.mark.timeout(90)
+def test_watch_prints_what_a_topic_gained_and_lost(server: ThreadedServer):
+    peer = server.peer()
+    _register(peer, "b1", "10.0.0.1:10911", {"T": {"read_queues": 4, "write_queues": 4}})
+    proc = _zns("watch", "T", "--ns", server.router, "--count", "3", "--timeout", "3")
+    try:
+        first = _line(proc)
+        assert re.search(r"route T rev \d+: brokers c1/b1 \(id 0 10.0.0.1:10911\); "
+                         r"queues b1 r4/w4 rw-", first), first
+        _register(peer, "b2", "10.0.0.2:10911", {"T": {"read_queues": 2, "write_queues": 2}})
+        second = _line(proc)
+        assert "gained broker c1/b2 (id 0 10.0.0.2:10911)" in second, second
+        assert "gained queues on b2 r2/w2 rw-" in second and "lost" not in second, second
+        peer.ok("unregister_broker", cluster="c1", broker_name="b1", broker_id=0,
+                broker_addr="10.0.0.1:10911")
+        third = _line(proc)
+        assert "lost broker c1/b1" in third and "lost queues on b1 r4/w4 rw-" in third, third
+        assert "gained" not in third, third
+        assert proc.wait(15) == 0
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.timeout(90)
+def test_watch_everything_shows_brokers_and_new_topics(server: ThreadedServer):
+    peer = server.peer()
+    proc = _zns("watch", "--ns", server.router, "--timeout", "3")
+    try:
+        lines: list[str] = []
+        deadline = time.monotonic() + 30
+        version = 0
+        # Subscriptions take effect some time after the watcher starts: register until seen.
+        while not any("broker registered c1/bw" in line for line in lines):
+            assert time.monotonic() < deadline, lines
+            version += 1
+            _register(peer, "bw", f"10.0.0.{version % 250 + 1}:1", {"NewT": {}}, version)
+            line = _ready_line(proc, 0.2)
+            if line is not None:
+                lines.append(line)
+        while not any("route NewT rev" in line for line in lines):
+            lines.append(_line(proc))
+        assert any(re.search(r"broker registered c1/bw id 0 at 10\.0\.0\.\d+:1 \(rev \d+\)", l)
+                   for l in lines), lines
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.timeout(90)
+def test_watch_json_prints_raw_events_through_a_relay(server: ThreadedServer):
+    peer = server.peer()
+    _register(peer, "b1", "10.0.0.1:1", {"TopicJ": {}})
+    with Relay(server.router, "tcp://127.0.0.1:*") as relay:
+        proc = _zns("watch", "TopicJ", "--json", "--ns", server.router, "--events",
+                    relay.endpoint, "--count", "1", "--timeout", "3")
+        try:
+            version = 1
+            deadline = time.monotonic() + 30
+            while proc.poll() is None:
+                assert time.monotonic() < deadline
+                version += 1
+                _register(peer, "b1", "10.0.0.1:1", {"TopicJ": {"read_queues": version}},
+                          version)
+                time.sleep(0.1)
+            out = proc.rest()
+            assert proc.returncode == 0, out + proc.rest("stderr")
+            event = json.loads(out.splitlines()[0])
+            assert event["op"] == "route" and event["topic"] == "TopicJ"
+            assert event["route"]["queues"][0]["read_queues"] >= 2
+        finally:
+            _stop(proc)
+
+
+@pytest.mark.timeout(60)
+def test_relay_command_serves_subscribers_and_stops_on_sigterm(server: ThreadedServer):
+    proc = _zns("relay", "--from", server.router, "--bind", "tcp://127.0.0.1:*")
+    try:
+        line = ""
+        while "relayed on" not in line:
+            line = _line(proc, stream="stderr")
+        endpoint = line.split("relayed on ")[1].strip()
+        sub = Peer(server.router, endpoint)
+        sub.subscribe(schema.HB_CHANNEL)
+        sub.wait_subscribed()  # an hb from the NameServer, through the relay
+        sub.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        _stop(proc)
+
+
+def test_relay_refuses_when_no_nameserver_answers():
+    proc = _zns("relay", "--from", "tcp://127.0.0.1:1", "--bind", "tcp://127.0.0.1:*",
+                "--timeout", "0.2")
+    assert proc.wait(30) == 3
+    assert "no" in proc.rest("stderr").lower()

@@ -1,0 +1,168 @@
+"""`zns watch`: route and broker changes, as they happen, for people (or raw with --json).
+
+Built on `RouteClient`, so it follows the NameServer list as clients do: it
+fails over when a NameServer goes silent, and re-syncs on a `prev` gap or a new
+epoch. What it prints for a topic is the difference between the route it held
+and the route it holds now — which brokers and queues the topic gained or lost —
+so a re-sync after a gap prints what was missed, not a raw event.
+
+With no TOPIC it watches every topic and broker: a topic is followed from its
+first event on (its first line is its whole route). `--json` prints the events
+themselves, one JSON object per line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import queue
+from typing import Any
+
+import click
+import msgspec
+
+from zns.cli.tools import Target, ask, ns_options, perm_text
+from zns.core.schema import (
+    BROKER_PREFIX,
+    ROUTE_PREFIX,
+    BrokerEvent,
+    HbEvent,
+    QueueData,
+    RouteEvent,
+    Status,
+    TopicRoute,
+    decode_event,
+)
+from zns.drivers.route_client import RouteClient
+
+
+def _stamp() -> str:
+    return datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3]
+
+
+def _queue_text(q: QueueData) -> str:
+    return f"r{q.read_queues}/w{q.write_queues} {perm_text(q.perm)}"
+
+
+def _broker_text(b: Any) -> str:
+    addrs = ", ".join(f"id {i} {a}" for i, a in sorted(b.addrs.items()))
+    return f"{b.cluster}/{b.broker_name} ({addrs or 'no addresses'})"
+
+
+def describe_route_change(topic: str, old: TopicRoute | None, new: TopicRoute | None,
+                          revision: int) -> str:
+    """One line: what `topic` gained and lost between `old` and `new` (None: no route)."""
+    head = f"{_stamp()} route {topic} rev {revision}"
+    if new is None:
+        return f"{head}: no route" if old is None else f"{head}: gone"
+    if old is None:
+        brokers = "; ".join(_broker_text(b) for b in new.brokers) or "none"
+        queues = ", ".join(f"{q.broker_name} {_queue_text(q)}" for q in new.queues) or "none"
+        return f"{head}: brokers {brokers}; queues {queues}"
+    parts = []
+    old_b = {b.broker_name: b for b in old.brokers}
+    new_b = {b.broker_name: b for b in new.brokers}
+    for name in sorted(new_b.keys() - old_b.keys()):
+        parts.append(f"gained broker {_broker_text(new_b[name])}")
+    for name in sorted(old_b.keys() - new_b.keys()):
+        parts.append(f"lost broker {_broker_text(old_b[name])}")
+    for name in sorted(old_b.keys() & new_b.keys()):
+        if old_b[name] != new_b[name]:
+            parts.append(f"broker {_broker_text(old_b[name])} now {_broker_text(new_b[name])}")
+    old_q = {q.broker_name: q for q in old.queues}
+    new_q = {q.broker_name: q for q in new.queues}
+    for name in sorted(new_q.keys() - old_q.keys()):
+        parts.append(f"gained queues on {name} {_queue_text(new_q[name])}")
+    for name in sorted(old_q.keys() - new_q.keys()):
+        parts.append(f"lost queues on {name} {_queue_text(old_q[name])}")
+    for name in sorted(old_q.keys() & new_q.keys()):
+        if old_q[name] != new_q[name]:
+            parts.append(f"queues on {name} {_queue_text(old_q[name])} -> "
+                         f"{_queue_text(new_q[name])}")
+    if old.order_conf != new.order_conf:
+        parts.append(f"order_conf {old.order_conf!r} -> {new.order_conf!r}")
+    return f"{head}: {'; '.join(parts) or 'unchanged'}"
+
+
+def describe_broker_event(event: BrokerEvent) -> str:
+    reason = f" ({event.reason})" if event.reason else ""
+    return (f"{_stamp()} broker {event.change}{reason} {event.cluster}/{event.broker_name} "
+            f"id {event.broker_id} at {event.broker_addr} (rev {event.revision})")
+
+
+class _Printer:
+    """Turns what the client sees into lines on a queue; the main thread prints them."""
+
+    def __init__(self, as_json: bool, follow_new: bool) -> None:
+        self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.as_json = as_json
+        self.follow_new = follow_new  # every topic: follow one from its first event
+        self.routes: dict[str, TopicRoute | None] = {}
+        self.client: RouteClient | None = None
+
+    def on_event(self, body: bytes) -> None:
+        """Every event body the client receives (on its thread)."""
+        try:
+            event = decode_event(body)
+        except msgspec.DecodeError:
+            return  # the client logs it
+        if isinstance(event, HbEvent):
+            return
+        if self.as_json:
+            self.lines.put(("line", json.dumps(msgspec.to_builtins(event))))
+        elif isinstance(event, BrokerEvent):
+            self.lines.put(("line", describe_broker_event(event)))
+        elif isinstance(event, RouteEvent) and self.follow_new and event.topic not in self.routes:
+            self.routes[event.topic] = None
+            self.lines.put(("follow", event.topic))
+
+    def on_route(self, topic: str, route: TopicRoute | None) -> None:
+        """A followed topic's route changed (also after a re-sync), on the client's thread."""
+        assert self.client is not None
+        old = self.routes.get(topic)
+        self.routes[topic] = route
+        if not self.as_json:
+            revision = self.client.session.cache.revision(topic)
+            self.lines.put(("line", describe_route_change(topic, old, route, revision)))
+
+
+@click.command()
+@click.argument("topics", nargs=-1)
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="Exit after this many lines (default: until Ctrl-C).")
+@click.option("--events", envvar="ZNS_EVENTS", metavar="ENDPOINT",
+              help="Subscribe at this events relay (zns relay) instead of the NameServer's PUB.")
+@ns_options
+def watch(target: Target, topics: tuple[str, ...], count: int | None,
+          events: str | None) -> None:
+    """Print route and broker changes as they happen, one line each (all topics by default)."""
+    ask(target, Status())  # fail plainly (exit 3) when no NameServer answers at all
+    printer = _Printer(target.as_json, follow_new=not topics)
+    channels = [] if topics else [ROUTE_PREFIX, BROKER_PREFIX]
+    client = RouteClient(target.endpoints, timeout=target.timeout,
+                         request_timeout=target.timeout, events=events, channels=channels,
+                         on_event=printer.on_event)
+    printer.client = client
+    if not target.as_json:
+        where = events or "the NameServer's events"
+        click.echo(f"watching {', '.join(topics) or 'every topic and broker'} via {where} "
+                   f"(Ctrl-C to stop)", err=True)
+    seen = 0
+    try:
+        for topic in topics:
+            printer.routes[topic] = None
+            client.watch(topic, printer.on_route)
+        while count is None or seen < count:
+            try:
+                kind, value = printer.lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if kind == "follow":
+                client.watch(value, printer.on_route)
+                continue
+            click.echo(value)
+            seen += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        client.close()

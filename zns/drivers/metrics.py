@@ -1,0 +1,200 @@
+"""`zns serve --metrics HOST:PORT`: Prometheus text at `/metrics`, liveness at `/healthz`.
+
+The loop pays nothing for it: the core and the server keep plain integer counts
+(`NameService.ok_counts`, `error_counts`, `published`, `removals`; the server's
+`dropped_replies`; the timers' `stalls`; the KV store's `write_times`) and the
+collector here reads them when Prometheus scrapes, from the HTTP server's own
+thread. Reading an int, or the length of a dict, is atomic under the GIL; a scrape
+may be one request behind, never torn. Only things that cannot change size while
+being read are read (`len`, counters copied with `dict(...)` in one C call).
+
+`prometheus_client` is an optional dependency (`pip install 'zns[metrics]'`): it is
+the standard implementation of the exposition format, and importing it is needed
+only when `--metrics` is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import socketserver
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from zns import __version__
+from zns.core.errors import ConfigError
+from zns.core.schema import KNOWN_OPS, request_op
+from zns.core.service import NameService
+from zns.drivers.kv_file import WriteTimes
+
+log = logging.getLogger("zns")
+
+MISSING_LIBRARY = ("--metrics needs the prometheus_client package, which is not installed: "
+                   "pip install 'zns[metrics]' (or pip install prometheus_client)")
+
+
+class Observed(Protocol):
+    """What the collector reads of a running server (zns.drivers.server.Server)."""
+
+    service: NameService
+    timers: Any  # .stalls
+    remoting: Any  # None, or .connections
+    dropped_replies: int
+
+    def loop_age_s(self) -> float:
+        """Seconds since the loop last completed a pass."""
+        ...
+
+
+def parse_host_port(spec: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::1]:PORT`, `http://` allowed) as (host, port); ConfigError if not."""
+    text = spec.removeprefix("http://").removeprefix("tcp://").rstrip("/")
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"--metrics {spec!r}: expected HOST:PORT (e.g. 127.0.0.1:9877)")
+    return host, int(port)
+
+
+class _Collector:
+    """Builds every zns metric family from the server's counts at scrape time."""
+
+    def __init__(self, server: Observed) -> None:
+        self.server = server
+        # Request type -> op name, once: the hot path counts by type, not by string.
+        self._ops: dict[type, str] = {}
+
+    def describe(self) -> Iterable[Any]:
+        return []  # no description pass: collect() is cheap and always right
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+            InfoMetricFamily,
+        )
+
+        server, service = self.server, self.server.service
+        table = service.table
+        yield InfoMetricFamily("zns", "The NameServer's version and epoch",
+                               value={"version": __version__, "epoch": service.epoch})
+        requests = CounterMetricFamily("zns_requests", "ZNS/1 requests answered, by op and "
+                                       "outcome (ok or the error code)", labels=["op", "outcome"])
+        for kind, count in dict(service.ok_counts).items():
+            requests.add_metric([self._op(kind), "ok"], count)
+        for (op, code), count in dict(service.error_counts).items():
+            requests.add_metric([op, code], count)
+        yield requests
+        for name, text, value in (
+            ("zns_brokers", "Broker names held", table.broker_count()),
+            ("zns_broker_addresses", "Live broker addresses", table.address_count()),
+            ("zns_topics", "Topics with queue data", table.topic_count()),
+            ("zns_queue_entries", "Queue entries (topic x broker name)", table.queue_count()),
+            ("zns_remoting_connections", "Open RocketMQ remoting connections",
+             _remoting_connections(server)),
+        ):
+            yield GaugeMetricFamily(name, text, value=value)
+        yield _counter_by(CounterMetricFamily, "zns_events_published", "Events published, by "
+                          "channel kind", "channel_kind", dict(service.published),
+                          ("route", "broker", "hb"))
+        yield _counter_by(CounterMetricFamily, "zns_broker_removals", "Broker addresses "
+                          "removed, by reason", "reason", dict(service.removals), ())
+        yield CounterMetricFamily("zns_dropped_replies", "Replies dropped: the peer was gone "
+                                  "or at its high-water mark", value=server.dropped_replies)
+        yield CounterMetricFamily("zns_stalls", "Stalls measured (§8): the loop did not run",
+                                  value=server.timers.stalls)
+        times: WriteTimes | None = getattr(service.kv, "write_times", None)
+        counts = list(times.counts) if times is not None else [0] * (len(WriteTimes.BOUNDS) + 1)
+        yield CounterMetricFamily("zns_kv_writes", "Durable KV writes (append and fsync)",
+                                  value=sum(counts))
+        buckets, running = [], 0
+        for bound, count in zip([*map(str, WriteTimes.BOUNDS), "+Inf"], counts):
+            running += count
+            buckets.append((bound, running))
+        yield HistogramMetricFamily(
+            "zns_kv_write_seconds", "Seconds one durable KV write (append and fsync) took",
+            buckets=buckets, sum_value=times.total_seconds if times is not None else 0.0)
+        peers = GaugeMetricFamily("zns_peer_connected", "1 while the peer NameServer answers",
+                                  labels=["peer"])
+        for peer, up in dict(service.peers).items():
+            peers.add_metric([peer], 1 if up else 0)
+        yield peers
+
+    def _op(self, kind: type) -> str:
+        op = self._ops.get(kind)
+        if op is None:
+            op = self._ops[kind] = request_op(kind) if hasattr(kind, "__struct_config__") \
+                else "unknown"
+        return op if op in KNOWN_OPS else "unknown"
+
+
+def _remoting_connections(server: Observed) -> int:
+    listener = server.remoting
+    return len(getattr(listener, "connections", ())) if listener is not None else 0
+
+
+def _counter_by(family: Callable[..., Any], name: str, text: str, label: str,
+                counts: dict[str, int], always: tuple[str, ...]) -> Any:
+    metric = family(name, text, labels=[label])
+    for key in sorted({*always, *counts}):
+        metric.add_metric([key], counts.get(key, 0))
+    return metric
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never holds up shutdown
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # one line per scrape: too many
+        pass
+
+
+class MetricsServer:
+    """The HTTP endpoint, in threads of its own (`close()` stops them)."""
+
+    def __init__(self, server: Observed, spec: str, *, heartbeat_interval: float) -> None:
+        host, port = parse_host_port(spec)
+        try:
+            from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+        except ImportError:
+            raise ConfigError(MISSING_LIBRARY) from None
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        self.registry.register(_Collector(server))  # type: ignore[arg-type]
+        self._server = server
+        # §healthz: a loop that has not completed a pass for two heartbeat intervals is
+        # stuck (it passes at least once per interval to publish `hb`).
+        self.stuck_after_s = 2 * heartbeat_interval
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+            if environ.get("PATH_INFO") == "/healthz":
+                return self._health(start_response)
+            return metrics_app(environ, start_response)
+
+        try:
+            self._httpd = make_server(host, port, app, _ThreadingServer, handler_class=_Quiet)
+        except OSError as exc:
+            raise ConfigError(f"--metrics {spec}: cannot listen: {exc}") from exc
+        self.host, self.port = host, self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="zns-metrics",
+                                        daemon=True)
+        self._thread.start()
+        log.info("metrics on http://%s:%d/metrics, health on /healthz",
+                 f"[{host}]" if ":" in host else host, self.port)
+
+    def _health(self, start_response: Callable[..., Any]) -> list[bytes]:
+        age = self._server.loop_age_s()
+        if age <= self.stuck_after_s:
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"ok\n"]
+        start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+        return [b"stuck: no loop pass for %.1f s\n" % age]
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)
