@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -327,11 +328,30 @@ def test_tools_take_the_server_key_and_a_keypair(process_server, keys):
 
 @pytest.mark.timeout(60)
 def test_peer_nameservers_hint_each_other_over_curve(make_server, keys):
+    broker_key = keys.make("brokers", "hinted")  # before the servers read the key directories
     first = make_server(**keys.server_options(clients="listed"))
-    second = make_server(peers=[first.router], **keys.server_options(clients="listed"))
+    second = make_server(peers=[first.router], peer_grace=1.0,
+                         **keys.server_options(clients="listed"))
     peer = CurvePeer(second.router, second.pub, keys.server_public,
                      keys.server_secret)  # the shared server key is a client key too
+    on_first = CurvePeer(first.router, first.pub, keys.server_public, broker_key)
+    on_second = CurvePeer(second.router, second.pub, keys.server_public, broker_key)
     try:
         wait_for(lambda: peer.ok("status").peers == {first.router: True})
+        # A hint must travel over CURVE and act: the broker leaves the first server, and
+        # the second removes it as peer_expired, well before its own 4 s timeout.
+        fields = register_fields(heartbeat_timeout_ms=4000)
+        on_first.ok("register_broker", **fields)
+        on_second.ok("register_broker", **fields)
+        peer.subscribe(b"broker/")
+        time.sleep(0.3)  # the subscription reaches the publisher
+        on_first.ok("unregister_broker", **{k: fields[k] for k in
+                                             ("cluster", "broker_name", "broker_id",
+                                              "broker_addr")})
+        _, event = peer.next_event(
+            lambda ch, ev: getattr(ev, "change", "") == "removed", timeout=10)
+        assert (event.change, event.reason) == ("removed", "peer_expired")
     finally:
         peer.close()
+        on_first.close()
+        on_second.close()
