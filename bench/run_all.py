@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from bench import expiry, kv, partition, push_latency, registration, scale, throughput
+from bench import expiry, kv, partition, push_latency, registration, remoting, scale, throughput
 from bench.report import BENCH_DIR, BenchFn, cli
 
 BENCHMARKS: dict[str, BenchFn] = {
@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, BenchFn] = {
     "scale": scale.run,
     "kv": kv.run,
     "partition": partition.run,
+    "remoting": remoting.run,
 }
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv", "partition"]
+SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv", "partition",
+           "remoting"]
 
 
 @pytest.mark.timeout(60)
@@ -39,6 +41,23 @@ def test_script_runs_and_writes_results(name: str, tmp_path: Path) -> None:
             assert isinstance(figure["met"], bool), figure
         assert figure["name"] in markdown
         assert figure["name"] in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_remoting_runs_zns_only_without_a_jdk(tmp_path: Path) -> None:
+    # No java on PATH: the Java NameServer's side is skipped, zns and the echo still measured.
+    env = {k: v for k, v in os.environ.items() if k != "ZNS_REQUIRE_INTEROP"}
+    env["PATH"] = str(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.remoting", "--quick", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=55, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["remoting"]
+    names = [figure["name"] for figure in result["figures"]]
+    assert any(name.startswith("GET_ROUTEINFO_BY_TOPIC at saturation") for name in names)
+    assert not any("Java" in name for name in names), names
+    assert "the Java side was skipped: no JDK" in result["figures"][0]["note"]
 
 
 def test_run_all_runs_every_script() -> None:
