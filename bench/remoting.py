@@ -110,6 +110,20 @@ ZNS/1 watcher of zns (SUB, `broker/` prefix) receives `removed` / `disconnected`
 Wall-clock times in one machine.
 """
 
+LIMITS = """
+What limits zns here: its remoting path is Python on one core — per GET_ROUTEINFO_BY_TOPIC
+about 3 µs to frame and decode the JSON header, 2 µs to answer (the route's JSON is
+encoded once per change and cached) and 2 µs to encode the reply header, measured
+in-process without sockets; the rest of its ~15 µs of CPU per request is the loop and
+the socket calls (one recv and one send per connection per pass, ~16 requests each at
+this depth). The Java NameServer spreads its work over Netty and executor threads but
+spends more CPU per request (fastjson encodes each route anew); on 2 cores shared with
+the load generator neither gets a core to itself. The generator is not the bound: the
+echo takes 3–9× more requests from it than zns does. A killed broker's removal is bounded
+below by the kernel: its sockets close only while the JVM is torn down, which the reap
+time shows; zns then publishes within a poll pass.
+"""
+
 NO_JAVA_NOTE = "the Java side was skipped: {reason}"
 
 
@@ -712,8 +726,14 @@ def result(p: Params, java_on: bool, reason: str, sat: dict[str, list[float]],
                    "process's sockets only while it tears the process down (a JVM's large "
                    "mappings first), and the reap comes right after"),
         ]
+    params = (f"Parameters: B = {p.brokers} brokers, T = {p.topics} topics per pair "
+              f"({len(all_topics(p))} topics), P = {p.processes} processes × C = {p.conns} "
+              f"connections × D = {p.depth} in flight; windows of {p.duration:g} s after "
+              f"{p.warmup:g} s; fixed rate {p.rate:g} req/s for {p.rate_duration:g} s; "
+              f"{p.jit_warmup:g} s of load per server before the first round; "
+              f"{p.kill_rounds} kill round(s).")
     return BenchResult("remoting", "6. RocketMQ remoting: zns against the Java NameServer",
-                       METHOD, figures)
+                       METHOD + "\n" + params + "\n" + LIMITS, figures)
 
 
 if __name__ == "__main__":
