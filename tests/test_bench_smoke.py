@@ -79,3 +79,32 @@ def test_ratios_and_targets(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fig.ratio == 0.5 and fig.met is False
     assert Figure("y", "ms", [3, 1, 2], target=Target("value", "<=", 2)).met is True
     assert Figure("z", "s", [10], "RocketMQ", [150]).ratio == pytest.approx(10 / 150)
+
+
+def test_a_partial_run_keeps_the_other_benchmarks_results(monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    from bench.report import BenchResult, Figure, RunConfig, Target, as_json, markdown
+    from bench.report import merge_json, merge_markdown
+
+    def bench(name: str, value: float) -> BenchResult:
+        fig = Figure(f"{name} rate", "req/s", [value], "echo", [100.0], Target("ratio", ">=", 1))
+        return BenchResult(name, f"{name} title", f"{name} method", [fig])
+
+    info = {"date": "d", "nproc": 2, "cpu": "c", "platform": "p", "load_average": (0, 0, 0),
+            "python": "3", "pyzmq": "z", "libzmq": "l", "msgspec": "m", "zns": "0",
+            "commit": "abc"}
+    config = RunConfig(quick=False, rounds=1, workdir=tmp_path)
+    old = [bench("alpha", 50.0), bench("beta", 60.0)]
+    md = merge_markdown(markdown(old, info, config), [bench("beta", 70.0), bench("gamma", 80.0)],
+                        info, config)
+    assert md.count("## alpha title") == md.count("## beta title") == md.count("## gamma title") == 1
+    assert "| alpha | alpha rate | 50.0 req/s |" in md  # kept
+    assert "| beta | beta rate | 70.0 req/s |" in md and "60.0 req/s" not in md  # replaced
+    assert "| gamma | gamma rate | 80.0 req/s |" in md  # added
+    assert "- `beta` rerun alone" in md and "- `alpha` rerun" not in md
+    assert md.index("## alpha title") < md.index("## beta title") < md.index("## gamma title")
+    doc = json.loads(merge_json(as_json(old, info, config), [bench("beta", 70.0)], info, config))
+    assert list(doc["benchmarks"]) == ["alpha", "beta"]
+    assert doc["benchmarks"]["alpha"]["figures"][0]["median"] == 50.0
+    assert doc["benchmarks"]["beta"]["figures"][0]["median"] == 70.0
