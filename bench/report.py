@@ -259,6 +259,85 @@ def as_json(results: Sequence[BenchResult], info: dict[str, Any], config: RunCon
     return json.dumps(doc, indent=2, ensure_ascii=False)
 
 
+# --- a partial run merged into the published results ------------------------------
+
+
+def _sections(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """A results.md as its preamble and its `## ` sections, (heading line, whole text)."""
+    preamble, sections = [], []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## "):
+            sections.append([line.rstrip("\n"), line])
+        elif sections:
+            sections[-1][1] += line
+        else:
+            preamble.append(line)
+    return "".join(preamble), [(h, body) for h, body in sections]
+
+
+def merge_markdown(old: str, results: Sequence[BenchResult], info: dict[str, Any],
+                   config: RunConfig) -> str:
+    """`old` with the sections and Targets rows of `results` replaced (or added before the
+    soak), and a preamble line saying when and how these were rerun; the rest is kept."""
+    ran = {r.name for r in results}
+    old_pre, old_secs = _sections(old)
+    _, new_secs = _sections(markdown(results, info, config))
+    new_by_heading = dict(new_secs)
+    mode = "quick (smoke) parameters" if config.quick else "full parameters"
+    load = ", ".join(f"{x:.2f}" for x in info["load_average"])
+    pre_lines = [line for line in old_pre.rstrip("\n").splitlines()
+                 if not any(line.startswith(f"- `{name}` rerun") for name in ran)]
+    for result in results:
+        pre_lines.append(
+            f"- `{result.name}` rerun alone on {info['date']}, {mode}, {config.rounds} round(s)"
+            + (f", commit {info['commit']}" if info["commit"] else "")
+            + f"; load average at start {load}")
+    out = ["\n".join(pre_lines) + "\n\n"]
+    placed: set[str] = set()
+    for heading, body in old_secs:
+        if heading == "## Targets":
+            rows = [line for line in body.splitlines()
+                    if not (line.startswith("| ") and line.split(" | ")[0][2:] in ran)]
+            new_rows = [line for line in new_by_heading.get(heading, "").splitlines()
+                        if line.startswith("| ") and line.split(" | ")[0][2:] in ran]
+            while rows and not rows[-1].strip():
+                rows.pop()
+            out.append("\n".join(rows + new_rows) + "\n\n")
+            placed.add(heading)
+        elif heading == "## Soak":  # last, as `markdown` puts it; new sections go before it
+            out += [b for h, b in new_secs if h not in placed and h != "## Soak"]
+            placed.update(h for h, _ in new_secs)
+            out.append(new_by_heading.get(heading, body))
+        elif heading in new_by_heading:
+            out.append(new_by_heading[heading])
+            placed.add(heading)
+        else:
+            out.append(body)
+    out += [b for h, b in new_secs if h not in placed and h != "## Soak"]
+    return "".join(out)
+
+
+def merge_json(old: str, results: Sequence[BenchResult], info: dict[str, Any],
+               config: RunConfig) -> str:
+    """`old` with the entries of `results` replaced or added; each carries its own run's
+    machine, mode and rounds (the top-level ones describe the last full run)."""
+    doc = json.loads(old)
+    new = json.loads(as_json(results, info, config))["benchmarks"]
+    for name, entry in new.items():
+        entry.update(machine=info, quick=config.quick, rounds=config.rounds)
+        doc.setdefault("benchmarks", {})[name] = entry
+    return json.dumps(doc, indent=2, ensure_ascii=False)
+
+
+def _kept(path: Path, ran: set[str]) -> list[str]:
+    """Benchmarks already in `path` (results.json) that this run did not measure."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [name for name in doc.get("benchmarks", {}) if name not in ran]
+
+
 # --- the shared command line -------------------------------------------------
 
 
@@ -297,7 +376,14 @@ def cli(benches: dict[str, BenchFn], argv: Sequence[str] | None = None,
     print(text_table(results))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.md").write_text(markdown(results, info, config))
-        (args.out / "results.json").write_text(as_json(results, info, config) + "\n")
+        md, js = args.out / "results.md", args.out / "results.json"
+        kept = _kept(js, {r.name for r in results})
+        if kept:  # a partial run: the other benchmarks' published results stay
+            md.write_text(merge_markdown(md.read_text(), results, info, config))
+            js.write_text(merge_json(js.read_text(), results, info, config) + "\n")
+            print(f"kept the results of {', '.join(kept)}", file=sys.stderr)
+        else:
+            md.write_text(markdown(results, info, config))
+            js.write_text(as_json(results, info, config) + "\n")
         print(f"wrote {args.out / 'results.md'} and {args.out / 'results.json'}")
     return 1 if any(r.error for r in results) else 0

@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
-from bench import expiry, flood, kv, ops, partition, push_latency, registration, scale, throughput
+from bench import (
+    expiry, flood, kv, ops, partition, push_latency, registration, remoting, scale, throughput,
+)
 from bench.report import BENCH_DIR, BenchFn, cli
 
 BENCHMARKS: dict[str, BenchFn] = {
@@ -18,6 +20,7 @@ BENCHMARKS: dict[str, BenchFn] = {
     "partition": partition.run,
     "flood": flood.run,
     "ops": ops.run,
+    "remoting": remoting.run,
 }
 
 if __name__ == "__main__":

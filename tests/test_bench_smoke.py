@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv", "partition",
-           "flood", "ops"]
+           "flood", "ops", "remoting"]
 
 
 @pytest.mark.timeout(60)
@@ -42,6 +43,23 @@ def test_script_runs_and_writes_results(name: str, tmp_path: Path) -> None:
         assert figure["name"] in proc.stdout
 
 
+@pytest.mark.timeout(60)
+def test_remoting_runs_zns_only_without_a_jdk(tmp_path: Path) -> None:
+    # No java on PATH: the Java NameServer's side is skipped, zns and the echo still measured.
+    env = {k: v for k, v in os.environ.items() if k != "ZNS_REQUIRE_INTEROP"}
+    env["PATH"] = str(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.remoting", "--quick", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=55, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["remoting"]
+    names = [figure["name"] for figure in result["figures"]]
+    assert any(name.startswith("GET_ROUTEINFO_BY_TOPIC at saturation") for name in names)
+    assert not any("Java" in name for name in names), names
+    assert "the Java side was skipped: no JDK" in result["figures"][0]["note"]
+
+
 def test_run_all_runs_every_script() -> None:
     proc = subprocess.run(
         [sys.executable, "-c", "from bench.run_all import BENCHMARKS; print(*BENCHMARKS)"],
@@ -61,3 +79,32 @@ def test_ratios_and_targets(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fig.ratio == 0.5 and fig.met is False
     assert Figure("y", "ms", [3, 1, 2], target=Target("value", "<=", 2)).met is True
     assert Figure("z", "s", [10], "RocketMQ", [150]).ratio == pytest.approx(10 / 150)
+
+
+def test_a_partial_run_keeps_the_other_benchmarks_results(monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    from bench.report import BenchResult, Figure, RunConfig, Target, as_json, markdown
+    from bench.report import merge_json, merge_markdown
+
+    def bench(name: str, value: float) -> BenchResult:
+        fig = Figure(f"{name} rate", "req/s", [value], "echo", [100.0], Target("ratio", ">=", 1))
+        return BenchResult(name, f"{name} title", f"{name} method", [fig])
+
+    info = {"date": "d", "nproc": 2, "cpu": "c", "platform": "p", "load_average": (0, 0, 0),
+            "python": "3", "pyzmq": "z", "libzmq": "l", "msgspec": "m", "zns": "0",
+            "commit": "abc"}
+    config = RunConfig(quick=False, rounds=1, workdir=tmp_path)
+    old = [bench("alpha", 50.0), bench("beta", 60.0)]
+    md = merge_markdown(markdown(old, info, config), [bench("beta", 70.0), bench("gamma", 80.0)],
+                        info, config)
+    assert md.count("## alpha title") == md.count("## beta title") == md.count("## gamma title") == 1
+    assert "| alpha | alpha rate | 50.0 req/s |" in md  # kept
+    assert "| beta | beta rate | 70.0 req/s |" in md and "60.0 req/s" not in md  # replaced
+    assert "| gamma | gamma rate | 80.0 req/s |" in md  # added
+    assert "- `beta` rerun alone" in md and "- `alpha` rerun" not in md
+    assert md.index("## alpha title") < md.index("## beta title") < md.index("## gamma title")
+    doc = json.loads(merge_json(as_json(old, info, config), [bench("beta", 70.0)], info, config))
+    assert list(doc["benchmarks"]) == ["alpha", "beta"]
+    assert doc["benchmarks"]["alpha"]["figures"][0]["median"] == 50.0
+    assert doc["benchmarks"]["beta"]["figures"][0]["median"] == 70.0

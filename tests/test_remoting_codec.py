@@ -507,3 +507,14 @@ def test_error_messages_are_bounded():
     with pytest.raises(RemotingFrameError) as info3:
         rm.decode_json_header(b'{"extFields":{"' + b"k" * 100_000 + b'":{}}}')
     assert len(str(info3.value)) < 300
+
+
+@pytest.mark.parametrize("field", ["code", "version", "opaque", "flag"])
+@pytest.mark.parametrize("value", [2**31, -(2**31) - 1])
+def test_json_header_refuses_numbers_java_ints_cannot_hold(field, value):
+    # A caller's bug, not a peer's: fastjson would read such a header back as garbage.
+    cmd = RemotingCommand(**{"code": 0, field: value})
+    with pytest.raises(ValueError, match=f"{field} {value} does not fit a Java int"):
+        rm.encode_command(cmd)
+    cmd = RemotingCommand(**{"code": 0, field: value - 1 if value > 0 else value + 1})
+    assert rm.encode_command(cmd)

@@ -679,3 +679,14 @@ def test_route_cache_follows_changes(rs, svc):
     assert call(rs, req(105, {"topic": "TopicTest"})).code == 17
     ok(rs, register_cmd(counter=7))  # back again
     assert both()[1] == INLINE["TopicRouteData standard w/ orderTopicConf"].encode()
+
+
+@pytest.mark.parametrize("topic", ["bad topic", "T" * 128, "", "Topic/x"])
+def test_route_request_for_a_malformed_topic_is_refused_before_and_after_caching(rs, topic):
+    # Answers are cached per topic and the cache is consulted before the name is checked;
+    # a name that fails the schema must be refused whether or not good names are cached.
+    register_pair(rs)
+    for _ in range(2):
+        reply = call(rs, req(105, {"topic": topic}))
+        assert reply.code == 1 and "topic" in reply.remark, reply
+        assert ok(rs, req(105, {"topic": "TopicTest"})).body

@@ -9,6 +9,10 @@
  *                one line per send, then a summary line
  *   consume      --namesrv A --topic T --count N --timeout S   one summary line
  *   route        --namesrv A --topic T                    the TopicRouteData as JSON
+ *   watch-route  --namesrv A --topic T --broker NAME [--timeout S] [--every-ms N]
+ *                a producer (RocketMQ's 30 s route poll unless --poll-ms) follows T;
+ *                prints a "listed" line once its route table has broker NAME, then a
+ *                "gone" line (wall-clock ms) as soon as the table no longer lists it
  *   mqadmin      <mqadmin arguments>                      runs the stock mqadmin command
  *                in-process and halts as soon as it returns (the stock launcher's JVM
  *                lingers while Netty's non-daemon threads shut down gracefully)
@@ -35,6 +39,8 @@ import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
 import org.apache.rocketmq.client.exception.MQBrokerException;
 import org.apache.rocketmq.client.exception.MQClientException;
+import org.apache.rocketmq.client.impl.producer.DefaultMQProducerImpl;
+import org.apache.rocketmq.client.impl.producer.TopicPublishInfo;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.client.producer.SendResult;
 import org.apache.rocketmq.client.producer.SendStatus;
@@ -56,7 +62,7 @@ public final class ZnsInteropClient {
         int rc;
         try {
             if (args.length == 0) {
-                throw new IllegalArgumentException("usage: ZnsInteropClient produce|produce-loop|consume|route|mqadmin ...");
+                throw new IllegalArgumentException("usage: ZnsInteropClient produce|produce-loop|consume|route|watch-route|mqadmin ...");
             }
             String mode = args[0];
             if (mode.equals("mqadmin")) {
@@ -78,6 +84,9 @@ public final class ZnsInteropClient {
                         break;
                     case "route":
                         rc = route(opts);
+                        break;
+                    case "watch-route":
+                        rc = watchRoute(opts);
                         break;
                     default:
                         throw new IllegalArgumentException("unknown mode " + mode);
@@ -383,6 +392,62 @@ public final class ZnsInteropClient {
         } finally {
             boundedShutdown(admin::shutdown);
         }
+    }
+
+    // ---- watch-route ---------------------------------------------------------------
+
+    /**
+     * What a producer believes: the route in its own topic table, which only the periodic
+     * NameServer poll (pollNameServerInterval, 30 s by default) refreshes. The topic is put
+     * into the table as a send would put it, so the poll follows it; the table is then read
+     * every --every-ms and the moment --broker leaves it is printed (wall clock, ms).
+     */
+    private static int watchRoute(Map<String, String> o) throws Exception {
+        String topic = o.get("topic");
+        String broker = o.get("broker");
+        if (broker == null) {
+            throw new IllegalArgumentException("--broker is required");
+        }
+        o.putIfAbsent("poll-ms", "30000");
+        long deadline = System.nanoTime() + (long) (doubleOpt(o, "timeout", 60) * 1e9);
+        int every = intOpt(o, "every-ms", 10);
+        DefaultMQProducer p = startProducer(o);
+        try {
+            DefaultMQProducerImpl impl = p.getDefaultMQProducerImpl();
+            impl.getTopicPublishInfoTable().putIfAbsent(topic, new TopicPublishInfo());
+            boolean listed = false;
+            while (System.nanoTime() < deadline) {
+                if (!listed) {
+                    impl.getMqClientFactory().updateTopicRouteInfoFromNameServer(topic);
+                }
+                boolean now = lists(impl.getTopicPublishInfoTable().get(topic), broker);
+                if (now && !listed) {
+                    listed = true;
+                    System.out.println(json(mapOf("event", "listed", "broker", broker, "wall_ms", System.currentTimeMillis())));
+                    System.out.flush();
+                } else if (!now && listed) {
+                    System.out.println(json(mapOf("event", "gone", "ok", true, "broker", broker, "wall_ms", System.currentTimeMillis())));
+                    return 0;
+                }
+                TimeUnit.MILLISECONDS.sleep(every);
+            }
+            System.out.println(json(mapOf("event", "timeout", "ok", false, "broker", broker, "listed", listed)));
+            return 1;
+        } finally {
+            boundedShutdown(p::shutdown);
+        }
+    }
+
+    private static boolean lists(TopicPublishInfo info, String broker) {
+        if (info == null || info.getTopicRouteData() == null) {
+            return false;
+        }
+        for (BrokerData bd : info.getTopicRouteData().getBrokerDatas()) {
+            if (broker.equals(bd.getBrokerName())) {
+                return true;
+            }
+        }
+        return false;
     }
 
     // ---- helpers -------------------------------------------------------------------

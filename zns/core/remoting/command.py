@@ -189,22 +189,19 @@ def encode_json_header(cmd: RemotingCommand) -> bytes:
     Hand-written because msgspec can neither order the ext map Java's way nor
     escape like fastjson.
     """
-    for name in ("code", "version", "opaque", "flag"):
-        _check_int32(name, getattr(cmd, name))
-    parts = ['{"code":', str(cmd.code)]
+    code, version, opaque, flag = cmd.code, cmd.version, cmd.opaque, cmd.flag
+    if not (_INT32_MIN <= code <= _INT32_MAX and _INT32_MIN <= version <= _INT32_MAX
+            and _INT32_MIN <= opaque <= _INT32_MAX and _INT32_MIN <= flag <= _INT32_MAX):
+        for name in ("code", "version", "opaque", "flag"):
+            _check_int32(name, getattr(cmd, name))
+    # One format call: this runs for every reply, GET_ROUTEINFO_BY_TOPIC's included.
     ext = cmd.ext_fields
-    if ext is not None:
-        parts.append(',"extFields":{')
-        parts.append(",".join(f"{escape_legacy(k)}:{escape_legacy(ext[k])}" for k in java_hashmap_order(ext)))
-        parts.append("}")
-    parts += [',"flag":', str(cmd.flag)]
-    if cmd.language is not None:
-        parts += [',"language":"', cmd.language, '"']
-    parts += [',"opaque":', str(cmd.opaque)]
-    if cmd.remark is not None:
-        parts += [',"remark":', escape_legacy(cmd.remark)]
-    parts += [',"serializeTypeCurrentRPC":"JSON","version":', str(cmd.version), "}"]
-    return to_utf8("".join(parts))
+    ext_part = "" if ext is None else ',"extFields":{' + ",".join(
+        f"{escape_legacy(k)}:{escape_legacy(ext[k])}" for k in java_hashmap_order(ext)) + "}"
+    language = "" if cmd.language is None else f',"language":"{cmd.language}"'
+    remark = "" if cmd.remark is None else ',"remark":' + escape_legacy(cmd.remark)
+    return to_utf8(f'{{"code":{int(code)}{ext_part},"flag":{int(flag)}{language},"opaque":{int(opaque)}'
+                   f'{remark},"serializeTypeCurrentRPC":"JSON","version":{int(version)}}}')
 
 
 # --- ROCKETMQ header (type 1) --------------------------------------------------------
@@ -403,23 +400,24 @@ class FrameDecoder:
         buf += data
         out: list[RemotingCommand] = []
         pos = self._pos
+        size = len(buf)
+        limit = self.max_frame_bytes - 4
         try:
-            while len(buf) - pos >= 4:
-                (length,) = _INT32.unpack_from(buf, pos)
-                if length < 4:
-                    raise RemotingFrameError(f"frame length field {length} is below the minimum of 4")
-                if length > self.max_frame_bytes - 4:
-                    raise RemotingFrameError(
-                        f"frame of {length + 4} bytes (length field included) exceeds the limit of {self.max_frame_bytes}"
-                    )
-                if len(buf) - pos - 4 < length:
-                    break  # wait for the rest of this frame
-                # Copy the frame out (once) so no view pins the bytearray: a
-                # pinned bytearray cannot be appended to or compacted.
-                with memoryview(buf) as mv:
-                    frame = bytes(mv[pos + 4 : pos + 4 + length])
-                out.append(decode_frame(frame, max_ext_fields=self.max_ext_fields))
-                pos += 4 + length
+            # Each frame is copied out (once) so that no view outlives this block: the
+            # bytearray is compacted below, and a pinned one cannot be resized.
+            with memoryview(buf) as mv:
+                while size - pos >= 4:
+                    (length,) = _INT32.unpack_from(buf, pos)
+                    if length < 4:
+                        raise RemotingFrameError(f"frame length field {length} is below the minimum of 4")
+                    if length > limit:
+                        raise RemotingFrameError(
+                            f"frame of {length + 4} bytes (length field included) exceeds the limit of {self.max_frame_bytes}"
+                        )
+                    if size - pos - 4 < length:
+                        break  # wait for the rest of this frame
+                    out.append(decode_frame(bytes(mv[pos + 4 : pos + 4 + length]), max_ext_fields=self.max_ext_fields))
+                    pos += 4 + length
         except RemotingFrameError as exc:
             self._error = str(exc)
             self._buf = bytearray()

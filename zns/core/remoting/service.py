@@ -257,7 +257,10 @@ class RemotingService:
     # --- requests ---------------------------------------------------------
 
     def _route(self, cmd: RemotingCommand, ext: Mapping[str, str]) -> RemotingCommand:
-        topic = _convert(require(ext, "topic"), Topic, "topic")
+        topic = require(ext, "topic")
+        cached = self._routes.get(topic)
+        if cached is None:  # a cached name was checked when it was cached: the hot path skips it
+            topic = _convert(topic, Topic, "topic")
         table = self.service.table
         legacy = not wants_standard_json(cmd.version, cmd.ext_fields)
         if parse_bool(ext, "__ZONE_MODE") and (zone := optional(ext, "__ZONE_NAME")):
@@ -266,7 +269,6 @@ class RemotingService:
                 return _no_route(cmd, topic)
             return _ok(cmd, body=encode_topic_route(filter_zone(route, zone), legacy))
         revision = table.topic_revision(topic)
-        cached = self._routes.get(topic)
         if cached is None or cached[0] != revision:
             route = table.route(topic)
             if route is None:
