@@ -41,6 +41,7 @@ RETRY_MS = 1000  # how often a paused guard checks for free descriptors
 HEADROOM = 64  # descriptors that must be free before new connections are let in again
 MONITOR_EVENTS_PER_PASS = 1024
 SHED_PER_PASS = 1024
+RESERVES = 8
 
 
 def raise_descriptor_limit() -> int:
@@ -97,7 +98,10 @@ class DescriptorGuard:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._reserve: int | None = _open_reserve()
+        # Descriptors held back for shedding. Several: libzmq's I/O thread may take a freed
+        # slot between our accept and close, and one lost reserve must not leave none.
+        self._reserves: list[int] = []
+        self._refill_reserves()
         self.listeners: list[Listener] = []
         self.plain: list[socket.socket] = []  # listening sockets accepted from by zns itself
         self.exhausted = 0  # times new connections were stopped for lack of descriptors
@@ -141,10 +145,13 @@ class DescriptorGuard:
         return shed
 
     def tick(self, now: int) -> None:
-        """While paused, once a second: let new connections in again when descriptors are free."""
+        """While paused, once a second: shed what waits, and let new connections in again
+        when descriptors are free."""
         if self.paused_since is None or now < self._retry_at:
             return
         self._retry_at = now + RETRY_MS
+        for sock in self._listening():
+            self._shed(sock)  # anything that got into a queue before the filter
         if _open_descriptors() + HEADROOM > self.limit:
             return
         for sock in self._listening():
@@ -160,15 +167,15 @@ class DescriptorGuard:
         for listener in self.listeners:
             listener.close()
         self.listeners.clear()
-        if self._reserve is not None:
-            os.close(self._reserve)
-            self._reserve = None
+        for fd in self._reserves:
+            os.close(fd)
+        self._reserves.clear()
 
     def _shed(self, listening: socket.socket) -> int:
-        """Accept every waiting connection on `listening` and close it (using the reserve)."""
-        if self._reserve is not None:
-            os.close(self._reserve)
-            self._reserve = None
+        """Accept every waiting connection on `listening` and close it (using the reserves)."""
+        for fd in self._reserves:
+            os.close(fd)
+        self._reserves.clear()
         shed = 0
         try:
             while shed < SHED_PER_PASS:
@@ -178,13 +185,20 @@ class DescriptorGuard:
                     break
                 except OSError as exc:
                     if exc.errno in (errno.EMFILE, errno.ENFILE):
-                        break  # another thread took the reserve; the next event retries
+                        break  # libzmq took the slots; the next event (or tick) retries
                     raise
                 conn.close()
                 shed += 1
         finally:
-            self._reserve = _open_reserve()
+            self._refill_reserves()
         return shed
+
+    def _refill_reserves(self) -> None:
+        while len(self._reserves) < RESERVES:
+            fd = _open_reserve()
+            if fd is None:
+                return
+            self._reserves.append(fd)
 
 
 OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
