@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test rocketmq-jars bench demo demo-peers clean
+.PHONY: run test mutate rocketmq-jars bench demo demo-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,16 @@ rocketmq-jars:
 	else \
 		echo "rocketmq-jars: no JDK/Maven on PATH; the interop tests will skip" >&2; \
 	fi
+
+# Mutation testing of zns/core, one module at a time with its own fast tests (tools/mutate.py;
+# see docs/development.md). Installs the `mutate` extra (mutmut) on first use; writes
+# docs/mutation-scores.md. MUTATE_ARGS="routes timers" runs some modules only. Hours for all.
+$(VENV)/.mutate-installed: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test,mutate]'
+	touch $@
+
+mutate: $(VENV)/.mutate-installed
+	nice -n 10 $(BIN)/python tools/mutate.py $(MUTATE_ARGS)
 
 # Every benchmark (about 10 minutes): prints a table, writes bench/results.md and .json.
 # BENCH_ARGS="--quick" for a smoke run, or names to run only some (e.g. "scale").

@@ -13,6 +13,29 @@ from typing import Any
 
 import pytest
 import zmq
+from hypothesis import settings
+
+# Under mutation testing (tools/mutate.py sets ZNS_MUTATION=1) every test runs once per mutant:
+# hypothesis uses few, derandomized examples and tests that start a server are deselected.
+MUTATION = os.environ.get("ZNS_MUTATION") == "1"
+settings.register_profile("mutation", max_examples=25, derandomize=True, database=None, deadline=None)
+if MUTATION:
+    settings.load_profile("mutation")
+SERVER_FIXTURES = {"server", "make_server", "process_server", "rocketmq_env", "rmq", "rmq_module"}
+
+
+def examples(n: int) -> int:
+    """A test's own hypothesis `max_examples`, cut to the mutation profile's under mutation testing."""
+    return min(n, settings.get_profile("mutation").max_examples) if MUTATION else n
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not MUTATION:
+        return
+    deselected = [item for item in items if SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item not in deselected]
 
 from zns.core import schema
 from zns.drivers.server import Server, ServerConfig

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import register_fields, wait_for
+from conftest import examples, register_fields, wait_for
 from zns.core.backoff import Backoff
 from zns.core.client_session import (
     ClientSession,
@@ -83,7 +83,7 @@ step = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(step, max_size=60))
 def test_cache_is_never_wrong_and_converges(steps):
     """The subscriptions reach the publisher at some unknown point (`effective`); before

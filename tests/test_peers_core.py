@@ -321,3 +321,57 @@ def test_deeply_nested_peer_input_is_a_decode_error_not_a_crash(decode):
     body = b"\x84\xa2op\xa2hb\xa5epoch\xa1e\xa8revision\x01\xa1x" + b"\x91" * 100_000 + b"\xc0"
     with pytest.raises(msgspec.DecodeError):
         decode(body)
+
+
+# --- found by mutation testing (tools/mutate.py) ---------------------------------------------
+
+def test_a_bad_events_endpoint_asks_again_backing_off_until_an_event_arrives():
+    link = linked(0)
+    assert link.connected is True
+    waits = []
+    now = 0
+    for _ in range(7):
+        link.on_subscribe_failed(now)
+        assert link.pub is None and link.asking is True
+        waits.append(link._next_ask - now)
+        now = link._next_ask
+        assert link.on_timer(now) == [AskStatus(link._request_id)]
+        assert link._next_ask == now + RETRY_MIN_MS  # an unanswered ask retries as usual
+        assert link.on_reply(status(rid=link._request_id), now) == [Subscribe("tcp://10.1.2.3:9877")]
+    # Doubling from 2 x RETRY_MIN_MS per failure in a row, capped (a status reply resets nothing).
+    assert waits == [400, 800, 1600, 3200, RETRY_MAX_MS, RETRY_MAX_MS, RETRY_MAX_MS]
+    link.on_event(hb(now), now)  # the subscription works: the count starts over
+    link.on_subscribe_failed(now)
+    assert link._next_ask == now + 2 * RETRY_MIN_MS
+
+
+def test_a_status_reply_while_not_asking_changes_nothing():
+    link = linked(0)
+    assert link.on_reply(status(pub="tcp://0.0.0.0:1111", rid=9), 5) == []
+    assert link.pub == "tcp://10.1.2.3:9877" and not link.asking
+
+
+@pytest.mark.parametrize(("gap", "measured"), [(0, False), (1, True), (60_000, True), (60_001, False)])
+def test_hb_gaps_measured_are_positive_and_at_most_a_minute(gap, measured):
+    link = linked(0)
+    link.on_event(hb(gap), gap)
+    assert link.interval_ms == (gap if measured else DEFAULT_PEER_INTERVAL_MS)
+
+
+def test_the_link_logs_connect_restart_refusal_and_silence(caplog):
+    with caplog.at_level("INFO", logger="zns"):
+        link = linked(0)  # a first status and hb: no restart, one connect
+        link.on_timer(5000)  # silent
+        link.on_timer(5000)
+        link.on_reply(Error(code="no_permission", message="nope", id=link._request_id), 5001)
+        link.on_reply(status(epoch="b" * 16, rid=link._request_id), 5002)
+        link.on_event(hb(5003, epoch="c" * 16), 5003)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"peer {PEER} connected (epoch 'aaaaaaaaaaaaaaaa', events on 'tcp://10.1.2.3:9877')",
+        f"peer {PEER} disconnected: no hb for 5000 ms",
+        f"peer {PEER} refused status: 'no_permission' 'nope'",
+        f"peer {PEER} restarted (epoch 'aaaaaaaaaaaaaaaa' -> 'bbbbbbbbbbbbbbbb')",
+        f"peer {PEER} restarted (epoch 'bbbbbbbbbbbbbbbb' -> 'cccccccccccccccc'); asking for its endpoints again",
+        f"peer {PEER} connected (epoch 'cccccccccccccccc', events on 'tcp://10.1.2.3:9877')",
+    ]
+    assert link.connected is True

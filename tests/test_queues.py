@@ -1,6 +1,9 @@
 """Producer/consumer views and queue selection (RocketMQ's client rules), no sockets."""
 
+import pytest
 from hypothesis import given, strategies as st
+
+from zns.core.errors import NoWritableQueue
 
 from zns.core.queues import (
     LATENCY_MAX_MS,
@@ -114,3 +117,65 @@ def test_all_brokers_isolated_picks_the_least_bad_one():
     picks = [sel.select_queue("T", queues, 10) for _ in range(8)]
     assert {q.broker_name for q in picks} == {"b", "d"}  # turns among the better half
     assert sel.select_queue("T", queues, 2_000).broker_name == "b"  # b is available again
+
+
+# --- found by mutation testing (tools/mutate.py) ---------------------------------------------
+
+def test_a_write_only_queue_is_not_read():
+    route = make_route()
+    route.queues.append(QueueData(broker_name="d", read_queues=4, write_queues=4, perm=2, sys_flag=0))
+    assert "d" not in {q.broker_name for q in read_queues(route)}
+
+
+def test_malformed_order_conf_entries_are_skipped():
+    queues = write_queues(make_route(order_conf=":3; a:1;x:1:2;b:;c:two"))
+    assert queues == [MessageQueue("T", "a", 0)]
+
+
+def test_least_bad_prefers_available_then_unknown_ties_keep_their_order():
+    faults = LatencyFaults()
+    faults.report("isolated", 600, now=0)  # avoided until 2000
+    faults.report("recovered", 3000, now=-100_000)  # slow once, long released
+    faults.report("fast", 0, now=0)  # known, latency 0, never avoided
+    # An available broker ranks before an avoided one, however slow it was.
+    assert faults.least_bad(["isolated", "recovered"], now=0, turn=0) == "recovered"
+    # A broker never reported ranks as latency 0, released at 0: tied with "fast".
+    assert faults.least_bad(["unknown", "fast"], now=0, turn=0) == "unknown"
+    assert faults.least_bad(["fast", "unknown"], now=0, turn=0) == "fast"
+
+
+def test_a_report_is_a_success_unless_told_failed():
+    faults = LatencyFaults()
+    faults.report("a", 10, now=0)
+    assert faults.is_available("a", now=0)
+    selector = QueueSelector(fault_tolerance=True)
+    selector.report("a", 10, now=0)
+    assert selector.faults is not None and selector.faults.is_available("a", now=0)
+
+
+def test_fault_avoidance_is_off_by_default():
+    selector = QueueSelector()
+    assert selector.faults is None
+    queues = [MessageQueue("T", "a", 0), MessageQueue("T", "b", 0)]
+    selector.report("a", 0, now=0, failed=True)
+    assert [selector.select_queue("T", queues, now=0) for _ in range(2)] == queues
+
+
+def test_avoiding_a_broker_takes_the_next_queue_in_round_robin_order():
+    selector = QueueSelector()
+    queues = [MessageQueue("T", "a", 0), MessageQueue("T", "b", 0), MessageQueue("T", "c", 0)]
+    assert selector.select_queue("T", queues, now=0, avoid_broker="a") == queues[1]
+
+
+def test_each_topic_has_its_own_round_robin():
+    selector = QueueSelector()
+    t1 = [MessageQueue("T1", "a", 0), MessageQueue("T1", "a", 1)]
+    t2 = [MessageQueue("T2", "a", 0), MessageQueue("T2", "a", 1)]
+    assert selector.select_queue("T1", t1, now=0) == t1[0]
+    assert selector.select_queue("T2", t2, now=0) == t2[0]
+    assert selector.select_queue("T1", t1, now=0) == t1[1]
+
+
+def test_no_queue_says_which_topic():
+    with pytest.raises(NoWritableQueue, match="topic 'T' has no writable queue"):
+        QueueSelector().select_queue("T", [], now=0)

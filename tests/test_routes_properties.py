@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from conftest import examples
+
 from zns.core.errors import BadRequest, Conflict
 from zns.core.routes import RouteTable
 from zns.core.schema import (
@@ -318,7 +320,7 @@ def _events_of(result) -> list:
 
 
 RouteTableMachine.TestCase.settings = settings(
-    max_examples=200, stateful_step_count=50, deadline=None,
+    max_examples=examples(200), stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestRouteTable = pytest.mark.timeout(120)(RouteTableMachine.TestCase)

@@ -6,6 +6,7 @@ import pytest
 
 from zns.core import schema
 from zns.core.service import NameService
+from zns.core.peer_link import AskStatus, PeerLink
 from zns.core.timers import STALL_PROBE_MS, ServerTimers
 from zns.drivers.kv_file import KvStore
 
@@ -133,3 +134,86 @@ def test_a_wake_up_is_measured_once():
     planned = timers.next_wake()
     assert timers.woke(planned + 2_000) == 2_000
     assert timers.woke(planned + 2_001) == 0  # no new plan in between: nothing more to measure
+
+
+# --- found by mutation testing (tools/mutate.py) ---------------------------------------------
+
+def peer_timers() -> tuple[PeerLink, ServerTimers]:
+    service = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0)
+    link = PeerLink("tcp://10.1.2.3:9876", now=0)  # wants to ask at once
+    return link, ServerTimers(service, heartbeat_interval_ms=10_000, now=0, peers={"p": link})
+
+
+def test_a_peer_link_wake_up_is_planned_and_its_actions_returned_with_the_link():
+    link, timers = peer_timers()
+    assert timers.on_timer(0, 0).peer_actions == [(link, [AskStatus(1)])]
+    assert link.next_wake() == 200  # its first retry
+    timers.woke(150)
+    assert timers.next_wake() == 200  # the link's wake-up, before the probe (250) and the hb
+    timers.woke(200)
+    assert timers.on_timer(200, 200).peer_actions == [(link, [AskStatus(2)])]
+    assert timers.on_timer(201, 201).peer_actions == []  # nothing asked: nothing returned
+
+
+def test_a_peer_wake_up_already_past_is_planned_now_not_in_the_past():
+    link, timers = peer_timers()
+    timers.on_timer(0, 0)  # the link asked; its retry is due at 200
+    timers.woke(250)
+    assert timers.next_wake() == 250  # due since 200: due now, so no stall is planned
+    assert timers.woke(250) == 0
+
+
+def test_a_deadline_at_the_hb_time_wakes_for_the_hb_first():
+    service, timers = make(interval_ms=2000, now=0)
+    timers.on_timer(0, 0)  # next hb at 2000
+    register(service, now=0, timeout_ms=2000)  # expires once now > 2000: at 2001
+    timers.woke(1950)
+    assert timers.next_wake() == 2000
+
+
+def test_a_deadline_two_before_the_hb_is_planned_at_its_own_wake_up():
+    service, timers = make(interval_ms=2000, now=0)
+    timers.on_timer(0, 0)  # next hb at 2000
+    register(service, now=0, timeout_ms=1998)  # expires once now > 1998: at 1999
+    timers.woke(1950)
+    assert timers.next_wake() == 1999
+
+
+def test_the_hb_schedule_keeps_its_phase_when_an_hb_is_a_little_late():
+    _, timers = make(interval_ms=1000, now=0)
+    timers.on_timer(0, 0)
+    assert len(hbs(timers.on_timer(1500, 1500))) == 1  # late by half an interval
+    assert hbs(timers.on_timer(1999, 1999)) == []
+    assert len(hbs(timers.on_timer(2000, 2000))) == 1  # the schedule stays on 1000s
+
+
+def test_an_hb_late_by_exactly_one_interval_is_not_sent_twice():
+    _, timers = make(interval_ms=1000, now=0)
+    timers.on_timer(0, 0)
+    assert len(hbs(timers.on_timer(2000, 2000))) == 1
+    assert hbs(timers.on_timer(2000, 2000)) == []
+    assert len(hbs(timers.on_timer(3000, 3000))) == 1
+
+
+def test_a_one_ms_interval_is_kept_and_zero_is_raised_to_one():
+    _, timers = make(interval_ms=1, now=0)
+    assert [len(hbs(timers.on_timer(t, t))) for t in range(3)] == [1, 1, 1]
+    _, timers = make(interval_ms=0, now=0)
+    assert timers.interval_ms == 1
+
+
+def test_stalls_are_counted_and_logged(caplog):
+    _, timers = make(interval_ms=200, now=0)
+    with caplog.at_level("WARNING", logger="zns"):
+        assert timers.woke(timers.next_wake() + 3_000) == 3_000
+        assert timers.woke(timers.next_wake() + 4_000) == 4_000
+    assert timers.stalls == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "the server stalled for 3000 ms; moving every deadline by it",
+        "the server stalled for 4000 ms; moving every deadline by it",
+    ]
+
+
+def test_a_wake_up_before_any_plan_is_measured_from_the_start():
+    _, timers = make(interval_ms=200, now=100)
+    assert timers.woke(100 + 5_000) == 5_000

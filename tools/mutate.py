@@ -1,0 +1,257 @@
+"""Mutation testing of zns/core, one module at a time, with only the tests that exercise it.
+
+    python tools/mutate.py                 # every module in MODULES, in order
+    python tools/mutate.py routes service  # some modules (names as in MODULES)
+    python tools/mutate.py --list          # the module -> tests map
+
+`make mutate` installs the tool (mutmut 3, the optional extra `mutate`) and runs this under
+`nice`. Why per module: the whole suite takes minutes and opens sockets; a mutant of
+routes.py only needs the route table's own fast tests. For each module this script makes a
+scratch copy of the project in `.mutate/<module>/` (git ignores it), writes a mutmut config
+that mutates only that file and selects only its tests, runs mutmut there with one worker,
+then prints a table (module, mutants, killed, survived, timeout, score) and rewrites the
+module's row in docs/mutation-scores.md. Modules not run keep their previous row.
+
+Under mutation testing ZNS_MUTATION=1 is set: tests/conftest.py then loads the `mutation`
+hypothesis profile (few, derandomized examples) and deselects tests that start a server.
+
+An equivalent mutant (one no test can tell from the original) is listed in EQUIVALENT with a
+one-line reason; it is left out of the score's denominator and shown in the scores file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".mutate"
+SCORES = ROOT / "docs" / "mutation-scores.md"
+
+# module (relative to zns/core, without .py) -> pytest arguments selecting its fast tests.
+# mutmut further narrows these per mutant to the tests that call the mutated function.
+MODULES: dict[str, list[str]] = {
+    "routes": ["tests/test_routes.py", "tests/test_routes_properties.py", "tests/test_routes_scale.py"],
+    "service": ["tests/test_service.py", "tests/test_limits.py", "tests/test_kv_service.py"],
+    "route_cache": ["tests/test_client.py", "-k", "not test_no_nameserver_answers"],
+    "client_session": ["tests/test_client.py", "-k", "not test_no_nameserver_answers"],
+    "limits": ["tests/test_limits.py", "tests/test_kv_service.py", "tests/test_service.py",
+               "tests/test_routes.py"],
+    "peer_link": ["tests/test_peers_core.py"],
+    "timers": ["tests/test_timers.py"],
+    "queues": ["tests/test_queues.py"],
+    "kv": ["tests/test_kv_service.py", "tests/test_limits.py", "tests/test_service.py"],
+    "broker_session": ["tests/test_broker_session.py"],
+    "budget": ["tests/test_budget.py"],
+    "errors": ["tests/test_service.py", "tests/test_routes.py", "tests/test_broker_session.py"],
+    "keys": ["tests/test_security.py", "tests/test_service.py"],
+    "addresses": ["tests/test_client.py", "tests/test_broker_session.py", "tests/test_peers_core.py",
+                  "-k", "not test_no_nameserver_answers"],
+    "backoff": ["tests/test_broker_session.py", "tests/test_client.py",
+                "-k", "not test_no_nameserver_answers"],
+    "text": ["tests/test_service.py", "tests/test_peers_core.py"],
+    "schema": ["tests/test_service.py", "tests/test_routes.py", "tests/test_bounds_wire.py"],
+    "remoting/command": ["tests/test_remoting_codec.py"],
+    "remoting/fastjson": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
+    "remoting/bodies": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
+    "remoting/register": ["tests/test_remoting_service.py"],
+    "remoting/service": ["tests/test_remoting_service.py"],
+    "remoting/ext": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
+    "remoting/errors": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
+}
+
+# mutmut mutant name -> why no test can kill it (the code behaves the same either way).
+EQUIVALENT: dict[str, str] = {
+    "zns.core.timers.xǁServerTimersǁnext_wake__mutmut_8":
+        "`<=` for `<`: at deadline + 1 == wake both branches plan the same time",
+    "zns.core.timers.xǁServerTimersǁnext_wake__mutmut_17":
+        "`or` for `and`: a PeerLink is always asking or timing silence, so its next_wake is never None",
+    "zns.core.timers.xǁServerTimersǁnext_wake__mutmut_19":
+        "`<=` for `<`: an equal peer wake-up plans the same time (an overdue hb, the only other case, "
+        "lasts until the on_timer the driver runs every loop turn)",
+    "zns.core.queues.xǁLatencyFaultsǁleast_bad__mutmut_29":
+        "`half <= 1`: with half == 1, ranked[turn % 1] is ranked[0] either way",
+    "zns.core.peer_link.xǁPeerLinkǁon_subscribe_failed__mutmut_18":
+        "shift cap 17 for 16: RETRY_MIN_MS << 16 is already far above RETRY_MAX_MS",
+    "zns.core.peer_link.xǁPeerLinkǁ__init____mutmut_12":
+        "initial _renew_subscription: read only when the reply names the endpoint already "
+        "subscribed to, which no reply can before the first subscription (pub starts None)",
+    "zns.core.peer_link.xǁPeerLinkǁ__init____mutmut_13": "as __init____mutmut_12",
+}
+
+KILLED_CODES = {1, 3}
+TIMEOUT_CODES = {36, 24, -24, 152, 255}
+
+
+@dataclass
+class Score:
+    module: str
+    mutants: int
+    killed: int
+    survived: int
+    timeout: int
+    equivalent: int
+    seconds: int
+    survivors: list[str]
+
+    @property
+    def score(self) -> float:
+        counted = self.mutants - self.equivalent
+        return 100.0 * (self.killed + self.timeout) / counted if counted else 100.0
+
+    def row(self) -> str:
+        return (f"| {self.module} | {self.mutants} | {self.killed} | {self.survived} | {self.timeout} "
+                f"| {self.equivalent} | {self.score:.1f} % | {self.seconds} s |")
+
+
+def prepare(module: str) -> Path:
+    """A fresh scratch project for one module: the package, the tests and a mutmut config."""
+    work = WORK / module.replace("/", ".")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+    shutil.copytree(ROOT / "zns", work / "zns", ignore=ignore)
+    shutil.copytree(ROOT / "tests", work / "tests", ignore=ignore)
+    shutil.copytree(ROOT / "tools", work / "tools", ignore=ignore)  # tests/interop imports tools/rocketmq
+    config = {
+        "source_paths": ["zns"],
+        "only_mutate": [f"zns/core/{module}.py"],
+        "pytest_add_cli_args_test_selection": MODULES[module],
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", "--timeout=300"],
+        "also_copy": ["tools"],
+        "use_git_change_detection": False,
+    }
+    lines = ["", "[tool.mutmut]"] + [f"{key} = {json.dumps(value)}" for key, value in config.items()]
+    (work / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text() + "\n".join(lines) + "\n")
+    return work
+
+
+def run(module: str) -> Score:
+    work = prepare(module)
+    mutmut = Path(sys.executable).with_name("mutmut")
+    env = dict(os.environ, ZNS_MUTATION="1")
+    started = time.monotonic()
+    log = work / "mutmut.log"
+    with log.open("w") as out:
+        done = subprocess.run([str(mutmut), "run", "--max-children", "1"], cwd=work, env=env,
+                              stdout=out, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{module}: mutmut failed; see {log}")
+    return collect(module, int(time.monotonic() - started))
+
+
+def collect(module: str, seconds: int) -> Score:
+    """The score of the last run of `module`, from mutmut's results in its scratch copy."""
+    work = WORK / module.replace("/", ".")
+    meta = work / "mutants" / "zns" / "core" / f"{module}.py.meta"
+    if not meta.exists():
+        raise SystemExit(f"{module}: no results; see {work / 'mutmut.log'}")
+    codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
+    survivors = sorted(name for name, code in codes.items()
+                       if code not in KILLED_CODES | TIMEOUT_CODES and name not in EQUIVALENT)
+    return Score(
+        module=module,
+        mutants=len(codes),
+        killed=sum(code in KILLED_CODES for code in codes.values()),
+        survived=sum(code not in KILLED_CODES | TIMEOUT_CODES for code in codes.values()),
+        timeout=sum(code in TIMEOUT_CODES for code in codes.values()),
+        equivalent=sum(name in EQUIVALENT for name in codes),
+        seconds=seconds,
+        survivors=survivors,
+    )
+
+
+HEADER = ("| module | mutants | killed | survived | timeout | equivalent | score | time |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def previous_rows() -> dict[str, str]:
+    if not SCORES.exists():
+        return {}
+    rows = {}
+    for line in SCORES.read_text().splitlines():
+        match = re.match(r"\| ([a-z_/]+) \| \d", line)
+        if match:
+            rows[match.group(1)] = line
+    return rows
+
+
+def previous_survivors() -> dict[str, list[str]]:
+    if not SCORES.exists():
+        return {}
+    found: dict[str, list[str]] = {}
+    for line in SCORES.read_text().splitlines():
+        match = re.match(r"- `zns\.core\.([a-z_.]+?)\.(x.*)`$", line)
+        if match:
+            module = match.group(1).replace(".", "/")
+            found.setdefault(module, []).append(line)
+    return found
+
+
+def write_scores(scores: list[Score]) -> None:
+    rows = previous_rows()
+    survivors = previous_survivors()
+    for score in scores:
+        rows[score.module] = score.row()
+        survivors[score.module] = [f"- `{name}`" for name in score.survivors]
+    lines = [
+        "# Mutation scores of zns/core",
+        "",
+        "Written by `tools/mutate.py` (`make mutate`); see docs/development.md. Score = (killed +",
+        "timeout) / (mutants - equivalent). Each module is run with only its own fast tests",
+        "(the map is `MODULES` in tools/mutate.py), hypothesis with the `mutation` profile.",
+        "A module missing from the table has not been run yet.",
+        "",
+        HEADER,
+    ]
+    lines += [rows[module] for module in MODULES if module in rows]
+    lines += ["", "## Equivalent mutants", ""]
+    lines += [f"- `{name}`: {reason}" for name, reason in sorted(EQUIVALENT.items())] or ["(none)"]
+    lines += ["", "## Surviving mutants (a test is missing, or the mutant is equivalent and not listed yet)",
+              ""]
+    listed = [line for module in MODULES for line in survivors.get(module, [])]
+    lines += listed or ["(none)"]
+    SCORES.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("modules", nargs="*", help="modules to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the module -> tests map")
+    parser.add_argument("--report", action="store_true",
+                        help="re-score the last runs (e.g. after editing EQUIVALENT) without running")
+    args = parser.parse_args()
+    if args.list:
+        for module, tests in MODULES.items():
+            print(f"zns/core/{module}.py: {' '.join(tests)}")
+        return
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        parser.error(f"unknown modules {unknown}; choose from {list(MODULES)}")
+    scores = []
+    print(HEADER)
+    for module in args.modules or list(MODULES):
+        if args.report:
+            match = re.search(r"\| (\d+) s \|$", previous_rows().get(module, ""))
+            score = collect(module, int(match.group(1)) if match else 0)
+        else:
+            score = run(module)
+        scores.append(score)
+        print(score.row(), flush=True)
+        write_scores(scores)
+    for score in scores:
+        for name in score.survivors:
+            print(f"survived: {name}   (show it: cd .mutate/{score.module.replace('/', '.')} "
+                  f"&& {Path(sys.executable).with_name('mutmut')} show {name})")
+
+
+if __name__ == "__main__":
+    main()
