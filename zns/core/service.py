@@ -319,13 +319,22 @@ class NameService:
     def _publish(self, events: list[RouteEvent | BrokerEvent]) -> list[Frames]:
         frames = []
         published = self.published
+        # Routes of one step share their queue and broker lists (RouteTable._build_route):
+        # encode each list once; the lists are alive (held by the routes) while we do.
+        encoded: dict[int, Raw] = {}
         for event in events:
             if isinstance(event, RouteEvent):
                 published["route"] += 1
                 if event.route is None:
                     self._route_bytes.pop(event.topic, None)
                 else:
-                    raw = Raw(encode(event.route))
+                    route = event.route
+                    queues, brokers = route.queues, route.brokers
+                    if (raw_q := encoded.get(id(queues))) is None:
+                        raw_q = encoded[id(queues)] = Raw(encode(queues))
+                    if (raw_b := encoded.get(id(brokers))) is None:
+                        raw_b = encoded[id(brokers)] = Raw(encode(brokers))
+                    raw = Raw(encode(msgspec.structs.replace(route, queues=raw_q, brokers=raw_b)))
                     self._route_bytes[event.topic] = raw
                     event.route = raw
             else:
