@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import random
 
+import msgspec
 import pytest
 
 from zns.core.backoff import Backoff
@@ -23,6 +24,7 @@ from zns.core.client_session import (
 from zns.core.errors import UsageError
 from zns.core.schema import (
     HB_CHANNEL,
+    BrokerData,
     Error,
     GetRoutes,
     GetRoutesReply,
@@ -32,6 +34,7 @@ from zns.core.schema import (
     Status,
     StatusReply,
     TopicRoute,
+    decode_reply,
     decode_request,
     encode,
     route_channel,
@@ -78,7 +81,7 @@ def test_check_topic_accepts_a_topic_and_refuses_others():
 
 
 def test_no_endpoint_is_a_usage_error():
-    with pytest.raises(UsageError, match="no NameServer endpoint"):
+    with pytest.raises(UsageError, match="^no NameServer endpoint$"):
         ClientSession([])
 
 
@@ -86,7 +89,7 @@ def test_start_connects_and_asks_status_with_the_first_request_id():
     endpoints = ["tcp://h1:1"]
     session = ClientSession(endpoints)
     endpoints.append("tcp://h2:1")  # the session keeps its own copy
-    assert session.endpoints == ["tcp://h1:1"]
+    assert session.endpoints == ["tcp://h1:1"] and session.endpoint is None
     assert session.next_deadline() is None and not session.connected
     assert (session.switches, session.pulls) == (0, 0)
     session.start(500)
@@ -203,9 +206,11 @@ def test_error_reply_moves_to_the_next_nameserver(caplog):
     assert session.actions() == [Connect(None)]
     assert session.switches == 1 and session.endpoint is None and session.pub_endpoint is None
     assert not session.connected
-    assert "answered get_routes with bad_request: no" in caplog.text
-    assert f"NameServer {first}: get_routes refused; trying" in caplog.text
     resume = session.next_deadline()
+    other = "tcp://h2:1" if first == "tcp://h1:1" else "tcp://h1:1"
+    assert caplog.messages == [f"{first} answered get_routes with bad_request: no",
+                               f"NameServer {first}: get_routes refused; trying {other} "
+                               f"in {resume - 50} ms"]
     assert 50 + 50 <= resume <= 50 + 100  # the first backoff: 50-100 ms
     session.on_timer(resume - 1)
     assert session.actions() == []
@@ -263,8 +268,12 @@ def test_unreadable_or_unexpected_input_is_ignored(caplog):
     with caplog.at_level(logging.WARNING, logger="zns.client"):
         session.on_reply(b"\xc1 not msgpack", 10)
         session.on_event(b"\xc1 not msgpack", 10)
-    assert "unreadable reply from tcp://h1:1" in caplog.text
-    assert "unreadable event from tcp://h1:7" in caplog.text
+    try:
+        decode_reply(b"\xc1 not msgpack")
+    except msgspec.DecodeError as exc:
+        why = str(exc)
+    assert why and caplog.messages == [f"unreadable reply from tcp://h1:1: {why}",
+                                       f"unreadable event from tcp://h1:7: {why}"]
     session.on_reply(status_reply(99), 10)  # an id never asked (or given up on)
     assert session.actions() == [] and session.next_deadline() == deadline
     assert session.switches == 0
@@ -296,7 +305,8 @@ def test_a_dropped_events_connection_repulls_after_the_next_hb(caplog):
     assert sent(session.actions()) == []  # proven: an hb alone pulls nothing
     with caplog.at_level(logging.INFO, logger="zns.client"):
         session.on_events_disconnected(20)
-    assert "events connection to tcp://h1:7 dropped" in caplog.text
+    assert caplog.messages == [
+        "events connection to tcp://h1:7 dropped: pulling again once it is back"]
     session.on_event(hb(), 30)
     assert [r.topics for r in sent(session.actions())] == [["T"]]
 
@@ -330,3 +340,56 @@ def test_next_deadline_is_the_earliest_of_pending_silence_and_the_periodic_pull(
     session.on_timer(600)
     assert [r.topics for r in sent(session.actions())] == [["T"]]
     assert session.next_deadline() == 1_100  # the next periodic pull
+
+
+def test_timeouts_say_why_the_session_moves_on(caplog):
+    session = ClientSession(["tcp://h1:1"], request_timeout_ms=1_000, heartbeat_interval_ms=500,
+                            backoff=Backoff(100, 10_000, random.Random(0)))
+    session.start(0)
+    (status,) = sent(session.actions())
+    with caplog.at_level(logging.WARNING, logger="zns.client"):
+        session.on_timer(1_000)
+    resume = session.next_deadline()
+    assert caplog.messages == [f"NameServer tcp://h1:1: no reply within 1000 ms; trying "
+                               f"tcp://h1:1 in {resume - 1_000} ms"]
+    caplog.clear()
+    session.on_timer(resume)
+    (status,) = sent(session.actions())
+    session.on_reply(status_reply(status.id), resume)
+    with caplog.at_level(logging.WARNING, logger="zns.client"):
+        session.on_timer(resume + 1_000 + 3 * 500)
+    again = session.next_deadline()
+    assert caplog.messages == [f"NameServer tcp://h1:1: no hb event for 3 intervals; trying "
+                               f"tcp://h1:1 in {again - (resume + 2_500)} ms"]
+
+
+def test_the_zone_reaches_the_cache():
+    session = connected(zone="Z1")
+    session.track("T", 0)
+    (pull,) = sent(session.actions())
+    two_zones = TopicRoute(topic="T", queues=[
+        QueueData(broker_name=n, read_queues=1, write_queues=1, perm=6, sys_flag=0) for n in "ab"],
+        brokers=[BrokerData(cluster="c", broker_name="a", addrs={0: "h:1"}, zone="z1"),
+                 BrokerData(cluster="c", broker_name="b", addrs={0: "h:2"}, zone="z2")],
+        filter_servers={})
+    session.on_reply(encode(GetRoutesReply(id=pull.id, routes={"T": two_zones}, revisions={"T": 1},
+                                           missing=[], epoch=EPOCH)), 0)
+    (notify,) = session.actions()
+    assert [b.broker_name for b in notify.route.brokers] == ["a"]
+
+
+def test_the_injected_rng_also_draws_the_backoff_jitter():
+    def delays(seed: int) -> list[int]:
+        session = ClientSession(["tcp://h1:1", "tcp://h2:1"], request_timeout_ms=1_000,
+                                rng=random.Random(seed))
+        session.start(0)
+        now, out = 0, []
+        for _ in range(8):
+            now += 1_000
+            session.on_timer(now)
+            out.append(session.next_deadline() - now)
+            now = session.next_deadline()
+            session.on_timer(now)
+        return out
+
+    assert delays(7) == delays(7)  # reproducible: no hidden source of randomness

@@ -162,7 +162,7 @@ def test_an_event_gap_is_logged_and_pulled(caplog):
     cache = pulled({"A": 1})
     with caplog.at_level(logging.DEBUG, logger="zns.client"):
         assert cache.apply_event(event(4, 3)) == []
-    assert "gap on A: event prev 3, have 1: pulling again" in caplog.text
+    assert caplog.messages == ["gap on A: event prev 3, have 1: pulling again"]
     assert cache.revision("A") == 1 and cache.take_stale() == ["A"]
 
 
@@ -193,7 +193,7 @@ def test_a_route_event_of_a_new_epoch_loses_the_proof_and_an_hb_keeps_it(caplog)
     by_hb = proven({"A": 1})
     with caplog.at_level(logging.INFO, logger="zns.client"):
         assert by_hb.apply_event(hb(E2)) == []
-    assert f"event from a new NameServer epoch {E2}" in caplog.text
+    assert caplog.messages == [f"event from a new NameServer epoch {E2}: pulling every topic again"]
     assert by_hb.epoch is None and by_hb.take_stale() == ["A"]
     by_hb.apply_pull(E2, {"A": route(1)}, {"A": 1}, 0)
     by_hb.apply_event(hb(E2))
@@ -214,7 +214,7 @@ def test_a_new_epoch_in_a_pull_answer_repulls_the_rest_and_loses_the_proof(caplo
     assert cache.take_stale() == ["A", "B"]
     with caplog.at_level(logging.INFO, logger="zns.client"):
         cache.apply_pull(E2, {"A": route(1)}, {"A": 1}, 0)  # B is still in flight
-    assert f"NameServer epoch changed ({E1} -> {E2})" in caplog.text
+    assert caplog.messages == [f"NameServer epoch changed ({E1} -> {E2}): pulling every topic again"]
     assert cache.epoch == E2 and cache.is_current("A")
     assert cache.take_stale() == ["C"]  # B is asked again only once its pull answers
     cache.apply_pull(E2, {"B": route(1, "B")}, {"B": 1}, 0)
@@ -268,4 +268,40 @@ def test_subscription_lost_repulls_after_the_next_hb():
     cache.subscription_lost()
     assert cache.take_stale() == []
     cache.apply_event(hb())
+    assert cache.take_stale() == ["A"]
+
+
+def test_an_hb_proves_a_topic_tracked_after_the_others_were_proven():
+    cache = proven({"A": 1})
+    cache.track("B")
+    assert cache.take_stale() == ["B"]
+    cache.apply_event(hb())  # B's first hb arrives while its pull is in flight
+    cache.apply_pull(E1, {}, {"B": 0}, 0)
+    assert cache.take_stale() == ["B"]  # confirmed by a second pull
+    assert cache.is_current("A")
+
+
+def test_a_pull_answer_skips_the_topics_not_in_flight_and_applies_the_others():
+    cache = pulled({"A": 1, "B": 1})
+    cache.apply_event(event(3, 2, topic="B"))  # B: gap
+    assert cache.take_stale() == ["B"]
+    changes = cache.apply_pull(E1, {"A": route(9), "B": route(3, "B")}, {"A": 9, "B": 3}, 0)
+    assert changes == [("B", route(3, "B"))]
+    assert cache.revision("A") == 1 and cache.revision("B") == 3
+
+
+def test_a_new_epoch_in_a_pull_answer_repulls_a_current_topic_it_also_names():
+    cache = pulled({"A": 1, "B": 1})
+    cache.apply_event(event(3, 2))  # A: gap
+    assert cache.take_stale() == ["A"]
+    cache.apply_pull(E2, {"A": route(1), "B": route(1, "B")}, {"A": 1, "B": 1}, 0)
+    assert cache.is_current("A") and not cache.is_current("B")
+    assert cache.take_stale() == ["B"]  # B's revision is of the dead epoch
+
+
+def test_an_event_that_follows_on_a_stale_topic_waits_for_the_pull_too():
+    cache = pulled({"A": 1}, pull_period_ms=500)
+    cache.on_timer(500)  # the periodic pull makes A stale
+    assert cache.apply_event(event(2, 1)) == []
+    assert cache.revision("A") == 1 and cache.view("A") == route(1)
     assert cache.take_stale() == ["A"]
