@@ -2,9 +2,12 @@
 
 Random sequences of broker, admin and clock operations, drawn from small pools
 of names and addresses so that ids, addresses, clusters and topics collide.
-After every step the table must be internally consistent, and a client that
+After every step the table must be internally consistent, a client that
 replays every route event from an empty cache must hold exactly `routes()`,
-with an unbroken `prev` chain (docs/protocol.md §7).
+with an unbroken `prev` chain (docs/protocol.md §7), and the table must show
+what a reference model (`Model`, plain dicts updated by each rule as §4, §6
+and §8 say) holds: `routes()`, `broker_table()`, `cluster_table()` and every
+address's liveness deadline.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from zns.core.errors import BadRequest, Conflict
 from zns.core.routes import RouteTable
 from zns.core.schema import (
     MASTER_ID,
+    PERM_READ,
+    PERM_WRITE,
     BrokerData,
     BrokerEvent,
     DataVersion,
@@ -89,6 +94,167 @@ def expected_route(table: RouteTable, topic: str) -> TopicRoute | None:
                       filter_servers=filter_servers, order_conf=table._order_conf.get(topic, ""))
 
 
+class Model:
+    """The route table as plain dicts, each rule written out as the protocol states it.
+
+    `addrs`: broker name -> address -> (its cluster, its broker id); the id is None
+    only inside `register`, while an address moves to another id (the table keeps
+    the address's cluster meanwhile, so the name stays in that cluster). `queues`:
+    broker name -> topic -> its QueueData. `live`: (cluster, address) -> what its
+    liveness deadline is made of.
+    """
+
+    def __init__(self) -> None:
+        self.addrs: dict[str, dict[str, tuple[str, int | None]]] = {}
+        self.home: dict[str, str] = {}  # BrokerData.cluster
+        self.zone: dict[str, str] = {}
+        self.queues: dict[str, dict[str, QueueData]] = {}
+        self.live: dict[tuple[str, str], dict] = {}
+        self.filter_servers: dict[tuple[str, str], list[str]] = {}
+        self.order_conf: dict[str, str] = {}
+
+    # --- what the rules change --------------------------------------------------
+
+    def listing(self, key: tuple[str, str]) -> list[str]:
+        """Broker names that list this (cluster, address)."""
+        return sorted(n for n, by_addr in self.addrs.items()
+                      if by_addr.get(key[1], (None,))[0] == key[0])
+
+    def conflict(self, req: RegisterBroker) -> bool:
+        """§4 step 3's refusal: another address holds the id with a newer state version."""
+        for addr, (cluster, broker_id) in self.addrs.get(req.broker_name, {}).items():
+            if broker_id == req.broker_id and addr != req.broker_addr:
+                live = self.live.get((cluster, addr))
+                return live is not None and live["version"].state > req.data_version.state
+        return False
+
+    def register(self, req: RegisterBroker, now: int) -> None:
+        name, cluster, addr, broker_id = req.broker_name, req.cluster, req.broker_addr, req.broker_id
+        key = (cluster, addr)
+        held_before = self.addrs.get(name, {}).get(addr) == (cluster, broker_id)
+        stored_version = self.live[key]["version"] if key in self.live else None
+        if name in self.addrs:
+            self.zone[name] = req.zone
+        entry = self.addrs.get(name, {}).get(addr)
+        if entry is not None and entry[0] != cluster:  # moved to another cluster: afresh
+            self.remove_addr(name, addr)
+        elif entry is not None and entry[1] != broker_id:  # a promotion or demotion
+            self.addrs[name][addr] = (cluster, None)
+        for other, (_, held_id) in list(self.addrs.get(name, {}).items()):
+            if held_id == broker_id and other != addr:  # the id's holder is displaced
+                self.remove_addr(name, other)
+        if name not in self.addrs:  # new, or its last address was just removed
+            self.addrs[name], self.home[name], self.zone[name] = {}, cluster, req.zone
+            self.queues[name] = {}
+        self.addrs[name][addr] = (cluster, broker_id)
+        self.live[key] = {"last": now, "stall": 0, "suspect": None,
+                          "timeout": req.heartbeat_timeout_ms, "version": req.data_version}
+        ids = [i for _, i in self.addrs[name].values() if i is not None]
+        source = broker_id == MASTER_ID or (MASTER_ID not in ids and broker_id == min(ids))
+        if source and (not held_before or stored_version != req.data_version):
+            held = self.queues[name]
+            if not req.incremental:
+                for topic in [t for t in held if t not in req.topics]:
+                    del held[topic]
+            for topic, cfg in req.topics.items():
+                held[topic] = QueueData(name, cfg.read_queues, cfg.write_queues, cfg.perm,
+                                        cfg.sys_flag)
+        if req.filter_servers:
+            self.filter_servers[key] = list(req.filter_servers)
+        else:
+            self.filter_servers.pop(key, None)
+
+    def remove_addr(self, name: str, addr: str) -> None:
+        cluster, _ = self.addrs[name].pop(addr)
+        key = (cluster, addr)
+        if not self.listing(key):  # no name lists it any more: it is not alive either
+            self.live.pop(key, None)
+            self.filter_servers.pop(key, None)
+        clusters = {c for c, _ in self.addrs[name].values()}
+        if cluster not in clusters and self.home[name] == cluster and clusters:
+            self.home[name] = min(clusters)
+        if all(i is None for _, i in self.addrs[name].values()):  # no id left: gone
+            del self.addrs[name], self.home[name], self.zone[name], self.queues[name]
+
+    def heard(self, cluster: str, name: str, addr: str, now: int) -> bool:
+        key = (cluster, addr)
+        if key not in self.live or name not in self.listing(key):
+            return False
+        self.live[key].update(last=now, stall=0, suspect=None)
+        return True
+
+    def deadline(self, key: tuple[str, str]) -> int:
+        live = self.live[key]
+        own = live["last"] + live["stall"] + live["timeout"]
+        return own if live["suspect"] is None else min(own, live["suspect"])
+
+    def expire(self, now: int) -> None:
+        for key in [k for k in self.live if self.deadline(k) < now]:
+            for name in self.listing(key):
+                self.remove_addr(name, key[1])
+            self.live.pop(key, None)
+
+    def suspect(self, cluster: str, addr: str, grace: int, now: int) -> None:
+        live = self.live.get((cluster, addr))
+        if live is not None:
+            hinted = max(live["last"] + live["stall"] + grace, now + live["timeout"] // 4)
+            if hinted < self.deadline((cluster, addr)):
+                live["suspect"] = hinted
+
+    def stall(self, ms: int) -> None:
+        for live in self.live.values():
+            live["stall"] += ms
+            if live["suspect"] is not None:
+                live["suspect"] += ms
+
+    def write_perm(self, name: str, wipe: bool) -> None:
+        held = self.queues.get(name, {})
+        for topic, q in held.items():
+            perm = q.perm & ~PERM_WRITE if wipe else q.perm | PERM_READ | PERM_WRITE
+            held[topic] = QueueData(name, q.read_queues, q.write_queues, perm, q.sys_flag)
+
+    def delete_topic(self, topic: str, cluster: str) -> None:
+        for name, held in self.queues.items():
+            if cluster and cluster not in {c for c, _ in self.addrs[name].values()}:
+                continue
+            held.pop(topic, None)
+
+    def register_topic(self, topic: str, queues: list[QueueData]) -> None:
+        for q in queues:
+            self.queues[q.broker_name][topic] = q
+
+    # --- what a client sees ----------------------------------------------------------
+
+    def broker_table(self) -> dict[str, BrokerData]:
+        return {name: BrokerData(cluster=self.home[name], broker_name=name, zone=self.zone[name],
+                                 addrs=dict(sorted((i, a) for a, (_, i) in by_addr.items())))
+                for name, by_addr in sorted(self.addrs.items())}
+
+    def cluster_table(self) -> dict[str, list[str]]:
+        clusters: dict[str, list[str]] = {}
+        for name, by_addr in sorted(self.addrs.items()):
+            for cluster in sorted({c for c, _ in by_addr.values()}):
+                clusters.setdefault(cluster, []).append(name)
+        return dict(sorted(clusters.items()))
+
+    def routes(self) -> dict[str, TopicRoute]:
+        brokers = self.broker_table()
+        routes = {}
+        for topic in sorted({t for held in self.queues.values() for t in held}):
+            names = sorted(n for n, held in self.queues.items() if topic in held)
+            routes[topic] = TopicRoute(
+                topic=topic, queues=[self.queues[n][topic] for n in names],
+                brokers=[brokers[n] for n in names],
+                filter_servers={a: self.filter_servers[(c, a)] for n in names
+                                for a, (c, _) in self.addrs[n].items()
+                                if (c, a) in self.filter_servers},
+                order_conf=self.order_conf.get(topic, ""))
+        return routes
+
+    def deadlines(self) -> dict[tuple[str, str], int]:
+        return {key: self.deadline(key) for key in self.live}
+
+
 class RouteTableMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -97,6 +263,7 @@ class RouteTableMachine(RuleBasedStateMachine):
         self.cache: dict[str, TopicRoute] = {}  # a client's view, built from events only
         self.last_event_revision: dict[str, int] = {}  # topic -> revision of its last event
         self.last_revision = 0
+        self.model = Model()
 
     # --- bookkeeping shared by every step ------------------------------------
 
@@ -167,8 +334,12 @@ class RouteTableMachine(RuleBasedStateMachine):
             ha_addr=ha_addr, zone=zone, data_version=version, topics=topic_map,
             filter_servers=filter_servers, heartbeat_timeout_ms=timeout, incremental=incremental,
         )
+        conflict = self.model.conflict(request)
         if self.refused(lambda: self.table.register_broker(request, self.now), Conflict):
+            assert conflict
             return
+        assert not conflict
+        self.model.register(request, self.now)
         rec = self.table._brokers[name]
         assert rec.addrs[broker_id] == addr
         live = self.table._live[(cluster, addr)]
@@ -181,6 +352,7 @@ class RouteTableMachine(RuleBasedStateMachine):
         before = snapshot_part(self.table)
         revision = self.table.revision
         known, changed = self.table.heartbeat(cluster, name, addr, version, self.now)
+        assert known == self.model.heard(cluster, name, addr, self.now)
         live = self.table._live.get((cluster, addr))
         assert known == (live is not None and name in live.names)
         assert changed == (not known or live.data_version != version)
@@ -194,6 +366,8 @@ class RouteTableMachine(RuleBasedStateMachine):
         listed = rec is not None and rec.addr_cluster.get(addr) == cluster
         removed, _ = self.step(lambda: self.table.unregister_broker(cluster, name, addr))
         assert removed == listed
+        if self.model.addrs.get(name, {}).get(addr, (None,))[0] == cluster:
+            self.model.remove_addr(name, addr)
         if removed:
             rec = self.table._brokers.get(name)
             assert rec is None or addr not in rec.addrs.values()
@@ -202,6 +376,7 @@ class RouteTableMachine(RuleBasedStateMachine):
     def advance_and_expire(self, ms):
         self.now += ms
         self.step(lambda: self.table.expire(self.now), expiry=True)
+        self.model.expire(self.now)
         deadline = self.table.next_deadline()
         assert deadline is None or deadline >= self.now
 
@@ -209,11 +384,13 @@ class RouteTableMachine(RuleBasedStateMachine):
     def write_perm(self, name, wipe):
         op = self.table.wipe_write_perm if wipe else self.table.add_write_perm
         changed, events = self.step(lambda: op(name))
+        self.model.write_perm(name, wipe)
         assert changed == len([e for e in events if isinstance(e, RouteEvent)])
 
     @rule(topic=topics, cluster=st.sampled_from([""] + CLUSTERS))
     def delete_topic(self, topic, cluster):
         removed, events = self.step(lambda: self.table.delete_topic(topic, cluster))
+        self.model.delete_topic(topic, cluster)
         assert removed == bool(events)
 
     @rule(topic=topics, queues=st.lists(queue_datas, max_size=3))
@@ -221,16 +398,23 @@ class RouteTableMachine(RuleBasedStateMachine):
         unknown = {q.broker_name for q in queues} - self.table._brokers.keys()
         refused = self.refused(lambda: self.table.register_topic(topic, queues), BadRequest)
         assert refused == bool(unknown)
+        if not refused:
+            self.model.register_topic(topic, queues)
 
     @rule(topic=topics, value=st.sampled_from([None, "broker-a:4", "broker-b:8"]))
     def order_conf(self, topic, value):
         self.step(lambda: self.table.set_order_conf(topic, value))
+        if value is None:
+            self.model.order_conf.pop(topic, None)
+        else:
+            self.model.order_conf[topic] = value
 
     @rule(cluster=clusters, addr=addrs, grace=st.sampled_from([0, 500, 3_000]))
     def suspect(self, cluster, addr, grace):
         live = self.table._live.get((cluster, addr))
         old_deadline = live.deadline if live else None
         shortened = self.table.suspect(cluster, addr, grace, now=self.now)
+        self.model.suspect(cluster, addr, grace, self.now)
         if live is not None:  # §10: the later of the grace and a quarter timeout from now
             hinted = max(live.silent_since + grace, self.now + live.timeout_ms // 4)
             assert shortened == (hinted < old_deadline)
@@ -242,11 +426,21 @@ class RouteTableMachine(RuleBasedStateMachine):
     def stall(self, stall):
         deadlines = {k: live.deadline for k, live in self.table._live.items()}
         self.table.shift_deadlines(stall)
+        self.model.stall(stall)
         assert {k: live.deadline for k, live in self.table._live.items()} == {
             k: d + stall for k, d in deadlines.items()}
         self.now += stall
 
     # --- invariants ---------------------------------------------------------------
+
+    @invariant()
+    def the_table_shows_what_the_model_holds(self):
+        t, m = self.table, self.model
+        assert t.broker_table() == m.broker_table()
+        assert t.cluster_table() == m.cluster_table()
+        assert t.routes() == m.routes()
+        assert {key: live.deadline for key, live in t._live.items()} == m.deadlines()
+        assert t.next_deadline() == min(m.deadlines().values(), default=None)
 
     @invariant()
     def queue_data_names_existing_brokers(self):

@@ -41,8 +41,10 @@ SCORES = ROOT / "docs" / "mutation-scores.md"
 MODULES: dict[str, list[str]] = {
     "routes": ["tests/test_routes.py", "tests/test_routes_properties.py", "tests/test_routes_scale.py"],
     "service": ["tests/test_service.py", "tests/test_limits.py", "tests/test_kv_service.py"],
-    "route_cache": ["tests/test_client.py", "-k", "not test_no_nameserver_answers"],
-    "client_session": ["tests/test_client.py", "-k", "not test_no_nameserver_answers"],
+    "route_cache": ["tests/test_route_cache.py", "tests/test_client.py", "tests/test_client_session.py",
+                    "-k", "not test_no_nameserver_answers"],
+    "client_session": ["tests/test_client_session.py", "tests/test_client.py",
+                       "-k", "not test_no_nameserver_answers"],
     "limits": ["tests/test_limits.py", "tests/test_kv_service.py", "tests/test_service.py",
                "tests/test_routes.py"],
     "peer_link": ["tests/test_peers_core.py"],
@@ -85,6 +87,16 @@ EQUIVALENT: dict[str, str] = {
         "initial _renew_subscription: read only when the reply names the endpoint already "
         "subscribed to, which no reply can before the first subscription (pub starts None)",
     "zns.core.peer_link.xǁPeerLinkǁ__init____mutmut_13": "as __init____mutmut_12",
+    "zns.core.route_cache.xǁRouteCacheǁ_lose_proof__mutmut_1":
+        "proven = None for False: the flag is only ever read as a truth value",
+    "zns.core.route_cache.xǁRouteCacheǁreset__mutmut_3": "as _lose_proof__mutmut_1",
+    "zns.core.route_cache.xǁRouteCacheǁreset__mutmut_5":
+        "pull_again = None for False: the flag is only ever read as a truth value",
+    "zns.core.route_cache.xǁRouteCacheǁapply_pull__mutmut_41": "as reset__mutmut_5",
+    "zns.core.client_session.xǁClientSessionǁ_fail__mutmut_24":
+        "_silence_deadline = '' for None: read only once connected, and _connect sets it to None first",
+    "zns.core.client_session.xǁClientSessionǁon_reply__mutmut_39":
+        "`or 'XXXX'`: a status reply is pending only while an endpoint is followed (never None then)",
 }
 
 KILLED_CODES = {1, 3}

@@ -39,8 +39,7 @@ STALE, PULLING, CURRENT = "stale", "pulling", "current"
 @dataclass
 class _Entry:
     revision: int = -1  # the topic's revision at the NameServer; -1: never pulled
-    route: TopicRoute | None = None  # as the NameServer has it
-    view: TopicRoute | None = None  # as this client sees it (zone-filtered)
+    view: TopicRoute | None = None  # the route as this client sees it (zone-filtered)
     state: str = STALE
     buffered: list[RouteEvent] = field(default_factory=list)  # arrived while pulling
     # True once an `hb` arrived after the subscription: every later event reaches us.
@@ -217,7 +216,6 @@ class RouteCache:
         self._set_route(entry, event.route)
 
     def _set_route(self, entry: _Entry, route: TopicRoute | None) -> None:
-        entry.route = route
         entry.view = filter_zone(route, self.zone) if route is not None and self.zone else route
 
     def _prove_subscriptions(self) -> None:
