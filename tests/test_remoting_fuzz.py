@@ -202,7 +202,9 @@ def test_random_fuzz_only_documented_errors_escape(capsys):
     with capsys.disabled():
         print(f"\nremoting fuzz: {count} inputs (seed {seed}), {decoded} commands decoded, "
               f"{elapsed:.1f} s, slowest input {slowest * 1000:.0f} ms")
-    assert count >= 50_000
+    # The codec alone; tests/test_remoting_live_fuzz.py drives 50,000+ more inputs through
+    # the codec and a live listener together.
+    assert count >= 20_000
     # No input may take long (work is linear in its size); generous for a loaded CI machine.
     assert slowest < 5.0
 
