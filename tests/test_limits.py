@@ -155,3 +155,75 @@ def test_every_address_past_the_first_counts_in_every_route_of_its_broker():
     # Re-registering an address already held is not a new entry.
     ok(service, "register_broker", **register_fields(broker_id=2, addr="10.0.0.1:10913",
                                                       topics=topics("A", "B", "C")))
+
+
+def _message(reply: Any) -> str:
+    assert isinstance(reply, schema.Error) and reply.code == "bad_request", reply
+    return reply.message
+
+
+def _said(limit: str, value: int, detail: str) -> str:
+    option = "--" + limit.replace("_", "-")
+    return f"limit {limit} ({value}) reached: {detail}; the server's {option} sets it"
+
+
+def test_each_refusal_says_which_limit_its_value_what_and_the_option():
+    # The message is what an operator acts on: the limit, its value, what would have
+    # grown, and the option that raises it — exactly, for every limit.
+    s = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0, limits=Limits(
+        max_topics_per_request=3, max_brokers=1, max_topics=3, max_queues=4, max_kv_entries=1,
+        max_kv_namespaces=1, max_kv_bytes=40))
+    assert _message(call(s, "register_broker", **register_fields(
+        topics=topics("A", "B", "C", "D")))) == _said(
+        "max_topics_per_request", 3, "register_broker lists 4 topics")
+    assert _message(call(s, "get_routes", topics=["A", "B", "C", "D"])) == _said(
+        "max_topics_per_request", 3, "get_routes asks for 4 topics")
+    ok(s, "register_broker", **register_fields(topics=topics("A")))
+    assert _message(call(s, "register_broker", **register_fields(
+        "b2", addr="10.0.0.2:1", topics=topics("A")))) == _said(
+        "max_brokers", 1, "broker name 'b2' would be new")
+    assert _message(call(s, "register_broker", **register_fields(
+        broker_id=1, addr="10.0.0.2:1", topics=topics("A")))) == _said(
+        "max_brokers", 1, "broker address 10.0.0.2:1 would be new")
+    # Topics: 1 held + 2 new = 3 fits exactly (A, B, C); one more would be new.
+    ok(s, "register_broker", **register_fields(topics=topics("A", "B", "C"),
+                                               data_version={"counter": 1}))
+    assert s.table.topic_count() == 3
+    assert _message(call(s, "register_broker", **register_fields(
+        topics=topics("A", "B", "D"), data_version={"counter": 2}))) == _said(
+        "max_topics", 3, "1 topics would be new")
+    queues = [dict(broker_name="broker-a", read_queues=1, write_queues=1, perm=6, sys_flag=0)]
+    assert _message(call(s, "register_topic", topic="E", queues=queues)) == _said(
+        "max_topics", 3, "topic 'E' would be new")
+    assert _message(call(s, "register_broker", **register_fields(
+        topics=topics("A", "B", "C"), filter_servers=["10.0.0.9:1"],
+        data_version={"counter": 3}))) == _said(
+        "max_queues", 4, "3 more queue entries (topic x broker name, each filter server and "
+        "each address past the first of the broker counted as one more)")
+    ok(s, "kv_put", namespace="n", key="k", value="v")
+    assert _message(call(s, "kv_put", namespace="n", key="k2", value="v")) == _said(
+        "max_kv_entries", 1, "namespace 'n' is full (per namespace)")
+    assert _message(call(s, "kv_put", namespace="n2", key="k", value="v")) == _said(
+        "max_kv_namespaces", 1, "namespace 'n2' would be new")
+    assert _message(call(s, "kv_put", namespace="n", key="k", value="v" * 40)) == _said(
+        "max_kv_bytes", 40, "39 more bytes of KV entries (namespaces, keys and values)")
+
+
+def test_register_topic_counts_filter_servers_against_max_queues():
+    s = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0,
+                    limits=Limits(max_queues=4))
+    ok(s, "register_broker", **register_fields(topics=topics("A"), filter_servers=["10.0.0.9:1"]))
+    assert s.table.queue_weight() == 2  # one entry, one filter server
+    queues = [dict(broker_name="broker-a", read_queues=1, write_queues=1, perm=6, sys_flag=0)]
+    ok(s, "register_topic", topic="B", queues=queues)  # 2 + 1 x (1 + 1) = 4: fits exactly
+    assert _message(call(s, "register_topic", topic="C", queues=queues)) == _said(
+        "max_queues", 4, "1 more queue entries (topic x broker name)")
+
+
+def test_a_kv_put_that_does_not_grow_the_total_is_never_refused():
+    s = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0,
+                    limits=Limits(max_kv_bytes=10))
+    ok(s, "kv_put", namespace="n", key="k", value="12345678")  # 1 + 1 + 8 = 10: exactly full
+    ok(s, "kv_put", namespace="n", key="k", value="87654321")  # same size: not growing
+    ok(s, "kv_put", namespace="n", key="k", value="1")  # shrinking
+    ok(s, "kv_put", namespace="n", key="k", value="12345678")  # back to exactly full
