@@ -89,3 +89,34 @@ def test_a_peer_that_reads_is_not_refused(make_server):
         reply = admin.call("snapshot")
         assert not isinstance(reply, schema.Error), reply
     assert srv.server.reply_budget.refused == 0
+
+
+def test_a_reply_of_exactly_the_heavy_size_is_metered():
+    budget = ReplyBudget(burst=HEAVY_BYTES, rate=0, total_burst=10 * MiB, total_rate=0)
+    assert budget.allow(b"p", HEAVY_BYTES, now=0)
+    assert not budget.allow(b"p", HEAVY_BYTES, now=0)
+    assert budget.allow(b"p", HEAVY_BYTES - 1, now=0)  # one byte less: not metered
+
+
+def test_refill_counts_only_the_time_since_the_last_charge():
+    budget = ReplyBudget(burst=8 * MiB, rate=MiB, total_burst=100 * MiB, total_rate=100 * MiB)
+    assert budget.allow(b"p", 8 * MiB, now=10_000)  # first seen at 10 s: a full burst
+    assert not budget.allow(b"p", 2 * MiB, now=11_000)  # 1 s later: 1 MiB back, not 11
+    assert budget.allow(b"p", 2 * MiB, now=12_000)
+
+
+def test_with_every_peer_in_debt_the_oldest_half_is_forgotten():
+    budget = ReplyBudget(burst=MiB, rate=0, total_burst=1 << 40, total_rate=0, max_peers=10)
+    for i in range(10):
+        assert budget.allow(f"p{i}".encode(), MiB, now=i)
+    assert budget.allow(b"new", MiB, now=20)
+    assert sorted(budget._peers) == sorted([f"p{i}".encode() for i in range(5, 10)] + [b"new"])
+
+
+def test_peers_whose_bucket_refilled_are_forgotten_before_any_in_debt():
+    budget = ReplyBudget(burst=MiB, rate=HEAVY_BYTES, total_burst=1 << 40, total_rate=0,
+                         max_peers=2)
+    assert budget.allow(b"debtor", MiB, now=0)  # 16 s to refill
+    assert budget.allow(b"light", HEAVY_BYTES, now=1)  # full again 1 s later
+    assert budget.allow(b"newcomer", HEAVY_BYTES, now=2_500)
+    assert sorted(budget._peers) == [b"debtor", b"newcomer"]
