@@ -66,7 +66,7 @@ class Listener:
         scheme, _, address = endpoint.partition("://")
         if scheme == "tcp":
             host, _, port = address.rpartition(":")
-            self.listening = _listen(host, 0 if port in ("*", "0") else int(port))
+            self.listening = listen_tcp(host, 0 if port in ("*", "0") else int(port))
             sock.setsockopt(zmq.USE_FD, self.listening.fileno())
             host, port = self.listening.getsockname()[:2]
             shown = f"[{host}]" if ":" in host else host
@@ -222,7 +222,9 @@ def _open_descriptors() -> int:
         return 1 << 30
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen_tcp(host: str, port: int) -> socket.socket:
+    """A non-blocking listening TCP socket on host:port (`*`, empty or 0.0.0.0: every IPv4
+    address; port 0: any free one). OSError when it cannot be bound."""
     host = host.strip("[]")
     if host in ("*", "", "0.0.0.0"):
         family, address = socket.AF_INET, ("0.0.0.0", port)

@@ -34,7 +34,7 @@ from zns.core.remoting import FrameDecoder, RemotingFrameError, encode_command
 from zns.core.remoting.service import Connection, RemotingService
 from zns.core.service import Frames
 from zns.core.text import quote
-from zns.drivers.descriptors import OUT_OF_FDS, DescriptorGuard
+from zns.drivers.descriptors import OUT_OF_FDS, DescriptorGuard, listen_tcp
 
 log = logging.getLogger("zns")
 
@@ -79,7 +79,7 @@ class RemotingListener:
         self.high_water = high_water
         self.max_unsent = max_unsent
         self.read_chunk = read_chunk
-        self.listening = _listen(endpoint)
+        self.listening = listen_tcp(*parse_endpoint(endpoint))
         self.descriptors = descriptors
         if descriptors is not None:
             descriptors.plain.append(self.listening)
@@ -257,21 +257,6 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
         raise ValueError(f"remoting endpoint {quote(endpoint)} is not HOST:PORT or tcp://HOST:PORT")
     host = host.strip("[]")
     return ("0.0.0.0" if host == "*" else host), int(port)
-
-
-def _listen(endpoint: str) -> socket.socket:
-    host, port = parse_endpoint(endpoint)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listening = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listening.bind((host, port))
-        listening.listen(socket.SOMAXCONN)
-        listening.setblocking(False)
-    except BaseException:
-        listening.close()
-        raise
-    return listening
 
 
 __all__ = ["RemotingListener", "parse_endpoint"]
