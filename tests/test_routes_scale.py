@@ -47,9 +47,9 @@ def count_builds(monkeypatch: pytest.MonkeyPatch, table: RouteTable) -> list[str
     built: list[str] = []
     original = table._build_route
 
-    def counting(topic: str):
+    def counting(topic: str, *args):
         built.append(topic)
-        return original(topic)
+        return original(topic, *args)
 
     monkeypatch.setattr(table, "_build_route", counting)
     return built
@@ -106,6 +106,48 @@ def test_mass_expiry_grows_linearly():
     small, large = _expiry_seconds(1000), _expiry_seconds(8000)
     # Linear: ~8x. The quadratic version (a full rebuild per removed broker) was ~50x.
     assert large < 24 * small, (small, large)
+
+
+def test_a_registration_builds_one_list_for_all_the_topics_it_shares():
+    # A restart storm: every registration changes every shared route. The routes are
+    # built from the routes they replace, so the shared topics get one new queue list
+    # and one new broker list between them, not one each (T x N^2 for the storm).
+    table = RouteTable(EPOCH)
+    shared = {f"S{t}": TopicConfig() for t in range(50)}
+    for i in range(40):
+        events = register(table, i, shared)
+        routes = [e.route for e in events if isinstance(e, RouteEvent)]
+        assert len(routes) == 50
+        assert len({id(r.queues) for r in routes}) == 1
+        assert len({id(r.brokers) for r in routes}) == 1
+        assert [q.broker_name for q in routes[0].queues] == sorted(f"b{j}" for j in range(i + 1))
+    # A topic that differs (its own queue data) gets its own list; the others still share.
+    register(table, 40, {**shared, "S0": TopicConfig(read_queues=4)})
+    queues = {id(table.route(t).queues) for t in shared}
+    assert len(queues) == 2
+    def read_queues(topic: str) -> int:
+        return next(q.read_queues for q in table.route(topic).queues if q.broker_name == "b40")
+    assert (read_queues("S0"), read_queues("S1")) == (4, TopicConfig().read_queues)
+
+
+def test_a_restart_storm_sorts_the_broker_names_once_per_registration(monkeypatch):
+    # The cost that made a restart of N brokers sharing T topics take T x N^2: every
+    # shared route rebuilt from scratch, its N broker names sorted T times per registration.
+    table = RouteTable(EPOCH)
+    shared = {f"S{t}": TopicConfig() for t in range(50)}
+    for i in range(60):
+        register(table, i, shared)
+    long_sorts = []
+
+    def counting_sorted(items, **kw):
+        result = sorted(items, **kw)
+        if len(result) >= 60:
+            long_sorts.append(len(result))
+        return result
+
+    monkeypatch.setattr(routes_module, "sorted", counting_sorted, raising=False)
+    register(table, 60, shared)
+    assert long_sorts == [61]
 
 
 # --- item 3: state that outlives what it describes ---------------------------------------

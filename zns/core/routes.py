@@ -108,6 +108,10 @@ class _Changes:
         self.broker_events: list[BrokerEvent] = []
         self.structural = False  # brokers or clusters changed (visible in snapshot)
         self.stale_brokers: set[str] = set()  # broker names whose BrokerData must be rebuilt
+        # topic -> broker names whose queue data was set or removed (see _queue_list), and
+        # the topics where a name joined or left (their broker list changes shape).
+        self.edited: dict[str, set[str]] = {}
+        self.reshaped: set[str] = set()
 
 
 class RouteTable:
@@ -131,7 +135,6 @@ class RouteTable:
         self._topic_revision: dict[str, int] = {}  # last change of each topic with a route
         # The last revision of recently removed topics, oldest first (bounded: see above).
         self._removed_revision: dict[str, int] = {}
-        self._shared_lists: dict[tuple, list] = {}  # one commit's route lists (_build_route)
         self._broker_data: dict[str, BrokerData] = {}  # shared by every route of a broker
         self._deadlines: list[tuple[int, LiveKey]] = []  # lazy heap; stale entries skipped
         # Interned QueueData -> [the shared object, how many queue entries use it]: a
@@ -534,11 +537,13 @@ class RouteTable:
             if old is None:
                 self._queue_count += 1
                 self._queue_weight += 1 + self._fs_count.get(name, 0)
+                ch.reshaped.add(topic)
             else:
                 self._release(old)
             by_broker[name] = self._intern(queue)
             self._broker_topics[name].add(topic)
             ch.topics.add(topic)
+            ch.edited.setdefault(topic, set()).add(name)
 
     def _remove_queue(self, topic: str, name: str, ch: _Changes) -> None:
         by_broker = self._queues[topic]
@@ -549,6 +554,8 @@ class RouteTable:
             del self._queues[topic]
         self._broker_topics[name].discard(topic)
         ch.topics.add(topic)
+        ch.edited.setdefault(topic, set()).add(name)
+        ch.reshaped.add(topic)
 
     def _intern(self, queue: QueueData) -> QueueData:
         entry = self._queue_values.get(queue)
@@ -661,39 +668,40 @@ class RouteTable:
             )
         return data
 
-    def _build_route(self, topic: str) -> TopicRoute | None:
-        """The route of `topic` now. Every broker name with queue data is registered
-        (its last address takes its queue data with it), and `_commit` refreshed the
-        BrokerData of every name it touched, so the per-broker work is C loops only:
-        a shared topic of 1,000 brokers is rebuilt on every registration."""
+    def _build_route(self, topic: str, ch: _Changes, lists: _SharedLists) -> TopicRoute | None:
+        """The route of `topic` after this commit's changes.
+
+        A registration of one broker changes every topic it shares, and a shared topic
+        lists every broker: rebuilding each route from scratch makes a restart of N
+        brokers sharing T topics cost T x N^2. Routes are built from the route they
+        replace instead, and topics whose old lists and edits are the same share the
+        new lists (`_SharedLists`): one registration builds one queue list and one
+        broker list for all T topics, and NameService encodes each list once.
+        """
         by_broker = self._queues.get(topic)
         if not by_broker:
             return None
-        names = sorted(by_broker)
+        old = self._routes.get(topic)
+        queues = lists.queues(old.queues if old is not None else None,
+                              ch.edited.get(topic), by_broker)
+        stale = ch.stale_brokers
+        if old is not None and topic not in ch.reshaped and not any(n in by_broker for n in stale):
+            brokers = old.brokers  # the same names and none of their BrokerData changed
+        else:
+            brokers = lists.brokers(queues, self._broker_data)
         filter_servers = {}
         fs_names = self._fs_count
         if fs_names:
-            if len(fs_names) < len(names):
+            if len(fs_names) < len(by_broker):
                 with_servers = sorted(n for n in fs_names if n in by_broker)
             else:
-                with_servers = [n for n in names if n in fs_names]
+                with_servers = [q.broker_name for q in queues if q.broker_name in fs_names]
             for n in with_servers:
                 rec = self._brokers[n]
                 for addr in rec.addrs.values():
                     servers = self._filter_servers.get((rec.addr_cluster[addr], addr))
                     if servers:
                         filter_servers[addr] = servers
-        # Topics with the same brokers (and the same queue data) share one list object
-        # within a commit: a registration touching 100 shared topics builds, compares
-        # and (in NameService) encodes each list once, not 100 times.
-        shared = self._shared_lists
-        key = tuple(names)
-        brokers = shared.get(key)
-        if brokers is None:
-            brokers = shared[key] = list(map(self._broker_data.__getitem__, names))
-        queues = list(map(by_broker.__getitem__, names))
-        key = tuple(map(id, queues))  # QueueData are interned: equal data, same object
-        queues = shared.setdefault(key, queues)
         return TopicRoute(
             topic=topic, queues=queues, brokers=brokers,
             filter_servers=filter_servers, order_conf=self._order_conf.get(topic, ""),
@@ -702,14 +710,16 @@ class RouteTable:
     def _commit(self, ch: _Changes) -> list[Event]:
         """Number the changes with one new revision and turn them into events."""
         route_changes = []
-        self._shared_lists = {}  # lists built for this commit's routes (see _build_route)
         for name in ch.stale_brokers:  # BrokerData dropped by _touch_broker: build each once
             if name in self._brokers:
                 self._get_broker_data(name)
+        lists = _SharedLists()
+        routes = self._routes
         for topic in sorted(ch.topics):
-            route = self._build_route(topic)
-            if route != self._routes.get(topic):
+            route = self._build_route(topic, ch, lists)
+            if not _same_route(route, routes.get(topic)):
                 route_changes.append((topic, route))
+        del lists  # the old lists it kept alive may go once their routes are replaced
         if not (route_changes or ch.broker_events or ch.structural):
             return []
         self.revision += 1
@@ -757,6 +767,51 @@ class RouteTable:
             live.scheduled = live.deadline
             self._deadlines.append((live.scheduled, key))
         heapq.heapify(self._deadlines)
+
+
+class _SharedLists:
+    """The queue and broker lists built during one commit, shared by the topics that agree.
+
+    A topic's new queue list depends only on its old list and on the queue data of
+    the names edited in this commit, so topics with the same old list (the same
+    object: lists are shared, never mutated) and the same edits get the same new
+    list. Keys hold ids, so each entry also holds the objects whose ids it uses:
+    an id stays unique while its object is alive.
+    """
+
+    def __init__(self) -> None:
+        self._queues: dict[tuple, tuple[list[QueueData] | None, list[QueueData]]] = {}
+        self._brokers: dict[int, tuple[list[QueueData], list[BrokerData]]] = {}
+
+    def queues(self, old: list[QueueData] | None, edited: set[str] | None,
+               by_broker: dict[str, QueueData]) -> list[QueueData]:
+        if old is not None and not edited:
+            return old
+        # Queue data are interned (RouteTable._intern): equal data, one object, one id.
+        edits = tuple(sorted((n, id(by_broker.get(n))) for n in edited)) if edited else ()
+        key = (id(old), edits)
+        entry = self._queues.get(key)
+        if entry is None:
+            queues = list(map(by_broker.__getitem__, sorted(by_broker)))
+            entry = self._queues[key] = (old, queues)
+        return entry[1]
+
+    def brokers(self, queues: list[QueueData],
+                broker_data: dict[str, BrokerData]) -> list[BrokerData]:
+        entry = self._brokers.get(id(queues))
+        if entry is None:
+            brokers = [broker_data[q.broker_name] for q in queues]
+            entry = self._brokers[id(queues)] = (queues, brokers)
+        return entry[1]
+
+
+def _same_route(new: TopicRoute | None, old: TopicRoute | None) -> bool:
+    """`new == old`, without comparing shared lists element by element."""
+    if new is None or old is None:
+        return new is old
+    return ((new.queues is old.queues or new.queues == old.queues)
+            and (new.brokers is old.brokers or new.brokers == old.brokers)
+            and new.filter_servers == old.filter_servers and new.order_conf == old.order_conf)
 
 
 def filter_zone(route: TopicRoute, zone: str) -> TopicRoute:

@@ -110,7 +110,9 @@ class NameService:
         self.authorize = authorize
         self.limits = limits or Limits()
         self.peers: dict[str, bool] = {}  # peer endpoint -> connected (§10, set by the server)
-        self._route_bytes: dict[str, Raw] = {}  # each route encoded once per change
+        # Each route encoded once per change, when first asked for (a restart storm changes
+        # shared routes faster than anyone can ask; the events carry them anyway).
+        self._route_bytes: dict[str, Raw] = {}
         self._snapshot_routes: tuple[int, Raw] = (-1, Raw(b""))  # (revision, encoded map)
         # Plain counts for metrics, read (never reset) by a scrape in another thread: an
         # increment is all the hot path pays. Answered requests by request type; refused
@@ -238,7 +240,7 @@ class NameService:
 
     def _get_route(self, request: GetRoute) -> GetRouteReply:
         table, topic = self.table, request.topic
-        route = self._route_bytes.get(topic)
+        route = self._route_raw(topic)
         if route is None:
             raise NotFound(f"no route for topic {topic!r}", table.topic_revision(topic))
         if request.zone:
@@ -262,7 +264,7 @@ class NameService:
         routes, revisions, missing = {}, {}, []
         for topic in topics:
             revisions[topic] = self.table.topic_revision(topic)
-            route = self._route_bytes.get(topic)
+            route = self._route_raw(topic)
             if route is None:
                 missing.append(topic)
             else:
@@ -274,12 +276,21 @@ class NameService:
         """One consistent cut; its route map is encoded once per revision, however often asked."""
         table = self.table
         if self._snapshot_routes[0] != table.revision:
-            routes = Raw(encode({t: self._route_bytes[t] for t in sorted(self._route_bytes)}))
+            routes = Raw(encode({t: self._route_raw(t) for t in sorted(table.routes())}))
             self._snapshot_routes = (table.revision, routes)
         return SnapshotReply(
             id=rid, epoch=self.epoch, revision=table.revision, routes=self._snapshot_routes[1],
             brokers=table.broker_table(), clusters=table.cluster_table(),
         )
+
+    def _route_raw(self, topic: str) -> Raw | None:
+        raw = self._route_bytes.get(topic)
+        if raw is None:
+            route = self.table.route(topic)
+            if route is None:
+                return None
+            raw = self._route_bytes[topic] = Raw(encode(route))
+        return raw
 
     def _status(self, rid: int, now: int) -> StatusReply:
         table = self.table
@@ -325,18 +336,16 @@ class NameService:
         for event in events:
             if isinstance(event, RouteEvent):
                 published["route"] += 1
-                if event.route is None:
-                    self._route_bytes.pop(event.topic, None)
-                else:
+                self._route_bytes.pop(event.topic, None)
+                if event.route is not None:
                     route = event.route
                     queues, brokers = route.queues, route.brokers
                     if (raw_q := encoded.get(id(queues))) is None:
                         raw_q = encoded[id(queues)] = Raw(encode(queues))
                     if (raw_b := encoded.get(id(brokers))) is None:
                         raw_b = encoded[id(brokers)] = Raw(encode(brokers))
-                    raw = Raw(encode(msgspec.structs.replace(route, queues=raw_q, brokers=raw_b)))
-                    self._route_bytes[event.topic] = raw
-                    event.route = raw
+                    # Encoded as part of the event only: one copy of the lists per topic.
+                    event.route = msgspec.structs.replace(route, queues=raw_q, brokers=raw_b)
             else:
                 published["broker"] += 1
                 if event.change == "removed":
