@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -81,6 +82,41 @@ class InteropError(AssertionError):
 
 class InteropUnavailable(RuntimeError):
     """No JDK, no Maven or no jars: the interop tests cannot run on this machine."""
+
+
+# ---- waiting and naming, for the test modules ---------------------------------------------
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    """`check()`'s first truthy value, polled until `timeout` s; else an AssertionError saying what."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"not within {timeout:.0f} s: {what} (last: {last!r})")
+
+
+class Phases:
+    """Prints how long each step took (visible with -s or in a failure report)."""
+
+    def __init__(self, name: str = "") -> None:
+        self.prefix = f"[{name}] " if name else ""
+        self.start = self.t = time.monotonic()
+
+    def __call__(self, what: str) -> None:
+        now = time.monotonic()
+        print(f"  {self.prefix}{now - self.t:6.2f} s  {what}")
+        self.t = now
+
+    def total(self) -> None:
+        print(f"  {self.prefix}total {time.monotonic() - self.start:.2f} s")
+
+
+def unique_topic(prefix: str) -> str:
+    """A topic no earlier run (the brokers' stores live on) has used."""
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
 # ---- prerequisites ----------------------------------------------------------------------

@@ -8,41 +8,13 @@ module; tests that need more start and kill their own brokers.
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
 import rocketmq
-from rocketmq import Broker, JavaNameServer, ProcessGroup
+from rocketmq import Broker, JavaNameServer, Phases, ProcessGroup, unique_topic, wait_until
 
 pytestmark = pytest.mark.interop
-
-
-def wait_until(check, timeout: float, what: str, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"not within {timeout:.0f} s: {what} (last: {last!r})")
-
-
-class Phases:
-    """Prints how long each step took (visible with -s or in a failure report)."""
-
-    def __init__(self) -> None:
-        self.t = time.monotonic()
-
-    def __call__(self, what: str) -> None:
-        now = time.monotonic()
-        print(f"  {now - self.t:6.2f} s  {what}")
-        self.t = now
-
-
-def unique_topic(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")

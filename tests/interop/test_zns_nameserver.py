@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,7 +31,7 @@ import pytest
 
 import rocketmq
 from conftest import Peer, ProcessServer
-from rocketmq import Broker, JavaNameServer, ProcessGroup
+from rocketmq import Broker, JavaNameServer, Phases, ProcessGroup, unique_topic, wait_until
 from zns.core import schema
 from zns.core.remoting import FrameDecoder, RemotingCommand, encode_command, loads_lenient
 from zns.core.remoting.constants import RequestCode
@@ -44,37 +43,6 @@ GET_ALL_TOPIC_CONFIG = 21  # a broker request code: the broker's whole topic tab
 
 
 # ---- helpers -------------------------------------------------------------------------------
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"not within {timeout:.0f} s: {what} (last: {last!r})")
-
-
-class Phases:
-    """Prints how long each step took (visible with -s or in a failure report)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.start = self.t = time.monotonic()
-
-    def __call__(self, what: str) -> None:
-        now = time.monotonic()
-        print(f"  [{self.name}] {now - self.t:6.2f} s  {what}")
-        self.t = now
-
-    def total(self) -> None:
-        print(f"  [{self.name}] total {time.monotonic() - self.start:.2f} s")
-
-
-def unique_topic(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:8]}"
-
 
 def free_port() -> int:
     with socket.socket() as s:
