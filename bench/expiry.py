@@ -117,7 +117,7 @@ def run(config: RunConfig) -> BenchResult:
         settings="its default settings (" + label + ")" if not p.agent_override
         else f"short settings ({label}; a smoke run)",
     )
-    return BenchResult("expiry", "4. Expiry and failure detection", method, figures)
+    return BenchResult("expiry", "Expiry and failure detection", method, figures)
 
 
 def _register_staggered(session: Session, p: Params, first: int) -> dict[str, float]:

@@ -69,7 +69,7 @@ def run(config: RunConfig) -> BenchResult:
                    f"{figures[-3].value:.2f} ms, max {figures[-2].value:.1f} ms; "
                    f"get_route worst {figures[-1].value:.1f} ms")
     method = METHOD.format(kib=VALUE_BYTES // 1024)
-    return BenchResult("kv", "6. KV put latency", method, figures)
+    return BenchResult("kv", "KV put latency", method, figures)
 
 
 def _one_round(config: RunConfig, n: int, puts: int, r: int) -> tuple[list[float], list[float]]:

@@ -169,7 +169,7 @@ def run(config: RunConfig) -> BenchResult:
                f"through two relays {figures[-1].value:.0f} µs")
     method = METHOD.format(in_flight=p.in_flight, subs=n, procs=p.sub_processes, topic=TOPIC,
                            changes=p.changes)
-    return BenchResult("ops", "8. Operations: metrics and events relays", method, figures)
+    return BenchResult("ops", "Operations: metrics and events relays", method, figures)
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ def run(config: RunConfig) -> BenchResult:
     method = METHOD.format(alone=p.alone, shared=p.shared, shared_topics=p.shared_topics,
                            timeout=p.timeout_ms, probe_ms=PROBE_EVERY_S * 1000, storm=p.storm,
                            storm_topics=p.storm_topics)
-    return BenchResult("partition", "6. Partition and re-registration storm", method, figures)
+    return BenchResult("partition", "Partition and re-registration storm", method, figures)
 
 
 def _partition(config: RunConfig, p: Params, topics: list[list[str]], tag: str) -> tuple[float, float]:

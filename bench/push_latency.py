@@ -109,7 +109,7 @@ def run(config: RunConfig) -> BenchResult:
             config.log(f"{n} subscribers: p50 {figures[-3].value:.0f} µs, "
                        f"p99 {figures[-2].value:.0f} µs (raw p99 {figures[-2].reference_value:.0f})")
     method = METHOD.format(topic=TOPIC, procs=SUB_PROCESSES, changes=p.changes)
-    return BenchResult("push_latency", "3. Push latency", method, figures)
+    return BenchResult("push_latency", "Push latency", method, figures)
 
 
 if __name__ == "__main__":

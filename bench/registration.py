@@ -139,7 +139,7 @@ def run(config: RunConfig) -> BenchResult:
                 "so the largest registration is that bound." if TOPICS_CAP < 100_000 else "")
     method = METHOD.format(brokers=p.brokers, topics=p.topics, group=GROUP,
                            in_flight=p.in_flight, cap_note=cap_note)
-    return BenchResult("registration", "2. Registration and heartbeats", method, figures)
+    return BenchResult("registration", "Registration and heartbeats", method, figures)
 
 
 def _timed_ms(session: Session, body: bytes) -> float:

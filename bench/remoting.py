@@ -731,7 +731,7 @@ def result(p: Params, java_on: bool, reason: str, sat: dict[str, list[float]],
               f"{p.warmup:g} s; fixed rate {p.rate:g} req/s for {p.rate_duration:g} s; "
               f"{p.jit_warmup:g} s of load per server before the first round; "
               f"{p.kill_rounds} kill round(s).")
-    return BenchResult("remoting", "6. RocketMQ remoting: zns against the Java NameServer",
+    return BenchResult("remoting", "RocketMQ remoting: zns against the Java NameServer",
                        METHOD + "\n" + params + "\n" + LIMITS, figures)
 
 

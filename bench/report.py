@@ -230,7 +230,7 @@ def markdown(results: Sequence[BenchResult], info: dict[str, Any], config: RunCo
             row = _row(fig)
             lines.append(f"| {result.name} | {row[0]} | {row[1]} | {row[4]} | {row[5]} | {row[6]} |")
         lines.append("")
-    for result in results:
+    for result in results:  # unnumbered: a partial run replaces sections by their heading
         lines += [f"## {result.title}", "", result.method.strip(), ""]
         if result.error:
             lines += ["**This benchmark failed:**", "", "```", result.error.strip(), "```", ""]

@@ -107,7 +107,7 @@ def run(config: RunConfig) -> BenchResult:
                                f"({figures[-4].ratio:.2f}× reference), +{grown_kib:,} KiB, "
                                f"{per_entry:.0f} B per entry")
     method = METHOD.format(in_flight=p.in_flight, ref_topics=ref_t, ref_brokers=ref_b)
-    return BenchResult("scale", "5. Scale: throughput and memory", method, figures)
+    return BenchResult("scale", "Scale: throughput and memory", method, figures)
 
 
 if __name__ == "__main__":

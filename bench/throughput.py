@@ -138,7 +138,7 @@ def run(config: RunConfig) -> BenchResult:
         Figure(f"recv_multipart echo: server CPU per request, {p.many} in flight", "µs",
                multipart_echo[1], "echo", cpu["echo", reference]),
     ]
-    return BenchResult("throughput", "1. get_route throughput against the echo limit",
+    return BenchResult("throughput", "get_route throughput against the echo limit",
                        METHOD, figures)
 
 
