@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.harness import (
-    BenchError, Probe, ServerProcess, Session, broker_addr, check_reply, register_request,
+    BenchError, Probe, ServerProcess, Session, check_reply, register_request,
     request, start_zns,
 )
 from bench.report import BenchResult, Figure, RunConfig, Target, cli
@@ -84,7 +84,8 @@ is full. The probe's worst is over all {heavy_requests} requests.
 with {window:,} topics, new names every time, until {churn:,} distinct names were
 seen, then registers with none. **Configuration churn**: a one-topic broker, then
 one with {config_topics:,} topics re-registered {config_rounds} times with a new
-`read_queues` each time; then the one-topic broker is unregistered (the round
+`read_queues` each time (and `write_queues` different per topic: every topic's queue
+data is a new value each time, {config_values:,} in all); then the one-topic broker is unregistered (the round
 trip: a removal must cost what it removes, not the table size) and the big one
 too. Both: RSS at the end minus RSS right after start.
 **Live bytes** (in-process): the same two churns, smaller ({live_names:,} names;
@@ -127,13 +128,19 @@ def _topic(i: int) -> str:
     return f"T{i:08d}".ljust(127, "t")
 
 
-def _register(name: int, topics: list[str] | range, *, version: int = 0,
-              servers: Sequence[str] = (), incremental: bool = False, **extra: Any) -> bytes:
-    return register_request(
-        _name(name), _addr(name), [_topic(t) for t in topics] if isinstance(topics, range)
-        else topics, cluster=CLUSTER, zone=ZONE, ha_addr=_addr(name, "h"),
+def _register(name: int, topics: list[str] | range | dict[str, dict], *, version: int = 0,
+              servers: Sequence[str] = (), incremental: bool = False) -> bytes:
+    """Broker `name`'s registration; `topics` as names (default configuration), indexes
+    of `_topic` names, or a map of names to their configurations."""
+    if isinstance(topics, range):
+        topics = [_topic(t) for t in topics]
+    if not isinstance(topics, dict):
+        topics = {t: {} for t in topics}
+    return request(
+        "register_broker", cluster=CLUSTER, broker_name=_name(name), broker_id=0,
+        broker_addr=_addr(name), ha_addr=_addr(name, "h"), zone=ZONE, topics=topics,
         filter_servers=list(servers), data_version={"counter": version},
-        incremental=incremental, **extra)
+        incremental=incremental)
 
 
 def _server_args(limits: Limits) -> list[str]:
@@ -161,7 +168,6 @@ class _Measured:
         self.session.call("status")
         self.rss0 = self.server.rss_kib()
         self.probe = Probe(self.server.router, PROBE_TOPIC) if probe else None
-        self.started = time.monotonic()
         if self.probe:
             self.probe.start()
             deadline = time.monotonic() + 10
@@ -293,11 +299,13 @@ def _churn_bodies(p: Params, names: int) -> Iterator[bytes]:
 
 
 def _config_bodies(p: Params, rounds: int) -> Iterator[bytes]:
-    """The small broker (one topic), then the big one re-registered with a new read_queues."""
+    """The small broker (one topic), then the big one re-registered with a new read_queues
+    each time; write_queues differ per topic, so every (topic, round) is a QueueData value
+    of its own: topics × rounds values pass through the table's interning."""
     yield _register(1, [_topic(p.config_topics)])
     for k in range(rounds):
-        yield _register(0, range(p.config_topics), version=k + 1,
-                        topic_config={"read_queues": k + 1})
+        yield _register(0, {_topic(t): {"read_queues": k + 1, "write_queues": t + 1}
+                            for t in range(p.config_topics)}, version=k + 1)
 
 
 def _unregister(name: int) -> bytes:
@@ -456,7 +464,7 @@ def run(config: RunConfig) -> BenchResult:
         heavy_requests=heavy_names * math.ceil(lim.max_topics / lim.max_topics_per_request),
         window=p.churn_window, churn=p.churn_names, config_topics=p.config_topics,
         config_rounds=p.config_rounds, live_names=p.live_names,
-        live_config_rounds=p.live_config_rounds, slave_weight=2 * topics,
+        live_config_rounds=p.live_config_rounds, slave_weight=2 * topics, config_values=p.config_topics * p.config_rounds,
         rounds=config.rounds)
     return BenchResult("memory", "Memory under the limits, and after churn", method, figures)
 
