@@ -12,7 +12,8 @@ import time
 import tracemalloc
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+
+import zmq
 
 from bench.harness import (
     BenchError, Probe, ServerProcess, Session, check_reply, register_request,
@@ -28,6 +29,7 @@ BUDGET_MIB = 1024  # item 9: no request within the limits makes the server use m
 BLOCK_MS = 1000  # item 9: ... or block the loop longer
 RETURN_MIB = 64  # item 10: memory returns to within this of its start
 REMOVAL_MS = 100  # item 10: a broker removal after churn (it took 444 ms when filed)
+HEAVY_REPLY_TIMEOUT_MS = 120_000
 PROBE_TOPIC = "ProbeNoSuchTopic"  # asking for a topic nobody registered adds no state
 
 
@@ -165,6 +167,9 @@ class _Measured:
     def __init__(self, config: RunConfig, tag: str, limits: Limits, probe: bool = True) -> None:
         self.server: ServerProcess = start_zns(config.workdir / tag, *_server_args(limits))
         self.session = Session(self.server.router)
+        # These requests are heavy by design: on a loaded machine one may take longer than
+        # the harness's usual reply timeout, which would end the run rather than measure it.
+        self.session.sock.setsockopt(zmq.RCVTIMEO, HEAVY_REPLY_TIMEOUT_MS)
         self.session.call("status")
         self.rss0 = self.server.rss_kib()
         self.probe = Probe(self.server.router, PROBE_TOPIC) if probe else None
