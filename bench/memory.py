@@ -95,7 +95,7 @@ too. Both: RSS at the end minus RSS right after start.
 under `tracemalloc`: the bytes of live objects at the end minus at the start,
 which separates what the table keeps from what the allocator keeps.
 The single registrations are measured in each of the {rounds} round(s); the heavy
-state and the churns (about a minute each at full size) once.
+state and the churns (up to about a minute each at full size) once.
 """
 
 
@@ -395,7 +395,7 @@ def run(config: RunConfig) -> BenchResult:
         config.log(f"round {r + 1}: " + "; ".join(
             f"{k} +{v[-1].held_mib:.0f} MiB (peak +{v[-1].peak_mib:.0f}), probe "
             f"{v[-1].worst_ms:.0f} ms" for k, v in rounds.items() if v))
-    # About a minute each at full size, so measured once: memory barely varies between
+    # Up to about a minute each at full size, so measured once: memory barely varies between
     # rounds, and the heavy state's probe figure is already the worst of 50 requests.
     rounds["heavy"].append(heaviest_state(config, p, 0))
     rounds["churn"].append(topic_churn(config, p, 0))
