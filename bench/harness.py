@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ LOOPBACK = "tcp://127.0.0.1:*"
 REPLY_TIMEOUT_S = 15.0  # a server that answers nothing for this long has failed
 START_TIMEOUT_S = 30.0
 REPO = Path(__file__).resolve().parent.parent
+PROBE_EVERY_S = 0.005  # Probe
 _SERVING = re.compile(r"serving requests on (\S+), events on (\S+)")
 
 
@@ -55,6 +57,9 @@ class ServerProcess:
 
     def rss_kib(self) -> int:
         return rss_kib(self.proc.pid)
+
+    def peak_rss_kib(self) -> int:
+        return rss_kib(self.proc.pid, "VmHWM")
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.proc.pid)
@@ -115,12 +120,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_kib(pid: int) -> int:
-    """Resident set size of a process, from /proc/<pid>/status (VmRSS, in KiB)."""
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """Resident set size of a process, from /proc/<pid>/status (VmRSS, in KiB); VmHWM is
+    its peak since the process started."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
-    raise BenchError(f"no VmRSS for pid {pid}")
+    raise BenchError(f"no {field} for pid {pid}")
 
 
 # --- requests --------------------------------------------------------------
@@ -200,6 +206,43 @@ class Session:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+class Probe(threading.Thread):
+    """get_route every PROBE_EVERY_S on its own connection; (sent, round trip) of each: the
+    longest round trip in a window is the longest the server's loop was blocked then."""
+
+    def __init__(self, endpoint: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self._endpoint, self._body = endpoint, request("get_route", id=1, topic=topic)
+        self._halt = threading.Event()
+        self.samples: list[tuple[float, float]] = []
+
+    def run(self) -> None:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self._endpoint)
+        try:
+            while not self._halt.is_set():
+                sent = time.monotonic()
+                sock.send(self._body)
+                if not sock.poll(60_000):
+                    raise BenchError("the probe got no reply within 60 s")
+                sock.recv()
+                self.samples.append((sent, time.monotonic() - sent))
+                self._halt.wait(PROBE_EVERY_S)
+        finally:
+            sock.close(0)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(70)
+
+    def worst_ms(self, start: float, end: float) -> float:
+        window = [rtt for sent, rtt in self.samples if start - 0.5 <= sent <= end]
+        if not window:
+            raise BenchError("the probe took no sample in the window")
+        return max(window) * 1000
 
 
 # --- load ------------------------------------------------------------------

@@ -5,20 +5,15 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 
-import zmq
-
 from bench.harness import (
-    BenchError, Session, Subscribers, broker_addr, heartbeat_request, register_request, request,
-    start_zns,
+    PROBE_EVERY_S, BenchError, Probe, Session, Subscribers, broker_addr, heartbeat_request,
+    register_request, start_zns,
 )
 from bench.report import BenchResult, Figure, RunConfig, Target, cli
 from zns.core.schema import BROKER_PREFIX
-
-PROBE_EVERY_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -103,7 +98,7 @@ def _partition(config: RunConfig, p: Params, topics: list[list[str]], tag: str) 
             session.pipeline([heartbeat_request(f"p-{i}", broker_addr(i))
                               for i in range(len(topics))])
             deadline = time.monotonic() + p.timeout_ms / 1000
-            probe = _Probe(zns.router, topics[0][0])
+            probe = Probe(zns.router, topics[0][0])
             probe.start()
             try:
                 if not subs.wait_acked(2 * len(topics), timeout=p.timeout_ms / 1000 + 60):
@@ -126,42 +121,6 @@ def _storm(config: RunConfig, p: Params, r: int) -> float:
         start = time.monotonic()
         session.pipeline(bodies)
         return time.monotonic() - start
-
-
-class _Probe(threading.Thread):
-    """get_route every PROBE_EVERY_S on its own connection; (sent, round trip) of each."""
-
-    def __init__(self, endpoint: str, topic: str) -> None:
-        super().__init__(daemon=True)
-        self._endpoint, self._body = endpoint, request("get_route", id=1, topic=topic)
-        self._halt = threading.Event()
-        self.samples: list[tuple[float, float]] = []
-
-    def run(self) -> None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self._endpoint)
-        try:
-            while not self._halt.is_set():
-                sent = time.monotonic()
-                sock.send(self._body)
-                if not sock.poll(60_000):
-                    raise BenchError("the probe got no reply within 60 s")
-                sock.recv()
-                self.samples.append((sent, time.monotonic() - sent))
-                self._halt.wait(PROBE_EVERY_S)
-        finally:
-            sock.close(0)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(70)
-
-    def worst_ms(self, start: float, end: float) -> float:
-        window = [rtt for sent, rtt in self.samples if start - 0.5 <= sent <= end]
-        if not window:
-            raise BenchError("the probe took no sample during the expiry")
-        return max(window) * 1000
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 from bench import (
-    expiry, flood, kv, ops, partition, push_latency, registration, remoting, scale, throughput,
+    expiry, flood, kv, memory, ops, partition, push_latency, registration, remoting, scale,
+    throughput,
 )
 from bench.report import BENCH_DIR, BenchFn, cli
 
@@ -21,6 +22,7 @@ BENCHMARKS: dict[str, BenchFn] = {
     "flood": flood.run,
     "ops": ops.run,
     "remoting": remoting.run,
+    "memory": memory.run,
 }
 
 if __name__ == "__main__":
