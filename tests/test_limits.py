@@ -209,6 +209,34 @@ def test_each_refusal_says_which_limit_its_value_what_and_the_option():
         "max_kv_bytes", 40, "39 more bytes of KV entries (namespaces, keys and values)")
 
 
+@pytest.mark.parametrize("how", ["slave", "same data_version", "incremental"])
+def test_a_registration_that_keeps_the_held_topics_counts_them_against_max_queues(how):
+    # A registration whose topic list is not applied (a slave's, or the master's with an
+    # unchanged data_version) still adds its filter servers and address to every route
+    # of the name: the held topics count, not the empty list it sends.
+    s = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0,
+                    limits=Limits(max_queues=10))
+    held = topics(*(f"T{i}" for i in range(10)))
+    ok(s, "register_broker", **register_fields(topics=held, data_version={"counter": 1}))
+    assert s.table.queue_weight() == 10
+    before = state(s)
+    fields = register_fields(topics={}, filter_servers=["10.0.0.9:1"],
+                             data_version={"counter": 1})
+    if how == "slave":
+        fields.update(broker_id=1, broker_addr="10.0.0.2:10911")
+    elif how == "incremental":
+        fields.update(incremental=True, data_version={"counter": 2})
+    assert refused(call(s, "register_broker", **fields), "max_queues")
+    assert state(s) == before and s.table.queue_weight() == 10
+    # Without filter servers the slave's address still puts one more entry in each route.
+    if how == "slave":
+        fields.update(filter_servers=[])
+        assert refused(call(s, "register_broker", **fields), "max_queues")
+    # A re-registration that changes nothing it weighs is never refused at the limit.
+    ok(s, "register_broker", **register_fields(topics=held, data_version={"counter": 3}))
+    assert s.table.queue_weight() == 10
+
+
 def test_register_topic_counts_filter_servers_against_max_queues():
     s = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0,
                     limits=Limits(max_queues=4))

@@ -58,8 +58,12 @@ class Limits:
                 servers = len(request.filter_servers) + (
                     1 if table.has_broker(name) and name not in table.names_of(cluster, addr)
                     else 0)
-                name_topics = len(topics) + (
-                    table.broker_topic_count(name) if request.incremental else 0)
+                # The topics the name holds afterwards. A registration that does not
+                # replace them (a slave's, one with an unchanged data_version, an
+                # incremental one) keeps the held ones, each of which then carries its
+                # filter servers and address too: count them whatever the request lists.
+                held = table.broker_topic_count(name)
+                name_topics = len(topics) + held if request.incremental else max(len(topics), held)
                 after = (weight - table.broker_weight(name)
                          + name_topics * (1 + table.filter_server_count(name) + servers))
                 for other in table.names_of(cluster, addr) - {name}:  # a shared address
