@@ -276,7 +276,7 @@ class NameService:
         """One consistent cut; its route map is encoded once per revision, however often asked."""
         table = self.table
         if self._snapshot_routes[0] != table.revision:
-            routes = Raw(encode({t: self._route_raw(t) for t in sorted(table.routes())}))
+            routes = Raw(_exact(encode({t: self._route_raw(t) for t in sorted(table.routes())})))
             self._snapshot_routes = (table.revision, routes)
         return SnapshotReply(
             id=rid, epoch=self.epoch, revision=table.revision, routes=self._snapshot_routes[1],
@@ -289,7 +289,7 @@ class NameService:
             route = self.table.route(topic)
             if route is None:
                 return None
-            raw = self._route_bytes[topic] = Raw(encode(route))
+            raw = self._route_bytes[topic] = Raw(_exact(encode(route)))
         return raw
 
     def _status(self, rid: int, now: int) -> StatusReply:
@@ -361,6 +361,17 @@ def _with_events(reply: type, rid: int, field: str,
     """A reply with one field from a table call's (value, events)."""
     value, events = outcome
     return reply(id=rid, **{field: value}), events
+
+
+def _exact(encoded: bytes) -> bytes:
+    """A copy without the encoder's spare capacity, for bytes that are kept.
+
+    msgspec grows its output buffer ahead of need and hands it over as it is: a
+    route's bytes can take half as much again as their length. Replies and events
+    are freed at once; cached routes are held as long as the route, so they are
+    copied to their exact size (one memcpy, once per change).
+    """
+    return bytes(memoryview(encoded))
 
 
 def _log_broker_event(event: BrokerEvent) -> None:
