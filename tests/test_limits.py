@@ -237,6 +237,46 @@ def test_a_registration_that_keeps_the_held_topics_counts_them_against_max_queue
     assert s.table.queue_weight() == 10
 
 
+def test_long_names_weigh_by_their_bytes_against_max_queues():
+    # 255-character names put ~1.3 KB in every route entry, ten times a typical broker's:
+    # each started 128 bytes of cluster, name (twice: QueueData and BrokerData), zone and
+    # addresses weighs one more entry, so --max-queues still bounds what routes hold.
+    s = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0,
+                    limits=Limits(max_queues=100))
+    long = dict(cluster="c" * 255, broker_name="b" * 255, zone="z" * 255,
+                addr="a" * 60 + "." + "d" * 60 + ":10911")
+    per_entry = 1 + (255 + 2 * 255 + 255 + 128) // 128
+    assert per_entry == 9
+    ok(s, "register_broker", **register_fields(topics=topics(*(f"T{i}" for i in range(11))),
+                                               **long))
+    assert s.table.queue_weight() == 11 * per_entry
+    before = state(s)
+    assert refused(call(s, "register_broker", **register_fields(
+        topics=topics(*(f"T{i}" for i in range(12))), data_version={"counter": 1}, **long)),
+        "max_queues")
+    assert state(s) == before
+    # The same broker with short names fits many more topics.
+    s2 = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0,
+                     limits=Limits(max_queues=100))
+    ok(s2, "register_broker", **register_fields(topics=topics(*(f"T{i}" for i in range(100)))))
+    assert s2.table.queue_weight() == 100
+
+
+def test_a_periodic_registration_with_filter_servers_at_the_limit_is_accepted():
+    # What the registration weighs is computed as it will be held: the address's filter
+    # servers replace the ones it listed, they are not counted twice.
+    s = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0,
+                    limits=Limits(max_queues=9))
+    fields = register_fields(topics=topics("A", "B", "C"),
+                             filter_servers=["10.0.0.8:1", "10.0.0.9:1"])
+    ok(s, "register_broker", **fields)
+    assert s.table.queue_weight() == 9  # 3 topics x (1 + 2 filter servers): exactly full
+    ok(s, "register_broker", **fields)
+    ok(s, "register_broker", **{**fields, "data_version": {"counter": 1}})
+    assert refused(call(s, "register_broker", **{
+        **fields, "filter_servers": ["10.0.0.7:1", "10.0.0.8:1", "10.0.0.9:1"]}), "max_queues")
+
+
 def test_register_topic_counts_filter_servers_against_max_queues():
     s = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0,
                     limits=Limits(max_queues=4))

@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from conftest import examples
 
 from zns.core.errors import BadRequest, Conflict
-from zns.core.routes import RouteTable
+from zns.core.routes import RouteTable, name_weight
 from zns.core.schema import (
     MASTER_ID,
     PERM_READ,
@@ -36,11 +36,11 @@ from zns.core.schema import (
     TopicRoute,
 )
 
-CLUSTERS = ["c1", "c2"]
+CLUSTERS = ["c1", "c2", "c" * 100]  # a long one: names weigh by their bytes (name_weight)
 NAMES = ["broker-a", "broker-b", "broker-c"]
 ADDRS = ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1", "10.0.0.4:1"]
 TOPICS = ["T1", "T2", "T3", "T4"]
-ZONES = ["", "z1", "Z1"]
+ZONES = ["", "z1", "Z1", "z" * 130]
 FILTER_SERVERS = ["10.9.0.1:1", "10.9.0.2:1"]
 
 clusters = st.sampled_from(CLUSTERS)
@@ -453,6 +453,18 @@ class RouteTableMachine(RuleBasedStateMachine):
         for name, indexed in t._broker_topics.items():
             assert all(name in t._queues[topic] for topic in indexed)
         assert t._broker_topics.keys() == t._brokers.keys()
+
+    @invariant()
+    def queue_weight_is_what_the_routes_carry(self):
+        # Kept incrementally; recomputed here from what each broker name's routes list.
+        t = self.table
+        expected = 0
+        for name, rec in t._brokers.items():
+            extra = len(rec.addrs) - 1 + name_weight(rec.cluster, name, rec.zone, rec.addr_cluster)
+            extra += sum(len(t._filter_servers.get((c, a), ())) for a, c in rec.addr_cluster.items())
+            expected += len(t._broker_topics[name]) * (1 + extra)
+        assert t.queue_weight() == expected
+        assert t.queue_count() == sum(len(by_broker) for by_broker in t._queues.values())
 
     @invariant()
     def cluster_and_broker_tables_agree(self):

@@ -52,12 +52,8 @@ class Limits:
                 if (not table.has_address(cluster, addr)
                         and table.address_count() >= self.max_brokers):
                     _refuse("max_brokers", self.max_brokers, f"broker address {addr} would be new")
-                # Conservative: its topics and filter servers are counted before what it drops.
+                # What the name's routes weigh once it is applied (RouteTable.queue_weight).
                 weight = table.queue_weight()
-                # A second (third, ...) address of this name is one more entry in each route.
-                servers = len(request.filter_servers) + (
-                    1 if table.has_broker(name) and name not in table.names_of(cluster, addr)
-                    else 0)
                 # The topics the name holds afterwards. A registration that does not
                 # replace them (a slave's, one with an unchanged data_version, an
                 # incremental one) keeps the held ones, each of which then carries its
@@ -65,9 +61,11 @@ class Limits:
                 held = table.broker_topic_count(name)
                 name_topics = len(topics) + held if request.incremental else max(len(topics), held)
                 after = (weight - table.broker_weight(name)
-                         + name_topics * (1 + table.filter_server_count(name) + servers))
-                for other in table.names_of(cluster, addr) - {name}:  # a shared address
-                    after += table.broker_topic_count(other) * servers
+                         + name_topics * table.entry_weight_after(request))
+                # A shared address: the other names listing it show its new filter servers.
+                more = len(request.filter_servers) - table.filter_servers_of(cluster, addr)
+                for other in table.names_of(cluster, addr) - {name}:
+                    after += table.broker_topic_count(other) * max(0, more)
                 if after > weight and after > self.max_queues:
                     _refuse("max_queues", self.max_queues,
                             f"{after - weight} more queue entries (topic x broker name, "

@@ -9,6 +9,7 @@ before anything is touched, so a failure leaves no trace (§2).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from zns.core.errors import BadRequest, Conflict
@@ -36,6 +37,11 @@ LiveKey = tuple[str, str]  # (cluster, broker_addr): liveness is keyed so (§8)
 # revision 0 and then rightly applies a creation event whose `prev` is 0 (it
 # carries the whole route). Either way no change is missed; at worst one extra pull.
 REMEMBERED_REMOVED_TOPICS = 10_000
+# A broker name's names and addresses are in every route of the name (in its QueueData
+# and BrokerData): each started NAME_BYTES_PER_WEIGHT of their UTF-8 bytes weighs one more
+# queue entry per topic, so 255-character names cannot make an entry hold ten times what
+# --max-queues assumes (see `name_weight`).
+NAME_BYTES_PER_WEIGHT = 128
 # One expiry step stops taking addresses once it has touched this many
 # (address, topic) pairs, so a partition is expired in slices between which the
 # loop serves requests (§8); the next step is due at once.
@@ -513,6 +519,25 @@ class RouteTable:
         live = self._live.get((cluster, addr))
         return live.names if live is not None else set()
 
+    def entry_weight_after(self, req: RegisterBroker) -> int:
+        """What one route entry of `req.broker_name` would weigh once `req` is applied.
+
+        As `_count_filter_servers` counts it, with the request's address added (an
+        address it displaces is still counted: conservative), its zone, and its filter
+        servers in place of what the address listed before.
+        """
+        rec = self._brokers.get(req.broker_name)
+        addrs = dict(rec.addr_cluster) if rec is not None else {}
+        addrs[req.broker_addr] = req.cluster
+        cluster = rec.cluster if rec is not None else req.cluster
+        weight = len(addrs) + name_weight(cluster, req.broker_name, req.zone, addrs)
+        for addr, addr_cluster in addrs.items():
+            if addr == req.broker_addr and addr_cluster == req.cluster:
+                weight += len(req.filter_servers)
+            else:
+                weight += len(self._filter_servers.get((addr_cluster, addr), ()))
+        return weight
+
     def filter_servers_of(self, cluster: str, addr: str) -> int:
         return len(self._filter_servers.get((cluster, addr), ()))
 
@@ -574,8 +599,9 @@ class RouteTable:
     def _count_filter_servers(self, name: str) -> None:
         """Recount what one broker name adds to each of its routes beyond one queue entry.
 
-        Every route of the name lists each of its addresses and their filter servers, so
-        both count: the filter servers, and every address past the first. That makes
+        Every route of the name lists each of its addresses and their filter servers, and
+        repeats its names: all count, the filter servers and every address past the first
+        as one entry each, long names by their bytes (`name_weight`). That makes
         `queue_weight` (and so --max-queues) bound what the routes hold, whatever the
         shape of the registrations.
         """
@@ -583,6 +609,7 @@ class RouteTable:
         count = 0
         if rec is not None:
             count += max(0, len(rec.addr_cluster) - 1)
+            count += name_weight(rec.cluster, name, rec.zone, rec.addr_cluster)
             for addr, cluster in rec.addr_cluster.items():
                 count += len(self._filter_servers.get((cluster, addr), ()))
         old = self._fs_count.get(name, 0)
@@ -627,6 +654,7 @@ class RouteTable:
             if rec.cluster == cluster and rec.addr_cluster:
                 # BrokerData.cluster must name a cluster that still lists this broker.
                 rec.cluster = min(rec.addr_cluster.values())
+                self._count_filter_servers(rec.name)  # its name weight changed with it
             ch.structural = True
         if not rec.addrs:
             for topic in list(self._broker_topics[rec.name]):
@@ -767,6 +795,19 @@ class RouteTable:
             live.scheduled = live.deadline
             self._deadlines.append((live.scheduled, key))
         heapq.heapify(self._deadlines)
+
+
+def name_weight(cluster: str, name: str, zone: str, addrs: Iterable[str]) -> int:
+    """The extra queue entries one route entry of this broker name weighs for its names.
+
+    The broker name is in the QueueData and the BrokerData of every route of the name,
+    the cluster, zone and addresses in the BrokerData. Short names weigh nothing extra
+    (a route entry of a typical broker is about 150 bytes encoded); the longest the wire
+    allows (255 characters, up to 4 bytes each) weigh up to ~50 entries more.
+    """
+    size = len(cluster.encode()) + 2 * len(name.encode()) + len(zone.encode())
+    size += sum(len(addr) for addr in addrs)  # addresses are ASCII (§3)
+    return size // NAME_BYTES_PER_WEIGHT
 
 
 class _SharedLists:
