@@ -58,7 +58,8 @@ from zns.drivers.server import (
               envvar="ZNS_MAX_TOPICS", show_default=True, help="Topics held at most.")
 @click.option("--max-queues", type=click.IntRange(min=1), default=Limits.max_queues,
               envvar="ZNS_MAX_QUEUES", show_default=True,
-              help="Queue entries (topic x broker name) held at most; memory grows with them.")
+              help="Queue entries (topic x broker name) held at most, each weighted by the filter "
+                   "servers, extra addresses and name bytes its routes carry; memory grows with them.")
 @click.option("--max-kv-entries", type=click.IntRange(min=1), default=Limits.max_kv_entries,
               envvar="ZNS_MAX_KV_ENTRIES", show_default=True, help="KV entries per namespace.")
 @click.option("--max-kv-namespaces", type=click.IntRange(min=1),
