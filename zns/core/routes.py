@@ -9,7 +9,7 @@ before anything is touched, so a failure leaves no trace (§2).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from zns.core.errors import BadRequest, Conflict
@@ -717,23 +717,30 @@ class RouteTable:
             brokers = old.brokers  # the same names and none of their BrokerData changed
         else:
             brokers = lists.brokers(queues, self._broker_data)
-        filter_servers = {}
-        fs_names = self._fs_count
-        if fs_names:
-            if len(fs_names) < len(by_broker):
-                with_servers = sorted(n for n in fs_names if n in by_broker)
-            else:
-                with_servers = [q.broker_name for q in queues if q.broker_name in fs_names]
-            for n in with_servers:
-                rec = self._brokers[n]
-                for addr in rec.addrs.values():
-                    servers = self._filter_servers.get((rec.addr_cluster[addr], addr))
-                    if servers:
-                        filter_servers[addr] = servers
+        filter_servers = lists.filter_servers(queues, self._filter_servers_of_route)
         return TopicRoute(
             topic=topic, queues=queues, brokers=brokers,
             filter_servers=filter_servers, order_conf=self._order_conf.get(topic, ""),
         )
+
+    def _filter_servers_of_route(self, queues: list[QueueData]) -> dict[str, list[str]]:
+        """The filter servers a route of these brokers lists, by broker address."""
+        filter_servers: dict[str, list[str]] = {}
+        fs_names = self._fs_count  # names with filter servers (or other extra weight)
+        if not fs_names:
+            return filter_servers
+        if len(fs_names) < len(queues):
+            in_route = {q.broker_name for q in queues}
+            with_servers = sorted(n for n in fs_names if n in in_route)
+        else:
+            with_servers = [q.broker_name for q in queues if q.broker_name in fs_names]
+        for n in with_servers:
+            rec = self._brokers[n]
+            for addr in rec.addrs.values():
+                servers = self._filter_servers.get((rec.addr_cluster[addr], addr))
+                if servers:
+                    filter_servers[addr] = servers
+        return filter_servers
 
     def _commit(self, ch: _Changes) -> list[Event]:
         """Number the changes with one new revision and turn them into events."""
@@ -823,6 +830,7 @@ class _SharedLists:
     def __init__(self) -> None:
         self._queues: dict[tuple, tuple[list[QueueData] | None, list[QueueData]]] = {}
         self._brokers: dict[int, tuple[list[QueueData], list[BrokerData]]] = {}
+        self._filter_servers: dict[int, tuple[list[QueueData], dict[str, list[str]]]] = {}
 
     def queues(self, old: list[QueueData] | None, edited: set[str] | None,
                by_broker: dict[str, QueueData]) -> list[QueueData]:
@@ -835,6 +843,14 @@ class _SharedLists:
         if entry is None:
             queues = list(map(by_broker.__getitem__, sorted(by_broker)))
             entry = self._queues[key] = (old, queues)
+        return entry[1]
+
+    def filter_servers(self, queues: list[QueueData], build: Callable[[list[QueueData]],
+                       dict[str, list[str]]]) -> dict[str, list[str]]:
+        """The same brokers list the same filter servers: one dict per queue list."""
+        entry = self._filter_servers.get(id(queues))
+        if entry is None:
+            entry = self._filter_servers[id(queues)] = (queues, build(queues))
         return entry[1]
 
     def brokers(self, queues: list[QueueData],

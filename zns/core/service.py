@@ -330,8 +330,9 @@ class NameService:
     def _publish(self, events: list[RouteEvent | BrokerEvent]) -> list[Frames]:
         frames = []
         published = self.published
-        # Routes of one step share their queue and broker lists (RouteTable._build_route):
-        # encode each list once; the lists are alive (held by the routes) while we do.
+        # Routes of one step share their queue and broker lists and filter servers
+        # (RouteTable._build_route): encode each once; they are alive (held by the
+        # routes) while we do.
         encoded: dict[int, Raw] = {}
         for event in events:
             if isinstance(event, RouteEvent):
@@ -339,13 +340,17 @@ class NameService:
                 self._route_bytes.pop(event.topic, None)
                 if event.route is not None:
                     route = event.route
-                    queues, brokers = route.queues, route.brokers
+                    queues, brokers, servers = route.queues, route.brokers, route.filter_servers
                     if (raw_q := encoded.get(id(queues))) is None:
                         raw_q = encoded[id(queues)] = Raw(encode(queues))
                     if (raw_b := encoded.get(id(brokers))) is None:
                         raw_b = encoded[id(brokers)] = Raw(encode(brokers))
+                    if servers and (raw_f := encoded.get(id(servers))) is None:
+                        raw_f = encoded[id(servers)] = Raw(encode(servers))
                     # Encoded as part of the event only: one copy of the lists per topic.
-                    event.route = msgspec.structs.replace(route, queues=raw_q, brokers=raw_b)
+                    event.route = msgspec.structs.replace(
+                        route, queues=raw_q, brokers=raw_b,
+                        filter_servers=raw_f if servers else servers)
             else:
                 published["broker"] += 1
                 if event.change == "removed":
