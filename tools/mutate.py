@@ -93,6 +93,25 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.route_cache.xǁRouteCacheǁreset__mutmut_5":
         "pull_again = None for False: the flag is only ever read as a truth value",
     "zns.core.route_cache.xǁRouteCacheǁapply_pull__mutmut_41": "as reset__mutmut_5",
+    "zns.core.broker_session.xǁBrokerSessionǁ__init____mutmut_32":
+        "_started = None for False: the flag is only ever read as a truth value",
+    "zns.core.broker_session.xǁBrokerSessionǁ__init____mutmut_34":
+        "_connected = None for False: the flag is only ever read as a truth value",
+    "zns.core.broker_session.xǁBrokerSessionǁ__init____mutmut_36":
+        "initial _reconnect_at: start sets it to now; close marks the connection open, so it is never read",
+    "zns.core.broker_session.xǁBrokerSessionǁ__init____mutmut_37": "as __init____mutmut_36",
+    "zns.core.broker_session.xǁBrokerSessionǁ__init____mutmut_39":
+        "initial _next_register: start sets it to now; close skips every path that reads it",
+    "zns.core.broker_session.xǁBrokerSessionǁ__init____mutmut_40": "as __init____mutmut_39",
+    "zns.core.broker_session.xǁBrokerSessionǁ__init____mutmut_41":
+        "initial _next_heartbeat: read only while registered, and a confirmed registration sets it",
+    "zns.core.broker_session.xǁBrokerSessionǁ__init____mutmut_42": "as __init____mutmut_41",
+    "zns.core.broker_session.xǁBrokerSessionǁ_fail__mutmut_17":
+        "_connected = None for False: the flag is only ever read as a truth value",
+    "zns.core.broker_session.xǁBrokerSessionǁ_step__mutmut_19":
+        "`=` for `+=`: actions is still empty when a timed-out request is failed",
+    "zns.core.broker_session.xǁBrokerSessionǁclose__mutmut_11":
+        "closing flight deadline None: while closing, next_wake and _step read _close_deadline instead",
     "zns.core.client_session.xǁClientSessionǁ_fail__mutmut_24":
         "_silence_deadline = '' for None: read only once connected, and _connect sets it to None first",
     "zns.core.client_session.xǁClientSessionǁon_reply__mutmut_39":
