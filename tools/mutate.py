@@ -53,7 +53,7 @@ MODULES: dict[str, list[str]] = {
     "kv": ["tests/test_kv_service.py", "tests/test_limits.py", "tests/test_service.py"],
     "broker_session": ["tests/test_broker_session.py"],
     "budget": ["tests/test_budget.py"],
-    "errors": ["tests/test_service.py", "tests/test_routes.py", "tests/test_broker_session.py"],
+    "errors": ["tests/test_errors.py", "tests/test_service.py", "tests/test_routes.py", "tests/test_broker_session.py"],
     "keys": ["tests/test_keys_backoff.py", "tests/test_security.py", "tests/test_service.py"],
     "addresses": ["tests/test_addresses_text.py", "tests/test_client.py", "tests/test_broker_session.py", "tests/test_peers_core.py",
                   "-k", "not test_no_nameserver_answers"],
