@@ -60,7 +60,7 @@ MODULES: dict[str, list[str]] = {
     "backoff": ["tests/test_keys_backoff.py", "tests/test_broker_session.py", "tests/test_client.py",
                 "-k", "not test_no_nameserver_answers"],
     "text": ["tests/test_addresses_text.py", "tests/test_service.py", "tests/test_peers_core.py"],
-    "schema": ["tests/test_service.py", "tests/test_routes.py", "tests/test_bounds_wire.py"],
+    "schema": ["tests/test_schema.py", "tests/test_service.py", "tests/test_routes.py", "tests/test_bounds_wire.py"],
     "remoting/command": ["tests/test_remoting_codec.py"],
     "remoting/fastjson": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
     "remoting/bodies": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
@@ -112,6 +112,9 @@ EQUIVALENT: dict[str, str] = {
         "`=` for `+=`: actions is still empty when a timed-out request is failed",
     "zns.core.broker_session.xǁBrokerSessionǁclose__mutmut_11":
         "closing flight deadline None: while closing, next_wake and _step read _close_deadline instead",
+    "zns.core.schema.x_read_envelope__mutmut_10":
+        "`> 0` for `>= 0`: an id of 0 is echoed as 0 by either branch",
+    "zns.core.schema.x_read_envelope__mutmut_11": "as x_read_envelope__mutmut_10 (`>= 1`)",
     "zns.core.client_session.xǁClientSessionǁ_fail__mutmut_24":
         "_silence_deadline = '' for None: read only once connected, and _connect sets it to None first",
     "zns.core.client_session.xǁClientSessionǁon_reply__mutmut_39":
