@@ -222,8 +222,8 @@ def test_frame_limit_refused_from_the_length_field_alone():
 
 
 @pytest.mark.parametrize("head,reason", [
-    (struct.pack(">ii", 8, 5), "header length 5 exceeds"),         # 5 > the 4 bytes after it
-    (struct.pack(">ii", 4, 1), "header length 1 exceeds"),         # nothing after it
+    (struct.pack(">ii", 8, 5), "header length 5 exceeds the 4 bytes after it$"),
+    (struct.pack(">ii", 4, 1), "header length 1 exceeds the 0 bytes after it$"),
     (struct.pack(">ii", 100, 0x7FFFFF), "header length"),          # far beyond the frame
     (struct.pack(">i", -1), "below the minimum"),                  # negative length
     (struct.pack(">i", 0), "below the minimum"),                   # zero length
@@ -518,3 +518,168 @@ def test_json_header_refuses_numbers_java_ints_cannot_hold(field, value):
         rm.encode_command(cmd)
     cmd = RemotingCommand(**{"code": 0, field: value - 1 if value > 0 else value + 1})
     assert rm.encode_command(cmd)
+
+
+# --- exact bounds and messages of the framing (what a peer's log line says) -----------------
+
+
+def _rmq_header(ext: bytes = b"", remark: bytes = b"", ext_len: int | None = None,
+                remark_len: int | None = None) -> bytes:
+    """A type-1 header around a raw ext section (lengths as given, or the true ones)."""
+    return (struct.pack(">hbhiii", 105, 0, 479, 7, 0, len(remark) if remark_len is None else remark_len)
+            + remark + struct.pack(">i", len(ext) if ext_len is None else ext_len) + ext)
+
+
+def _entry(key: bytes, value: bytes, klen: int | None = None, vlen: int | None = None) -> bytes:
+    return (struct.pack(">h", len(key) if klen is None else klen) + key
+            + struct.pack(">i", len(value) if vlen is None else vlen) + value)
+
+
+def test_rocketmq_header_text_is_utf8_with_bad_bytes_replaced_as_java_does():
+    cmd = rm.decode_rocketmq_header(_rmq_header(_entry(b"k\xfe", b"v\xff"), remark=b"r\xff"))
+    assert cmd.remark == "r\ufffd" and cmd.ext_fields == {"k\ufffd": "v\ufffd"}
+
+
+def test_rocketmq_header_empty_keys_and_values_are_java_nulls():
+    # The last entry (empty value) fills the ext section to its last byte.
+    ext = _entry(b"", b"x") + _entry(b"b", b"1") + _entry(b"a", b"")
+    assert rm.decode_rocketmq_header(_rmq_header(ext)).ext_fields == {"b": "1"}
+    assert rm.decode_rocketmq_header(_rmq_header(_entry(b"a", b"") + _entry(b"", b"x"))).ext_fields is None
+    assert rm.decode_rocketmq_header(_rmq_header()).ext_fields is None
+
+
+@pytest.mark.parametrize("header, message", [
+    (_rmq_header()[:20], "ROCKETMQ header of 20 bytes is shorter than the 21-byte minimum"),
+    (_rmq_header(remark=b"abc", remark_len=4), "ROCKETMQ header remark length 4 does not fit its 24-byte header"),
+    (_rmq_header(_entry(b"a", b"b"), ext_len=9), "ROCKETMQ header ext length 9 does not fit its 29-byte header"),
+    (_rmq_header(b"\x00", ext_len=1), "ROCKETMQ header ext entry cut short (key length)"),
+    (_rmq_header(b"\x00\x00"), "ROCKETMQ header ext key length 0 overruns the ext section"),
+    (_rmq_header(_entry(b"ab", b"", klen=3)), "ROCKETMQ header ext key length 3 overruns the ext section"),
+    (_rmq_header(_entry(b"a", b"x", vlen=2)), "ROCKETMQ header ext value length 2 overruns the ext section"),
+])
+def test_rocketmq_header_lengths_refused_word_for_word(header, message):
+    with pytest.raises(RemotingFrameError) as refused:
+        rm.decode_rocketmq_header(header)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("stype", [rm.SERIALIZE_JSON, rm.SERIALIZE_ROCKETMQ])
+def test_the_ext_field_bound_is_exact_and_applies_through_the_decoder(stype):
+    two = rm.encode_command(RemotingCommand(code=1, ext_fields={"a": "1", "b": "2"}), stype)
+    three = rm.encode_command(RemotingCommand(code=1, ext_fields={"a": "1", "b": "2", "c": "3"}), stype)
+    assert FrameDecoder(max_ext_fields=2).feed(two)[0].ext_fields == {"a": "1", "b": "2"}
+    assert len(FrameDecoder().feed(three)) == 1
+    with pytest.raises(RemotingFrameError) as refused:
+        FrameDecoder(max_ext_fields=2).feed(three)
+    assert str(refused.value) == ("header has 3 ext fields, more than 2" if stype == rm.SERIALIZE_JSON
+                                  else "header has more than 2 ext fields")
+
+
+@pytest.mark.parametrize("header, message", [
+    (b'{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "JSON header nested too deeply"),
+    (b'{"code":1.5}', "JSON header cannot be decoded: Expected `int`, got `float` - at `$.code`"),
+    (b'{"extFields":{"k":"\xff"}}', "ext field 'k' is not valid UTF-8"),
+    (b'{"extFields":{"k":{}}}', "ext field 'k' is not a string but a JSON object"),
+    (b'{"extFields":{"k":[]}}', "ext field 'k' is not a string but a JSON array"),
+])
+def test_json_header_refusals_word_for_word(header, message):
+    with pytest.raises(RemotingFrameError) as refused:
+        rm.decode_json_header(header)
+    assert str(refused.value) == message
+
+
+def test_an_unknown_language_is_omitted_from_json_and_written_as_other_in_rocketmq():
+    cmd = RemotingCommand(code=1, language=None)
+    assert rm.encode_json_header(cmd) == b'{"code":1,"flag":0,"opaque":0,"serializeTypeCurrentRPC":"JSON","version":0}'
+    for language in (None, "KLINGON"):
+        data = rm.encode_rocketmq_header(RemotingCommand(code=1, language=language))
+        assert data[2] == rm.LANGUAGE_CODES["OTHER"]
+        assert rm.decode_rocketmq_header(data).language == "OTHER"
+
+
+@pytest.mark.parametrize("field", ["code", "version"])
+def test_rocketmq_header_code_and_version_are_int16(field):
+    for value in (-(2**15), 2**15 - 1):
+        data = rm.encode_rocketmq_header(RemotingCommand(**{"code": 0, field: value}))
+        assert getattr(rm.decode_rocketmq_header(data), field) == value
+    for value in (2**15, -(2**15) - 1):
+        with pytest.raises(ValueError) as refused:
+            rm.encode_rocketmq_header(RemotingCommand(**{"code": 0, field: value}))
+        assert str(refused.value) == f"{field} {value} does not fit the int16 of a ROCKETMQ header"
+
+
+@pytest.mark.parametrize("field", ["opaque", "flag"])
+def test_rocketmq_header_opaque_and_flag_are_int32(field):
+    with pytest.raises(ValueError) as refused:
+        rm.encode_command(RemotingCommand(**{"code": 0, field: 2**31}), rm.SERIALIZE_ROCKETMQ)
+    assert str(refused.value) == f"{field} 2147483648 does not fit a Java int"
+
+
+def test_encode_command_bounds():
+    from zns.core.remoting.command import MAX_HEADER_BYTES
+
+    with pytest.raises(ValueError) as refused:
+        rm.encode_command(RemotingCommand(code=1), 2)
+    assert str(refused.value) == "unknown serialize type 2"
+    overhead = len(rm.encode_json_header(RemotingCommand(code=0, remark="")))
+    largest = RemotingCommand(code=0, remark="x" * (MAX_HEADER_BYTES - overhead))
+    data = rm.encode_command(largest)
+    assert struct.unpack_from(">i", data, 4)[0] == MAX_HEADER_BYTES  # type 0, the full 24 bits
+    with pytest.raises(ValueError) as refused:
+        rm.encode_command(RemotingCommand(code=0, remark="x" * (MAX_HEADER_BYTES - overhead + 1)))
+    assert str(refused.value) == f"header of {MAX_HEADER_BYTES + 1} bytes does not fit the 24-bit length field"
+
+
+def test_a_frame_without_its_type_word_is_refused_word_for_word():
+    with pytest.raises(RemotingFrameError) as refused:
+        rm.decode_frame(b"\x00\x00")
+    assert str(refused.value) == "frame of 2 bytes has no header length field"
+
+
+def test_the_smallest_frame_limit_is_8_bytes():
+    assert FrameDecoder(max_frame_bytes=8).max_frame_bytes == 8
+    with pytest.raises(ValueError) as refused:
+        FrameDecoder(max_frame_bytes=7)
+    assert str(refused.value) == "max_frame_bytes must allow at least the 8 bytes of an empty frame"
+
+
+def test_a_failed_decoder_drops_its_bytes_and_repeats_why_it_failed():
+    dec = FrameDecoder(max_frame_bytes=1000)
+    assert dec.feed(b"\x00") == [] and dec.buffered == 1
+    with pytest.raises(RemotingFrameError) as refused:
+        dec.feed(struct.pack(">i", 997)[1:] + b"more bytes after it")
+    assert dec.buffered == 0  # nothing of a broken stream is kept
+    assert str(refused.value) == "frame of 1001 bytes (length field included) exceeds the limit of 1000"
+    with pytest.raises(RemotingFrameError) as again:
+        dec.feed(frame("oneway request (no header)"))
+    assert str(again.value) == f"connection already failed: {refused.value}"
+
+
+def test_a_second_frame_cut_short_waits_for_its_last_byte():
+    a, b = frame("TOPIC_NOT_EXIST response"), frame("oneway request (no header)")
+    dec = FrameDecoder()
+    assert [c.code for c in dec.feed(a + b[:-1])] == [17]
+    assert dec.buffered == len(b) - 1
+    assert [c.code for c in dec.feed(b[-1:])] == [904] and dec.buffered == 0
+
+
+def test_the_buffer_is_compacted_while_every_chunk_ends_inside_a_frame():
+    one = rm.encode_command(RemotingCommand(code=1, body=b"x" * 10_000))
+    stream = one * 600  # 6 MB, fed in chunks that each end in the middle of a frame
+    half = len(one) // 2
+    dec = FrameDecoder()
+    tracemalloc.start()
+    try:
+        assert len(dec.feed(stream[:half])) == 0
+        for start in range(half, len(stream) - len(one), len(one)):
+            assert len(dec.feed(stream[start : start + len(one)])) == 1
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 1_000_000, f"the decoder holds {held} bytes for less than one frame"
+
+
+def test_a_reply_keeps_the_request_s_serialize_type():
+    request = RemotingCommand(code=105, opaque=9, serialize_type=rm.SERIALIZE_ROCKETMQ)
+    reply = request.make_response(0)
+    assert reply.serialize_type == rm.SERIALIZE_ROCKETMQ and reply.opaque == 9 and reply.is_response

@@ -115,6 +115,36 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.schema.x_read_envelope__mutmut_10":
         "`> 0` for `>= 0`: an id of 0 is echoed as 0 by either branch",
     "zns.core.schema.x_read_envelope__mutmut_11": "as x_read_envelope__mutmut_10 (`>= 1`)",
+    "zns.core.remoting.command.x_decode_frame__mutmut_10": "unpack_from without its offset: the default offset is 0",
+    "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_12": "as x_decode_frame__mutmut_10",
+    "zns.core.remoting.command.x_decode_json_header__mutmut_9":
+        "cut at 201 for 200: msgspec's messages for this header quote no input and stay far shorter",
+    "zns.core.remoting.command.x_decode_json_header__mutmut_45": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
+    "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_34": "codec name 'UTF-8' for 'utf-8': Python's codec names ignore case",
+    "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_99": "as x_decode_rocketmq_header__mutmut_34",
+    "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_127": "as x_decode_rocketmq_header__mutmut_34",
+    "zns.core.remoting.command.x_decode_json_header__mutmut_65": "serialize_type dropped: SERIALIZE_JSON is the field's default",
+    "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_51":
+        "`ext_len <= 0` for `< 0`: the branch runs only for ext_len != 0",
+    "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_52": "as x_decode_rocketmq_header__mutmut_51 (`< 1`)",
+    "zns.core.remoting.command.x_encode_json_header__mutmut_6":
+        "`<` for `<=` in the int32 fast path: a value at the bound takes the slow path, which accepts it",
+    "zns.core.remoting.command.x_encode_json_header__mutmut_7": "as x_encode_json_header__mutmut_6",
+    "zns.core.remoting.command.x_encode_json_header__mutmut_8": "as x_encode_json_header__mutmut_6",
+    "zns.core.remoting.command.x_encode_json_header__mutmut_9": "as x_encode_json_header__mutmut_6",
+    "zns.core.remoting.command.x_encode_json_header__mutmut_10": "as x_encode_json_header__mutmut_6",
+    "zns.core.remoting.command.x_encode_json_header__mutmut_11": "as x_encode_json_header__mutmut_6",
+    "zns.core.remoting.command.x_encode_json_header__mutmut_12": "as x_encode_json_header__mutmut_6",
+    "zns.core.remoting.command.x_encode_json_header__mutmut_13": "as x_encode_json_header__mutmut_6",
+    "zns.core.remoting.command.x_encode_rocketmq_header__mutmut_57":
+        "`or 'XXOTHERXX'`: an unknown name falls back to OTHER's code anyway",
+    "zns.core.remoting.command.x_encode_rocketmq_header__mutmut_58": "as x_encode_rocketmq_header__mutmut_57 (`or 'other'`)",
+    "zns.core.remoting.command.xǁRemotingCommandǁmake_response__mutmut_12": "language='JAVA' dropped: 'JAVA' is the field's default",
+    "zns.core.remoting.command.xǁFrameDecoderǁfeed__mutmut_61":
+        "compacting whenever anything was consumed: the same commands, still one copy per feed",
+    "zns.core.remoting.command.xǁFrameDecoderǁfeed__mutmut_63":
+        "compacting at a third instead of a half consumed: the same commands, the buffer still bounded",
+    "zns.core.remoting.command.xǁFrameDecoderǁfeed__mutmut_64": "`>` for `>=` at exactly half consumed: compaction one feed later",
     "zns.core.client_session.xǁClientSessionǁ_fail__mutmut_24":
         "_silence_deadline = '' for None: read only once connected, and _connect sets it to None first",
     "zns.core.client_session.xǁClientSessionǁon_reply__mutmut_39":
