@@ -683,3 +683,105 @@ def test_a_reply_keeps_the_request_s_serialize_type():
     request = RemotingCommand(code=105, opaque=9, serialize_type=rm.SERIALIZE_ROCKETMQ)
     reply = request.make_response(0)
     assert reply.serialize_type == rm.SERIALIZE_ROCKETMQ and reply.opaque == 9 and reply.is_response
+
+
+# --- fastjson details: Java's hashes and HashMap order, the escapes at their edges --------------
+# The expected values below were printed by Java 17 (String.hashCode, HashMap.keySet).
+
+
+@pytest.mark.parametrize("text, java_hash", [
+    ("hello", 99162322),
+    ("polygenelubricants", 2**31),  # Integer.MIN_VALUE, unsigned
+    ("\u00e9", 233),
+    ("h\u00e9llo w\u00f6rld, \u00e7a va tr\u00e8s bien", 2657159307),
+    ("\U0001F600", 1772899),  # two UTF-16 units
+    ("\ud800", 55296),  # a lone surrogate is one unit too
+    ("a\ud800b", 1807491),
+])
+def test_java_string_hash_matches_java(text, java_hash):
+    from zns.core.remoting.fastjson import java_string_hash
+
+    assert java_string_hash(text) == java_hash
+
+
+JAVA_HASHMAP_ORDER = {
+    12: "key1,key2,key0,key5,key6,key3,key4,key9,key7,key8,key11,key10",
+    13: "key1,key2,key0,key5,key6,key3,key4,key9,key7,key8,key11,key10,key12",
+    25: "key1,key2,key0,key5,key6,key3,key4,key9,key7,key8,key22,key21,key20,key15,key14,key13,key12,"
+        "key19,key18,key17,key16,key11,key10,key24,key23",
+    49: "key1,key2,key0,key5,key6,key3,key4,key9,key40,key7,key8,key44,key43,key42,key41,key37,key36,"
+        "key35,key34,key39,key38,key11,key10,key48,key47,key46,key45,key22,key21,key20,key15,key14,"
+        "key13,key12,key19,key18,key17,key16,key33,key32,key31,key30,key26,key25,key24,key23,key29,"
+        "key28,key27",
+}
+
+
+@pytest.mark.parametrize("n", sorted(JAVA_HASHMAP_ORDER))
+def test_java_hashmap_order_matches_java_across_resizes(n):
+    keys = [f"key{i}" for i in range(n)]
+    assert ",".join(rm.java_hashmap_order(keys)) == JAVA_HASHMAP_ORDER[n]
+
+
+FIELDS = ["brokerName", "brokerAddr", "clusterName", "haServerAddr", "brokerId", "enableActingMaster",
+          "compressed", "bodyCrc32", "topic", "consumerGroup", "queueId", "timeout"]
+
+
+@pytest.mark.parametrize("n, java_order", [
+    (10, "brokerId,bodyCrc32,clusterName,brokerAddr,enableActingMaster,topic,haServerAddr,compressed,"
+         "brokerName,consumerGroup"),
+    (12, "queueId,brokerId,bodyCrc32,clusterName,brokerAddr,enableActingMaster,topic,haServerAddr,"
+         "compressed,brokerName,consumerGroup,timeout"),
+])
+def test_java_hashmap_order_keeps_16_buckets_up_to_12_keys(n, java_order):
+    # These keys iterate differently in 32 buckets: a table resized too early would show.
+    assert ",".join(rm.java_hashmap_order(FIELDS[:n])) == java_order
+
+
+def test_standard_escape_at_the_edge_of_the_basic_plane():
+    assert rm.escape_standard("\uffff") == '"\\uFFFF"'
+    assert rm.escape_standard("\U00010000") == '"\\uD800\\uDC00"'
+
+
+def test_to_utf8_writes_a_lone_surrogate_as_a_question_mark_as_java_does():
+    from zns.core.remoting.fastjson import to_utf8
+
+    assert to_utf8("a\ud800b\u00e9") == b"a?b\xc3\xa9"
+
+
+def _nested_type(depth: int):
+    t = int
+    for _ in range(depth):
+        t = list[t]
+    return t
+
+
+def _nested_wrong(depth: int, wide_levels: int):
+    """A value of _nested_type(depth) but for one str at the bottom; the outer `wide_levels` lists hold it at index 10."""
+    value = "x"
+    for level in range(depth):
+        value = [[]] * 10 + [value] if level >= depth - wide_levels else [value]
+    return value
+
+
+@pytest.mark.parametrize("wide_levels, length", [(0, 199), (1, 200), (2, 201), (20, 219)])
+def test_body_error_reasons_are_cut_after_200_characters(wide_levels, length):
+    data = json.dumps(_nested_wrong(55, wide_levels)).encode()
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.loads_lenient(data, _nested_type(55))
+    reason = str(refused.value).removeprefix("body: ")
+    full = "Expected `int`, got `str` - at `$" + "[10]" * wide_levels + "[0]" * (55 - wide_levels) + "`"
+    assert len(full) == length
+    assert reason == (full if length <= 200 else full[:200] + "...")
+
+
+@pytest.mark.parametrize("data, message", [
+    (b'{"counter":"x"}', "DataVersion body: Expected `int`, got `str` - at `$.counter`"),
+    (b'{"counter":1', "DataVersion body: Input data was truncated"),  # nothing to rewrite
+    (b'{0:1', "DataVersion body: Input data was truncated"),  # rewritten, still broken
+    (b'{0:"x"}', "DataVersion body: Expected `int`, got `str` - at `$[...]`"),  # rewritten, wrong type
+])
+def test_lenient_decoding_names_what_and_why(data, message):
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.loads_lenient(data, dict[str, int] if data.startswith(b"{0") else rm.DataVersion,
+                         what="DataVersion body")
+    assert str(refused.value) == message

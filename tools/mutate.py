@@ -145,6 +145,11 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.command.xǁFrameDecoderǁfeed__mutmut_63":
         "compacting at a third instead of a half consumed: the same commands, the buffer still bounded",
     "zns.core.remoting.command.xǁFrameDecoderǁfeed__mutmut_64": "`>` for `>=` at exactly half consumed: compaction one feed later",
+    "zns.core.remoting.fastjson.x_java_hashmap_order__mutmut_6":
+        "`3 / 4` for `3 // 4`: the capacity is a power of two from 16 up, so both are the same integer",
+    "zns.core.remoting.fastjson.x_java_string_hash__mutmut_5": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
+    "zns.core.remoting.fastjson.x_java_string_hash__mutmut_18": "as x_java_string_hash__mutmut_5 ('UTF-16-BE')",
+    "zns.core.remoting.fastjson.x_to_utf8__mutmut_6": "as x_java_string_hash__mutmut_5 ('UTF-8')",
     "zns.core.client_session.xǁClientSessionǁ_fail__mutmut_24":
         "_silence_deadline = '' for None: read only once connected, and _connect sets it to None first",
     "zns.core.client_session.xǁClientSessionǁon_reply__mutmut_39":
