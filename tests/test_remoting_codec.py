@@ -785,3 +785,77 @@ def test_lenient_decoding_names_what_and_why(data, message):
         rm.loads_lenient(data, dict[str, int] if data.startswith(b"{0") else rm.DataVersion,
                          what="DataVersion body")
     assert str(refused.value) == message
+
+
+# --- bodies with more than one of everything: separators, Java's sort orders ----------------
+
+# U+1F600 sorts before U+FF01 in Java (UTF-16 units: D83D < FF01), after it by code point.
+EMOJI, FULLWIDTH = "\U0001F600", "\uff01"
+
+
+def _two_broker_route() -> TopicRouteData:
+    return TopicRouteData(
+        queues=[QueueData(broker_name="b1", read_queues=1, write_queues=2, perm=6, sys_flag=0),
+                QueueData(broker_name="b2", read_queues=3, write_queues=4, perm=4, sys_flag=0)],
+        brokers=[BrokerData(broker_name="b1", cluster="c", addrs={1: "h:2", 0: "h:1"}, enable_acting_master=True),
+                 BrokerData(broker_name="b2", cluster="c", addrs={0: "h:3"}, zone="z")],
+        filter_servers={"h:9": ["f0"], FULLWIDTH: ["f1", "f2"], EMOJI: ["f3"]},
+    )
+
+
+def test_a_route_with_two_of_everything_in_both_forms():
+    brokers = ('{{"brokerAddrs":{{{a0}:"h:1",{a1}:"h:2"}},"brokerName":"b1","cluster":"c","enableActingMaster":true}},'
+               '{{"brokerAddrs":{{{a0}:"h:3"}},"brokerName":"b2","cluster":"c","enableActingMaster":false,"zoneName":"z"}}')
+    queues = ('{"brokerName":"b1","perm":6,"readQueueNums":1,"topicSysFlag":0,"writeQueueNums":2},'
+              '{"brokerName":"b2","perm":4,"readQueueNums":3,"topicSysFlag":0,"writeQueueNums":4}')
+    standard = ('{"brokerDatas":[' + brokers.format(a0='"0"', a1='"1"') + '],'
+                '"filterServerTable":{"h:9":["f0"],"\\uD83D\\uDE00":["f3"],"\\uFF01":["f1","f2"]},'
+                '"queueDatas":[' + queues + ']}')
+    legacy = ('{"brokerDatas":[' + brokers.format(a0="0", a1="1") + '],'
+              f'"filterServerTable":{{"h:9":["f0"],"{EMOJI}":["f3"],"{FULLWIDTH}":["f1","f2"]}},'
+              '"queueDatas":[' + queues + ']}')
+    assert rm.encode_topic_route(_two_broker_route(), legacy=False) == standard.encode("ascii")
+    assert rm.encode_topic_route(_two_broker_route(), legacy=True) == legacy.encode("utf-8")
+
+
+def test_a_legacy_route_escapes_only_what_fastjson_escapes_by_default():
+    route = TopicRouteData(queues=[QueueData(broker_name='b/\u00e9"', perm=6)])
+    assert rm.encode_topic_route(route, legacy=True) == (
+        '{"brokerDatas":[],"filterServerTable":{},"queueDatas":[{"brokerName":"b/\u00e9\\"","perm":6,'
+        '"readQueueNums":0,"topicSysFlag":0,"writeQueueNums":0}]}').encode("utf-8")
+
+
+def test_cluster_info_sorts_names_as_java_does():
+    b1 = BrokerData(broker_name=FULLWIDTH, cluster="c2", addrs={0: "h:1"})
+    b2 = BrokerData(broker_name=EMOJI, cluster="c1", addrs={0: "h:2", 1: "h:3"})
+    body = rm.encode_cluster_info({FULLWIDTH: b1, EMOJI: b2, "a": b1},
+                                  {"c2": [FULLWIDTH, "a"], "c1": [EMOJI], FULLWIDTH: [FULLWIDTH, EMOJI], EMOJI: ["a"]})
+    broker = ('{{"brokerAddrs":{{{addrs}}},"brokerName":"{name}","cluster":"{cluster}",'
+              '"enableActingMaster":false}}')
+    one = broker.format(addrs='0:"h:1"', name=FULLWIDTH, cluster="c2")
+    two = broker.format(addrs='0:"h:2",1:"h:3"', name=EMOJI, cluster="c1")
+    assert body == (
+        f'{{"brokerAddrTable":{{"a":{one},"{EMOJI}":{two},"{FULLWIDTH}":{one}}},'
+        f'"clusterAddrTable":{{"c1":["{EMOJI}"],"c2":["a","{FULLWIDTH}"],"{EMOJI}":["a"],"{FULLWIDTH}":["{EMOJI}","{FULLWIDTH}"]}}}}'
+    ).encode("utf-8")
+
+
+def test_member_group_and_kv_table_with_several_entries():
+    assert rm.encode_broker_member_group("c", "b", {1: "h:2", 0: "h:1"}) == \
+        b'{"brokerMemberGroup":{"brokerAddrs":{0:"h:1",1:"h:2"},"brokerName":"b","cluster":"c"}}'
+    # Sorted by key in UTF-16 order, whatever the insertion order and the values.
+    table = {FULLWIDTH: "a", "k": "z", EMOJI: "b", "\ud800": "lone"}
+    assert rm.encode_kv_table(table) == (
+        f'{{"table":{{"k":"z","?":"lone","{EMOJI}":"b","{FULLWIDTH}":"a"}}}}').encode("utf-8")
+
+
+def test_body_decoders_name_the_body_in_their_errors():
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_data_version(b'{"counter":"x"}')
+    assert str(refused.value) == "DataVersion body: Expected `int`, got `str` - at `$.counter`"
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_topic_route_data(b'{"queueDatas":1}')
+    assert str(refused.value) == "TopicRouteData body: Expected `array`, got `int` - at `$.queueDatas`"
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_topic_route_data(b"")
+    assert str(refused.value) == "REGISTER_TOPIC body is empty: a TopicRouteData is required"

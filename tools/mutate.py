@@ -150,6 +150,14 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.fastjson.x_java_string_hash__mutmut_5": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
     "zns.core.remoting.fastjson.x_java_string_hash__mutmut_18": "as x_java_string_hash__mutmut_5 ('UTF-16-BE')",
     "zns.core.remoting.fastjson.x_to_utf8__mutmut_6": "as x_java_string_hash__mutmut_5 ('UTF-8')",
+    "zns.core.remoting.bodies.x__broker_json__mutmut_18":
+        "getattr default None for False: both are falsy, and only a missing attribute reaches it",
+    "zns.core.remoting.bodies.x__escaper__mutmut_2":
+        "legacy checked with the standard pattern: it matches a superset, and the legacy escaper "
+        "still writes what it finds, so the bytes are the same (only the fast path is missed)",
+    "zns.core.remoting.bodies.x__escaper__mutmut_6":
+        "joining with 'XXXX': the pattern matches single special characters, and X is none",
+    "zns.core.remoting.bodies.x__utf16_key__mutmut_6": "codec name 'UTF-16-BE' for 'utf-16-be': Python's codec names ignore case",
     "zns.core.client_session.xǁClientSessionǁ_fail__mutmut_24":
         "_silence_deadline = '' for None: read only once connected, and _connect sets it to None first",
     "zns.core.client_session.xǁClientSessionǁon_reply__mutmut_39":
