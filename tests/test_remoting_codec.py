@@ -859,3 +859,55 @@ def test_body_decoders_name_the_body_in_their_errors():
     with pytest.raises(RemotingBodyError) as refused:
         rm.decode_topic_route_data(b"")
     assert str(refused.value) == "REGISTER_TOPIC body is empty: a TopicRouteData is required"
+
+
+# --- ext fields at their bounds, and how peer input is quoted in messages ---------------------
+
+
+@pytest.mark.parametrize("parse, bits", [(rm.parse_int, 32), (rm.parse_long, 64)])
+def test_integer_ext_fields_take_exactly_javas_range(parse, bits):
+    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    assert parse({"v": str(low)}, "v") == low and parse({"v": str(high)}, "v") == high
+    for outside in (low - 1, high + 1):
+        with pytest.raises(RemotingBodyError) as refused:
+            parse({"v": str(outside)}, "v")
+        assert str(refused.value) == f"the custom field <v> is out of range for a {bits}-bit integer: {outside}"
+
+
+def test_integer_ext_fields_are_read_up_to_24_characters():
+    padded = "-" + "0" * 22 + "1"  # Java's parseLong reads it as -1
+    assert len(padded) == 24 and rm.parse_long({"v": padded}, "v") == -1
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.parse_long({"v": "-" + "0" * 23 + "1"}, "v")
+    assert str(refused.value) == f"the custom field <v> is not an integer: '-{'0' * 23}1... (25 in all)"
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.parse_int({"v": "x" * 30}, "v")
+    assert str(refused.value) == "the custom field <v> is not an integer: 'xxxxxxxxxxxxxxxxxxxxxxxxx... (30 in all)"
+
+
+def test_required_fields_of_every_kind_refuse_absence():
+    for parse in (rm.parse_long, lambda ext, name: rm.parse_bool(ext, name, required=True)):
+        with pytest.raises(RemotingBodyError) as refused:
+            parse({"other": "1"}, "v")
+        assert str(refused.value) == "the custom field <v> is null"
+    assert rm.parse_bool({"v": "TRUE"}, "v", required=True) is True
+
+
+@pytest.mark.parametrize("value, quoted", [
+    ("abcd", "'abcd'"),                                  # at the limit: whole
+    ("abcde", "'abcde... (5 in all)"),                  # one past: cut, length noted
+    ("abcde'", "'abcde... (6 in all)"),                 # the quote style of the cut part only
+    ("abcdefghij", "'abcde... (10 in all)"),
+    (b"abcd", "b'abcd'"),
+    (b"abcde'", "b'abcd... (6 in all)"),
+    (b"\x00\x01\x02\x03\x04\x05", "b'\\x00... (6 in all)"),  # control bytes escaped, then cut
+])
+def test_quote_cuts_peer_input_to_the_limit(value, quoted):
+    from zns.core.remoting.errors import quote
+
+    assert quote(value, 4) == quoted
+
+
+def test_a_frame_error_without_commands_has_an_empty_list():
+    assert RemotingFrameError("broken").commands == []
+    assert RemotingFrameError("broken", [1]).commands == [1]
