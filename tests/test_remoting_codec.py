@@ -911,3 +911,121 @@ def test_quote_cuts_peer_input_to_the_limit(value, quoted):
 def test_a_frame_error_without_commands_has_an_empty_list():
     assert RemotingFrameError("broken").commands == []
     assert RemotingFrameError("broken", [1]).commands == [1]
+
+
+# --- the compressed REGISTER_BROKER body: every refusal word for word, Java's int parsing ----------
+
+DV = b'{"counter":1,"stateVersion":2,"timestamp":3}'
+
+
+def _chunk(b: bytes, length: int | None = None) -> bytes:
+    return struct.pack(">i", len(b) if length is None else length) + b
+
+
+def _inflated(raw: bytes, version: int = 479) -> rm.RegisterBrokerBody:
+    return rm.decode_register_broker_body(zlib.compress(raw), compressed=True, version=version)
+
+
+def _one_topic(line: bytes) -> rm.TopicConfig:
+    body = _compress(DV, [line], b"[]", [])
+    [(name, config)] = rm.decode_register_broker_body(
+        body, compressed=True, version=479).topic_config_serialize_wrapper.topic_config_table.items()
+    assert name == config.topic_name
+    return config
+
+
+@pytest.mark.parametrize("raw, message", [
+    (_chunk(b"{}", 100), "the DataVersion claims 100 bytes, 2 are left"),
+    (_chunk(b"{}", -1), "the DataVersion claims -1 bytes, 2 are left"),
+    (_chunk(DV), "ends early: no room for topic count"),
+    (_chunk(DV) + struct.pack(">i", 1) + _chunk(b"x", 50), "a topic entry claims 50 bytes, 1 are left"),
+    (_chunk(DV) + struct.pack(">i", 2) + _chunk(b"") + _chunk(b""), "topic entry has 0 fields, not 5: b''"),
+    (_chunk(DV) + struct.pack(">i", 3) + _chunk(b"") + _chunk(b""),
+     "topic count 3 exceeds what 8 bytes can hold"),
+    (_chunk(DV) + struct.pack(">i", 0), "ends early: no room for the length of the filter server list"),
+    (_chunk(DV) + struct.pack(">i", 0) + _chunk(b"[]"), "ends early: no room for topic queue mapping count"),
+    (_chunk(DV) + struct.pack(">i", 0) + _chunk(b"[]") + struct.pack(">i", 1) + _chunk(b"", 99),
+     "a topic queue mapping claims 99 bytes, 0 are left"),
+])
+def test_compressed_register_body_refusals_word_for_word(raw, message):
+    with pytest.raises(RemotingBodyError) as refused:
+        _inflated(raw)
+    assert str(refused.value) == "compressed register body" + (" " if message.startswith("ends") else ": ") + message
+
+
+@pytest.mark.parametrize("dv, mapping, message", [
+    (b'{"counter":"x"}', b"{}",
+     "compressed register body DataVersion: Expected `int`, got `str` - at `$.counter`"),
+    (DV, b'{"epoch":"x"}', "TopicQueueMappingInfo: Expected `int`, got `str` - at `$.epoch`"),
+])
+def test_compressed_register_body_json_sections_are_named(dv, mapping, message):
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_register_broker_body(_compress(dv, [], b"[]", [mapping]), compressed=True, version=479)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("line, message", [
+    (b"A 8 8", "topic entry has 3 fields, not 5: b'A 8 8'"),
+    (b"A 8 8 6 ", "topic entry has 4 fields, not 5: b'A 8 8 6 '"),  # trailing empty fields dropped
+    (b"A 8 8 6 NO_TAG", "unknown topic filter type 'NO_TAG'"),
+    (b"A 8 8 6 " + b"T" * 30, f"unknown topic filter type '{'T' * 25}... (30 in all)"),
+    (b"A  8 8 SINGLE_TAG", "readQueueNums is not an integer: ''"),  # split on each single space
+    (b"A 8 x 6 SINGLE_TAG", "writeQueueNums is not an integer: 'x'"),
+    (b"A 8 8 x SINGLE_TAG", "perm is not an integer: 'x'"),
+    (b"A " + b"9" * 30 + b" 8 6 SINGLE_TAG", f"readQueueNums is not an integer: '{'9' * 25}... (30 in all)"),
+    (b"A 000000000001 8 6 SINGLE_TAG", "readQueueNums is not an integer: '000000000001'"),  # 12 characters
+    ("A \u0661 8 6 SINGLE_TAG".encode(), "readQueueNums is not an integer: '\u0661'"),  # not an ASCII digit
+    (b"A 2147483648 8 6 SINGLE_TAG", "readQueueNums is out of range: 2147483648"),
+    (b"A -2147483649 8 6 SINGLE_TAG", "readQueueNums is out of range: -2147483649"),
+])
+def test_compressed_topic_lines_refused_word_for_word(line, message):
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_register_broker_body(_compress(DV, [line], b"[]", []), compressed=True, version=479)
+    assert str(refused.value) == f"compressed register body: {message}"
+
+
+def test_compressed_topic_lines_read_as_java_reads_them():
+    assert _one_topic(b"A -2147483648 2147483647 4 SINGLE_TAG") == rm.TopicConfig(
+        topic_name="A", read_queue_nums=-(2**31), write_queue_nums=2**31 - 1, perm=4, attributes={})
+    assert _one_topic(b"A +1 -0000000001 6 SINGLE_TAG").write_queue_nums == -1  # 11 characters
+    assert _one_topic(b"\xff 1 1 6 SINGLE_TAG").topic_name == "\ufffd"  # bad UTF-8 replaced
+    assert _one_topic(b" 1 1 6 SINGLE_TAG").topic_name == ""
+
+
+def test_compressed_sections_java_tolerates():
+    raw = (_chunk(DV) + struct.pack(">i", 0) + _chunk(b"") + struct.pack(">i", 1) + _chunk(b'{"bname":"b"}'))
+    body = _inflated(raw)
+    assert body.filter_server_list == []  # an empty (unparsable) filter list is an empty list
+    assert list(body.topic_config_serialize_wrapper.topic_queue_mapping_info_map) == [""]
+    assert _inflated(_chunk(DV) + struct.pack(">i", 0) + _chunk(b"not json") + struct.pack(">i", 0)) \
+        .filter_server_list == []
+
+
+def test_register_body_forms_switch_at_version_37_and_name_the_form_in_errors():
+    plain = b'{"topicConfigSerializeWrapper":{"dataVersion":{"counter":4}}}'
+    assert rm.decode_register_broker_body(plain, compressed=False, version=37) \
+        .topic_config_serialize_wrapper.data_version.counter == 4
+    wrapper = b'{"dataVersion":{"counter":5}}'
+    assert rm.decode_register_broker_body(wrapper, compressed=False, version=36) \
+        .topic_config_serialize_wrapper.data_version.counter == 5
+    bad = b'{"dataVersion":1}'
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_register_broker_body(bad, compressed=False, version=36)
+    assert str(refused.value) == \
+        "register body (topic config wrapper): Expected `object`, got `int` - at `$.dataVersion`"
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_register_broker_body(b'{"filterServerList":1}', compressed=False, version=37)
+    assert str(refused.value) == "register body: Expected `array`, got `int` - at `$.filterServerList`"
+
+
+def test_inflation_stops_at_exactly_the_limit():
+    from zns.core.remoting.register import inflate_bounded
+
+    data = zlib.compress(b"x" * 100)
+    assert inflate_bounded(data, 100) == b"x" * 100
+    with pytest.raises(RemotingBodyError) as refused:
+        inflate_bounded(data, 99)
+    assert str(refused.value) == "compressed register body inflates past 99 bytes"
+    with pytest.raises(RemotingBodyError) as refused:
+        inflate_bounded(data[:-3], 1000)
+    assert str(refused.value) == "compressed register body is a truncated zlib stream"

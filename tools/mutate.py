@@ -64,7 +64,7 @@ MODULES: dict[str, list[str]] = {
     "remoting/command": ["tests/test_remoting_codec.py"],
     "remoting/fastjson": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
     "remoting/bodies": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
-    "remoting/register": ["tests/test_remoting_service.py"],
+    "remoting/register": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
     "remoting/service": ["tests/test_remoting_service.py"],
     "remoting/ext": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
     "remoting/errors": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
@@ -158,6 +158,14 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.bodies.x__escaper__mutmut_6":
         "joining with 'XXXX': the pattern matches single special characters, and X is none",
     "zns.core.remoting.bodies.x__utf16_key__mutmut_6": "codec name 'UTF-16-BE' for 'utf-16-be': Python's codec names ignore case",
+    "zns.core.remoting.register.x__decode_topic_line__mutmut_8": "codec name 'UTF-8' for 'utf-8': Python's codec names ignore case",
+    "zns.core.remoting.register.x__parse_java_int__mutmut_6":
+        "lstrip('XX+-XX'): a text with an X left after the sign check still fails int() with the same error",
+    "zns.core.remoting.register.x_inflate_bounded__mutmut_8":
+        "inflating max + 2 bytes for max + 1: either is over the limit and refused alike",
+    "zns.core.remoting.register.xǁ_Readerǁcount__mutmut_4":
+        "`left / 4` for `left // 4`: for an integer count, n > x and n > floor(x) agree",
+    "zns.core.remoting.register.x_check_body_crc32__mutmut_4": "required=None for False: read only as a truth value",
     "zns.core.client_session.xǁClientSessionǁ_fail__mutmut_24":
         "_silence_deadline = '' for None: read only once connected, and _connect sets it to None first",
     "zns.core.client_session.xǁClientSessionǁon_reply__mutmut_39":
