@@ -166,6 +166,47 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.register.xǁ_Readerǁcount__mutmut_4":
         "`left / 4` for `left // 4`: for an integer count, n > x and n > floor(x) agree",
     "zns.core.remoting.register.x_check_body_crc32__mutmut_4": "required=None for False: read only as a truth value",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_72":
+        "now=None for an op NameService carries out without the time (it reads `now` only for register, heartbeat, cluster info and status)",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_209": "as _dispatch__mutmut_72",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_233": "as _dispatch__mutmut_72",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_249": "as _dispatch__mutmut_72",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_276": "as _dispatch__mutmut_72",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_283": "as _dispatch__mutmut_72",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_328": "as _dispatch__mutmut_72",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_352": "as _dispatch__mutmut_72",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_383": "as _dispatch__mutmut_72",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_register_topic__mutmut_24": "as _dispatch__mutmut_72",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_register__mutmut_117":
+        "the topic config's `order` under another key: the route table keeps no per-topic order flag",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_register__mutmut_118": "as _register__mutmut_117",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_register__mutmut_72": "required=None for False: read only as a truth value",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_heartbeat__mutmut_47": "as _register__mutmut_72",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_route__mutmut_68":
+        "a stale cache entry kept for a vanished topic: its revision never matches again, so it is never served",
+    "zns.core.remoting.service.x_parse_networks__mutmut_4": "strict=None for False: read only as a truth value",
+    "zns.core.remoting.service.x__in_networks__mutmut_3":
+        "the host not split at '%': Python parses an IPv6 zone index itself, and an IPv4 host has none",
+    "zns.core.remoting.service.x__in_networks__mutmut_4": "as x__in_networks__mutmut_3",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_heartbeat__mutmut_57":
+        "default broker id 1 for a 904 without one: the table keys heartbeats by cluster and address, not id",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_heartbeat__mutmut_59":
+        "a 904 heartbeat sent with a zero version: its reply ignores `changed`, and the table keeps no heartbeat's version",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_heard__mutmut_3":
+        "memory bound only: when the connection map is pruned; pruning drops only addresses no longer live",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_heard__mutmut_4": "as _heard__mutmut_3",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_heard__mutmut_5": "as _heard__mutmut_3",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_heard__mutmut_6": "as _heard__mutmut_3",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_heard__mutmut_7": "as _heard__mutmut_3",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_route__mutmut_75":
+        "memory bound only: when the route cache is pruned; pruning drops only topics that no longer exist",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_route__mutmut_76": "as _route__mutmut_75",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_route__mutmut_77": "as _route__mutmut_75",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_prune_routes__mutmut_2":
+        "pruning live topics instead of vanished ones: a pruned route is encoded again on its next request",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_prune_routes__mutmut_3": "as _prune_routes__mutmut_2 (every entry pruned)",
+    "zns.core.remoting.service.xǁRemotingServiceǁ_system_topics__mutmut_7":
+        "the first address for the master's: the table keeps addresses ordered by broker id, master (0) first",
     "zns.core.client_session.xǁClientSessionǁ_fail__mutmut_24":
         "_silence_deadline = '' for None: read only once connected, and _connect sets it to None first",
     "zns.core.client_session.xǁClientSessionǁon_reply__mutmut_39":
@@ -248,7 +289,9 @@ def collect(module: str, seconds: int) -> Score:
         killed=sum(code in KILLED_CODES for code in codes.values()),
         survived=sum(code not in KILLED_CODES | TIMEOUT_CODES for code in codes.values()),
         timeout=sum(code in TIMEOUT_CODES for code in codes.values()),
-        equivalent=sum(name in EQUIVALENT for name in codes),
+        # Only a surviving mutant can be equivalent; one some test kills is simply killed.
+        equivalent=sum(name in EQUIVALENT and code not in KILLED_CODES | TIMEOUT_CODES
+                       for name, code in codes.items()),
         seconds=seconds,
         survivors=survivors,
     )
