@@ -293,6 +293,12 @@ def test_invalid_topics_are_refused_and_change_nothing():
 ENDPOINT = "tcp://ns:9876"
 
 
+@pytest.fixture(autouse=True)
+def _session_log_level(caplog):
+    """Every level of the session's log is captured, whatever another test set on "zns"."""
+    caplog.set_level("DEBUG", logger="zns.core.broker_session")
+
+
 def messages(caplog, level: str) -> list[str]:
     return [r.getMessage() for r in caplog.records
             if r.name == "zns.core.broker_session" and r.levelname == level]

@@ -695,11 +695,20 @@ def test_route_request_for_a_malformed_topic_is_refused_before_and_after_caching
 # --- what an operator reads: refusals and log lines word for word; replies of every path ---------
 
 
+@pytest.fixture
+def zns_log(caplog, monkeypatch):
+    """caplog for the "zns" logger, without the repeat filter a server test may have installed
+    (it would drop a message another test already logged) and at a level that shows warnings."""
+    monkeypatch.setattr(logging.getLogger("zns"), "filters", [])
+    caplog.set_level(logging.WARNING, logger="zns")
+    return caplog
+
+
 def zns_messages(caplog, level: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "zns" and r.levelname == level]
 
 
-def test_a_bug_is_logged_with_its_traceback_and_answered_system_error(rs, svc, monkeypatch, caplog):
+def test_a_bug_is_logged_with_its_traceback_and_answered_system_error(rs, svc, monkeypatch, caplog, zns_log):
     def broken(topic: str) -> None:
         raise RuntimeError("boom")
 
@@ -711,7 +720,7 @@ def test_a_bug_is_logged_with_its_traceback_and_answered_system_error(rs, svc, m
     assert record.exc_info is not None and "boom" in caplog.text
 
 
-def test_update_namesrv_config_refusal_word_for_word(rs, caplog):
+def test_update_namesrv_config_refusal_word_for_word(rs, caplog, zns_log):
     reply = call(rs, req(318, None, b"a=b\n"))
     assert reply.remark == ("zns changes no configuration at run time: UPDATE_NAMESRV_CONFIG is refused; "
                             "use the command line or the config file")
@@ -720,7 +729,7 @@ def test_update_namesrv_config_refusal_word_for_word(rs, caplog):
 
 
 @pytest.mark.parametrize("code, option", [(103, "--remoting-brokers"), (100, "--remoting-admins")])
-def test_a_refused_network_is_told_which_option_lists_the_networks(svc, caplog, code, option):
+def test_a_refused_network_is_told_which_option_lists_the_networks(svc, caplog, zns_log, code, option):
     rs = RemotingService(svc, brokers=parse_networks(["10.0.0.0/8"]), admins=parse_networks(["10.0.0.0/8"]))
     reply = call(rs, req(code, {}), Connection(2, "192.0.2.7"))
     assert (reply.code, reply.remark) == (16, f"request code {code} is not allowed from 192.0.2.7: "
