@@ -17,6 +17,7 @@ from zns.core.broker_session import (
 )
 from zns.core.errors import UsageError
 from zns.core.schema import (
+    DataVersion,
     Error,
     Heartbeat,
     HeartbeatReply,
@@ -285,3 +286,180 @@ def test_invalid_topics_are_refused_and_change_nothing():
     assert (state.version, state.topics) == before
     with pytest.raises(UsageError, match="broker address"):
         BrokerState(cluster="c", broker_name="b", broker_addr="nope")
+
+
+# --- what an operator and the agent read: state, replies, log lines --------------------------
+
+ENDPOINT = "tcp://ns:9876"
+
+
+@pytest.fixture(autouse=True)
+def _session_log_level(caplog):
+    """Every level of the session's log is captured, whatever another test set on "zns"."""
+    caplog.set_level("DEBUG", logger="zns.core.broker_session")
+
+
+def messages(caplog, level: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "zns.core.broker_session" and r.levelname == level]
+
+
+def test_a_fresh_session_reports_nothing_yet_and_numbers_its_requests_from_1():
+    session = make_session()
+    assert (session.master_addr, session.ha_addr, session.last_error) == ("", "", "")
+    assert session.done is False and session.unregistered is False
+    assert session.registrations == 0 and session.in_flight is None
+    reg = sent(session.start(0))
+    assert reg.id == 1
+    hb = sent(session.on_reply(RegisterBrokerReply(id=reg.id), 5) + session.on_timer(5 + INTERVAL))
+    assert hb.id == 2
+
+
+def test_the_state_registers_every_field_it_was_given():
+    version = DataVersion(state=7, timestamp=1_000, counter=3)
+    state = BrokerState(cluster="c1", broker_name="bk", broker_addr="127.0.0.1:10911",
+                        broker_id=2, ha_addr="127.0.0.1:10912", zone="az-1",
+                        topics={"T1": {"read_queues": 4, "perm": 4}},
+                        filter_servers=["127.0.0.1:7000"], heartbeat_timeout_ms=5_000,
+                        version=version)
+    reg = state.registration()
+    assert (reg.cluster, reg.broker_name, reg.broker_id, reg.broker_addr) == \
+        ("c1", "bk", 2, "127.0.0.1:10911")
+    assert (reg.ha_addr, reg.zone, reg.filter_servers) == ("127.0.0.1:10912", "az-1", ["127.0.0.1:7000"])
+    assert reg.data_version == version and reg.heartbeat_timeout_ms == 5_000
+    assert reg.topics == {"T1": TopicConfig(read_queues=4, perm=4)}  # a mapping, completed
+    # A master with no HA address and no zone unless told.
+    plain = make_state().registration()
+    assert (plain.broker_id, plain.ha_addr, plain.zone, plain.filter_servers) == (0, "", "", [])
+
+
+def test_a_topic_change_keeps_the_version_state_and_heartbeats_carry_the_new_version():
+    state = make_state(version=DataVersion(state=7, timestamp=1, counter=3))
+    state.set_topics({"T2": {"write_queues": 2}}, wall_ms=5_000)
+    assert state.version == DataVersion(state=7, timestamp=5_000, counter=4)
+    assert state.topics == {"T2": TopicConfig(write_queues=2)}
+    hb = state.heartbeat()
+    assert hb.data_version == DataVersion(state=7, timestamp=5_000, counter=4)
+    assert (hb.cluster, hb.broker_name, hb.broker_id, hb.broker_addr) == \
+        ("c1", "bk", 0, "127.0.0.1:10911")
+
+
+def test_an_invalid_topic_config_names_the_field():
+    with pytest.raises(UsageError) as refused:
+        make_state(topics={"T1": {"read_queues": -1}})
+    assert str(refused.value) == "topic config: Expected `int` >= 0 - at `$.read_queues`"
+
+
+def test_without_a_backoff_given_reconnects_wait_100_ms_doubling_up_to_10_s():
+    session = BrokerSession(ENDPOINT, make_state())
+    now, delays = 0, []
+    session.start(now)
+    for _ in range(12):
+        now = session.next_wake()  # the request's deadline
+        assert session.on_timer(now) == [Disconnect()]
+        delays.append(session.next_wake() - now)
+        now = session.next_wake()
+        assert session.on_timer(now)[0] == Connect()
+    assert 50 <= delays[0] <= 100 and 100 <= delays[1] <= 200
+    assert all(5_000 <= d <= 10_000 for d in delays[-4:]), delays
+
+
+def test_a_request_timeout_is_logged_with_the_reconnect_delay(caplog):
+    session = make_session()
+    session.start(0)
+    assert session.on_timer(TIMEOUT) == [Disconnect()]
+    delay = session.next_wake() - TIMEOUT
+    assert messages(caplog, "WARNING") == [
+        f"NameServer {ENDPOINT}: no reply to register_broker within {TIMEOUT} ms; "
+        f"reconnecting in {delay} ms"]
+
+
+def test_a_reply_of_the_wrong_kind_is_named_in_the_last_error():
+    session = make_session()
+    reg = sent(session.start(0))
+    session.on_reply(HeartbeatReply(id=reg.id, known=True, changed=False), 5)
+    assert session.last_error == "answered register_broker with a HeartbeatReply"
+
+
+def test_a_reply_without_an_id_is_ignored():
+    session = make_session()
+    session.start(0)
+    assert session.on_reply(object(), 5) == [] and session.in_flight is not None
+
+
+def test_a_confirmed_registration_clears_the_last_error_and_counts(caplog):
+    caplog.set_level("DEBUG", logger="zns.core.broker_session")
+    session = make_session()
+    reg = sent(session.start(0))
+    session.on_reply(Error(id=reg.id, code="conflict", message="held"), 5)
+    assert session.last_error == "conflict: held"
+    assert messages(caplog, "ERROR") == [
+        f"NameServer {ENDPOINT} refused the registration of bk: conflict held"]
+    reg = sent(session.on_timer(5 + session.register_period_ms))
+    session.on_reply(RegisterBrokerReply(id=reg.id), 30_010)
+    assert session.last_error == "" and session.registrations == 1
+    assert messages(caplog, "DEBUG") == [f"registered with {ENDPOINT}"]
+    session.broker.set_topics({"T2": TopicConfig()}, wall_ms=1)
+    reg = sent(session.topics_changed(30_020))
+    session.on_reply(RegisterBrokerReply(id=reg.id), 30_030)
+    assert session.registrations == 2
+
+
+@pytest.mark.parametrize("known, changed, why", [
+    (False, False, "does not know"), (True, True, "holds another version of")])
+def test_a_heartbeat_answered_unknown_or_changed_says_so_in_the_log(caplog, known, changed, why):
+    caplog.set_level("INFO", logger="zns.core.broker_session")
+    session = make_session()
+    registered_at(session, 10)
+    hb = sent(session.on_timer(10 + INTERVAL))
+    session.on_reply(HeartbeatReply(id=hb.id, known=known, changed=changed), 1_020)
+    assert messages(caplog, "INFO") == [f"NameServer {ENDPOINT} {why} this broker: registering again"]
+
+
+def test_a_heartbeat_refused_is_logged_and_kept_as_the_last_error(caplog):
+    session = make_session()
+    registered_at(session, 10)
+    hb = sent(session.on_timer(10 + INTERVAL))
+    session.on_reply(Error(id=hb.id, code="bad_request", message="no"), 1_020)
+    assert session.last_error == "bad_request: no"
+    assert messages(caplog, "WARNING") == [
+        f"NameServer {ENDPOINT} answered heartbeat with bad_request: no"]
+
+
+def test_a_refused_unregistration_ends_the_session_unconfirmed(caplog):
+    session = make_session()
+    registered_at(session, 10)
+    unreg = sent(session.close(100, 2_000))
+    refused = Error(id=unreg.id, code="not_found", message="no such broker")
+    assert session.on_reply(refused, 150) == [Done(False)]
+    assert session.done and not session.unregistered
+    assert session.last_error == "not_found: no such broker"
+    assert messages(caplog, "WARNING") == [
+        f"NameServer {ENDPOINT} refused to unregister bk: not_found no such broker"]
+
+
+def test_closing_twice_sends_one_unregistration():
+    session = make_session()
+    registered_at(session, 10)
+    assert isinstance(sent(session.close(100, 2_000)), UnregisterBroker)
+    assert session.close(200, 2_000) == []
+    assert session.next_wake() == 2_100  # the first close's deadline stands
+
+
+def test_a_close_that_times_out_is_logged_and_ignores_a_late_confirmation(caplog):
+    session = make_session()
+    registered_at(session, 10)
+    unreg = sent(session.close(100, 2_000))
+    assert session.on_timer(2_100) == [Done(False)]
+    assert messages(caplog, "WARNING") == [
+        f"NameServer {ENDPOINT} did not confirm the unregistration of bk in time"]
+    assert session.on_reply(UnregisterBrokerReply(id=unreg.id, removed=True), 2_200) == []
+    assert not session.unregistered and session.in_flight is None
+
+
+def test_after_unregistering_the_session_holds_no_registration():
+    session = make_session()
+    registered_at(session, 10)
+    unreg = sent(session.close(100, 2_000))
+    assert session.on_reply(UnregisterBrokerReply(id=unreg.id, removed=True), 150) == [Done(True)]
+    assert session.registered is False and session.acknowledged is None

@@ -222,8 +222,8 @@ def test_frame_limit_refused_from_the_length_field_alone():
 
 
 @pytest.mark.parametrize("head,reason", [
-    (struct.pack(">ii", 8, 5), "header length 5 exceeds"),         # 5 > the 4 bytes after it
-    (struct.pack(">ii", 4, 1), "header length 1 exceeds"),         # nothing after it
+    (struct.pack(">ii", 8, 5), "header length 5 exceeds the 4 bytes after it$"),
+    (struct.pack(">ii", 4, 1), "header length 1 exceeds the 0 bytes after it$"),
     (struct.pack(">ii", 100, 0x7FFFFF), "header length"),          # far beyond the frame
     (struct.pack(">i", -1), "below the minimum"),                  # negative length
     (struct.pack(">i", 0), "below the minimum"),                   # zero length
@@ -518,3 +518,514 @@ def test_json_header_refuses_numbers_java_ints_cannot_hold(field, value):
         rm.encode_command(cmd)
     cmd = RemotingCommand(**{"code": 0, field: value - 1 if value > 0 else value + 1})
     assert rm.encode_command(cmd)
+
+
+# --- exact bounds and messages of the framing (what a peer's log line says) -----------------
+
+
+def _rmq_header(ext: bytes = b"", remark: bytes = b"", ext_len: int | None = None,
+                remark_len: int | None = None) -> bytes:
+    """A type-1 header around a raw ext section (lengths as given, or the true ones)."""
+    return (struct.pack(">hbhiii", 105, 0, 479, 7, 0, len(remark) if remark_len is None else remark_len)
+            + remark + struct.pack(">i", len(ext) if ext_len is None else ext_len) + ext)
+
+
+def _entry(key: bytes, value: bytes, klen: int | None = None, vlen: int | None = None) -> bytes:
+    return (struct.pack(">h", len(key) if klen is None else klen) + key
+            + struct.pack(">i", len(value) if vlen is None else vlen) + value)
+
+
+def test_rocketmq_header_text_is_utf8_with_bad_bytes_replaced_as_java_does():
+    cmd = rm.decode_rocketmq_header(_rmq_header(_entry(b"k\xfe", b"v\xff"), remark=b"r\xff"))
+    assert cmd.remark == "r\ufffd" and cmd.ext_fields == {"k\ufffd": "v\ufffd"}
+
+
+def test_rocketmq_header_empty_keys_and_values_are_java_nulls():
+    # The last entry (empty value) fills the ext section to its last byte.
+    ext = _entry(b"", b"x") + _entry(b"b", b"1") + _entry(b"a", b"")
+    assert rm.decode_rocketmq_header(_rmq_header(ext)).ext_fields == {"b": "1"}
+    assert rm.decode_rocketmq_header(_rmq_header(_entry(b"a", b"") + _entry(b"", b"x"))).ext_fields is None
+    assert rm.decode_rocketmq_header(_rmq_header()).ext_fields is None
+
+
+@pytest.mark.parametrize("header, message", [
+    (_rmq_header()[:20], "ROCKETMQ header of 20 bytes is shorter than the 21-byte minimum"),
+    (_rmq_header(remark=b"abc", remark_len=4), "ROCKETMQ header remark length 4 does not fit its 24-byte header"),
+    (_rmq_header(_entry(b"a", b"b"), ext_len=9), "ROCKETMQ header ext length 9 does not fit its 29-byte header"),
+    (_rmq_header(b"\x00", ext_len=1), "ROCKETMQ header ext entry cut short (key length)"),
+    (_rmq_header(b"\x00\x00"), "ROCKETMQ header ext key length 0 overruns the ext section"),
+    (_rmq_header(_entry(b"ab", b"", klen=3)), "ROCKETMQ header ext key length 3 overruns the ext section"),
+    (_rmq_header(_entry(b"a", b"x", vlen=2)), "ROCKETMQ header ext value length 2 overruns the ext section"),
+])
+def test_rocketmq_header_lengths_refused_word_for_word(header, message):
+    with pytest.raises(RemotingFrameError) as refused:
+        rm.decode_rocketmq_header(header)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("stype", [rm.SERIALIZE_JSON, rm.SERIALIZE_ROCKETMQ])
+def test_the_ext_field_bound_is_exact_and_applies_through_the_decoder(stype):
+    two = rm.encode_command(RemotingCommand(code=1, ext_fields={"a": "1", "b": "2"}), stype)
+    three = rm.encode_command(RemotingCommand(code=1, ext_fields={"a": "1", "b": "2", "c": "3"}), stype)
+    assert FrameDecoder(max_ext_fields=2).feed(two)[0].ext_fields == {"a": "1", "b": "2"}
+    assert len(FrameDecoder().feed(three)) == 1
+    with pytest.raises(RemotingFrameError) as refused:
+        FrameDecoder(max_ext_fields=2).feed(three)
+    assert str(refused.value) == ("header has 3 ext fields, more than 2" if stype == rm.SERIALIZE_JSON
+                                  else "header has more than 2 ext fields")
+
+
+@pytest.mark.parametrize("header, message", [
+    (b'{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "JSON header nested too deeply"),
+    (b'{"code":1.5}', "JSON header cannot be decoded: Expected `int`, got `float` - at `$.code`"),
+    (b'{"extFields":{"k":"\xff"}}', "ext field 'k' is not valid UTF-8"),
+    (b'{"extFields":{"k":{}}}', "ext field 'k' is not a string but a JSON object"),
+    (b'{"extFields":{"k":[]}}', "ext field 'k' is not a string but a JSON array"),
+])
+def test_json_header_refusals_word_for_word(header, message):
+    with pytest.raises(RemotingFrameError) as refused:
+        rm.decode_json_header(header)
+    assert str(refused.value) == message
+
+
+def test_an_unknown_language_is_omitted_from_json_and_written_as_other_in_rocketmq():
+    cmd = RemotingCommand(code=1, language=None)
+    assert rm.encode_json_header(cmd) == b'{"code":1,"flag":0,"opaque":0,"serializeTypeCurrentRPC":"JSON","version":0}'
+    for language in (None, "KLINGON"):
+        data = rm.encode_rocketmq_header(RemotingCommand(code=1, language=language))
+        assert data[2] == rm.LANGUAGE_CODES["OTHER"]
+        assert rm.decode_rocketmq_header(data).language == "OTHER"
+
+
+@pytest.mark.parametrize("field", ["code", "version"])
+def test_rocketmq_header_code_and_version_are_int16(field):
+    for value in (-(2**15), 2**15 - 1):
+        data = rm.encode_rocketmq_header(RemotingCommand(**{"code": 0, field: value}))
+        assert getattr(rm.decode_rocketmq_header(data), field) == value
+    for value in (2**15, -(2**15) - 1):
+        with pytest.raises(ValueError) as refused:
+            rm.encode_rocketmq_header(RemotingCommand(**{"code": 0, field: value}))
+        assert str(refused.value) == f"{field} {value} does not fit the int16 of a ROCKETMQ header"
+
+
+@pytest.mark.parametrize("field", ["opaque", "flag"])
+def test_rocketmq_header_opaque_and_flag_are_int32(field):
+    with pytest.raises(ValueError) as refused:
+        rm.encode_command(RemotingCommand(**{"code": 0, field: 2**31}), rm.SERIALIZE_ROCKETMQ)
+    assert str(refused.value) == f"{field} 2147483648 does not fit a Java int"
+
+
+def test_encode_command_bounds():
+    from zns.core.remoting.command import MAX_HEADER_BYTES
+
+    with pytest.raises(ValueError) as refused:
+        rm.encode_command(RemotingCommand(code=1), 2)
+    assert str(refused.value) == "unknown serialize type 2"
+    overhead = len(rm.encode_json_header(RemotingCommand(code=0, remark="")))
+    largest = RemotingCommand(code=0, remark="x" * (MAX_HEADER_BYTES - overhead))
+    data = rm.encode_command(largest)
+    assert struct.unpack_from(">i", data, 4)[0] == MAX_HEADER_BYTES  # type 0, the full 24 bits
+    with pytest.raises(ValueError) as refused:
+        rm.encode_command(RemotingCommand(code=0, remark="x" * (MAX_HEADER_BYTES - overhead + 1)))
+    assert str(refused.value) == f"header of {MAX_HEADER_BYTES + 1} bytes does not fit the 24-bit length field"
+
+
+def test_a_frame_without_its_type_word_is_refused_word_for_word():
+    with pytest.raises(RemotingFrameError) as refused:
+        rm.decode_frame(b"\x00\x00")
+    assert str(refused.value) == "frame of 2 bytes has no header length field"
+
+
+def test_the_smallest_frame_limit_is_8_bytes():
+    assert FrameDecoder(max_frame_bytes=8).max_frame_bytes == 8
+    with pytest.raises(ValueError) as refused:
+        FrameDecoder(max_frame_bytes=7)
+    assert str(refused.value) == "max_frame_bytes must allow at least the 8 bytes of an empty frame"
+
+
+def test_a_failed_decoder_drops_its_bytes_and_repeats_why_it_failed():
+    dec = FrameDecoder(max_frame_bytes=1000)
+    assert dec.feed(b"\x00") == [] and dec.buffered == 1
+    with pytest.raises(RemotingFrameError) as refused:
+        dec.feed(struct.pack(">i", 997)[1:] + b"more bytes after it")
+    assert dec.buffered == 0  # nothing of a broken stream is kept
+    assert str(refused.value) == "frame of 1001 bytes (length field included) exceeds the limit of 1000"
+    with pytest.raises(RemotingFrameError) as again:
+        dec.feed(frame("oneway request (no header)"))
+    assert str(again.value) == f"connection already failed: {refused.value}"
+
+
+def test_a_second_frame_cut_short_waits_for_its_last_byte():
+    a, b = frame("TOPIC_NOT_EXIST response"), frame("oneway request (no header)")
+    dec = FrameDecoder()
+    assert [c.code for c in dec.feed(a + b[:-1])] == [17]
+    assert dec.buffered == len(b) - 1
+    assert [c.code for c in dec.feed(b[-1:])] == [904] and dec.buffered == 0
+
+
+def test_the_buffer_is_compacted_while_every_chunk_ends_inside_a_frame():
+    one = rm.encode_command(RemotingCommand(code=1, body=b"x" * 10_000))
+    stream = one * 600  # 6 MB, fed in chunks that each end in the middle of a frame
+    half = len(one) // 2
+    dec = FrameDecoder()
+    tracemalloc.start()
+    try:
+        assert len(dec.feed(stream[:half])) == 0
+        for start in range(half, len(stream) - len(one), len(one)):
+            assert len(dec.feed(stream[start : start + len(one)])) == 1
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 1_000_000, f"the decoder holds {held} bytes for less than one frame"
+
+
+def test_a_reply_keeps_the_request_s_serialize_type():
+    request = RemotingCommand(code=105, opaque=9, serialize_type=rm.SERIALIZE_ROCKETMQ)
+    reply = request.make_response(0)
+    assert reply.serialize_type == rm.SERIALIZE_ROCKETMQ and reply.opaque == 9 and reply.is_response
+
+
+# --- fastjson details: Java's hashes and HashMap order, the escapes at their edges --------------
+# The expected values below were printed by Java 17 (String.hashCode, HashMap.keySet).
+
+
+@pytest.mark.parametrize("text, java_hash", [
+    ("hello", 99162322),
+    ("polygenelubricants", 2**31),  # Integer.MIN_VALUE, unsigned
+    ("\u00e9", 233),
+    ("h\u00e9llo w\u00f6rld, \u00e7a va tr\u00e8s bien", 2657159307),
+    ("\U0001F600", 1772899),  # two UTF-16 units
+    ("\ud800", 55296),  # a lone surrogate is one unit too
+    ("a\ud800b", 1807491),
+])
+def test_java_string_hash_matches_java(text, java_hash):
+    from zns.core.remoting.fastjson import java_string_hash
+
+    assert java_string_hash(text) == java_hash
+
+
+JAVA_HASHMAP_ORDER = {
+    12: "key1,key2,key0,key5,key6,key3,key4,key9,key7,key8,key11,key10",
+    13: "key1,key2,key0,key5,key6,key3,key4,key9,key7,key8,key11,key10,key12",
+    25: "key1,key2,key0,key5,key6,key3,key4,key9,key7,key8,key22,key21,key20,key15,key14,key13,key12,"
+        "key19,key18,key17,key16,key11,key10,key24,key23",
+    49: "key1,key2,key0,key5,key6,key3,key4,key9,key40,key7,key8,key44,key43,key42,key41,key37,key36,"
+        "key35,key34,key39,key38,key11,key10,key48,key47,key46,key45,key22,key21,key20,key15,key14,"
+        "key13,key12,key19,key18,key17,key16,key33,key32,key31,key30,key26,key25,key24,key23,key29,"
+        "key28,key27",
+}
+
+
+@pytest.mark.parametrize("n", sorted(JAVA_HASHMAP_ORDER))
+def test_java_hashmap_order_matches_java_across_resizes(n):
+    keys = [f"key{i}" for i in range(n)]
+    assert ",".join(rm.java_hashmap_order(keys)) == JAVA_HASHMAP_ORDER[n]
+
+
+FIELDS = ["brokerName", "brokerAddr", "clusterName", "haServerAddr", "brokerId", "enableActingMaster",
+          "compressed", "bodyCrc32", "topic", "consumerGroup", "queueId", "timeout"]
+
+
+@pytest.mark.parametrize("n, java_order", [
+    (10, "brokerId,bodyCrc32,clusterName,brokerAddr,enableActingMaster,topic,haServerAddr,compressed,"
+         "brokerName,consumerGroup"),
+    (12, "queueId,brokerId,bodyCrc32,clusterName,brokerAddr,enableActingMaster,topic,haServerAddr,"
+         "compressed,brokerName,consumerGroup,timeout"),
+])
+def test_java_hashmap_order_keeps_16_buckets_up_to_12_keys(n, java_order):
+    # These keys iterate differently in 32 buckets: a table resized too early would show.
+    assert ",".join(rm.java_hashmap_order(FIELDS[:n])) == java_order
+
+
+def test_standard_escape_at_the_edge_of_the_basic_plane():
+    assert rm.escape_standard("\uffff") == '"\\uFFFF"'
+    assert rm.escape_standard("\U00010000") == '"\\uD800\\uDC00"'
+
+
+def test_to_utf8_writes_a_lone_surrogate_as_a_question_mark_as_java_does():
+    from zns.core.remoting.fastjson import to_utf8
+
+    assert to_utf8("a\ud800b\u00e9") == b"a?b\xc3\xa9"
+
+
+def _nested_type(depth: int):
+    t = int
+    for _ in range(depth):
+        t = list[t]
+    return t
+
+
+def _nested_wrong(depth: int, wide_levels: int):
+    """A value of _nested_type(depth) but for one str at the bottom; the outer `wide_levels` lists hold it at index 10."""
+    value = "x"
+    for level in range(depth):
+        value = [[]] * 10 + [value] if level >= depth - wide_levels else [value]
+    return value
+
+
+@pytest.mark.parametrize("wide_levels, length", [(0, 199), (1, 200), (2, 201), (20, 219)])
+def test_body_error_reasons_are_cut_after_200_characters(wide_levels, length):
+    data = json.dumps(_nested_wrong(55, wide_levels)).encode()
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.loads_lenient(data, _nested_type(55))
+    reason = str(refused.value).removeprefix("body: ")
+    full = "Expected `int`, got `str` - at `$" + "[10]" * wide_levels + "[0]" * (55 - wide_levels) + "`"
+    assert len(full) == length
+    assert reason == (full if length <= 200 else full[:200] + "...")
+
+
+@pytest.mark.parametrize("data, message", [
+    (b'{"counter":"x"}', "DataVersion body: Expected `int`, got `str` - at `$.counter`"),
+    (b'{"counter":1', "DataVersion body: Input data was truncated"),  # nothing to rewrite
+    (b'{0:1', "DataVersion body: Input data was truncated"),  # rewritten, still broken
+    (b'{0:"x"}', "DataVersion body: Expected `int`, got `str` - at `$[...]`"),  # rewritten, wrong type
+])
+def test_lenient_decoding_names_what_and_why(data, message):
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.loads_lenient(data, dict[str, int] if data.startswith(b"{0") else rm.DataVersion,
+                         what="DataVersion body")
+    assert str(refused.value) == message
+
+
+# --- bodies with more than one of everything: separators, Java's sort orders ----------------
+
+# U+1F600 sorts before U+FF01 in Java (UTF-16 units: D83D < FF01), after it by code point.
+EMOJI, FULLWIDTH = "\U0001F600", "\uff01"
+
+
+def _two_broker_route() -> TopicRouteData:
+    return TopicRouteData(
+        queues=[QueueData(broker_name="b1", read_queues=1, write_queues=2, perm=6, sys_flag=0),
+                QueueData(broker_name="b2", read_queues=3, write_queues=4, perm=4, sys_flag=0)],
+        brokers=[BrokerData(broker_name="b1", cluster="c", addrs={1: "h:2", 0: "h:1"}, enable_acting_master=True),
+                 BrokerData(broker_name="b2", cluster="c", addrs={0: "h:3"}, zone="z")],
+        filter_servers={"h:9": ["f0"], FULLWIDTH: ["f1", "f2"], EMOJI: ["f3"]},
+    )
+
+
+def test_a_route_with_two_of_everything_in_both_forms():
+    brokers = ('{{"brokerAddrs":{{{a0}:"h:1",{a1}:"h:2"}},"brokerName":"b1","cluster":"c","enableActingMaster":true}},'
+               '{{"brokerAddrs":{{{a0}:"h:3"}},"brokerName":"b2","cluster":"c","enableActingMaster":false,"zoneName":"z"}}')
+    queues = ('{"brokerName":"b1","perm":6,"readQueueNums":1,"topicSysFlag":0,"writeQueueNums":2},'
+              '{"brokerName":"b2","perm":4,"readQueueNums":3,"topicSysFlag":0,"writeQueueNums":4}')
+    standard = ('{"brokerDatas":[' + brokers.format(a0='"0"', a1='"1"') + '],'
+                '"filterServerTable":{"h:9":["f0"],"\\uD83D\\uDE00":["f3"],"\\uFF01":["f1","f2"]},'
+                '"queueDatas":[' + queues + ']}')
+    legacy = ('{"brokerDatas":[' + brokers.format(a0="0", a1="1") + '],'
+              f'"filterServerTable":{{"h:9":["f0"],"{EMOJI}":["f3"],"{FULLWIDTH}":["f1","f2"]}},'
+              '"queueDatas":[' + queues + ']}')
+    assert rm.encode_topic_route(_two_broker_route(), legacy=False) == standard.encode("ascii")
+    assert rm.encode_topic_route(_two_broker_route(), legacy=True) == legacy.encode("utf-8")
+
+
+def test_a_legacy_route_escapes_only_what_fastjson_escapes_by_default():
+    route = TopicRouteData(queues=[QueueData(broker_name='b/\u00e9"', perm=6)])
+    assert rm.encode_topic_route(route, legacy=True) == (
+        '{"brokerDatas":[],"filterServerTable":{},"queueDatas":[{"brokerName":"b/\u00e9\\"","perm":6,'
+        '"readQueueNums":0,"topicSysFlag":0,"writeQueueNums":0}]}').encode("utf-8")
+
+
+def test_cluster_info_sorts_names_as_java_does():
+    b1 = BrokerData(broker_name=FULLWIDTH, cluster="c2", addrs={0: "h:1"})
+    b2 = BrokerData(broker_name=EMOJI, cluster="c1", addrs={0: "h:2", 1: "h:3"})
+    body = rm.encode_cluster_info({FULLWIDTH: b1, EMOJI: b2, "a": b1},
+                                  {"c2": [FULLWIDTH, "a"], "c1": [EMOJI], FULLWIDTH: [FULLWIDTH, EMOJI], EMOJI: ["a"]})
+    broker = ('{{"brokerAddrs":{{{addrs}}},"brokerName":"{name}","cluster":"{cluster}",'
+              '"enableActingMaster":false}}')
+    one = broker.format(addrs='0:"h:1"', name=FULLWIDTH, cluster="c2")
+    two = broker.format(addrs='0:"h:2",1:"h:3"', name=EMOJI, cluster="c1")
+    assert body == (
+        f'{{"brokerAddrTable":{{"a":{one},"{EMOJI}":{two},"{FULLWIDTH}":{one}}},'
+        f'"clusterAddrTable":{{"c1":["{EMOJI}"],"c2":["a","{FULLWIDTH}"],"{EMOJI}":["a"],"{FULLWIDTH}":["{EMOJI}","{FULLWIDTH}"]}}}}'
+    ).encode("utf-8")
+
+
+def test_member_group_and_kv_table_with_several_entries():
+    assert rm.encode_broker_member_group("c", "b", {1: "h:2", 0: "h:1"}) == \
+        b'{"brokerMemberGroup":{"brokerAddrs":{0:"h:1",1:"h:2"},"brokerName":"b","cluster":"c"}}'
+    # Sorted by key in UTF-16 order, whatever the insertion order and the values.
+    table = {FULLWIDTH: "a", "k": "z", EMOJI: "b", "\ud800": "lone"}
+    assert rm.encode_kv_table(table) == (
+        f'{{"table":{{"k":"z","?":"lone","{EMOJI}":"b","{FULLWIDTH}":"a"}}}}').encode("utf-8")
+
+
+def test_body_decoders_name_the_body_in_their_errors():
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_data_version(b'{"counter":"x"}')
+    assert str(refused.value) == "DataVersion body: Expected `int`, got `str` - at `$.counter`"
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_topic_route_data(b'{"queueDatas":1}')
+    assert str(refused.value) == "TopicRouteData body: Expected `array`, got `int` - at `$.queueDatas`"
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_topic_route_data(b"")
+    assert str(refused.value) == "REGISTER_TOPIC body is empty: a TopicRouteData is required"
+
+
+# --- ext fields at their bounds, and how peer input is quoted in messages ---------------------
+
+
+@pytest.mark.parametrize("parse, bits", [(rm.parse_int, 32), (rm.parse_long, 64)])
+def test_integer_ext_fields_take_exactly_javas_range(parse, bits):
+    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    assert parse({"v": str(low)}, "v") == low and parse({"v": str(high)}, "v") == high
+    for outside in (low - 1, high + 1):
+        with pytest.raises(RemotingBodyError) as refused:
+            parse({"v": str(outside)}, "v")
+        assert str(refused.value) == f"the custom field <v> is out of range for a {bits}-bit integer: {outside}"
+
+
+def test_integer_ext_fields_are_read_up_to_24_characters():
+    padded = "-" + "0" * 22 + "1"  # Java's parseLong reads it as -1
+    assert len(padded) == 24 and rm.parse_long({"v": padded}, "v") == -1
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.parse_long({"v": "-" + "0" * 23 + "1"}, "v")
+    assert str(refused.value) == f"the custom field <v> is not an integer: '-{'0' * 23}1... (25 in all)"
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.parse_int({"v": "x" * 30}, "v")
+    assert str(refused.value) == "the custom field <v> is not an integer: 'xxxxxxxxxxxxxxxxxxxxxxxxx... (30 in all)"
+
+
+def test_required_fields_of_every_kind_refuse_absence():
+    for parse in (rm.parse_long, lambda ext, name: rm.parse_bool(ext, name, required=True)):
+        with pytest.raises(RemotingBodyError) as refused:
+            parse({"other": "1"}, "v")
+        assert str(refused.value) == "the custom field <v> is null"
+    assert rm.parse_bool({"v": "TRUE"}, "v", required=True) is True
+
+
+@pytest.mark.parametrize("value, quoted", [
+    ("abcd", "'abcd'"),                                  # at the limit: whole
+    ("abcde", "'abcde... (5 in all)"),                  # one past: cut, length noted
+    ("abcde'", "'abcde... (6 in all)"),                 # the quote style of the cut part only
+    ("abcdefghij", "'abcde... (10 in all)"),
+    (b"abcd", "b'abcd'"),
+    (b"abcde'", "b'abcd... (6 in all)"),
+    (b"\x00\x01\x02\x03\x04\x05", "b'\\x00... (6 in all)"),  # control bytes escaped, then cut
+])
+def test_quote_cuts_peer_input_to_the_limit(value, quoted):
+    from zns.core.remoting.errors import quote
+
+    assert quote(value, 4) == quoted
+
+
+def test_a_frame_error_without_commands_has_an_empty_list():
+    assert RemotingFrameError("broken").commands == []
+    assert RemotingFrameError("broken", [1]).commands == [1]
+
+
+# --- the compressed REGISTER_BROKER body: every refusal word for word, Java's int parsing ----------
+
+DV = b'{"counter":1,"stateVersion":2,"timestamp":3}'
+
+
+def _chunk(b: bytes, length: int | None = None) -> bytes:
+    return struct.pack(">i", len(b) if length is None else length) + b
+
+
+def _inflated(raw: bytes, version: int = 479) -> rm.RegisterBrokerBody:
+    return rm.decode_register_broker_body(zlib.compress(raw), compressed=True, version=version)
+
+
+def _one_topic(line: bytes) -> rm.TopicConfig:
+    body = _compress(DV, [line], b"[]", [])
+    [(name, config)] = rm.decode_register_broker_body(
+        body, compressed=True, version=479).topic_config_serialize_wrapper.topic_config_table.items()
+    assert name == config.topic_name
+    return config
+
+
+@pytest.mark.parametrize("raw, message", [
+    (_chunk(b"{}", 100), "the DataVersion claims 100 bytes, 2 are left"),
+    (_chunk(b"{}", -1), "the DataVersion claims -1 bytes, 2 are left"),
+    (_chunk(DV), "ends early: no room for topic count"),
+    (_chunk(DV) + struct.pack(">i", 1) + _chunk(b"x", 50), "a topic entry claims 50 bytes, 1 are left"),
+    (_chunk(DV) + struct.pack(">i", 2) + _chunk(b"") + _chunk(b""), "topic entry has 0 fields, not 5: b''"),
+    (_chunk(DV) + struct.pack(">i", 3) + _chunk(b"") + _chunk(b""),
+     "topic count 3 exceeds what 8 bytes can hold"),
+    (_chunk(DV) + struct.pack(">i", 0), "ends early: no room for the length of the filter server list"),
+    (_chunk(DV) + struct.pack(">i", 0) + _chunk(b"[]"), "ends early: no room for topic queue mapping count"),
+    (_chunk(DV) + struct.pack(">i", 0) + _chunk(b"[]") + struct.pack(">i", 1) + _chunk(b"", 99),
+     "a topic queue mapping claims 99 bytes, 0 are left"),
+])
+def test_compressed_register_body_refusals_word_for_word(raw, message):
+    with pytest.raises(RemotingBodyError) as refused:
+        _inflated(raw)
+    assert str(refused.value) == "compressed register body" + (" " if message.startswith("ends") else ": ") + message
+
+
+@pytest.mark.parametrize("dv, mapping, message", [
+    (b'{"counter":"x"}', b"{}",
+     "compressed register body DataVersion: Expected `int`, got `str` - at `$.counter`"),
+    (DV, b'{"epoch":"x"}', "TopicQueueMappingInfo: Expected `int`, got `str` - at `$.epoch`"),
+])
+def test_compressed_register_body_json_sections_are_named(dv, mapping, message):
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_register_broker_body(_compress(dv, [], b"[]", [mapping]), compressed=True, version=479)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("line, message", [
+    (b"A 8 8", "topic entry has 3 fields, not 5: b'A 8 8'"),
+    (b"A 8 8 6 ", "topic entry has 4 fields, not 5: b'A 8 8 6 '"),  # trailing empty fields dropped
+    (b"A 8 8 6 NO_TAG", "unknown topic filter type 'NO_TAG'"),
+    (b"A 8 8 6 " + b"T" * 30, f"unknown topic filter type '{'T' * 25}... (30 in all)"),
+    (b"A  8 8 SINGLE_TAG", "readQueueNums is not an integer: ''"),  # split on each single space
+    (b"A 8 x 6 SINGLE_TAG", "writeQueueNums is not an integer: 'x'"),
+    (b"A 8 8 x SINGLE_TAG", "perm is not an integer: 'x'"),
+    (b"A " + b"9" * 30 + b" 8 6 SINGLE_TAG", f"readQueueNums is not an integer: '{'9' * 25}... (30 in all)"),
+    (b"A 000000000001 8 6 SINGLE_TAG", "readQueueNums is not an integer: '000000000001'"),  # 12 characters
+    ("A \u0661 8 6 SINGLE_TAG".encode(), "readQueueNums is not an integer: '\u0661'"),  # not an ASCII digit
+    (b"A 2147483648 8 6 SINGLE_TAG", "readQueueNums is out of range: 2147483648"),
+    (b"A -2147483649 8 6 SINGLE_TAG", "readQueueNums is out of range: -2147483649"),
+])
+def test_compressed_topic_lines_refused_word_for_word(line, message):
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_register_broker_body(_compress(DV, [line], b"[]", []), compressed=True, version=479)
+    assert str(refused.value) == f"compressed register body: {message}"
+
+
+def test_compressed_topic_lines_read_as_java_reads_them():
+    assert _one_topic(b"A -2147483648 2147483647 4 SINGLE_TAG") == rm.TopicConfig(
+        topic_name="A", read_queue_nums=-(2**31), write_queue_nums=2**31 - 1, perm=4, attributes={})
+    assert _one_topic(b"A +1 -0000000001 6 SINGLE_TAG").write_queue_nums == -1  # 11 characters
+    assert _one_topic(b"\xff 1 1 6 SINGLE_TAG").topic_name == "\ufffd"  # bad UTF-8 replaced
+    assert _one_topic(b" 1 1 6 SINGLE_TAG").topic_name == ""
+
+
+def test_compressed_sections_java_tolerates():
+    raw = (_chunk(DV) + struct.pack(">i", 0) + _chunk(b"") + struct.pack(">i", 1) + _chunk(b'{"bname":"b"}'))
+    body = _inflated(raw)
+    assert body.filter_server_list == []  # an empty (unparsable) filter list is an empty list
+    assert list(body.topic_config_serialize_wrapper.topic_queue_mapping_info_map) == [""]
+    assert _inflated(_chunk(DV) + struct.pack(">i", 0) + _chunk(b"not json") + struct.pack(">i", 0)) \
+        .filter_server_list == []
+
+
+def test_register_body_forms_switch_at_version_37_and_name_the_form_in_errors():
+    plain = b'{"topicConfigSerializeWrapper":{"dataVersion":{"counter":4}}}'
+    assert rm.decode_register_broker_body(plain, compressed=False, version=37) \
+        .topic_config_serialize_wrapper.data_version.counter == 4
+    wrapper = b'{"dataVersion":{"counter":5}}'
+    assert rm.decode_register_broker_body(wrapper, compressed=False, version=36) \
+        .topic_config_serialize_wrapper.data_version.counter == 5
+    bad = b'{"dataVersion":1}'
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_register_broker_body(bad, compressed=False, version=36)
+    assert str(refused.value) == \
+        "register body (topic config wrapper): Expected `object`, got `int` - at `$.dataVersion`"
+    with pytest.raises(RemotingBodyError) as refused:
+        rm.decode_register_broker_body(b'{"filterServerList":1}', compressed=False, version=37)
+    assert str(refused.value) == "register body: Expected `array`, got `int` - at `$.filterServerList`"
+
+
+def test_inflation_stops_at_exactly_the_limit():
+    from zns.core.remoting.register import inflate_bounded
+
+    data = zlib.compress(b"x" * 100)
+    assert inflate_bounded(data, 100) == b"x" * 100
+    with pytest.raises(RemotingBodyError) as refused:
+        inflate_bounded(data, 99)
+    assert str(refused.value) == "compressed register body inflates past 99 bytes"
+    with pytest.raises(RemotingBodyError) as refused:
+        inflate_bounded(data[:-3], 1000)
+    assert str(refused.value) == "compressed register body is a truncated zlib stream"

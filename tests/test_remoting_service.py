@@ -690,3 +690,180 @@ def test_route_request_for_a_malformed_topic_is_refused_before_and_after_caching
         reply = call(rs, req(105, {"topic": topic}))
         assert reply.code == 1 and "topic" in reply.remark, reply
         assert ok(rs, req(105, {"topic": "TopicTest"})).body
+
+
+# --- what an operator reads: refusals and log lines word for word; replies of every path ---------
+
+
+@pytest.fixture
+def zns_log(caplog, monkeypatch):
+    """caplog for the "zns" logger, without the repeat filter a server test may have installed
+    (it would drop a message another test already logged) and at a level that shows warnings."""
+    monkeypatch.setattr(logging.getLogger("zns"), "filters", [])
+    caplog.set_level(logging.WARNING, logger="zns")
+    return caplog
+
+
+def zns_messages(caplog, level: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "zns" and r.levelname == level]
+
+
+def test_a_bug_is_logged_with_its_traceback_and_answered_system_error(rs, svc, monkeypatch, caplog, zns_log):
+    def broken(topic: str) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(svc.table, "topic_revision", broken)
+    reply = call(rs, req(105, {"topic": "T"}, opaque=42))
+    assert (reply.code, reply.remark, reply.body) == (1, "internal error; see the server log", b"")
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.getMessage() == "bug while handling remoting request 105 from 127.0.0.1"
+    assert record.exc_info is not None and "boom" in caplog.text
+
+
+def test_update_namesrv_config_refusal_word_for_word(rs, caplog, zns_log):
+    reply = call(rs, req(318, None, b"a=b\n"))
+    assert reply.remark == ("zns changes no configuration at run time: UPDATE_NAMESRV_CONFIG is refused; "
+                            "use the command line or the config file")
+    assert zns_messages(caplog, "WARNING") == [
+        "refused UPDATE_NAMESRV_CONFIG from 127.0.0.1: zns changes no configuration at run time"]
+
+
+@pytest.mark.parametrize("code, option", [(103, "--remoting-brokers"), (100, "--remoting-admins")])
+def test_a_refused_network_is_told_which_option_lists_the_networks(svc, caplog, zns_log, code, option):
+    rs = RemotingService(svc, brokers=parse_networks(["10.0.0.0/8"]), admins=parse_networks(["10.0.0.0/8"]))
+    reply = call(rs, req(code, {}), Connection(2, "192.0.2.7"))
+    assert (reply.code, reply.remark) == (16, f"request code {code} is not allowed from 192.0.2.7: "
+                                              f"the server's {option} lists the networks that may send it")
+    assert zns_messages(caplog, "WARNING") == [f"remoting request {code} from 192.0.2.7 refused: not in {option}"]
+
+
+def test_a_bad_network_option_is_quoted():
+    with pytest.raises(ValueError) as refused:
+        parse_networks(["10.0.0.0/8", " bogus"])
+    assert str(refused.value).startswith("' bogus' is not a network (CIDR like 10.0.0.0/8): ")
+
+
+def test_an_empty_kv_namespace_is_query_not_found_naming_it(rs):
+    reply = call(rs, req(219, {"namespace": "ns"}))  # GET_KVLIST_BY_NAMESPACE
+    assert (reply.code, reply.remark) == (22, "No config item, Namespace: ns")
+
+
+def test_an_ok_reply_without_a_body_has_an_empty_one(rs):
+    ok(rs, register_cmd())
+    reply = ok(rs, req(104, {"clusterName": "DefaultCluster", "brokerName": "broker-a", "brokerId": "0",
+                             "brokerAddr": MASTER}))
+    assert reply.body == b"" and reply.remark is None
+
+
+def test_broker_heartbeat_without_a_broker_id_is_the_master_s(rs, svc):
+    ok(rs, register_cmd())
+    hb = {"clusterName": "DefaultCluster", "brokerName": "broker-a", "brokerAddr": MASTER}
+    assert ok(rs, req(904, hb), now=5_000).body == b""
+    assert svc.table.liveness("DefaultCluster", MASTER).last_heartbeat == 5_000
+    # From an address nobody registered: answered, nothing registered.
+    ok(rs, req(904, {**hb, "brokerAddr": "127.0.0.1:1"}), now=6_000)
+    assert svc.table.liveness("DefaultCluster", "127.0.0.1:1") is None
+
+
+def test_query_data_version_answers_the_stored_version_in_full_or_nothing(rs):
+    query = {"clusterName": "DefaultCluster", "brokerName": "broker-a", "brokerId": "0", "brokerAddr": MASTER}
+    unknown = ok(rs, req(322, query))
+    assert (unknown.body, unknown.ext_fields) == (b"", {"changed": "true"})
+    ok(rs, register_cmd(counter=7, state=5))
+    known = ok(rs, req(322, query))
+    assert json.loads(known.body) == {"counter": 7, "stateVersion": 5, "timestamp": 1700000000000}
+
+
+def test_registration_carries_perm_filter_servers_and_the_default_heartbeat_timeout(rs, svc):
+    ok(rs, register_cmd(topics={"T": {"perm": 4}}))
+    [queue] = svc.table.route("T").queues
+    assert queue.perm == 4
+    assert svc.table.liveness("DefaultCluster", MASTER).timeout_ms == 120_000
+    body = json.dumps({"filterServerList": ["127.0.0.1:7000"], "topicConfigSerializeWrapper": {
+        "dataVersion": {"counter": 1}, "topicConfigTable": {}}}).encode()
+    cmd = register_cmd(addr=SLAVE, broker_id=1)
+    cmd.body = body
+    cmd.ext_fields = {**cmd.ext_fields, "bodyCrc32": str(body_crc32(body)),
+                      "heartbeatTimeoutMillis": "30000"}
+    ok(rs, cmd)
+    assert svc.table.route("T").filter_servers == {SLAVE: ["127.0.0.1:7000"]}
+    assert svc.table.liveness("DefaultCluster", SLAVE).timeout_ms == 30_000
+
+
+def test_register_topic_without_a_body_registers_nothing(rs, svc):
+    ok(rs, vector_register())
+    assert ok(rs, req(217, {"topic": "NewTopic"})).body == b""
+    assert svc.table.route("NewTopic") is None
+
+
+def test_a_zone_query_for_an_unknown_topic_is_topic_not_exist(rs):
+    reply = call(rs, req(105, {"topic": "Nope", "__ZONE_MODE": "true", "__ZONE_NAME": "z1"}))
+    assert (reply.code, reply.remark) == (17, "No topic route info in name server for the topic: Nope")
+
+
+def test_refused_names_say_which_field(rs):
+    reply = call(rs, req(105, {"topic": "bad topic"}))
+    assert reply.code == 1 and reply.remark.startswith("topic: Expected a topic: ")
+    reply = call(rs, req(104, {"clusterName": "c", "brokerName": "b/x", "brokerId": "0", "brokerAddr": MASTER}))
+    assert reply.code == 1 and reply.remark.startswith("unregister_broker: Expected a name: "), reply.remark
+
+
+def test_system_topics_name_the_master_address_or_none(rs):
+    assert ok(rs, req(304)).body == b'{"topicList":[]}'
+    ok(rs, register_cmd(1, SLAVE, ha="127.0.0.1:10922"))
+    assert ok(rs, req(304)).body.startswith(b'{"brokerAddr":"127.0.0.1:10921",')  # no master: a slave
+    ok(rs, register_cmd())
+    assert ok(rs, req(304)).body.startswith(b'{"brokerAddr":"127.0.0.1:10911",')  # the master first
+
+
+def test_routes_are_encoded_once_per_change(rs, monkeypatch):
+    from zns.core.remoting import service as remoting_service
+
+    encoded = []
+    real = remoting_service.encode_topic_route
+
+    def counting(route, legacy):
+        encoded.append(legacy)
+        return real(route, legacy)
+
+    monkeypatch.setattr(remoting_service, "encode_topic_route", counting)
+    ok(rs, register_cmd())
+    for version in (479, 300, 479):  # standard, legacy, standard: both forms made once
+        ok(rs, req(105, {"topic": "TopicTest"}, version=version))
+    assert sorted(encoded) == [False, True]
+    ok(rs, register_cmd(topics={"TopicTest": {"perm": 4}}, counter=4))
+    ok(rs, req(105, {"topic": "TopicTest"}))
+    assert len(encoded) == 4  # the route changed: encoded again
+
+
+def test_closing_a_connection_removes_each_address_it_still_carries(rs, svc):
+    ok(rs, register_cmd(), conn=LOCAL, now=1_000)
+    ok(rs, register_cmd(1, SLAVE, ha="127.0.0.1:10922"), conn=LOCAL, now=1_000)
+    # The master is heard from over ZNS/1 since: closing the connection must keep it.
+    assert zns1(svc, "heartbeat", now=2_000, cluster="DefaultCluster", broker_name="broker-a", broker_id=0,
+                broker_addr=MASTER, data_version={"counter": 3, "timestamp": 1700000000000})["known"]
+    rs.connection_closed(LOCAL.conn_id, 3_000)
+    assert svc.table.liveness("DefaultCluster", MASTER) is not None
+    assert svc.table.liveness("DefaultCluster", SLAVE) is None
+
+
+def test_a_broker_heartbeat_with_a_malformed_broker_id_is_refused(rs):
+    ok(rs, register_cmd())
+    reply = call(rs, req(904, {"clusterName": "DefaultCluster", "brokerName": "broker-a",
+                               "brokerAddr": MASTER, "brokerId": "x"}))
+    assert (reply.code, reply.remark) == (1, "the custom field <brokerId> is not an integer: 'x'")
+
+
+def test_forgetting_expired_connections_keeps_the_live_ones():
+    # More registrations over remoting than the connection map keeps (2 * max_brokers + 1024):
+    # the addresses gone since are forgotten, the live one still leaves with its connection.
+    svc = new_service(Limits(max_brokers=1))
+    rs = RemotingService(svc)
+    for i in range(1, 1027):
+        addr = f"10.0.{i // 256}.{i % 256}:10911"
+        ok(rs, register_cmd(addr=addr, ha="", opaque=i), conn=Connection(i, "127.0.0.1"))
+        ok(rs, req(104, {"clusterName": "DefaultCluster", "brokerName": "broker-a", "brokerId": "0",
+                         "brokerAddr": addr}))
+    ok(rs, register_cmd(), conn=Connection(5000, "127.0.0.1"))  # past the bound: the map is pruned
+    rs.connection_closed(5000, 2_000)
+    assert svc.table.liveness("DefaultCluster", MASTER) is None

@@ -301,7 +301,6 @@ class BrokerSession:
                     self.acknowledged = None
                     self._next_register = now
             case UnregisterBrokerReply():
-                self.unregistered = True
                 self.acknowledged = None
                 return self._finish(True)
         return self._step(now)
@@ -382,7 +381,7 @@ class BrokerSession:
         return [Disconnect()]
 
     def _finish(self, unregistered: bool) -> list[Action]:
+        # Terminal: every input returns early once done, so no other state needs resetting.
         self.done, self.unregistered = True, unregistered
         self._flight = None
-        self._connected = False
         return [Done(unregistered)]

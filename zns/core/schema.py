@@ -458,7 +458,8 @@ def read_envelope(body: bytes) -> tuple[int, str | None]:
         env = _envelope_decoder.decode(body)
     except (msgspec.DecodeError, RecursionError):  # msgspec raises RecursionError on deep nesting
         return 0, None
-    rid = env.id if type(env.id) is int and 0 <= env.id < 2**64 else 0
+    # A msgpack integer is below 2**64 already; only a negative one cannot be echoed.
+    rid = env.id if type(env.id) is int and env.id >= 0 else 0
     return rid, env.op if isinstance(env.op, str) else None
 
 

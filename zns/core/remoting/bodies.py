@@ -168,8 +168,8 @@ def encode_topic_route(route: RouteLike, legacy: bool) -> bytes:
         for q in route.queues
     ])
     text = f'{{"brokerDatas":[{brokers}],"filterServerTable":{{{filters}}}{order},"queueDatas":[{queues}]}}'
-    # The standard form is pure ASCII; the legacy form keeps non-ASCII as UTF-8.
-    return text.encode("ascii") if not legacy else to_utf8(text)
+    # The standard form is pure ASCII (so UTF-8 is ASCII); the legacy form keeps non-ASCII as UTF-8.
+    return to_utf8(text)
 
 
 def wants_standard_json(version: int, ext_fields: Mapping[str, str] | None) -> bool:

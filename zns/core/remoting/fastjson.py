@@ -205,16 +205,6 @@ def loads_lenient(data: bytes | bytearray | memoryview, type: type[T] = Any, *, 
         raise RemotingBodyError(f"{what}: {_short_reason(exc)}") from None
 
 
-def decode_json_strict(data: bytes | bytearray | memoryview, type: type[T], *, what: str) -> T:
-    """msgspec decode of standard JSON where a failure is a body error (no lenient retry)."""
-    try:
-        return msgspec.json.decode(data, type=type)
-    except RecursionError:
-        raise RemotingBodyError(f"{what}: JSON nested too deeply") from None
-    except msgspec.DecodeError as exc:
-        raise RemotingBodyError(f"{what}: {_short_reason(exc)}") from None
-
-
 __all__ = [
     "escape_legacy",
     "escape_standard",
@@ -223,5 +213,4 @@ __all__ = [
     "java_hashmap_order",
     "quote_integer_keys",
     "loads_lenient",
-    "decode_json_strict",
 ]

@@ -93,7 +93,7 @@ def check_body_crc32(body: bytes, ext: ExtFields) -> None:
     0 or absent means "not checked", as in Java. A mismatch is a body error
     with Java's remark, "crc32 not match".
     """
-    expected = parse_long(ext, "bodyCrc32", required=False, default=0)
+    expected = parse_long(ext, "bodyCrc32", required=False)
     if expected and body_crc32(body) != expected:
         raise RemotingBodyError("crc32 not match")
 
