@@ -25,6 +25,7 @@ from zns.core import schema
 from zns.core.limits import Limits
 from zns.core.routes import NAME_BYTES_PER_WEIGHT, name_weight
 from zns.core.service import NameService
+from zns.drivers.heap import TRIM_EVERY_MS
 from zns.drivers.kv_file import KvStore
 
 BUDGET_MIB = 1024  # item 9: no request within the limits makes the server use more
@@ -33,6 +34,9 @@ RETURN_MIB = 64  # item 10: memory returns to within this of its start
 REMOVAL_MS = 100  # item 10: a broker removal after churn (it took 444 ms when filed)
 HEAVY_REPLY_TIMEOUT_MS = 120_000
 PROBE_TOPIC = "ProbeNoSuchTopic"  # asking for a topic nobody registered adds no state
+# The server hands free heap memory back to the OS at a calm moment, at most once per
+# TRIM_EVERY_MS (zns/drivers/heap.py): the churns' end RSS is read once it had its turn.
+SETTLE_S = TRIM_EVERY_MS / 1000 + 1
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,10 @@ one with {config_topics:,} topics re-registered {config_rounds} times with a new
 `read_queues` each time (and `write_queues` different per topic: every topic's queue
 data is a new value each time, {config_values:,} in all); then the one-topic broker
 is unregistered (the round trip: a removal must cost what it removes, not the table
-size) and the big one too. Both: RSS at the end minus RSS right after start.
+size) and the big one too. Both: RSS at the end minus RSS right after start, read
+{settle:g} s after the last request: the server hands free heap memory back to the OS
+(glibc's `malloc_trim`) at a calm moment once many route events were published, at
+most every {trim_s:g} s, so the end figure is read after it had its turn.
 **Live bytes** (in-process): the same two churns, smaller ({live_names:,} names;
 {config_topics:,} topics × {live_config_rounds} rounds), run on a `NameService`
 under `tracemalloc`: the bytes of live objects at the end minus at the start,
@@ -478,7 +485,8 @@ def _churn_bodies(p: Params, names: int) -> Iterator[bytes]:
     version = 0
     for first in range(0, names, p.churn_window):
         version += 1
-        yield _register(0, range(first, min(names, first + p.churn_window)), version=version, names=LONG)
+        yield _register(0, range(first, min(names, first + p.churn_window)), version=version,
+                        names=LONG)
     yield _register(0, [], version=version + 1, names=LONG)
 
 
@@ -504,6 +512,7 @@ def topic_churn(config: RunConfig, p: Params, r: int) -> _Round:
             check_reply(m.session.call_raw(body))
         if m.session.call("status").topics != 0:
             raise BenchError("topics left after the last registration listed none")
+        time.sleep(SETTLE_S)
         return m.finish()
     finally:
         m.close()
@@ -527,6 +536,7 @@ def config_churn(config: RunConfig, p: Params, r: int) -> tuple[_Round, float, f
                 raise BenchError(f"broker {name} was not removed")
         if m.session.call("status").topics != 0:
             raise BenchError("topics left after both brokers were unregistered")
+        time.sleep(SETTLE_S)
         return m.finish(), removals[0], removals[1]
     finally:
         m.close()
@@ -675,7 +685,7 @@ def run(config: RunConfig) -> BenchResult:
         window=p.churn_window, churn=p.churn_names, config_topics=p.config_topics,
         config_rounds=p.config_rounds, live_names=p.live_names,
         live_config_rounds=p.live_config_rounds, config_values=p.config_topics * p.config_rounds,
-        rounds=config.rounds)
+        rounds=config.rounds, settle=SETTLE_S, trim_s=TRIM_EVERY_MS / 1000)
     return BenchResult("memory", "Memory under the limits, and after churn", method, figures)
 
 
