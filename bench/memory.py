@@ -285,7 +285,10 @@ class _Measured:
         self.out.seconds = ended - self.started
         if self.probe:
             time.sleep(0.2)  # a sample sent just before the end may still be waiting
-            self.out.worst_ms = self.probe.worst_ms(self.started + 0.5, ended)
+            # From `started`: Probe.worst_ms also counts samples sent up to 0.5 s before,
+            # when the loop was idle, so a sample sent just before the first request and
+            # held up by it is not missed.
+            self.out.worst_ms = self.probe.worst_ms(self.started, ended)
             time.sleep(0.6)  # Probe.worst_ms looks 0.5 s before a window's start
         self.session.call("status")
         self.out.registered_mib = _mib(self.server.rss_kib() - self.rss0)

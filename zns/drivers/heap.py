@@ -7,8 +7,8 @@ a server whose routes churned keeps the RSS of its busiest moment (bench/memory.
 its start with 4 MiB of live objects). glibc's `malloc_trim(0)` gives the free pages
 back. The loop calls `HeapTrim.calm` when no request is waiting; it trims once at
 least TRIM_AFTER_EVENTS events were published since the last trim (every replaced or
-removed route is one), at most once per TRIM_EVERY_MS: a trim walks the heap, a few
-ms for hundreds of MiB, so it must not run per request. Without glibc it does nothing.
+removed route is one), at most once per TRIM_EVERY_MS: a trim walks the whole heap, so it
+must not run per request. Without glibc it does nothing.
 """
 
 from __future__ import annotations
