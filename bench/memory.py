@@ -73,7 +73,7 @@ trip is the longest the loop was blocked.
 
 **Shapes.** `--max-queues` weighs each route entry (topic × broker name) as 1, plus
 1 per address past the first and per filter server its routes list, plus 1 per
-started {nbw} bytes of its names (`zns.core.routes.name_weight`: cluster, broker
+full {nbw} bytes of its names (`zns.core.routes.name_weight`: cluster, broker
 name twice, zone and addresses); the weights below are computed with that function.
 Which shape holds the most bytes per unit of weight was measured in-process
 (`NameService` under `tracemalloc`, a budget of {shape_budget:,}, every route
