@@ -27,6 +27,7 @@ from zns.core.limits import Limits
 from zns.drivers.peer_links import PeerLinks
 from zns.drivers.security import Security
 from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
+from zns.drivers.heap import HeapTrim, glibc_malloc_trim
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.metrics import MetricsServer
 from zns.drivers.remoting_listener import DEFAULT_MAX_CONNECTIONS, RemotingListener
@@ -143,6 +144,7 @@ class Server:
         self.dropped_requests = 0  # over §1's envelope or total-size bound
         self._draining = False  # in the middle of dropping an oversized message
         self.reply_budget = ReplyBudget()
+        self.heap = HeapTrim(glibc_malloc_trim(), self._now())
         self.descriptor_limit = raise_descriptor_limit()
         self.descriptors = DescriptorGuard(self.descriptor_limit)
         install_repeat_filter(log)
@@ -274,6 +276,8 @@ class Server:
             if peers:
                 _guarded("reading peers", peers.handle, ready, now)
             _guarded("running timers", self._run_timers, now)
+            if self.router not in ready and not self._draining:
+                _guarded("trimming the heap", self.heap.calm, now)
             self.last_pass_ms = now
 
     def _serve_remoting(self, ready: dict, now: int) -> None:
@@ -409,6 +413,7 @@ class Server:
                 return False
 
     def _publish(self, events: list[Frames]) -> None:
+        self.heap.published(len(events))
         send = self.pub.send_multipart
         for frames in events:
             send(frames, zmq.DONTWAIT)

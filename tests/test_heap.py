@@ -1,0 +1,80 @@
+"""The heap trim: glibc's malloc_trim called at a calm moment once many route events were
+published, at most once per interval; harmless where it runs, absent without glibc."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from conftest import ThreadedServer, register_fields, wait_for
+from zns.drivers import heap, server as server_module
+from zns.drivers.heap import HeapTrim
+
+
+class FakeTrim:
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def __call__(self, pad: int) -> int:
+        self.calls.append(pad)
+        return 1
+
+
+def test_trims_after_enough_events_and_at_most_once_per_interval() -> None:
+    trim = FakeTrim()
+    heap_trim = HeapTrim(trim, now=0, after_events=100, every_ms=10_000)
+    heap_trim.published(99)
+    heap_trim.calm(1)
+    assert trim.calls == []  # not enough changed
+    heap_trim.published(1)
+    heap_trim.calm(2)
+    assert trim.calls == [0] and heap_trim.pending == 0
+    heap_trim.published(1_000)
+    heap_trim.calm(9_999)
+    assert trim.calls == [0]  # too soon after the last
+    heap_trim.calm(10_002)
+    assert trim.calls == [0, 0] and heap_trim.trims == 2
+
+
+def test_without_glibc_nothing_is_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(heap.platform, "libc_ver", lambda: ("musl", "1.2"))
+    assert heap.glibc_malloc_trim() is None
+    heap_trim = HeapTrim(None, now=0, after_events=1, every_ms=0)
+    heap_trim.published(10)
+    heap_trim.calm(1)
+    assert heap_trim.trims == 0
+
+
+def test_the_real_malloc_trim_is_harmless() -> None:
+    trim = heap.glibc_malloc_trim()
+    if trim is None:
+        pytest.skip("not glibc")
+    kept = [bytes(100_000) for _ in range(200)]  # 20 MB of malloc'd blocks, half freed
+    del kept[::2]
+    assert trim(0) in (0, 1)
+    assert sum(map(len, kept)) == 100 * 100_000 and bytes(kept[0]) == bytes(100_000)
+
+
+@pytest.mark.timeout(60)
+def test_the_server_trims_when_calm_after_many_route_events(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trim = FakeTrim()
+    monkeypatch.setattr(server_module, "glibc_malloc_trim", lambda: trim)
+    monkeypatch.setattr(server_module, "HeapTrim",
+                        functools.partial(HeapTrim, after_events=100, every_ms=0))
+    srv = ThreadedServer(tmp_path, heartbeat_interval=60)  # few hb events: routes count
+    try:
+        peer = srv.peer()
+        peer.ok("register_broker", **register_fields(topics={f"T{i}": {} for i in range(50)}))
+        peer.ok("status")
+        assert trim.calls == []  # 50 route events (and at most an hb or two): not yet
+        peer.ok("register_broker", **register_fields(
+            broker_name="broker-b", addr="10.0.0.2:10911",
+            topics={f"U{i}": {} for i in range(60)}))
+        wait_for(lambda: trim.calls)
+        assert trim.calls == [0]
+        assert peer.ok("status").topics == 110  # and the server goes on serving
+    finally:
+        srv.stop()
