@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from zns.core.errors import BadRequest, Conflict
 from zns.core.schema import (
@@ -29,6 +30,7 @@ from zns.core.schema import (
 
 Event = RouteEvent | BrokerEvent
 LiveKey = tuple[str, str]  # (cluster, broker_addr): liveness is keyed so (§8)
+T = TypeVar("T")
 
 # Removed topics whose last revision is still remembered (the oldest is forgotten
 # first). Forgetting is safe for the §7 recipe: a client that remembered a removed
@@ -38,7 +40,7 @@ LiveKey = tuple[str, str]  # (cluster, broker_addr): liveness is keyed so (§8)
 # carries the whole route). Either way no change is missed; at worst one extra pull.
 REMEMBERED_REMOVED_TOPICS = 10_000
 # A broker name's names and addresses are in every route of the name (in its QueueData
-# and BrokerData): each started NAME_BYTES_PER_WEIGHT of their UTF-8 bytes weighs one more
+# and BrokerData): each full NAME_BYTES_PER_WEIGHT of their UTF-8 bytes weighs one more
 # queue entry per topic, so 255-character names cannot make an entry hold ten times what
 # --max-queues assumes (see `name_weight`).
 NAME_BYTES_PER_WEIGHT = 128
@@ -114,7 +116,7 @@ class _Changes:
         self.broker_events: list[BrokerEvent] = []
         self.structural = False  # brokers or clusters changed (visible in snapshot)
         self.stale_brokers: set[str] = set()  # broker names whose BrokerData must be rebuilt
-        # topic -> broker names whose queue data was set or removed (see _queue_list), and
+        # topic -> broker names whose queue data was set or removed (see _SharedLists), and
         # the topics where a name joined or left (their broker list changes shape).
         self.edited: dict[str, set[str]] = {}
         self.reshaped: set[str] = set()
@@ -529,14 +531,13 @@ class RouteTable:
         rec = self._brokers.get(req.broker_name)
         addrs = dict(rec.addr_cluster) if rec is not None else {}
         addrs[req.broker_addr] = req.cluster
-        cluster = rec.cluster if rec is not None else req.cluster
-        weight = len(addrs) + name_weight(cluster, req.broker_name, req.zone, addrs)
-        for addr, addr_cluster in addrs.items():
-            if addr == req.broker_addr and addr_cluster == req.cluster:
-                weight += len(req.filter_servers)
-            else:
-                weight += len(self._filter_servers.get((addr_cluster, addr), ()))
-        return weight
+        key = (req.cluster, req.broker_addr)
+
+        def servers(of: LiveKey) -> int:
+            return len(req.filter_servers) if of == key else self.filter_servers_of(*of)
+
+        return 1 + _extra_weight(rec.cluster if rec is not None else req.cluster,
+                                 req.broker_name, req.zone, addrs, servers)
 
     def filter_servers_of(self, cluster: str, addr: str) -> int:
         return len(self._filter_servers.get((cluster, addr), ()))
@@ -607,11 +608,9 @@ class RouteTable:
         """
         rec = self._brokers.get(name)
         count = 0
-        if rec is not None:
-            count += max(0, len(rec.addr_cluster) - 1)
-            count += name_weight(rec.cluster, name, rec.zone, rec.addr_cluster)
-            for addr, cluster in rec.addr_cluster.items():
-                count += len(self._filter_servers.get((cluster, addr), ()))
+        if rec is not None and rec.addr_cluster:
+            count = _extra_weight(rec.cluster, name, rec.zone, rec.addr_cluster,
+                                  lambda key: self.filter_servers_of(*key))
         old = self._fs_count.get(name, 0)
         if count != old:
             self._queue_weight += len(self._broker_topics.get(name, ())) * (count - old)
@@ -716,12 +715,16 @@ class RouteTable:
         if old is not None and topic not in ch.reshaped and not any(n in by_broker for n in stale):
             brokers = old.brokers  # the same names and none of their BrokerData changed
         else:
-            brokers = lists.brokers(queues, self._broker_data)
-        filter_servers = lists.filter_servers(queues, self._filter_servers_of_route)
+            brokers = lists.derived("brokers", queues, self._broker_list)
+        filter_servers = lists.derived("filter_servers", queues, self._filter_servers_of_route)
         return TopicRoute(
             topic=topic, queues=queues, brokers=brokers,
             filter_servers=filter_servers, order_conf=self._order_conf.get(topic, ""),
         )
+
+    def _broker_list(self, queues: list[QueueData]) -> list[BrokerData]:
+        broker_data = self._broker_data
+        return [broker_data[q.broker_name] for q in queues]
 
     def _filter_servers_of_route(self, queues: list[QueueData]) -> dict[str, list[str]]:
         """The filter servers a route of these brokers lists, by broker address."""
@@ -810,11 +813,18 @@ def name_weight(cluster: str, name: str, zone: str, addrs: Iterable[str]) -> int
     The broker name is in the QueueData and the BrokerData of every route of the name,
     the cluster, zone and addresses in the BrokerData. Short names weigh nothing extra
     (a route entry of a typical broker is about 150 bytes encoded); the longest the wire
-    allows (255 characters, up to 4 bytes each) weigh up to ~50 entries more.
+    allows (255 characters, up to 4 bytes each) weigh 33 entries more with one address.
     """
     size = len(cluster.encode()) + 2 * len(name.encode()) + len(zone.encode())
     size += sum(len(addr) for addr in addrs)  # addresses are ASCII (§3)
     return size // NAME_BYTES_PER_WEIGHT
+
+
+def _extra_weight(cluster: str, name: str, zone: str, addr_cluster: dict[str, str],
+                  servers: Callable[[LiveKey], int]) -> int:
+    """A route entry's weight beyond one: addresses past the first, names, filter servers."""
+    weight = len(addr_cluster) - 1 + name_weight(cluster, name, zone, addr_cluster)
+    return weight + sum(servers((c, addr)) for addr, c in addr_cluster.items())
 
 
 class _SharedLists:
@@ -829,8 +839,8 @@ class _SharedLists:
 
     def __init__(self) -> None:
         self._queues: dict[tuple, tuple[list[QueueData] | None, list[QueueData]]] = {}
-        self._brokers: dict[int, tuple[list[QueueData], list[BrokerData]]] = {}
-        self._filter_servers: dict[int, tuple[list[QueueData], dict[str, list[str]]]] = {}
+        # (what, id of a queue list) -> (the list, what was derived from it)
+        self._derived: dict[tuple[str, int], tuple[list[QueueData], object]] = {}
 
     def queues(self, old: list[QueueData] | None, edited: set[str] | None,
                by_broker: dict[str, QueueData]) -> list[QueueData]:
@@ -845,21 +855,15 @@ class _SharedLists:
             entry = self._queues[key] = (old, queues)
         return entry[1]
 
-    def filter_servers(self, queues: list[QueueData], build: Callable[[list[QueueData]],
-                       dict[str, list[str]]]) -> dict[str, list[str]]:
-        """The same brokers list the same filter servers: one dict per queue list."""
-        entry = self._filter_servers.get(id(queues))
+    def derived(self, what: str, queues: list[QueueData],
+                build: Callable[[list[QueueData]], T]) -> T:
+        """`build(queues)`, once per queue list: the same brokers give the same broker
+        list and filter servers."""
+        key = (what, id(queues))
+        entry = self._derived.get(key)
         if entry is None:
-            entry = self._filter_servers[id(queues)] = (queues, build(queues))
-        return entry[1]
-
-    def brokers(self, queues: list[QueueData],
-                broker_data: dict[str, BrokerData]) -> list[BrokerData]:
-        entry = self._brokers.get(id(queues))
-        if entry is None:
-            brokers = [broker_data[q.broker_name] for q in queues]
-            entry = self._brokers[id(queues)] = (queues, brokers)
-        return entry[1]
+            entry = self._derived[key] = (queues, build(queues))
+        return entry[1]  # type: ignore[return-value]
 
 
 def _same_route(new: TopicRoute | None, old: TopicRoute | None) -> bool:
