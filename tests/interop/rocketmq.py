@@ -114,6 +114,22 @@ class Phases:
         print(f"  {self.prefix}total {time.monotonic() - self.start:.2f} s")
 
 
+def check_sends_left_the_killed_broker(sends: list[dict[str, Any]], killed_at: float,
+                                       survivors: set[str], summary: Any) -> list[dict[str, Any]]:
+    """A producer's sends after a broker's SIGKILL: they keep succeeding, on the survivors.
+
+    The producer retries a failed send on another broker and then avoids the dead one;
+    a send in flight at the kill may have failed. Returns the sends after the kill.
+    """
+    after = [s for s in sends if s["at"] > killed_at + 0.5]
+    assert len(after) >= 30, (len(after), summary)
+    ok_after = [s for s in after if s["ok"]]
+    assert len(ok_after) >= len(after) - 2, [s for s in after if not s["ok"]][:5]
+    assert {s["broker"] for s in ok_after} == survivors, summary
+    assert all(s["ok"] for s in sends[-20:]), sends[-20:]
+    return after
+
+
 def unique_topic(prefix: str) -> str:
     """A topic no earlier run (the brokers' stores live on) has used."""
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
