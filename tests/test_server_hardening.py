@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import socket
 import subprocess
 import sys
 import threading
@@ -264,71 +265,126 @@ def test_100k_refused_registrations_write_a_bounded_number_of_warnings(make_serv
 # --- descriptors ---------------------------------------------------------------------
 
 
+LOW_LIMIT = 160
+
+
+class LowLimitServer:
+    """`zns serve` in a process whose open-file limit is LOW_LIMIT, its log in a file."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.log_path = tmp_path / "server.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "zns", "serve", "--router", "tcp://127.0.0.1:*", "--pub",
+                 "tcp://127.0.0.1:*", "--kv-path", str(tmp_path / "kv.json"), *args],
+                stdout=log, stderr=subprocess.STDOUT, env=env,
+                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                      (LOW_LIMIT, LOW_LIMIT)))
+        line = wait_for(lambda: next((l for l in self.log().splitlines()
+                                      if "serving requests on" in l), None), timeout=30)
+        words = line.split()
+        self.router = words[words.index("on") + 1].rstrip(",")
+        self.pub = words[words.index("events") + 2]
+        assert f"file descriptors: limit {LOW_LIMIT}" in self.log()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def cpu_share(self, seconds: float = 2.0) -> float:
+        """The share of one core the server used over the next `seconds`."""
+        ticks = os.sysconf("SC_CLK_TCK")
+
+        def cpu_seconds() -> float:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / ticks
+
+        before, started = cpu_seconds(), time.monotonic()
+        time.sleep(seconds)
+        return (cpu_seconds() - before) / (time.monotonic() - started)
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        try:
+            return self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(15)
+
+
 @pytest.mark.timeout(120)
 def test_out_of_descriptors_existing_clients_are_served_and_nothing_dies(tmp_path: Path):
-    limit = 160
-
-    def low_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
-
-    log_path = tmp_path / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "zns", "serve", "--router", "tcp://127.0.0.1:*", "--pub",
-             "tcp://127.0.0.1:*", "--kv-path", str(tmp_path / "kv.json")],
-            stdout=log, stderr=subprocess.STDOUT, preexec_fn=low_limit, env=env)
+    server = LowLimitServer(tmp_path)
     ctx = zmq.Context()
     ctx.setsockopt(zmq.LINGER, 0)
     try:
-        line = wait_for(lambda: next((l for l in log_path.read_text().splitlines()
-                                      if "serving requests on" in l), None), timeout=30)
-        words = line.split()
-        router, pub = words[words.index("on") + 1].rstrip(","), words[words.index("events") + 2]
-        assert f"file descriptors: limit {limit}" in log_path.read_text()
-        first = Peer(router, pub, ctx)
+        first = Peer(server.router, server.pub, ctx)
         assert first.ok("status").epoch
         crowd = []
-        for _ in range(limit):  # two connections each: far more than the process can hold
+        for _ in range(LOW_LIMIT):  # two connections each: far more than the process can hold
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.RECONNECT_IVL, 200)
-            sock.connect(router)
+            sock.connect(server.router)
             sub = ctx.socket(zmq.SUB)
             sub.setsockopt(zmq.RECONNECT_IVL, 200)
-            sub.connect(pub)
+            sub.connect(server.pub)
             crowd += [sock, sub]
-        wait_for(lambda: "out of file descriptors" in log_path.read_text(), timeout=30)
+        wait_for(lambda: "out of file descriptors" in server.log(), timeout=30)
         # The connection made before the crowd is still served, reads and writes.
         assert first.ok("status").epoch
         reply = first.call("kv_put", namespace="ns", key="k", value="v")
         assert not isinstance(reply, schema.Error) or "durabl" in reply.message
-        ticks = os.sysconf("SC_CLK_TCK")
-
-        def cpu_seconds() -> float:
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / ticks
-
-        before, started = cpu_seconds(), time.monotonic()
-        time.sleep(2)
-        share = (cpu_seconds() - before) / (time.monotonic() - started)
+        share = server.cpu_share()
         print(f"server CPU while {len(crowd)} sockets keep reconnecting: {share:.0%} of a core")
-        assert proc.poll() is None, log_path.read_text()[-2000:]
+        assert server.proc.poll() is None, server.log()[-2000:]
         assert share < 0.5, ("accepting in a loop (libzmq retries EMFILE at once, for ever): "
-                             + log_path.read_text()[-3000:])
+                             + server.log()[-3000:])
         for sock in crowd:
             sock.close(0)
         # Descriptors free again: new connections are let in (checked once a second).
-        wait_for(lambda: "accepting new connections" in log_path.read_text(), timeout=30)
-        late = Peer(router, pub, ctx)
+        wait_for(lambda: "accepting new connections" in server.log(), timeout=30)
+        late = Peer(server.router, server.pub, ctx)
         assert late.ok("status").epoch
         late.close()
         first.close()
     finally:
-        proc.terminate()
-        try:
-            code = proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait(15)
+        code = server.stop()
         ctx.destroy(linger=0)
-    assert code == 0, log_path.read_text()[-2000:]
+    assert code == 0, server.log()[-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_out_of_descriptors_on_the_remoting_port_nothing_spins(tmp_path: Path):
+    from test_remoting_listener import Client, cluster_info
+
+    server = LowLimitServer(tmp_path, "--remoting", "127.0.0.1:0")
+    line = wait_for(lambda: next((l for l in server.log().splitlines()
+                                  if "RocketMQ remoting listener on" in l), None), timeout=30)
+    endpoint = line.split()[-1]
+    host, port = endpoint.rsplit(":", 1)
+    crowd: list[socket.socket] = []
+    try:
+        first = Client(endpoint)
+        assert first.call(cluster_info()).code == 0
+        for _ in range(LOW_LIMIT):  # more than the process can hold; each connect may wait
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex((host, int(port)))
+            crowd.append(sock)
+        wait_for(lambda: "out of file descriptors" in server.log(), timeout=30)
+        assert first.call(cluster_info()).code == 0
+        share = server.cpu_share()
+        print(f"server CPU while {len(crowd)} remoting connections wait: {share:.0%} of a core")
+        assert server.proc.poll() is None, server.log()[-2000:]
+        assert share < 0.5, server.log()[-3000:]
+        for sock in crowd:
+            sock.close()
+        crowd.clear()
+        wait_for(lambda: "accepting new connections" in server.log(), timeout=30)
+        late = Client(endpoint)
+        assert late.call(cluster_info()).code == 0
+    finally:
+        for sock in crowd:
+            sock.close()
+        code = server.stop()
+    assert code == 0, server.log()[-2000:]

@@ -5,27 +5,41 @@ of descriptors, `accept` fails with EMFILE and the listening socket stays
 readable, so libzmq retries at once, for ever: a CPU spinning at 100 % while
 no new client gets in. zns therefore hands libzmq listening sockets it made
 itself (`ZMQ_USE_FD`) and watches each zmq socket's monitor for
-`ACCEPT_FAILED`. On that event it frees a reserve descriptor it keeps open
-for this purpose, accepts the waiting connections on that same listening
-socket and closes them at once, takes the reserve back, and then stops new
-connections before they reach any accept queue: a one-instruction socket
-filter that drops every packet is attached to each listening socket, so the
-kernel drops incoming SYNs and clients retry at TCP's own pace (1 s, 2 s, 4 s
-...). Nothing is accepted, so nothing spins. Once a second the guard counts
-the process's descriptors; with enough free again it takes the filters off.
-Existing connections are never touched; the log says when new connections
-stop and start again.
-"""
+`ACCEPT_FAILED`. On that event it first stops new connections before they
+reach any accept queue: a one-instruction socket filter that drops every
+packet is attached to each listening socket, so the kernel drops incoming
+SYNs and clients retry at TCP's own pace (1 s, 2 s, 4 s ...). Then it empties
+the accept queues, which needs a free descriptor per `accept`.
 
+That last step is not done in this process. Any descriptor freed here is taken
+by libzmq's spinning `accept` before our own `accept` can use it (a race it
+wins most of the time), and once every slot is taken nothing is left to shed
+with: the queue stays full and libzmq spins for ever. So a forked child does
+it. A child has its own copy of the descriptor table: it closes its copies of
+everything but the listening sockets (the parent's connections are untouched,
+the parent still holds them), accepts and closes what waits, writes the count
+into a shared anonymous page and exits. It calls nothing that takes a lock
+another thread could hold, and the parent waits for it at most
+SHED_WAIT_MS before killing it.
+
+Once a second the guard counts the process's descriptors; with enough free
+again it takes the filters off. Existing connections are never touched; the
+log says when new connections stop and start again.
+"""
 from __future__ import annotations
 
 import ctypes
 import errno
 import logging
+import mmap
 import os
 import resource
+import select
+import signal
 import socket
 import struct
+import time
+import warnings
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -40,8 +54,8 @@ _DROP_ALL_PROG = struct.pack("HxxxxxxQ", 1, ctypes.addressof(_DROP_ALL))
 RETRY_MS = 1000  # how often a paused guard checks for free descriptors
 HEADROOM = 64  # descriptors that must be free before new connections are let in again
 MONITOR_EVENTS_PER_PASS = 1024
-SHED_PER_PASS = 1024
-RESERVES = 8
+SHED_PER_PASS = 4096  # connections one shedding child closes, at most (SOMAXCONN's default)
+SHED_WAIT_MS = 500  # how long the loop waits for a shedding child before killing it
 
 
 def raise_descriptor_limit() -> int:
@@ -94,19 +108,18 @@ class Listener:
 
 
 class DescriptorGuard:
-    """Keeps a reserve descriptor and sheds waiting connections when accept runs out."""
+    """Stops new connections and sheds waiting ones when accept runs out of descriptors."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        # Descriptors held back for shedding. Several: libzmq's I/O thread may take a freed
-        # slot between our accept and close, and one lost reserve must not leave none.
-        self._reserves: list[int] = []
-        self._refill_reserves()
         self.listeners: list[Listener] = []
         self.plain: list[socket.socket] = []  # listening sockets accepted from by zns itself
         self.exhausted = 0  # times new connections were stopped for lack of descriptors
         self.paused_since: int | None = None
         self._retry_at = 0
+        # Where a shedding child writes how many it closed: an anonymous shared page
+        # needs no descriptor, so it is made now and used when none is free.
+        self._shed_count = mmap.mmap(-1, 8)
 
     def bind(self, sock: zmq.Socket, endpoint: str) -> Listener:
         """Bind `sock` to `endpoint` (OSError or zmq.ZMQError when it cannot be)."""
@@ -131,13 +144,16 @@ class DescriptorGuard:
                 listener.shed += self.out_of_descriptors(listener.listening, now)
 
     def out_of_descriptors(self, listening: socket.socket, now: int) -> int:
-        """Accept failed on `listening` for lack of descriptors: shed its queue, stop new ones."""
-        shed = self._shed(listening)
-        if self.paused_since is None:
+        """Accept failed on `listening` for lack of descriptors: stop new connections on
+        every listening socket, then close what waits on them. Returns how many."""
+        starting = self.paused_since is None
+        if starting:
             self.exhausted += 1
             self.paused_since = now
             for sock in self._listening():
                 _set_drop_filter(sock, True)
+        shed = self._shed([listening, *(s for s in self._waiting() if s is not listening)])
+        if starting:
             log.warning("out of file descriptors (limit %d): new connections are dropped until "
                         "some close; existing ones are served (%d waiting closed). Raise the "
                         "limit with `ulimit -n`", self.limit, shed)
@@ -150,8 +166,9 @@ class DescriptorGuard:
         if self.paused_since is None or now < self._retry_at:
             return
         self._retry_at = now + RETRY_MS
-        for sock in self._listening():
-            self._shed(sock)  # anything that got into a queue before the filter
+        waiting = self._waiting()
+        if waiting:  # anything that got into a queue before the filter
+            self._shed(waiting)
         if _open_descriptors() + HEADROOM > self.limit:
             return
         for sock in self._listening():
@@ -163,42 +180,69 @@ class DescriptorGuard:
     def _listening(self) -> list[socket.socket]:
         return [l.listening for l in self.listeners if l.listening is not None] + self.plain
 
+    def _waiting(self) -> list[socket.socket]:
+        """The listening sockets with connections waiting in their accept queues."""
+        poller = select.poll()  # unlike epoll, poll needs no descriptor of its own
+        sockets = {sock.fileno(): sock for sock in self._listening()}
+        for fd in sockets:
+            poller.register(fd, select.POLLIN)
+        return [sockets[fd] for fd, _ in poller.poll(0)]
+
     def close(self) -> None:
         for listener in self.listeners:
             listener.close()
         self.listeners.clear()
-        for fd in self._reserves:
-            os.close(fd)
-        self._reserves.clear()
+        self._shed_count.close()
 
-    def _shed(self, listening: socket.socket) -> int:
-        """Accept every waiting connection on `listening` and close it (using the reserves)."""
-        for fd in self._reserves:
-            os.close(fd)
-        self._reserves.clear()
-        shed = 0
-        try:
-            while shed < SHED_PER_PASS:
-                try:
-                    conn, _ = listening.accept()
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError as exc:
-                    if exc.errno in (errno.EMFILE, errno.ENFILE):
-                        break  # libzmq took the slots; the next event (or tick) retries
-                    raise
-                conn.close()
-                shed += 1
-        finally:
-            self._refill_reserves()
-        return shed
+    def _shed(self, listening: list[socket.socket]) -> int:
+        """Accept every connection waiting on `listening` and close it, in a forked child
+        (see the module's docstring for why). Returns how many were closed."""
+        keep = sorted({sock.fileno() for sock in listening})
+        self._shed_count[:] = bytes(8)
+        with warnings.catch_warnings():  # Python 3.12+ warns of fork with threads running
+            warnings.simplefilter("ignore", DeprecationWarning)
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                log.warning("could not fork to close waiting connections: %s", exc)
+                return 0
+        if pid == 0:  # the child: only this thread runs here
+            try:
+                _close_all_but(keep)
+                self._shed_count[:] = struct.pack("Q", _accept_and_close(listening))
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + SHED_WAIT_MS / 1000
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                log.warning("a child closing waiting connections took over %d ms: killed",
+                            SHED_WAIT_MS)
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.001)
+        return struct.unpack("Q", self._shed_count[:])[0]
 
-    def _refill_reserves(self) -> None:
-        while len(self._reserves) < RESERVES:
-            fd = _open_reserve()
-            if fd is None:
-                return
-            self._reserves.append(fd)
+
+def _close_all_but(keep: list[int]) -> None:
+    low = 0
+    for fd in keep:
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+def _accept_and_close(listening: list[socket.socket]) -> int:
+    closed = 0
+    for sock in listening:
+        while closed < SHED_PER_PASS:
+            try:
+                conn, _ = sock.accept()
+            except OSError:  # BlockingIOError once the queue is empty
+                break
+            conn.close()
+            closed += 1
+    return closed
 
 
 OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -242,10 +286,3 @@ def listen_tcp(host: str, port: int) -> socket.socket:
         listening.close()
         raise
     return listening
-
-
-def _open_reserve() -> int | None:
-    try:
-        return os.open(os.devnull, os.O_RDONLY)
-    except OSError:
-        return None
