@@ -449,6 +449,55 @@ def test_snapshot_is_one_cut(svc):
     assert (reply["brokers"], reply["clusters"]) == (info["brokers"], info["clusters"])
 
 
+def _reply_cap_service(topics: int) -> tuple[NameService, int]:
+    """A service holding `topics` one-broker routes whose route bytes add up to exactly
+    the cap it is given (so one route more, or a cap one byte less, would exceed it)."""
+    service = NameService(KvStore(None), epoch=EPOCH, started_at_ms=0)
+    call(service, "register_broker", cluster="c1", broker_name="broker-a", broker_id=0,
+         broker_addr=MASTER, topics={f"T{i:03d}": {} for i in range(topics)})
+    routes = call(service, "get_routes", topics=[f"T{i:03d}" for i in range(topics)])["routes"]
+    return service, sum(len(encode(route)) for route in routes.values())
+
+
+def test_get_routes_larger_than_any_reply_may_be_is_busy_before_it_is_built():
+    service, size = _reply_cap_service(20)
+    topics = [f"T{i:03d}" for i in range(20)]
+    service.max_reply_bytes = size
+    assert len(call(service, "get_routes", topics=topics)["routes"]) == 20
+    service.max_reply_bytes = size - 1
+    reply = call(service, "get_routes", topics=topics)
+    assert (reply["op"], reply["code"]) == ("error", "busy")
+    assert f"larger than {size - 1:,} bytes" in reply["message"]
+    assert "fewer topics" in reply["message"]
+    assert len(call(service, "get_routes", topics=topics[:19])["routes"]) == 19
+
+
+def test_a_snapshot_larger_than_any_reply_may_be_is_busy_and_builds_no_map():
+    service, size = _reply_cap_service(20)
+    # The route map counted with MessagePack's longest headers: 5 for the map, 3 a key.
+    counted = size + 5 + sum(len(f"T{i:03d}") + 3 for i in range(20))
+    service.max_reply_bytes = counted
+    assert list(call(service, "snapshot")["routes"]) == [f"T{i:03d}" for i in range(20)]
+    call(service, "register_broker", cluster="c1", broker_name="broker-b", broker_id=0,
+         broker_addr=OTHER, topics={})  # a new revision: the next snapshot builds anew
+    service.max_reply_bytes = counted - 1
+    reply = call(service, "snapshot")
+    assert (reply["op"], reply["code"]) == ("error", "busy")
+    assert f"larger than {counted - 1:,} bytes" in reply["message"]
+    assert "get_routes" in reply["message"]
+    # Every route here counts the same: with room for 10, the 11th is the last one read.
+    per_route = (counted - 5) // 20
+    service.max_reply_bytes = 5 + 10 * per_route
+    asked: list[str] = []
+    route_raw = service._route_raw
+    service._route_raw = lambda topic: asked.append(topic) or route_raw(topic)
+    assert call(service, "snapshot")["code"] == "busy"
+    assert len(asked) == 11
+    # Without a cap (a NameService on its own), any size is answered.
+    service.max_reply_bytes = None
+    assert len(call(service, "snapshot")["routes"]) == 20
+
+
 def test_status(svc):
     svc.started_at_ms = 1_000
     reply = call(svc, "status", now=6_000)

@@ -151,6 +151,7 @@ class Server:
         self.service = NameService(
             KvStore(config.kv_path), epoch=new_epoch(), started_at_ms=self._now(),
             authorize=self.security.authorize if self.security else None, limits=config.limits,
+            max_reply_bytes=self.reply_budget.burst,
         )
         self.router = self._ctx.socket(zmq.ROUTER)
         self.pub = self._ctx.socket(zmq.PUB)
