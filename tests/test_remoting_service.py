@@ -404,7 +404,7 @@ def test_registration_is_the_zns1_register_broker(svc):
         "data_version": {"state": 0, "timestamp": 1700000000000, "counter": 3},
         "topics": {"TopicTest": {"read_queues": 4, "write_queues": 4, "perm": 6}},
     }), 1000).events
-    assert frames == zns1_frames  # the same events, byte for byte
+    assert list(frames) == list(zns1_frames)  # the same events, byte for byte
     events = decode_events(frames)
     assert {type(e).__name__ for e in events} == {"BrokerEvent", "RouteEvent"}
     assert [e.change for e in events if isinstance(e, schema.BrokerEvent)] == ["registered"]

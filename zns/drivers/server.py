@@ -14,7 +14,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -413,7 +413,7 @@ class Server:
             if count % 1024 == 0 and clock() >= until:
                 return False
 
-    def _publish(self, events: list[Frames]) -> None:
+    def _publish(self, events: Sequence[Frames]) -> None:
         self.heap.published(len(events))
         send = self.pub.send_multipart
         for frames in events:
