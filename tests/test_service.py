@@ -649,3 +649,141 @@ def test_every_reply_type_is_covered():
                "add_write_perm", "delete_topic", "register_topic", "kv_put", "kv_get",
                "kv_delete", "kv_list"}
     assert set(REPLY_TYPES) == covered
+
+
+# --- what the server counts and logs (metrics, operators) -------------------------------
+
+
+def test_answered_and_refused_requests_are_counted_by_op_and_code(svc, monkeypatch):
+    from zns.core.schema import KvPut, RegisterBroker, Status
+
+    # The fixture's registration and put were answered.
+    assert dict(svc.ok_counts) == {RegisterBroker: 1, KvPut: 1}
+    assert dict(svc.error_counts) == {}
+    call(svc, "status")
+    call(svc, "status")
+    respond(svc, encode({"op": "no_such_op", "id": 1}))
+    respond(svc, b"\xc1")  # not MessagePack at all
+    call(svc, "get_route")  # a known op, malformed: no topic
+    call(svc, "get_route", topic="Nowhere")
+    monkeypatch.setattr(svc.table, "topics", lambda *a: 1 / 0)
+    call(svc, "get_topics")
+    assert svc.ok_counts[Status] == 2
+    assert dict(svc.error_counts) == {
+        ("unknown", "unknown_op"): 1, ("unknown", "bad_request"): 1,
+        ("get_route", "bad_request"): 1, ("get_route", "not_found"): 1,
+        ("get_topics", "internal"): 1}
+
+
+def test_an_unknown_op_is_named_in_the_reply_cut_to_100_characters(svc):
+    reply, _ = respond(svc, encode({"op": "x" * 300, "id": 5}))
+    assert (reply["code"], reply["id"]) == ("unknown_op", 5)
+    assert reply["message"] == f"unknown op {'x' * 100!r}"
+
+
+def test_a_kv_write_that_fails_is_internal_logged_and_counted(svc, monkeypatch, caplog):
+    def fail(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(svc.kv, "put", fail)
+    with caplog.at_level("ERROR", logger="zns"):
+        reply = call(svc, "kv_put", namespace="ns", key="k2", value="v2")
+    assert (reply["code"], reply["id"]) == ("internal", REQUEST_ID)
+    assert reply["message"] == ("the KV store could not be written durably: "
+                                "[Errno 28] No space left on device")
+    assert [r.getMessage() for r in caplog.records] == [
+        "internal error on KvPut: the KV store could not be written durably: "
+        "[Errno 28] No space left on device"]
+    assert svc.error_counts[("kv_put", "internal")] == 1
+
+
+def test_a_bug_is_logged_with_the_request_quoted(svc, monkeypatch, caplog):
+    monkeypatch.setattr(svc.table, "topics", lambda *a: 1 / 0)
+    with caplog.at_level("ERROR", logger="zns"):
+        call(svc, "get_topics", cluster="c1")
+    (record,) = caplog.records
+    assert record.getMessage().startswith("bug while handling GetTopics(")
+    assert "cluster='c1'" in record.getMessage()
+    assert record.exc_info is not None and record.exc_info[0] is ZeroDivisionError
+
+
+def test_events_are_counted_by_kind_and_removals_by_reason(svc):
+    assert dict(svc.published) == {"broker": 1, "route": 1}  # the fixture's registration
+    send(svc, REGISTER)  # broker-b with TopicB
+    assert dict(svc.published) == {"broker": 2, "route": 2}
+    call(svc, "unregister_broker", cluster="c2", broker_name="broker-b", broker_id=0,
+         broker_addr=OTHER)
+    assert dict(svc.removals) == {"unregistered": 1}
+    send(svc, REGISTER)
+    svc.remove_disconnected("c2", "broker-b", OTHER)
+    assert svc.remove_disconnected("c2", "broker-b", OTHER) == []  # gone already
+    svc.expire(10**9)  # broker-a
+    assert dict(svc.removals) == {"unregistered": 1, "disconnected": 1, "expired": 1}
+    assert dict(svc.published) == {"broker": 6, "route": 6}
+    svc.heartbeat_event(1)
+    assert svc.published["hb"] == 1
+
+
+def test_broker_events_are_logged_one_line_each_with_the_reason(svc, caplog):
+    with caplog.at_level("INFO", logger="zns"):
+        send(svc, REGISTER)
+        frames = svc.remove_disconnected("c2", "broker-b", OTHER)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"broker registered c2/broker-b id 0 at {OTHER}",
+        f"broker removed c2/broker-b id 0 at {OTHER} (disconnected)"]
+    assert {level for level in (r.levelname for r in caplog.records)} == {"INFO"}
+    bodies = [msgspec.msgpack.decode(body) for _, body in frames]
+    assert [(b["op"], b.get("reason")) for b in bodies if b["op"] == "broker"] == [
+        ("broker", "disconnected")]
+
+
+def test_a_refused_registration_is_logged_as_a_warning(svc, caplog):
+    call(svc, "register_broker", cluster="c1", broker_name="broker-a", broker_id=0,
+         broker_addr=MASTER, topics={"TopicA": {}}, data_version={"state": 3})
+    with caplog.at_level("WARNING", logger="zns"):
+        reply = call(svc, "register_broker", cluster="c1", broker_name="broker-a",
+                     broker_id=0, broker_addr=OTHER, data_version={"state": 2})
+    assert reply["code"] == "conflict"
+    (record,) = caplog.records
+    assert record.levelname == "WARNING"
+    assert record.getMessage().startswith(f"broker c1/broker-a id 0 at {OTHER} refused: ")
+
+
+def test_busy_reply_names_the_request_and_says_what_to_do():
+    reply = msgspec.msgpack.decode(NameService.busy_reply(77))
+    assert reply == {"op": "error", "id": 77, "code": "busy", "message": (
+        "the reply is larger than this peer's budget of unread replies allows now; "
+        "read the replies already sent and retry later")}
+
+
+def test_status_uptime_is_never_negative_and_peers_are_a_copy(svc):
+    svc.started_at_ms = 10_000
+    svc.peers["tcp://peer:1"] = True
+    reply = call(svc, "status", now=4_000)  # a clock that stepped back
+    assert reply["uptime_ms"] == 0
+    assert reply["peers"] == {"tcp://peer:1": True}
+    status = svc._status(1, 4_000)
+    svc.peers["tcp://peer:1"] = False
+    assert status.peers == {"tcp://peer:1": True}
+
+
+def test_published_routes_are_the_routes_get_route_returns_whatever_they_share(svc):
+    # Topics of one registration share their queue and broker lists; a filter server
+    # list is encoded only when there is one. Every event must still carry its own
+    # topic's whole route, exactly as get_route returns it.
+    _, events = call_events(svc, "register_broker", cluster="c1", broker_name="broker-a",
+                            broker_id=0, broker_addr=MASTER, data_version={"counter": 2},
+                            filter_servers=["10.0.0.9:1", "10.0.0.9:2"],
+                            topics={"TopicA": {"perm": 4}, "TopicB": {}, "TopicC": {}})
+    routes = {body["topic"]: body["route"] for _, body in events if body["op"] == "route"}
+    assert sorted(routes) == ["TopicA", "TopicB", "TopicC"]
+    for topic, route in routes.items():
+        assert route == call(svc, "get_route", topic=topic)["route"]
+        assert route["filter_servers"] == {MASTER: ["10.0.0.9:1", "10.0.0.9:2"]}
+    assert routes["TopicA"]["queues"][0]["perm"] == 4 and routes["TopicB"]["queues"][0]["perm"] == 6
+    _, events = call_events(svc, "register_broker", cluster="c1", broker_name="broker-a",
+                            broker_id=0, broker_addr=MASTER, data_version={"counter": 3},
+                            topics={"TopicA": {}})
+    route = next(body["route"] for _, body in events if body.get("topic") == "TopicA")
+    assert route == call(svc, "get_route", topic="TopicA")["route"]
+    assert route["filter_servers"] == {}
