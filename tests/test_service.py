@@ -38,20 +38,27 @@ def respond(service: NameService, body: bytes, now: int = 0) -> tuple[dict[str, 
     response = service.respond(body, now)
     reply = msgspec.msgpack.decode(response.reply)
     assert isinstance(reply, dict)
+    # The id the server would put in a `busy` sent instead of this reply.
+    assert response.request_id == reply.get("id", 0)
     return reply, [(ch, msgspec.msgpack.decode(b)) for ch, b in response.events]
 
 
 def call(service: NameService, op: str, now: int = 0, **fields: Any) -> dict[str, Any]:
-    return respond(service, encode({"op": op, "id": REQUEST_ID, **fields}), now)[0]
+    return call_events(service, op, now, **fields)[0]
 
 
 def call_events(service: NameService, op: str, now: int = 0, **fields: Any):
-    return respond(service, encode({"op": op, "id": REQUEST_ID, **fields}), now)
+    reply, events = respond(service, encode({"op": op, "id": REQUEST_ID, **fields}), now)
+    if "id" not in fields:  # every reply, answer or refusal, carries its request's id
+        assert reply["id"] == REQUEST_ID
+    return reply, events
 
 
 def send(service: NameService, request_map: dict[str, Any], now: int = 0) -> dict[str, Any]:
     """A request given as one map, `op` included."""
-    return respond(service, encode({**request_map, "id": REQUEST_ID}), now)[0]
+    reply = respond(service, encode({**request_map, "id": REQUEST_ID}), now)[0]
+    assert reply["id"] == REQUEST_ID
+    return reply
 
 
 def observable(service: NameService) -> tuple:
@@ -467,8 +474,8 @@ def test_get_routes_larger_than_any_reply_may_be_is_busy_before_it_is_built():
     service.max_reply_bytes = size - 1
     reply = call(service, "get_routes", topics=topics)
     assert (reply["op"], reply["code"]) == ("error", "busy")
-    assert f"larger than {size - 1:,} bytes" in reply["message"]
-    assert "fewer topics" in reply["message"]
+    assert reply["message"] == (f"the routes asked for are larger than {size - 1:,} bytes, "
+                                "the most one reply may hold; ask for fewer topics at a time")
     assert len(call(service, "get_routes", topics=topics[:19])["routes"]) == 19
 
 
@@ -483,16 +490,22 @@ def test_a_snapshot_larger_than_any_reply_may_be_is_busy_and_builds_no_map():
     service.max_reply_bytes = counted - 1
     reply = call(service, "snapshot")
     assert (reply["op"], reply["code"]) == ("error", "busy")
-    assert f"larger than {counted - 1:,} bytes" in reply["message"]
-    assert "get_routes" in reply["message"]
+    assert reply["message"] == (
+        f"the snapshot is larger than {counted - 1:,} bytes, the most one reply may hold; "
+        "read the routes with get_routes, a part of the topics at a time")
     # Every route here counts the same: with room for 10, the 11th is the last one read.
     per_route = (counted - 5) // 20
     service.max_reply_bytes = 5 + 10 * per_route
     asked: list[str] = []
-    route_raw = service._route_raw
-    service._route_raw = lambda topic: asked.append(topic) or route_raw(topic)
+
+    class ReadsCounted(dict):
+        def get(self, topic, default=None):
+            asked.append(topic)
+            return super().get(topic, default)
+
+    service._route_bytes = ReadsCounted(service._route_bytes)
     assert call(service, "snapshot")["code"] == "busy"
-    assert len(asked) == 11
+    assert asked == [f"T{i:03d}" for i in range(11)]
     # Without a cap (a NameService on its own), any size is answered.
     service.max_reply_bytes = None
     assert len(call(service, "snapshot")["routes"]) == 20
@@ -673,6 +686,15 @@ def test_answered_and_refused_requests_are_counted_by_op_and_code(svc, monkeypat
         ("unknown", "unknown_op"): 1, ("unknown", "bad_request"): 1,
         ("get_route", "bad_request"): 1, ("get_route", "not_found"): 1,
         ("get_topics", "internal"): 1}
+    # Counts add up, they are not flags.
+    respond(svc, encode({"op": "no_such_op", "id": 1}))
+    call(svc, "get_route")
+    call(svc, "get_route", topic="Nowhere")
+    call(svc, "get_topics")
+    assert dict(svc.error_counts) == {
+        ("unknown", "unknown_op"): 2, ("unknown", "bad_request"): 1,
+        ("get_route", "bad_request"): 2, ("get_route", "not_found"): 2,
+        ("get_topics", "internal"): 2}
 
 
 def test_an_unknown_op_is_named_in_the_reply_cut_to_100_characters(svc):
@@ -698,13 +720,25 @@ def test_a_kv_write_that_fails_is_internal_logged_and_counted(svc, monkeypatch, 
 
 
 def test_a_bug_is_logged_with_the_request_quoted(svc, monkeypatch, caplog):
+    from zns.core.schema import GetRoutes
+    from zns.core.text import quote
+
     monkeypatch.setattr(svc.table, "topics", lambda *a: 1 / 0)
     with caplog.at_level("ERROR", logger="zns"):
-        call(svc, "get_topics", cluster="c1")
+        reply = call(svc, "get_topics", cluster="c1")
+    assert (reply["code"], reply["message"]) == ("internal", "internal error; see the server log")
     (record,) = caplog.records
     assert record.getMessage().startswith("bug while handling GetTopics(")
     assert "cluster='c1'" in record.getMessage()
     assert record.exc_info is not None and record.exc_info[0] is ZeroDivisionError
+    # A long request is quoted up to 300 characters, not the default cut.
+    caplog.clear()
+    monkeypatch.setattr(svc.table, "topic_revision", lambda *a: 1 / 0)
+    with caplog.at_level("ERROR", logger="zns"):
+        call(svc, "get_routes", topics=["t" * 100, "u" * 100, "v" * 100])
+    request = GetRoutes(id=REQUEST_ID, topics=["t" * 100, "u" * 100, "v" * 100])
+    assert len(repr(request)) > 301
+    assert caplog.records[0].getMessage() == f"bug while handling {quote(request, 300)}"
 
 
 def test_events_are_counted_by_kind_and_removals_by_reason(svc):
@@ -720,8 +754,13 @@ def test_events_are_counted_by_kind_and_removals_by_reason(svc):
     svc.expire(10**9)  # broker-a
     assert dict(svc.removals) == {"unregistered": 1, "disconnected": 1, "expired": 1}
     assert dict(svc.published) == {"broker": 6, "route": 6}
+    send(svc, REGISTER)
+    call(svc, "unregister_broker", cluster="c2", broker_name="broker-b", broker_id=0,
+         broker_addr=OTHER)
+    assert svc.removals["unregistered"] == 2
     svc.heartbeat_event(1)
-    assert svc.published["hb"] == 1
+    svc.heartbeat_event(2)
+    assert svc.published["hb"] == 2
 
 
 def test_broker_events_are_logged_one_line_each_with_the_reason(svc, caplog):
@@ -746,7 +785,7 @@ def test_a_refused_registration_is_logged_as_a_warning(svc, caplog):
     assert reply["code"] == "conflict"
     (record,) = caplog.records
     assert record.levelname == "WARNING"
-    assert record.getMessage().startswith(f"broker c1/broker-a id 0 at {OTHER} refused: ")
+    assert record.getMessage() == f"broker c1/broker-a id 0 at {OTHER} refused: {reply['message']}"
 
 
 def test_busy_reply_names_the_request_and_says_what_to_do():
@@ -787,3 +826,108 @@ def test_published_routes_are_the_routes_get_route_returns_whatever_they_share(s
     route = next(body["route"] for _, body in events if body.get("topic") == "TopicA")
     assert route == call(svc, "get_route", topic="TopicA")["route"]
     assert route["filter_servers"] == {}
+
+
+def test_not_found_replies_name_what_was_missing(svc):
+    reply = call(svc, "get_route", topic="Nowhere")
+    assert (reply["code"], reply["message"]) == ("not_found", "no route for topic 'Nowhere'")
+    reply = call(svc, "kv_get", namespace="ns", key="nothing")
+    assert (reply["code"], reply["message"]) == ("not_found",
+                                                 "no KV entry 'nothing' in namespace 'ns'")
+
+
+def test_a_kv_key_named_like_a_topic_touches_routes_only_in_the_order_namespace(svc):
+    route = call(svc, "get_route", topic="TopicA")
+    reply, events = call_events(svc, "kv_put", namespace="ns", key="TopicA", value="brokerA:4")
+    assert reply["op"] == "kv_put" and events == []
+    assert call(svc, "get_route", topic="TopicA") == route
+    _, events = call_events(svc, "kv_put", namespace=ORDER_TOPIC_CONFIG, key="TopicA",
+                            value="broker-a:4")
+    assert [body["topic"] for _, body in events] == ["TopicA"]
+
+
+def test_every_request_is_authorized_with_its_peer_before_anything_is_done():
+    from zns.core.errors import NoPermission
+    from zns.core.schema import GetRoute, RegisterBroker
+
+    seen: list[tuple[str | None, type]] = []
+
+    def authorize(peer_key, request):
+        seen.append((peer_key, type(request)))
+        if isinstance(request, RegisterBroker):
+            raise NoPermission("this key may not register brokers")
+
+    service = NameService(KvStore(None), epoch=EPOCH, started_at_ms=0, authorize=authorize)
+    response = service.respond(encode({"op": "register_broker", "id": 7, "cluster": "c1",
+                                       "broker_name": "b", "broker_id": 0,
+                                       "broker_addr": MASTER, "topics": {"T": {}}}),
+                               0, peer_key="KEY")
+    reply = msgspec.msgpack.decode(response.reply)
+    assert (reply["code"], reply["message"], reply["id"]) == (
+        "no_permission", "this key may not register brokers", 7)
+    assert list(response.events) == [] and service.table.route("T") is None
+    service.respond(encode({"op": "get_route", "id": 8, "topic": "T"}), 0, peer_key=None)
+    assert seen == [("KEY", RegisterBroker), (None, GetRoute)]
+
+
+def test_status_names_no_events_endpoint_unless_given():
+    service = NameService(KvStore(None), epoch=EPOCH, started_at_ms=0)
+    assert call(service, "status")["pub_endpoint"] == ""
+
+
+def test_a_request_no_op_handles_is_an_internal_error_naming_its_type(svc):
+    from zns.core.errors import Internal
+
+    class Unheard:
+        id = 1
+
+    with pytest.raises(Internal, match="^no handler for Unheard$"):
+        svc.handle(Unheard(), 0)  # type: ignore[arg-type]
+
+
+def test_a_route_is_encoded_once_per_change_however_often_it_is_read(svc, monkeypatch):
+    from zns.core.schema import TopicRoute
+
+    encoded: list[object] = []
+    exact = svc._exact
+    monkeypatch.setattr(svc, "_exact", lambda value: (
+        encoded.append(value) if isinstance(value, TopicRoute) else None) or exact(value))
+    route_map = svc._route_map
+    maps: list[int] = []
+    monkeypatch.setattr(svc, "_route_map", lambda routes: maps.append(1) or route_map(routes))
+    for _ in range(3):
+        call(svc, "get_route", topic="TopicA")
+        call(svc, "get_routes", topics=["TopicA"])
+        call(svc, "snapshot")
+    assert len(encoded) == 1 and len(maps) == 1
+    call(svc, "wipe_write_perm", broker_name="broker-a")  # TopicA changes
+    for _ in range(2):
+        call(svc, "snapshot")
+        call(svc, "get_route", topic="TopicA")
+    assert len(encoded) == 2 and len(maps) == 2
+
+
+def test_the_topics_of_one_step_share_one_encoding_of_their_lists():
+    # A 20,000-topic registration's events each carry the same queue, broker and filter
+    # server lists: encoded once, held once, until the events are read.
+    from zns.core.schema import RegisterBroker
+
+    service = NameService(KvStore(None), epoch=EPOCH, started_at_ms=0)
+    request = msgspec.msgpack.decode(encode({
+        "op": "register_broker", "id": 1, "cluster": "c1", "broker_name": "broker-a",
+        "broker_id": 0, "broker_addr": MASTER, "filter_servers": ["10.0.0.9:1"],
+        "topics": {"TopicA": {}, "TopicB": {}, "TopicC": {"perm": 4}}}), type=RegisterBroker)
+    _, frames = service.execute(request, 0)
+    routes = {event.topic: event.route for event in frames._events if hasattr(event, "route")}
+    for field in ("queues", "brokers", "filter_servers"):
+        a, b, c = (getattr(routes[topic], field) for topic in ("TopicA", "TopicB", "TopicC"))
+        assert all(isinstance(raw, msgspec.Raw) for raw in (a, b, c)), field
+        assert a is b and a is not c, field
+
+
+def test_the_reply_size_limit_is_taken_from_the_constructor():
+    service = NameService(KvStore(None), epoch=EPOCH, started_at_ms=0, max_reply_bytes=10)
+    call(service, "register_broker", cluster="c1", broker_name="broker-a", broker_id=0,
+         broker_addr=MASTER, topics={"TopicA": {}})
+    assert call(service, "get_routes", topics=["TopicA"])["code"] == "busy"
+    assert call(service, "snapshot")["code"] == "busy"

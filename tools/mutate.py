@@ -167,6 +167,12 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.register.xǁ_Readerǁcount__mutmut_4":
         "`left / 4` for `left // 4`: for an integer count, n > x and n > floor(x) agree",
     "zns.core.remoting.register.x_check_body_crc32__mutmut_4": "required=None for False: read only as a truth value",
+    "zns.core.service.xǁNameServiceǁ__init____mutmut_16":
+        "initial snapshot revision -2 for -1: the table's revision starts at 0, so both differ and the first snapshot builds",
+    "zns.core.service.xǁNameServiceǁ__init____mutmut_18":
+        "initial snapshot bytes: never served, the initial revision never matches the table's",
+    "zns.core.service.xǁNameServiceǁexecute__mutmut_15":
+        "publishing an empty event list: an empty EventFrames reads like [] (the test only skips an allocation)",
     "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_72":
         "now=None for an op NameService carries out without the time (it reads `now` only for register, heartbeat, cluster info and status)",
     "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_209": "as _dispatch__mutmut_72",

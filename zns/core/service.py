@@ -59,6 +59,7 @@ from zns.core.schema import (
     SnapshotReply,
     Status,
     StatusReply,
+    TopicRoute,
     UnregisterBroker,
     UnregisterBrokerReply,
     WipeWritePerm,
@@ -114,11 +115,10 @@ class Response:
 
     __slots__ = ("reply", "events", "request_id")
 
-    def __init__(self, reply: bytes, events: Sequence[Frames] = (),
-                 request_id: int = 0) -> None:
+    def __init__(self, reply: bytes, request_id: int, events: Sequence[Frames] = ()) -> None:
         self.reply = reply
-        self.events = events
         self.request_id = request_id  # for a `busy` sent instead of a reply too large to afford
+        self.events = events
 
 
 class NameService:
@@ -172,24 +172,25 @@ class NameService:
             else:
                 error = BadRequest(describe_decode_error(exc))
             self.error_counts[op if op in KNOWN_OPS else "unknown", error.code] += 1
-            return Response(encode(error.reply(request_id)))
+            return Response(encode(error.reply(request_id)), request_id)
         try:
             if self.authorize is not None:
                 self.authorize(peer_key, request)
             reply, frames = self.execute(request, now)
             # Inside the try: a bug while encoding must not escape to the socket loop.
-            response = Response(encode(reply), frames, request.id)
+            response = Response(encode(reply), request.id, frames)
             self.ok_counts[type(request)] += 1
             return response
         except ErrorReply as exc:
             if isinstance(exc, Internal):
                 log.error("internal error on %s: %s", type(request).__name__, exc)
             self.error_counts[request_op(request), exc.code] += 1
-            return Response(encode(exc.reply(request.id)))
+            return Response(encode(exc.reply(request.id)), request.id)
         except Exception:
             log.exception("bug while handling %s", quote(request, 300))
             self.error_counts[request_op(request), Internal.code] += 1
-            return Response(encode(Internal("internal error; see the server log").reply(request.id)))
+            return Response(encode(Internal("internal error; see the server log").reply(request.id)),
+                            request.id)
 
     def execute(self, request: AnyRequest, now: int) -> tuple[Reply, Sequence[Frames]]:
         """Apply one decoded, authorized request: limits, then the op, then its events as frames.
@@ -318,21 +319,20 @@ class NameService:
         """One consistent cut; its route map is encoded once per revision, however often asked."""
         table = self.table
         if self._snapshot_routes[0] != table.revision:
-            self._snapshot_routes = (table.revision, self._route_map(sorted(table.routes())))
+            self._snapshot_routes = (table.revision, self._route_map(table.routes()))
         return SnapshotReply(
             id=rid, epoch=self.epoch, revision=table.revision, routes=self._snapshot_routes[1],
             brokers=table.broker_table(), clusters=table.cluster_table(),
         )
 
-    def _route_map(self, topics: list[str]) -> Raw:
-        """The routes of `topics` as one encoded map, or Busy as soon as it would be larger
-        than any reply may be (a table that large is read with get_routes, in parts)."""
+    def _route_map(self, table_routes: dict[str, TopicRoute]) -> Raw:
+        """Every route, sorted by topic, as one encoded map, or Busy as soon as it would be
+        larger than any reply may be (a table that large is read with get_routes, in parts)."""
         routes: dict[str, Raw] = {}
         size, limit = MAP_HEADER_BYTES, self.max_reply_bytes
-        for topic in topics:
-            route = self._route_raw(topic)
-            if route is None:
-                continue
+        for topic in sorted(table_routes):
+            if (route := self._route_bytes.get(topic)) is None:
+                route = self._encode_route(topic, table_routes[topic])
             routes[topic] = route
             size += len(route) + len(topic.encode()) + STR_HEADER_BYTES
             if limit is not None and size > limit:
@@ -346,12 +346,14 @@ class NameService:
         return Raw(buffer)
 
     def _route_raw(self, topic: str) -> Raw | None:
+        """The topic's route encoded, once per change however often it is read; None if it has none."""
         raw = self._route_bytes.get(topic)
-        if raw is None:
-            route = self.table.route(topic)
-            if route is None:
-                return None
-            raw = self._route_bytes[topic] = Raw(self._exact(route))
+        if raw is None and (route := self.table.route(topic)) is not None:
+            raw = self._encode_route(topic, route)
+        return raw
+
+    def _encode_route(self, topic: str, route: TopicRoute) -> Raw:
+        raw = self._route_bytes[topic] = Raw(self._exact(route))
         return raw
 
     def _exact(self, value: object) -> bytes:
@@ -427,7 +429,7 @@ class NameService:
             else:
                 published["broker"] += 1
                 if event.change == "removed":
-                    self.removals[event.reason or "unregistered"] += 1
+                    self.removals[event.reason] += 1
                 _log_broker_event(event)
         return EventFrames(events, self._exact)
 
