@@ -48,18 +48,21 @@ def test_quote_shows_a_literal_cut_to_its_limit():
     assert quote("ok") == "'ok'"
     assert quote(b"\x00a") == "b'\\x00a'"
     assert quote(bytearray(b"xy")) == "b'xy'"
+    assert quote(memoryview(b"xyz"), limit=2) == "b'xy'... (3 in all)"
     assert quote(5) == "5"
     text = "a" * (QUOTE_LIMIT + 10)
-    assert quote(text) == repr("a" * QUOTE_LIMIT) + "...(+10 chars)"
-    exact = "b" * (QUOTE_LIMIT - 2)
-    assert quote(exact) == repr(exact)  # its literal is exactly the limit: nothing cut
-    over = "b" * (QUOTE_LIMIT - 1)
-    assert quote(over) == repr(over)[:QUOTE_LIMIT] + "...(+1 chars)"
-    assert quote(["x" * 200], limit=20) == repr(["x" * 200])[:20] + f"...(+{204 - 20} chars)"
-    # Bytes: only limit + 1 of them are rendered at all (a megabyte is never repr'd whole).
-    assert quote(b"a" * 50, limit=10) == "b'aaaaaaaa" + "...(+4 chars)"
-    many = bytes(range(256)) * 4
-    shown = quote(many, limit=30)
-    assert shown.startswith("b'\\x00\\x01") and shown.endswith("chars)")
+    assert quote(text) == repr("a" * QUOTE_LIMIT) + f"... ({QUOTE_LIMIT + 10} in all)"
+    exact = "b" * QUOTE_LIMIT
+    assert quote(exact) == repr(exact)  # exactly the limit: nothing cut
+    over = "b" * (QUOTE_LIMIT + 1)
+    assert quote(over) == repr(exact) + f"... ({QUOTE_LIMIT + 1} in all)"
+    assert quote(["x" * 200], limit=20) == repr(["x" * 200])[:20] + "... (204 in all)"
+    assert quote(["x" * 16], limit=20) == repr(["x" * 16])  # a repr of exactly 20
+    # Bytes: only `limit` of them are rendered at all (a megabyte is never repr'd whole),
+    # and the length noted is the value's, not its literal's.
+    assert quote(b"a" * 50, limit=10) == "b'aaaaaaaaaa'... (50 in all)"
+    assert quote(b"a" * (1 << 20), limit=3) == "b'aaa'... (1048576 in all)"
+    assert quote(b"\x00\x01\x02\x03\x04\x05", limit=2) == "b'\\x00\\x01'... (6 in all)"
     assert "\n" not in quote("line\nforged") and quote("line\nforged") == "'line\\nforged'"
-    assert quote("é" * 3, limit=3) == "'éé...(+2 chars)"  # characters, not bytes
+    assert quote("é" * 3, limit=2) == "'éé'... (3 in all)"  # characters, not bytes
+    assert quote("abcde'", 4) == "'abcd'... (6 in all)"  # the quote style of the part shown

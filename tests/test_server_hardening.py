@@ -203,7 +203,7 @@ def test_quote_keeps_a_log_line_one_bounded_line():
     forged = "e" * (1 << 20) + "\n2026-01-01 INFO zns: forged line"
     text = quote(forged)
     assert "\n" not in text and len(text) < 200
-    assert text.endswith("chars)")
+    assert text.endswith(f"... ({len(forged)} in all)")
     assert quote("ok") == "'ok'"
     assert "\\n" in quote("a\nb")
 

@@ -12,13 +12,18 @@ QUOTE_LIMIT = 120
 
 
 def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
-    """`repr(value)`, at most about `limit` characters, one line whatever it holds."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        value = bytes(value[: limit + 1])
-    elif isinstance(value, str) and len(value) > limit:
-        cut = len(value) - limit
-        return repr(value[:limit]) + f"...(+{cut} chars)"
-    text = repr(value)
-    if len(text) > limit:
-        return text[:limit] + f"...(+{len(text) - limit} chars)"
-    return text
+    """`value` as a one-line Python literal; past `limit`, cut, with its length noted.
+
+    Text and bytes longer than `limit` show their first `limit` characters (bytes)
+    as a literal, then ``... (N in all)``: only that much of a megabyte is ever
+    rendered. Anything else shows the first `limit` characters of its ``repr``.
+    """
+    if isinstance(value, (str, bytes, bytearray, memoryview)):
+        total = len(value)
+        head = value[:limit]
+        literal = repr(head if isinstance(head, (str, bytes)) else bytes(head))
+    else:
+        literal = repr(value)
+        total = len(literal)
+        literal = literal[:limit]
+    return literal if total <= limit else f"{literal}... ({total} in all)"

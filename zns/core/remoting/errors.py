@@ -12,36 +12,13 @@ split by what the connection can still do afterwards:
   mistyped ext field). The listener answers the request with SYSTEM_ERROR (1)
   and ``str(err)`` as the remark; the connection stays open.
 
-Messages quote at most a few dozen characters of peer input (`quote`), so a
-hostile peer cannot make the server log or echo megabytes.
+Messages quote at most a few dozen characters of peer input (`zns.core.text.quote`),
+so a hostile peer cannot make the server log or echo megabytes.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-# How much of a peer's bytes or text an error message may quote.
-MAX_QUOTE_CHARS = 64
-
-
-def quote(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:
-    """A short printable rendering of peer input for an error message.
-
-    Bytes are shown as their ``repr`` (so control bytes cannot reach a log
-    unescaped) and everything is cut to `limit` characters with the original
-    length noted, because the input may be megabytes long.
-    """
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        raw = bytes(value[: limit + 1])
-        text = repr(raw)
-        total = len(value)
-    else:
-        s = str(value)
-        text = repr(s[: limit + 1])
-        total = len(s)
-    if total > limit:
-        return f"{text[: limit + 2]}... ({total} in all)"
-    return text
 
 
 class RemotingError(Exception):

@@ -14,7 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from .errors import RemotingBodyError, quote
+from zns.core.text import quote
+
+from .errors import RemotingBodyError
 
 # Java's parseInt/parseLong: an optional sign, then ASCII digits; nothing else
 # (no spaces, no underscores, no "0x").
