@@ -285,7 +285,8 @@ def test_register_topic_counts_filter_servers_against_max_queues():
     queues = [dict(broker_name="broker-a", read_queues=1, write_queues=1, perm=6, sys_flag=0)]
     ok(s, "register_topic", topic="B", queues=queues)  # 2 + 1 x (1 + 1) = 4: fits exactly
     assert _message(call(s, "register_topic", topic="C", queues=queues)) == _said(
-        "max_queues", 4, "1 more queue entries (topic x broker name)")
+        "max_queues", 4, "2 more queue entries (topic x broker name, each filter server and "
+        "each address past the first of the broker counted as one more)")
 
 
 def test_a_kv_put_that_does_not_grow_the_total_is_never_refused():
@@ -295,3 +296,84 @@ def test_a_kv_put_that_does_not_grow_the_total_is_never_refused():
     ok(s, "kv_put", namespace="n", key="k", value="87654321")  # same size: not growing
     ok(s, "kv_put", namespace="n", key="k", value="1")  # shrinking
     ok(s, "kv_put", namespace="n", key="k", value="12345678")  # back to exactly full
+
+
+def _fresh(max_queues: int = 1_000_000) -> NameService:
+    return NameService(KvStore(None), epoch="e" * 16, started_at_ms=0,
+                       limits=Limits(max_queues=max_queues))
+
+
+_FILTERS = ["10.0.0.8:1", "10.0.0.9:1"]
+_QUEUE = dict(read_queues=1, write_queues=1, perm=6, sys_flag=0)
+# (what is held before, the request weighed): each grows the table in a different way.
+_GROWTH = {
+    "incremental registration adds to the held topics": (
+        [("register_broker", register_fields(topics=topics("T0", "T1", "T2"),
+                                             data_version={"counter": 1}))],
+        ("register_broker", register_fields(topics=topics("N0", "N1"), incremental=True,
+                                            data_version={"counter": 2}))),
+    "filter servers on an address another name lists": (
+        [("register_broker", register_fields(topics=topics(*(f"T{i}" for i in range(10))))),
+         ("register_broker", register_fields(broker_name="broker-b", topics=topics("U0")))],
+        ("register_broker", register_fields(broker_name="broker-b", topics=topics("U0"),
+                                            filter_servers=_FILTERS,
+                                            data_version={"counter": 1}))),
+    "a topic on two names with filter servers": (
+        [("register_broker", register_fields(topics=topics("A"), filter_servers=_FILTERS[:1])),
+         ("register_broker", register_fields(broker_name="broker-b", addr="10.0.0.2:10911",
+                                             topics=topics("B"), filter_servers=_FILTERS))],
+        ("register_topic", dict(topic="C", queues=[dict(broker_name="broker-a", **_QUEUE),
+                                                    dict(broker_name="broker-b", **_QUEUE)]))),
+}
+
+
+@pytest.mark.parametrize("case", list(_GROWTH))
+def test_max_queues_refuses_exactly_what_would_weigh_more_than_the_limit(case):
+    # The weight a request is checked with is the weight the table has once it is applied:
+    # one unit less of room refuses it (changing nothing), exactly enough accepts it.
+    setup, (op, fields) = _GROWTH[case]
+    measure = _fresh()
+    for setup_op, setup_fields in setup:
+        ok(measure, setup_op, **setup_fields)
+    before = measure.table.queue_weight()
+    ok(measure, op, **fields)
+    after = measure.table.queue_weight()
+    assert after > before
+    tight = _fresh(after - 1)
+    for setup_op, setup_fields in setup:
+        ok(tight, setup_op, **setup_fields)
+    held = state(tight)
+    reply = call(tight, op, **fields)
+    assert refused(reply, "max_queues")
+    assert f": {after - before} more queue entries" in reply.message
+    assert state(tight) == held
+    full = _fresh(after)
+    for setup_op, setup_fields in setup:
+        ok(full, setup_op, **setup_fields)
+    ok(full, op, **fields)
+    assert full.table.queue_weight() == after
+    # Sent again at exactly full, it adds nothing and is accepted.
+    ok(full, op, **fields)
+    assert full.table.queue_weight() == after
+
+
+def test_a_table_over_a_lowered_limit_still_takes_what_does_not_grow_it():
+    # A restart with a smaller --max-queues than the fleet needs: the brokers already held
+    # keep re-registering; only growth is refused.
+    s = _fresh()
+    held = topics(*(f"T{i}" for i in range(10)))
+    ok(s, "register_broker", **register_fields(topics=held))
+    s.limits = Limits(max_queues=5, max_topics=5)
+    ok(s, "register_broker", **register_fields(topics=held, data_version={"counter": 1}))
+    queues = [dict(broker_name="broker-a", **_QUEUE)]
+    ok(s, "register_topic", topic="T3", queues=queues)  # held already: not a new topic
+    assert refused(call(s, "register_topic", topic="New", queues=queues), "max_topics")
+
+
+def test_kv_bytes_over_a_lowered_limit_refuse_growth_of_one_byte_only():
+    s = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0)
+    ok(s, "kv_put", namespace="n", key="k", value="12345678")  # 10 bytes
+    s.limits = Limits(max_kv_bytes=5)
+    ok(s, "kv_put", namespace="n", key="k", value="87654321")  # same size: not growing
+    s.limits = Limits(max_kv_bytes=10)
+    assert refused(call(s, "kv_put", namespace="n", key="k", value="123456789"), "max_kv_bytes")

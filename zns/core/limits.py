@@ -59,7 +59,11 @@ class Limits:
                 # incremental one) keeps the held ones, each of which then carries its
                 # filter servers and address too: count them whatever the request lists.
                 held = table.broker_topic_count(name)
-                name_topics = len(topics) + held if request.incremental else max(len(topics), held)
+                if request.incremental:
+                    name_topics = held + sum(not table.broker_has_topic(name, topic)
+                                             for topic in topics)
+                else:
+                    name_topics = max(len(topics), held)
                 after = (weight - table.broker_weight(name)
                          + name_topics * table.entry_weight_after(request))
                 # A shared address: the other names listing it show its new filter servers.
@@ -67,23 +71,22 @@ class Limits:
                 for other in table.names_of(cluster, addr) - {name}:
                     after += table.broker_topic_count(other) * max(0, more)
                 if after > weight and after > self.max_queues:
-                    _refuse("max_queues", self.max_queues,
-                            f"{after - weight} more queue entries (topic x broker name, "
-                            "each filter server and each address past the first of the broker "
-                            "counted as one more)")
+                    _refuse("max_queues", self.max_queues, f"{after - weight} {ENTRIES_COUNTED}")
                 count = table.topic_count()
                 if count + len(topics) > self.max_topics:
                     new = sum(1 for topic in topics if not table.has_topic(topic))
-                    if count + new > self.max_topics:
+                    if new and count + new > self.max_topics:
                         _refuse("max_topics", self.max_topics, f"{new} topics would be new")
             case RegisterTopic(topic=topic, queues=queues):
                 if not table.has_topic(topic) and table.topic_count() >= self.max_topics:
                     _refuse("max_topics", self.max_topics, f"topic {topic!r} would be new")
-                new = len({q.broker_name for q in queues})
-                if new and table.queue_weight() + new * (1 + max(
-                        table.filter_server_count(q.broker_name) for q in queues)) > self.max_queues:
-                    _refuse("max_queues", self.max_queues,
-                            f"{len(queues)} more queue entries (topic x broker name)")
+                # Each name that gets its first queue data in the route adds one entry
+                # as heavy as that name's others; the rest only replace theirs.
+                grows = sum(1 + table.filter_server_count(name)
+                            for name in {q.broker_name for q in queues}
+                            if not table.broker_has_topic(name, topic))
+                if grows and table.queue_weight() + grows > self.max_queues:
+                    _refuse("max_queues", self.max_queues, f"{grows} {ENTRIES_COUNTED}")
             case GetRoutes(topics=topics):
                 self._per_request(len(topics), "get_routes asks for")
             case KvPut(namespace=ns, key=key, value=value):
@@ -106,6 +109,11 @@ class Limits:
         if count > self.max_topics_per_request:
             _refuse("max_topics_per_request", self.max_topics_per_request,
                     f"{what} {count} topics")
+
+
+# How a max_queues refusal counts what the request would add.
+ENTRIES_COUNTED = ("more queue entries (topic x broker name, each filter server and each address "
+                   "past the first of the broker counted as one more)")
 
 
 def _refuse(limit: str, value: int, detail: str) -> None:

@@ -545,6 +545,10 @@ class RouteTable:
     def broker_topic_count(self, name: str) -> int:
         return len(self._broker_topics.get(name, ()))
 
+    def broker_has_topic(self, name: str, topic: str) -> bool:
+        """Whether this broker name has queue data in the topic's route."""
+        return topic in self._broker_topics.get(name, ())
+
     # --- internals ----------------------------------------------------------
 
     def _apply_topics(self, name: str, req: RegisterBroker, ch: _Changes) -> None:
