@@ -581,6 +581,10 @@ def test_the_ext_field_bound_is_exact_and_applies_through_the_decoder(stype):
     (b'{"extFields":{"k":"\xff"}}', "ext field 'k' is not valid UTF-8"),
     (b'{"extFields":{"k":{}}}', "ext field 'k' is not a string but a JSON object"),
     (b'{"extFields":{"k":[]}}', "ext field 'k' is not a string but a JSON array"),
+    (b'{"extFields":{"' + b"k" * 70 + b'":[]}}',
+     f"ext field '{'k' * 64}'... (70 in all) is not a string but a JSON array"),
+    (b'{"extFields":{"' + b"k" * 70 + b'":"\xff"}}',
+     f"ext field '{'k' * 64}'... (70 in all) is not valid UTF-8"),
 ])
 def test_json_header_refusals_word_for_word(header, message):
     with pytest.raises(RemotingFrameError) as refused:
@@ -954,6 +958,7 @@ def test_compressed_register_body_json_sections_are_named(dv, mapping, message):
 @pytest.mark.parametrize("line, message", [
     (b"A 8 8", "topic entry has 3 fields, not 5: b'A 8 8'"),
     (b"A 8 8 6 ", "topic entry has 4 fields, not 5: b'A 8 8 6 '"),  # trailing empty fields dropped
+    (b"T" * 70, f"topic entry has 1 fields, not 5: b'{'T' * 64}'... (70 in all)"),
     (b"A 8 8 6 NO_TAG", "unknown topic filter type 'NO_TAG'"),
     (b"A 8 8 6 " + b"T" * 30, f"unknown topic filter type '{'T' * 24}'... (30 in all)"),
     (b"A  8 8 SINGLE_TAG", "readQueueNums is not an integer: ''"),  # split on each single space
