@@ -120,11 +120,11 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_12": "as x_decode_frame__mutmut_10",
     "zns.core.remoting.command.x_decode_json_header__mutmut_9":
         "cut at 201 for 200: msgspec's messages for this header quote no input and stay far shorter",
-    "zns.core.remoting.command.x_decode_json_header__mutmut_45": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
+    "zns.core.remoting.command.x_decode_json_header__mutmut_53": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_34": "codec name 'UTF-8' for 'utf-8': Python's codec names ignore case",
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_99": "as x_decode_rocketmq_header__mutmut_34",
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_127": "as x_decode_rocketmq_header__mutmut_34",
-    "zns.core.remoting.command.x_decode_json_header__mutmut_65": "serialize_type dropped: SERIALIZE_JSON is the field's default",
+    "zns.core.remoting.command.x_decode_json_header__mutmut_73": "serialize_type dropped: SERIALIZE_JSON is the field's default",
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_51":
         "`ext_len <= 0` for `< 0`: the branch runs only for ext_len != 0",
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_52": "as x_decode_rocketmq_header__mutmut_51 (`< 1`)",
@@ -167,6 +167,8 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.register.xǁ_Readerǁcount__mutmut_4":
         "`left / 4` for `left // 4`: for an integer count, n > x and n > floor(x) agree",
     "zns.core.remoting.register.x_check_body_crc32__mutmut_4": "required=None for False: read only as a truth value",
+    "zns.core.limits.xǁLimitsǁcheck__mutmut_94":
+        "`>=` for `>` in the max_topics pre-check: it only decides whether new topics are counted; the count's own `>` refuses",
     "zns.core.service.xǁNameServiceǁ__init____mutmut_16":
         "initial snapshot revision -2 for -1: the table's revision starts at 0, so both differ and the first snapshot builds",
     "zns.core.service.xǁNameServiceǁ__init____mutmut_18":
