@@ -39,7 +39,8 @@ SCORES = ROOT / "docs" / "mutation-scores.md"
 # module (relative to zns/core, without .py) -> pytest arguments selecting its fast tests.
 # mutmut further narrows these per mutant to the tests that call the mutated function.
 MODULES: dict[str, list[str]] = {
-    "routes": ["tests/test_routes.py", "tests/test_routes_properties.py", "tests/test_routes_scale.py"],
+    "routes": ["tests/test_routes.py", "tests/test_routes_properties.py", "tests/test_routes_scale.py",
+               "tests/test_limits.py"],
     "service": ["tests/test_service.py", "tests/test_limits.py", "tests/test_kv_service.py",
                 "tests/test_remoting_service.py"],
     "route_cache": ["tests/test_route_cache.py", "tests/test_client.py", "tests/test_client_session.py",
