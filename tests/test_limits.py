@@ -377,3 +377,15 @@ def test_kv_bytes_over_a_lowered_limit_refuse_growth_of_one_byte_only():
     ok(s, "kv_put", namespace="n", key="k", value="87654321")  # same size: not growing
     s.limits = Limits(max_kv_bytes=10)
     assert refused(call(s, "kv_put", namespace="n", key="k", value="123456789"), "max_kv_bytes")
+
+
+def test_the_limit_checks_take_names_the_table_does_not_hold_yet():
+    s = _fresh()
+    # An incremental registration of a name never seen: every topic it lists is new.
+    ok(s, "register_broker", **register_fields(topics=topics("A", "B"), incremental=True))
+    assert s.table.queue_weight() == 2
+    # register_topic naming an unknown broker name is the table's refusal, not a crash.
+    reply = call(s, "register_topic", topic="C",
+                 queues=[dict(broker_name="nobody", **_QUEUE)])
+    assert isinstance(reply, schema.Error) and reply.code == "bad_request"
+    assert reply.message.startswith("unknown broker name(s) nobody")
