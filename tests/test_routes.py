@@ -467,8 +467,8 @@ def test_unregister_last_address_removes_broker_cluster_and_topics(table):
     assert table.routes() == {} and table.broker_table() == {} and table.cluster_table() == {}
     assert table.live_brokers(0) == [] and table.next_deadline() is None
     (gone,) = broker_events(events)
-    assert (gone.change, gone.reason, gone.broker_addr, gone.broker_id) == (
-        "removed", "unregistered", MASTER, 0)
+    assert (gone.change, gone.reason, gone.cluster, gone.broker_name, gone.broker_addr,
+            gone.broker_id) == ("removed", "unregistered", "c1", "broker-a", MASTER, 0)
     assert {t: e.route for t, e in route_events(events).items()} == {
         "TestTopic": None, "TestTopic1": None, "TestTopic2": None}
 

@@ -663,8 +663,7 @@ class RouteTable:
             for topic in list(self._broker_topics[rec.name]):
                 self._remove_queue(topic, rec.name, ch)
             del self._brokers[rec.name], self._broker_topics[rec.name]
-            self._broker_data.pop(rec.name, None)
-            ch.structural = True
+            ch.structural = True  # (its cached BrokerData went with _touch_broker above)
 
     def _drop_liveness(self, live: Liveness, reason: str, ch: _Changes) -> None:
         """Expiry: the address leaves every broker name that lists it."""
