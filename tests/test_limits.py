@@ -371,7 +371,7 @@ def test_a_table_over_a_lowered_limit_still_takes_what_does_not_grow_it():
 
 
 def test_kv_bytes_over_a_lowered_limit_refuse_growth_of_one_byte_only():
-    s = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0)
+    s = _fresh()
     ok(s, "kv_put", namespace="n", key="k", value="12345678")  # 10 bytes
     s.limits = Limits(max_kv_bytes=5)
     ok(s, "kv_put", namespace="n", key="k", value="87654321")  # same size: not growing

@@ -910,13 +910,13 @@ def test_a_route_is_encoded_once_per_change_however_often_it_is_read(svc, monkey
 def test_the_topics_of_one_step_share_one_encoding_of_their_lists():
     # A 20,000-topic registration's events each carry the same queue, broker and filter
     # server lists: encoded once, held once, until the events are read.
-    from zns.core.schema import RegisterBroker
+    from zns.core.schema import decode_request
 
     service = NameService(KvStore(None), epoch=EPOCH, started_at_ms=0)
-    request = msgspec.msgpack.decode(encode({
+    request = decode_request(encode({
         "op": "register_broker", "id": 1, "cluster": "c1", "broker_name": "broker-a",
         "broker_id": 0, "broker_addr": MASTER, "filter_servers": ["10.0.0.9:1"],
-        "topics": {"TopicA": {}, "TopicB": {}, "TopicC": {"perm": 4}}}), type=RegisterBroker)
+        "topics": {"TopicA": {}, "TopicB": {}, "TopicC": {"perm": 4}}}))
     _, frames = service.execute(request, 0)
     routes = {event.topic: event.route for event in frames._events if hasattr(event, "route")}
     for field in ("queues", "brokers", "filter_servers"):

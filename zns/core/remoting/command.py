@@ -35,7 +35,7 @@ from .constants import (
     SERIALIZE_ROCKETMQ,
     VERSION_5_3_3,
 )
-from .errors import RemotingFrameError
+from .errors import QUOTE_CHARS, RemotingFrameError
 from .fastjson import escape_legacy, java_hashmap_order, to_utf8
 
 # A header may carry at most this many ext fields (Java has no bound; real
@@ -157,11 +157,11 @@ def decode_json_header(data: bytes | memoryview, *, max_ext_fields: int = MAX_EX
                 try:
                     ext[key] = _STR_DECODER.decode(text)
                 except msgspec.DecodeError:  # msgspec checks UTF-8 inside a Raw only now
-                    raise RemotingFrameError(f"ext field {quote(key, 64)} is not valid UTF-8") from None
+                    raise RemotingFrameError(f"ext field {quote(key, QUOTE_CHARS)} is not valid UTF-8") from None
             elif first == b"n":  # null
                 continue
             elif first in (b"{", b"["):
-                raise RemotingFrameError(f"ext field {quote(key, 64)} is not a string but a JSON {'object' if first == b'{' else 'array'}")
+                raise RemotingFrameError(f"ext field {quote(key, QUOTE_CHARS)} is not a string but a JSON {'object' if first == b'{' else 'array'}")
             else:  # number, true, false: their JSON text, which is ASCII
                 ext[key] = text.decode("ascii")
     language = h.language if h.language in LANGUAGE_CODES else None

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# How much of a peer's text a frame or body error quotes (`zns.core.text.quote`).
+QUOTE_CHARS = 64
+
 
 class RemotingError(Exception):
     """Base of every error the remoting codec raises about peer input."""

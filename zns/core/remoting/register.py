@@ -34,7 +34,7 @@ from zns.core.text import quote
 
 from .bodies import DataVersion
 from .constants import DEFAULT_MAX_FRAME_BYTES, MAPPING_SECTION_MIN_VERSION, VERSION_3_0_11
-from .errors import RemotingBodyError
+from .errors import QUOTE_CHARS, RemotingBodyError
 from .ext import ExtFields, parse_long
 from .fastjson import loads_lenient
 
@@ -164,7 +164,7 @@ def _decode_topic_line(line: bytes) -> TopicConfig:
     while parts and parts[-1] == "":
         parts.pop()
     if len(parts) < 5:
-        raise RemotingBodyError(f"compressed register body: topic entry has {len(parts)} fields, not 5: {quote(line, 64)}")
+        raise RemotingBodyError(f"compressed register body: topic entry has {len(parts)} fields, not 5: {quote(line, QUOTE_CHARS)}")
     if parts[4] not in _FILTER_TYPES:
         raise RemotingBodyError(f"compressed register body: unknown topic filter type {quote(parts[4], 24)}")
     attributes: dict[str, str] = {}
