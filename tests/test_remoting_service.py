@@ -55,7 +55,9 @@ def svc() -> NameService:
 
 @pytest.fixture
 def rs(svc: NameService) -> RemotingService:
-    return RemotingService(svc, properties={"router": "tcp://127.0.0.1:9876", "remoting": "x"})
+    # The vectors were recorded from a Java NameServer with orderMessageEnable=true.
+    return RemotingService(svc, properties={"router": "tcp://127.0.0.1:9876", "remoting": "x"},
+                           order_message_enable=True)
 
 
 def req(code: int, ext: dict[str, str] | None = None, body: bytes = b"", *, opaque: int = 1,
@@ -169,6 +171,23 @@ def test_route_reply_legacy_below_401(rs, version, ext):
     route_setup(rs)
     reply = ok(rs, req(105, {"topic": "TopicTest", **ext}, opaque=7, version=version))
     assert reply.body.decode() == FRAMES[ROUTE_REPLY]["body"]
+
+
+@pytest.mark.parametrize("version", [317, 479])
+def test_order_topic_conf_only_with_order_message_enable(svc, version):
+    # Java's default (orderMessageEnable=false): the KV entry is kept and sent to brokers at
+    # registration, but routes leave orderTopicConf out, zone mode included.
+    rs = RemotingService(svc)
+    route_setup(rs)
+    for ext in ({}, {"__ZONE_MODE": "true", "__ZONE_NAME": "z"}):
+        reply = ok(rs, req(105, {"topic": "TopicTest", **ext}, version=version))
+        assert b"orderTopicConf" not in reply.body and b"queueDatas" in reply.body
+    reply = ok(rs, register_cmd(counter=4))
+    assert json.loads(reply.body) == {"table": {"TopicTest": "broker-a:4"}}
+    enabled = RemotingService(svc, order_message_enable=True)
+    reply = ok(enabled, req(105, {"topic": "TopicTest", "__ZONE_MODE": "true", "__ZONE_NAME": "z"},
+                            version=version))
+    assert b'"orderTopicConf":"broker-a:4"' in reply.body
 
 
 def test_route_request_in_rocketmq_header_is_answered_in_json(rs):

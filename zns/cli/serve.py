@@ -93,6 +93,11 @@ from zns.drivers.server import (
 @click.option("--remoting-max-connections", type=click.IntRange(min=1),
               default=DEFAULT_MAX_CONNECTIONS, envvar="ZNS_REMOTING_MAX_CONNECTIONS",
               show_default=True, help="Remoting connections open at once; more are refused.")
+@click.option("--order-message-enable/--no-order-message-enable", default=False,
+              envvar="ZNS_ORDER_MESSAGE_ENABLE", show_default=True,
+              help="Remoting routes carry an ordered topic's orderTopicConf (its ORDER_TOPIC_CONFIG "
+                   "KV entry), as RocketMQ's orderMessageEnable. Off by default, as in RocketMQ: "
+                   "producers given it write to its queues whatever their perm.")
 @click.option("--metrics", metavar="HOST:PORT", envvar="ZNS_METRICS",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics and liveness at "
                    "/healthz (needs prometheus_client: pip install 'zns[metrics]'). Off by "
@@ -108,7 +113,7 @@ def serve(
     curve_secret: str | None,
     brokers_keys: str | None, admins_keys: str | None, clients_keys: str | None, clients: str,
     remoting: str | None, remoting_brokers: tuple[str, ...], remoting_admins: tuple[str, ...],
-    remoting_max_connections: int, metrics: str | None, log_level: str, log_format: str,
+    remoting_max_connections: int, order_message_enable: bool, metrics: str | None, log_level: str, log_format: str,
 ) -> None:
     """Run a NameServer until SIGTERM or Ctrl-C."""
     configure_logging(log_level, log_format)
@@ -121,7 +126,8 @@ def serve(
                       max_topics=max_topics, max_queues=max_queues, max_kv_entries=max_kv_entries,
                       max_kv_namespaces=max_kv_namespaces, max_kv_bytes=max_kv_bytes),
         remoting=remoting or None, remoting_brokers=list(remoting_brokers),
-        remoting_max_connections=remoting_max_connections, metrics=metrics or None,
+        remoting_max_connections=remoting_max_connections,
+        order_message_enable=order_message_enable, metrics=metrics or None,
     )
     if remoting_admins:
         config.remoting_admins = list(remoting_admins)

@@ -86,6 +86,8 @@ class ServerConfig:
     remoting_brokers: list[str] = field(default_factory=list)  # CIDRs; empty: any
     remoting_admins: list[str] = field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
     remoting_max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # Java's orderMessageEnable: remoting routes carry orderTopicConf only when set.
+    order_message_enable: bool = False
     # Prometheus /metrics and /healthz over HTTP (zns.drivers.metrics): on when set.
     metrics: str | None = None
 
@@ -100,6 +102,7 @@ class ServerConfig:
             "remotingBrokers": ",".join(self.remoting_brokers) or "any",
             "remotingAdmins": ",".join(self.remoting_admins),
             "remotingMaxConnections": self.remoting_max_connections,
+            "orderMessageEnable": self.order_message_enable,
         }
         for name, value in vars(self.limits).items():
             shown["".join(w.capitalize() if i else w for i, w in enumerate(name.split("_")))] = value
@@ -294,6 +297,7 @@ class Server:
                 self.service,
                 brokers=parse_networks(config.remoting_brokers) if config.remoting_brokers else None,
                 admins=parse_networks(config.remoting_admins), properties=config.properties(),
+                order_message_enable=config.order_message_enable,
             )
             listener = RemotingListener(
                 config.remoting, service, now=self._now(), descriptors=self.descriptors,

@@ -53,6 +53,7 @@ from zns.core.schema import (
     RegisterBroker,
     RegisterTopic,
     Topic,
+    TopicRoute,
     UnregisterBroker,
     WipeWritePerm,
     describe_decode_error,
@@ -107,9 +108,17 @@ class RemotingService:
         brokers: Iterable[Network] | None = None,
         admins: Iterable[Network] = LOOPBACK,
         properties: Mapping[str, str] | None = None,
+        order_message_enable: bool = False,
     ) -> None:
-        """`brokers` None: broker codes from any address; `properties`: what GET_NAMESRV_CONFIG shows."""
+        """`brokers` None: broker codes from any address; `properties`: what GET_NAMESRV_CONFIG shows.
+
+        `order_message_enable`: Java's ``orderMessageEnable`` (default false). Only then does a
+        route carry ``orderTopicConf`` (the topic's ORDER_TOPIC_CONFIG KV entry): Java and Go
+        producers build an ordered topic's queues from it alone, ignoring perm, so a server that
+        sends it unasked keeps them writing to a broker whose writes were wiped.
+        """
         self.service = service
+        self.order_message_enable = order_message_enable
         self.brokers = None if brokers is None else tuple(brokers)
         self.admins = tuple(admins)
         self.properties = dict(properties or {})
@@ -267,7 +276,7 @@ class RemotingService:
             route = table.route(topic)
             if route is None:
                 return _no_route(cmd, topic)
-            return _ok(cmd, body=encode_topic_route(filter_zone(route, zone), legacy))
+            return _ok(cmd, body=encode_topic_route(self._as_sent(filter_zone(route, zone)), legacy))
         revision = table.topic_revision(topic)
         if cached is None or cached[0] != revision:
             route = table.route(topic)
@@ -276,6 +285,7 @@ class RemotingService:
                 return _no_route(cmd, topic)
             if len(self._routes) > table.topic_count() + 1024:
                 self._prune_routes()
+            route = self._as_sent(route)
             cached = (revision, encode_topic_route(route, True), encode_topic_route(route, False))
             self._routes[topic] = cached
         return _ok(cmd, body=cached[1] if legacy else cached[2])
@@ -352,6 +362,12 @@ class RemotingService:
         return _ok(cmd)
 
     # --- helpers ------------------------------------------------------------
+
+    def _as_sent(self, route: TopicRoute) -> TopicRoute:
+        """The route as a remoting reply carries it: ``orderTopicConf`` only with orderMessageEnable."""
+        if route.order_conf and not self.order_message_enable:
+            return msgspec.structs.replace(route, order_conf="")
+        return route
 
     def _run(self, kind: type[AnyRequest], now: int, frames: list[Frames], **fields: Any) -> Any:
         """Build the ZNS/1 request (the schema's bounds apply) and execute it."""
