@@ -188,8 +188,7 @@ class BrokerAgent:
             closing = False
             while True:
                 now = self._now()
-                if ready.pop(self._waker.reader, None):
-                    self._waker.drain()
+                self._waker.drain_if_woken(ready)
                 with self._lock:
                     if self._stopping and not closing:
                         closing = True
@@ -207,7 +206,7 @@ class BrokerAgent:
                     if all(link.session.done for link in self._links):
                         break
                     poller = zmq.Poller()
-                    poller.register(self._waker.reader, zmq.POLLIN)
+                    poller.register(self._waker.fd, zmq.POLLIN)
                     for link in self._links:
                         if link.sock is not None:
                             poller.register(link.sock, zmq.POLLIN)

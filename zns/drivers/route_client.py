@@ -137,13 +137,12 @@ class RouteClient(ClientDriver):
                 with self._changed:
                     if self._stopping:
                         return
-                    if self._waker.reader in ready:
-                        self._waker.drain()
+                    self._waker.drain_if_woken(ready)
                     self._turn(ready)
                     calls, self._calls = self._calls, []
                     self._changed.notify_all()
                     poller = zmq.Poller()
-                    for sock in [self._waker.reader, *self._sockets.readable()]:
+                    for sock in [self._waker.fd, *self._sockets.readable()]:
                         poller.register(sock, zmq.POLLIN)
                     deadline = self._session.next_deadline()
                 for callback, topic, route in calls:

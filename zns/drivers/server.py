@@ -245,7 +245,7 @@ class Server:
         timers = self.timers
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
-        poller.register(self._waker.reader, zmq.POLLIN)
+        poller.register(self._waker.fd, zmq.POLLIN)
         for listener in self.descriptors.listeners:
             poller.register(listener.monitor, zmq.POLLIN)
         monitors = {listener.monitor for listener in self.descriptors.listeners}
@@ -259,8 +259,7 @@ class Server:
             ready = dict(poller.poll(max(0, timers.next_wake() - now)))
             now = self._now()
             timers.woke(now)
-            if self._waker.reader in ready:
-                self._waker.drain()
+            self._waker.drain_if_woken(ready)
             if monitors.intersection(ready):
                 _guarded("shedding connections", self.descriptors.handle, ready, now)
             self.descriptors.tick(now)

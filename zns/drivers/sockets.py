@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+from typing import Any
 
 import zmq
 
@@ -90,14 +91,19 @@ def recv_all(
 class Waker:
     """Wakes a poller loop from another thread or a signal handler.
 
-    `reader` is registered in the zmq.Poller; `wake()` never blocks (a wake-up
-    already pending is enough) and is safe after `close()`.
+    Register `fd` in the zmq.Poller and call `drain_if_woken(ready)` with what the
+    poll returned. It is the file descriptor, not the socket object, because
+    `zmq.Poller.poll` reports a non-ZeroMQ socket by its descriptor whatever object
+    was registered: a check for the object never matches, the byte is never read,
+    and every later poll returns at once (a loop that spins a core). `wake()` never
+    blocks (a wake-up already pending is enough) and is safe after `close()`.
     """
 
     def __init__(self) -> None:
-        self.reader, self._writer = socket.socketpair()
-        self.reader.setblocking(False)
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
         self._writer.setblocking(False)
+        self.fd = self._reader.fileno()
 
     def wake(self) -> None:
         try:
@@ -109,13 +115,17 @@ class Waker:
         """The writing end, for `signal.set_wakeup_fd`."""
         return self._writer.fileno()
 
-    def drain(self) -> None:
+    def drain_if_woken(self, ready: Collection[Any]) -> bool:
+        """Read every pending wake-up if `fd` is among the `ready` ones; say whether it was."""
+        if self.fd not in ready:
+            return False
         try:
-            while self.reader.recv(4096):
+            while self._reader.recv(4096):
                 pass
         except OSError:
             pass
+        return True
 
     def close(self) -> None:
-        self.reader.close()
+        self._reader.close()
         self._writer.close()
