@@ -17,7 +17,7 @@ import zmq
 from conftest import Peer, register_fields, wait_for
 from zns.core import schema
 from zns.core.errors import EndpointError
-from zns.drivers.peer_links import PeerLinks
+from zns.drivers.peers import PeerLinks
 
 ADDR = "10.0.0.1:10911"
 BROKER = dict(cluster="c1", broker_name="broker-a", broker_id=0, broker_addr=ADDR)

@@ -21,7 +21,7 @@ from zns.core import schema
 from zns.core.errors import UsageError
 from zns.drivers.async_client import AsyncRouteClient
 from zns.drivers.client_base import events_endpoint
-from zns.drivers.relay import Relay
+from zns.drivers.event_relay import Relay
 from zns.drivers.route_client import RouteClient
 
 

@@ -28,7 +28,7 @@ from zns.core.remoting import (
     encode_json_header,
     loads_lenient,
 )
-from zns.core.remoting.service import Connection, RemotingService, parse_networks
+from zns.core.remoting.handler import Connection, RemotingService, parse_networks
 from zns.core.schema import ORDER_TOPIC_CONFIG, encode
 from zns.core.service import NameService
 from zns.drivers.kv_file import KvStore
@@ -836,7 +836,7 @@ def test_system_topics_name_the_master_address_or_none(rs):
 
 
 def test_routes_are_encoded_once_per_change(rs, monkeypatch):
-    from zns.core.remoting import service as remoting_service
+    from zns.core.remoting import handler as remoting_service
 
     encoded = []
     real = remoting_service.encode_topic_route

@@ -67,7 +67,7 @@ MODULES: dict[str, list[str]] = {
     "remoting/fastjson": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
     "remoting/bodies": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
     "remoting/register": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
-    "remoting/service": ["tests/test_remoting_service.py"],
+    "remoting/handler": ["tests/test_remoting_service.py"],
     "remoting/ext": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
     "remoting/errors": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
 }
@@ -176,46 +176,46 @@ EQUIVALENT: dict[str, str] = {
         "initial snapshot bytes: never served, the initial revision never matches the table's",
     "zns.core.service.xǁNameServiceǁexecute__mutmut_15":
         "publishing an empty event list: an empty EventFrames reads like [] (the test only skips an allocation)",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_72":
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_72":
         "now=None for an op NameService carries out without the time (it reads `now` only for register, heartbeat, cluster info and status)",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_209": "as _dispatch__mutmut_72",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_233": "as _dispatch__mutmut_72",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_249": "as _dispatch__mutmut_72",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_276": "as _dispatch__mutmut_72",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_283": "as _dispatch__mutmut_72",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_328": "as _dispatch__mutmut_72",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_352": "as _dispatch__mutmut_72",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_dispatch__mutmut_383": "as _dispatch__mutmut_72",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_register_topic__mutmut_24": "as _dispatch__mutmut_72",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_register__mutmut_117":
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_209": "as _dispatch__mutmut_72",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_233": "as _dispatch__mutmut_72",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_249": "as _dispatch__mutmut_72",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_276": "as _dispatch__mutmut_72",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_283": "as _dispatch__mutmut_72",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_328": "as _dispatch__mutmut_72",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_352": "as _dispatch__mutmut_72",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_383": "as _dispatch__mutmut_72",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_register_topic__mutmut_24": "as _dispatch__mutmut_72",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_register__mutmut_117":
         "the topic config's `order` under another key: the route table keeps no per-topic order flag",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_register__mutmut_118": "as _register__mutmut_117",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_register__mutmut_72": "required=None for False: read only as a truth value",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_heartbeat__mutmut_47": "as _register__mutmut_72",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_route__mutmut_68":
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_register__mutmut_118": "as _register__mutmut_117",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_register__mutmut_72": "required=None for False: read only as a truth value",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_heartbeat__mutmut_47": "as _register__mutmut_72",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_route__mutmut_68":
         "a stale cache entry kept for a vanished topic: its revision never matches again, so it is never served",
-    "zns.core.remoting.service.x_parse_networks__mutmut_4": "strict=None for False: read only as a truth value",
-    "zns.core.remoting.service.x__in_networks__mutmut_3":
+    "zns.core.remoting.handler.x_parse_networks__mutmut_4": "strict=None for False: read only as a truth value",
+    "zns.core.remoting.handler.x__in_networks__mutmut_3":
         "the host not split at '%': Python parses an IPv6 zone index itself, and an IPv4 host has none",
-    "zns.core.remoting.service.x__in_networks__mutmut_4": "as x__in_networks__mutmut_3",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_heartbeat__mutmut_57":
+    "zns.core.remoting.handler.x__in_networks__mutmut_4": "as x__in_networks__mutmut_3",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_heartbeat__mutmut_57":
         "default broker id 1 for a 904 without one: the table keys heartbeats by cluster and address, not id",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_heartbeat__mutmut_59":
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_heartbeat__mutmut_59":
         "a 904 heartbeat sent with a zero version: its reply ignores `changed`, and the table keeps no heartbeat's version",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_heard__mutmut_3":
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_heard__mutmut_3":
         "memory bound only: when the connection map is pruned; pruning drops only addresses no longer live",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_heard__mutmut_4": "as _heard__mutmut_3",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_heard__mutmut_5": "as _heard__mutmut_3",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_heard__mutmut_6": "as _heard__mutmut_3",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_heard__mutmut_7": "as _heard__mutmut_3",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_route__mutmut_75":
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_heard__mutmut_4": "as _heard__mutmut_3",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_heard__mutmut_5": "as _heard__mutmut_3",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_heard__mutmut_6": "as _heard__mutmut_3",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_heard__mutmut_7": "as _heard__mutmut_3",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_route__mutmut_75":
         "memory bound only: when the route cache is pruned; pruning drops only topics that no longer exist",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_route__mutmut_76": "as _route__mutmut_75",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_route__mutmut_77": "as _route__mutmut_75",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_prune_routes__mutmut_2":
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_route__mutmut_76": "as _route__mutmut_75",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_route__mutmut_77": "as _route__mutmut_75",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_prune_routes__mutmut_2":
         "pruning live topics instead of vanished ones: a pruned route is encoded again on its next request",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_prune_routes__mutmut_3": "as _prune_routes__mutmut_2 (every entry pruned)",
-    "zns.core.remoting.service.xǁRemotingServiceǁ_system_topics__mutmut_7":
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_prune_routes__mutmut_3": "as _prune_routes__mutmut_2 (every entry pruned)",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_system_topics__mutmut_7":
         "the first address for the master's: the table keeps addresses ordered by broker id, master (0) first",
     "zns.core.client_session.xǁClientSessionǁ_fail__mutmut_24":
         "_silence_deadline = '' for None: read only once connected, and _connect sets it to None first",

@@ -1,4 +1,4 @@
-"""`zns relay`: relay one NameServer's events to many subscribers (zns.drivers.relay)."""
+"""`zns relay`: relay one NameServer's events to many subscribers (zns.drivers.event_relay)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 from zns.cli.config import log_format_option
 from zns.core.errors import EndpointError, NameServerUnavailable, UsageError
 from zns.drivers.logs import configure_logging
-from zns.drivers.relay import Relay
+from zns.drivers.event_relay import Relay
 
 
 @click.command()

@@ -15,7 +15,7 @@ from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER, MAX_TOPICS_PER_REQUEST
 from zns.core.errors import ConfigError
 from zns.drivers.logs import configure_logging
 from zns.drivers.security import write_keypair
-from zns.core.remoting.service import parse_networks
+from zns.core.remoting.handler import parse_networks
 from zns.drivers.remoting_listener import DEFAULT_MAX_CONNECTIONS
 from zns.drivers.server import (
     DEFAULT_MAX_MESSAGE_BYTES,

@@ -3,7 +3,7 @@
 `PeerLink` holds a peer's events endpoint, its epoch and when it last spoke.
 It is fed decoded replies and events with a `now` (milliseconds, as the whole
 core) and answers with what to do next (ask `status`, subscribe afresh) and
-with the hint a peer's event carries. `zns.drivers.peer_links` carries those
+with the hint a peer's event carries. `zns.drivers.peers` carries those
 actions out on sockets.
 
 A hint only ever reaches `RouteTable.suspect`, which shortens a deadline the

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from zns.core.remoting import FrameDecoder, RemotingFrameError, encode_command
-from zns.core.remoting.service import Connection, RemotingService
+from zns.core.remoting.handler import Connection, RemotingService
 from zns.core.service import Frames
 from zns.core.text import quote
 from zns.drivers.descriptors import OUT_OF_FDS, DescriptorGuard, listen_tcp

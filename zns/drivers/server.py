@@ -24,14 +24,14 @@ from zns.core.errors import ConfigError, EndpointError
 from zns.core.peer_link import MIN_PEER_GRACE_MS
 from zns.drivers.kv_file import KvStore
 from zns.core.limits import Limits
-from zns.drivers.peer_links import PeerLinks
+from zns.drivers.peers import PeerLinks
 from zns.drivers.security import Security
 from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
 from zns.drivers.heap import HeapTrim, glibc_malloc_trim
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.metrics import MetricsServer
 from zns.drivers.remoting_listener import DEFAULT_MAX_CONNECTIONS, RemotingListener
-from zns.core.remoting.service import RemotingService, parse_networks
+from zns.core.remoting.handler import RemotingService, parse_networks
 from zns.drivers.sockets import Waker
 from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER
 from zns.core.budget import ReplyBudget
