@@ -27,7 +27,7 @@ import zmq
 from zns.drivers.sockets import parse_addresses
 from zns.drivers.broker_agent import BrokerAgent
 from zns.cli.config import load_config_file
-from zns.core.errors import ErrorReply, KeyFileError, NameServerUnavailable, UsageError
+from zns.core.errors import BackgroundFailure, ErrorReply, KeyFileError, NameServerUnavailable, UsageError
 from zns.drivers.requests import call_all, call_any
 from zns.drivers.security import apply_client_keys, client_keys
 from zns.core.schema import (
@@ -48,6 +48,7 @@ from zns.core.schema import (
 )
 
 EXIT_ERROR_REPLY = 1
+EXIT_FAILED = 1  # the command itself failed (a client's or agent's thread died)
 EXIT_UNREACHABLE = 3
 
 
@@ -389,12 +390,17 @@ def broker(target: Target, cluster: str, broker_name: str, broker_addr: str, bro
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     announced = False
-    while not stop.wait(0.1):
-        if not announced and agent.registered_everywhere():
-            announced = True
-            click.echo(f"broker {cluster}/{broker_name} id {broker_id} at {broker_addr} "
-                       f"registered with {len(target.endpoints)} NameServer(s)", err=True)
-    done = agent.close()
+    try:
+        while not stop.wait(0.1):
+            if not announced and agent.registered_everywhere():
+                announced = True
+                click.echo(f"broker {cluster}/{broker_name} id {broker_id} at {broker_addr} "
+                           f"registered with {len(target.endpoints)} NameServer(s)", err=True)
+            if agent.failure is not None:
+                break
+        done = agent.close()
+    except BackgroundFailure:  # the agent logged it (one line): stop, never idle on
+        sys.exit(EXIT_FAILED)
     click.echo(f"broker {broker_name} unregistered from "
                f"{sum(done.values())}/{len(done)} NameServer(s)", err=True)
 

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import queue
 from typing import Any
 
 import click
 import msgspec
 
-from zns.cli.tools import Target, ask, ns_options, perm_text
+from zns.cli.tools import EXIT_FAILED, Target, ask, fail, ns_options, perm_text
+from zns.core.errors import BackgroundFailure
 from zns.core.schema import (
     BROKER_PREFIX,
     ROUTE_PREFIX,
@@ -137,6 +139,8 @@ def watch(target: Target, topics: tuple[str, ...], count: int | None,
           events: str | None) -> None:
     """Print route and broker changes as they happen, one line each (all topics by default)."""
     ask(target, Status())  # fail plainly (exit 3) when no NameServer answers at all
+    # The client's own log lines would be a second account of what this command reports.
+    logging.getLogger("zns").addHandler(logging.NullHandler())
     printer = _Printer(target.as_json, follow_new=not topics)
     channels = [] if topics else [ROUTE_PREFIX, BROKER_PREFIX]
     client = RouteClient(target.endpoints, timeout=target.timeout,
@@ -156,6 +160,8 @@ def watch(target: Target, topics: tuple[str, ...], count: int | None,
             try:
                 kind, value = printer.lines.get(timeout=0.5)
             except queue.Empty:
+                if client.failure is not None:  # its thread died: say so once and stop
+                    raise BackgroundFailure.of("the route client's thread", client.failure)
                 continue
             if kind == "follow":
                 client.watch(value, printer.on_route)
@@ -164,5 +170,7 @@ def watch(target: Target, topics: tuple[str, ...], count: int | None,
             seen += 1
     except KeyboardInterrupt:
         pass
+    except BackgroundFailure as exc:
+        fail(str(exc), EXIT_FAILED)
     finally:
         client.close()

@@ -14,6 +14,8 @@ ZnsError                      base: catch this to catch everything below
 │                             nothing was sent to any NameServer
 ├── NameServerUnavailable     no NameServer answered in time (network, or all down)
 ├── NoWritableQueue           a route has no queue a producer may write to
+├── BackgroundFailure         a client's or broker agent's own thread (or task) failed: a BUG or
+│                             a broken environment; the original exception is its __cause__
 └── ConfigError               the server or a tool cannot start as configured
     ├── KvFileError           the KV file exists but cannot be used
     ├── KeyFileError          a CURVE key file or directory cannot be used
@@ -33,6 +35,10 @@ Where each is raised:
   also a `ValueError`.
 - `NameServerUnavailable` (also a `TimeoutError`): check the address list and
   the network; clients keep retrying the next NameServer on their own.
+- `BackgroundFailure` is raised by every call into a `RouteClient`,
+  `AsyncRouteClient` or `BrokerAgent` after its background thread or task
+  died of an unexpected exception (never a timeout in its place); the
+  message names the original exception, which is chained as `__cause__`.
 - `ConfigError`s stop `zns serve` before it serves anything, with a message
   that names the file or option and says how to recover; the command prints
   it and exits non-zero.
@@ -45,7 +51,7 @@ from msgspec import UNSET
 from zns.core.schema import Error
 
 __all__ = [
-    "BY_CODE", "BadRequest", "Busy", "ConfigError", "Conflict", "EndpointError", "ErrorReply",
+    "BY_CODE", "BackgroundFailure", "BadRequest", "Busy", "ConfigError", "Conflict", "EndpointError", "ErrorReply",
     "Internal", "KeyFileError", "KvFileError", "NameServerUnavailable", "NoPermission",
     "NoWritableQueue", "NotFound", "UnknownOp", "UsageError", "ZnsError", "from_reply",
 ]
@@ -128,6 +134,20 @@ class NameServerUnavailable(ZnsError, TimeoutError):
 
 class NoWritableQueue(ZnsError, LookupError):
     """The topic's route has no queue with WRITE permission (every broker wiped or gone)."""
+
+
+class BackgroundFailure(ZnsError, RuntimeError):
+    """A client's or broker agent's background thread or task died of an unexpected exception.
+
+    Raised by every later call into that client or agent; `__cause__` is the
+    original exception. Not an outage: a bug, or a broken environment.
+    """
+
+    @classmethod
+    def of(cls, what: str, exc: BaseException) -> BackgroundFailure:
+        failure = cls(f"{what} failed: {type(exc).__name__}: {exc}")
+        failure.__cause__ = exc
+        return failure
 
 
 class ConfigError(ZnsError):

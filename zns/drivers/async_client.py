@@ -23,6 +23,7 @@ from zns.drivers.client_base import ClientDriver
 
 _EMPTY = object()  # a `_Latest` with nothing new
 _FORGOTTEN = object()  # the topic is no longer followed: the iterator ends
+_FAILED = object()  # the client's task died: the iterator raises its failure
 
 
 class _Latest:
@@ -34,14 +35,14 @@ class _Latest:
         self._ready = asyncio.Event()
 
     def put(self, value: Any) -> None:
-        if self._value is not _FORGOTTEN:
+        if self._value not in (_FORGOTTEN, _FAILED):
             self._value = value
             self._ready.set()
 
     async def get(self) -> Any:
         await self._ready.wait()
         value = self._value
-        if value is not _FORGOTTEN:
+        if value not in (_FORGOTTEN, _FAILED):
             self._value = _EMPTY
             self._ready.clear()
         return value
@@ -90,7 +91,7 @@ class AsyncRouteClient(ClientDriver):
         cache, known = self._session.cache, True
         try:
             async with asyncio.timeout(self.timeout if timeout is None else timeout):
-                while not cache.known(topic):
+                while not cache.known(topic) and self._failure is None:
                     await self._changed.wait()
         except TimeoutError:
             known = False
@@ -100,6 +101,7 @@ class AsyncRouteClient(ClientDriver):
         """The route of `topic` once known, then its changes, until the loop is left
         or `forget(topic)`. A consumer that falls behind gets the latest route next."""
         await self.start()
+        self._raise_if_failed()
         latest = _Latest()
         self._watchers.setdefault(topic, []).append(latest)
         self._track(topic)
@@ -107,6 +109,8 @@ class AsyncRouteClient(ClientDriver):
             latest.put(self._session.cache.view(topic))
         try:
             while (route := await latest.get()) is not _FORGOTTEN:
+                if route is _FAILED:
+                    self._raise_if_failed()
                 yield route
         finally:
             with contextlib.suppress(ValueError):
@@ -141,11 +145,20 @@ class AsyncRouteClient(ClientDriver):
 
     async def _run(self) -> None:
         ready: set[Any] = set()
-        while True:
-            self._turn(ready)
+        try:
+            while True:
+                self._turn(ready)
+                self._changed.set()
+                self._changed = asyncio.Event()
+                ready = await self._wait(self._session.next_deadline())
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, not lost in a task
+            self._died(exc)
             self._changed.set()
-            self._changed = asyncio.Event()
-            ready = await self._wait(self._session.next_deadline())
+            for watchers in self._watchers.values():
+                for latest in watchers:
+                    latest.put(_FAILED)
 
     async def _wait(self, deadline: int | None) -> set[Any]:
         """Until a socket is readable, `_wake` is called, or `deadline` passes."""

@@ -30,6 +30,7 @@ from zns.core.broker_session import (
     Send,
     topic_config,
 )
+from zns.core.errors import BackgroundFailure
 from zns.core.schema import DataVersion, TopicConfig, decode_reply, encode
 from zns.drivers.sockets import Waker, open_socket, parse_addresses, recv_all
 
@@ -103,6 +104,9 @@ class BrokerAgent:
         self._ctx = context or zmq.Context.instance()
         self._lock = threading.Lock()
         self._stopping = False
+        # What killed the thread: every later call raises it (chained) instead of the agent
+        # going on silently unregistered.
+        self._failure: BaseException | None = None
         self._changed = False  # the topics changed since the loop last told the sessions
         self._close_timeout = 3.0
         self._waker = Waker()
@@ -119,6 +123,15 @@ class BrokerAgent:
     def register_period(self) -> float:
         """Seconds between full registrations, after RocketMQ's 10–60 s clamp."""
         return self._links[0].session.register_period_ms / 1000 if self._links else 0.0
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The exception that ended the agent's thread (None while it runs)."""
+        return self._failure
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise BackgroundFailure.of("the BrokerAgent's background thread", self._failure)
 
     @property
     def data_version(self) -> DataVersion:
@@ -138,6 +151,7 @@ class BrokerAgent:
         self._change(lambda topics: topics.pop(topic, None))
 
     def status(self) -> list[LinkStatus]:
+        self._raise_if_failed()
         with self._lock:
             return [
                 LinkStatus(s.endpoint, s.registered, s.registrations, s.last_error,
@@ -157,6 +171,7 @@ class BrokerAgent:
         if self._thread.is_alive():
             self._thread.join(timeout + 2)
         self._waker.close()
+        self._raise_if_failed()
         return {link.session.endpoint: link.session.unregistered for link in self._links}
 
     def __enter__(self) -> BrokerAgent:
@@ -168,6 +183,7 @@ class BrokerAgent:
     # --- the loop --------------------------------------------------------------
 
     def _change(self, edit: Callable[[dict[str, TopicConfig]], object]) -> None:
+        self._raise_if_failed()
         with self._lock:
             topics = self._broker.topics
             edit(topics)
@@ -213,6 +229,12 @@ class BrokerAgent:
                     wakes = [w for link in self._links if (w := link.session.next_wake()) is not None]
                     wait = max(0, min(wakes) - now) if wakes else None
                 ready = dict(poller.poll(wait))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, not lost in a thread
+            with self._lock:
+                self._failure = exc
+            log.error("the BrokerAgent's thread failed (every later call raises it): %s: %s",
+                      type(exc).__name__, exc)
+            log.debug("the failure", exc_info=exc)
         finally:
             for link in self._links:
                 self._drop_socket(link)

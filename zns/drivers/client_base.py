@@ -30,7 +30,7 @@ from zns.core.client_session import (
     Subscribe,
     Unsubscribe,
 )
-from zns.core.errors import NameServerUnavailable, NotFound, UsageError
+from zns.core.errors import BackgroundFailure, NameServerUnavailable, NotFound, UsageError
 from zns.core.queues import MessageQueue, QueueSelector
 from zns.core.schema import TopicRoute
 from zns.drivers.sockets import open_socket, parse_addresses, recv_all
@@ -185,6 +185,9 @@ class ClientDriver:
         self._selector_lock = threading.Lock()  # select_queue/report_latency from any thread
         self._sockets = SessionSockets(context)
         self._lock = lock
+        # What killed the background thread or task: every later call raises it (chained),
+        # so a bug is never mistaken for an outage nor left as a hang.
+        self._failure: BaseException | None = None
 
     # --- the shared API ------------------------------------------------------
 
@@ -194,6 +197,7 @@ class ClientDriver:
 
     def forget(self, topic: str) -> None:
         """Stop following `topic`: no more pulls or events of it; its watchers end."""
+        self._raise_if_failed()
         with self._lock:
             self._session.forget(topic)
             self._forget_watchers(topic)
@@ -204,18 +208,37 @@ class ClientDriver:
         with self._selector_lock:
             self.selector.report(broker_name, latency_ms, self._now(), failed)
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The exception that ended the background thread or task (None while it runs)."""
+        return self._failure
+
     # --- for the subclasses ------------------------------------------------------
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise BackgroundFailure.of(f"the {type(self).__name__}'s background loop",
+                                       self._failure)
+
+    def _died(self, exc: BaseException) -> None:
+        """Record what ended the loop (the caller holds the lock) and say so once."""
+        self._failure = exc
+        log.error("the %s's background loop failed (every later call raises it): %s: %s",
+                  type(self).__name__, type(exc).__name__, exc)
+        log.debug("the failure", exc_info=exc)
 
     def _now(self) -> int:
         return int(self._clock() * 1000)
 
     def _track(self, topic: str) -> None:
+        self._raise_if_failed()
         with self._lock:
             self._session.track(topic, self._now())
         self._wake()
 
     def _answer(self, topic: str, known: bool) -> TopicRoute:
         """The end of a `route()` wait: the route, or why there is none."""
+        self._raise_if_failed()
         if not known:
             raise NameServerUnavailable(
                 f"no route for {topic!r}: no NameServer answered "

@@ -78,7 +78,8 @@ class RouteClient(ClientDriver):
         self._track(topic)
         with self._changed:
             known = self._changed.wait_for(
-                lambda: self._session.cache.known(topic) or self._stopping,
+                lambda: self._session.cache.known(topic) or self._stopping
+                or self._failure is not None,
                 self.timeout if timeout is None else timeout,
             )
             return self._answer(topic, known and not self._stopping)
@@ -89,6 +90,7 @@ class RouteClient(ClientDriver):
         Returns a function that removes this callback (the topic stays
         followed: `forget` stops that).
         """
+        self._raise_if_failed()
         with self._changed:
             self._session.track(topic, self._now())
             self._watchers.setdefault(topic, []).append(callback)
@@ -148,6 +150,10 @@ class RouteClient(ClientDriver):
                 for callback, topic, route in calls:
                     _safely(callback, topic, route)
                 ready = {sock for sock, _ in poller.poll(self._wait_ms(deadline))}
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, not lost in a thread
+            with self._changed:
+                self._died(exc)
+                self._changed.notify_all()
         finally:
             with self._changed:
                 self._sockets.close()
