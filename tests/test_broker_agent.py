@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
+import zmq
 
 from conftest import register_fields, wait_for
 from zns.drivers.broker_agent import BrokerAgent
+from zns.core import schema
 from zns.core.errors import UsageError
 from zns.core.schema import Error
 
@@ -153,3 +157,61 @@ def test_status_shows_the_master_and_ha_addresses_registrations_return(server):
         wait_for(agent.registered_everywhere)
         status = agent.status()[0]
         assert (status.master_addr, status.ha_addr) == ("10.0.0.1:10911", "10.0.0.1:10912")
+
+
+@pytest.mark.timeout(30)
+def test_registered_everywhere_only_once_every_nameserver_confirmed(server):
+    with agent_for(server.router, "tcp://127.0.0.1:1") as agent:
+        wait_for(lambda: any(s.registered for s in agent.status()))
+        assert not agent.registered_everywhere()
+
+
+class SlowNameServer:
+    """A ROUTER answering nothing but an unregistration, `delay` agent-seconds after it came."""
+
+    def __init__(self, clock, delay: float) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.clock, self.delay = clock, delay
+        self.unregistrations = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            identity, body = self.sock.recv_multipart()
+            request = msgspec.msgpack.decode(body)
+            if request["op"] != "unregister_broker":
+                continue
+            self.unregistrations += 1
+            answer_at = self.clock() + self.delay
+            while self.clock() < answer_at and not self.stop.is_set():
+                time.sleep(0.01)  # a NameServer slow to answer, not a wait for a condition
+            self.sock.send_multipart([identity, schema.encode(
+                schema.UnregisterBrokerReply(id=request["id"], removed=True))])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.sock.close(0)
+
+
+@pytest.mark.timeout(60)
+def test_close_waits_for_the_unregistration_as_long_as_its_timeout_says():
+    # The agent's clock runs 4x fast: its 6 s wait for the answer is 1.5 s of the test's time.
+    def clock() -> float:
+        return time.monotonic() * 4
+
+    slow = SlowNameServer(clock, delay=6.0)
+    try:
+        agent = agent_for(slow.endpoint, clock=clock)
+        # Past the default 3 s, well within the 30 s asked for: the answer counts.
+        assert agent.close(timeout=30) == {slow.endpoint: True}
+        assert slow.unregistrations == 1
+    finally:
+        slow.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import msgspec
@@ -575,3 +576,47 @@ def test_forget_stops_following_a_topic(server):
         client.watch("TopicB", lambda t, r: marker.append(r))
         wait_for(lambda: marker)
         assert len(seen) == count  # ... without the callbacks it had before
+
+
+@pytest.mark.timeout(30)
+def test_unwatch_stops_the_callbacks_of_that_watch_only(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields())
+    removed: list = []
+    kept: list = []
+    with client_for(server.router) as client:
+        unwatch = client.watch("TopicA", lambda t, r: removed.append(r))
+        client.watch("TopicA", lambda t, r: kept.append(r))
+        wait_for(lambda: removed and kept)
+        unwatch()
+        peer.ok("register_broker", **register_fields(
+            topics={"TopicA": {"read_queues": 2}}, data_version={"counter": 1}))
+        # Callbacks run in order of registration: once the kept one saw the change, the
+        # removed one would have too.
+        wait_for(lambda: kept[-1].queues[0].read_queues == 2)
+        assert len(removed) == 1
+
+
+@pytest.mark.timeout(30)
+def test_forget_drops_the_callbacks_of_the_topic_already_queued(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields(topics={"TopicA": {}, "TopicB": {}}))
+    release = threading.Event()
+    blocked = threading.Event()
+    late: list = []
+    marker: list = []
+
+    def block(topic: str, route: TopicRoute | None) -> None:
+        blocked.set()
+        release.wait(10)
+
+    with client_for(server.router) as client:
+        client.route("TopicA")
+        client.watch("TopicB", block)
+        assert blocked.wait(10)  # the client's thread is inside a callback, outside its lock
+        client.watch("TopicA", lambda t, r: late.append(r))  # known: its first call is queued
+        client.forget("TopicA")
+        release.set()
+        client.watch("TopicB", lambda t, r: marker.append(r))
+        wait_for(lambda: marker)  # queued after TopicA's call: that one ran first, or never
+        assert late == []
