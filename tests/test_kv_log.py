@@ -322,3 +322,45 @@ def test_a_failed_fsync_changes_nothing(path, stores, monkeypatch, phase):
     assert on_disk(path) == model
     store.close()
     assert open_store(stores, path).list("ns") == model["ns"]
+
+
+def test_a_write_that_cannot_be_cut_back_stops_every_later_write(path, stores, monkeypatch, caplog):
+    store = open_store(stores, path)
+    store.put("ns", "a", "1")
+    real_write = os.write
+    state = {"writes": 0}
+
+    def torn_write(fd: int, data: bytes) -> int:  # half a record lands, then the disk is full
+        state["writes"] += 1
+        if state["writes"] == 1:
+            return real_write(fd, bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "injected: no space left")
+
+    def no_truncate(fd: int, size: int) -> None:
+        raise OSError(errno.EIO, "injected: cannot truncate")
+
+    monkeypatch.setattr(os, "write", torn_write)
+    monkeypatch.setattr(os, "ftruncate", no_truncate)
+    with caplog.at_level(logging.ERROR, logger="zns"), pytest.raises(OSError, match="no space left"):
+        store.put("ns", "b", "2")
+    assert "could not be cut back" in caplog.text  # the operator is told to restart
+    monkeypatch.undo()  # the disk works again, but the torn half record is still in the file
+    for write in (lambda: store.put("ns", "c", "3"), lambda: store.delete("ns", "a")):
+        with pytest.raises(OSError, match="restart the server"):
+            write()
+    assert store.list("ns") == {"a": "1"}
+    store.close()
+    # Nothing was appended after the torn record, so a restart cuts it and keeps the rest.
+    assert open_store(stores, path).list("ns") == {"a": "1"}
+
+
+def test_deleting_the_last_key_of_a_namespace_removes_the_namespace(path, stores):
+    for store in (open_store(stores, path), KvStore(None)):
+        store.put("ns", "a", "1")
+        store.put("other", "b", "2")
+        assert store.count() == 2
+        assert store.delete("ns", "a")
+        assert store.count() == 1  # what --max-kv-namespaces counts
+        assert store.list("ns") == {} and store.count("ns") == 0
+    stores[0].close()
+    assert open_store(stores, path).count() == 1
