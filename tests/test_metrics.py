@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from conftest import Peer, ThreadedServer, register_fields, wait_for
 from zns.cli import main as zns_main
 from zns.drivers.logs import JsonFormatter
+from zns.drivers.metrics import MetricsServer
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -172,3 +173,35 @@ def test_serve_logs_json_lines(process_server):
     assert any(m.startswith("broker registered c1/jb") for m in messages)
     assert messages[-1] == "zns stopped"
     assert {"time", "level", "logger", "message"} <= set(lines[0])
+
+
+@pytest.mark.timeout(60)
+def test_broker_addresses_count_a_master_and_its_slave_apart(metered: ThreadedServer):
+    peer = metered.peer()
+    peer.ok("register_broker", **register_fields(broker_name="b1", broker_id=0, addr="10.0.0.1:1"))
+    peer.ok("register_broker", **register_fields(broker_name="b1", broker_id=1, addr="10.0.0.2:1"))
+    m = scrape(metered)
+    assert m["zns_brokers", ()] == 1
+    assert m["zns_broker_addresses", ()] == 2
+
+
+class AgedLoop:
+    """A server whose loop last completed a pass `age` seconds ago (what /healthz reads)."""
+
+    age = 0.0
+
+    def loop_age_s(self) -> float:
+        return self.age
+
+
+@pytest.mark.timeout(60)
+def test_healthz_is_stuck_after_two_heartbeat_intervals_without_a_pass():
+    loop = AgedLoop()
+    metrics = MetricsServer(loop, "127.0.0.1:0", heartbeat_interval=1.0)  # type: ignore[arg-type]
+    try:
+        url = f"http://127.0.0.1:{metrics.port}/healthz"
+        for age, status in ((0.0, 200), (1.9, 200), (2.0, 200), (2.1, 503), (3.9, 503)):
+            loop.age = age
+            assert get(url)[0] == status, age
+    finally:
+        metrics.close()
