@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 
 from conftest import Peer, ThreadedServer, register_fields, wait_for
 from zns.core import schema
-from zns.core.errors import UsageError
+from zns.core.errors import EndpointError, UsageError
 from zns.drivers.async_client import AsyncRouteClient
 from zns.drivers.client_base import events_endpoint
 from zns.drivers.event_relay import Relay
@@ -35,6 +36,19 @@ def _write_queues(client: RouteClient, topic: str) -> int | None:
         return client.route(topic, timeout=0.5).queues[0].write_queues
     except Exception:
         return None
+
+
+def _rebind(upstream: str, endpoint: str) -> Relay:
+    """A relay on the endpoint another one just left: libzmq closes a listening socket in its
+    own thread, after close() returns, so the port is free a moment later (EADDRINUSE until)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return Relay(upstream, endpoint)
+        except EndpointError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 @pytest.mark.timeout(60)
@@ -58,7 +72,7 @@ def test_relay_carries_changes_and_a_restart_is_repaired(server: ThreadedServer)
         # The relay goes away; a change is made that no event will ever repeat.
         relay.close()
         _register(peer, "b1", "10.0.0.1:1", {"T1": {"write_queues": 3, "read_queues": 3}}, 3)
-        relay = Relay(server.router, endpoint)  # same endpoint: clients reconnect by themselves
+        relay = _rebind(server.router, endpoint)  # same endpoint: clients reconnect by themselves
         # Silence (or a gap) makes the client pull again, and it learns the missed change.
         wait_for(lambda: seen[-1] == 3, timeout=20)
         assert client.session.pulls > pulls
@@ -255,3 +269,98 @@ def test_relay_refuses_when_no_nameserver_answers():
                 "--timeout", "0.2")
     assert proc.wait(30) == 3
     assert "no" in proc.rest("stderr").lower()
+
+
+class FakeUpstream:
+    """A NameServer that only answers `status`, naming `pub_endpoint` as its events endpoint."""
+
+    def __init__(self, router: str, pub: str, pub_endpoint: str) -> None:
+        ctx = zmq.Context.instance()
+        self.router = ctx.socket(zmq.ROUTER)
+        self.pub = ctx.socket(zmq.PUB)
+        for sock in (self.router, self.pub):
+            sock.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDHWM, 0)  # the relay's bounds are under test, not this one's
+        self.router.bind(router)
+        self.pub.bind(pub)
+        self.endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.pub_port = self.pub.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[-1]
+        self.pub_endpoint = pub_endpoint.replace("PORT", self.pub_port)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._answer, daemon=True)
+        self.thread.start()
+
+    def _answer(self) -> None:
+        while not self.stop.is_set():
+            if self.router.poll(50):
+                identity, body = self.router.recv_multipart()
+                request = schema.decode_request(body)
+                self.router.send_multipart([identity, schema.encode(schema.StatusReply(
+                    id=request.id, epoch="e", revision=0, version="0", uptime_ms=0, brokers=0,
+                    topics=0, pub_endpoint=self.pub_endpoint))])
+
+    def subscribed(self, sub: zmq.Socket) -> None:
+        """Publish probes until `sub` (subscribed to everything) receives one; drain it."""
+        deadline = time.monotonic() + 20
+        while not sub.poll(20):
+            assert time.monotonic() < deadline, "the subscription never reached the upstream"
+            self.pub.send(b"probe")
+        while sub.poll(100):
+            sub.recv()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.router.close(0)
+        self.pub.close(0)
+
+
+def _sub(endpoint: str, rcvhwm: int) -> zmq.Socket:
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RCVHWM, rcvhwm)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    return sub
+
+
+@pytest.mark.timeout(60)
+def test_relay_replaces_a_wildcard_host_in_the_events_endpoint():
+    upstream = FakeUpstream("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "tcp://*:PORT")
+    try:
+        with Relay(upstream.endpoint, "tcp://127.0.0.1:*") as relay:
+            assert relay.upstream_pub == f"tcp://127.0.0.1:{upstream.pub_port}"
+            sub = _sub(relay.endpoint, 1000)
+            upstream.subscribed(sub)  # events of the NameServer come through
+            sub.close(0)
+    finally:
+        upstream.close()
+
+
+@pytest.mark.timeout(60)
+def test_relay_drops_for_a_subscriber_behind_by_its_high_water_mark():
+    # inproc: no kernel buffers, so a pipe holds exactly what the marks allow.
+    name = f"inproc://zns-test-{os.getpid()}-{time.monotonic_ns()}"
+    upstream = FakeUpstream(f"{name}-ns", f"{name}-pub", f"{name}-pub")
+    try:
+        with Relay(upstream.endpoint, f"{name}-relay", hwm=10) as relay:
+            behind = _sub(relay.endpoint, 10)
+            reader = _sub(relay.endpoint, 0)  # unbounded: tells when the relay forwarded all
+            upstream.subscribed(behind)
+            upstream.subscribed(reader)
+            while behind.poll(0):
+                behind.recv()
+            for i in range(3000):
+                upstream.pub.send(b"event %d" % i)
+            while reader.recv() != b"event 2999":
+                pass
+            kept = 0
+            while behind.poll(0):
+                behind.recv()
+                kept += 1
+            # The relay's send mark (10) plus the subscriber's receive mark (10), not thousands.
+            assert 0 < kept <= 100, kept
+            behind.close(0)
+            reader.close(0)
+    finally:
+        upstream.close()
