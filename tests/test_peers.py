@@ -277,3 +277,48 @@ def test_a_bare_host_port_peer_is_tcp_and_listed_once(make_server):
     bare = a.router.removeprefix("tcp://")
     b = make_server(peers=[bare, a.router])
     wait_linked(b.peer(), a.router)
+
+
+class BadEventsPeer:
+    """A peer answering `status` with an events endpoint nobody can connect to; it notes
+    when each `status` came."""
+
+    def __init__(self) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.asked_at: list[float] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._answer, daemon=True)
+        self.thread.start()
+
+    def _answer(self) -> None:
+        while not self.stop.is_set():
+            if self.sock.poll(20):
+                identity, body = self.sock.recv_multipart()
+                self.asked_at.append(time.monotonic())
+                request = schema.decode_request(body)
+                self.sock.send_multipart([identity, schema.encode(schema.StatusReply(
+                    id=request.id, epoch="e", revision=0, version="0", uptime_ms=0, brokers=0,
+                    topics=0, pub_endpoint="tcp://127.0.0.1:not-a-port"))])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.sock.close(0)
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_naming_a_bad_events_endpoint_is_asked_again_with_a_growing_backoff(make_server):
+    peer = BadEventsPeer()
+    try:
+        make_server(peers=[peer.endpoint])
+        wait_for(lambda: len(peer.asked_at) >= 5, timeout=40)
+        gaps = [b - a for a, b in zip(peer.asked_at, peer.asked_at[1:])]
+        # Documented: 0.4, 0.8, 1.6, 3.2 s ... up to 5 s between attempts (not the ~3 s
+        # silence of a subscription that never delivers anything, again and again).
+        assert gaps[0] < 2.0, gaps
+        assert gaps[3] - gaps[0] >= 1.5, gaps
+    finally:
+        peer.close()
