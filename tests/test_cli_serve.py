@@ -112,6 +112,14 @@ def test_config_file_with_either_spelling(serve_config, tmp_path: Path, kv_key: 
     assert serve_config(env={"ZNS_CONFIG": str(conf)}).router == "tcp://127.0.0.1:3333"
 
 
+@pytest.mark.parametrize("key", ["peers", "peer"])
+def test_config_file_lists_peers_under_either_name(serve_config, tmp_path: Path, key: str):
+    conf = tmp_path / "zns.toml"
+    conf.write_text(f'{key} = ["tcp://127.0.0.1:5555", "tcp://127.0.0.1:6666"]\n')
+    assert serve_config("--config", str(conf)).peers == [
+        "tcp://127.0.0.1:5555", "tcp://127.0.0.1:6666"]
+
+
 def test_precedence_cli_over_env_over_file(serve_config, tmp_path: Path):
     conf = tmp_path / "zns.toml"
     conf.write_text('router = "tcp://127.0.0.1:1"\nkv_path = "/file"\nheartbeat_interval = 3.0\n')

@@ -180,3 +180,20 @@ def test_status_exits_1_on_an_error_reply_and_3_when_nothing_answers(server):
     finally:
         thread.join(15)
         refusing.close(0)
+
+
+def test_route_shows_perm_bits_and_a_wiped_broker_read_only(loaded):
+    ns = loaded.router
+    assert "6 (rw-)" in run("route", "TopicA", ns=ns).output
+    assert run("wipe-write-perm", "broker-a", ns=ns).exit_code == 0
+    out = run("route", "TopicA", ns=ns).output
+    assert "4 (r--)" in out and "(rw-)" not in out, out
+
+
+def test_route_zone_shows_what_a_client_of_that_zone_sees(loaded):
+    ns = loaded.router
+    everything = run("route", "TopicB", ns=ns).output
+    assert "broker-a" in everything and "broker-b" in everything
+    zoned = run("route", "TopicB", "--zone", "z1", ns=ns)
+    assert zoned.exit_code == 0 and "broker-a" in zoned.output, zoned.output
+    assert "broker-b" not in zoned.output, zoned.output
