@@ -55,7 +55,8 @@ MODULES: dict[str, list[str]] = {
     "kv": ["tests/test_kv_service.py", "tests/test_limits.py", "tests/test_service.py"],
     "broker_session": ["tests/test_broker_session.py"],
     "budget": ["tests/test_budget.py"],
-    "errors": ["tests/test_errors.py", "tests/test_service.py", "tests/test_routes.py", "tests/test_broker_session.py"],
+    "errors": ["tests/test_errors.py", "tests/test_service.py", "tests/test_routes.py", "tests/test_broker_session.py",
+               "tests/test_remoting_codec.py"],
     "keys": ["tests/test_keys_backoff.py", "tests/test_security.py", "tests/test_service.py"],
     "addresses": ["tests/test_addresses_text.py", "tests/test_client.py", "tests/test_broker_session.py", "tests/test_peers_core.py",
                   "-k", "not test_no_nameserver_answers"],
@@ -69,7 +70,6 @@ MODULES: dict[str, list[str]] = {
     "remoting/register": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
     "remoting/handler": ["tests/test_remoting_service.py"],
     "remoting/ext": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
-    "remoting/errors": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
 }
 
 # mutmut mutant name -> why no test can kill it (the code behaves the same either way).

@@ -6,7 +6,7 @@ ZnsError                      base: catch this to catch everything below
 │   ├── BadRequest            the PEER sent something malformed or out of bounds
 │   ├── UnknownOp             the PEER asked for an op this server does not have
 │   ├── NotFound              the topic, broker or KV entry asked for does not exist
-│   ├── NoPermission          the PEER's key may not do this op (CURVE, §9)
+│   ├── NoPermission          the PEER's key (CURVE, §9) or network (remoting) may not do this op
 │   ├── Conflict              another live address holds the broker id (§4)
 │   ├── Busy                  the SERVER sheds load; retry later
 │   └── Internal              a BUG in zns; logged with a traceback, the server carries on
@@ -16,6 +16,9 @@ ZnsError                      base: catch this to catch everything below
 ├── NoWritableQueue           a route has no queue a producer may write to
 ├── BackgroundFailure         a client's or broker agent's own thread (or task) failed: a BUG or
 │                             a broken environment; the original exception is its __cause__
+├── RemotingError             the PEER's RocketMQ remoting input is wrong (§12)
+│   ├── RemotingFrameError    the stream cannot be framed: the connection is closed
+│   └── RemotingBodyError     one request cannot be used: SYSTEM_ERROR, the connection stays
 └── ConfigError               the server or a tool cannot start as configured
     ├── KvFileError           the KV file exists but cannot be used
     ├── KeyFileError          a CURVE key file or directory cannot be used
@@ -39,12 +42,18 @@ Where each is raised:
   `AsyncRouteClient` or `BrokerAgent` after its background thread or task
   died of an unexpected exception (never a timeout in its place); the
   message names the original exception, which is chained as `__cause__`.
+- `RemotingError`s are raised by the remoting codec (`zns.core.remoting`)
+  about bytes a RocketMQ peer sent; `RemotingService.handle` (frame errors:
+  the listener) is where they become SYSTEM_ERROR replies or a closed
+  connection. `NoPermission` there is the NO_PERMISSION response code.
 - `ConfigError`s stop `zns serve` before it serves anything, with a message
   that names the file or option and says how to recover; the command prints
   it and exits non-zero.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from msgspec import UNSET
 
@@ -53,7 +62,8 @@ from zns.core.schema import Error
 __all__ = [
     "BY_CODE", "BackgroundFailure", "BadRequest", "Busy", "ConfigError", "Conflict", "EndpointError", "ErrorReply",
     "Internal", "KeyFileError", "KvFileError", "NameServerUnavailable", "NoPermission",
-    "NoWritableQueue", "NotFound", "UnknownOp", "UsageError", "ZnsError", "from_reply",
+    "NoWritableQueue", "NotFound", "RemotingBodyError", "RemotingError", "RemotingFrameError",
+    "UnknownOp", "UsageError", "ZnsError", "from_reply",
 ]
 
 
@@ -148,6 +158,35 @@ class BackgroundFailure(ZnsError, RuntimeError):
         failure = cls(f"{what} failed: {type(exc).__name__}: {exc}")
         failure.__cause__ = exc
         return failure
+
+
+class RemotingError(ZnsError):
+    """Base of every error the remoting codec raises about peer input."""
+
+
+class RemotingFrameError(RemotingError):
+    """The stream cannot be framed or a header cannot be decoded.
+
+    Raised by `FrameDecoder.feed`, `decode_frame` and the header decoders.
+    The caller must close the connection (after logging ``str(err)``):
+    nothing that follows on that stream can be trusted. `commands` holds the
+    well-formed commands decoded from the same chunk before the bad frame, so
+    a caller that wants Java's behaviour can still carry them out first.
+    """
+
+    def __init__(self, message: str, commands: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.commands: list[Any] = commands if commands is not None else []
+
+
+class RemotingBodyError(RemotingError):
+    """A well-framed request whose body or ext fields cannot be used.
+
+    Raised by the body decoders, `loads_lenient`, the ext-field helpers and
+    `check_body_crc32`. The caller answers the request with SYSTEM_ERROR (1)
+    and ``str(err)`` as remark (never for a one-way request), applies
+    nothing, and keeps the connection open.
+    """
 
 
 class ConfigError(ZnsError):

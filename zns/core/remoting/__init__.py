@@ -6,8 +6,9 @@ NameServer. It does no I/O: a listener feeds it bytes and writes back what it
 returns. Modules:
 
 * `constants` -- request/response codes, languages, version ordinals, flags.
-* `errors` -- `RemotingFrameError` (close the connection) and
-  `RemotingBodyError` (answer SYSTEM_ERROR, keep the connection).
+* `RemotingFrameError` (close the connection) and `RemotingBodyError`
+  (answer SYSTEM_ERROR, keep the connection) live in the one error tree,
+  `zns.core.errors`, and are re-exported here.
 * `command` -- `RemotingCommand`, both header serializations, `FrameDecoder`
   and `encode_command`.
 * `fastjson` -- fastjson's two string escapings, Java HashMap order,
@@ -62,7 +63,7 @@ from .constants import (
     RequestCode,
     ResponseCode,
 )
-from .errors import RemotingBodyError, RemotingError, RemotingFrameError
+from zns.core.errors import RemotingBodyError, RemotingError, RemotingFrameError
 from .ext import optional, parse_bool, parse_int, parse_long, require
 from .fastjson import escape_legacy, escape_standard, java_hashmap_order, loads_lenient, quote_integer_keys
 from .register import (

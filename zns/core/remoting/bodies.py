@@ -32,7 +32,7 @@ import msgspec
 from msgspec import Struct
 
 from .constants import STANDARD_JSON_MIN_VERSION
-from .errors import RemotingBodyError
+from zns.core.errors import RemotingBodyError
 from .fastjson import LEGACY_SPECIAL, STANDARD_SPECIAL, escape_legacy, escape_standard, loads_lenient, to_utf8
 
 # --- shapes (wire names via rename; Python names match zns.core.schema) ---------------

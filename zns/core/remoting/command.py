@@ -22,9 +22,11 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta, Raw, Struct
 
+from zns.core.errors import RemotingFrameError
 from zns.core.text import quote
 
 from .constants import (
+    QUOTE_CHARS,
     DEFAULT_MAX_FRAME_BYTES,
     FLAG_ONEWAY,
     FLAG_RESPONSE,
@@ -35,7 +37,6 @@ from .constants import (
     SERIALIZE_ROCKETMQ,
     VERSION_5_3_3,
 )
-from .errors import QUOTE_CHARS, RemotingFrameError
 from .fastjson import escape_legacy, java_hashmap_order, to_utf8
 
 # A header may carry at most this many ext fields (Java has no bound; real

@@ -18,6 +18,10 @@ SERIALIZE_NAMES = {SERIALIZE_JSON: "JSON", SERIALIZE_ROCKETMQ: "ROCKETMQ"}
 # counting the 4-byte length field itself.
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 
+# How much of a peer's text a frame or body error quotes (`zns.core.text.quote`): a
+# hostile peer cannot make the server log or echo megabytes.
+QUOTE_CHARS = 64
+
 FLAG_RESPONSE = 1 << 0  # bit 0: this command is a reply
 FLAG_ONEWAY = 1 << 1    # bit 1: the sender wants no reply
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from zns.core.text import quote
 
-from .errors import RemotingBodyError
+from zns.core.errors import RemotingBodyError
 
 # Java's parseInt/parseLong: an optional sign, then ASCII digits; nothing else
 # (no spaces, no underscores, no "0x").

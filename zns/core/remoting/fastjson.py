@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .errors import RemotingBodyError
+from zns.core.errors import RemotingBodyError
 
 T = TypeVar("T")
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import msgspec
 
-from zns.core.errors import ErrorReply, NotFound
+from zns.core.errors import ErrorReply, NoPermission, NotFound
 from zns.core.routes import filter_zone
 from zns.core.schema import (
     MASTER_ID,
@@ -75,7 +75,7 @@ from .bodies import (
 from .bodies import DataVersion as WireDataVersion
 from .command import RemotingCommand
 from .constants import SERIALIZE_JSON, RequestCode, ResponseCode
-from .errors import RemotingBodyError
+from zns.core.errors import RemotingBodyError
 from .ext import optional, parse_bool, parse_long, require
 from .register import check_body_crc32, decode_register_broker_body
 
@@ -138,7 +138,7 @@ class RemotingService:
         frames: list[Frames] = []
         try:
             reply = self._dispatch(cmd, conn, now, frames)
-        except _Refused as exc:
+        except NoPermission as exc:  # a network the operator did not list (or a key)
             reply = _error(cmd, ResponseCode.NO_PERMISSION, str(exc))
         except RemotingBodyError as exc:
             reply = _error(cmd, ResponseCode.SYSTEM_ERROR, str(exc))
@@ -381,8 +381,8 @@ class RemotingService:
         if networks is None or _in_networks(conn.host, networks):
             return
         log.warning("remoting request %d from %s refused: not in %s", code, conn.host, option)
-        raise _Refused(f"request code {code} is not allowed from {conn.host}: "
-                       f"the server's {option} lists the networks that may send it")
+        raise NoPermission(f"request code {code} is not allowed from {conn.host}: "
+                           f"the server's {option} lists the networks that may send it")
 
     def _heard(self, cluster: str, addr: str, conn: Connection, now: int) -> None:
         self._via[(cluster, addr)] = (conn.conn_id, now)
@@ -417,10 +417,6 @@ class RemotingService:
         table = self.service.table
         for topic in [t for t in self._routes if not table.has_topic(t)]:
             del self._routes[topic]
-
-
-class _Refused(Exception):
-    """A code this connection's source network may not send (NO_PERMISSION)."""
 
 
 def _convert(value: Any, kind: Any, what: str) -> Any:

@@ -30,11 +30,13 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from zns.core.errors import RemotingBodyError
 from zns.core.text import quote
 
 from .bodies import DataVersion
-from .constants import DEFAULT_MAX_FRAME_BYTES, MAPPING_SECTION_MIN_VERSION, VERSION_3_0_11
-from .errors import QUOTE_CHARS, RemotingBodyError
+from .constants import (
+    DEFAULT_MAX_FRAME_BYTES, MAPPING_SECTION_MIN_VERSION, QUOTE_CHARS, VERSION_3_0_11,
+)
 from .ext import ExtFields, parse_long
 from .fastjson import loads_lenient
 
