@@ -312,6 +312,12 @@ _GROWTH = {
                                              data_version={"counter": 1}))],
         ("register_broker", register_fields(topics=topics("N0", "N1"), incremental=True,
                                             data_version={"counter": 2}))),
+    "same data_version restores the listed topics the name lacks": (
+        [("register_broker", register_fields(topics=topics("T0", "T1", "T2"),
+                                             data_version={"counter": 1})),
+         ("delete_topic", dict(topic="T1"))],
+        ("register_broker", register_fields(topics=topics("T0", "T1", "N0"),
+                                            data_version={"counter": 1}))),
     "filter servers on an address another name lists": (
         [("register_broker", register_fields(topics=topics(*(f"T{i}" for i in range(10))))),
          ("register_broker", register_fields(broker_name="broker-b", topics=topics("U0")))],

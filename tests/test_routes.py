@@ -347,9 +347,31 @@ def test_periodic_reregistration_same_version_leaves_topics_alone(table):
     assert perm_of(table, "TopicA") == 6
 
 
-def test_same_version_reregistration_ignores_topic_list_changes(table):
+def test_same_version_reregistration_keeps_held_topics_as_they_are(table):
+    register(table, topics=["TopicA", "TopicB"])
+    table.wipe_write_perm("broker-a")
+    register(table, topics=["TopicA"])  # same version: not a new configuration
+    assert set(table.routes()) == {"TopicA", "TopicB"}  # nothing removed
+    assert perm_of(table, "TopicA") == 4  # the wipe lasts
+
+
+def test_same_version_reregistration_restores_topics_the_name_lacks(table):
+    """RocketMQ's isTopicConfigChanged: a topic with no queue data of this broker name is
+    applied whatever the data version (an incremental registration first after a restart,
+    or an admin's delete_topic, would otherwise lose it until the version changes)."""
+    register(table, topics=["TopicA"], incremental=True)  # e.g. updateTopic -b after a restart
+    outcome = register(table, topics=["TopicA", "TopicB", "TopicC"])  # the periodic one, same V1
+    assert set(table.routes()) == {"TopicA", "TopicB", "TopicC"}
+    assert set(route_events(outcome.events)) == {"TopicB", "TopicC"}
+    table.delete_topic("TopicB")
+    register(table, topics=["TopicA", "TopicB", "TopicC"])
+    assert set(table.routes()) == {"TopicA", "TopicB", "TopicC"}
+
+
+def test_same_version_reregistration_of_a_slave_restores_nothing(table):
     register(table, topics=["TopicA"])
-    register(table, topics=["TopicA", "TopicB"])  # same version: not a new configuration
+    register(table, broker_id=1, addr=OTHER, topics=["TopicA", "TopicB"])
+    register(table, broker_id=1, addr=OTHER, topics=["TopicA", "TopicB"])
     assert set(table.routes()) == {"TopicA"}
 
 

@@ -151,14 +151,16 @@ class Model:
                           "timeout": req.heartbeat_timeout_ms, "version": req.data_version}
         ids = [i for _, i in self.addrs[name].values() if i is not None]
         source = broker_id == MASTER_ID or (MASTER_ID not in ids and broker_id == min(ids))
-        if source and (not held_before or stored_version != req.data_version):
+        if source:
             held = self.queues[name]
-            if not req.incremental:
+            replace = not held_before or stored_version != req.data_version
+            if replace and not req.incremental:
                 for topic in [t for t in held if t not in req.topics]:
                     del held[topic]
             for topic, cfg in req.topics.items():
-                held[topic] = QueueData(name, cfg.read_queues, cfg.write_queues, cfg.perm,
-                                        cfg.sys_flag)
+                if replace or topic not in held:  # the same version restores missing ones
+                    held[topic] = QueueData(name, cfg.read_queues, cfg.write_queues, cfg.perm,
+                                            cfg.sys_flag)
         if req.filter_servers:
             self.filter_servers[key] = list(req.filter_servers)
         else:

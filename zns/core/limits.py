@@ -58,8 +58,10 @@ class Limits:
                 # replace them (a slave's, one with an unchanged data_version, an
                 # incremental one) keeps the held ones, each of which then carries its
                 # filter servers and address too: count them whatever the request lists.
+                # An incremental one, or one with an unchanged data_version (it restores
+                # the listed topics the name lacks), adds the listed topics not held.
                 held = table.broker_topic_count(name)
-                if request.incremental:
+                if request.incremental or table.holds_same_version(request):
                     name_topics = held + sum(not table.broker_has_topic(name, topic)
                                              for topic in topics)
                 else:

@@ -160,17 +160,16 @@ class RouteTable:
         ch = _Changes()
         key = (req.cluster, req.broker_addr)
         before = self._live.get(key)  # what the table held of this address before the request
-        stored_version = before.data_version if before else None
-        rec = self._brokers.get(req.broker_name)
-        held_before = rec is not None and rec.addrs.get(req.broker_id) == req.broker_addr and (
-            rec.addr_cluster.get(req.broker_addr) == req.cluster)
+        same_version = self.holds_same_version(req)
         rec = self._join_cluster(req, ch)                                     # step 1
         old_id = self._move_address(rec, req, ch)                             # steps 2 and 3
         self._record_address(rec, req, old_id, before, ch)
         live = self._record_liveness(req, now)                                # step 5
-        if self._is_topic_source(rec, req.broker_id) and (
-                not held_before or stored_version != req.data_version):
-            self._apply_topics(req.broker_name, req, ch)                      # step 4
+        if self._is_topic_source(rec, req.broker_id):                         # step 4
+            if same_version:
+                self._restore_missing_topics(req.broker_name, req, ch)
+            else:
+                self._apply_topics(req.broker_name, req, ch)
         self._set_filter_servers(key, req.filter_servers, live, ch)           # step 6
         master_addr, ha_addr = self._master_of(rec, req.broker_id)
         return RegisterOutcome(master_addr, ha_addr, self._commit(ch))
@@ -542,6 +541,16 @@ class RouteTable:
     def filter_servers_of(self, cluster: str, addr: str) -> int:
         return len(self._filter_servers.get((cluster, addr), ()))
 
+    def holds_same_version(self, req: RegisterBroker) -> bool:
+        """Whether `req`'s address already holds its id in its cluster with the same
+        data_version: then step 4 only restores the listed topics the name lacks."""
+        rec = self._brokers.get(req.broker_name)
+        live = self._live.get((req.cluster, req.broker_addr))
+        return (rec is not None and live is not None
+                and rec.addrs.get(req.broker_id) == req.broker_addr
+                and rec.addr_cluster.get(req.broker_addr) == req.cluster
+                and live.data_version == req.data_version)
+
     def broker_topic_count(self, name: str) -> int:
         return len(self._broker_topics.get(name, ()))
 
@@ -558,6 +567,18 @@ class RouteTable:
         for topic, cfg in req.topics.items():
             queue = QueueData(name, cfg.read_queues, cfg.write_queues, cfg.perm, cfg.sys_flag)
             self._set_queue(topic, queue, ch)
+
+    def _restore_missing_topics(self, name: str, req: RegisterBroker, ch: _Changes) -> None:
+        """Step 4 for an unchanged data_version: only listed topics the name has no queue
+        data in are applied (RocketMQ's isTopicConfigChanged). Those held stay as they are,
+        so an admin's wipe_write_perm lasts; those missing, because an incremental
+        registration created the name after a restart or an admin deleted the topic, come
+        back at the broker's next periodic registration instead of never."""
+        held = self._broker_topics[name]
+        for topic, cfg in req.topics.items():
+            if topic not in held:
+                queue = QueueData(name, cfg.read_queues, cfg.write_queues, cfg.perm, cfg.sys_flag)
+                self._set_queue(topic, queue, ch)
 
     def _set_queue(self, topic: str, queue: QueueData, ch: _Changes) -> None:
         by_broker = self._queues.setdefault(topic, {})
