@@ -205,3 +205,34 @@ def test_healthz_is_stuck_after_two_heartbeat_intervals_without_a_pass():
             assert get(url)[0] == status, age
     finally:
         metrics.close()
+
+
+@pytest.mark.timeout(60)
+def test_remoting_requests_are_counted_by_code_and_outcome(tmp_path: Path):
+    # Issue 20 item 2: an operator running zns as a RocketMQ NameServer sees its traffic.
+    from test_remoting_listener import Client, register_cmd
+    from zns.core.remoting import RemotingCommand
+
+    srv = ThreadedServer(tmp_path, metrics="127.0.0.1:0", remoting="127.0.0.1:0")
+    try:
+        client = Client(srv.server.remoting.endpoint)
+        assert client.call(register_cmd(topics=("T1",))).code == 0
+        for _ in range(3):
+            route = client.call(RemotingCommand(code=105, version=479, ext_fields={"topic": "T1"}))
+            assert route.code == 0
+        missing = RemotingCommand(code=105, version=479, ext_fields={"topic": "Nope"})
+        assert client.call(missing).code == 17
+        assert client.call(RemotingCommand(code=4242, version=479)).code == 3
+        m = scrape(srv)
+        client.close()
+        counted = {labels: value for (name, labels), value in m.items()
+                   if name == "zns_remoting_requests_total"}
+        assert counted == {
+            (("code", "REGISTER_BROKER"), ("outcome", "ok")): 1,
+            (("code", "GET_ROUTEINFO_BY_TOPIC"), ("outcome", "ok")): 3,
+            (("code", "GET_ROUTEINFO_BY_TOPIC"), ("outcome", "topic_not_exist")): 1,
+            (("code", "OTHER"), ("outcome", "request_code_not_supported")): 1,
+        }
+        assert m["zns_encoded_route_bytes", (("form", "json"),)] > 0
+    finally:
+        srv.stop()

@@ -632,21 +632,27 @@ def test_closing_the_registering_connection_removes_the_address(rs, svc):
 
 
 @pytest.mark.parametrize("code", [904, 322])
-def test_heard_over_another_connection_since_keeps_it(rs, svc, code):
+def test_a_heartbeat_over_another_connection_never_moves_the_tie(rs, svc, code):
+    # Issue 21 item 7 (a): the Java NameServer only refreshes the timestamp.
     ok(rs, register_cmd(), C1, now=1000)
     ok(rs, req(code, HB_EXT, INLINE["DataVersion"].encode() if code == 322 else b""), C2,
        now=1500)
-    assert rs.connection_closed(1, 2000) == []
+    assert svc.table.liveness("DefaultCluster", MASTER).last_heartbeat == 1500  # refreshed
+    assert rs.connection_closed(2, 2000) == []
     assert svc.table.liveness("DefaultCluster", MASTER) is not None
-    [event] = removed_events(rs.connection_closed(2, 2500))
+    [event] = removed_events(rs.connection_closed(1, 2500))
     assert event.reason == "disconnected"
 
 
-def test_heard_over_zns1_since_keeps_it(rs, svc):
+def test_heard_over_zns1_since_is_still_removed_and_registered_since_is_kept(rs, svc):
     ok(rs, register_cmd(), C1, now=1000)
     assert zns1(svc, "heartbeat", now=1500, cluster="DefaultCluster", broker_name="broker-a",
                 broker_id=0, broker_addr=MASTER)["known"] is True
-    assert rs.connection_closed(1, 2000) == []
+    assert removed_events(rs.connection_closed(1, 2000))  # a heartbeat ties nothing
+    ok(rs, register_cmd(), C1, now=3000)
+    zns1(svc, "register_broker", now=3500, cluster="DefaultCluster", broker_name="broker-a",
+         broker_id=0, broker_addr=MASTER, topics={"TopicTest": {}})
+    assert rs.connection_closed(1, 4000) == []  # registered over ZNS/1 since: its own now
     assert svc.table.liveness("DefaultCluster", MASTER) is not None
 
 
@@ -656,6 +662,34 @@ def test_zns1_broker_heartbeating_over_remoting_is_not_tied_to_the_connection(rs
     ok(rs, req(904, HB_EXT), C2, now=1500)
     assert rs.connection_closed(2, 2000) == []
     assert svc.table.liveness("DefaultCluster", MASTER) is not None
+
+
+def test_a_close_removes_only_the_name_its_connection_registered_at_a_shared_address(rs, svc):
+    # Issue 21 item 7 (b): broker-a over ZNS/1, broker-b over remoting, one address.
+    zns1(svc, "register_broker", now=1000, cluster="DefaultCluster", broker_name="broker-a",
+         broker_id=0, broker_addr=MASTER, topics={"TopicA": {}})
+    ok(rs, register_cmd(name="broker-b", topics={"TopicB": {}}), C2, now=1500)
+    [event] = removed_events(rs.connection_closed(2, 2000))
+    assert (event.broker_name, event.broker_addr, event.reason) == (
+        "broker-b", MASTER, "disconnected")
+    assert svc.table.liveness("DefaultCluster", MASTER).names == {"broker-a"}
+    assert svc.table.route("TopicA") is not None and svc.table.route("TopicB") is None
+
+
+@pytest.mark.parametrize("code", [904, 322])
+def test_remoting_heartbeats_never_keep_a_zns1_broker_alive(rs, svc, code):
+    # Issue 21 item 7 (c): a ZNS/1 broker with a 2 s timeout that went silent.
+    zns1(svc, "register_broker", now=1000, cluster="DefaultCluster", broker_name="broker-a",
+         broker_id=0, broker_addr=MASTER, topics={"TopicA": {}}, heartbeat_timeout_ms=2000)
+    body = INLINE["DataVersion"].encode() if code == 322 else b""
+    for now in (1500, 2500, 3500, 4500):
+        reply = ok(rs, req(code, HB_EXT, body), C2, now=now)
+        if code == 322:  # not known over remoting: the broker re-registers over it
+            assert reply.ext_fields["changed"] == "true"
+    assert svc.table.liveness("DefaultCluster", MASTER).last_heartbeat == 1000
+    [event] = [e for e in decode_events(svc.expire(5000)) if isinstance(e, schema.BrokerEvent)]
+    assert (event.broker_name, event.reason) == ("broker-a", "expired")
+    assert rs.connection_closed(2, 5000) == []
 
 
 def test_reregistered_over_another_connection_keeps_it(rs, svc):
@@ -728,10 +762,10 @@ def zns_messages(caplog, level: str) -> list[str]:
 
 
 def test_a_bug_is_logged_with_its_traceback_and_answered_system_error(rs, svc, monkeypatch, caplog, zns_log):
-    def broken(topic: str) -> None:
+    def broken(topic: str, legacy: bool) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(svc.table, "topic_revision", broken)
+    monkeypatch.setattr(svc, "route_json", broken)
     reply = call(rs, req(105, {"topic": "T"}, opaque=42))
     assert (reply.code, reply.remark, reply.body) == (1, "internal error; see the server log", b"")
     [record] = [r for r in caplog.records if r.levelname == "ERROR"]
@@ -836,31 +870,32 @@ def test_system_topics_name_the_master_address_or_none(rs):
 
 
 def test_routes_are_encoded_once_per_change(rs, monkeypatch):
-    from zns.core.remoting import handler as remoting_service
+    from zns.core import encoded_routes
 
     encoded = []
-    real = remoting_service.encode_topic_route
+    real = encoded_routes.encode_topic_route
 
     def counting(route, legacy):
         encoded.append(legacy)
         return real(route, legacy)
 
-    monkeypatch.setattr(remoting_service, "encode_topic_route", counting)
+    monkeypatch.setattr(encoded_routes, "encode_topic_route", counting)
     ok(rs, register_cmd())
     for version in (479, 300, 479):  # standard, legacy, standard: both forms made once
         ok(rs, req(105, {"topic": "TopicTest"}, version=version))
     assert sorted(encoded) == [False, True]
     ok(rs, register_cmd(topics={"TopicTest": {"perm": 4}}, counter=4))
     ok(rs, req(105, {"topic": "TopicTest"}))
-    assert len(encoded) == 4  # the route changed: encoded again
+    assert encoded[2:] == [False]  # the route changed: encoded again, in the form asked for only
 
 
 def test_closing_a_connection_removes_each_address_it_still_carries(rs, svc):
     ok(rs, register_cmd(), conn=LOCAL, now=1_000)
     ok(rs, register_cmd(1, SLAVE, ha="127.0.0.1:10922"), conn=LOCAL, now=1_000)
-    # The master is heard from over ZNS/1 since: closing the connection must keep it.
-    assert zns1(svc, "heartbeat", now=2_000, cluster="DefaultCluster", broker_name="broker-a", broker_id=0,
-                broker_addr=MASTER, data_version={"counter": 3, "timestamp": 1700000000000})["known"]
+    # The master registered over ZNS/1 since: closing the connection must keep it.
+    zns1(svc, "register_broker", now=2_000, cluster="DefaultCluster", broker_name="broker-a",
+         broker_id=0, broker_addr=MASTER, topics={"TopicTest": {}},
+         data_version={"counter": 3, "timestamp": 1700000000000})
     rs.connection_closed(LOCAL.conn_id, 3_000)
     assert svc.table.liveness("DefaultCluster", MASTER) is not None
     assert svc.table.liveness("DefaultCluster", SLAVE) is None

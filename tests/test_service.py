@@ -15,6 +15,7 @@ from zns.drivers.kv_file import KvStore
 from zns.core.schema import (
     ORDER_TOPIC_CONFIG,
     REPLY_TYPES,
+    decode_request,
     encode,
 )
 from zns.core.service import NameService
@@ -52,6 +53,13 @@ def call_events(service: NameService, op: str, now: int = 0, **fields: Any):
     if "id" not in fields:  # every reply, answer or refusal, carries its request's id
         assert reply["id"] == REQUEST_ID
     return reply, events
+
+
+def over_remoting(service: NameService, request_map: dict[str, Any], connection: int,
+                  now: int = 0) -> Any:
+    """A request executed as the remoting listener executes it, over `connection`."""
+    request = decode_request(encode({**request_map, "id": REQUEST_ID}))
+    return service.execute(request, now, connection)[0]
 
 
 def send(service: NameService, request_map: dict[str, Any], now: int = 0) -> dict[str, Any]:
@@ -498,12 +506,15 @@ def test_a_snapshot_larger_than_any_reply_may_be_is_busy_and_builds_no_map():
     service.max_reply_bytes = 5 + 10 * per_route
     asked: list[str] = []
 
-    class ReadsCounted(dict):
-        def get(self, topic, default=None):
-            asked.append(topic)
-            return super().get(topic, default)
+    class ReadsCounted:
+        def __init__(self, encoded):
+            self.encoded = encoded
 
-    service._route_bytes = ReadsCounted(service._route_bytes)
+        def msgpack(self, topic, route=None):
+            asked.append(topic)
+            return self.encoded.msgpack(topic, route)
+
+    service.encoded = ReadsCounted(service.encoded)
     assert call(service, "snapshot")["code"] == "busy"
     assert asked == [f"T{i:03d}" for i in range(11)]
     # Without a cap (a NameService on its own), any size is answered.
@@ -748,9 +759,9 @@ def test_events_are_counted_by_kind_and_removals_by_reason(svc):
     call(svc, "unregister_broker", cluster="c2", broker_name="broker-b", broker_id=0,
          broker_addr=OTHER)
     assert dict(svc.removals) == {"unregistered": 1}
-    send(svc, REGISTER)
-    svc.remove_disconnected("c2", "broker-b", OTHER)
-    assert svc.remove_disconnected("c2", "broker-b", OTHER) == []  # gone already
+    over_remoting(svc, REGISTER, connection=7)
+    svc.connection_closed(7)
+    assert svc.connection_closed(7) == []  # gone already
     svc.expire(10**9)  # broker-a
     assert dict(svc.removals) == {"unregistered": 1, "disconnected": 1, "expired": 1}
     assert dict(svc.published) == {"broker": 6, "route": 6}
@@ -765,8 +776,8 @@ def test_events_are_counted_by_kind_and_removals_by_reason(svc):
 
 def test_broker_events_are_logged_one_line_each_with_the_reason(svc, caplog):
     with caplog.at_level("INFO", logger="zns"):
-        send(svc, REGISTER)
-        frames = svc.remove_disconnected("c2", "broker-b", OTHER)
+        over_remoting(svc, REGISTER, connection=7)
+        frames = svc.connection_closed(7)
     assert [r.getMessage() for r in caplog.records] == [
         f"broker registered c2/broker-b id 0 at {OTHER}",
         f"broker removed c2/broker-b id 0 at {OTHER} (disconnected)"]
@@ -931,3 +942,34 @@ def test_the_reply_size_limit_is_taken_from_the_constructor():
          broker_addr=MASTER, topics={"TopicA": {}})
     assert call(service, "get_routes", topics=["TopicA"])["code"] == "busy"
     assert call(service, "snapshot")["code"] == "busy"
+
+
+def test_a_tie_goes_with_its_broker_and_a_zns1_registration_takes_it_over(svc):
+    # §12: REGISTER_BROKER over a remoting connection ties (cluster, address, name) to it.
+    over_remoting(svc, REGISTER, connection=7)
+    assert svc.tied_connection("c2", OTHER, "broker-b") == 7
+    over_remoting(svc, REGISTER, connection=8)  # registered again elsewhere: the tie moves
+    assert svc.tied_connection("c2", OTHER, "broker-b") == 8
+    assert svc.connection_closed(7) == []
+    svc.expire(10**9)  # both brokers expire: the tie must not outlive its broker
+    assert svc.tied_connection("c2", OTHER, "broker-b") is None
+    send(svc, REGISTER, now=10**9)  # the same entry, now over ZNS/1
+    assert svc.connection_closed(8) == []
+    assert svc.tied_connection("c2", OTHER, "broker-b") is None
+    over_remoting(svc, REGISTER, connection=9, now=10**9)
+    send(svc, REGISTER, now=10**9)  # a ZNS/1 registration unties it
+    assert svc.connection_closed(9) == []
+    assert call(svc, "get_route", topic="TopicB", now=10**9)["route"]["topic"] == "TopicB"
+
+
+def test_a_remoting_heartbeat_refreshes_only_a_tied_broker(svc):
+    heartbeat = dict(op="heartbeat", cluster="c2", broker_name="broker-b", broker_id=0,
+                     broker_addr=OTHER)
+    send(svc, REGISTER, now=1_000)
+    reply = over_remoting(svc, heartbeat, connection=7, now=5_000)
+    assert (reply.known, reply.changed) == (False, True)
+    assert svc.table.liveness("c2", OTHER).last_heartbeat == 1_000
+    over_remoting(svc, REGISTER, connection=7, now=6_000)
+    assert over_remoting(svc, heartbeat, connection=8, now=7_000).known
+    assert svc.table.liveness("c2", OTHER).last_heartbeat == 7_000
+    assert svc.tied_connection("c2", OTHER, "broker-b") == 7  # never moved by a heartbeat

@@ -16,6 +16,7 @@ import msgspec
 from msgspec import Raw
 
 from zns import __version__
+from zns.core.encoded_routes import EncodedRoutes
 from zns.core.errors import BadRequest, Busy, ErrorReply, Internal, NotFound, UnknownOp
 from zns.core.kv import KvBackend
 from zns.core.limits import LIMITED_REQUESTS, Limits
@@ -27,7 +28,9 @@ from zns.core.schema import (
     AddWritePerm,
     AddWritePermReply,
     AnyRequest,
+    BrokerData,
     BrokerEvent,
+    DataVersion,
     DeleteTopic,
     DeleteTopicReply,
     GetClusterInfo,
@@ -76,6 +79,7 @@ from zns.core.schema import (
 log = logging.getLogger("zns")
 
 Frames = tuple[bytes, bytes]  # (channel, body) of one event
+TieKey = tuple[str, str, str]  # (cluster, broker address, broker name) registered over remoting
 # MessagePack's longest map and string headers (map 32, str 16: a topic name is at most
 # 255 characters, 1,020 bytes): with them a route map's size is never underestimated.
 MAP_HEADER_BYTES, STR_HEADER_BYTES = 5, 3
@@ -145,9 +149,9 @@ class NameService:
         self.limits = limits or Limits()
         self.max_reply_bytes = max_reply_bytes
         self.peers: dict[str, bool] = {}  # peer endpoint -> connected (§10, set by the server)
-        # Each route encoded once per change, when first asked for (a restart storm changes
-        # shared routes faster than anyone can ask; the events carry them anyway).
-        self._route_bytes: dict[str, Raw] = {}
+        # Each route encoded once per change, in each form when first asked for (a restart
+        # storm changes shared routes faster than anyone can ask; the events carry them anyway).
+        self.encoded = EncodedRoutes(self.table.route, lambda route: self._exact(route))
         self._snapshot_routes: tuple[int, Raw] = (-1, Raw(b""))  # (revision, encoded map)
         self._scratch = bytearray()  # see _exact
         # Plain counts for metrics, read (never reset) by a scrape in another thread: an
@@ -157,6 +161,13 @@ class NameService:
         self.error_counts: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.published: defaultdict[str, int] = defaultdict(int)  # events by channel kind
         self.removals: defaultdict[str, int] = defaultdict(int)  # broker addresses, by reason
+        # RocketMQ remoting requests by (request code, -1 for one no NameServer answers;
+        # response code): zns.core.remoting.handler counts them, metrics names them.
+        self.remoting_counts: defaultdict[tuple[int, int], int] = defaultdict(int)
+        # Which remoting connection registered each (cluster, address, name) (§12): its
+        # close removes exactly those; a key registered over ZNS/1 is in neither map.
+        self._tie: dict[TieKey, int] = {}
+        self._tied: dict[int, set[TieKey]] = {}
         for topic, value in kv.list(ORDER_TOPIC_CONFIG).items():
             self.table.set_order_conf(topic, value)
 
@@ -192,24 +203,106 @@ class NameService:
             return Response(encode(Internal("internal error; see the server log").reply(request.id)),
                             request.id)
 
-    def execute(self, request: AnyRequest, now: int) -> tuple[Reply, Sequence[Frames]]:
+    def execute(self, request: AnyRequest, now: int,
+                connection: int | None = None) -> tuple[Reply, Sequence[Frames]]:
         """Apply one decoded, authorized request: limits, then the op, then its events as frames.
 
         Raises an ErrorReply on refusal, having changed nothing. `respond` calls it
         for ZNS/1; the RocketMQ remoting listener calls it for the op each of its
         requests corresponds to, so both get the same checks and the same events.
+        `connection`: the remoting connection the request came over (None: ZNS/1).
+        A registration over one ties its (cluster, address, name) to it, one over
+        ZNS/1 unties it; a remoting heartbeat refreshes only a tied broker (§12).
         """
         if type(request) in LIMITED_REQUESTS:
             self.limits.check(request, self.table, self.kv)
+        if connection is not None and type(request) is Heartbeat and (
+                (request.cluster, request.broker_addr, request.broker_name) not in self._tie):
+            # Registered over ZNS/1 (or not at all): only its own channel keeps it alive.
+            return HeartbeatReply(id=request.id, known=False, changed=True), []
         reply, events = self.handle(request, now)
-        return reply, self._publish(events) if events else []
+        frames = self._publish(events) if events else []
+        if type(request) is RegisterBroker:
+            self._tie_to((request.cluster, request.broker_addr, request.broker_name), connection)
+        return reply, frames
 
-    def remove_disconnected(self, cluster: str, broker_name: str,
-                            broker_addr: str) -> Sequence[Frames]:
-        """Unregister an address whose RocketMQ remoting connection closed (§12, reason `disconnected`)."""
-        _, events = self.table.unregister_broker(cluster, broker_name, broker_addr,
-                                                 reason="disconnected")
-        return self._publish(events) if events else []
+    def connection_closed(self, connection: int) -> Sequence[Frames]:
+        """A remoting connection closed: what it registered goes, reason `disconnected` (§12).
+
+        Only the (cluster, address, name) entries it registered and nothing
+        registered since (over another connection or ZNS/1); never a name another
+        channel registered at the same address.
+        """
+        frames: list[Frames] = []
+        for key in sorted(self._tied.pop(connection, ())):
+            del self._tie[key]
+            cluster, addr, name = key
+            _, events = self.table.unregister_broker(cluster, name, addr, reason="disconnected")
+            if events:
+                frames.extend(self._publish(events))
+        return frames
+
+    def tied_connection(self, cluster: str, addr: str, name: str) -> int | None:
+        """The remoting connection that registered this broker address under this name
+        (None: registered over ZNS/1, or not held)."""
+        return self._tie.get((cluster, addr, name))
+
+    def _tie_to(self, key: TieKey, connection: int | None) -> None:
+        old = self._tie.pop(key, None)
+        if old is not None:
+            self._untie(old, key)
+        if connection is not None:
+            self._tie[key] = connection
+            self._tied.setdefault(connection, set()).add(key)
+
+    def _untie(self, connection: int, key: TieKey) -> None:
+        keys = self._tied[connection]
+        keys.discard(key)
+        if not keys:
+            del self._tied[connection]
+
+    # --- reads for the remoting listener, and the timers' and peers' way in -------
+
+    def route_json(self, topic: str, legacy: bool) -> bytes | None:
+        """TopicRouteData of the topic in fastjson's legacy or standard form (None: no route),
+        encoded once per change."""
+        return self.encoded.json(topic, legacy)
+
+    def zone_route(self, topic: str, zone: str) -> TopicRoute | None:
+        """The topic's route filtered to a zone (§5); None if it has none."""
+        route = self.table.route(topic)
+        return None if route is None else filter_zone(route, zone)
+
+    def broker_table(self) -> dict[str, BrokerData]:
+        return self.table.broker_table()
+
+    def cluster_table(self) -> dict[str, list[str]]:
+        return self.table.cluster_table()
+
+    def topics(self, cluster: str = "", sys_flag: int = 0) -> list[str]:
+        """Topics with queue data, sorted: of one cluster's brokers, with these flags (§5)."""
+        return self.table.topics(cluster, sys_flag)
+
+    def broker_topic_count(self, name: str) -> int:
+        """Topics with queue data of this broker name."""
+        return self.table.broker_topic_count(name)
+
+    def data_version(self, cluster: str, addr: str) -> DataVersion | None:
+        """The DataVersion last registered for this broker address (None: not held)."""
+        live = self.table.liveness(cluster, addr)
+        return None if live is None else live.data_version
+
+    def next_deadline(self) -> int | None:
+        """The earliest liveness deadline (§8): the timers' next expiry step is due after it."""
+        return self.table.next_deadline()
+
+    def shift_deadlines(self, stall_ms: int) -> None:
+        """The process stalled this long (§8): no broker is charged for it."""
+        self.table.shift_deadlines(stall_ms)
+
+    def suspect(self, cluster: str, addr: str, grace_ms: int, now: int) -> bool:
+        """A peer NameServer saw this broker leave (§10): shorten its deadline."""
+        return self.table.suspect(cluster, addr, grace_ms, now)
 
     @staticmethod
     def busy_reply(request_id: int) -> bytes:
@@ -330,10 +423,9 @@ class NameService:
         larger than any reply may be (a table that large is read with get_routes, in parts)."""
         routes: dict[str, Raw] = {}
         size, limit = MAP_HEADER_BYTES, self.max_reply_bytes
+        msgpack = self.encoded.msgpack
         for topic in sorted(table_routes):
-            if (route := self._route_bytes.get(topic)) is None:
-                route = self._encode_route(topic, table_routes[topic])
-            routes[topic] = route
+            routes[topic] = route = msgpack(topic, table_routes[topic])  # type: ignore[assignment]
             size += len(route) + len(topic.encode()) + STR_HEADER_BYTES
             if limit is not None and size > limit:
                 raise Busy(f"the snapshot is larger than {limit:,} bytes, the most one reply "
@@ -347,14 +439,7 @@ class NameService:
 
     def _route_raw(self, topic: str) -> Raw | None:
         """The topic's route encoded, once per change however often it is read; None if it has none."""
-        raw = self._route_bytes.get(topic)
-        if raw is None and (route := self.table.route(topic)) is not None:
-            raw = self._encode_route(topic, route)
-        return raw
-
-    def _encode_route(self, topic: str, route: TopicRoute) -> Raw:
-        raw = self._route_bytes[topic] = Raw(self._exact(route))
-        return raw
+        return self.encoded.msgpack(topic)
 
     def _exact(self, value: object) -> bytes:
         """`value` encoded, in bytes of exactly its size.
@@ -412,7 +497,7 @@ class NameService:
         for event in events:
             if isinstance(event, RouteEvent):
                 published["route"] += 1
-                self._route_bytes.pop(event.topic, None)
+                self.encoded.forget(event.topic)
                 if event.route is not None:
                     route = event.route
                     queues, brokers, servers = route.queues, route.brokers, route.filter_servers
@@ -430,6 +515,9 @@ class NameService:
                 published["broker"] += 1
                 if event.change == "removed":
                     self.removals[event.reason] += 1
+                    key = (event.cluster, event.broker_addr, event.broker_name)
+                    if (connection := self._tie.pop(key, None)) is not None:
+                        self._untie(connection, key)
                 _log_broker_event(event)
         return EventFrames(events, self._exact)
 

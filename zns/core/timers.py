@@ -68,7 +68,7 @@ class ServerTimers:
         """When to call `on_timer` next; the driver blocks no longer than this."""
         now = self._now
         wake = self._next_hb
-        deadline = self.service.table.next_deadline()
+        deadline = self.service.next_deadline()
         if deadline is not None and deadline + 1 < wake:
             # A broker expires once now > deadline. One already due (a partition expired
             # in slices) is due now, not at its deadline: planning a past wake-up would
@@ -113,5 +113,5 @@ class ServerTimers:
             return 0
         self.stalls += 1
         log.warning("the server stalled for %d ms; moving every deadline by it", late_ms)
-        self.service.table.shift_deadlines(late_ms)
+        self.service.shift_deadlines(late_ms)
         return late_ms

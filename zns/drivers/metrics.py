@@ -24,6 +24,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from zns import __version__
 from zns.core.errors import ConfigError
+from zns.core.remoting.constants import RequestCode, ResponseCode
 from zns.core.schema import KNOWN_OPS, request_op
 from zns.core.service import NameService
 from zns.drivers.kv_file import WriteTimes
@@ -87,6 +88,13 @@ class _Collector:
         for (op, code), count in dict(service.error_counts).items():
             requests.add_metric([op, code], count)
         yield requests
+        yield _remoting_requests(CounterMetricFamily, dict(service.remoting_counts))
+        encoded = GaugeMetricFamily("zns_encoded_route_bytes", "Bytes of encoded routes kept "
+                                    "for reuse until they change, by form (json: both RocketMQ "
+                                    "forms, bounded)", labels=["form"])
+        encoded.add_metric(["msgpack"], service.encoded.msgpack_bytes)
+        encoded.add_metric(["json"], service.encoded.json_bytes)
+        yield encoded
         for name, text, value in (
             ("zns_brokers", "Broker names held", table.broker_count()),
             ("zns_broker_addresses", "Live broker addresses", table.address_count()),
@@ -128,6 +136,22 @@ class _Collector:
             op = self._ops[kind] = request_op(kind) if hasattr(kind, "__struct_config__") \
                 else "unknown"
         return op if op in KNOWN_OPS else "unknown"
+
+
+REQUEST_NAMES = {int(c): c.name for c in RequestCode}
+RESPONSE_NAMES = {int(c): c.name.lower() for c in ResponseCode}
+
+
+def _remoting_requests(family: Callable[..., Any], counts: dict[tuple[int, int], int]) -> Any:
+    """`zns_remoting_requests_total{code, outcome}`: the request code's name (OTHER: one no
+    NameServer answers), `ok` or the response code's name."""
+    metric = family("zns_remoting_requests", "RocketMQ remoting requests answered, by request "
+                    "code and outcome (ok or the response code)", labels=["code", "outcome"])
+    for (code, response), count in sorted(counts.items()):
+        outcome = "ok" if response == ResponseCode.SUCCESS else RESPONSE_NAMES.get(
+            response, str(response))
+        metric.add_metric([REQUEST_NAMES.get(code, "OTHER"), outcome], count)
+    return metric
 
 
 def _remoting_connections(server: Observed) -> int:

@@ -171,7 +171,7 @@ class Server:
             self.peers = PeerLinks(
                 config.peers, now=self._now(), context=self._ctx, connected=self.service.peers,
                 max_message_bytes=config.max_message_bytes,
-                suspect=lambda cluster, addr, now: self.service.table.suspect(
+                suspect=lambda cluster, addr, now: self.service.suspect(
                     cluster, addr, grace_ms, now),
             )
             self.remoting: RemotingListener | None = None

@@ -18,12 +18,15 @@ Rules this module keeps:
 - **Replies** carry the codes, ext fields and bodies of the Java 5.3.3
   NameServer; a ZNS/1 refusal is SYSTEM_ERROR (1) with the ZNS/1 message as
   remark; a body or ext field that cannot be read is SYSTEM_ERROR too.
-- **`disconnected`.** The connection over which a broker address last
-  registered or heartbeated is remembered; when it closes, the address is
-  removed at once with reason `disconnected`, unless it was heard from since
-  over another connection or over ZNS/1 (its last heartbeat is then newer).
-- **Routes are encoded once per change**, in both JSON forms, and reused by
-  every GET_ROUTEINFO_BY_TOPIC until the topic's revision moves.
+- **`disconnected`.** A REGISTER_BROKER ties its (cluster, address, name)
+  to its connection, and nothing else does; when the connection closes,
+  exactly what it registered goes, reason `disconnected`, unless registered
+  since over another connection or over ZNS/1. A heartbeat (322, 904) never
+  moves the tie, and refreshes only a broker registered over remoting
+  (`NameService.execute`).
+- **Reads go through `NameService`** too: routes come from its one cache of
+  encodings (each form encoded once per change, the JSON forms bounded), and
+  every request is counted there by code and response code (metrics).
 """
 
 from __future__ import annotations
@@ -53,7 +56,6 @@ from zns.core.schema import (
     RegisterBroker,
     RegisterTopic,
     Topic,
-    TopicRoute,
     UnregisterBroker,
     WipeWritePerm,
     describe_decode_error,
@@ -69,12 +71,11 @@ from .bodies import (
     encode_data_version,
     encode_kv_table,
     encode_topic_list,
-    encode_topic_route,
     wants_standard_json,
 )
 from .bodies import DataVersion as WireDataVersion
 from .command import RemotingCommand
-from .constants import SERIALIZE_JSON, RequestCode, ResponseCode
+from .constants import NAMESERVER_REQUEST_CODES, SERIALIZE_JSON, RequestCode, ResponseCode
 from zns.core.errors import RemotingBodyError
 from .ext import optional, parse_bool, parse_long, require
 from .register import check_body_crc32, decode_register_broker_body
@@ -119,13 +120,11 @@ class RemotingService:
         """
         self.service = service
         self.order_message_enable = order_message_enable
+        service.encoded.json_order_conf = order_message_enable  # one cache, one rule
         self.brokers = None if brokers is None else tuple(brokers)
         self.admins = tuple(admins)
         self.properties = dict(properties or {})
-        # (cluster, addr) -> (connection id, `now` of its last register/heartbeat over it)
-        self._via: dict[tuple[str, str], tuple[int, int]] = {}
-        # topic -> (revision, legacy JSON, standard JSON)
-        self._routes: dict[str, tuple[int, bytes, bytes]] = {}
+        self._counts = service.remoting_counts
 
     # --- the boundary ---------------------------------------------------
 
@@ -147,25 +146,15 @@ class RemotingService:
         except Exception:
             log.exception("bug while handling remoting request %d from %s", cmd.code, conn.host)
             reply = _error(cmd, ResponseCode.SYSTEM_ERROR, "internal error; see the server log")
+        # Unknown codes count as one (-1): a peer cannot grow the counts.
+        self._counts[cmd.code if cmd.code in NAMESERVER_REQUEST_CODES else -1, reply.code] += 1
         if cmd.is_oneway:
             return None, frames
         return reply, frames
 
     def connection_closed(self, conn_id: int, now: int) -> list[Frames]:
-        """Remove, with reason `disconnected`, what last registered over this connection (§12)."""
-        table = self.service.table
-        frames: list[Frames] = []
-        for key, (via, heard) in list(self._via.items()):
-            if via != conn_id:
-                continue
-            del self._via[key]
-            live = table.liveness(*key)
-            if live is None or live.last_heartbeat != heard:
-                continue  # gone already, or heard from since over another way
-            cluster, addr = key
-            for name in sorted(live.names):
-                frames.extend(self.service.remove_disconnected(cluster, name, addr))
-        return frames
+        """Remove, with reason `disconnected`, what this connection registered (§12)."""
+        return list(self.service.connection_closed(conn_id))
 
     # --- dispatch -------------------------------------------------------
 
@@ -191,8 +180,8 @@ class RemotingService:
                           broker_addr=require(ext, "brokerAddr"))
                 return _ok(cmd)
             case R.GET_BROKER_CLUSTER_INFO:
-                table = self.service.table
-                body = encode_cluster_info(table.broker_table(), table.cluster_table())
+                service = self.service
+                body = encode_cluster_info(service.broker_table(), service.cluster_table())
                 return _ok(cmd, body=body)
             case R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER:
                 return _ok(cmd, body=encode_topic_list(self._topics()))
@@ -210,7 +199,7 @@ class RemotingService:
                 return _ok(cmd, body=self._system_topics())
             case R.GET_BROKER_MEMBER_GROUP:
                 cluster, name = require(ext, "clusterName"), require(ext, "brokerName")
-                data = self.service.table.broker_table().get(name)
+                data = self.service.broker_table().get(name)
                 addrs = data.addrs if data is not None else {}
                 return _ok(cmd, body=encode_broker_member_group(cluster, name, addrs))
             case R.WIPE_WRITE_PERM_OF_BROKER:
@@ -267,28 +256,18 @@ class RemotingService:
 
     def _route(self, cmd: RemotingCommand, ext: Mapping[str, str]) -> RemotingCommand:
         topic = require(ext, "topic")
-        cached = self._routes.get(topic)
-        if cached is None:  # a cached name was checked when it was cached: the hot path skips it
-            topic = _convert(topic, Topic, "topic")
-        table = self.service.table
         legacy = not wants_standard_json(cmd.version, cmd.ext_fields)
         if parse_bool(ext, "__ZONE_MODE") and (zone := optional(ext, "__ZONE_NAME")):
-            route = table.route(topic)
+            route = self.service.zone_route(topic, zone)
             if route is None:
                 return _no_route(cmd, topic)
-            return _ok(cmd, body=encode_topic_route(self._as_sent(filter_zone(route, zone)), legacy))
-        revision = table.topic_revision(topic)
-        if cached is None or cached[0] != revision:
-            route = table.route(topic)
-            if route is None:
-                self._routes.pop(topic, None)
-                return _no_route(cmd, topic)
-            if len(self._routes) > table.topic_count() + 1024:
-                self._prune_routes()
-            route = self._as_sent(route)
-            cached = (revision, encode_topic_route(route, True), encode_topic_route(route, False))
-            self._routes[topic] = cached
-        return _ok(cmd, body=cached[1] if legacy else cached[2])
+            return _ok(cmd, body=self.service.encoded.encode_json(route, legacy))
+        # No name check on the hot path: a name the table holds was checked when it was
+        # registered, and one it does not hold finds no route.
+        body = self.service.route_json(topic, legacy)
+        if body is None:
+            return _no_route(cmd, _convert(topic, Topic, "topic"))
+        return _ok(cmd, body=body)
 
     def _register(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
                   now: int, frames: list[Frames]) -> RemotingCommand:
@@ -312,8 +291,7 @@ class RemotingService:
             for name, t in wrapper.topic_config_table.items()
         }
         fields["filter_servers"] = body.filter_server_list
-        reply = self._run(RegisterBroker, now, frames, **fields)
-        self._heard(cluster, addr, conn, now)
+        reply = self._run(RegisterBroker, now, frames, conn, **fields)
         reply_ext: dict[str, str] = {}
         if reply.ha_addr:
             reply_ext["haServerAddr"] = reply.ha_addr
@@ -327,24 +305,22 @@ class RemotingService:
         cluster, addr = require(ext, "clusterName"), require(ext, "brokerAddr")
         name = require(ext, "brokerName")
         query = cmd.code == R.QUERY_DATA_VERSION
-        live = self.service.table.liveness(cluster, addr)
+        stored = self.service.data_version(cluster, addr)
         if query:
             broker_id = parse_long(ext, "brokerId")
             version = _zns_version(decode_data_version(cmd.body)) if cmd.body else DataVersion()
         else:  # 904 carries no DataVersion and needs no broker id (§12)
             broker_id = parse_long(ext, "brokerId", required=False, default=0)
-            version = live.data_version if live is not None else DataVersion()
-        reply = self._run(Heartbeat, now, frames, cluster=cluster, broker_name=name,
+            version = stored if stored is not None else DataVersion()
+        # Through the connection: it refreshes only a broker registered over remoting,
+        # and never moves which connection that was (NameService.execute).
+        reply = self._run(Heartbeat, now, frames, conn, cluster=cluster, broker_name=name,
                           broker_id=broker_id, broker_addr=addr, data_version=version)
-        # Only an address that registered over remoting is tied to a connection: a broker
-        # registered over ZNS/1 that also heartbeats here must not go when this one closes.
-        if reply.known and (cluster, addr) in self._via:
-            self._heard(cluster, addr, conn, now)
         if not query:
             return _ok(cmd)
         body = b""
-        if live is not None:
-            v = live.data_version
+        if stored is not None:
+            v = stored
             body = encode_data_version(
                 WireDataVersion(state_version=v.state, timestamp=v.timestamp, counter=v.counter))
         return _ok(cmd, ext_fields={"changed": "true" if reply.changed else "false"}, body=body)
@@ -363,16 +339,13 @@ class RemotingService:
 
     # --- helpers ------------------------------------------------------------
 
-    def _as_sent(self, route: TopicRoute) -> TopicRoute:
-        """The route as a remoting reply carries it: ``orderTopicConf`` only with orderMessageEnable."""
-        if route.order_conf and not self.order_message_enable:
-            return msgspec.structs.replace(route, order_conf="")
-        return route
-
-    def _run(self, kind: type[AnyRequest], now: int, frames: list[Frames], **fields: Any) -> Any:
-        """Build the ZNS/1 request (the schema's bounds apply) and execute it."""
+    def _run(self, kind: type[AnyRequest], now: int, frames: list[Frames],
+             conn: Connection | None = None, **fields: Any) -> Any:
+        """Build the ZNS/1 request (the schema's bounds apply) and execute it; `conn`, for
+        broker requests, ties them to the connection (NameService.execute)."""
         request = _convert(fields, kind, kind.__struct_config__.tag)
-        reply, events = self.service.execute(request, now)
+        reply, events = self.service.execute(request, now,
+                                             None if conn is None else conn.conn_id)
         frames.extend(events)
         return reply
 
@@ -384,39 +357,26 @@ class RemotingService:
         raise NoPermission(f"request code {code} is not allowed from {conn.host}: "
                            f"the server's {option} lists the networks that may send it")
 
-    def _heard(self, cluster: str, addr: str, conn: Connection, now: int) -> None:
-        self._via[(cluster, addr)] = (conn.conn_id, now)
-        limit = 2 * self.service.limits.max_brokers + 1024
-        if len(self._via) > limit:  # addresses that expired since: forget them
-            table = self.service.table
-            for key in [k for k in self._via if table.liveness(*k) is None]:
-                del self._via[key]
-
     def _perm_count(self, name: str) -> str:
         """The count 205/327 answer: like Java, every topic with queue data of broker `name`,
         whether or not its perm changed (ZNS/1's `changed` counts only changed ones)."""
-        return str(self.service.table.broker_topic_count(name))
+        return str(self.service.broker_topic_count(name))
 
     def _topics(self, cluster: str = "", sys_flag: int = 0) -> list[str]:
-        return self.service.table.topics(cluster, sys_flag)
+        return self.service.topics(cluster, sys_flag)
 
     def _system_topics(self) -> bytes:
-        table = self.service.table
+        service = self.service
         names: list[str] = []
-        for cluster, brokers in table.cluster_table().items():
+        for cluster, brokers in service.cluster_table().items():
             names.append(cluster)
             names.extend(brokers)
         broker_addr = None
-        for data in table.broker_table().values():
+        for data in service.broker_table().values():
             if data.addrs:
                 broker_addr = data.addrs.get(MASTER_ID, next(iter(data.addrs.values())))
                 break
         return encode_topic_list(names, broker_addr)
-
-    def _prune_routes(self) -> None:
-        table = self.service.table
-        for topic in [t for t in self._routes if not table.has_topic(t)]:
-            del self._routes[topic]
 
 
 def _convert(value: Any, kind: Any, what: str) -> Any:
