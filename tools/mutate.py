@@ -49,6 +49,8 @@ MODULES: dict[str, list[str]] = {
                        "-k", "not test_no_nameserver_answers"],
     "limits": ["tests/test_limits.py", "tests/test_kv_service.py", "tests/test_service.py",
                "tests/test_routes.py"],
+    "encoded_routes": ["tests/test_encoded_routes.py", "tests/test_service.py",
+                       "tests/test_remoting_service.py"],
     "peer_link": ["tests/test_peers_core.py"],
     "timers": ["tests/test_timers.py"],
     "queues": ["tests/test_queues.py"],
