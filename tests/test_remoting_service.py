@@ -232,7 +232,7 @@ def test_kv_codes(rs, svc):
     ok(rs, req(102, {"namespace": "ns", "key": "k"}))
     missing = call(rs, req(101, {"namespace": "ns", "key": "k"}))
     assert missing.code == 22 and "k" in missing.remark and missing.ext_fields == {}
-    assert call(rs, req(219, {"namespace": "ns"})).code == 22
+    assert call(rs, req(219, {"namespace": "never-used"})).code == 22
     assert call(rs, req(100, {"namespace": "ns", "key": "k"})).code == 1  # value is required
 
 
@@ -352,12 +352,32 @@ def test_get_namesrv_config(rs):
     assert ok(rs, req(319)).body == b"router=tcp://127.0.0.1:9876\nremoting=x\n"
 
 
+def test_kv_list_of_an_emptied_namespace_is_an_empty_table_as_java(rs):
+    assert call(rs, req(219, {"namespace": "ns"})).code == 22  # never used
+    ok(rs, req(102, {"namespace": "ns", "key": "k"}))  # deleting nothing creates nothing
+    assert call(rs, req(219, {"namespace": "ns"})).code == 22
+    ok(rs, req(100, {"namespace": "ns", "key": "k", "value": "v"}))
+    ok(rs, req(102, {"namespace": "ns", "key": "k"}))
+    reply = ok(rs, req(219, {"namespace": "ns"}))
+    assert reply.body == b'{"table":{}}' and reply.remark is None
+    ok(rs, req(100, {"namespace": "ns", "key": "k2", "value": "v"}))
+    assert ok(rs, req(219, {"namespace": "ns"})).body == b'{"table":{"k2":"v"}}'
+    # The REGISTER_BROKER reply's ORDER_TOPIC_CONFIG table: none while never used, {} once emptied.
+    assert ok(rs, register_cmd()).body == b""
+    ok(rs, req(100, {"namespace": ORDER_TOPIC_CONFIG, "key": "TopicTest", "value": "broker-a:4"}))
+    ok(rs, req(102, {"namespace": ORDER_TOPIC_CONFIG, "key": "TopicTest"}))
+    assert ok(rs, register_cmd(counter=5)).body == b'{"table":{}}'
+
+
 def test_broker_member_group(rs):
     ok(rs, vector_register())
     reply = ok(rs, req(901, {"clusterName": "DefaultCluster", "brokerName": "broker-a"}))
     assert reply.body.decode() == INLINE["GetBrokerMemberGroupResponseBody"]
     empty = ok(rs, req(901, {"clusterName": "DefaultCluster", "brokerName": "nobody"}))
     assert json.loads(empty.body)["brokerMemberGroup"]["brokerAddrs"] == {}
+    # As the Java NameServer (5.3.3): code 0 with the remark its fresh reply starts with.
+    assert reply.remark == empty.remark == "not set any response code"
+    assert reply.ext_fields is None
 
 
 def test_broker_heartbeat(rs, svc):
@@ -526,13 +546,20 @@ def test_heartbeat_timeout_and_zone(rs, svc):
     assert svc.table.broker_table()["broker-a"].zone == "z1"
     body = ok(rs, req(105, {"topic": "TopicTest", "__ZONE_MODE": "true", "__ZONE_NAME": "z1"},
                       version=479)).body
-    assert json.loads(body)["brokerDatas"][0]["zoneName"] == "z1"
+    # Java's zone filter (an RPC hook) encodes the filtered route again in the legacy form,
+    # whatever the requester's version: unquoted broker ids, even for a 5.3.3 client.
+    assert loads_lenient(body, dict)["brokerDatas"][0]["zoneName"] == "z1"
+    assert b'{0:"127.0.0.1:10911"}' in body
     body = ok(rs, req(105, {"topic": "TopicTest", "__ZONE_MODE": "true", "__ZONE_NAME": "z2"},
                       version=479)).body
     assert json.loads(body)["brokerDatas"] == []
     legacy = ok(rs, req(105, {"topic": "TopicTest", "__ZONE_MODE": "true", "__ZONE_NAME": "z1"},
                         version=317)).body
-    assert b'{0:"127.0.0.1:10911"}' in legacy
+    assert legacy == ok(rs, req(105, {"topic": "TopicTest", "__ZONE_MODE": "true",
+                                      "__ZONE_NAME": "z1"}, version=479)).body
+    blank = ok(rs, req(105, {"topic": "TopicTest", "__ZONE_MODE": "true", "__ZONE_NAME": " "},
+                       version=479)).body
+    assert b'"0":"127.0.0.1:10911"' in blank  # a blank zone name: no filter, the usual form
 
 
 # --- who may write ---------------------------------------------------------------------------

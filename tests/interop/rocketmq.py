@@ -51,7 +51,20 @@ assert _spec is not None and _spec.loader is not None
 fetch = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fetch)
 
-VERSION: str = fetch.VERSION
+VERSION: str = fetch.VERSION  # the default version: brokers, clients and mqadmin run it
+DEFAULT_VERSION: str = fetch.VERSION
+VERSIONS: tuple[str, ...] = fetch.VERSIONS
+# MQVersion.Version ordinals: what each version's NameServer announces in its replies.
+VERSION_ORDINALS = {"4.9.7": 407, "5.3.3": 479, "5.5.0": 513}
+
+
+def version_ordinal(version: str) -> int:
+    return VERSION_ORDINALS[version]
+
+
+def has_broker_heartbeat(version: str) -> bool:
+    """BROKER_HEARTBEAT (904), REGISTER_TOPIC (217), member groups (901) and zones came with 5.0."""
+    return not version.startswith("4.")
 
 # Small, quick-starting JVMs: 2 cores, several JVMs at once. C1 only and the serial GC
 # start noticeably faster than the defaults; none of these processes runs long.
@@ -175,27 +188,34 @@ def interop_required() -> bool:
 _jars_error: str | None = None
 
 
-def ensure_jars() -> Path:
-    """Fetch the jars once (no-op when cached); return the cache folder.
+_jars_errors: dict[str, str] = {}
+
+
+def ensure_jars(version: str = DEFAULT_VERSION) -> Path:
+    """Fetch one version's jars once (no-op when cached); return its cache folder.
 
     Raises InteropUnavailable with the reason when that is impossible; a failure is
-    remembered so that a test session tries Maven only once.
+    remembered so that a test session tries Maven only once per version.
     """
     global _jars_error
     ok, reason = java_available()
     if not ok:
         raise InteropUnavailable(reason)
-    if _jars_error is not None:
+    if version == DEFAULT_VERSION and _jars_error is not None:
         raise InteropUnavailable(_jars_error)
+    if version in _jars_errors:
+        raise InteropUnavailable(_jars_errors[version])
     try:
-        return fetch.ensure(log=lambda msg: print(msg, file=sys.stderr))
+        return fetch.ensure(fetch.cache_dir(version), log=lambda msg: print(msg, file=sys.stderr))
     except (fetch.FetchError, subprocess.TimeoutExpired, OSError) as exc:
-        _jars_error = f"RocketMQ {VERSION} jars unavailable: {exc}"
-        raise InteropUnavailable(_jars_error) from exc
+        _jars_errors[version] = f"RocketMQ {version} jars unavailable: {exc}"
+        if version == DEFAULT_VERSION:
+            _jars_error = _jars_errors[version]
+        raise InteropUnavailable(_jars_errors[version]) from exc
 
 
-def classpath(kind: str) -> str:
-    return fetch.classpath(kind)
+def classpath(kind: str, version: str = DEFAULT_VERSION) -> str:
+    return fetch.classpath(kind, fetch.cache_dir(version))
 
 
 _classes: Path | None = None
@@ -293,8 +313,9 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def _java_cmd(kind: str, heap: list[str], home: Path, *, extra_cp: str | None = None, jvm_args: Iterable[str] = ()) -> list[str]:
-    cp = classpath(kind) if extra_cp is None else f"{extra_cp}{os.pathsep}{classpath(kind)}"
+def _java_cmd(kind: str, heap: list[str], home: Path, *, extra_cp: str | None = None, jvm_args: Iterable[str] = (),
+              version: str = DEFAULT_VERSION) -> list[str]:
+    cp = classpath(kind, version) if extra_cp is None else f"{extra_cp}{os.pathsep}{classpath(kind, version)}"
     return [
         "java", *JVM_BASE, *heap, *jvm_args,
         f"-Duser.home={home}",
@@ -395,32 +416,57 @@ class JavaProcess:
         return self.proc.returncode
 
 
+# RocketMQ 4.x reads its logging setup from $ROCKETMQ_HOME/conf/logback_<kind>.xml and exits
+# without one (5.x ships rmq.<kind>.logback.xml inside its jars): a small file-only setup.
+LOGBACK_4X = """<configuration>
+  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
+    <file>${{user.home}}/logs/rocketmqlogs/{log}.log</file>
+    <encoder><pattern>%d{{yyy-MM-dd HH:mm:ss,SSS}} %p %t - %m%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="FILE"/></root>
+</configuration>
+"""
+NAMESRV_READY_4X = re.compile(r"The Name Server boot success\. serializeType=\w+")
+
+
 class JavaNameServer(JavaProcess):
-    """RocketMQ's own NameServer on 127.0.0.1 and a port the OS picks (``listenPort=0``)."""
+    """RocketMQ's own NameServer on 127.0.0.1 and a port the OS picks (``listenPort=0``).
+
+    `version` picks the jars (tools/rocketmq/fetch.py's VERSIONS). A 4.x NameServer does
+    not print its port, so it gets a free port chosen here, and a logback file of its own.
+    """
 
     kind = "namesrv"
 
     def __init__(self, workdir: Path, *, port: int = 0, config: dict[str, Any] | None = None,
-                 jvm_args: Iterable[str] = ()) -> None:
+                 jvm_args: Iterable[str] = (), version: str = DEFAULT_VERSION) -> None:
         super().__init__(workdir)
         self.port = port
         self.config = dict(config or {})
         self.jvm_args = list(jvm_args)
+        self.version = version
 
     @property
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> JavaNameServer:
-        ensure_jars()
+        ensure_jars(self.version)
+        old = self.version.startswith("4.")
+        if old and not self.port:
+            self.port = pick_broker_port()  # a free port below the ephemeral range
         conf = {"listenPort": self.port, "bindAddress": "127.0.0.1", **self.config}
         self.workdir.mkdir(parents=True, exist_ok=True)
         conf_path = self.workdir / "namesrv.conf"
         conf_path.write_text("".join(f"{k}={v}\n" for k, v in conf.items()))
-        cmd = _java_cmd("namesrv", NAMESRV_HEAP, self.home, jvm_args=self.jvm_args)
+        if old:
+            (self.home / "conf").mkdir(parents=True, exist_ok=True)
+            (self.home / "conf" / "logback_namesrv.xml").write_text(LOGBACK_4X.format(log="namesrv"))
+        cmd = _java_cmd("namesrv", NAMESRV_HEAP, self.home, jvm_args=self.jvm_args, version=self.version)
         self._launch([*cmd, NAMESRV_MAIN, "-c", str(conf_path)])
-        m = self.wait_for_log(NAMESRV_READY, timeout)
-        self.port = int(m.group(2))
+        m = self.wait_for_log(NAMESRV_READY_4X if old else NAMESRV_READY, timeout)
+        if not old:
+            self.port = int(m.group(2))
         self.ready_after = time.monotonic() - self.started_at
         return self
 

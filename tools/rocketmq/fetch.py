@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Fetch the Apache RocketMQ 5.3.3 jars once, into a cache outside git.
+"""Fetch the Apache RocketMQ jars (4.9.7, 5.3.3, 5.5.0) once, into a cache outside git.
 
-    python3 tools/rocketmq/fetch.py            # fetch what is missing, print the cache path
-    python3 tools/rocketmq/fetch.py --check    # exit 0 when the cache is complete, 1 otherwise
+    python3 tools/rocketmq/fetch.py                    # every version: fetch what is missing
+    python3 tools/rocketmq/fetch.py --version 5.3.3    # one version only
+    python3 tools/rocketmq/fetch.py --check            # exit 0 when the cache is complete, 1 otherwise
 
-The cache is ``$ZNS_ROCKETMQ_CACHE`` or ``~/.cache/zns/rocketmq-5.3.3``; it holds one
-classpath folder per process kind (``namesrv/``, ``broker/``, ``client/``, ``tools/``),
-a Maven local repository of its own (``m2/``) and a stamp file per kind. Every RocketMQ
+Each version has its own folder, ``$ZNS_ROCKETMQ_CACHE/rocketmq-<version>`` (default
+``~/.cache/zns/rocketmq-<version>``); it holds one classpath folder per process kind
+(``namesrv/``, ``broker/``, ``client/``, ``tools/``), a Maven local repository of its own
+(``m2/``) and a stamp file per kind. Every RocketMQ
 jar ships its own ``rmq.<kind>.logback.xml`` and the first one found on the classpath
 wins, so the kinds must not share a folder.
 
-A kind whose stamp matches ``pom.xml`` is not fetched again: a second run costs a hash
+A kind whose stamp matches ``pom.xml`` and the version is not fetched again: a second run costs a hash
 of the pom. Only the standard library is used, so the Makefile can run this before the
 virtualenv exists.
 """
@@ -29,7 +31,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-VERSION = "5.3.3"
+VERSIONS = ("4.9.7", "5.3.3", "5.5.0")  # the interop matrix; 4.9.7 is the newest 4.x on Maven Central
+VERSION = "5.3.3"  # the default: the version zns's remoting listener follows
 KINDS = ("namesrv", "broker", "client", "tools")
 POM = Path(__file__).resolve().with_name("pom.xml")
 
@@ -38,15 +41,21 @@ class FetchError(RuntimeError):
     """Maven could not bring the jars (no network, no Maven, a broken cache)."""
 
 
-def cache_dir() -> Path:
+def cache_dir(version: str = VERSION) -> Path:
     env = os.environ.get("ZNS_ROCKETMQ_CACHE")
-    if env:
-        return Path(env).expanduser().resolve()
-    return Path.home() / ".cache" / "zns" / f"rocketmq-{VERSION}"
+    root = Path(env).expanduser().resolve() if env else Path.home() / ".cache" / "zns"
+    return root / f"rocketmq-{version}"
 
 
-def _pom_digest() -> str:
-    return hashlib.sha256(POM.read_bytes()).hexdigest()[:16]
+def _version_of(cache: Path) -> str:
+    return cache.name.removeprefix("rocketmq-")
+
+
+def _pom_digest(version: str = VERSION) -> str:
+    # The default version's stamp is the pom's hash alone, as before there were versions:
+    # a cache fetched by an older checkout stays valid (and is not fetched again under it).
+    extra = b"" if version == VERSION else version.encode()
+    return hashlib.sha256(POM.read_bytes() + extra).hexdigest()[:16]
 
 
 def _stamp(cache: Path, kind: str) -> Path:
@@ -56,7 +65,8 @@ def _stamp(cache: Path, kind: str) -> Path:
 def kind_ready(kind: str, cache: Path | None = None) -> bool:
     cache = cache or cache_dir()
     stamp = _stamp(cache, kind)
-    return stamp.is_file() and stamp.read_text().strip() == _pom_digest() and (cache / kind).is_dir()
+    return (stamp.is_file() and stamp.read_text().strip() == _pom_digest(_version_of(cache))
+            and (cache / kind).is_dir())
 
 
 def all_ready(cache: Path | None = None) -> bool:
@@ -83,10 +93,11 @@ def _locked(cache: Path) -> Iterator[None]:
 
 
 def _fetch_kind(kind: str, cache: Path, mvn: str, log) -> None:
+    version = _version_of(cache)
     staging = cache / f".{kind}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     cmd = [
-        mvn, "-B", "-q", "-f", str(POM), "-P", kind,
+        mvn, "-B", "-q", "-f", str(POM), "-P", kind, f"-Drocketmq.version={version}",
         f"-Dmaven.repo.local={cache / 'm2'}",
         "dependency:copy-dependencies",
         f"-DoutputDirectory={staging}",
@@ -94,15 +105,15 @@ def _fetch_kind(kind: str, cache: Path, mvn: str, log) -> None:
     ]
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0 or not any(staging.glob(f"rocketmq-*-{VERSION}.jar")):
+    if proc.returncode != 0 or not any(staging.glob(f"rocketmq-*-{version}.jar")):
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
         shutil.rmtree(staging, ignore_errors=True)
         raise FetchError(f"mvn failed for {kind} (exit {proc.returncode}):\n{tail}")
     final = cache / kind
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
-    _stamp(cache, kind).write_text(_pom_digest() + "\n")
-    log(f"rocketmq {VERSION}: {kind} classpath ready in {time.monotonic() - started:.1f} s "
+    _stamp(cache, kind).write_text(_pom_digest(version) + "\n")
+    log(f"rocketmq {version}: {kind} classpath ready in {time.monotonic() - started:.1f} s "
         f"({len(list(final.iterdir()))} jars)")
 
 
@@ -115,22 +126,31 @@ def ensure(cache: Path | None = None, log=lambda msg: print(msg, file=sys.stderr
     if mvn is None:
         raise FetchError("mvn not found on PATH")
     with _locked(cache):
+        started = time.monotonic()
+        log(f"rocketmq {_version_of(cache)}: fetching the jars with Maven into {cache} (once; "
+            f"a few minutes)")
         for kind in KINDS:
             if not kind_ready(kind, cache):
                 _fetch_kind(kind, cache, mvn, log)
+        log(f"rocketmq {_version_of(cache)}: fetched in {time.monotonic() - started:.0f} s")
     return cache
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only report whether the cache is complete")
+    parser.add_argument("--version", action="append", choices=VERSIONS,
+                        help="a RocketMQ version (repeatable; default: all of them)")
     args = parser.parse_args(argv)
+    versions = args.version or list(VERSIONS)
     if args.check:
-        ok = all_ready()
-        print(cache_dir() if ok else f"incomplete: {cache_dir()}")
-        return 0 if ok else 1
+        missing = [v for v in versions if not all_ready(cache_dir(v))]
+        for v in versions:
+            print(cache_dir(v) if v not in missing else f"incomplete: {cache_dir(v)}")
+        return 1 if missing else 0
     try:
-        print(ensure())
+        for v in versions:
+            print(ensure(cache_dir(v)))
     except (FetchError, subprocess.TimeoutExpired) as exc:
         print(f"rocketmq jars: {exc}", file=sys.stderr)
         return 1

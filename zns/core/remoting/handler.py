@@ -125,6 +125,9 @@ class RemotingService:
         self.admins = tuple(admins)
         self.properties = dict(properties or {})
         self._counts = service.remoting_counts
+        # Namespaces a remoting DELETE_KV_CONFIG left empty, oldest first: Java keeps an
+        # emptied namespace's table, so GET_KVLIST_BY_NAMESPACE answers it with {"table":{}}.
+        self._emptied: dict[str, None] = {}
 
     # --- the boundary ---------------------------------------------------
 
@@ -201,7 +204,9 @@ class RemotingService:
                 cluster, name = require(ext, "clusterName"), require(ext, "brokerName")
                 data = self.service.broker_table().get(name)
                 addrs = data.addrs if data is not None else {}
-                return _ok(cmd, body=encode_broker_member_group(cluster, name, addrs))
+                # Java sets the code and never clears the remark its fresh reply starts with.
+                return _reply(cmd, ResponseCode.SUCCESS, "not set any response code", None,
+                              encode_broker_member_group(cluster, name, addrs))
             case R.WIPE_WRITE_PERM_OF_BROKER:
                 name = require(ext, "brokerName")
                 self._run(WipeWritePerm, now, frames, broker_name=name)
@@ -230,12 +235,17 @@ class RemotingService:
                                   ext_fields={})
                 return _ok(cmd, ext_fields={"value": reply.value})
             case R.DELETE_KV_CONFIG:
-                self._run(KvDelete, now, frames, namespace=require(ext, "namespace"),
-                          key=require(ext, "key"))
+                namespace = require(ext, "namespace")
+                had = self.service.kv.count(namespace) > 0
+                self._run(KvDelete, now, frames, namespace=namespace, key=require(ext, "key"))
+                if had and not self.service.kv.count(namespace):
+                    self._remember_namespace(namespace)
                 return _ok(cmd)
             case R.GET_KVLIST_BY_NAMESPACE:
                 namespace = require(ext, "namespace")
                 entries = self._run(KvList, now, frames, namespace=namespace).entries
+                if not entries and namespace in self._emptied:
+                    return _ok(cmd, body=encode_kv_table({}))
                 if not entries:
                     return _error(cmd, ResponseCode.QUERY_NOT_FOUND,
                                   f"No config item, Namespace: {namespace}")
@@ -257,11 +267,13 @@ class RemotingService:
     def _route(self, cmd: RemotingCommand, ext: Mapping[str, str]) -> RemotingCommand:
         topic = require(ext, "topic")
         legacy = not wants_standard_json(cmd.version, cmd.ext_fields)
-        if parse_bool(ext, "__ZONE_MODE") and (zone := optional(ext, "__ZONE_NAME")):
+        if parse_bool(ext, "__ZONE_MODE") and (zone := (optional(ext, "__ZONE_NAME") or "").strip()):
             route = self.service.zone_route(topic, zone)
             if route is None:
                 return _no_route(cmd, topic)
-            return _ok(cmd, body=self.service.encoded.encode_json(route, legacy))
+            # Java filters in an RPC hook that decodes the reply and encodes it again with
+            # plain encode(): the legacy form, whatever the requester's version.
+            return _ok(cmd, body=self.service.encoded.encode_json(route, True))
         # No name check on the hot path: a name the table holds was checked when it was
         # registered, and one it does not hold finds no route.
         body = self.service.route_json(topic, legacy)
@@ -298,7 +310,8 @@ class RemotingService:
         if reply.master_addr:
             reply_ext["masterAddr"] = reply.master_addr
         order = self.service.kv.list(ORDER_TOPIC_CONFIG)
-        return _ok(cmd, ext_fields=reply_ext, body=encode_kv_table(order) if order else b"")
+        known = order or ORDER_TOPIC_CONFIG in self._emptied  # Java: an emptied table is {}
+        return _ok(cmd, ext_fields=reply_ext, body=encode_kv_table(order) if known else b"")
 
     def _heartbeat(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
                    now: int, frames: list[Frames]) -> RemotingCommand:
@@ -356,6 +369,12 @@ class RemotingService:
         log.warning("remoting request %d from %s refused: not in %s", code, conn.host, option)
         raise NoPermission(f"request code {code} is not allowed from {conn.host}: "
                            f"the server's {option} lists the networks that may send it")
+
+    def _remember_namespace(self, namespace: str) -> None:
+        self._emptied.pop(namespace, None)
+        self._emptied[namespace] = None
+        if len(self._emptied) > self.service.limits.max_kv_namespaces:
+            del self._emptied[next(iter(self._emptied))]
 
     def _perm_count(self, name: str) -> str:
         """The count 205/327 answer: like Java, every topic with queue data of broker `name`,
