@@ -18,10 +18,10 @@ def test_an_address_list_in_every_accepted_spelling():
 
 
 def test_a_bad_address_list_is_the_callers_error():
-    with pytest.raises(UsageError, match=r"NameServer address 'host' has no port \(expected "
+    with pytest.raises(UsageError, match=r"NameServer address 'host': has no port \(expected "
                                          r"host:port\)"):
         parse_addresses("a:1;host")
-    with pytest.raises(UsageError, match=r"NameServer address 'tcp://h' has no port"):
+    with pytest.raises(UsageError, match=r"NameServer address 'tcp://h': has no port"):
         parse_addresses("tcp://h")
     with pytest.raises(UsageError, match=r"^no NameServer address in ' ; ,'$"):
         parse_addresses(" ; ,")

@@ -149,7 +149,7 @@ def test_broker_command_reports_a_bad_address_as_a_usage_error():
     out = CliRunner().invoke(main, ["broker", "--cluster", "c", "--name", "b", "--addr", "nope",
                                     "--ns", DEAD])
     assert out.exit_code == 2, out.output
-    assert "broker address" in out.output and out.exception.__class__ is SystemExit
+    assert "Invalid value for '--addr'" in out.output and out.exception.__class__ is SystemExit
 
 
 @pytest.mark.timeout(30)

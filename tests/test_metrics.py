@@ -135,7 +135,8 @@ def test_bad_metrics_address_is_refused(spec: str, tmp_path: Path):
     result = CliRunner().invoke(zns_main, [
         "serve", "--router", "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*",
         "--kv-path", str(tmp_path / "kv.json"), "--metrics", spec])
-    assert result.exit_code == 1 and "HOST:PORT" in result.output, result.output
+    assert result.exit_code == 2 and "Invalid value for '--metrics'" in result.output, \
+        result.output
 
 
 # --- --log-format json ----------------------------------------------------------

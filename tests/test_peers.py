@@ -263,7 +263,7 @@ def test_cli_peer_options_log_the_link_and_each_hint(process_server):
 
 @pytest.mark.parametrize("endpoint,error", [
     ("ns1.example", "no port"),
-    ("tcp://127.0.0.1:notaport", "Invalid argument"),
+    ("tcp://127.0.0.1:notaport", "port 'notaport' is not a number"),
 ])
 def test_a_bad_peer_endpoint_stops_start_up_with_a_clear_error(endpoint, error):
     with pytest.raises(EndpointError, match=f"--peer.*{error}"):

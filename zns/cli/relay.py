@@ -8,15 +8,16 @@ import threading
 import click
 
 from zns.cli.config import log_format_option
+from zns.cli.params import Endpoint
 from zns.core.errors import EndpointError, NameServerUnavailable, UsageError
 from zns.drivers.logs import configure_logging
 from zns.drivers.event_relay import Relay
 
 
 @click.command()
-@click.option("--from", "upstream", required=True, envvar="ZNS_RELAY_FROM", metavar="ENDPOINT",
+@click.option("--from", "upstream", type=Endpoint(), required=True, envvar="ZNS_RELAY_FROM", metavar="ENDPOINT",
               help="The NameServer's REQUEST endpoint; its events endpoint is asked with status.")
-@click.option("--bind", required=True, envvar="ZNS_RELAY_BIND", metavar="ENDPOINT",
+@click.option("--bind", type=Endpoint(bind=True), required=True, envvar="ZNS_RELAY_BIND", metavar="ENDPOINT",
               help="Where subscribers connect (clients: events=, zns watch --events).")
 @click.option("--timeout", type=click.FloatRange(min=0.01), default=3.0, show_default=True,
               help="Seconds to wait for the NameServer's status at start.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from zns.cli.config import load_config_file, log_format_option
+from zns.cli.params import Endpoint, HostPort
 from zns.core.limits import Limits
 from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER, MAX_TOPICS_PER_REQUEST
 from zns.core.errors import ConfigError
@@ -29,9 +30,11 @@ from zns.drivers.server import (
 @click.option("--config", type=click.Path(dir_okay=False), envvar="ZNS_CONFIG", is_eager=True,
               expose_value=False, callback=load_config_file,
               help="TOML file with any of these options as keys (e.g. kv_path = \"...\").")
-@click.option("--router", default=DEFAULT_ROUTER, envvar="ZNS_ROUTER", show_default=True,
+@click.option("--router", type=Endpoint(bind=True), default=DEFAULT_ROUTER, envvar="ZNS_ROUTER",
+              show_default=True,
               help="Endpoint of the request (ROUTER) socket.")
-@click.option("--pub", default=DEFAULT_PUB, envvar="ZNS_PUB", show_default=True,
+@click.option("--pub", type=Endpoint(bind=True), default=DEFAULT_PUB, envvar="ZNS_PUB",
+              show_default=True,
               help="Endpoint of the event (PUB) socket.")
 @click.option("--kv-path", default="~/.zns/kv.json", envvar="ZNS_KV_PATH", show_default=True,
               help="File that holds the KV store.")
@@ -44,7 +47,7 @@ from zns.drivers.server import (
 @click.option("--pub-hwm", type=click.IntRange(min=1), default=DEFAULT_PUB_HWM,
               envvar="ZNS_PUB_HWM", show_default=True,
               help="Events queued per subscriber before the PUB socket drops (never 0).")
-@click.option("--peer", multiple=True, envvar="ZNS_PEER",
+@click.option("--peer", type=Endpoint(), multiple=True, envvar="ZNS_PEER",
               help="Request endpoint of another NameServer to take hints from (repeatable).")
 @click.option("--peer-grace", type=click.FloatRange(min=1), default=3.0, envvar="ZNS_PEER_GRACE",
               show_default=True, help="Seconds a broker a peer saw leave has left here.")
@@ -80,7 +83,8 @@ from zns.drivers.server import (
 @click.option("--clients", type=click.Choice(["any", "listed"]), default="any",
               envvar="ZNS_CLIENTS", show_default=True,
               help="With CURVE: may any key read routes, or only listed ones?")
-@click.option("--remoting", metavar="HOST:PORT", envvar="ZNS_REMOTING",
+@click.option("--remoting", type=HostPort(schemes=("tcp",)), metavar="HOST:PORT",
+              envvar="ZNS_REMOTING",
               help="Also serve RocketMQ's remoting protocol here (HOST:PORT or tcp://HOST:PORT), "
                    "so RocketMQ brokers, clients and mqadmin can use this NameServer. Off by "
                    "default; plain TCP.")
@@ -98,7 +102,8 @@ from zns.drivers.server import (
               help="Remoting routes carry an ordered topic's orderTopicConf (its ORDER_TOPIC_CONFIG "
                    "KV entry), as RocketMQ's orderMessageEnable. Off by default, as in RocketMQ: "
                    "producers given it write to its queues whatever their perm.")
-@click.option("--metrics", metavar="HOST:PORT", envvar="ZNS_METRICS",
+@click.option("--metrics", type=HostPort(schemes=("http",)), metavar="HOST:PORT",
+              envvar="ZNS_METRICS",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics and liveness at "
                    "/healthz (needs prometheus_client: pip install 'zns[metrics]'). Off by "
                    "default; plain HTTP.")

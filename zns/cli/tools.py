@@ -27,6 +27,7 @@ import zmq
 from zns.drivers.sockets import parse_addresses
 from zns.drivers.broker_agent import BrokerAgent
 from zns.cli.config import load_config_file
+from zns.cli.params import HostPort, NameServers
 from zns.core.errors import BackgroundFailure, ErrorReply, KeyFileError, NameServerUnavailable, UsageError
 from zns.drivers.requests import call_all, call_any
 from zns.drivers.security import apply_client_keys, client_keys
@@ -62,7 +63,7 @@ class Target:
 def ns_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--ns, --timeout and --json, handed to the command as one `target`."""
 
-    @click.option("--ns", "ns", envvar="ZNS_ADDR", metavar="ADDRS",
+    @click.option("--ns", "ns", type=NameServers(), envvar="ZNS_ADDR", metavar="ADDRS",
                   help="NameServers, e.g. 'tcp://h1:9876;h2:9876' (default $ZNS_ADDR, "
                        "else tcp://127.0.0.1:9876).")
     @click.option("--timeout", type=click.FloatRange(min=0.01), default=3.0, show_default=True,
@@ -73,12 +74,9 @@ def ns_options(command: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--keypair", envvar="ZNS_KEYPAIR", type=click.Path(dir_okay=False),
                   help="Own CURVE NAME.key_secret (default: a fresh one, a plain client).")
     @functools.wraps(command)
-    def wrapper(ns: str | None, timeout: float, as_json: bool, server_key: str | None,
+    def wrapper(ns: list[str] | None, timeout: float, as_json: bool, server_key: str | None,
                 keypair: str | None, **kwargs: Any) -> Any:
-        try:
-            endpoints = parse_addresses(ns)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--ns") from None
+        endpoints = ns or parse_addresses(None)  # checked by NameServers; None: the default
         if server_key:  # every socket this command makes comes from the default context
             try:
                 apply_client_keys(zmq.Context.instance(), client_keys(server_key, keypair))
@@ -354,10 +352,12 @@ def parse_topic(spec: str) -> tuple[str, TopicConfig]:
               callback=load_config_file, help="TOML file with any of these options as keys.")
 @click.option("--cluster", required=True)
 @click.option("--name", "broker_name", required=True, help="Broker name.")
-@click.option("--addr", "broker_addr", required=True, help="Broker address host:port.")
+@click.option("--addr", "broker_addr", type=HostPort(schemes=(), bind=False), required=True,
+              help="Broker address host:port.")
 @click.option("--id", "broker_id", type=int, default=0, show_default=True,
               help="0 for the master, another number for a slave.")
-@click.option("--ha-addr", default="")
+@click.option("--ha-addr", type=HostPort(schemes=(), bind=False), default=None,
+              help="The broker's HA address host:port (a slave's master connects there).")
 @click.option("--zone", default="")
 @click.option("--topic", "topics", multiple=True,
               help="NAME[:READ[:WRITE[:PERM]]], repeatable (e.g. Orders:8).")
@@ -371,7 +371,7 @@ def parse_topic(spec: str) -> tuple[str, TopicConfig]:
               case_sensitive=False), default="INFO", show_default=True)
 @ns_options
 def broker(target: Target, cluster: str, broker_name: str, broker_addr: str, broker_id: int,
-           ha_addr: str, zone: str, topics: tuple[str, ...], heartbeat_interval: float,
+           ha_addr: str | None, zone: str, topics: tuple[str, ...], heartbeat_interval: float,
            heartbeat_timeout: float, register_period: float, log_level: str) -> None:
     """Run a broker agent (no message store): registers until Ctrl-C or SIGTERM, then unregisters."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -379,7 +379,7 @@ def broker(target: Target, cluster: str, broker_name: str, broker_addr: str, bro
     try:
         agent = BrokerAgent(
             target.endpoints, cluster=cluster, broker_name=broker_name, broker_addr=broker_addr,
-            broker_id=broker_id, ha_addr=ha_addr, zone=zone,
+            broker_id=broker_id, ha_addr=ha_addr or "", zone=zone,
             topics=dict(parse_topic(t) for t in topics), register_period=register_period,
             heartbeat_interval=heartbeat_interval,
             heartbeat_timeout_ms=round(heartbeat_timeout * 1000), request_timeout=target.timeout,

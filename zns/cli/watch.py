@@ -22,6 +22,7 @@ from typing import Any
 import click
 import msgspec
 
+from zns.cli.params import Endpoint
 from zns.cli.tools import EXIT_FAILED, Target, ask, fail, ns_options, perm_text
 from zns.core.errors import BackgroundFailure
 from zns.core.schema import (
@@ -132,7 +133,7 @@ class _Printer:
 @click.argument("topics", nargs=-1)
 @click.option("--count", type=click.IntRange(min=1), default=None,
               help="Exit after this many lines (default: until Ctrl-C).")
-@click.option("--events", envvar="ZNS_EVENTS", metavar="ENDPOINT",
+@click.option("--events", type=Endpoint(), envvar="ZNS_EVENTS", metavar="ENDPOINT",
               help="Subscribe at this events relay (zns relay) instead of the NameServer's PUB.")
 @ns_options
 def watch(target: Target, topics: tuple[str, ...], count: int | None,

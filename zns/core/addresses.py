@@ -1,7 +1,10 @@
-"""NameServer address lists (§10) and the events endpoint a client connects to (§5).
+"""Endpoints and addresses as text: NameServer address lists (§10), one ZeroMQ endpoint
+to bind or connect, a `HOST:PORT` to listen on (remoting, metrics), and the events
+endpoint a client connects to (§5).
 
-Plain string work, shared by the clients, the broker agent, the tools and
-the peer links.
+Plain string work, shared by the clients, the broker agent, the tools, the peer
+links and the command line (zns.cli.params turns these into option types), so
+every endpoint is checked by the same rules and refused with the same words.
 """
 
 from __future__ import annotations
@@ -14,6 +17,71 @@ from zns.core.errors import UsageError
 
 WILDCARD_HOSTS = {"*", "0.0.0.0", "::", "[::]", ""}
 _SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+# The transports zns's sockets speak (ZeroMQ has others, none of them for a NameServer).
+ZMQ_SCHEMES = ("tcp", "ipc", "inproc")
+# A host name, an IPv4 address, an interface name or `*`; or an IPv6 address in brackets.
+_HOST = re.compile(r"^(?:[A-Za-z0-9_.*%-]+|\[[0-9A-Fa-f:.%A-Za-z_-]+\])$")
+_MAX_PORT = 65535
+
+
+def _check_port(port: str, *, bind: bool) -> int:
+    """The port of a TCP address; `*` and 0 (any free port) only where one binds."""
+    if bind and port == "*":
+        return 0
+    if not port.isdigit() or not (0 if bind else 1) <= int(port) <= _MAX_PORT:
+        lowest = 0 if bind else 1
+        raise UsageError(f"port {port!r} is not a number from {lowest} to {_MAX_PORT}")
+    return int(port)
+
+
+def _split_host_port(text: str, *, bind: bool) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise UsageError("has no port (expected host:port)")
+    if not host or not _HOST.match(host):
+        raise UsageError(f"{host!r} is not a host name or IP address")
+    return host.strip("[]"), _check_port(port, bind=bind)
+
+
+def check_endpoint(spec: str, *, bind: bool = False) -> str:
+    """One ZeroMQ endpoint to connect to (or `bind` on): `tcp://HOST:PORT` (a bare
+    `HOST:PORT` means tcp), `ipc://PATH` or `inproc://NAME`, as it is to be used.
+
+    Raises UsageError saying what is wrong: a scheme zns does not speak
+    (`http://`), a missing or out-of-range port, a host that is not one
+    (`tcp//h:1`). Binding also takes port `*` or 0 (any free port).
+    """
+    text = spec.strip()
+    endpoint = text if _SCHEME.match(text) else f"tcp://{text}"
+    scheme, _, rest = endpoint.partition("://")
+    try:
+        if scheme.lower() not in ZMQ_SCHEMES:
+            raise UsageError(f"zns speaks tcp:// (or ipc://, inproc://), not {scheme}://")
+        if not rest:
+            raise UsageError("has nothing after the scheme")
+        if scheme.lower() == "tcp":
+            _split_host_port(rest, bind=bind)
+    except UsageError as exc:
+        raise UsageError(f"{spec!r}: {exc}") from None
+    return endpoint
+
+
+def parse_host_port(spec: str, *, schemes: tuple[str, ...] = ("tcp",),
+                    bind: bool = True) -> tuple[str, int]:
+    """`HOST:PORT` (or `SCHEME://HOST:PORT` for one of `schemes`; IPv6 as `[::1]:PORT`) as
+    (host, port): a TCP listener's address (`--remoting`, `--metrics`) or, with
+    `bind=False`, an address to reach (a broker's). UsageError saying what is wrong."""
+    text = spec.strip()
+    try:
+        if _SCHEME.match(text):
+            scheme, _, text = text.partition("://")
+            if scheme.lower() not in schemes:
+                allowed = "".join(f" or {s}://HOST:PORT" for s in schemes)
+                raise UsageError(f"expected HOST:PORT{allowed}, not {scheme}://")
+        host, port = _split_host_port(text.rstrip("/"), bind=bind)
+    except UsageError as exc:
+        raise UsageError(f"{spec!r}: {exc}") from None
+    return ("0.0.0.0" if host == "*" else host), port
 
 
 def parse_addresses(spec: str | Iterable[str]) -> list[str]:
@@ -24,9 +92,10 @@ def parse_addresses(spec: str | Iterable[str]) -> list[str]:
         for item in re.split(r"[;,\s]+", part):
             if not item:
                 continue
-            endpoint = item if _SCHEME.match(item) else f"tcp://{item}"
-            if endpoint.startswith("tcp://") and ":" not in endpoint[len("tcp://"):]:
-                raise UsageError(f"NameServer address {item!r} has no port (expected host:port)")
+            try:
+                endpoint = check_endpoint(item)
+            except UsageError as exc:
+                raise UsageError(f"NameServer address {exc}") from None
             if endpoint not in endpoints:
                 endpoints.append(endpoint)
     if not endpoints:

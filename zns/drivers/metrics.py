@@ -23,7 +23,8 @@ from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from zns import __version__
-from zns.core.errors import ConfigError
+from zns.core.addresses import parse_host_port
+from zns.core.errors import ConfigError, UsageError
 from zns.core.remoting.constants import RequestCode, ResponseCode
 from zns.core.schema import KNOWN_OPS, request_op
 from zns.core.service import NameService
@@ -46,16 +47,6 @@ class Observed(Protocol):
     def loop_age_s(self) -> float:
         """Seconds since the loop last completed a pass."""
         ...
-
-
-def parse_host_port(spec: str) -> tuple[str, int]:
-    """`HOST:PORT` (IPv6 as `[::1]:PORT`, `http://` allowed) as (host, port); ConfigError if not."""
-    text = spec.removeprefix("http://").removeprefix("tcp://").rstrip("/")
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"--metrics {spec!r}: expected HOST:PORT (e.g. 127.0.0.1:9877)")
-    return host, int(port)
 
 
 class _Collector:
@@ -180,7 +171,10 @@ class MetricsServer:
     """The HTTP endpoint, in threads of its own (`close()` stops them)."""
 
     def __init__(self, server: Observed, spec: str, *, heartbeat_interval: float) -> None:
-        host, port = parse_host_port(spec)
+        try:
+            host, port = parse_host_port(spec, schemes=("http",))
+        except UsageError as exc:
+            raise ConfigError(f"--metrics {exc}") from None
         try:
             from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
         except ImportError:

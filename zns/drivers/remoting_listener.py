@@ -33,7 +33,7 @@ import zmq
 from zns.core.remoting import FrameDecoder, RemotingFrameError, encode_command
 from zns.core.remoting.handler import Connection, RemotingService
 from zns.core.service import Frames
-from zns.core.text import quote
+from zns.core.addresses import parse_host_port
 from zns.drivers.descriptors import OUT_OF_FDS, DescriptorGuard, listen_tcp
 
 log = logging.getLogger("zns")
@@ -79,7 +79,7 @@ class RemotingListener:
         self.high_water = high_water
         self.max_unsent = max_unsent
         self.read_chunk = read_chunk
-        self.listening = listen_tcp(*parse_endpoint(endpoint))
+        self.listening = listen_tcp(*parse_host_port(endpoint))
         self.descriptors = descriptors
         if descriptors is not None:
             descriptors.plain.append(self.listening)
@@ -249,14 +249,4 @@ class RemotingListener:
             pass
 
 
-def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """`HOST:PORT` or `tcp://HOST:PORT` (port 0: any free port); ValueError when malformed."""
-    text = endpoint[len("tcp://"):] if endpoint.startswith("tcp://") else endpoint
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"remoting endpoint {quote(endpoint)} is not HOST:PORT or tcp://HOST:PORT")
-    host = host.strip("[]")
-    return ("0.0.0.0" if host == "*" else host), int(port)
-
-
-__all__ = ["RemotingListener", "parse_endpoint"]
+__all__ = ["RemotingListener"]

@@ -1,0 +1,64 @@
+"""Every endpoint and address option is checked where it is parsed: one line naming the
+option and what is wrong, exit 2 (usage) — no traceback, no wait for a timeout."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from zns.cli import main
+from zns.core.addresses import check_endpoint, parse_host_port
+from zns.core.errors import UsageError
+
+BROKER = ["broker", "--cluster", "c", "--name", "b"]
+
+
+@pytest.mark.parametrize("args, option, wrong", [
+    (["status", "--ns", "http://127.0.0.1:29876"], "--ns", "not http://"),
+    (["status", "--ns", "tcp//127.0.0.1:29876"], "--ns", "'tcp//127.0.0.1' is not a host"),
+    (["status", "--ns", "udp://127.0.0.1:29876"], "--ns", "not udp://"),
+    (["route", "T", "--ns", "127.0.0.1:99999"], "--ns", "port '99999' is not a number"),
+    (["kv", "put", "n", "k", "v", "--ns", "h1:1;nowhere"], "--ns", "'nowhere': has no port"),
+    (["serve", "--remoting", "127.0.0.1:99999"], "--remoting", "port '99999'"),
+    (["serve", "--remoting", "http://127.0.0.1:9876"], "--remoting", "not http://"),
+    (["serve", "--router", "http://127.0.0.1:1"], "--router", "not http://"),
+    (["serve", "--pub", "tcp://127.0.0.1:70000"], "--pub", "port '70000'"),
+    (["serve", "--peer", "tcp//h:1"], "--peer", "is not a host"),
+    (["serve", "--metrics", "127.0.0.1:99999"], "--metrics", "port '99999'"),
+    (["relay", "--from", "http://h:1", "--bind", "tcp://127.0.0.1:*"], "--from", "not http://"),
+    (["relay", "--from", "h:1", "--bind", "udp://h:1"], "--bind", "not udp://"),
+    (["watch", "--events", "127.0.0.1:0"], "--events", "port '0'"),
+    ([*BROKER, "--addr", "10.0.0.1"], "--addr", "has no port"),
+    ([*BROKER, "--addr", "h:1", "--ha-addr", "h:99999"], "--ha-addr", "port '99999'"),
+])
+def test_a_bad_endpoint_is_a_usage_error_naming_the_option(args, option, wrong):
+    result = CliRunner().invoke(main, [*args, "--timeout", "0.2"] if args[0] not in (
+        "serve", "broker") else args)
+    assert result.exit_code == 2, result.output
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"Error: Invalid value for '{option}'") and wrong in error, error
+    assert "Traceback" not in result.output
+
+
+def test_an_environment_or_config_file_value_is_checked_as_well(tmp_path):
+    result = CliRunner().invoke(main, ["status"], env={"ZNS_ADDR": "http://h:1"})
+    assert result.exit_code == 2 and "Invalid value for '--ns'" in result.stderr
+    conf = tmp_path / "zns.toml"
+    conf.write_text('remoting = "0.0.0.0:123456"\n')
+    result = CliRunner().invoke(main, ["serve", "--config", str(conf)])
+    assert result.exit_code == 2 and "Invalid value for '--remoting'" in result.stderr
+
+
+def test_the_one_parser_accepts_what_zns_binds_and_connects():
+    assert check_endpoint("127.0.0.1:9876") == "tcp://127.0.0.1:9876"
+    assert check_endpoint("tcp://*:*", bind=True) == "tcp://*:*"
+    assert check_endpoint("tcp://[::1]:0", bind=True) == "tcp://[::1]:0"
+    assert check_endpoint("ipc:///tmp/zns") == "ipc:///tmp/zns"
+    assert parse_host_port("*:0") == ("0.0.0.0", 0)
+    assert parse_host_port("tcp://[::1]:9876") == ("::1", 9876)
+    assert parse_host_port("http://127.0.0.1:9878/", schemes=("http",)) == ("127.0.0.1", 9878)
+    for spec in ("tcp://h:0", "tcp://h:*", "ipc://", "h:-1"):
+        with pytest.raises(UsageError):
+            check_endpoint(spec)
+    with pytest.raises(UsageError, match="expected HOST:PORT or tcp://HOST:PORT, not udp://"):
+        parse_host_port("udp://h:1")
