@@ -32,7 +32,7 @@ from zns.drivers.logs import install_repeat_filter
 from zns.drivers.metrics import MetricsServer
 from zns.drivers.remoting_listener import DEFAULT_MAX_CONNECTIONS, RemotingListener
 from zns.core.remoting.handler import RemotingService, parse_networks
-from zns.drivers.sockets import Waker
+from zns.drivers.sockets import Waker, set_keepalive
 from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER
 from zns.core.budget import ReplyBudget
 from zns.core.service import Frames, NameService
@@ -433,18 +433,19 @@ class Server:
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
         router.setsockopt(zmq.LINGER, 500)
-        # Close TCP connections to peers that froze, so their queues are freed. ZMTP
-        # heartbeats cannot do it for a peer that stops reading (our PING waits behind the
-        # replies it does not read); TCP's own timeout for unacknowledged data does: a
-        # connection whose peer reads nothing for TCP_TIMEOUT_MS is closed by the kernel.
-        router.setsockopt(zmq.HEARTBEAT_IVL, 5000)
-        router.setsockopt(zmq.HEARTBEAT_TIMEOUT, 15000)
+        # No ZMTP heartbeat (HEARTBEAT_IVL) on any server socket: in libzmq 4.3.5 a peer
+        # that resets while its inbound queue is full leaves an engine that the heartbeat
+        # timer then writes to, and libzmq aborts the process (tests/test_peer_resets.py).
+        # The kernel closes dead connections instead: TCP_MAXRT a peer that reads nothing
+        # (its unacknowledged data), keepalive one whose host vanished while idle.
         router.setsockopt(zmq.TCP_MAXRT, TCP_TIMEOUT_MS)
+        set_keepalive(router)
         if self.security is not None:
             self.security.apply(router)
             self.security.apply(pub)
         pub.setsockopt(zmq.SNDHWM, self.config.pub_hwm)
         pub.setsockopt(zmq.LINGER, 500)
+        set_keepalive(pub)
         # What a PUB socket reads are subscriptions: libzmq disconnects a subscriber whose
         # (un)subscription is longer than §1 allows before it is stored or buffered. The
         # frame carries the channel after ZMTP 3.1's command name (b"\x09SUBSCRIBE", 10

@@ -34,8 +34,10 @@ def open_socket(
 ) -> zmq.Socket:
     """A connected DEALER or SUB with the options every zns peer wants.
 
-    LINGER is finite so closing a socket to a dead NameServer never hangs;
-    ZMTP heartbeats drop a TCP connection to a frozen peer so it reconnects.
+    LINGER is finite so closing a socket to a dead NameServer never hangs.
+    No ZMTP heartbeat (see `set_keepalive`): the sessions notice a dead or
+    frozen NameServer themselves (request timeouts, `hb` silence) and open new
+    sockets; TCP keepalive frees a connection whose host vanished.
     `max_message_bytes` makes libzmq refuse larger frames from the other side
     (the server sets it on the sockets it opens to its peers). A bad endpoint
     raises zmq.ZMQError and leaves no socket behind.
@@ -44,8 +46,7 @@ def open_socket(
     sock = ctx.socket(kind)
     try:
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        set_keepalive(sock)
         if max_message_bytes is not None:
             sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         if kind == zmq.SUB:
@@ -56,6 +57,26 @@ def open_socket(
         sock.close(linger=0)
         raise
     return sock
+
+
+# TCP keepalive: an idle connection whose host vanished is closed after about
+# 30 + 3 x 10 s (the kernel's default waits two hours before the first probe).
+KEEPALIVE_IDLE_S = 30
+KEEPALIVE_INTERVAL_S = 10
+KEEPALIVE_PROBES = 3
+
+
+def set_keepalive(sock: zmq.Socket) -> None:
+    """Let the kernel, not ZMTP heartbeats, close connections to vanished hosts.
+
+    libzmq 4.3.5 aborts the process (`Assertion failed: !_io_error`) when a ZMTP
+    heartbeat timer fires on a connection whose peer reset while its inbound queue
+    was full; keepalive probes are sent by the kernel and cannot reach that code.
+    """
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, KEEPALIVE_IDLE_S)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, KEEPALIVE_INTERVAL_S)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_PROBES)
 
 
 def recv_all(
