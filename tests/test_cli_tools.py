@@ -61,6 +61,35 @@ def test_admin_commands(loaded):
     assert [q.broker_name for q in peer.ok("get_route", topic="TopicB").route.queues] == ["broker-a"]
 
 
+def test_names_that_match_nothing_say_so_and_exit_1(loaded):
+    ns = loaded.router
+    run_ = lambda *args: CliRunner().invoke(main, [*args, "--ns", ns, "--timeout", "2"])  # noqa: E731
+    out = run_("wipe-write-perm", "nobroker")
+    assert out.exit_code == 1
+    assert "no broker named 'nobroker' (brokers: broker-a, broker-b)" in out.stderr
+    assert run_("add-write-perm", "nobroker").exit_code == 1
+    out = run_("topics", "--cluster", "Nope")
+    assert out.exit_code == 1 and "no cluster named 'Nope' (clusters: c1, c2)" in out.stderr
+    out = run_("delete-topic", "TopicA", "--cluster", "Nope")
+    assert out.exit_code == 1 and "no cluster named 'Nope'" in out.stderr
+    out = run_("delete-topic", "TopicA", "--cluster", "c2")
+    assert out.exit_code == 1 and "has no queues on cluster 'c2'" in out.stderr
+    out = run_("delete-topic", "NoSuchTopic")
+    assert out.exit_code == 1 and "no topic named 'NoSuchTopic'" in out.stderr
+    out = run_("route", "TopicA", "--zone", "z2")
+    assert out.exit_code == 1
+    assert "no broker of 'TopicA' is in zone 'z2' (its brokers' zones: z1)" in out.stderr
+    # What matches still works, and an existing broker with nothing to change is no error.
+    assert run_("route", "TopicA", "--zone", "z1").exit_code == 0
+    assert run_("topics", "--cluster", "c2").output.split() == ["TopicB"]
+    assert run_("add-write-perm", "broker-b").exit_code == 0
+    assert peer_topics(loaded) == ["TopicA", "TopicB"]  # nothing was deleted
+
+
+def peer_topics(server) -> list[str]:
+    return server.peer().ok("get_topics").topics
+
+
 def test_kv_commands(server):
     ns = server.router
     assert run("kv", "put", "app", "k", "v 1", ns=ns).exit_code == 0

@@ -4,8 +4,9 @@
 Every command takes `--ns` (or `ZNS_ADDR`), `--timeout` and `--json`. Reads
 ask every NameServer at once and show the first answer; writes go to every
 NameServer (as RocketMQ's mqadmin does) and report each one. Exit status: 0
-when done, 1 when a NameServer answered with an error, 3 when a NameServer
-did not answer within `--timeout`.
+when done, 1 when a NameServer answered with an error or a name given matched
+nothing there (an unknown broker, cluster, topic or zone), 2 for a bad option,
+3 when a NameServer did not answer within `--timeout`.
 """
 
 from __future__ import annotations
@@ -28,13 +29,22 @@ from zns.drivers.sockets import parse_addresses
 from zns.drivers.broker_agent import BrokerAgent
 from zns.cli.config import load_config_file
 from zns.cli.params import HostPort, NameServers
-from zns.core.errors import BackgroundFailure, ErrorReply, KeyFileError, NameServerUnavailable, UsageError
-from zns.drivers.requests import call_all, call_any
+from zns.core.errors import (
+    BackgroundFailure,
+    ErrorReply,
+    KeyFileError,
+    NameServerUnavailable,
+    NotFound,
+    UsageError,
+    ZnsError,
+)
+from zns.drivers.requests import call, call_all, call_any
 from zns.drivers.security import apply_client_keys, client_keys
 from zns.core.schema import (
     AddWritePerm,
     DeleteTopic,
     GetClusterInfo,
+    GetClusterInfoReply,
     GetRoute,
     GetTopics,
     KvDelete,
@@ -100,12 +110,21 @@ def ask(target: Target, request: Request) -> tuple[str, Any]:
         fail(f"error {exc.code}: {exc}", EXIT_ERROR_REPLY)
 
 
-def tell_all(target: Target, request: Request, describe: Callable[[Any], str]) -> None:
-    """Send a write to every NameServer; one line (or JSON entry) each; exit non-zero on any failure."""
+def tell_all(target: Target, request: Request, describe: Callable[[Any], str],
+             matched_nothing: Callable[[str, Any], str | None] | None = None) -> None:
+    """Send a write to every NameServer; one line (or JSON entry) each; exit non-zero on any failure.
+
+    `matched_nothing(endpoint, reply)`: why a reply that changed nothing named something that
+    NameServer does not have (a typo), or None; such an answer is reported as `not_found`.
+    """
     results = call_all(target.endpoints, request, target.timeout)
     worst = 0
     out: dict[str, Any] = {}
     for endpoint, result in results.items():
+        if matched_nothing is not None and not isinstance(result, Exception):
+            why = matched_nothing(endpoint, result)
+            if why is not None:
+                result = NotFound(why)
         if isinstance(result, NameServerUnavailable):
             worst = max(worst, EXIT_UNREACHABLE)
             click.echo(f"{endpoint}: no answer within {target.timeout:g} s", err=True)
@@ -127,6 +146,39 @@ def tell_all(target: Target, request: Request, describe: Callable[[Any], str]) -
 def fail(message: str, code: int) -> NoReturn:
     click.echo(f"zns: {message}", err=True)
     sys.exit(code)
+
+
+# --- names that match nothing ------------------------------------------------------
+# The wire answers a write naming an unknown broker or cluster with "0 changed" or
+# "removed: false" (as RocketMQ does); a person who mistyped a name is told so instead.
+
+
+def _cluster_info(target: Target, endpoint: str) -> GetClusterInfoReply | None:
+    try:
+        reply: GetClusterInfoReply = call(endpoint, GetClusterInfo(), target.timeout)
+        return reply
+    except ZnsError:
+        return None  # cannot tell: report the write's own answer
+
+
+def _names(names: Iterable[str]) -> str:
+    return ", ".join(sorted(names)) or "none"
+
+
+def _unknown_broker(target: Target, broker: str) -> Callable[[str, Any], str | None]:
+    def check(endpoint: str, reply: Any) -> str | None:
+        info = None if reply.changed else _cluster_info(target, endpoint)
+        if info is None or broker in info.brokers:
+            return None
+        return f"no broker named {broker!r} (brokers: {_names(info.brokers)})"
+
+    return check
+
+
+def _unknown_cluster(cluster: str, info: GetClusterInfoReply | None) -> str | None:
+    if not cluster or info is None or cluster in info.clusters:
+        return None
+    return f"no cluster named {cluster!r} (clusters: {_names(info.clusters)})"
 
 
 # --- output -----------------------------------------------------------------------
@@ -211,7 +263,15 @@ def status(target: Target) -> None:
 @ns_options
 def route(target: Target, topic: str, zone: str) -> None:
     """Show the route of TOPIC: its brokers and queues."""
-    _, reply = ask(target, GetRoute(topic=topic, zone=zone))
+    endpoint, reply = ask(target, GetRoute(topic=topic, zone=zone))
+    if zone and not reply.route.brokers:
+        try:
+            whole = call(endpoint, GetRoute(topic=topic), target.timeout).route
+            zones = _names({b.zone or "(none)" for b in whole.brokers})
+        except ZnsError:
+            zones = "unknown"
+        fail(f"no broker of {topic!r} is in zone {zone!r} (its brokers' zones: {zones})",
+             EXIT_ERROR_REPLY)
     if target.as_json:
         _print_json(reply)
     else:
@@ -246,7 +306,9 @@ def clusters(target: Target) -> None:
 @ns_options
 def topics(target: Target, cluster: str) -> None:
     """List topics."""
-    _, reply = ask(target, GetTopics(cluster=cluster))
+    endpoint, reply = ask(target, GetTopics(cluster=cluster))
+    if not reply.topics and (why := _unknown_cluster(cluster, _cluster_info(target, endpoint))):
+        fail(why, EXIT_ERROR_REPLY)
     if target.as_json:
         _print_json(reply.topics)
     else:
@@ -307,7 +369,8 @@ def kv_delete(target: Target, namespace: str, key: str) -> None:
 @ns_options
 def wipe_write_perm(target: Target, broker: str) -> None:
     """Stop producers writing to BROKER (on every NameServer), e.g. before maintenance."""
-    tell_all(target, WipeWritePerm(broker_name=broker), lambda r: f"{r.changed} queue data changed")
+    tell_all(target, WipeWritePerm(broker_name=broker), lambda r: f"{r.changed} queue data changed",
+             _unknown_broker(target, broker))
 
 
 @click.command("add-write-perm")
@@ -315,7 +378,8 @@ def wipe_write_perm(target: Target, broker: str) -> None:
 @ns_options
 def add_write_perm(target: Target, broker: str) -> None:
     """Let producers write to BROKER again (on every NameServer)."""
-    tell_all(target, AddWritePerm(broker_name=broker), lambda r: f"{r.changed} queue data changed")
+    tell_all(target, AddWritePerm(broker_name=broker), lambda r: f"{r.changed} queue data changed",
+             _unknown_broker(target, broker))
 
 
 @click.command("delete-topic")
@@ -324,8 +388,18 @@ def add_write_perm(target: Target, broker: str) -> None:
 @ns_options
 def delete_topic(target: Target, topic: str, cluster: str) -> None:
     """Delete TOPIC from every NameServer."""
-    tell_all(target, DeleteTopic(topic=topic, cluster=cluster),
-             lambda r: "deleted" if r.removed else "no such topic")
+    def matched_nothing(endpoint: str, reply: Any) -> str | None:
+        if reply.removed:
+            return None
+        info = _cluster_info(target, endpoint) if cluster else None
+        if why := _unknown_cluster(cluster, info):
+            return why
+        if cluster:
+            return f"topic {topic!r} has no queues on cluster {cluster!r} (or does not exist)"
+        return f"no topic named {topic!r}"
+
+    tell_all(target, DeleteTopic(topic=topic, cluster=cluster), lambda r: "deleted",
+             matched_nothing)
 
 
 def parse_topic(spec: str) -> tuple[str, TopicConfig]:
