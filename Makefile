@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test mutate rocketmq-jars bench demo demo-peers clean
+.PHONY: run test mutate rocketmq-jars agent-jar bench demo demo-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ run: $(STAMP)
 # JVMs start once): most of the suite waits on subprocesses, JVMs and timers, so two cores
 # finish it in about half the time. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
-test: $(STAMP) rocketmq-jars
+test: $(STAMP) rocketmq-jars agent-jar
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The real RocketMQ 5.3.3 jars for tests/interop, fetched once into a cache outside git
@@ -33,6 +33,19 @@ rocketmq-jars:
 			echo "rocketmq-jars: fetch failed; the interop tests will skip" >&2; }; \
 	else \
 		echo "rocketmq-jars: no JDK/Maven on PATH; the interop tests will skip" >&2; \
+	fi
+
+# zns-agent.jar (agent/, README "Pushed routes for existing Java applications"), built by
+# Maven into a cache outside git ($ZNS_AGENT_CACHE or ~/.cache/zns/agent) once per version
+# of its sources: a second run costs a hash. Without java/mvn it does nothing and the agent
+# tests skip; a failed build is only a warning unless ZNS_REQUIRE_INTEROP=1.
+agent-jar:
+	@if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then \
+		$(PYTHON) agent/build.py >/dev/null || { \
+			if [ "$${ZNS_REQUIRE_INTEROP:-0}" = 1 ]; then exit 1; fi; \
+			echo "agent-jar: build failed; the agent tests will skip" >&2; }; \
+	else \
+		echo "agent-jar: no JDK/Maven on PATH; the agent tests will skip" >&2; \
 	fi
 
 # Mutation testing of zns/core, one module at a time with its own fast tests (tools/mutate.py;

@@ -1,0 +1,358 @@
+package zns.agent;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.function.Supplier;
+
+import org.zeromq.SocketType;
+import org.zeromq.ZContext;
+import org.zeromq.ZMQ;
+
+/**
+ * Follows one zns events stream for the clients that share one NameServer list.
+ *
+ * <p>Two states. <b>Idle</b>: ask the NameServers, in the clients' order, for their
+ * events endpoint (GET_NAMESRV_CONFIG); a NameServer that is not zns or cannot be
+ * reached is asked again after a backoff (1 s doubling to {@code maxBackoffMs}, with
+ * jitter), and meanwhile the application polls as it always does. <b>Following</b>: a SUB
+ * socket subscribed to {@code hb}, to {@code route/<topic>} of every held topic and to
+ * {@code broker/<cluster>/<name>} of every broker in their routes; each event goes through
+ * the {@link Recipe} and the topics it names are refreshed by the clients themselves. No
+ * hb for three intervals gives the stream up (back to idle, asking again at once, then
+ * with backoff).
+ *
+ * <p>Logs one line when it starts following (at the first hb, when push is proven to
+ * work) and one when it stops or finds no zns, never the same line twice in a row.
+ */
+final class Follower {
+    /** Beyond this many held topics, one subscription to every route and broker channel. */
+    static final int MAX_TOPIC_SUBSCRIPTIONS = 4096;
+    /** Events queued in the SUB socket beyond this are dropped (the recipe repairs it). */
+    static final int RCV_HWM = 10_000;
+    private static final byte[] HB_CHANNEL = "hb\0".getBytes(StandardCharsets.UTF_8);
+    private static final byte[] ALL_ROUTES = "route/".getBytes(StandardCharsets.UTF_8);
+    private static final byte[] ALL_BROKERS = "broker/".getBytes(StandardCharsets.UTF_8);
+
+    private enum Said { NOTHING, FOLLOWING, IDLE }
+
+    private final String name;
+    private final AgentConfig config;
+    private final Supplier<ZContext> zmq;
+    private Target target;
+
+    private long nextAttemptMs;
+    private long backoffMs;
+    private Said said = Said.NOTHING;
+
+    private ZMQ.Socket sub;
+    private String endpoint;
+    private String namesrv;
+    private Recipe recipe;
+    private boolean wholesale;
+    private Map<String, Set<String>> held = Collections.emptyMap();
+    private final Set<String> subscribedTopics = new HashSet<>();
+    private final Set<String> subscribedBrokers = new HashSet<>();
+    private final Set<String> dirty = new HashSet<>();
+    private String dirtyWhy = "";
+
+    // counters, for the command-line check and for tests reading them by reflection
+    long events;
+    long refreshes;
+    long badEvents;
+
+    Follower(String name, Target target, AgentConfig config, Supplier<ZContext> zmq, long nowMs) {
+        this.name = name;
+        this.target = target;
+        this.config = config;
+        this.zmq = zmq;
+        this.nextAttemptMs = nowMs;
+        this.backoffMs = config.minBackoffMs;
+    }
+
+    String name() {
+        return name;
+    }
+
+    void retarget(Target target) {
+        this.target = target;
+    }
+
+    ZMQ.Socket socket() {
+        return sub;
+    }
+
+    boolean following() {
+        return sub != null;
+    }
+
+    /** When this follower next needs the loop: an attempt to resolve, or a silence check. */
+    long nextDeadlineMs() {
+        return sub == null ? nextAttemptMs : recipe.silentAt();
+    }
+
+    /** Periodic work: resolve when idle and due; give up a silent stream; sync subscriptions. */
+    void tick(long nowMs) {
+        if (sub == null) {
+            if (nowMs >= nextAttemptMs) {
+                resolve(nowMs);
+            }
+            return;
+        }
+        if (recipe.silent(nowMs)) {
+            stop(nowMs, recipe.sawHb()
+                ? "no heartbeat from " + endpoint + " for " + (3 * hbMs) + " ms"
+                : "no events from " + endpoint + " within " + (3 * hbMs) + " ms", true);
+        }
+    }
+
+    private long hbMs = 1000;
+
+    private void resolve(long nowMs) {
+        String why = "the clients list no NameServer";
+        if (config.events != null) {
+            follow(config.events, config.heartbeatMs, "(agent argument)", nowMs);
+            return;
+        }
+        for (String addr : target.namesrvAddrs()) {
+            try {
+                NamesrvProbe.Answer answer = NamesrvProbe.ask(addr, config.probeTimeoutMs);
+                if (answer.endpoint != null) {
+                    follow(answer.endpoint, answer.heartbeatIntervalMs, addr, nowMs);
+                    return;
+                }
+                why = addr + ": " + answer.why;
+            } catch (IOException | RuntimeException e) {
+                why = addr + ": " + e.getMessage();
+            }
+        }
+        idle(nowMs, why);
+    }
+
+    private void follow(String endpoint, long hbMs, String namesrv, long nowMs) {
+        ZMQ.Socket s = zmq.get().createSocket(SocketType.SUB);
+        s.setLinger(0);
+        s.setRcvHWM(RCV_HWM);
+        s.setReconnectIVL(200);
+        s.setReconnectIVLMax(2000);
+        s.subscribe(HB_CHANNEL);
+        this.sub = s;
+        this.endpoint = endpoint;
+        this.namesrv = namesrv;
+        this.hbMs = hbMs;
+        this.recipe = new Recipe(hbMs, nowMs);
+        this.wholesale = false;
+        subscribedTopics.clear();
+        subscribedBrokers.clear();
+        syncSubscriptions();
+        try {
+            s.connect(endpoint);
+        } catch (RuntimeException e) {
+            stop(nowMs, "cannot connect to " + endpoint + ": " + e.getMessage(), false);
+        }
+    }
+
+    private void idle(long nowMs, String why) {
+        if (said != Said.IDLE) {
+            Log.info("not following " + name + ": " + why + "; the application polls its NameServer as before"
+                + " (asking again with backoff up to " + config.maxBackoffMs / 1000 + " s)");
+            said = Said.IDLE;
+        }
+        long jitter = ThreadLocalRandom.current().nextLong(backoffMs / 5 + 1);
+        nextAttemptMs = nowMs + backoffMs - backoffMs / 10 + jitter;
+        backoffMs = Math.min(config.maxBackoffMs, backoffMs * 2);
+    }
+
+    /** Leaves the stream; `retrySoon` asks again at once (the next attempt then backs off). */
+    private void stop(long nowMs, String why, boolean retrySoon) {
+        closeSocket();
+        if (retrySoon && said == Said.FOLLOWING) {
+            Log.info("stopped following " + name + " at " + namesrv + ": " + why
+                + "; the application polls its NameServer as before until zns answers again");
+            said = Said.IDLE;
+            nextAttemptMs = nowMs;
+        } else {
+            idle(nowMs, why);
+        }
+    }
+
+    void close() {
+        closeSocket();
+    }
+
+    private void closeSocket() {
+        if (sub != null) {
+            try {
+                zmq.get().destroySocket(sub);
+            } catch (RuntimeException e) {
+                // the context may already be closing; the socket goes with it
+            }
+        }
+        sub = null;
+        recipe = null;
+        dirty.clear();
+    }
+
+    /** Brings the subscriptions in line with the topics the clients hold now. */
+    void syncSubscriptions() {
+        Map<String, Set<String>> now = target.topics();
+        held = now;
+        if (sub == null) {
+            return;
+        }
+        if (wholesale || now.size() > MAX_TOPIC_SUBSCRIPTIONS) {
+            if (!wholesale) {
+                for (String t : subscribedTopics) {
+                    sub.unsubscribe(routeChannel(t));
+                }
+                for (String b : subscribedBrokers) {
+                    sub.unsubscribe(brokerChannel(b));
+                }
+                subscribedBrokers.clear();
+                sub.subscribe(ALL_ROUTES);
+                sub.subscribe(ALL_BROKERS);
+                wholesale = true;
+            }
+            List<String> added = new ArrayList<>();
+            for (String t : now.keySet()) {
+                if (!subscribedTopics.contains(t)) {
+                    added.add(t);
+                }
+            }
+            subscribedTopics.retainAll(now.keySet());
+            subscribedTopics.addAll(added);
+            recipe.subscribed(added);
+            return;
+        }
+        List<String> added = new ArrayList<>();
+        List<String> removed = new ArrayList<>();
+        for (String t : now.keySet()) {
+            if (subscribedTopics.add(t)) {
+                sub.subscribe(routeChannel(t));
+                added.add(t);
+            }
+        }
+        for (String t : subscribedTopics) {
+            if (!now.containsKey(t)) {
+                removed.add(t);
+            }
+        }
+        for (String t : removed) {
+            subscribedTopics.remove(t);
+            sub.unsubscribe(routeChannel(t));
+        }
+        Set<String> brokers = new HashSet<>();
+        for (Set<String> bs : now.values()) {
+            brokers.addAll(bs);
+        }
+        for (String b : brokers) {
+            if (subscribedBrokers.add(b)) {
+                sub.subscribe(brokerChannel(b));
+            }
+        }
+        for (String b : new ArrayList<>(subscribedBrokers)) {
+            if (!brokers.contains(b)) {
+                subscribedBrokers.remove(b);
+                sub.unsubscribe(brokerChannel(b));
+            }
+        }
+        recipe.subscribed(added);
+        recipe.unsubscribed(removed);
+    }
+
+    /** Reads every event waiting on the socket (at most `max`); returns how many. */
+    int drain(long nowMs, int max) {
+        int n = 0;
+        while (sub != null && n < max) {
+            byte[] channel = sub.recv(ZMQ.DONTWAIT);
+            if (channel == null) {
+                break;
+            }
+            byte[] body = null;
+            while (sub.hasReceiveMore()) { // an event is [channel, body]; anything more is skipped
+                byte[] part = sub.recv(ZMQ.DONTWAIT);
+                if (body == null) {
+                    body = part;
+                }
+            }
+            n++;
+            if (body == null) {
+                badEvents++;
+                continue;
+            }
+            Event e;
+            try {
+                e = Event.decode(body);
+            } catch (IOException ex) {
+                badEvents++;
+                continue;
+            }
+            events++;
+            boolean wasProven = recipe.sawHb();
+            String oldEpoch = recipe.epoch();
+            Set<String> topics = recipe.onEvent(e, held, nowMs);
+            if (!wasProven && recipe.sawHb()) {
+                backoffMs = config.minBackoffMs;
+                if (said != Said.FOLLOWING) {
+                    Log.info("following zns events at " + endpoint + " (NameServer " + namesrv + ") for "
+                        + held.size() + " topic(s): route changes reach this application"
+                        + " as they happen");
+                    said = Said.FOLLOWING;
+                }
+            }
+            if (!topics.isEmpty()) {
+                String why = oldEpoch != null && !oldEpoch.equals(e.epoch) ? "epoch " + e.epoch
+                    : e.op.equals("hb") ? "subscribed" : e.toString();
+                markDirty(topics, why);
+            }
+        }
+        return n;
+    }
+
+    private void markDirty(Set<String> topics, String why) {
+        if (dirty.isEmpty()) {
+            dirtyWhy = why;
+        } else if (!dirtyWhy.endsWith("...")) {
+            dirtyWhy = dirtyWhy + ", ...";
+        }
+        dirty.addAll(topics);
+    }
+
+    /** Has the clients refresh every topic the events named since the last flush. */
+    void flush() {
+        if (dirty.isEmpty()) {
+            return;
+        }
+        Set<String> topics = new HashSet<>(dirty);
+        String why = dirtyWhy;
+        dirty.clear();
+        refreshes += topics.size();
+        target.refresh(topics, why);
+    }
+
+    Map<String, Object> describe() {
+        Map<String, Object> m = new HashMap<>();
+        m.put("name", name);
+        m.put("following", sub != null && recipe != null && recipe.sawHb());
+        m.put("endpoint", endpoint);
+        m.put("topics", held.size());
+        m.put("events", events);
+        m.put("refreshes", refreshes);
+        return m;
+    }
+
+    private static byte[] routeChannel(String topic) {
+        return ("route/" + topic + "\0").getBytes(StandardCharsets.UTF_8);
+    }
+
+    private static byte[] brokerChannel(String clusterAndName) {
+        return ("broker/" + clusterAndName + "\0").getBytes(StandardCharsets.UTF_8);
+    }
+}

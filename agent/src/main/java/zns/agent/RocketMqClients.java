@@ -1,0 +1,286 @@
+package zns.agent;
+
+import java.lang.instrument.ClassFileTransformer;
+import java.lang.instrument.Instrumentation;
+import java.lang.ref.WeakReference;
+import java.lang.reflect.Field;
+import java.lang.reflect.Method;
+import java.security.ProtectionDomain;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.Collections;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeMap;
+
+/**
+ * The application's RocketMQ client instances, seen by reflection, without a compile-time
+ * dependency on RocketMQ (the same code serves 4.9.x, whose route classes live in another
+ * package, and 5.x).
+ *
+ * <p>Every producer, push or lite-pull consumer and admin tool of a process registers an
+ * {@code MQClientInstance} in the {@code factoryTable} of the singleton
+ * {@code org.apache.rocketmq.client.impl.MQClientManager}. An instance holds the routes it
+ * uses ({@code getTopicRouteTable()}), its NameServer list
+ * ({@code getMQClientAPIImpl().getNameServerAddressList()}), and refreshes a topic with
+ * {@code updateTopicRouteInfoFromNameServer(topic)}, which updates its producers'
+ * publish info and its consumers' subscribe info; {@code rebalanceImmediately()} then
+ * wakes its consumers' rebalancing. All of these exist with the same names in 4.9.x and
+ * 5.x.
+ *
+ * <p>The manager class is found among the loaded classes (each class loader that loaded
+ * RocketMQ has its own); a class file transformer that never changes a class only notes
+ * when one is loaded later, so that nothing is scanned periodically.
+ */
+final class RocketMqClients implements ClassFileTransformer {
+    static final String MANAGER_CLASS = "org.apache.rocketmq.client.impl.MQClientManager";
+    private static final String MANAGER_PATH = MANAGER_CLASS.replace('.', '/');
+
+    private final Instrumentation instrumentation;
+    private final List<WeakReference<Class<?>>> managers = new ArrayList<>();
+    /** Scans of the loaded classes still to make: one at start, a few after a load is noted. */
+    private volatile int scansLeft = 1;
+    private volatile Thread waiter;
+
+    RocketMqClients(Instrumentation instrumentation) {
+        this.instrumentation = instrumentation;
+    }
+
+    /** Wakes `thread` when a RocketMQ client class is loaded. */
+    void wakeOnLoad(Thread thread) {
+        this.waiter = thread;
+    }
+
+    @Override
+    public byte[] transform(ClassLoader loader, String className, Class<?> redefined, ProtectionDomain domain,
+                            byte[] classfile) {
+        if (MANAGER_PATH.equals(className)) {
+            scansLeft = 5;
+            Thread t = waiter;
+            if (t != null) {
+                java.util.concurrent.locks.LockSupport.unpark(t);
+            }
+        }
+        return null; // no class is ever changed
+    }
+
+    /** A RocketMQ client class was loaded and not found among the loaded classes yet. */
+    boolean scanPending() {
+        return scansLeft > 0;
+    }
+
+    boolean anyManager() {
+        return !managers.isEmpty();
+    }
+
+    /** The instances of every manager, grouped by their NameServer list (";"-joined). */
+    Map<String, List<Object>> instancesByNamesrv() {
+        if (scansLeft > 0 && instrumentation != null) {
+            // the transformer runs before the class is defined: when not found yet, look again
+            scansLeft = scan() ? 0 : scansLeft - 1;
+        }
+        Map<String, List<Object>> groups = new TreeMap<>();
+        for (WeakReference<Class<?>> ref : new ArrayList<>(managers)) {
+            Class<?> manager = ref.get();
+            if (manager == null) {
+                managers.remove(ref);
+                continue;
+            }
+            for (Object instance : instancesOf(manager)) {
+                List<String> addrs = namesrvAddrs(instance);
+                if (!addrs.isEmpty()) {
+                    groups.computeIfAbsent(String.join(";", addrs), k -> new ArrayList<>()).add(instance);
+                }
+            }
+        }
+        return groups;
+    }
+
+    private boolean scan() {
+        boolean found = false;
+        for (Class<?> c : instrumentation.getAllLoadedClasses()) {
+            if (MANAGER_CLASS.equals(c.getName())) {
+                boolean known = false;
+                for (WeakReference<Class<?>> ref : managers) {
+                    known |= ref.get() == c;
+                }
+                if (!known) {
+                    managers.add(new WeakReference<Class<?>>(c));
+                }
+                found = true;
+            }
+        }
+        return found;
+    }
+
+    /** For the command line and tests: a manager class reached without instrumentation. */
+    void addManager(Class<?> manager) {
+        managers.add(new WeakReference<Class<?>>(manager));
+    }
+
+    private static Collection<?> instancesOf(Class<?> manager) {
+        try {
+            Object singleton = manager.getMethod("getInstance").invoke(null);
+            Field f = manager.getDeclaredField("factoryTable");
+            f.setAccessible(true);
+            Object table = f.get(singleton);
+            if (table instanceof Map) {
+                return new ArrayList<>(((Map<?, ?>) table).values());
+            }
+        } catch (Throwable t) {
+            // not the class this agent knows (a future version?): nothing to follow
+        }
+        return Collections.emptyList();
+    }
+
+    static List<String> namesrvAddrs(Object instance) {
+        try {
+            Object api = call(instance, "getMQClientAPIImpl");
+            Object list = call(api, "getNameServerAddressList");
+            if (list instanceof List) {
+                List<String> out = new ArrayList<>();
+                for (Object a : (List<?>) list) {
+                    if (a != null) {
+                        out.add(a.toString());
+                    }
+                }
+                return out;
+            }
+        } catch (Throwable t) {
+            // an instance not started yet, or shutting down
+        }
+        return Collections.emptyList();
+    }
+
+    /** Topic -> the brokers of its route as cluster/brokerName, for one instance. */
+    static Map<String, Set<String>> topicsOf(Object instance) {
+        Map<String, Set<String>> out = new HashMap<>();
+        try {
+            Object table = call(instance, "getTopicRouteTable");
+            if (!(table instanceof Map)) {
+                return out;
+            }
+            for (Map.Entry<?, ?> e : ((Map<?, ?>) table).entrySet()) {
+                Set<String> brokers = new HashSet<>();
+                Object route = e.getValue();
+                Object datas = route == null ? null : call(route, "getBrokerDatas");
+                if (datas instanceof List) {
+                    for (Object bd : (List<?>) datas) {
+                        Object cluster = call(bd, "getCluster");
+                        Object name = call(bd, "getBrokerName");
+                        if (cluster != null && name != null) {
+                            brokers.add(cluster + "/" + name);
+                        }
+                    }
+                }
+                out.put(String.valueOf(e.getKey()), brokers);
+            }
+        } catch (Throwable t) {
+            // the table changed shape under us: seen again at the next sync
+        }
+        return out;
+    }
+
+    static boolean hasConsumers(Object instance) {
+        try {
+            Field f = findField(instance.getClass(), "consumerTable");
+            Object table = f.get(instance);
+            return table instanceof Map && !((Map<?, ?>) table).isEmpty();
+        } catch (Throwable t) {
+            return false;
+        }
+    }
+
+    private static Field findField(Class<?> c, String name) throws NoSuchFieldException {
+        for (Class<?> k = c; k != null; k = k.getSuperclass()) {
+            try {
+                Field f = k.getDeclaredField(name);
+                f.setAccessible(true);
+                return f;
+            } catch (NoSuchFieldException e) {
+                // try the superclass
+            }
+        }
+        throw new NoSuchFieldException(name);
+    }
+
+    static Object call(Object target, String method) throws ReflectiveOperationException {
+        Method m = target.getClass().getMethod(method);
+        return m.invoke(target);
+    }
+
+    /** The clients of one NameServer list, as a {@link Target}. */
+    static final class Group implements Target {
+        private final List<String> addrs;
+        private List<Object> instances;
+        long failedRefreshes;
+
+        Group(String key, List<Object> instances) {
+            List<String> a = new ArrayList<>();
+            for (String s : key.split(";")) {
+                if (!s.isEmpty()) {
+                    a.add(s);
+                }
+            }
+            this.addrs = a;
+            this.instances = instances;
+        }
+
+        void update(List<Object> instances) {
+            this.instances = instances;
+        }
+
+        @Override
+        public List<String> namesrvAddrs() {
+            return addrs;
+        }
+
+        @Override
+        public Map<String, Set<String>> topics() {
+            Map<String, Set<String>> all = new LinkedHashMap<>();
+            for (Object instance : instances) {
+                for (Map.Entry<String, Set<String>> e : topicsOf(instance).entrySet()) {
+                    all.computeIfAbsent(e.getKey(), k -> new HashSet<>()).addAll(e.getValue());
+                }
+            }
+            return all;
+        }
+
+        @Override
+        public void refresh(Set<String> topics, String why) {
+            for (Object instance : instances) {
+                ClassLoader loader = instance.getClass().getClassLoader();
+                Thread self = Thread.currentThread();
+                ClassLoader previous = self.getContextClassLoader();
+                self.setContextClassLoader(loader); // the application's loader, for whatever RocketMQ looks up
+                try {
+                    Set<String> heldHere = topicsOf(instance).keySet();
+                    boolean any = false;
+                    Method update = instance.getClass().getMethod("updateTopicRouteInfoFromNameServer", String.class);
+                    for (String topic : topics) {
+                        if (!heldHere.contains(topic)) {
+                            continue;
+                        }
+                        any = true;
+                        try {
+                            update.invoke(instance, topic);
+                        } catch (Throwable t) {
+                            failedRefreshes++; // the client logs its own failures; its poll stays
+                        }
+                    }
+                    if (any && hasConsumers(instance)) {
+                        call(instance, "rebalanceImmediately");
+                    }
+                } catch (Throwable t) {
+                    failedRefreshes++;
+                } finally {
+                    self.setContextClassLoader(previous);
+                }
+            }
+        }
+    }
+}

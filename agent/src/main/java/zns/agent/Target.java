@@ -1,0 +1,21 @@
+package zns.agent;
+
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+
+/**
+ * What a {@link Follower} serves: clients that share one list of NameServers. In the agent
+ * these are the application's RocketMQ client instances ({@link RocketMqClients}); in the
+ * command-line check, a fixed list of topics whose refreshes are printed.
+ */
+interface Target {
+    /** The NameServer addresses ("host:port") these clients use, in their order. */
+    List<String> namesrvAddrs();
+
+    /** The topics held, each with its route's brokers as {@code cluster/brokerName}. */
+    Map<String, Set<String>> topics();
+
+    /** Have the clients pull these topics now (and consumers rebalance); never throws. */
+    void refresh(Set<String> topics, String why);
+}

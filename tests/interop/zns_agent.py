@@ -1,0 +1,363 @@
+"""The zns-agent side of the interop harness: the jar, an application to attach it to, a zns.
+
+- :func:`agent_jar` builds ``agent/`` once per source version (``agent/build.py``, cache
+  outside git) or raises :class:`rocketmq.InteropUnavailable` saying why.
+- :class:`Probe` runs ``tests/interop/java/AgentProbe.java`` — an ordinary RocketMQ
+  producer and/or consumer with RocketMQ's defaults — with or without ``-javaagent``, and
+  collects its JSON lines: when its publish info or its assigned queues change, each send.
+- :class:`Zns` is ``zns serve --remoting`` on ports chosen up front, so it can be killed
+  and started again on the same addresses (the "zns restarts" scenario).
+- :class:`RouteWatcher` is a ZNS/1 subscriber that timestamps route events (wall clock),
+  the moment zns published a change, from which the application's delay is measured.
+
+Used by ``tests/interop/test_agent.py`` and ``bench/agent.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+import rocketmq
+from rocketmq import InteropError, InteropUnavailable
+
+REPO = rocketmq.REPO
+PROBE_SOURCE = Path(__file__).resolve().parent / "java" / "AgentProbe.java"
+PROBE_MAIN = "AgentProbe"
+
+_spec = importlib.util.spec_from_file_location("zns_agent_build", REPO / "agent" / "build.py")
+assert _spec is not None and _spec.loader is not None
+build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build)
+
+_jar_error: str | None = None
+
+
+def agent_jar() -> Path:
+    """The built zns-agent.jar (built now when the sources changed); InteropUnavailable if impossible."""
+    global _jar_error
+    if _jar_error is not None:
+        raise InteropUnavailable(_jar_error)
+    ok, reason = rocketmq.java_available()
+    if not ok:
+        raise InteropUnavailable(reason)
+    try:
+        return build.ensure(log=lambda msg: print(msg, file=sys.stderr))
+    except (build.BuildError, subprocess.TimeoutExpired, OSError) as exc:
+        _jar_error = f"zns-agent.jar cannot be built: {exc}"
+        raise InteropUnavailable(_jar_error) from exc
+
+
+_probe_classes: Path | None = None
+
+
+def probe_classes() -> Path:
+    """Compile AgentProbe.java (Java 8 source level) into the jar cache, once per source."""
+    global _probe_classes
+    if _probe_classes is not None:
+        return _probe_classes
+    cache = rocketmq.ensure_jars()
+    digest = hashlib.sha256(PROBE_SOURCE.read_bytes() + rocketmq.fetch._pom_digest().encode()).hexdigest()[:16]
+    out = cache / "classes" / f"probe-{digest}"
+    if not (out / f"{PROBE_MAIN}.class").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".probe-{digest}.", dir=out.parent))
+        try:
+            proc = subprocess.run(
+                ["javac", "-nowarn", "--release", "8", "-encoding", "UTF-8", "-cp", rocketmq.classpath("client"),
+                 "-d", str(staging), str(PROBE_SOURCE)],
+                capture_output=True, text=True, timeout=180,
+            )
+            if proc.returncode != 0:
+                raise InteropError(f"javac {PROBE_SOURCE.name} failed:\n{proc.stdout}{proc.stderr}")
+            try:
+                staging.rename(out)
+            except OSError:
+                if not (out / f"{PROBE_MAIN}.class").is_file():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    _probe_classes = out
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Zns:
+    """`zns serve --remoting` in a subprocess on fixed loopback ports (restartable in place)."""
+
+    def __init__(self, workdir: Path, *extra: str) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.router = f"tcp://127.0.0.1:{free_port()}"
+        self.pub = f"tcp://127.0.0.1:{free_port()}"
+        self.remoting_port = free_port()
+        self.addr = f"127.0.0.1:{self.remoting_port}"  # what namesrvAddr takes
+        self.extra = list(extra)
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> Zns:
+        self.starts += 1
+        log = open(self.workdir / f"zns-{self.starts}.log", "w")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
+        cmd = [sys.executable, "-m", "zns", "serve", "--router", self.router, "--pub", self.pub,
+               "--remoting", self.addr, "--kv-path", str(self.workdir / "kv.json"), *self.extra]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        log.close()
+        rocketmq.wait_until(lambda: "RocketMQ remoting listener on" in self.log() or self.proc.poll() is not None,
+                            30, "zns's remoting listener")
+        if self.proc.poll() is not None:
+            raise InteropError(f"zns exited: {self.log()}")
+        return self
+
+    def log(self) -> str:
+        return (self.workdir / f"zns-{self.starts}.log").read_text()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(15)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class RouteWatcher:
+    """A ZNS/1 SUB on `route/` (and `hb`), timestamping every route event with time.time()."""
+
+    def __init__(self, pub: str) -> None:
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.subscribe(b"route/")
+        self.sub.subscribe(b"hb\0")
+        self.sub.connect(pub)
+        self.events: list[tuple[float, dict[str, Any]]] = []
+        self._hb = threading.Event()
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._hb.wait(15):
+            raise InteropError(f"no hb from {pub} within 15 s")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.sub.poll(100):
+                continue
+            _channel, body = self.sub.recv_multipart()
+            at = time.time()
+            event = msgspec.msgpack.decode(body)
+            if event.get("op") == "hb":
+                self._hb.set()
+                continue
+            with self._cond:
+                self.events.append((at, event))
+                self._cond.notify_all()
+
+    def wait_for(self, match: Callable[[dict[str, Any]], bool], timeout: float, what: str,
+                 since: float = 0.0) -> float:
+        """The wall-clock arrival of the first route event since `since` that matches."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for at, ev in self.events:
+                    if at >= since and match(ev):
+                        return at
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no route event within {timeout:.0f} s: {what}")
+                self._cond.wait(min(left, 0.5))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sub.close(0)
+        self.ctx.term()
+
+
+def route_brokers(event: dict[str, Any], writable: bool = False) -> set[str]:
+    """The broker names of a route event's queues (only writable ones with `writable`)."""
+    route = event.get("route") or {}
+    return {q["broker_name"] for q in route.get("queues", []) if not writable or q["perm"] & 2}
+
+
+class Probe:
+    """AgentProbe in a JVM, with the agent attached when `agent` is set; lines collected as they come.
+
+    Every line gets ``at`` (time.time() on arrival). Stop it with :meth:`stop` (closes its
+    stdin; it prints a summary and halts) or :meth:`kill`.
+    """
+
+    def __init__(self, workdir: Path, namesrv: str, topic: str, *, agent: Path | None, agent_args: str = "",
+                 jvm_args: Sequence[str] = (), use_tool_options: bool = False, **options: Any) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="probe-", dir=workdir))
+        argv = ["--namesrv", namesrv, "--topic", topic]
+        for key, value in options.items():
+            if value is not None:
+                argv += [f"--{key.replace('_', '-')}", str(value)]
+        agent_opt = [f"-javaagent:{agent}" + (f"={agent_args}" if agent_args else "")] if agent else []
+        env = dict(os.environ)
+        if use_tool_options:  # the README's recipe: the JVM picks it up from the environment
+            env["JAVA_TOOL_OPTIONS"] = " ".join(agent_opt)
+            agent_opt = []
+        cmd = rocketmq._java_cmd(
+            "client", rocketmq.CLIENT_HEAP, self.workdir / "home", extra_cp=str(probe_classes()),
+            jvm_args=["-Drocketmq.client.localIP=127.0.0.1", *agent_opt, *jvm_args],
+        )
+        self.cmd = [*cmd, PROBE_MAIN, *argv]
+        (self.workdir / "cmdline.txt").write_text(" ".join(self.cmd) + "\n")
+        self.stderr_path = self.workdir / "stderr.log"
+        self.lines: list[dict[str, Any]] = []
+        self.summary: dict[str, Any] | None = None
+        self._cond = threading.Condition()
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(self.cmd, cwd=self.workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err, env=env, preexec_fn=rocketmq._die_with_parent)
+        with rocketmq._live_lock:
+            rocketmq._live.add(self.proc)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                continue
+            obj["at"] = time.time()
+            with self._cond:
+                if obj.get("summary"):
+                    self.summary = obj
+                else:
+                    self.lines.append(obj)
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text("utf-8", "replace")
+
+    def agent_lines(self) -> list[str]:
+        return [ln for ln in self.stderr().splitlines() if "zns-agent:" in ln]
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        with self._cond:
+            return [ln for ln in self.lines if ln.get("event") == kind]
+
+    def wait_for(self, kind: str, match: Callable[[dict[str, Any]], bool], timeout: float, what: str,
+                 since: float = 0.0) -> dict[str, Any]:
+        """The first `kind` line whose wall_ms is at or after `since` (s) and that matches."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for ln in self.lines:
+                    if ln.get("event") == kind and ln["wall_ms"] >= since * 1000 and match(ln):
+                        return ln
+                if self.proc.poll() is not None and not self._reader.is_alive():
+                    raise self._fail(f"exited before: {what}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._fail(f"not within {timeout:.0f} s: {what}")
+                self._cond.wait(min(left, 0.5))
+
+    def brokers_now(self, kind: str) -> set[str] | None:
+        found = self.events(kind)
+        return set(found[-1]["brokers"]) if found else None
+
+    def wait_agent_line(self, text: str, timeout: float, count: int = 1) -> str:
+        """The `count`-th agent log line containing `text`."""
+        return rocketmq.wait_until(
+            lambda: (lambda hits: hits[count - 1] if len(hits) >= count else None)(
+                [ln for ln in self.agent_lines() if text in ln]),
+            timeout, f"agent line {text!r} #{count} in {self.stderr_path}")
+
+    def stop(self, timeout: float = 30.0) -> dict[str, Any]:
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise self._fail("did not stop in time") from None
+        self._reader.join(10)
+        self._forget()
+        if self.summary is None:
+            raise self._fail(f"no summary (exit {self.proc.returncode})")
+        return self.summary
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        self._forget()
+
+    def _forget(self) -> None:
+        with rocketmq._live_lock:
+            rocketmq._live.discard(self.proc)
+
+    def _fail(self, what: str) -> InteropError:
+        with self._cond:
+            last = self.lines[-5:]
+        return InteropError(f"AgentProbe {what}\nlast lines: {last}\n--- stderr tail ({self.stderr_path}) ---\n"
+                            f"{rocketmq._tail(self.stderr_path)}")
+
+
+def thread_cpu_ms(pid: int, name_prefix: str) -> float:
+    """CPU time (user + system, ms) of the threads of `pid` whose name starts with `name_prefix`."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            if not comm.startswith(name_prefix):
+                continue
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total * 1000.0 / tick
+
+
+def thread_names(pid: int) -> list[str]:
+    names = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:
+            continue
+    return names
