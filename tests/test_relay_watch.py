@@ -222,6 +222,37 @@ def test_watch_everything_shows_brokers_and_new_topics(server: ThreadedServer):
 
 
 @pytest.mark.timeout(90)
+def test_watch_everything_prints_one_line_per_change_of_a_followed_topic(server: ThreadedServer):
+    peer = server.peer()
+    proc = _zns("watch", "--ns", server.router, "--timeout", "3")
+    try:
+        lines: list[str] = []
+        deadline = time.monotonic() + 30
+        version = 0
+        # Subscriptions take effect some time after the watcher starts: register until seen.
+        while not any("route CountT rev" in line for line in lines):
+            assert time.monotonic() < deadline, lines
+            version += 1
+            _register(peer, "bq", "10.0.0.9:1", {"CountT": {"write_queues": 1 + version % 2}},
+                      version)
+            line = _ready_line(proc, 0.2)
+            if line is not None:
+                lines.append(line)
+        for read_queues in (7, 5):  # queue counts, not perm, change: each is one line
+            version += 1
+            _register(peer, "bq", "10.0.0.9:1",
+                      {"CountT": {"read_queues": read_queues, "write_queues": 3}}, version)
+            while not any(f"-> r{read_queues}/w3 rw-" in line for line in lines):
+                lines.append(_line(proc))
+        topic_lines = [line for line in lines if "route CountT" in line]
+        assert not any("unchanged" in line for line in topic_lines), topic_lines
+        for change in ("-> r7/w3 rw-", "r7/w3 rw- -> r5/w3 rw-"):
+            assert sum(change in line for line in topic_lines) == 1, topic_lines
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.timeout(90)
 def test_watch_json_prints_raw_events_through_a_relay(server: ThreadedServer):
     peer = server.peer()
     _register(peer, "b1", "10.0.0.1:1", {"TopicJ": {}})
