@@ -56,7 +56,7 @@ $(VENV)/.mutate-installed: $(STAMP)
 	touch $@
 
 mutate: $(VENV)/.mutate-installed
-	nice -n 10 $(BIN)/python tools/mutate.py $(MUTATE_ARGS)
+	nice -n 19 $(BIN)/python tools/mutate.py $(MUTATE_ARGS)
 
 # Every benchmark (about 10 minutes): prints a table, writes bench/results.md and .json.
 # BENCH_ARGS="--quick" for a smoke run, or names to run only some (e.g. "scale").

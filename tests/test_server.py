@@ -490,3 +490,54 @@ def test_burst_of_one_large_broker_reaches_a_slow_subscriber(server: ThreadedSer
         channel, event = peer.next_event(lambda ch, ev: ch != schema.HB_CHANNEL)
         seen.add(event.topic)
     assert peer.ok("status").topics == topics
+
+
+@pytest.mark.timeout(60)
+def test_pub_hwm_bounds_what_a_subscriber_behind_is_sent(tmp_path):
+    # inproc: no kernel buffers, so a pipe holds exactly what the marks allow.
+    pub = f"inproc://zns-test-pub-hwm-{id(tmp_path)}"
+    srv = ThreadedServer(tmp_path, pub=pub, pub_hwm=10)
+    try:
+        subs = []
+        for rcvhwm in (10, 0):  # one subscriber behind, one reading everything
+            sub = zmq.Context.instance().socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, rcvhwm)
+            sub.setsockopt(zmq.SUBSCRIBE, schema.ROUTE_PREFIX)
+            sub.setsockopt(zmq.SUBSCRIBE, schema.HB_CHANNEL)
+            sub.connect(srv.pub)
+            subs.append(sub)
+        behind, reader = subs
+        for sub in subs:  # subscribed once an hb arrives
+            while sub.recv_multipart()[0] != schema.HB_CHANNEL:
+                pass
+        topics = {f"T{i}": {} for i in range(3000)}
+        srv.peer().ok("register_broker", **register_fields(topics=topics))
+        seen: set[bytes] = set()
+        while len(seen) < len(topics):  # every route event was published
+            channel = reader.recv_multipart()[0]
+            if channel.startswith(schema.ROUTE_PREFIX):
+                seen.add(channel)
+        kept = 0
+        while behind.poll(0):
+            behind.recv_multipart()
+            kept += 1
+        # The PUB's mark (10) plus the subscriber's (10) and an hb or two, not thousands.
+        assert 0 < kept <= 100, kept
+        for sub in subs:
+            sub.close(0)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("host, warned", [("[::1]", False), ("127.0.0.2", False), ("0.0.0.0", True)])
+def test_only_a_non_loopback_bind_warns_about_plain_text(tmp_path, caplog, host: str, warned: bool):
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        try:
+            srv = ThreadedServer(tmp_path, router=f"tcp://{host}:*")
+        except Exception as exc:  # pragma: no cover - a machine without IPv6 loopback
+            pytest.skip(f"cannot bind {host}: {exc}")
+        srv.stop()
+    warnings = [r.getMessage() for r in caplog.records if "without CURVE" in r.getMessage()]
+    assert bool(warnings) == warned, warnings

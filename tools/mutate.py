@@ -1,4 +1,4 @@
-"""Mutation testing of zns/core, one module at a time, with only the tests that exercise it.
+"""Mutation testing of zns/core, zns/drivers and zns/cli, one module at a time, with its tests.
 
     python tools/mutate.py                 # every module in MODULES, in order
     python tools/mutate.py routes service  # some modules (names as in MODULES)
@@ -14,6 +14,9 @@ module's row in docs/mutation-scores.md. Modules not run keep their previous row
 
 Under mutation testing ZNS_MUTATION=1 is set: tests/conftest.py then loads the `mutation`
 hypothesis profile (few, derandomized examples) and deselects tests that start a server.
+A module of zns/drivers or zns/cli (named `drivers/x`, `cli/x`) is about sockets: for it
+ZNS_MUTATION_SOCKETS=1 keeps the server tests, and its map picks the in-process ones (a test
+that runs `zns` in a subprocess exercises nothing mutmut can attribute to it).
 
 An equivalent mutant (one no test can tell from the original) is listed in EQUIVALENT with a
 one-line reason; it is left out of the score's denominator and shown in the scores file.
@@ -72,7 +75,22 @@ MODULES: dict[str, list[str]] = {
     "remoting/register": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
     "remoting/handler": ["tests/test_remoting_service.py"],
     "remoting/ext": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
+    # The drivers and the CLI: in-process socket tests (seconds each; see the module docstring).
+    "drivers/kv_file": ["tests/test_kv_log.py"],
+    "drivers/metrics": ["tests/test_metrics.py", "-k", "not serve_logs_json_lines"],
+    "drivers/relay": ["tests/test_relay_watch.py", "-k", "relay and not command"],
+    "drivers/route_client": ["tests/test_client.py", "-k", "not test_no_nameserver_answers"],
+    "drivers/broker_agent": ["tests/test_broker_agent.py"],
+    "drivers/peer_links": ["tests/test_peers.py"],
+    "drivers/security": ["tests/test_security.py"],
+    "cli/config": ["tests/test_cli_serve.py", "-k", "config or precedence or defaults"],
+    "cli/tools": ["tests/test_cli_tools.py"],
 }
+
+
+def source(module: str) -> str:
+    """The file a module name stands for: `drivers/x` and `cli/x` under zns/, the rest under zns/core/."""
+    return f"zns/{module}.py" if module.startswith(("drivers/", "cli/")) else f"zns/core/{module}.py"
 
 # mutmut mutant name -> why no test can kill it (the code behaves the same either way).
 EQUIVALENT: dict[str, str] = {
@@ -261,7 +279,7 @@ def prepare(module: str) -> Path:
     shutil.copytree(ROOT / "tools", work / "tools", ignore=ignore)  # tests/interop imports tools/rocketmq
     config = {
         "source_paths": ["zns"],
-        "only_mutate": [f"zns/core/{module}.py"],
+        "only_mutate": [source(module)],
         "pytest_add_cli_args_test_selection": MODULES[module],
         "pytest_add_cli_args": ["-p", "no:cacheprovider", "--timeout=300"],
         "also_copy": ["tools"],
@@ -276,6 +294,8 @@ def run(module: str) -> Score:
     work = prepare(module)
     mutmut = Path(sys.executable).with_name("mutmut")
     env = dict(os.environ, ZNS_MUTATION="1")
+    if source(module).startswith(("zns/drivers/", "zns/cli/")):
+        env["ZNS_MUTATION_SOCKETS"] = "1"
     started = time.monotonic()
     log = work / "mutmut.log"
     with log.open("w") as out:
@@ -289,7 +309,7 @@ def run(module: str) -> Score:
 def collect(module: str, seconds: int) -> Score:
     """The score of the last run of `module`, from mutmut's results in its scratch copy."""
     work = WORK / module.replace("/", ".")
-    meta = work / "mutants" / "zns" / "core" / f"{module}.py.meta"
+    meta = work / "mutants" / f"{source(module)}.meta"
     if not meta.exists():
         raise SystemExit(f"{module}: no results; see {work / 'mutmut.log'}")
     codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
@@ -329,9 +349,10 @@ def previous_survivors() -> dict[str, list[str]]:
         return {}
     found: dict[str, list[str]] = {}
     for line in SCORES.read_text().splitlines():
-        match = re.match(r"- `zns\.core\.([a-z_.]+?)\.(x.*)`$", line)
+        match = re.match(r"- `zns\.(core\.|drivers\.|cli\.)([a-z_.]+?)\.(x.*)`$", line)
         if match:
-            module = match.group(1).replace(".", "/")
+            package = "" if match.group(1) == "core." else match.group(1).replace(".", "/")
+            module = package + match.group(2).replace(".", "/")
             found.setdefault(module, []).append(line)
     return found
 
@@ -343,7 +364,7 @@ def write_scores(scores: list[Score]) -> None:
         rows[score.module] = score.row()
         survivors[score.module] = [f"- `{name}`" for name in score.survivors]
     lines = [
-        "# Mutation scores of zns/core",
+        "# Mutation scores of zns/core, zns/drivers and zns/cli",
         "",
         "Written by `tools/mutate.py` (`make mutate`); see docs/development.md. Score = (killed +",
         "timeout) / (mutants - equivalent). Each module is run with only its own fast tests",
@@ -371,7 +392,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.list:
         for module, tests in MODULES.items():
-            print(f"zns/core/{module}.py: {' '.join(tests)}")
+            print(f"{source(module)}: {' '.join(tests)}")
         return
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
