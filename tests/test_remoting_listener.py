@@ -27,7 +27,7 @@ from conftest import Peer, ThreadedServer, wait_for
 from test_remoting_codec import frame
 from zns.cli import main as zns_main
 from zns.core import schema
-from zns.core.remoting import FrameDecoder, RemotingCommand, body_crc32, encode_command
+from zns.core.remoting import FLAG_ONEWAY, FrameDecoder, RemotingCommand, body_crc32, encode_command
 from zns.drivers.remoting_listener import RemotingListener
 from zns.drivers.server import ServerConfig
 
@@ -432,3 +432,35 @@ def test_namesrv_config_shows_the_bound_endpoints(rserver):
     shown = listener.service.properties
     assert (shown["router"], shown["pub"], shown["remoting"]) == (srv.router, srv.pub, endpoint)
     assert not endpoint.endswith(":0") and "*" not in shown["router"] + shown["pub"]
+
+
+def test_a_connection_that_only_sends_one_way_requests_is_not_idle(rserver):
+    srv, listener, endpoint = rserver()
+    listener.idle_timeout_ms = 1500
+    quiet, talking = Client(endpoint), Client(endpoint)  # accepted together
+    # Until the quiet one is closed as idle, the other only sends (one-way registrations,
+    # as a broker's heartbeats can be): it never gets a reply, yet it is not idle.
+    while not quiet.closed_by_server(timeout=0.1):
+        cmd = register_cmd()
+        cmd.flag |= FLAG_ONEWAY
+        talking.send(cmd)
+    assert talking.call(cluster_info()).code == 0
+    assert srv.server.service.table.broker_count() == 1
+
+
+def test_requests_before_a_bad_frame_are_answered_before_the_close(rserver):
+    srv, listener, endpoint = rserver()
+    client = Client(endpoint)
+    pipelined = b"".join(encode_command(RemotingCommand(code=106, version=479, opaque=n))
+                         for n in (1, 2))
+    client.sock.sendall(pipelined + b"\x00\x00\x00\x02\x00\x00")  # then a length below 4
+    assert [client.recv().opaque for _ in range(2)] == [1, 2]
+    assert client.closed_by_server()
+
+
+def test_a_star_endpoint_listens_on_every_interface(make_server):
+    endpoint = make_server(remoting="*:0").server.remoting.endpoint
+    port = endpoint.rsplit(":", 1)[1]
+    assert endpoint == f"0.0.0.0:{port}"
+    for host in ("127.0.0.1", "127.0.0.2"):
+        probe(f"{host}:{port}")
