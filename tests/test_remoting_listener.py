@@ -464,3 +464,35 @@ def test_a_star_endpoint_listens_on_every_interface(make_server):
     assert endpoint == f"0.0.0.0:{port}"
     for host in ("127.0.0.1", "127.0.0.2"):
         probe(f"{host}:{port}")
+
+
+def test_namesrv_config_shows_booleans_as_java_does(rserver):
+    srv, listener, endpoint = rserver(order_message_enable=True)
+    client = Client(endpoint)
+    reply = client.call(RemotingCommand(code=319, version=479))
+    assert reply.code == 0
+    lines = reply.body.decode().splitlines()
+    assert "orderMessageEnable=true" in lines and "curve=false" in lines, lines
+    assert not any(line.endswith(("=True", "=False")) for line in lines), lines
+
+
+def test_closing_the_server_closes_the_listener_and_its_connections(tmp_path):
+    srv = ThreadedServer(tmp_path, remoting="127.0.0.1:0")
+    endpoint = srv.server.remoting.endpoint
+    client = Client(endpoint)
+    assert client.call(cluster_info()).code == 0
+    srv.stop()
+    assert client.closed_by_server()
+    host, port = endpoint.rsplit(":", 1)
+
+    def bindable() -> bool:
+        with socket.socket() as sock:  # REUSEADDR: only a listener, not TIME_WAIT, refuses
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, int(port)))
+                sock.listen()
+            except OSError:
+                return False
+            return True
+
+    wait_for(bindable)
