@@ -40,7 +40,7 @@ def test_help_shows_every_default():
     text = " ".join(result.output.split())  # click wraps long lines
     for option, default in [
         ("--router", "tcp://127.0.0.1:9876"), ("--pub", "tcp://127.0.0.1:9877"),
-        ("--kv-path", "~/.zns/kv.json"), ("--heartbeat-interval", "1.0"),
+        ("--kv-path", "~/.zns/kv.log"), ("--heartbeat-interval", "1.0"),
         ("--max-message-bytes", str(16 * 1024 * 1024)), ("--log-level", "INFO"),
     ]:
         assert re.search(re.escape(option) + r" .*?\[default: " + re.escape(default), text), option
@@ -81,7 +81,7 @@ def serve_config(monkeypatch) -> Callable[..., ServerConfig]:
 def test_defaults(serve_config):
     config = serve_config()
     assert (config.router, config.pub, config.kv_path) == (
-        "tcp://127.0.0.1:9876", "tcp://127.0.0.1:9877", "~/.zns/kv.json")
+        "tcp://127.0.0.1:9876", "tcp://127.0.0.1:9877", "~/.zns/kv.log")
     assert (config.heartbeat_interval, config.max_message_bytes) == (1.0, 16 * 1024 * 1024)
 
 

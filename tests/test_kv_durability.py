@@ -13,7 +13,8 @@ import pytest
 
 from conftest import Peer, register_fields
 from zns.core import schema
-from zns.drivers.kv_file import encode_record, read_kv_file
+from zns.core.errors import KvFileError
+from zns.drivers.kv_file import KvStore, encode_record, read_kv_file
 
 KILL_TIMEOUT = 15
 
@@ -171,3 +172,43 @@ def test_a_torn_last_record_after_kill_9_is_cut_and_the_rest_kept(process_server
     finally:
         peer.close()
     assert "torn" in srv.output() and str(kv_path) in srv.output()
+
+
+def test_a_kv_path_that_cannot_hold_the_store_is_refused_at_start(tmp_path: Path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(KvFileError, match=r"a-file is a file, not a directory \(--kv-path\)"):
+        KvStore(blocker / "sub" / "kv.log")
+    with pytest.raises(KvFileError, match=r"is a directory"):
+        KvStore(tmp_path)
+    # The command says so in one line and exits non-zero before serving anything.
+    from click.testing import CliRunner
+
+    from zns.cli import main
+
+    result = CliRunner().invoke(main, ["serve", "--router", "tcp://127.0.0.1:*", "--pub",
+                                       "tcp://127.0.0.1:*", "--kv-path", str(blocker / "kv.log")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert result.stderr.strip().splitlines() == [
+        f"Error: KV file {blocker}/kv.log cannot be created: {blocker} is a file, not a "
+        f"directory (--kv-path)"]
+
+
+def test_the_default_kv_file_is_kv_log_and_the_old_default_name_is_still_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from zns.drivers.kv_file import DEFAULT_PATH
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert DEFAULT_PATH == "~/.zns/kv.log"
+    old = tmp_path / ".zns" / "kv.json"
+    old.parent.mkdir()
+    store = KvStore(old)
+    store.put("ns", "k", "kept")
+    store.close()
+    store = KvStore(DEFAULT_PATH)  # only the old name exists: it is the store
+    assert store.path == old and store.get("ns", "k") == "kept"
+    store.close()
+    old.rename(old.with_name("kv.log"))
+    store = KvStore(DEFAULT_PATH)
+    assert store.path == tmp_path / ".zns" / "kv.log" and store.get("ns", "k") == "kept"
+    store.close()

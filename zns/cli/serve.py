@@ -14,6 +14,7 @@ from zns.cli.params import Endpoint, HostPort
 from zns.core.limits import Limits
 from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER, MAX_TOPICS_PER_REQUEST
 from zns.core.errors import ConfigError
+from zns.drivers.kv_file import DEFAULT_PATH as DEFAULT_KV_PATH
 from zns.drivers.logs import configure_logging
 from zns.drivers.security import write_keypair
 from zns.core.remoting.handler import parse_networks
@@ -36,8 +37,9 @@ from zns.drivers.server import (
 @click.option("--pub", type=Endpoint(bind=True), default=DEFAULT_PUB, envvar="ZNS_PUB",
               show_default=True,
               help="Endpoint of the event (PUB) socket.")
-@click.option("--kv-path", default="~/.zns/kv.json", envvar="ZNS_KV_PATH", show_default=True,
-              help="File that holds the KV store.")
+@click.option("--kv-path", default=DEFAULT_KV_PATH, envvar="ZNS_KV_PATH", show_default=True,
+              help="File that holds the KV store (an append-only log; an existing "
+                   "~/.zns/kv.json, the old default name, is used when the default is absent).")
 @click.option("--heartbeat-interval", type=click.FloatRange(min=0.01), default=1.0,
               envvar="ZNS_HEARTBEAT_INTERVAL", show_default=True,
               help="Seconds between `hb` events.")

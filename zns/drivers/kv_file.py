@@ -5,7 +5,8 @@ the whole store (320 ms with 2,000 values of 64 KiB), and the server loop
 answers nobody meanwhile. Here a put or delete appends one record and fsyncs
 before it returns, so it costs its own size.
 
-File format (`path`, by default `~/.zns/kv.json`)::
+File format (`path`, by default `~/.zns/kv.log`; an existing `~/.zns/kv.json`, the
+default name of earlier versions, is used when `kv.log` is not there)::
 
     b"ZNS KV log 1\\n"                                   the header, once
     b"\\xffKV1" | length u32 LE | crc u32 LE | payload   one record per write
@@ -61,6 +62,9 @@ from zns.core.kv import entry_bytes
 log = logging.getLogger("zns")
 
 _FileFormat = dict[str, dict[str, str]]
+
+DEFAULT_PATH = "~/.zns/kv.log"
+LEGACY_DEFAULT_PATH = "~/.zns/kv.json"  # the default of earlier versions (a log all the same)
 
 MAGIC = b"ZNS KV log 1\n"
 MARKER = b"\xffKV1"  # 0xff never occurs in UTF-8, so rarely inside a record
@@ -118,8 +122,11 @@ class KvStore:
         compact_min_bytes: int = COMPACT_MIN_BYTES,
         step_bytes: int = STEP_BYTES,
     ) -> None:
-        """`path` None keeps the store in memory only (for tests and tools)."""
-        self.path = Path(path).expanduser() if path is not None else None
+        """`path` None keeps the store in memory only (for tests and tools).
+
+        KvFileError at once when `path` cannot hold the store (its directory is a
+        file or not writable), not at the first write."""
+        self.path = _default_or_legacy(Path(path)) if path is not None else None
         self.compact_min_bytes = compact_min_bytes
         self.step_bytes = step_bytes
         self._data: _FileFormat = {}
@@ -329,6 +336,7 @@ class KvStore:
         assert self.path is not None
         path, nxt = self.path, _sibling(self.path, ".next")
         backup = _sibling(path, ".bak")
+        _check_writable(path)
         if not path.exists():
             if backup.exists() or nxt.exists():
                 other = backup if backup.exists() else nxt
@@ -556,6 +564,33 @@ def _unlink_quietly(path: Path) -> None:
         path.unlink(missing_ok=True)
     except OSError:
         pass
+
+
+def _default_or_legacy(path: Path) -> Path:
+    """The default path, or the old default's file when only that one exists."""
+    path = path.expanduser()
+    legacy = Path(LEGACY_DEFAULT_PATH).expanduser()
+    if path == Path(DEFAULT_PATH).expanduser() and not path.exists() and legacy.exists():
+        log.info("KV file: using %s (the default name of earlier versions; %s is the new one)",
+                 legacy, path.name)
+        return legacy
+    return path
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse at start a path the first write would fail on: the KV file, and the temporary
+    and compaction files beside it, are created in its directory."""
+    if path.is_dir():
+        raise KvFileError(f"KV file {path} is a directory; give a file path (--kv-path)")
+    existing = next(d for d in (path.parent, *path.parent.parents) if d.exists())
+    if not existing.is_dir():
+        raise KvFileError(f"KV file {path} cannot be created: {existing} is a file, not a "
+                          f"directory (--kv-path)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise KvFileError(f"KV file {path} cannot be created: directory {existing} is not "
+                          f"writable (--kv-path)")
+    if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+        raise KvFileError(f"KV file {path} is not readable and writable (--kv-path)")
 
 
 def _sibling(path: Path, suffix: str) -> Path:

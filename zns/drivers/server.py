@@ -22,7 +22,7 @@ import zmq
 
 from zns.core.errors import ConfigError, EndpointError
 from zns.core.peer_link import MIN_PEER_GRACE_MS
-from zns.drivers.kv_file import KvStore
+from zns.drivers.kv_file import DEFAULT_PATH as DEFAULT_KV_PATH, KvStore
 from zns.core.limits import Limits
 from zns.drivers.peers import PeerLinks
 from zns.drivers.security import Security
@@ -68,7 +68,7 @@ _send = zmq.backend.Socket.send
 class ServerConfig:
     router: str = DEFAULT_ROUTER
     pub: str = DEFAULT_PUB
-    kv_path: str | None = "~/.zns/kv.json"
+    kv_path: str | None = DEFAULT_KV_PATH
     heartbeat_interval: float = 1.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     pub_hwm: int = DEFAULT_PUB_HWM
