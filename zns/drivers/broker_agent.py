@@ -102,7 +102,7 @@ class BrokerAgent:
         ]
         self._clock = clock
         self._ctx = context or zmq.Context.instance()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # notified after every turn of the loop
         self._stopping = False
         # What killed the thread: every later call raises it (chained) instead of the agent
         # going on silently unregistered.
@@ -162,6 +162,15 @@ class BrokerAgent:
     def registered_everywhere(self) -> bool:
         return all(s.registered for s in self.status())
 
+    def wait_registered(self, timeout: float = 5.0) -> bool:
+        """Wait until every NameServer holds the broker (True), or `timeout` seconds (False;
+        the agent keeps trying those that do not): a broker should not take traffic before."""
+        with self._lock:
+            self._lock.wait_for(
+                lambda: self._failure is not None
+                or all(link.session.registered for link in self._links), timeout)
+        return self.registered_everywhere()
+
     def close(self, timeout: float = 3.0) -> dict[str, bool]:
         """Unregister from every NameServer (bounded by `timeout`); {endpoint: unregistered}."""
         self._close_timeout = timeout
@@ -219,6 +228,7 @@ class BrokerAgent:
                             for frames in recv_all(link.sock):
                                 self._on_reply(link, frames[-1], now)
                         self._carry_out(link, link.session.on_timer(now))
+                    self._lock.notify_all()
                     if all(link.session.done for link in self._links):
                         break
                     poller = zmq.Poller()
@@ -232,6 +242,7 @@ class BrokerAgent:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, not lost in a thread
             with self._lock:
                 self._failure = exc
+                self._lock.notify_all()
             log.error("the BrokerAgent's thread failed (every later call raises it): %s: %s",
                       type(exc).__name__, exc)
             log.debug("the failure", exc_info=exc)
