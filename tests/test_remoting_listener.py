@@ -390,7 +390,9 @@ def test_cli_remoting_networks(serve):
     assert config.remoting_admins == ["10.1.0.0/16"]  # replaces the loopback default
     _, config = serve(env={"ZNS_REMOTING_BROKERS": "10.0.0.0/8 172.16.0.0/12"})
     assert config.remoting_brokers == ["10.0.0.0/8", "172.16.0.0/12"]
-    for option in ("--remoting-brokers", "--remoting-admins"):
+    _, config = serve("--remoting", "127.0.0.1:9000", "--remoting-clients", "10.2.0.0/16")
+    assert config.remoting_clients == ["10.2.0.0/16"]
+    for option in ("--remoting-brokers", "--remoting-admins", "--remoting-clients"):
         result, config = serve("--remoting", "127.0.0.1:9000", option, "10.0.0.0/33")
         assert result.exit_code == 2 and config is None
         assert option in result.output and "10.0.0.0/33" in result.output
@@ -422,6 +424,10 @@ def test_cli_remoting_non_loopback_warning(process_server, endpoint, warned):
     warnings = [line for line in srv.output().splitlines()
                 if "WARNING" in line and "plain TCP" in line]
     assert bool(warnings) == warned, srv.output()
+    if warned:  # the truth about what is open: an unset --remoting-brokers means any address
+        assert ("reads from any address (--remoting-clients), broker requests from any address "
+                "(--remoting-brokers), admin requests from 127.0.0.0/8, ::1/128 "
+                "(--remoting-admins)") in warnings[0]
     assert srv.stop() == 0
 
 

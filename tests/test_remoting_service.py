@@ -28,7 +28,14 @@ from zns.core.remoting import (
     encode_json_header,
     loads_lenient,
 )
-from zns.core.remoting.handler import Connection, RemotingService, parse_networks
+from zns.core.remoting.handler import LOOPBACK as LOOPBACK_NETWORKS
+from zns.core.remoting.handler import (
+    Connection,
+    RemotingService,
+    describe_access,
+    parse_networks,
+    remoting_access,
+)
 from zns.core.schema import ORDER_TOPIC_CONFIG, encode
 from zns.core.service import NameService
 from zns.drivers.kv_file import KvStore
@@ -610,6 +617,53 @@ def test_admin_codes_only_from_loopback_by_default(rs, svc, code):
     assert observable(svc) == before
     for host in ("127.0.0.1", "127.1.2.3", "::1", "::ffff:127.0.0.1"):
         assert call(rs, ADMIN_REQUESTS[code](), Connection(3, host)).code == 0
+
+
+def test_under_curve_no_unlisted_network_gets_more_than_an_unlisted_zns1_key(svc, caplog):
+    # Issue 21 item 6: with CURVE on, the listener (which has no keys) defaults broker codes
+    # to loopback, makes KV reads admin codes, and with --clients listed limits reads too.
+    access, narrowed = remoting_access([], [], [], curve=True, clients_listed=False)
+    assert narrowed == ("CURVE is on but the remoting listener has no keys: it accepts broker "
+                        "requests (--remoting-brokers CIDR) from loopback only; name the "
+                        "networks to allow more")
+    rs = RemotingService(svc, **access)
+    outside, inside = Connection(2, "10.1.2.3"), Connection(3, "127.0.0.1")
+    ok(rs, req(100, {"namespace": "ns", "key": "k", "value": "v"}), inside)
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        assert call(rs, register_cmd(), outside).code == 16
+        assert call(rs, req(101, {"namespace": "ns", "key": "k"}), outside).code == 16
+        assert call(rs, req(219, {"namespace": "ns"}), outside).code == 16
+    assert "--remoting-brokers" in call(rs, register_cmd(), outside).remark
+    assert "--remoting-admins" in call(rs, req(101, {"namespace": "ns", "key": "k"}), outside).remark
+    assert ok(rs, req(101, {"namespace": "ns", "key": "k"}), inside).ext_fields == {"value": "v"}
+    ok(rs, register_cmd(), inside)
+    assert ok(rs, req(105, {"topic": "TopicTest"}), outside).body  # reads, as --clients any
+    access, narrowed = remoting_access([], [], [], curve=True, clients_listed=True)
+    assert "reads (--remoting-clients CIDR)" in narrowed
+    rs = RemotingService(svc, **access)
+    reply = call(rs, req(105, {"topic": "TopicTest"}), outside)
+    assert reply.code == 16 and "--remoting-clients" in reply.remark
+    assert call(rs, req(106), outside).code == 16
+    assert ok(rs, req(105, {"topic": "TopicTest"}), inside).body
+
+
+def test_named_networks_are_the_operators_say_so_and_curve_off_changes_nothing(svc):
+    access, narrowed = remoting_access(["10.0.0.0/8"], ["10.1.0.0/16"], ["0.0.0.0/0"],
+                                       curve=True, clients_listed=True)
+    assert narrowed is None
+    assert access == {"brokers": parse_networks(["10.0.0.0/8"]),
+                      "admins": parse_networks(["10.1.0.0/16"]),
+                      "readers": parse_networks(["0.0.0.0/0"]), "kv_reads_admin": True}
+    access, narrowed = remoting_access([], [], [], curve=False, clients_listed=False)
+    assert narrowed is None
+    assert access == {"brokers": None, "admins": LOOPBACK_NETWORKS, "readers": None,
+                      "kv_reads_admin": False}
+    rs = RemotingService(svc, **access)
+    ok(rs, req(100, {"namespace": "ns", "key": "k", "value": "v"}))
+    assert ok(rs, req(101, {"namespace": "ns", "key": "k"}), Connection(2, "10.1.2.3"))
+    assert describe_access(None, LOOPBACK_NETWORKS, None) == (
+        "reads from any address (--remoting-clients), broker requests from any address "
+        "(--remoting-brokers), admin requests from 127.0.0.0/8, ::1/128 (--remoting-admins)")
 
 
 def test_admin_networks_replace_the_default(svc):

@@ -355,3 +355,24 @@ def test_peer_nameservers_hint_each_other_over_curve(make_server, keys):
         peer.close()
         on_first.close()
         on_second.close()
+
+
+@pytest.mark.timeout(60)
+def test_curve_narrows_the_remoting_listener_and_says_so(make_server, keys, caplog):
+    # Issue 21 item 6: a keyless remoting connection must not get what ZNS/1 keeps for keys.
+    from zns.core.remoting.handler import LOOPBACK
+
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        srv = make_server(remoting="127.0.0.1:0", **keys.server_options(clients="listed"))
+    service = srv.server.remoting.service
+    assert (service.brokers, service.readers, service.admins) == (LOOPBACK, LOOPBACK, LOOPBACK)
+    assert service.kv_reads_admin
+    assert service.properties["remotingBrokers"] == "127.0.0.0/8,::1/128"
+    assert service.properties["remotingClients"] == "127.0.0.0/8,::1/128"
+    assert [r.getMessage() for r in caplog.records if "CURVE is on" in r.getMessage()] == [
+        "CURVE is on but the remoting listener has no keys: it accepts broker requests "
+        "(--remoting-brokers CIDR) and reads (--remoting-clients CIDR) from loopback only; "
+        "name the networks to allow more"]
+    plain = make_server(remoting="127.0.0.1:0", remoting_brokers=["10.0.0.0/8"])
+    assert plain.server.remoting.service.properties["remotingClients"] == "any"
+    assert not plain.server.remoting.service.kv_reads_admin

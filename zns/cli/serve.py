@@ -92,10 +92,13 @@ from zns.drivers.server import (
                    "default; plain TCP.")
 @click.option("--remoting-brokers", metavar="CIDR", multiple=True, envvar="ZNS_REMOTING_BROKERS",
               help="Networks whose remoting connections may register brokers (repeatable; "
-                   "default: any).")
+                   "default: any, or loopback only under CURVE).")
 @click.option("--remoting-admins", metavar="CIDR", multiple=True, envvar="ZNS_REMOTING_ADMINS",
               help="Networks whose remoting connections may do admin writes (repeatable; "
                    "default: loopback only).")
+@click.option("--remoting-clients", metavar="CIDR", multiple=True, envvar="ZNS_REMOTING_CLIENTS",
+              help="Networks whose remoting connections may read routes and cluster data "
+                   "(repeatable; default: any, or loopback only under CURVE with --clients listed).")
 @click.option("--remoting-max-connections", type=click.IntRange(min=1),
               default=DEFAULT_MAX_CONNECTIONS, envvar="ZNS_REMOTING_MAX_CONNECTIONS",
               show_default=True, help="Remoting connections open at once; more are refused.")
@@ -120,6 +123,7 @@ def serve(
     curve_secret: str | None,
     brokers_keys: str | None, admins_keys: str | None, clients_keys: str | None, clients: str,
     remoting: str | None, remoting_brokers: tuple[str, ...], remoting_admins: tuple[str, ...],
+    remoting_clients: tuple[str, ...],
     remoting_max_connections: int, order_message_enable: bool, metrics: str | None, log_level: str, log_format: str,
 ) -> None:
     """Run a NameServer until SIGTERM or Ctrl-C."""
@@ -133,13 +137,15 @@ def serve(
                       max_topics=max_topics, max_queues=max_queues, max_kv_entries=max_kv_entries,
                       max_kv_namespaces=max_kv_namespaces, max_kv_bytes=max_kv_bytes),
         remoting=remoting or None, remoting_brokers=list(remoting_brokers),
+        remoting_clients=list(remoting_clients),
         remoting_max_connections=remoting_max_connections,
         order_message_enable=order_message_enable, metrics=metrics or None,
     )
     if remoting_admins:
         config.remoting_admins = list(remoting_admins)
     for option, specs in (("--remoting-brokers", remoting_brokers),
-                          ("--remoting-admins", remoting_admins)):
+                          ("--remoting-admins", remoting_admins),
+                          ("--remoting-clients", remoting_clients)):
         try:
             parse_networks(specs)
         except ValueError as exc:

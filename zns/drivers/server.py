@@ -31,7 +31,7 @@ from zns.drivers.heap import HeapTrim, glibc_malloc_trim
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.metrics import MetricsServer
 from zns.drivers.remoting_listener import DEFAULT_MAX_CONNECTIONS, RemotingListener
-from zns.core.remoting.handler import RemotingService, parse_networks
+from zns.core.remoting.handler import RemotingService, describe_access, remoting_access
 from zns.drivers.sockets import Waker, set_keepalive
 from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER
 from zns.core.budget import ReplyBudget
@@ -85,6 +85,8 @@ class ServerConfig:
     remoting: str | None = None
     remoting_brokers: list[str] = field(default_factory=list)  # CIDRs; empty: any
     remoting_admins: list[str] = field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
+    # CIDRs that may read; empty: any (loopback under CURVE with clients "listed").
+    remoting_clients: list[str] = field(default_factory=list)
     remoting_max_connections: int = DEFAULT_MAX_CONNECTIONS
     # Java's orderMessageEnable: remoting routes carry orderTopicConf only when set.
     order_message_enable: bool = False
@@ -101,12 +103,17 @@ class ServerConfig:
             "remoting": self.remoting or "",
             "remotingBrokers": ",".join(self.remoting_brokers) or "any",
             "remotingAdmins": ",".join(self.remoting_admins),
+            "remotingClients": ",".join(self.remoting_clients) or "any",
             "remotingMaxConnections": self.remoting_max_connections,
             "orderMessageEnable": self.order_message_enable,
         }
         for name, value in vars(self.limits).items():
             shown["".join(w.capitalize() if i else w for i, w in enumerate(name.split("_")))] = value
         return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in shown.items()}
+
+
+def _networks_text(networks: tuple | None) -> str:
+    return "any" if networks is None else ",".join(map(str, networks))
 
 
 def new_epoch() -> str:
@@ -292,10 +299,11 @@ class Server:
 
     def _listen_remoting(self, config: ServerConfig) -> RemotingListener:
         try:
+            access, narrowed = remoting_access(
+                config.remoting_brokers, config.remoting_admins, config.remoting_clients,
+                curve=self.security is not None, clients_listed=config.clients == "listed")
             service = RemotingService(
-                self.service,
-                brokers=parse_networks(config.remoting_brokers) if config.remoting_brokers else None,
-                admins=parse_networks(config.remoting_admins), properties=config.properties(),
+                self.service, **access, properties=config.properties(),
                 order_message_enable=config.order_message_enable,
             )
             listener = RemotingListener(
@@ -306,13 +314,19 @@ class Server:
         except (OSError, ValueError) as exc:
             raise EndpointError(f"--remoting {config.remoting}: {exc}") from exc
         # GET_NAMESRV_CONFIG shows where the server listens, as the Java NameServer shows its
-        # bound listenPort: the endpoints bound, not the configured `*` or port 0.
-        service.properties.update(router=self.router_endpoint, pub=self.pub_endpoint,
-                                  remoting=listener.endpoint)
+        # bound listenPort: the endpoints bound, not the configured `*` or port 0; and the
+        # networks in force, CURVE's narrowing included.
+        service.properties.update(
+            router=self.router_endpoint, pub=self.pub_endpoint, remoting=listener.endpoint,
+            remotingBrokers=_networks_text(service.brokers),
+            remotingAdmins=_networks_text(service.admins),
+            remotingClients=_networks_text(service.readers))
+        if narrowed:
+            log.warning("%s", narrowed)
         if not is_loopback(f"tcp://{listener.endpoint}"):
-            log.warning("the RocketMQ remoting listener on %s is plain TCP (no CURVE): anyone "
-                        "who can reach it can read routes; writes are limited by "
-                        "--remoting-brokers and --remoting-admins", listener.endpoint)
+            log.warning("the RocketMQ remoting listener on %s is plain TCP (no CURVE): it takes "
+                        "%s", listener.endpoint,
+                        describe_access(service.brokers, service.admins, service.readers))
         log.info("RocketMQ remoting listener on %s", listener.endpoint)
         return listener
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +90,8 @@ BROKER_CODES = frozenset({R.REGISTER_BROKER, R.UNREGISTER_BROKER, R.QUERY_DATA_V
                           R.BROKER_HEARTBEAT, R.REGISTER_TOPIC_IN_NAMESRV})
 ADMIN_CODES = frozenset({R.PUT_KV_CONFIG, R.DELETE_KV_CONFIG, R.WIPE_WRITE_PERM_OF_BROKER,
                          R.DELETE_TOPIC_IN_NAMESRV, R.ADD_WRITE_PERM_OF_BROKER})
+# Admin codes too when CURVE is on: ZNS/1 serves KV reads to admin keys only then (§9).
+KV_READ_CODES = frozenset({R.GET_KV_CONFIG, R.GET_KVLIST_BY_NAMESPACE})
 FLAG_UNIT, FLAG_UNIT_SUB = 1, 2
 
 
@@ -108,10 +110,14 @@ class RemotingService:
         *,
         brokers: Iterable[Network] | None = None,
         admins: Iterable[Network] = LOOPBACK,
+        readers: Iterable[Network] | None = None,
+        kv_reads_admin: bool = False,
         properties: Mapping[str, str] | None = None,
         order_message_enable: bool = False,
     ) -> None:
-        """`brokers` None: broker codes from any address; `properties`: what GET_NAMESRV_CONFIG shows.
+        """`brokers` None: broker codes from any address; `readers` None: every other code from
+        any address; `kv_reads_admin`: KV reads are admin codes (as ZNS/1's under CURVE);
+        `properties`: what GET_NAMESRV_CONFIG shows. `remoting_access` decides them.
 
         `order_message_enable`: Java's ``orderMessageEnable`` (default false). Only then does a
         route carry ``orderTopicConf`` (the topic's ORDER_TOPIC_CONFIG KV entry): Java and Go
@@ -123,6 +129,8 @@ class RemotingService:
         service.encoded.json_order_conf = order_message_enable  # one cache, one rule
         self.brokers = None if brokers is None else tuple(brokers)
         self.admins = tuple(admins)
+        self.readers = None if readers is None else tuple(readers)
+        self.kv_reads_admin = kv_reads_admin
         self.properties = dict(properties or {})
         self._counts = service.remoting_counts
         # Namespaces a remoting DELETE_KV_CONFIG left empty, oldest first: Java keeps an
@@ -167,8 +175,10 @@ class RemotingService:
         code, ext = cmd.code, cmd.ext_fields or {}
         if code in BROKER_CODES:
             self._allow(conn, self.brokers, "--remoting-brokers", code)
-        elif code in ADMIN_CODES:
+        elif code in ADMIN_CODES or (self.kv_reads_admin and code in KV_READ_CODES):
             self._allow(conn, self.admins, "--remoting-admins", code)
+        elif self.readers is not None:
+            self._allow(conn, self.readers, "--remoting-clients", code)
         match code:
             case R.GET_ROUTEINFO_BY_TOPIC:
                 return self._route(cmd, ext)
@@ -417,6 +427,49 @@ def _in_networks(host: str, networks: tuple[Network, ...]) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return any(address in network for network in networks)
+
+
+def remoting_access(brokers: Sequence[str], admins: Sequence[str], readers: Sequence[str], *,
+                    curve: bool, clients_listed: bool) -> tuple[dict[str, Any], str | None]:
+    """RemotingService's networks for --remoting-brokers/-admins/-clients (empty: not given),
+    and the one line to log when CURVE narrowed a default.
+
+    The listener has no CURVE, so with CURVE on it must never grant a connection more than
+    ZNS/1 grants a peer with no listed key (§9, §12): broker codes default to loopback
+    instead of any address, KV reads are admin codes, and with `--clients listed` reads
+    default to loopback too. Naming the networks in the options is the operator's say-so.
+    ValueError names a bad network.
+    """
+    access: dict[str, Any] = {
+        "brokers": parse_networks(brokers) if brokers else None,
+        "admins": parse_networks(admins) if admins else LOOPBACK,
+        "readers": parse_networks(readers) if readers else None,
+        "kv_reads_admin": curve,
+    }
+    if not curve:
+        return access, None
+    narrowed = []
+    if not brokers:
+        access["brokers"] = LOOPBACK
+        narrowed.append("broker requests (--remoting-brokers CIDR)")
+    if clients_listed and not readers:
+        access["readers"] = LOOPBACK
+        narrowed.append("reads (--remoting-clients CIDR)")
+    if not narrowed:
+        return access, None
+    return access, ("CURVE is on but the remoting listener has no keys: it accepts "
+                    + " and ".join(narrowed) + " from loopback only; name the networks to allow more")
+
+
+def describe_access(brokers: tuple[Network, ...] | None, admins: tuple[Network, ...],
+                    readers: tuple[Network, ...] | None) -> str:
+    """Who may do what over the listener, in words (the start-up warning)."""
+    def networks(value: tuple[Network, ...] | None) -> str:
+        return "any address" if value is None else ", ".join(map(str, value)) or "nowhere"
+
+    return (f"reads from {networks(readers)} (--remoting-clients), broker requests from "
+            f"{networks(brokers)} (--remoting-brokers), admin requests from "
+            f"{networks(admins)} (--remoting-admins)")
 
 
 def parse_networks(specs: Iterable[str]) -> tuple[Network, ...]:
