@@ -68,7 +68,8 @@ bench: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
-# Three NameServers with peer hints: a silent broker leaves all three within the grace.
+# Three NameServers with peer hints: a silent broker one of them expires leaves the other two
+# a quarter of its heartbeat timeout later. tests/test_demos.py runs every demo* target.
 demo-peers: $(STAMP)
 	$(BIN)/python examples/peers_demo.py
 

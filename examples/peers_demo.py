@@ -1,10 +1,12 @@
 """Peer hints at work (docs/protocol.md §10): three NameServers, one broker falls silent.
 
 Starts three `zns serve` processes that take hints from each other, registers
-one broker with all three — with a 1 s heartbeat timeout on A, 60 s on B and
+one broker with all three — with a 1 s heartbeat timeout on A, 20 s on B and
 C — and lets it fall silent. A expires it after 1 s; B and C take A's event as
-a hint and drop it too, instead of a minute later. Then a second broker that
-keeps heartbeating B and C stays there although A expired it. Exits by itself.
+a hint and drop it a quarter of its timeout later (the suspicion's deadline is the
+later of its last heartbeat there plus the grace and the hint plus a quarter of
+the timeout, §10), instead of 20 s after its last heartbeat. Then a second broker
+that keeps heartbeating B and C stays there although A expired it. Exits by itself.
 
 Run with `make demo-peers`.
 """
@@ -34,6 +36,7 @@ from zns.core.schema import (
 )
 
 GRACE = 2.0
+TIMEOUT_MS = {"A": 1000, "B": 20_000, "C": 20_000}  # B and C drop it 1 + 20/4 s in
 SILENT = ("broker-a", "10.0.0.1:10911")
 BEATING = ("broker-b", "10.0.0.2:10911")
 
@@ -52,7 +55,7 @@ def start_servers(workdir: Path) -> tuple[dict[str, str], dict[str, subprocess.P
         peers = [arg for other in "ABC" if other != name for arg in ("--peer", routers[other])]
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "zns", "serve", "--router", routers[name],
-             "--pub", pubs[name], "--kv-path", str(workdir / f"{name}.json"),
+             "--pub", pubs[name], "--kv-path", str(workdir / f"{name}.kv.log"),
              "--heartbeat-interval", "0.2", "--peer-grace", str(GRACE), *peers],
             stdout=subprocess.DEVNULL, stderr=open(workdir / f"{name}.log", "w"),
         )
@@ -104,19 +107,19 @@ def main() -> None:
             time.sleep(0.3)  # let the subscriptions reach the publishers
 
             print(f"\n{SILENT[0]} at {SILENT[1]} registers with A (heartbeat timeout 1 s) and "
-                  "with B and C (60 s), then falls silent:")
+                  "with B and C (20 s), then falls silent:")
             start = time.monotonic()
             for name, router in routers.items():
-                register(router, SILENT, 1000 if name == "A" else 60_000)
+                register(router, SILENT, TIMEOUT_MS[name])
             watch_removals(subs, start, SILENT[1], expected=3, timeout=15)
             gone = [name for name, r in routers.items() if SILENT[1] not in live(r)]
             print(f"  gone from {', '.join(gone)} after {time.monotonic() - start:.1f} s "
-                  "— without hints B and C would have kept it for 60 s")
+                  "— without hints B and C would have kept it for 20 s")
 
             print(f"\n{BEATING[0]} at {BEATING[1]} registers the same way but keeps "
                   "heartbeating B and C:")
             for name, router in routers.items():
-                register(router, BEATING, 1000 if name == "A" else 60_000)
+                register(router, BEATING, TIMEOUT_MS[name])
             stop = threading.Event()
             beats = threading.Thread(target=heartbeat, args=(routers, stop), daemon=True)
             beats.start()
