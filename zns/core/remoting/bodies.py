@@ -33,7 +33,9 @@ from msgspec import Struct
 
 from .constants import STANDARD_JSON_MIN_VERSION
 from zns.core.errors import RemotingBodyError
-from .fastjson import LEGACY_SPECIAL, STANDARD_SPECIAL, escape_legacy, escape_standard, loads_lenient, to_utf8
+from .fastjson import (
+    LEGACY_SPECIAL, STANDARD_SPECIAL, check_values, escape_legacy, escape_standard, loads_lenient, to_utf8,
+)
 
 # --- shapes (wire names via rename; Python names match zns.core.schema) ---------------
 
@@ -241,10 +243,21 @@ def decode_data_version(body: bytes) -> DataVersion:
     return loads_lenient(body, DataVersion, what="DataVersion body")
 
 
-def decode_topic_route_data(body: bytes) -> TopicRouteData:
-    """TopicRouteData as REGISTER_TOPIC_IN_NAMESRV sends it (either form; only queues matter)."""
+# A route names each broker name once in its queue data and once in its broker data
+# (with an address map): ~30 JSON values per broker name.
+ROUTE_VALUES_PER_BROKER = 32
+
+
+def decode_topic_route_data(body: bytes, *, max_brokers: int = 10_000) -> TopicRouteData:
+    """TopicRouteData as REGISTER_TOPIC_IN_NAMESRV sends it (either form; only queues matter).
+
+    A body that may hold more values than a route of `max_brokers` broker names
+    (the server's --max-brokers) is refused before anything is built.
+    """
     if not body:
         raise RemotingBodyError("REGISTER_TOPIC body is empty: a TopicRouteData is required")
+    check_values(body, ROUTE_VALUES_PER_BROKER * max_brokers + 1024, "TopicRouteData body",
+                 f"a route of {max_brokers} broker names may hold (--max-brokers)")
     return loads_lenient(body, TopicRouteData, what="TopicRouteData body")
 
 

@@ -45,6 +45,12 @@ from .fastjson import escape_legacy, java_hashmap_order, to_utf8
 MAX_EXT_FIELDS = 1024
 # The header length field has 24 bits.
 MAX_HEADER_BYTES = 0xFFFFFF
+# The longest header zns decodes. Real headers are a few hundred bytes; the longest
+# legitimate one is a PUT_KV_CONFIG carrying a KV value (at most 64 KiB) in an ext
+# field, which escaping can lengthen. A longer header closes the connection before
+# it is decoded: a 16 MiB header of 1.19 M ext fields cost 1.0 s of CPU and +120 MiB
+# to decode before the ext-field count refused it.
+MAX_DECODED_HEADER_BYTES = 256 * 1024
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -335,6 +341,12 @@ def encode_command(cmd: RemotingCommand, serialize_type: int = SERIALIZE_JSON) -
     )
 
 
+def _check_header_length(hlen: int) -> None:
+    if hlen > MAX_DECODED_HEADER_BYTES:
+        raise RemotingFrameError(f"header of {hlen} bytes is longer than the {MAX_DECODED_HEADER_BYTES} "
+                                 f"bytes any request needs")
+
+
 def decode_frame(frame: bytes | bytearray | memoryview, *, max_ext_fields: int = MAX_EXT_FIELDS) -> RemotingCommand:
     """Decode one frame *without* its leading length field (what that field counts).
 
@@ -352,6 +364,7 @@ def decode_frame(frame: bytes | bytearray | memoryview, *, max_ext_fields: int =
         raise RemotingFrameError(f"unknown serialize type {stype}")
     if hlen > len(mv) - 4:
         raise RemotingFrameError(f"header length {hlen} exceeds the {len(mv) - 4} bytes after it")
+    _check_header_length(hlen)
     header = mv[4 : 4 + hlen]
     if stype == SERIALIZE_JSON:
         cmd = decode_json_header(header, max_ext_fields=max_ext_fields)
@@ -418,6 +431,8 @@ class FrameDecoder:
                             f"frame of {length + 4} bytes (length field included) exceeds the limit of {self.max_frame_bytes}"
                         )
                     if size - pos - 4 < length:
+                        if size - pos >= 8:  # the header length is in: refuse a long one now
+                            _check_header_length(_INT32.unpack_from(buf, pos + 4)[0] & 0xFFFFFF)
                         break  # wait for the rest of this frame
                     out.append(decode_frame(bytes(mv[pos + 4 : pos + 4 + length]), max_ext_fields=self.max_ext_fields))
                     pos += 4 + length

@@ -304,7 +304,8 @@ class RemotingService:
         )
         check_body_crc32(cmd.body, ext)
         body = decode_register_broker_body(
-            cmd.body, compressed=parse_bool(ext, "compressed"), version=cmd.version)
+            cmd.body, compressed=parse_bool(ext, "compressed"), version=cmd.version,
+            max_topics=self.service.limits.max_topics_per_request)
         wrapper = body.topic_config_serialize_wrapper
         fields["data_version"] = _zns_version(wrapper.data_version)
         fields["topics"] = {
@@ -353,7 +354,7 @@ class RemotingService:
         topic = require(ext, "topic")
         if not cmd.body:
             return _ok(cmd)  # Java registers nothing without a body
-        data = decode_topic_route_data(cmd.body)
+        data = decode_topic_route_data(cmd.body, max_brokers=self.service.limits.max_brokers)
         queues = [{"broker_name": q.broker_name, "read_queues": q.read_queues,
                    "write_queues": q.write_queues, "perm": q.perm, "sys_flag": q.sys_flag}
                   for q in data.queues]

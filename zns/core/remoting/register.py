@@ -19,13 +19,20 @@ Both decode into the same `RegisterBrokerBody`. Inflation is capped
 (`max_inflated_bytes`, by default the frame limit) so a zip bomb costs at
 most that much memory, and every length and count is checked against the
 bytes actually present before anything is allocated.
+
+What decoding may build is bounded by `max_topics` (the server's
+--max-topics-per-request) before any of it is built: the compressed form's
+topic and mapping counts are read first, and either form may hold at most
+`VALUES_PER_TOPIC` JSON values per topic (`fastjson.count_values`, a count of
+bytes). Without that, 40 KB of zlib (762,591 copies of one topic line) cost
+1.7 s of CPU and was accepted, and 16.8 MB of plain JSON (1.28 M topics) cost
+1.2 s and +166 MiB before the limit refused it.
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any
 
 import msgspec
 from msgspec import Struct
@@ -38,7 +45,20 @@ from .constants import (
     DEFAULT_MAX_FRAME_BYTES, MAPPING_SECTION_MIN_VERSION, QUOTE_CHARS, VERSION_3_0_11,
 )
 from .ext import ExtFields, parse_long
-from .fastjson import loads_lenient
+from .fastjson import MAX_UNQUOTED_KEYS, check_values, loads_lenient, quote_integer_keys
+
+# A 5.x broker writes 21 JSON values per topic (the key, the TopicConfig object and
+# its 8 fields, "attributes":{}); this leaves room for a few attributes and for the
+# wrapper, and bounds the values a body can make us build to ~0.5 M at the default
+# --max-topics-per-request (20,000). A static topic's mapping details are kept raw.
+VALUES_PER_TOPIC = 24
+VALUES_SLACK = 16_384
+DEFAULT_MAX_TOPICS = 20_000  # --max-topics-per-request's default (zns.core.limits)
+
+
+def max_body_values(max_topics: int) -> int:
+    """The most JSON values a register body for `max_topics` topics may hold."""
+    return VALUES_PER_TOPIC * max_topics + VALUES_SLACK
 
 
 class TopicConfig(Struct, rename="camel"):
@@ -73,8 +93,8 @@ class TopicConfigSerializeWrapper(Struct, rename="camel"):
     topic_config_table: dict[str, TopicConfig] = {}
     mapping_data_version: DataVersion | None = None
     topic_queue_mapping_info_map: dict[str, TopicQueueMappingInfo] = {}
-    # Per-queue details of static topics: kept raw, zns does not interpret them.
-    topic_queue_mapping_detail_map: dict[str, Any] = {}
+    # Per-queue details of static topics: kept raw (never built), zns does not interpret them.
+    topic_queue_mapping_detail_map: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 class RegisterBrokerBody(Struct, rename="camel"):
@@ -199,11 +219,46 @@ def inflate_bounded(data: bytes, max_bytes: int) -> bytes:
     return out
 
 
-def _decode_compressed(body: bytes, version: int, max_inflated_bytes: int) -> RegisterBrokerBody:
-    r = _Reader(inflate_bounded(body, max_inflated_bytes))
+_MAPPINGS = msgspec.json.Decoder(list[TopicQueueMappingInfo])
+_MAPPING = msgspec.json.Decoder(TopicQueueMappingInfo)
+
+
+def _decode_mappings(chunks: list[bytes]) -> list[TopicQueueMappingInfo]:
+    """The mappings' JSON, decoded as one array: one pass, not one (failing, then
+    rewritten) decode each. A bad one is decoded alone again, for its own message."""
+    try:
+        infos = _MAPPINGS.decode(quote_integer_keys(b"[" + b",".join(chunks) + b"]", MAX_UNQUOTED_KEYS))
+        if len(infos) == len(chunks):  # else a chunk held more than one value
+            return infos
+    except (msgspec.DecodeError, RecursionError, RemotingBodyError):
+        pass
+    infos = []
+    for chunk in chunks:
+        try:
+            infos.append(_MAPPING.decode(quote_integer_keys(chunk, MAX_UNQUOTED_KEYS)))
+        except (msgspec.DecodeError, RecursionError, RemotingBodyError):
+            # Raises the body error with this mapping's own message.
+            infos.append(loads_lenient(chunk, TopicQueueMappingInfo, what="TopicQueueMappingInfo"))
+    return infos
+
+
+def _check_count(count: int, what: str, max_topics: int) -> int:
+    if count > max_topics:
+        raise RemotingBodyError(f"compressed register body: {what} {count} is more than the "
+                                f"{max_topics} topics --max-topics-per-request allows; refused "
+                                f"before decoding")
+    return count
+
+
+def _decode_compressed(body: bytes, version: int, max_inflated_bytes: int,
+                       max_topics: int) -> RegisterBrokerBody:
+    inflated = inflate_bounded(body, max_inflated_bytes)
+    check_values(inflated, max_body_values(max_topics), "compressed register body",
+                 f"a body of {max_topics} topics may hold (--max-topics-per-request)")
+    r = _Reader(inflated)
     data_version = loads_lenient(r.chunk("the DataVersion"), DataVersion, what="compressed register body DataVersion")
     topics: dict[str, TopicConfig] = {}
-    for _ in range(r.count("topic count")):
+    for _ in range(_check_count(r.count("topic count"), "topic count", max_topics)):
         tc = _decode_topic_line(r.chunk("a topic entry"))
         topics[tc.topic_name or ""] = tc
     filter_json = r.chunk("the filter server list")
@@ -213,8 +268,9 @@ def _decode_compressed(body: bytes, version: int, max_inflated_bytes: int) -> Re
         filter_servers = []  # Java logs the failure and goes on with an empty list
     mappings: dict[str, TopicQueueMappingInfo] = {}
     if version >= MAPPING_SECTION_MIN_VERSION:
-        for _ in range(r.count("topic queue mapping count")):
-            info = loads_lenient(r.chunk("a topic queue mapping"), TopicQueueMappingInfo, what="TopicQueueMappingInfo")
+        # A mapping is a static topic's: at most one per topic.
+        count = _check_count(r.count("topic queue mapping count"), "topic queue mapping count", max_topics)
+        for info in _decode_mappings([r.chunk("a topic queue mapping") for _ in range(count)]):
             mappings[info.topic or ""] = info
     # Bytes after the last section are ignored, as Java ignores them.
     return RegisterBrokerBody(
@@ -231,23 +287,30 @@ def decode_register_broker_body(
     compressed: bool,
     version: int,
     max_inflated_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    max_topics: int = DEFAULT_MAX_TOPICS,
 ) -> RegisterBrokerBody:
     """Decode a REGISTER_BROKER body.
 
     `compressed` is the request's ``compressed`` ext field (parse it with
     `parse_bool`), `version` the request header's version ordinal. Check the
     CRC first (`check_body_crc32`): Java checks it over the body as sent.
-    Raises `RemotingBodyError` for anything that cannot be read.
+    A body that may hold more than `max_topics` topics' worth of values is
+    refused before anything is built (the limit itself is checked on the
+    decoded topics, by the route table). Raises `RemotingBodyError` for
+    anything that cannot be read.
     """
     if not body:
         # Java: no body -> a zero DataVersion and no topics.
         return RegisterBrokerBody()
+    if compressed and version >= VERSION_3_0_11:
+        return _decode_compressed(body, version, max_inflated_bytes, max_topics)
+    what = "register body (topic config wrapper)" if version < VERSION_3_0_11 else "register body"
+    check_values(body, max_body_values(max_topics), what,
+                 f"a body of {max_topics} topics may hold (--max-topics-per-request)")
     if version < VERSION_3_0_11:
-        wrapper = loads_lenient(body, TopicConfigSerializeWrapper, what="register body (topic config wrapper)")
+        wrapper = loads_lenient(body, TopicConfigSerializeWrapper, what=what)
         return RegisterBrokerBody(topic_config_serialize_wrapper=wrapper)
-    if compressed:
-        return _decode_compressed(body, version, max_inflated_bytes)
-    return loads_lenient(body, RegisterBrokerBody, what="register body")
+    return loads_lenient(body, RegisterBrokerBody, what=what)
 
 
 __all__ = [
