@@ -5,6 +5,8 @@
 - `LoadClients`: client processes, spawned once, that keep N requests in flight
   against an endpoint for a timed window — the same code drives zns and the echo
   server, so their ratio compares servers, not clients.
+- `run_in_group`: a benchmark as a subprocess in a process group of its own, ended as a
+  whole on timeout or interrupt, so no server it started outlives it.
 - `Subscribers`: SUB sockets spread over a few processes that timestamp every
   event as it arrives (time.monotonic is one system-wide clock on Linux, so
   timestamps taken in different processes compare).
@@ -19,6 +21,7 @@ import math
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -112,6 +115,45 @@ def _start(cmd: list[str], log_path: Path) -> ServerProcess:
     proc.kill()
     proc.wait(10)
     raise BenchError(f"{' '.join(cmd)} did not start: {log_path.read_text(errors='replace')}")
+
+
+def run_in_group(cmd: Sequence[str], *, timeout: float, grace: float = 5.0,
+                 **popen: Any) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` (a benchmark) in a process group of its own and end the whole group —
+    the servers it started too — on timeout, on an interrupt, and after it exits.
+
+    `subprocess.run(timeout=...)` kills only the process it started: a benchmark killed
+    that way leaves its `zns serve` children running. Here the group gets SIGTERM first
+    (the benchmark stops its servers and removes its folder), SIGKILL after `grace` s.
+    """
+    proc = subprocess.Popen(list(cmd), start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException as exc:
+        end_group(proc.pid, grace)
+        out, err = proc.communicate()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
+        raise
+    end_group(proc.pid, 0)  # anything it left behind (a crash skips its cleanup)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def end_group(pgid: int, grace: float) -> None:
+    """SIGTERM to every process of group `pgid`, SIGKILL to those left after `grace` s."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return  # the group is empty
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -341,6 +342,10 @@ def _kept(path: Path, ran: set[str]) -> list[str]:
 # --- the shared command line -------------------------------------------------
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def cli(benches: dict[str, BenchFn], argv: Sequence[str] | None = None,
         default_out: Path | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run zns benchmarks.")
@@ -361,6 +366,9 @@ def cli(benches: dict[str, BenchFn], argv: Sequence[str] | None = None,
     rounds = args.rounds or (1 if args.quick else 3)
     info = machine()
     results = []
+    # SIGTERM (a timeout, `kill`) ends the run as Ctrl-C does: every `with` below unwinds,
+    # so the servers stop and the folder goes, instead of the process dying around them.
+    signal.signal(signal.SIGTERM, _terminated)
     with tempfile.TemporaryDirectory(prefix="zns-bench-") as tmp:
         config = RunConfig(quick=args.quick, rounds=rounds, workdir=Path(tmp))
         for name in args.only or benches:

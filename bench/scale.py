@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.harness import (
+    BenchError,
     LoadClients, ServerProcess, Session, broker_addr, register_request, request, start_zns,
 )
 from bench.report import BenchResult, Figure, RunConfig, Target, cli
@@ -26,7 +27,7 @@ class Params:
 
 FULL = Params(topics=(10, 1_000, 10_000, 100_000), brokers=(10, 100, 1_000), duration=1.0,
               warmup=0.3, in_flight=100)
-QUICK = Params(topics=(10, 300), brokers=(2, 10), duration=0.1, warmup=0.1, in_flight=10)
+QUICK = Params(topics=(10, 300), brokers=(2, 10), duration=0.3, warmup=1.0, in_flight=10)
 
 METHOD = """
 For every pair of T topics and B broker names, a fresh `zns serve` process gets B
@@ -103,6 +104,10 @@ def run(config: RunConfig) -> BenchResult:
                         Figure(f"memory per queue entry: {label}", "B", [per_entry],
                                target=Target("value", "<=", 1024) if largest else None),
                     ]
+                    if figures[-4].ratio is None:  # every reference window answered nothing
+                        raise BenchError(f"{label}: the reference server ({ref_label}) "
+                                         f"answered nothing in {ref_rate} req/s windows; "
+                                         f"no ratio to report")
                     config.log(f"{label}: {figures[-4].value:,.0f} req/s "
                                f"({figures[-4].ratio:.2f}× reference), +{grown_kib:,} KiB, "
                                f"{per_entry:.0f} B per entry")

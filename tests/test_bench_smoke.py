@@ -10,11 +10,14 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.harness import run_in_group  # noqa: E402
 SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv", "partition",
            "flood", "ops", "remoting"]
 # Registered in run_all but without a smoke run here: its quick variant starts five servers
@@ -25,10 +28,8 @@ NOT_SMOKED = ["memory"]
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_runs_and_writes_results(name: str, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=55,
-    )
+    proc = run_in_group([sys.executable, "-m", f"bench.{name}", "--quick", "--out",
+                         str(tmp_path)], cwd=REPO, timeout=50)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["machine"]["libzmq"] and doc["quick"] is True
@@ -51,10 +52,8 @@ def test_remoting_runs_zns_only_without_a_jdk(tmp_path: Path) -> None:
     # No java on PATH: the Java NameServer's side is skipped, zns and the echo still measured.
     env = {k: v for k, v in os.environ.items() if k != "ZNS_REQUIRE_INTEROP"}
     env["PATH"] = str(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.remoting", "--quick", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=55, env=env,
-    )
+    proc = run_in_group([sys.executable, "-m", "bench.remoting", "--quick", "--out",
+                         str(tmp_path)], cwd=REPO, timeout=50, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["remoting"]
     names = [figure["name"] for figure in result["figures"]]
@@ -111,3 +110,45 @@ def test_a_partial_run_keeps_the_other_benchmarks_results(monkeypatch: pytest.Mo
     assert list(doc["benchmarks"]) == ["alpha", "beta"]
     assert doc["benchmarks"]["alpha"]["figures"][0]["median"] == 50.0
     assert doc["benchmarks"]["beta"]["figures"][0]["median"] == 70.0
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"  # a zombie has ended; only its parent has not read its status yet
+
+
+@pytest.mark.timeout(60)
+def test_a_timed_out_benchmark_takes_the_processes_it_started_with_it() -> None:
+    started = ("import subprocess, sys, time\n"
+               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+               "print(child.pid, flush=True)\n"
+               "time.sleep(120)\n")
+    with pytest.raises(subprocess.TimeoutExpired) as info:
+        run_in_group([sys.executable, "-c", started], timeout=5, grace=2)
+    child = int(info.value.output.split()[0])
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child)
+
+
+@pytest.mark.timeout(90)
+def test_a_terminated_benchmark_stops_its_servers_and_removes_its_folder() -> None:
+    script = ("import os, signal, sys, time\n"
+              "from bench.harness import start_zns\n"
+              "from bench.report import cli\n"
+              "def slow(config):\n"
+              "    with start_zns(config.workdir / 's') as server:\n"
+              "        print(server.proc.pid, config.workdir, flush=True)\n"
+              "        os.kill(os.getpid(), signal.SIGTERM)\n"
+              "        time.sleep(60)\n"
+              "sys.exit(cli({'slow': slow}, ['--quick']))\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=80)  # no group: the benchmark must clean up itself
+    assert proc.returncode == 128 + 15, proc.stderr
+    pid, workdir = proc.stdout.split()[:2]
+    assert not alive(int(pid)) and not Path(workdir).exists()
