@@ -46,7 +46,8 @@ def test_status_route_clusters_topics(loaded):
     assert json.loads(run("clusters", "--json", ns=ns).output)["clusters"] == {
         "c1": ["broker-a"], "c2": ["broker-b"]}
     assert run("topics", ns=ns).output.split() == ["TopicA", "TopicB"]
-    assert json.loads(run("topics", "--cluster", "c2", "--json", ns=ns).output) == ["TopicB"]
+    assert json.loads(run("topics", "--cluster", "c2", "--json", ns=ns).output) == {
+        "topics": ["TopicB"]}
 
 
 def test_admin_commands(loaded):
@@ -57,7 +58,7 @@ def test_admin_commands(loaded):
     assert run("add-write-perm", "broker-a", ns=ns).exit_code == 0
     assert peer.ok("get_route", topic="TopicA").route.queues[0].perm == 6
     out = run("delete-topic", "TopicB", "--cluster", "c2", "--json", ns=ns)
-    assert json.loads(out.output)[ns] == {"op": "delete_topic", "removed": True}
+    assert json.loads(out.output)[ns] == {"removed": True}
     assert [q.broker_name for q in peer.ok("get_route", topic="TopicB").route.queues] == ["broker-a"]
 
 
@@ -86,6 +87,42 @@ def test_names_that_match_nothing_say_so_and_exit_1(loaded):
     assert peer_topics(loaded) == ["TopicA", "TopicB"]  # nothing was deleted
 
 
+def test_json_is_json_for_errors_too_and_one_shape_per_kind_of_answer(loaded):
+    ns = loaded.router
+
+    def as_json(*args: str, ns: str = ns, timeout: str = "2") -> tuple[int, object]:
+        out = CliRunner().invoke(main, [*args, "--ns", ns, "--timeout", timeout, "--json"])
+        assert out.stderr == "", out.stderr  # everything on stdout, as JSON
+        return out.exit_code, json.loads(out.stdout)
+
+    # Reads: the reply's fields, no envelope.
+    code, answer = as_json("route", "TopicA")
+    assert code == 0 and set(answer) == {"epoch", "revision", "route"}
+    assert as_json("topics")[1] == {"topics": ["TopicA", "TopicB"]}
+    # Per NameServer (status, writes): {endpoint: fields or error}, errors in one shape.
+    code, answer = as_json("status", ns=f"{ns};{DEAD}", timeout="0.5")
+    assert code == 3 and "op" not in answer[ns] and answer[ns]["topics"] == 2
+    assert answer[DEAD] == {"error": "unreachable",
+                            "message": f"no answer from {DEAD} within 0.5 s"}
+    assert as_json("add-write-perm", "broker-a")[1] == {ns: {"changed": 0}}
+    # A command that ends in an error: {"error", "message"}.
+    assert as_json("route", "NoSuchTopic") == (1, {"error": "not_found",
+                                                   "message": "no route for topic 'NoSuchTopic'"})
+    assert as_json("topics", "--cluster", "Nope") == (1, {
+        "error": "not_found", "message": "no cluster named 'Nope' (clusters: c1, c2)"})
+    assert as_json("clusters", ns=DEAD, timeout="0.2") == (3, {
+        "error": "unreachable", "message": f"no answer from {DEAD} within 0.2 s"})
+    code, answer = as_json("route")  # a usage error
+    assert code == 2 and answer == {"error": "usage", "message": "Missing argument 'TOPIC'."}
+
+
+def test_one_wording_for_an_unreachable_nameserver():
+    for args in (["status"], ["route", "T"], ["kv", "put", "n", "k", "v"]):
+        out = CliRunner().invoke(main, [*args, "--ns", DEAD, "--timeout", "0.2"])
+        assert out.exit_code == 3
+        assert out.stderr.strip().splitlines() == [f"zns: no answer from {DEAD} within 0.2 s"]
+
+
 def peer_topics(server) -> list[str]:
     return server.peer().ok("get_topics").topics
 
@@ -94,7 +131,8 @@ def test_kv_commands(server):
     ns = server.router
     assert run("kv", "put", "app", "k", "v 1", ns=ns).exit_code == 0
     assert run("kv", "get", "app", "k", ns=ns).output == "v 1\n"
-    assert json.loads(run("kv", "list", "app", "--json", ns=ns).output) == {"k": "v 1"}
+    assert json.loads(run("kv", "list", "app", "--json", ns=ns).output) == {
+        "entries": {"k": "v 1"}}
     assert "deleted" in run("kv", "delete", "app", "k", ns=ns).output
     out = run("kv", "get", "app", "k", ns=ns)
     assert out.exit_code == 1 and "error not_found" in out.stderr
@@ -113,7 +151,7 @@ def test_error_reply_prints_code_and_exits_nonzero(server):
 def test_no_nameserver_says_so(args):
     out = CliRunner().invoke(main, [*args, "--ns", DEAD, "--timeout", "0.2"])
     assert out.exit_code == 3, out.output
-    assert "no answer" in out.stderr or "no NameServer answered" in out.stderr
+    assert "no answer from" in out.stderr
 
 
 def test_ns_from_environment_and_partial_failure(server):

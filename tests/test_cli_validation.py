@@ -62,3 +62,19 @@ def test_the_one_parser_accepts_what_zns_binds_and_connects():
             check_endpoint(spec)
     with pytest.raises(UsageError, match="expected HOST:PORT or tcp://HOST:PORT, not udp://"):
         parse_host_port("udp://h:1")
+
+
+def test_a_busy_port_is_exit_1_for_serve_and_relay_alike(server, tmp_path):
+    import zmq
+
+    busy = zmq.Context.instance().socket(zmq.PUB)
+    port = busy.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        taken = f"tcp://127.0.0.1:{port}"
+        served = CliRunner().invoke(main, ["serve", "--router", taken, "--pub", "tcp://127.0.0.1:*",
+                                           "--kv-path", str(tmp_path / "kv.log")])
+        relayed = CliRunner().invoke(main, ["relay", "--from", server.router, "--bind", taken])
+        assert served.exit_code == relayed.exit_code == 1, (served.output, relayed.output)
+        assert "Address already in use" in served.stderr and "Address already in use" in relayed.stderr
+    finally:
+        busy.close(0)

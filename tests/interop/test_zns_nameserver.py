@@ -433,7 +433,7 @@ def test_4_mqadmin_against_zns(env: Env) -> None:
         assert (got.code, got.ext_fields) == (0, {"value": "v1"}), got
         res = mqadmin_ok(["deleteKvConfig", "-s", "ZNS_INTEROP", "-k", key], zns.addr)
         assert "success" in res.stdout, res
-        assert zns.cli("kv", "get", "ZNS_INTEROP", key, check=False) is None  # not found: rc 1, no JSON
+        assert zns.cli("kv", "get", "ZNS_INTEROP", key, check=False)["error"] == "not_found"  # rc 1
         got = remoting_request(zns.addr, RequestCode.GET_KV_CONFIG, {"namespace": "ZNS_INTEROP", "key": key})
         assert got.code == 22, got  # QUERY_NOT_FOUND
 

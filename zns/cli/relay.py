@@ -29,8 +29,10 @@ def relay(upstream: str, bind: str, timeout: float, log_level: str, log_format: 
     configure_logging(log_level, log_format)
     try:
         running = Relay(upstream, bind, timeout=timeout)
-    except (UsageError, EndpointError) as exc:
+    except UsageError as exc:
         raise click.UsageError(str(exc)) from None
+    except EndpointError as exc:  # a busy port: exit 1, as `zns serve` does
+        raise click.ClickException(str(exc)) from None
     except NameServerUnavailable as exc:
         click.echo(f"zns: {exc}", err=True)
         raise SystemExit(3) from None

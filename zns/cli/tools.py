@@ -30,6 +30,7 @@ from zns.drivers.broker_agent import BrokerAgent
 from zns.cli.config import load_config_file
 from zns.cli.params import HostPort, NameServers
 from zns.core.errors import (
+    BY_CODE,
     BackgroundFailure,
     ErrorReply,
     KeyFileError,
@@ -63,6 +64,14 @@ EXIT_FAILED = 1  # the command itself failed (a client's or agent's thread died)
 EXIT_UNREACHABLE = 3
 
 
+JSON_META = "zns.json"  # click context meta: --json was given
+
+
+def unreachable(endpoints: Iterable[str], timeout: float) -> str:
+    """The one wording for NameServers that did not answer."""
+    return f"no answer from {', '.join(endpoints)} within {timeout:g} s"
+
+
 @dataclass
 class Target:
     endpoints: list[str]
@@ -92,6 +101,7 @@ def ns_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 apply_client_keys(zmq.Context.instance(), client_keys(server_key, keypair))
             except KeyFileError as exc:
                 raise click.BadParameter(str(exc), param_hint="--server-key") from None
+        click.get_current_context().meta[JSON_META] = as_json  # errors come as JSON too
         return command(Target(endpoints, timeout, as_json), **kwargs)
 
     return wrapper
@@ -104,10 +114,10 @@ def ask(target: Target, request: Request) -> tuple[str, Any]:
     """(endpoint, reply) of the first NameServer to answer; exits plainly when none does."""
     try:
         return call_any(target.endpoints, request, target.timeout)
-    except NameServerUnavailable as exc:
-        fail(str(exc), EXIT_UNREACHABLE)
+    except NameServerUnavailable:
+        fail(unreachable(target.endpoints, target.timeout), EXIT_UNREACHABLE, "unreachable")
     except ErrorReply as exc:
-        fail(f"error {exc.code}: {exc}", EXIT_ERROR_REPLY)
+        fail(str(exc), EXIT_ERROR_REPLY, exc.code)
 
 
 def tell_all(target: Target, request: Request, describe: Callable[[Any], str],
@@ -125,14 +135,11 @@ def tell_all(target: Target, request: Request, describe: Callable[[Any], str],
             why = matched_nothing(endpoint, result)
             if why is not None:
                 result = NotFound(why)
-        if isinstance(result, NameServerUnavailable):
-            worst = max(worst, EXIT_UNREACHABLE)
-            click.echo(f"{endpoint}: no answer within {target.timeout:g} s", err=True)
-            out[endpoint] = {"error": "unreachable"}
-        elif isinstance(result, ErrorReply):
-            worst = max(worst, EXIT_ERROR_REPLY)
-            click.echo(f"{endpoint}: error {result.code}: {result}", err=True)
-            out[endpoint] = {"error": result.code, "message": str(result)}
+        if isinstance(result, Exception):
+            worst = max(worst, _exit_code(result))
+            out[endpoint] = _error_json(endpoint, result, target.timeout)
+            if not target.as_json:
+                click.echo(_error_line(endpoint, result, target.timeout), err=True)
         else:
             out[endpoint] = _builtins(result)
             if not target.as_json:
@@ -143,9 +150,36 @@ def tell_all(target: Target, request: Request, describe: Callable[[Any], str],
         sys.exit(worst)
 
 
-def fail(message: str, code: int) -> NoReturn:
-    click.echo(f"zns: {message}", err=True)
+def fail(message: str, code: int, error: str = "failed") -> NoReturn:
+    """End the command: `zns: ...` on stderr, or with --json `{"error", "message"}` on stdout.
+
+    `error`: a wire error code (the NameServer's answer), `unreachable` or `failed`.
+    """
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.meta.get(JSON_META):
+        click.echo(json.dumps({"error": error, "message": message}))
+    elif error in BY_CODE:
+        click.echo(f"zns: error {error}: {message}", err=True)
+    else:
+        click.echo(f"zns: {message}", err=True)
     sys.exit(code)
+
+
+def _exit_code(error: Exception) -> int:
+    return EXIT_ERROR_REPLY if isinstance(error, ErrorReply) else EXIT_UNREACHABLE
+
+
+def _error_json(endpoint: str, error: Exception, timeout: float) -> dict[str, str]:
+    """One NameServer's failure, in the shape every per-NameServer answer uses."""
+    if isinstance(error, ErrorReply):
+        return {"error": error.code, "message": str(error)}
+    return {"error": "unreachable", "message": unreachable([endpoint], timeout)}
+
+
+def _error_line(endpoint: str, error: Exception, timeout: float) -> str:
+    if isinstance(error, ErrorReply):
+        return f"zns: {endpoint}: error {error.code}: {error}"
+    return f"zns: {unreachable([endpoint], timeout)}"
 
 
 # --- names that match nothing ------------------------------------------------------
@@ -185,9 +219,11 @@ def _unknown_cluster(cluster: str, info: GetClusterInfoReply | None) -> str | No
 
 
 def _builtins(value: Any) -> Any:
+    """A reply as JSON: its fields, without the envelope (`op`, `id`)."""
     data = msgspec.to_builtins(value)
     if isinstance(data, dict):
         data.pop("id", None)
+        data.pop("op", None)
     return data
 
 
@@ -233,8 +269,8 @@ def status(target: Target) -> None:
     """Show the state of every NameServer in the list."""
     results = call_all(target.endpoints, Status(), target.timeout)
     if target.as_json:
-        _print_json({ep: _builtins(r) if not isinstance(r, Exception) else {"error": str(r)}
-                     for ep, r in results.items()})
+        _print_json({ep: _error_json(ep, r, target.timeout) if isinstance(r, Exception)
+                     else _builtins(r) for ep, r in results.items()})
     else:
         rows = []
         for ep, r in results.items():
@@ -250,9 +286,10 @@ def status(target: Target) -> None:
     worst = 0
     for ep, r in results.items():
         if isinstance(r, Exception):
-            click.echo(f"zns: {ep}: {r}", err=True)
+            if not target.as_json:
+                click.echo(_error_line(ep, r, target.timeout), err=True)
             # An answer that is an error (say no_permission) is 1; no answer at all is 3.
-            worst = max(worst, EXIT_ERROR_REPLY if isinstance(r, ErrorReply) else EXIT_UNREACHABLE)
+            worst = max(worst, _exit_code(r))
     if worst:
         sys.exit(worst)
 
@@ -271,7 +308,7 @@ def route(target: Target, topic: str, zone: str) -> None:
         except ZnsError:
             zones = "unknown"
         fail(f"no broker of {topic!r} is in zone {zone!r} (its brokers' zones: {zones})",
-             EXIT_ERROR_REPLY)
+             EXIT_ERROR_REPLY, "not_found")
     if target.as_json:
         _print_json(reply)
     else:
@@ -308,9 +345,9 @@ def topics(target: Target, cluster: str) -> None:
     """List topics."""
     endpoint, reply = ask(target, GetTopics(cluster=cluster))
     if not reply.topics and (why := _unknown_cluster(cluster, _cluster_info(target, endpoint))):
-        fail(why, EXIT_ERROR_REPLY)
+        fail(why, EXIT_ERROR_REPLY, "not_found")
     if target.as_json:
-        _print_json(reply.topics)
+        _print_json(reply)
     else:
         for topic in reply.topics:
             click.echo(topic)
@@ -339,7 +376,7 @@ def kv_get(target: Target, namespace: str, key: str) -> None:
 def kv_list(target: Target, namespace: str) -> None:
     _, reply = ask(target, KvList(namespace=namespace))
     if target.as_json:
-        _print_json(reply.entries)
+        _print_json(reply)
     else:
         click.echo(table(["key", "value"], sorted(reply.entries.items())))
 
