@@ -8,12 +8,12 @@ before anything is touched, so a failure leaves no trace (§2).
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from zns.core.errors import BadRequest, Conflict
+from zns.core.liveness import LiveKey, Liveness, LivenessSchedule
 from zns.core.schema import (
     MASTER_ID,
     PERM_READ,
@@ -29,7 +29,6 @@ from zns.core.schema import (
 )
 
 Event = RouteEvent | BrokerEvent
-LiveKey = tuple[str, str]  # (cluster, broker_addr): liveness is keyed so (§8)
 T = TypeVar("T")
 
 # Removed topics whose last revision is still remembered (the oldest is forgotten
@@ -48,42 +47,6 @@ NAME_BYTES_PER_WEIGHT = 128
 # (address, topic) pairs, so a partition is expired in slices between which the
 # loop serves requests (§8); the next step is due at once.
 EXPIRY_STEP_WORK = 2_000
-
-
-@dataclass
-class Liveness:
-    cluster: str
-    addr: str
-    last_heartbeat: int
-    timeout_ms: int
-    data_version: DataVersion
-    ha_addr: str
-    names: set[str] = field(default_factory=set)  # broker names listing this address
-    suspect_deadline: int | None = None  # set by a peer hint (§10)
-    stall_credit: int = 0  # time the server itself stalled since the last heartbeat (§8)
-    scheduled: int | None = None  # deadline of its entry in the deadline heap
-
-    @property
-    def silent_since(self) -> int:
-        """The last heartbeat, as far as the server was running to hear one."""
-        return self.last_heartbeat + self.stall_credit
-
-    @property
-    def own_deadline(self) -> int:
-        return self.silent_since + self.timeout_ms
-
-    @property
-    def deadline(self) -> int:
-        own = self.own_deadline
-        if self.suspect_deadline is not None and self.suspect_deadline < own:
-            return self.suspect_deadline
-        return own
-
-    def heard(self, now: int) -> None:
-        """A registration or heartbeat: alive now, any suspicion cleared."""
-        self.last_heartbeat = now
-        self.stall_credit = 0
-        self.suspect_deadline = None
 
 
 @dataclass
@@ -136,7 +99,7 @@ class RouteTable:
         self._queue_weight = 0
         self._brokers: dict[str, BrokerRecord] = {}
         self._clusters: dict[str, set[str]] = {}
-        self._live: dict[LiveKey, Liveness] = {}
+        self._live = LivenessSchedule()
         self._filter_servers: dict[LiveKey, list[str]] = {}
         self._order_conf: dict[str, str] = {}
         self._routes: dict[str, TopicRoute] = {}  # what get_route answers, per topic
@@ -144,12 +107,10 @@ class RouteTable:
         # The last revision of recently removed topics, oldest first (bounded: see above).
         self._removed_revision: dict[str, int] = {}
         self._broker_data: dict[str, BrokerData] = {}  # shared by every route of a broker
-        self._deadlines: list[tuple[int, LiveKey]] = []  # lazy heap; stale entries skipped
         # Interned QueueData -> [the shared object, how many queue entries use it]: a
         # broker's topics mostly share one configuration. Counted, so a value leaves
         # with its last use and a removal costs what it removes, not the table size.
         self._queue_values: dict[QueueData, list] = {}
-        self._latest_now = 0  # the latest `now` the table was given (see `suspect`)
 
     # --- broker ops (§4) --------------------------------------------------
 
@@ -159,7 +120,7 @@ class RouteTable:
         self._refuse_conflict(req)
         ch = _Changes()
         key = (req.cluster, req.broker_addr)
-        before = self._live.get(key)  # what the table held of this address before the request
+        before = self._live.get(*key)  # what the table held of this address before the request
         same_version = self.holds_same_version(req)
         rec = self._join_cluster(req, ch)                                     # step 1
         old_id = self._move_address(rec, req, ch)                             # steps 2 and 3
@@ -184,7 +145,7 @@ class RouteTable:
         holder = rec.addrs.get(req.broker_id)
         if holder is None or holder == req.broker_addr:
             return
-        holder_live = self._live.get((rec.addr_cluster[holder], holder))
+        holder_live = self._live.get(rec.addr_cluster[holder], holder)
         if holder_live and holder_live.data_version.state > req.data_version.state:
             raise Conflict(
                 f"broker {req.broker_name!r} id {req.broker_id} is held by {holder} with "
@@ -246,21 +207,8 @@ class RouteTable:
 
     def _record_liveness(self, req: RegisterBroker, now: int) -> Liveness:
         """Step 5: alive now, with the broker's timeout, DataVersion and HA address."""
-        key = (req.cluster, req.broker_addr)
-        live = self._live.get(key)
-        if live is None:
-            live = self._live[key] = Liveness(
-                req.cluster, req.broker_addr, now, req.heartbeat_timeout_ms, req.data_version,
-                req.ha_addr,
-            )
-        else:
-            live.heard(now)
-            live.timeout_ms = req.heartbeat_timeout_ms
-            live.data_version = req.data_version
-            live.ha_addr = req.ha_addr
-        live.names.add(req.broker_name)
-        self._schedule(live)
-        return live
+        return self._live.record(req.cluster, req.broker_addr, now, req.heartbeat_timeout_ms,
+                                 req.data_version, req.ha_addr, req.broker_name)
 
     @staticmethod
     def _is_topic_source(rec: BrokerRecord, broker_id: int) -> bool:
@@ -285,7 +233,7 @@ class RouteTable:
         if broker_id == MASTER_ID or MASTER_ID not in rec.addrs:
             return "", ""
         master_addr = rec.addrs[MASTER_ID]
-        master_live = self._live.get((rec.addr_cluster[master_addr], master_addr))
+        master_live = self._live.get(rec.addr_cluster[master_addr], master_addr)
         return master_addr, master_live.ha_addr if master_live else ""
 
     def heartbeat(
@@ -293,11 +241,10 @@ class RouteTable:
     ) -> tuple[bool, bool]:
         """(known, changed) per §4; stores nothing but the time."""
         self.observe(now)
-        live = self._live.get((cluster, addr))
+        live = self._live.get(cluster, addr)
         known = live is not None and name in live.names
         if known:
-            live.heard(now)
-            self._schedule(live)
+            self._live.heard(live, now)
             return True, live.data_version != data_version
         return False, True
 
@@ -314,25 +261,13 @@ class RouteTable:
 
     def liveness(self, cluster: str, addr: str) -> Liveness | None:
         """What the table holds about a broker address's liveness (read it, never change it)."""
-        return self._live.get((cluster, addr))
+        return self._live.get(cluster, addr)
 
     # --- liveness (§8, §10) -----------------------------------------------
 
     def next_deadline(self) -> int | None:
         """The earliest liveness deadline; a broker expires once `now` is past it."""
-        heap = self._deadlines
-        while heap:
-            deadline, key = heap[0]
-            live = self._live.get(key)
-            if live is None or live.scheduled != deadline:
-                heapq.heappop(heap)  # gone, or superseded by an earlier entry
-            elif live.deadline > deadline:
-                # It heartbeated since: move its one entry now rather than on every heartbeat.
-                live.scheduled = live.deadline
-                heapq.heapreplace(heap, (live.scheduled, key))
-            else:
-                return deadline
-        return None
+        return self._live.next_deadline()
 
     def expire(self, now: int, work: int = EXPIRY_STEP_WORK) -> list[Event]:
         """One expiry step (§8): remove the addresses due at `now`, as one revision.
@@ -346,52 +281,26 @@ class RouteTable:
         self.observe(now)
         ch = _Changes()
         done = 0
-        while done < work and (deadline := self.next_deadline()) is not None and now > deadline:
-            _, key = heapq.heappop(self._deadlines)
-            live = self._live[key]
-            live.scheduled = None
+        while done < work and (live := self._live.pop_due(now)) is not None:
             reason = "expired" if now > live.own_deadline else "peer_expired"
             done += 1 + sum(len(self._broker_topics.get(n, ())) for n in live.names)
             self._drop_liveness(live, reason, ch)
         return self._commit(ch)
 
     def observe(self, now: int) -> None:
-        """Tell the table the time (drivers call it when they wake); see `suspect`."""
-        if now > self._latest_now:
-            self._latest_now = now
+        """Tell the table the time (every call that takes `now` does); see `suspect`."""
+        self._live.observe(now)
 
     def suspect(
         self, cluster: str, addr: str, grace_ms: int, now: int | None = None
     ) -> bool:
-        """A peer saw this broker leave at `now`: shorten its deadline (§10).
-
-        The deadline becomes the later of its last heartbeat + `grace_ms` and
-        `now` + a quarter of its own timeout, unless already sooner: a broker
-        that still reaches us beats at least four times per timeout, so it
-        beats before the suspicion can expire it. `now` None: the latest time
-        the table was given (`observe`), for drivers that do not pass it.
-        """
-        live = self._live.get((cluster, addr))
-        if live is None:
-            return False
-        if now is None:
-            now = self._latest_now
-        else:
-            self.observe(now)
-        deadline = max(live.silent_since + grace_ms, now + live.timeout_ms // 4)
-        if deadline >= live.deadline:
-            return False
-        live.suspect_deadline = deadline
-        self._schedule(live)
-        return True
+        """A peer saw this broker leave at `now`: shorten its deadline (§10; see
+        LivenessSchedule.suspect)."""
+        return self._live.suspect(cluster, addr, grace_ms, now)
 
     def shift_deadlines(self, stall_ms: int) -> None:
         """The process itself was stalled: give every broker that time back."""
-        for live in self._live.values():
-            live.stall_credit += stall_ms
-            if live.suspect_deadline is not None:
-                live.suspect_deadline += stall_ms
-        self._rebuild_deadlines()
+        self._live.shift(stall_ms)
 
     # --- admin ops (§6) ---------------------------------------------------
 
@@ -456,7 +365,8 @@ class RouteTable:
 
     def live_brokers(self, now: int) -> list[LiveBroker]:
         out = []
-        for (cluster, addr), live in sorted(self._live.items()):
+        for live in sorted(self._live, key=lambda live: (live.cluster, live.addr)):
+            cluster, addr = live.cluster, live.addr
             for name in sorted(live.names):
                 out.append(LiveBroker(
                     cluster=cluster,
@@ -517,7 +427,7 @@ class RouteTable:
 
     def names_of(self, cluster: str, addr: str) -> set[str]:
         """Broker names that list this address."""
-        live = self._live.get((cluster, addr))
+        live = self._live.get(cluster, addr)
         return live.names if live is not None else set()
 
     def entry_weight_after(self, req: RegisterBroker) -> int:
@@ -545,7 +455,7 @@ class RouteTable:
         """Whether `req`'s address already holds its id in its cluster with the same
         data_version: then step 4 only restores the listed topics the name lacks."""
         rec = self._brokers.get(req.broker_name)
-        live = self._live.get((req.cluster, req.broker_addr))
+        live = self._live.get(req.cluster, req.broker_addr)
         return (rec is not None and live is not None
                 and rec.addrs.get(req.broker_id) == req.broker_addr
                 and rec.addr_cluster.get(req.broker_addr) == req.cluster
@@ -663,11 +573,11 @@ class RouteTable:
         self._touch_broker(rec, ch, structural=True)
         ch.broker_events.append(self._broker_event(rec, broker_id, addr, cluster, "removed", reason))
         key = (cluster, addr)
-        live = self._live.get(key)
+        live = self._live.get(cluster, addr)
         if live is not None:
             live.names.discard(rec.name)
             if not live.names:
-                del self._live[key]
+                self._live.remove(cluster, addr)
                 if self._filter_servers.pop(key, None) is not None:
                     self._touch_broker(rec, ch)
         if cluster not in rec.addr_cluster.values():
@@ -690,7 +600,7 @@ class RouteTable:
         """Expiry: the address leaves every broker name that lists it."""
         for name in sorted(live.names):
             self._remove_addr(self._brokers[name], live.addr, reason, ch)
-        self._live.pop((live.cluster, live.addr), None)
+        self._live.remove(live.cluster, live.addr)
 
     def _touch_broker(self, rec: BrokerRecord, ch: _Changes, structural: bool = False) -> None:
         """Every route of this broker may have changed; `structural`: its BrokerData did."""
@@ -807,28 +717,6 @@ class RouteTable:
                 epoch=self.epoch, revision=revision, prev=prev, topic=topic, route=route
             ))
         return events
-
-    def _schedule(self, live: Liveness) -> None:
-        """Make sure the heap holds this broker's deadline, or an earlier entry for it.
-
-        A later deadline (a heartbeat) needs no heap work: `next_deadline` moves
-        the entry when it surfaces. Only a sooner one (a new broker, a hint, a
-        shorter timeout) is pushed.
-        """
-        deadline = live.deadline
-        if live.scheduled is not None and live.scheduled <= deadline:
-            return
-        live.scheduled = deadline
-        heapq.heappush(self._deadlines, (deadline, (live.cluster, live.addr)))
-        if len(self._deadlines) > 4 * len(self._live) + 64:
-            self._rebuild_deadlines()
-
-    def _rebuild_deadlines(self) -> None:
-        self._deadlines = []
-        for key, live in self._live.items():
-            live.scheduled = live.deadline
-            self._deadlines.append((live.scheduled, key))
-        heapq.heapify(self._deadlines)
 
 
 def name_weight(cluster: str, name: str, zone: str, addrs: Iterable[str]) -> int:
