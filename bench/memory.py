@@ -23,7 +23,7 @@ from bench.harness import (
 from bench.report import BenchResult, Figure, RunConfig, Target, cli
 from zns.core import schema
 from zns.core.limits import Limits
-from zns.core.routes import NAME_BYTES_PER_WEIGHT, name_weight
+from zns.core.weights import NAME_BYTES_PER_WEIGHT, name_weight
 from zns.core.service import NameService
 from zns.drivers.heap import TRIM_EVERY_MS
 from zns.drivers.kv_file import KvStore

@@ -52,26 +52,8 @@ class Limits:
                 if (not table.has_address(cluster, addr)
                         and table.address_count() >= self.max_brokers):
                     _refuse("max_brokers", self.max_brokers, f"broker address {addr} would be new")
-                # What the name's routes weigh once it is applied (RouteTable.queue_weight).
-                weight = table.queue_weight()
-                # The topics the name holds afterwards. A registration that does not
-                # replace them (a slave's, one with an unchanged data_version, an
-                # incremental one) keeps the held ones, each of which then carries its
-                # filter servers and address too: count them whatever the request lists.
-                # An incremental one, or one with an unchanged data_version (it restores
-                # the listed topics the name lacks), adds the listed topics not held.
-                held = table.broker_topic_count(name)
-                if request.incremental or table.holds_same_version(request):
-                    name_topics = held + sum(not table.broker_has_topic(name, topic)
-                                             for topic in topics)
-                else:
-                    name_topics = max(len(topics), held)
-                after = (weight - table.broker_weight(name)
-                         + name_topics * table.entry_weight_after(request))
-                # A shared address: the other names listing it show its new filter servers.
-                more = len(request.filter_servers) - table.filter_servers_of(cluster, addr)
-                for other in table.names_of(cluster, addr) - {name}:
-                    after += table.broker_topic_count(other) * max(0, more)
+                # What the routes weigh once it is applied, by the table's one formula.
+                weight, after = table.queue_weight(), table.queue_weight_after(request)
                 if after > weight and after > self.max_queues:
                     _refuse("max_queues", self.max_queues, f"{after - weight} {ENTRIES_COUNTED}")
                 count = table.topic_count()
@@ -82,13 +64,9 @@ class Limits:
             case RegisterTopic(topic=topic, queues=queues):
                 if not table.has_topic(topic) and table.topic_count() >= self.max_topics:
                     _refuse("max_topics", self.max_topics, f"topic {topic!r} would be new")
-                # Each name that gets its first queue data in the route adds one entry
-                # as heavy as that name's others; the rest only replace theirs.
-                grows = sum(1 + table.filter_server_count(name)
-                            for name in {q.broker_name for q in queues}
-                            if not table.broker_has_topic(name, topic))
-                if grows and table.queue_weight() + grows > self.max_queues:
-                    _refuse("max_queues", self.max_queues, f"{grows} {ENTRIES_COUNTED}")
+                weight, after = table.queue_weight(), table.queue_weight_after_topic(topic, queues)
+                if after > weight and after > self.max_queues:
+                    _refuse("max_queues", self.max_queues, f"{after - weight} {ENTRIES_COUNTED}")
             case GetRoutes(topics=topics):
                 self._per_request(len(topics), "get_routes asks for")
             case KvPut(namespace=ns, key=key, value=value):

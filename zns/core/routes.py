@@ -8,12 +8,13 @@ before anything is touched, so a failure leaves no trace (§2).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from zns.core.errors import BadRequest, Conflict
 from zns.core.liveness import LiveKey, Liveness, LivenessSchedule
+from zns.core.weights import NAME_BYTES_PER_WEIGHT, WeightLedger, entry_weight, name_weight
 from zns.core.schema import (
     MASTER_ID,
     PERM_READ,
@@ -38,11 +39,6 @@ T = TypeVar("T")
 # revision 0 and then rightly applies a creation event whose `prev` is 0 (it
 # carries the whole route). Either way no change is missed; at worst one extra pull.
 REMEMBERED_REMOVED_TOPICS = 10_000
-# A broker name's names and addresses are in every route of the name (in its QueueData
-# and BrokerData): each full NAME_BYTES_PER_WEIGHT of their UTF-8 bytes weighs one more
-# queue entry per topic, so 255-character names cannot make an entry hold ten times what
-# --max-queues assumes (see `name_weight`).
-NAME_BYTES_PER_WEIGHT = 128
 # One expiry step stops taking addresses once it has touched this many
 # (address, topic) pairs, so a partition is expired in slices between which the
 # loop serves requests (§8); the next step is due at once.
@@ -91,12 +87,8 @@ class RouteTable:
         self.revision = 0
         self._queues: dict[str, dict[str, QueueData]] = {}  # topic -> broker name -> queues
         self._broker_topics: dict[str, set[str]] = {}  # broker name -> topics (index)
-        self._queue_count = 0  # QueueData held, all topics: what memory grows with (zns.core.limits)
-        # Filter servers listed by the addresses of each broker name (absent: none). Every
-        # route of the name carries them, so each one weighs like a queue entry per topic.
-        self._fs_count: dict[str, int] = {}
-        # Sum over broker names of topics x (1 + filter servers + addresses past the first).
-        self._queue_weight = 0
+        # Queue entries and what the routes carry, in queue entries (zns.core.weights).
+        self._weights = WeightLedger()
         self._brokers: dict[str, BrokerRecord] = {}
         self._clusters: dict[str, set[str]] = {}
         self._live = LivenessSchedule()
@@ -411,42 +403,57 @@ class RouteTable:
         return topic in self._queues
 
     def queue_count(self) -> int:
-        return self._queue_count
+        """QueueData held, all topics: what memory grows with."""
+        return self._weights.count
 
     def queue_weight(self) -> int:
-        """Queue entries, each filter server and extra address a route carries counted as one more."""
-        return self._queue_weight
+        """Queue entries, each filter server, extra address and long name a route carries
+        counted as more (zns.core.weights)."""
+        return self._weights.weight
 
-    def broker_weight(self, name: str) -> int:
-        """This broker name's share of `queue_weight`."""
-        return len(self._broker_topics.get(name, ())) * (1 + self._fs_count.get(name, 0))
+    def queue_weight_after(self, req: RegisterBroker) -> int:
+        """`queue_weight` once `req` is applied, with the ledger's one formula.
 
-    def filter_server_count(self, name: str) -> int:
-        """Filter servers the addresses of this broker name list, plus its addresses past the first."""
-        return self._fs_count.get(name, 0)
+        Conservative: an address the request displaces is still counted, and a
+        registration that keeps the name's held topics (a slave's, an incremental
+        one, one with an unchanged data_version) is counted with them.
+        """
+        name, key = req.broker_name, (req.cluster, req.broker_addr)
+        held = self.broker_topic_count(name)
+        if not req.incremental and not self.holds_same_version(req):
+            topics = max(len(req.topics), held)
+        else:
+            topics = held + sum(not self.broker_has_topic(name, topic) for topic in req.topics)
+
+        def servers(of: LiveKey) -> int:
+            return len(req.filter_servers) if of == key else self.filter_servers_of(*of)
+
+        rec = self._brokers.get(name)
+        addrs = dict(rec.addr_cluster) if rec is not None else {}
+        addrs[req.broker_addr] = req.cluster
+        cluster = rec.cluster if rec is not None else req.cluster
+        ledger = self._weights
+        after = ledger.weight - ledger.of_name(name, held) + topics * entry_weight(
+            cluster, name, req.zone, addrs, servers)
+        # Other names listing the address show its new filter servers in their routes.
+        for other in self.names_of(*key) - {name}:
+            o = self._brokers[other]
+            after += self.broker_topic_count(other) * (
+                entry_weight(o.cluster, other, o.zone, o.addr_cluster, servers)
+                - ledger.entry(other))
+        return after
+
+    def queue_weight_after_topic(self, topic: str, queues: list[QueueData]) -> int:
+        """`queue_weight` once register_topic(topic, queues) is applied: each name that gets
+        its first queue data in the route adds one entry as heavy as its others."""
+        names = {q.broker_name for q in queues}
+        return self._weights.weight + sum(self._weights.entry(name) for name in names
+                                          if not self.broker_has_topic(name, topic))
 
     def names_of(self, cluster: str, addr: str) -> set[str]:
         """Broker names that list this address."""
         live = self._live.get(cluster, addr)
         return live.names if live is not None else set()
-
-    def entry_weight_after(self, req: RegisterBroker) -> int:
-        """What one route entry of `req.broker_name` would weigh once `req` is applied.
-
-        As `_count_filter_servers` counts it, with the request's address added (an
-        address it displaces is still counted: conservative), its zone, and its filter
-        servers in place of what the address listed before.
-        """
-        rec = self._brokers.get(req.broker_name)
-        addrs = dict(rec.addr_cluster) if rec is not None else {}
-        addrs[req.broker_addr] = req.cluster
-        key = (req.cluster, req.broker_addr)
-
-        def servers(of: LiveKey) -> int:
-            return len(req.filter_servers) if of == key else self.filter_servers_of(*of)
-
-        return 1 + _extra_weight(rec.cluster if rec is not None else req.cluster,
-                                 req.broker_name, req.zone, addrs, servers)
 
     def filter_servers_of(self, cluster: str, addr: str) -> int:
         return len(self._filter_servers.get((cluster, addr), ()))
@@ -496,8 +503,7 @@ class RouteTable:
         old = by_broker.get(name)
         if old != queue:
             if old is None:
-                self._queue_count += 1
-                self._queue_weight += 1 + self._fs_count.get(name, 0)
+                self._weights.added(name)
                 ch.reshaped.add(topic)
             else:
                 self._release(old)
@@ -509,8 +515,7 @@ class RouteTable:
     def _remove_queue(self, topic: str, name: str, ch: _Changes) -> None:
         by_broker = self._queues[topic]
         self._release(by_broker.pop(name))
-        self._queue_count -= 1
-        self._queue_weight -= 1 + self._fs_count.get(name, 0)
+        self._weights.removed(name)
         if not by_broker:
             del self._queues[topic]
         self._broker_topics[name].discard(topic)
@@ -532,27 +537,16 @@ class RouteTable:
         if entry[1] == 0:
             del self._queue_values[queue]
 
-    def _count_filter_servers(self, name: str) -> None:
-        """Recount what one broker name adds to each of its routes beyond one queue entry.
-
-        Every route of the name lists each of its addresses and their filter servers, and
-        repeats its names: all count, the filter servers and every address past the first
-        as one entry each, long names by their bytes (`name_weight`). That makes
-        `queue_weight` (and so --max-queues) bound what the routes hold, whatever the
-        shape of the registrations.
-        """
+    def _reweigh(self, name: str) -> None:
+        """Recount what one route entry of this broker name weighs (zns.core.weights): its
+        addresses, names and filter servers are in every route of the name, so --max-queues
+        bounds what the routes hold whatever the shape of the registrations."""
         rec = self._brokers.get(name)
-        count = 0
+        entry = 1
         if rec is not None and rec.addr_cluster:
-            count = _extra_weight(rec.cluster, name, rec.zone, rec.addr_cluster,
-                                  lambda key: self.filter_servers_of(*key))
-        old = self._fs_count.get(name, 0)
-        if count != old:
-            self._queue_weight += len(self._broker_topics.get(name, ())) * (count - old)
-            if count:
-                self._fs_count[name] = count
-            else:
-                del self._fs_count[name]
+            entry = entry_weight(rec.cluster, name, rec.zone, rec.addr_cluster,
+                                 lambda key: self.filter_servers_of(*key))
+        self._weights.reweigh(name, entry, len(self._broker_topics.get(name, ())))
 
     def _change_perm(self, name: str, new_perm) -> tuple[int, list[Event]]:
         ch = _Changes()
@@ -588,7 +582,7 @@ class RouteTable:
             if rec.cluster == cluster and rec.addr_cluster:
                 # BrokerData.cluster must name a cluster that still lists this broker.
                 rec.cluster = min(rec.addr_cluster.values())
-                self._count_filter_servers(rec.name)  # its name weight changed with it
+                self._reweigh(rec.name)  # its name weight changed with it
             ch.structural = True
         if not rec.addrs:
             for topic in list(self._broker_topics[rec.name]):
@@ -608,7 +602,7 @@ class RouteTable:
             self._broker_data.pop(rec.name, None)
             ch.stale_brokers.add(rec.name)
             ch.structural = True
-        self._count_filter_servers(rec.name)
+        self._reweigh(rec.name)
         ch.topics.update(self._broker_topics.get(rec.name, ()))
 
     def _broker_event(
@@ -663,7 +657,7 @@ class RouteTable:
     def _filter_servers_of_route(self, queues: list[QueueData]) -> dict[str, list[str]]:
         """The filter servers a route of these brokers lists, by broker address."""
         filter_servers: dict[str, list[str]] = {}
-        fs_names = self._fs_count  # names with filter servers (or other extra weight)
+        fs_names = self._weights.extra  # names with filter servers (or other extra weight)
         if not fs_names:
             return filter_servers
         if len(fs_names) < len(queues):
@@ -717,26 +711,6 @@ class RouteTable:
                 epoch=self.epoch, revision=revision, prev=prev, topic=topic, route=route
             ))
         return events
-
-
-def name_weight(cluster: str, name: str, zone: str, addrs: Iterable[str]) -> int:
-    """The extra queue entries one route entry of this broker name weighs for its names.
-
-    The broker name is in the QueueData and the BrokerData of every route of the name,
-    the cluster, zone and addresses in the BrokerData. Short names weigh nothing extra
-    (a route entry of a typical broker is about 150 bytes encoded); the longest the wire
-    allows (255 characters, up to 4 bytes each) weigh 33 entries more with one address.
-    """
-    size = len(cluster.encode()) + 2 * len(name.encode()) + len(zone.encode())
-    size += sum(len(addr) for addr in addrs)  # addresses are ASCII (§3)
-    return size // NAME_BYTES_PER_WEIGHT
-
-
-def _extra_weight(cluster: str, name: str, zone: str, addr_cluster: dict[str, str],
-                  servers: Callable[[LiveKey], int]) -> int:
-    """A route entry's weight beyond one: addresses past the first, names, filter servers."""
-    weight = len(addr_cluster) - 1 + name_weight(cluster, name, zone, addr_cluster)
-    return weight + sum(servers((c, addr)) for addr, c in addr_cluster.items())
 
 
 class _SharedLists:
