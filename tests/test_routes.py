@@ -8,7 +8,7 @@ departs from RocketMQ.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import pytest
 
@@ -37,8 +37,10 @@ V2 = DataVersion(state=0, timestamp=200, counter=2)
 
 
 @pytest.fixture
-def table() -> RouteTable:
-    return RouteTable(EPOCH)
+def table() -> Iterator[RouteTable]:
+    table = RouteTable(EPOCH)
+    yield table
+    table.check_invariants()  # whatever a test did, the table still keeps its own rules
 
 
 def req(
@@ -997,3 +999,23 @@ def test_broker_data_cluster_names_a_cluster_that_lists_the_broker(table):
     table.unregister_broker("c2", "broker-a", MASTER)
     assert table.cluster_table() == {"c3": ["broker-a"]}
     assert table.broker_table()["broker-a"].cluster == "c3"
+
+
+@pytest.mark.parametrize("corrupt, rule", [
+    (lambda t: setattr(t._weights, "weight", t._weights.weight + 1), "weight ledger"),
+    (lambda t: setattr(t._weights, "count", t._weights.count - 1), "queue entry count"),
+    (lambda t: t._broker_topics["broker-a"].add("Ghost"), "stale index"),
+    (lambda t: t._live._deadlines.clear(), "no heap entry"),
+    (lambda t: t.liveness("c1", MASTER).names.add("broker-z"), "do not list them"),
+    (lambda t: t._order_conf.__setitem__("TopicA", "broker-a:4"), "differs from its records"),
+    (lambda t: t._revisions._topic_revision.pop("TopicA"), "a route without a revision"),
+    (lambda t: t._broker_data.__setitem__("broker-a", BrokerData(
+        cluster="c9", broker_name="broker-a", addrs={})), "stale BrokerData"),
+])
+def test_check_invariants_names_the_rule_a_corrupted_table_breaks(corrupt, rule):
+    table = RouteTable(EPOCH)
+    register(table, topics=("TopicA", "TopicB"), filter_servers=["10.9.0.1:1"])
+    table.check_invariants()
+    corrupt(table)
+    with pytest.raises(AssertionError, match=rule):
+        table.check_invariants()

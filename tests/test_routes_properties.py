@@ -21,7 +21,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from conftest import examples
 
 from zns.core.errors import BadRequest, Conflict
-from zns.core.routes import RouteTable, name_weight
+from zns.core.routes import RouteTable
+from zns.core.weights import name_weight
 from zns.core.schema import (
     MASTER_ID,
     PERM_READ,
@@ -74,24 +75,10 @@ def snapshot_part(table: RouteTable) -> bytes:
         sorted(table.routes().items()), table.broker_table(), table.cluster_table()])
 
 
-def expected_route(table: RouteTable, topic: str) -> TopicRoute | None:
-    """The route of §3 computed from the raw tables, independently of the route cache."""
-    by_broker = table._queues.get(topic)
-    if not by_broker:
-        return None
-    names = sorted(by_broker)
-    brokers = []
-    filter_servers = {}
-    for name in names:
-        rec = table._brokers[name]
-        brokers.append(BrokerData(cluster=rec.cluster, broker_name=name,
-                                  addrs=dict(sorted(rec.addrs.items())), zone=rec.zone))
-        for addr in rec.addrs.values():
-            servers = table._filter_servers.get((rec.addr_cluster[addr], addr))
-            if servers:
-                filter_servers[addr] = list(servers)
-    return TopicRoute(topic=topic, queues=[by_broker[n] for n in names], brokers=brokers,
-                      filter_servers=filter_servers, order_conf=table._order_conf.get(topic, ""))
+def deadlines(table: RouteTable) -> dict[tuple[str, str], int]:
+    """Each live address's deadline, read through the table's public API."""
+    keys = {(live.cluster, live.broker_addr) for live in table.live_brokers(0)}
+    return {key: table.liveness(*key).deadline for key in keys}
 
 
 class Model:
@@ -342,9 +329,8 @@ class RouteTableMachine(RuleBasedStateMachine):
             return
         assert not conflict
         self.model.register(request, self.now)
-        rec = self.table._brokers[name]
-        assert rec.addrs[broker_id] == addr
-        live = self.table._live[(cluster, addr)]
+        assert self.table.broker_table()[name].addrs[broker_id] == addr
+        live = self.table.liveness(cluster, addr)
         assert (live.last_heartbeat, live.timeout_ms, live.data_version) == (
             self.now, timeout, version)
         assert self.table.heartbeat(cluster, name, addr, version, self.now) == (True, False)
@@ -355,7 +341,7 @@ class RouteTableMachine(RuleBasedStateMachine):
         revision = self.table.revision
         known, changed = self.table.heartbeat(cluster, name, addr, version, self.now)
         assert known == self.model.heard(cluster, name, addr, self.now)
-        live = self.table._live.get((cluster, addr))
+        live = self.table.liveness(cluster, addr)
         assert known == (live is not None and name in live.names)
         assert changed == (not known or live.data_version != version)
         if known:
@@ -364,15 +350,15 @@ class RouteTableMachine(RuleBasedStateMachine):
 
     @rule(cluster=clusters, name=names, addr=addrs)
     def unregister(self, cluster, name, addr):
-        rec = self.table._brokers.get(name)
-        listed = rec is not None and rec.addr_cluster.get(addr) == cluster
+        listed = any((live.cluster, live.broker_addr, live.broker_name) == (cluster, addr, name)
+                     for live in self.table.live_brokers(self.now))
         removed, _ = self.step(lambda: self.table.unregister_broker(cluster, name, addr))
         assert removed == listed
         if self.model.addrs.get(name, {}).get(addr, (None,))[0] == cluster:
             self.model.remove_addr(name, addr)
         if removed:
-            rec = self.table._brokers.get(name)
-            assert rec is None or addr not in rec.addrs.values()
+            data = self.table.broker_table().get(name)
+            assert data is None or addr not in data.addrs.values()
 
     @rule(ms=st.sampled_from([0, 1, 499, 1_000, 3_000, 6_000]))
     def advance_and_expire(self, ms):
@@ -397,7 +383,7 @@ class RouteTableMachine(RuleBasedStateMachine):
 
     @rule(topic=topics, queues=st.lists(queue_datas, max_size=3))
     def register_topic(self, topic, queues):
-        unknown = {q.broker_name for q in queues} - self.table._brokers.keys()
+        unknown = {q.broker_name for q in queues} - self.table.broker_table().keys()
         refused = self.refused(lambda: self.table.register_topic(topic, queues), BadRequest)
         assert refused == bool(unknown)
         if not refused:
@@ -413,7 +399,7 @@ class RouteTableMachine(RuleBasedStateMachine):
 
     @rule(cluster=clusters, addr=addrs, grace=st.sampled_from([0, 500, 3_000]))
     def suspect(self, cluster, addr, grace):
-        live = self.table._live.get((cluster, addr))
+        live = self.table.liveness(cluster, addr)
         old_deadline = live.deadline if live else None
         shortened = self.table.suspect(cluster, addr, grace, now=self.now)
         self.model.suspect(cluster, addr, grace, self.now)
@@ -426,11 +412,10 @@ class RouteTableMachine(RuleBasedStateMachine):
 
     @rule(stall=st.sampled_from([1, 2_000, 10_000]))
     def stall(self, stall):
-        deadlines = {k: live.deadline for k, live in self.table._live.items()}
+        before = deadlines(self.table)
         self.table.shift_deadlines(stall)
         self.model.stall(stall)
-        assert {k: live.deadline for k, live in self.table._live.items()} == {
-            k: d + stall for k, d in deadlines.items()}
+        assert deadlines(self.table) == {k: d + stall for k, d in before.items()}
         self.now += stall
 
     # --- invariants ---------------------------------------------------------------
@@ -441,76 +426,43 @@ class RouteTableMachine(RuleBasedStateMachine):
         assert t.broker_table() == m.broker_table()
         assert t.cluster_table() == m.cluster_table()
         assert t.routes() == m.routes()
-        assert {key: live.deadline for key, live in t._live.items()} == m.deadlines()
+        assert deadlines(t) == m.deadlines()
         assert t.next_deadline() == min(m.deadlines().values(), default=None)
 
     @invariant()
-    def queue_data_names_existing_brokers(self):
-        t = self.table
-        for topic, by_broker in t._queues.items():
-            assert by_broker, f"{topic} kept with no queue data"
-            for name, queue in by_broker.items():
-                assert name in t._brokers and queue.broker_name == name
-                assert topic in t._broker_topics[name]
-        for name, indexed in t._broker_topics.items():
-            assert all(name in t._queues[topic] for topic in indexed)
-        assert t._broker_topics.keys() == t._brokers.keys()
+    def the_table_keeps_its_own_rules(self):
+        # The topic index, the weight ledger (recomputed from what each name's routes
+        # list), interning, cluster and broker tables, liveness, the heap, every route.
+        self.table.check_invariants()
 
     @invariant()
     def queue_weight_is_what_the_routes_carry(self):
-        # Kept incrementally; recomputed here from what each broker name's routes list.
+        # Recomputed from the routes a client reads, independently of zns.core.weights:
+        # each entry weighs one, plus its name's addresses past the first, filter servers
+        # and names by their bytes.
         t = self.table
+        brokers, routes = t.broker_table(), t.routes().values()
+        clusters = {(live.broker_name, live.broker_addr): live.cluster
+                    for live in t.live_brokers(self.now)}
         expected = 0
-        for name, rec in t._brokers.items():
-            extra = len(rec.addrs) - 1 + name_weight(rec.cluster, name, rec.zone, rec.addr_cluster)
-            extra += sum(len(t._filter_servers.get((c, a), ())) for a, c in rec.addr_cluster.items())
-            expected += len(t._broker_topics[name]) * (1 + extra)
+        for route in routes:
+            for data in route.brokers:
+                # A route lists filter servers by address alone; they are kept per
+                # (cluster, address), and only the name's own address cluster counts.
+                servers = sum(t.filter_servers_of(clusters[data.broker_name, a], a)
+                              for a in data.addrs.values())
+                expected += len(data.addrs) + servers + name_weight(
+                    data.cluster, data.broker_name, data.zone, data.addrs.values())
+                assert brokers[data.broker_name] == data
         assert t.queue_weight() == expected
-        assert t.queue_count() == sum(len(by_broker) for by_broker in t._queues.values())
+        assert t.queue_count() == sum(len(route.queues) for route in routes)
 
     @invariant()
     def cluster_and_broker_tables_agree(self):
-        t = self.table
-        clusters = t.cluster_table()
-        brokers = t.broker_table()
-        in_clusters = {n for members in clusters.values() for n in members}
-        assert in_clusters == set(brokers)
-        assert all(members for members in clusters.values()), "empty cluster kept"
-        for name, rec in t._brokers.items():
-            assert rec.addrs, f"{name} kept with no address"
-            assert set(rec.addr_cluster) == set(rec.addrs.values())
-            member_of = {c for c, members in clusters.items() if name in members}
-            assert member_of == set(rec.addr_cluster.values())
-            assert brokers[name].cluster in member_of, "BrokerData.cluster does not list it"
-
-    @invariant()
-    def every_listed_address_is_live(self):
-        t = self.table
-        listed = set()
-        for name, rec in t._brokers.items():
-            for addr in rec.addrs.values():
-                live = t._live.get((rec.addr_cluster[addr], addr))
-                assert live is not None and name in live.names, f"{addr} of {name} not live"
-                listed.add((rec.addr_cluster[addr], addr, name))
-        assert {(c, a, n) for (c, a), live in t._live.items() for n in live.names} == listed
-        assert set(t._filter_servers) <= set(t._live)
-        expected = min((live.deadline for live in t._live.values()), default=None)
-        assert t.next_deadline() == expected
-
-    @invariant()
-    def routes_are_well_formed_and_current(self):
-        t = self.table
-        routes = t.routes()
-        for topic, route in routes.items():
-            queue_names = [q.broker_name for q in route.queues]
-            assert queue_names == sorted(set(queue_names))
-            assert [b.broker_name for b in route.brokers] == queue_names
-            addrs = {a for b in route.brokers for a in b.addrs.values()}
-            assert set(route.filter_servers) <= addrs
-        assert routes == {
-            topic: route for topic in t._queues
-            if (route := expected_route(t, topic)) is not None
-        }
+        clusters, brokers = self.table.cluster_table(), self.table.broker_table()
+        assert {n for members in clusters.values() for n in members} == set(brokers)
+        for name, data in brokers.items():
+            assert name in clusters[data.cluster], "BrokerData.cluster does not list it"
 
     @invariant()
     def replaying_events_reproduces_routes(self):

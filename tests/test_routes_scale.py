@@ -12,11 +12,13 @@ import time
 import msgspec
 import pytest
 
+from zns.core import revisions as revisions_module
 from zns.core import routes as routes_module
 from zns.core.errors import NoPermission
 from zns.core.limits import Limits
 from zns.core.peer_link import AskStatus, PeerLink, Subscribe, hint_from_event
-from zns.core.routes import REMEMBERED_REMOVED_TOPICS, RouteTable
+from zns.core.revisions import REMEMBERED_REMOVED_TOPICS
+from zns.core.routes import RouteTable
 from zns.core.schema import (
     BrokerEvent,
     DataVersion,
@@ -145,7 +147,7 @@ def test_a_restart_storm_sorts_the_broker_names_once_per_registration(monkeypatc
             long_sorts.append(len(result))
         return result
 
-    monkeypatch.setattr(routes_module, "sorted", counting_sorted, raising=False)
+    monkeypatch.setattr(revisions_module, "sorted", counting_sorted, raising=False)
     register(table, 60, shared)
     assert long_sorts == [61]
 
@@ -160,8 +162,9 @@ def test_removed_topics_revisions_are_forgotten_beyond_a_bound():
     for t in range(churn):
         table.register_topic(f"T{t}", [QueueData("b0", 1, 1, 6, 0)])
         table.delete_topic(f"T{t}")
-    assert len(table._topic_revision) == 0
-    assert len(table._removed_revision) == REMEMBERED_REMOVED_TOPICS
+    held = table.held()
+    assert (held["topic_revisions"], held["removed_topic_revisions"]) == (
+        0, REMEMBERED_REMOVED_TOPICS)
     assert table.topic_revision("T0") == 0  # forgotten: "the server does not know" (§7)
     assert table.topic_revision(f"T{churn - 1}") == table.revision  # recent: remembered
 
@@ -193,7 +196,7 @@ def test_interned_queue_data_leaves_with_its_last_use():
     for read in range(1, 200):  # configuration churn
         register(table, 0, {t: TopicConfig(read_queues=read) for t in topics},
                  data_version={"state": read})
-    assert len(table._queue_values) == 1
+    assert table.held()["queue_values"] == 1
 
 
 # --- item 2: filter servers count against max_queues ---------------------------------------

@@ -44,6 +44,11 @@ SCORES = ROOT / "docs" / "mutation-scores.md"
 MODULES: dict[str, list[str]] = {
     "routes": ["tests/test_routes.py", "tests/test_routes_properties.py", "tests/test_routes_scale.py",
                "tests/test_limits.py"],
+    # routes.py's seams (issue 20): each runs with the route table's tests.
+    "liveness": ["tests/test_routes.py", "tests/test_routes_properties.py", "tests/test_routes_scale.py",
+                 "tests/test_service.py"],
+    "weights": ["tests/test_routes.py", "tests/test_routes_properties.py", "tests/test_limits.py"],
+    "revisions": ["tests/test_routes.py", "tests/test_routes_properties.py", "tests/test_routes_scale.py"],
     "service": ["tests/test_service.py", "tests/test_limits.py", "tests/test_kv_service.py",
                 "tests/test_remoting_service.py"],
     "route_cache": ["tests/test_route_cache.py", "tests/test_client.py", "tests/test_client_session.py",

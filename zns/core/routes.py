@@ -8,13 +8,12 @@ before anything is touched, so a failure leaves no trace (§2).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from zns.core.errors import BadRequest, Conflict
 from zns.core.liveness import LiveKey, Liveness, LivenessSchedule
-from zns.core.weights import NAME_BYTES_PER_WEIGHT, WeightLedger, entry_weight, name_weight
+from zns.core.revisions import Changes, RouteRevisions, SharedLists
+from zns.core.weights import WeightLedger, entry_weight
 from zns.core.schema import (
     MASTER_ID,
     PERM_READ,
@@ -30,15 +29,7 @@ from zns.core.schema import (
 )
 
 Event = RouteEvent | BrokerEvent
-T = TypeVar("T")
 
-# Removed topics whose last revision is still remembered (the oldest is forgotten
-# first). Forgetting is safe for the §7 recipe: a client that remembered a removed
-# topic's revision R sees the topic's next creation with `prev` 0 != R and pulls
-# again; a client that asks after the revision was forgotten gets `not_found` with
-# revision 0 and then rightly applies a creation event whose `prev` is 0 (it
-# carries the whole route). Either way no change is missed; at worst one extra pull.
-REMEMBERED_REMOVED_TOPICS = 10_000
 # One expiry step stops taking addresses once it has touched this many
 # (address, topic) pairs, so a partition is expired in slices between which the
 # loop serves requests (§8); the next step is due at once.
@@ -67,24 +58,10 @@ class RegisterOutcome:
     events: list[Event]
 
 
-class _Changes:
-    """What one request or expiry step touched; turned into events by `_commit`."""
-
-    def __init__(self) -> None:
-        self.topics: set[str] = set()
-        self.broker_events: list[BrokerEvent] = []
-        self.structural = False  # brokers or clusters changed (visible in snapshot)
-        self.stale_brokers: set[str] = set()  # broker names whose BrokerData must be rebuilt
-        # topic -> broker names whose queue data was set or removed (see _SharedLists), and
-        # the topics where a name joined or left (their broker list changes shape).
-        self.edited: dict[str, set[str]] = {}
-        self.reshaped: set[str] = set()
-
-
 class RouteTable:
     def __init__(self, epoch: str) -> None:
         self.epoch = epoch
-        self.revision = 0
+        self._revisions = RouteRevisions(epoch)
         self._queues: dict[str, dict[str, QueueData]] = {}  # topic -> broker name -> queues
         self._broker_topics: dict[str, set[str]] = {}  # broker name -> topics (index)
         # Queue entries and what the routes carry, in queue entries (zns.core.weights).
@@ -94,10 +71,6 @@ class RouteTable:
         self._live = LivenessSchedule()
         self._filter_servers: dict[LiveKey, list[str]] = {}
         self._order_conf: dict[str, str] = {}
-        self._routes: dict[str, TopicRoute] = {}  # what get_route answers, per topic
-        self._topic_revision: dict[str, int] = {}  # last change of each topic with a route
-        # The last revision of recently removed topics, oldest first (bounded: see above).
-        self._removed_revision: dict[str, int] = {}
         self._broker_data: dict[str, BrokerData] = {}  # shared by every route of a broker
         # Interned QueueData -> [the shared object, how many queue entries use it]: a
         # broker's topics mostly share one configuration. Counted, so a value leaves
@@ -110,7 +83,7 @@ class RouteTable:
         """§4 `register_broker`, all-or-nothing: the one refusal is checked before any change."""
         self.observe(now)
         self._refuse_conflict(req)
-        ch = _Changes()
+        ch = Changes()
         key = (req.cluster, req.broker_addr)
         before = self._live.get(*key)  # what the table held of this address before the request
         same_version = self.holds_same_version(req)
@@ -145,7 +118,7 @@ class RouteTable:
                 f"{req.data_version.state}"
             )
 
-    def _join_cluster(self, req: RegisterBroker, ch: _Changes) -> BrokerRecord:
+    def _join_cluster(self, req: RegisterBroker, ch: Changes) -> BrokerRecord:
         """Step 1: the broker name's record, created if absent; its zone is overwritten."""
         rec = self._brokers.get(req.broker_name)
         if rec is None:
@@ -158,7 +131,7 @@ class RouteTable:
             self._touch_broker(rec, ch, structural=True)
         return rec
 
-    def _move_address(self, rec: BrokerRecord, req: RegisterBroker, ch: _Changes) -> int | None:
+    def _move_address(self, rec: BrokerRecord, req: RegisterBroker, ch: Changes) -> int | None:
         """Steps 2 and 3: free the id and the address; returns the id the address had (None: new)."""
         name, cluster, addr, broker_id = req.broker_name, req.cluster, req.broker_addr, req.broker_id
         # Step 2: the same address under another id (a promotion or demotion).
@@ -179,7 +152,7 @@ class RouteTable:
         return old_id
 
     def _record_address(self, rec: BrokerRecord, req: RegisterBroker, old_id: int | None,
-                        before: Liveness | None, ch: _Changes) -> None:
+                        before: Liveness | None, ch: Changes) -> None:
         """The address takes its id in its cluster; `registered` or `updated` when that is news."""
         name, cluster, addr, broker_id = req.broker_name, req.cluster, req.broker_addr, req.broker_id
         rec.addrs[broker_id] = addr
@@ -208,7 +181,7 @@ class RouteTable:
         return broker_id == MASTER_ID or (MASTER_ID not in rec.addrs and broker_id == min(rec.addrs))
 
     def _set_filter_servers(self, key: LiveKey, servers: list[str], live: Liveness,
-                            ch: _Changes) -> None:
+                            ch: Changes) -> None:
         """Step 6: the address's filter servers are replaced (an empty list removes them)."""
         if self._filter_servers.get(key, []) == servers:
             return
@@ -247,7 +220,7 @@ class RouteTable:
         rec = self._brokers.get(name)
         if rec is None or rec.addr_cluster.get(addr) != cluster:
             return False, []
-        ch = _Changes()
+        ch = Changes()
         self._remove_addr(rec, addr, reason, ch)
         return True, self._commit(ch)
 
@@ -271,7 +244,7 @@ class RouteTable:
         step once it has served what waits. The decision is re-checked here.
         """
         self.observe(now)
-        ch = _Changes()
+        ch = Changes()
         done = 0
         while done < work and (live := self._live.pop_due(now)) is not None:
             reason = "expired" if now > live.own_deadline else "peer_expired"
@@ -310,7 +283,7 @@ class RouteTable:
             names = list(by_broker)
         if not names:
             return False, []
-        ch = _Changes()
+        ch = Changes()
         for name in names:
             self._remove_queue(topic, name, ch)
         return True, self._commit(ch)
@@ -319,7 +292,7 @@ class RouteTable:
         unknown = sorted({q.broker_name for q in queues} - self._brokers.keys())
         if unknown:
             raise BadRequest(f"unknown broker name(s) {', '.join(unknown)} - at `$.queues`")
-        ch = _Changes()
+        ch = Changes()
         for q in queues:
             self._set_queue(topic, q, ch)
         return self._commit(ch)
@@ -330,24 +303,26 @@ class RouteTable:
             self._order_conf.pop(topic, None)
         else:
             self._order_conf[topic] = value
-        ch = _Changes()
+        ch = Changes()
         ch.topics.add(topic)
         return self._commit(ch)
 
     # --- queries (§5) -----------------------------------------------------
 
+    @property
+    def revision(self) -> int:
+        """The revision of the table's last change (§7)."""
+        return self._revisions.revision
+
     def route(self, topic: str) -> TopicRoute | None:
-        return self._routes.get(topic)
+        return self._revisions.route(topic)
 
     def topic_revision(self, topic: str) -> int:
         """The revision of the topic's last change; 0 when unknown or forgotten (§7)."""
-        revision = self._topic_revision.get(topic)
-        if revision is None:
-            return self._removed_revision.get(topic, 0)
-        return revision
+        return self._revisions.topic_revision(topic)
 
     def routes(self) -> dict[str, TopicRoute]:
-        return self._routes
+        return self._revisions.routes()
 
     def broker_table(self) -> dict[str, BrokerData]:
         return {name: self._get_broker_data(name) for name in sorted(self._brokers)}
@@ -382,6 +357,87 @@ class RouteTable:
             out.append(topic)
         out.sort()
         return out
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the first rule the table's records break.
+
+        Everything kept incrementally is recomputed from the records it derives from:
+        the topic index, the weight ledger, the interned queue values, the cached
+        BrokerData and every route. Tests call it after each step; it costs a full
+        pass over the table.
+        """
+        self._live.check_invariants()
+        self._revisions.check_invariants()
+        queues, brokers = self._queues, self._brokers
+        for topic, by_broker in queues.items():
+            assert by_broker, f"{topic} kept with no queue data"
+            for name, queue in by_broker.items():
+                assert name in brokers and queue.broker_name == name, f"{topic}: {name}"
+                assert topic in self._broker_topics[name], f"{topic} not indexed under {name}"
+        assert self._broker_topics.keys() == brokers.keys(), "topic index and brokers differ"
+        for name, indexed in self._broker_topics.items():
+            assert all(name in queues.get(topic, ()) for topic in indexed), f"{name}: stale index"
+        uses: dict[QueueData, int] = {}
+        for by_broker in queues.values():
+            for queue in by_broker.values():
+                uses[queue] = uses.get(queue, 0) + 1
+                assert self._queue_values[queue][0] is queue, "a queue value not interned"
+        assert {q: n for q, (_, n) in self._queue_values.items()} == uses, "interning counts"
+        weight, extra = 0, {}
+        for name, rec in brokers.items():
+            entry = entry_weight(rec.cluster, name, rec.zone, rec.addr_cluster,
+                                 lambda key: self.filter_servers_of(*key))
+            weight += len(self._broker_topics[name]) * entry
+            if entry > 1:
+                extra[name] = entry - 1
+        assert (self._weights.weight, self._weights.extra) == (weight, extra), "weight ledger"
+        assert self._weights.count == sum(map(len, queues.values())), "queue entry count"
+        listed = set()
+        for name, rec in brokers.items():
+            assert rec.addrs, f"{name} kept with no address"
+            assert set(rec.addr_cluster) == set(rec.addrs.values()), f"{name}: address clusters"
+            member_of = {c for c, members in self._clusters.items() if name in members}
+            assert member_of == set(rec.addr_cluster.values()), f"{name}: cluster membership"
+            assert rec.cluster in member_of, f"{name}: BrokerData.cluster does not list it"
+            for addr in rec.addrs.values():
+                live = self._live.get(rec.addr_cluster[addr], addr)
+                assert live is not None and name in live.names, f"{addr} of {name} not live"
+                listed.add((rec.addr_cluster[addr], addr, name))
+        assert {(live.cluster, live.addr, n) for live in self._live for n in live.names} == (
+            listed), "live addresses list names that do not list them"
+        assert all(members for members in self._clusters.values()), "empty cluster kept"
+        assert all(key in self._live for key in self._filter_servers), "filter servers of no address"
+        for name, data in self._broker_data.items():
+            rec = brokers[name]
+            assert data == BrokerData(cluster=rec.cluster, broker_name=name,
+                                      addrs=dict(sorted(rec.addrs.items())), zone=rec.zone), (
+                f"{name}: stale BrokerData")
+        expected = {topic: self._fresh_route(topic) for topic in queues}
+        assert self._revisions.routes() == expected, "a route differs from its records"
+
+    def _fresh_route(self, topic: str) -> TopicRoute:
+        """The topic's route built from the records alone, as §3 defines it (no sharing)."""
+        by_broker = self._queues[topic]
+        names = sorted(by_broker)
+        brokers, filter_servers = [], {}
+        for name in names:
+            rec = self._brokers[name]
+            brokers.append(BrokerData(cluster=rec.cluster, broker_name=name,
+                                      addrs=dict(sorted(rec.addrs.items())), zone=rec.zone))
+            for addr in rec.addrs.values():
+                servers = self._filter_servers.get((rec.addr_cluster[addr], addr))
+                if servers:
+                    filter_servers[addr] = list(servers)
+        return TopicRoute(topic=topic, queues=[by_broker[n] for n in names], brokers=brokers,
+                          filter_servers=filter_servers, order_conf=self._order_conf.get(topic, ""))
+
+    def held(self) -> dict[str, int]:
+        """How many of each kind of record the table holds (diagnostics and tests)."""
+        topics, removed = self._revisions.remembered()
+        return {"brokers": len(self._brokers), "addresses": len(self._live),
+                "topics": len(self._queues), "queue_entries": self._weights.count,
+                "queue_values": len(self._queue_values), "broker_data": len(self._broker_data),
+                "topic_revisions": topics, "removed_topic_revisions": removed}
 
     def broker_count(self) -> int:
         return len(self._brokers)
@@ -477,7 +533,7 @@ class RouteTable:
 
     # --- internals ----------------------------------------------------------
 
-    def _apply_topics(self, name: str, req: RegisterBroker, ch: _Changes) -> None:
+    def _apply_topics(self, name: str, req: RegisterBroker, ch: Changes) -> None:
         if not req.incremental:
             for topic in self._broker_topics[name] - req.topics.keys():
                 self._remove_queue(topic, name, ch)
@@ -485,7 +541,7 @@ class RouteTable:
             queue = QueueData(name, cfg.read_queues, cfg.write_queues, cfg.perm, cfg.sys_flag)
             self._set_queue(topic, queue, ch)
 
-    def _restore_missing_topics(self, name: str, req: RegisterBroker, ch: _Changes) -> None:
+    def _restore_missing_topics(self, name: str, req: RegisterBroker, ch: Changes) -> None:
         """Step 4 for an unchanged data_version: only listed topics the name has no queue
         data in are applied (RocketMQ's isTopicConfigChanged). Those held stay as they are,
         so an admin's wipe_write_perm lasts; those missing, because an incremental
@@ -497,7 +553,7 @@ class RouteTable:
                 queue = QueueData(name, cfg.read_queues, cfg.write_queues, cfg.perm, cfg.sys_flag)
                 self._set_queue(topic, queue, ch)
 
-    def _set_queue(self, topic: str, queue: QueueData, ch: _Changes) -> None:
+    def _set_queue(self, topic: str, queue: QueueData, ch: Changes) -> None:
         by_broker = self._queues.setdefault(topic, {})
         name = queue.broker_name
         old = by_broker.get(name)
@@ -512,7 +568,7 @@ class RouteTable:
             ch.topics.add(topic)
             ch.edited.setdefault(topic, set()).add(name)
 
-    def _remove_queue(self, topic: str, name: str, ch: _Changes) -> None:
+    def _remove_queue(self, topic: str, name: str, ch: Changes) -> None:
         by_broker = self._queues[topic]
         self._release(by_broker.pop(name))
         self._weights.removed(name)
@@ -549,7 +605,7 @@ class RouteTable:
         self._weights.reweigh(name, entry, len(self._broker_topics.get(name, ())))
 
     def _change_perm(self, name: str, new_perm) -> tuple[int, list[Event]]:
-        ch = _Changes()
+        ch = Changes()
         for topic in self._broker_topics.get(name, ()):
             queue = self._queues[topic][name]
             perm = new_perm(queue.perm)
@@ -559,7 +615,7 @@ class RouteTable:
                 ), ch)
         return len(ch.topics), self._commit(ch)
 
-    def _remove_addr(self, rec: BrokerRecord, addr: str, reason: str, ch: _Changes) -> None:
+    def _remove_addr(self, rec: BrokerRecord, addr: str, reason: str, ch: Changes) -> None:
         """Take one address off one broker name, as `unregister_broker` does."""
         broker_id = rec.id_of(addr)
         cluster = rec.addr_cluster.pop(addr)
@@ -590,13 +646,13 @@ class RouteTable:
             del self._brokers[rec.name], self._broker_topics[rec.name]
             ch.structural = True  # (its cached BrokerData went with _touch_broker above)
 
-    def _drop_liveness(self, live: Liveness, reason: str, ch: _Changes) -> None:
+    def _drop_liveness(self, live: Liveness, reason: str, ch: Changes) -> None:
         """Expiry: the address leaves every broker name that lists it."""
         for name in sorted(live.names):
             self._remove_addr(self._brokers[name], live.addr, reason, ch)
         self._live.remove(live.cluster, live.addr)
 
-    def _touch_broker(self, rec: BrokerRecord, ch: _Changes, structural: bool = False) -> None:
+    def _touch_broker(self, rec: BrokerRecord, ch: Changes, structural: bool = False) -> None:
         """Every route of this broker may have changed; `structural`: its BrokerData did."""
         if structural:
             self._broker_data.pop(rec.name, None)
@@ -623,20 +679,20 @@ class RouteTable:
             )
         return data
 
-    def _build_route(self, topic: str, ch: _Changes, lists: _SharedLists) -> TopicRoute | None:
+    def _build_route(self, topic: str, ch: Changes, lists: SharedLists) -> TopicRoute | None:
         """The route of `topic` after this commit's changes.
 
         A registration of one broker changes every topic it shares, and a shared topic
         lists every broker: rebuilding each route from scratch makes a restart of N
         brokers sharing T topics cost T x N^2. Routes are built from the route they
         replace instead, and topics whose old lists and edits are the same share the
-        new lists (`_SharedLists`): one registration builds one queue list and one
+        new lists (`SharedLists`): one registration builds one queue list and one
         broker list for all T topics, and NameService encodes each list once.
         """
         by_broker = self._queues.get(topic)
         if not by_broker:
             return None
-        old = self._routes.get(topic)
+        old = self._revisions.route(topic)
         queues = lists.queues(old.queues if old is not None else None,
                               ch.edited.get(topic), by_broker)
         stale = ch.stale_brokers
@@ -673,92 +729,12 @@ class RouteTable:
                     filter_servers[addr] = servers
         return filter_servers
 
-    def _commit(self, ch: _Changes) -> list[Event]:
+    def _commit(self, ch: Changes) -> list[Event]:
         """Number the changes with one new revision and turn them into events."""
-        route_changes = []
         for name in ch.stale_brokers:  # BrokerData dropped by _touch_broker: build each once
             if name in self._brokers:
                 self._get_broker_data(name)
-        lists = _SharedLists()
-        routes = self._routes
-        for topic in sorted(ch.topics):
-            route = self._build_route(topic, ch, lists)
-            if not _same_route(route, routes.get(topic)):
-                route_changes.append((topic, route))
-        del lists  # the old lists it kept alive may go once their routes are replaced
-        if not (route_changes or ch.broker_events or ch.structural):
-            return []
-        self.revision += 1
-        revision = self.revision
-        events: list[Event] = []
-        for event in ch.broker_events:
-            event.revision = revision
-            events.append(event)
-        for topic, route in route_changes:
-            if route is None:
-                del self._routes[topic]
-                prev = self._topic_revision.pop(topic)
-                self._removed_revision[topic] = revision
-                if len(self._removed_revision) > REMEMBERED_REMOVED_TOPICS:
-                    del self._removed_revision[next(iter(self._removed_revision))]
-            else:
-                self._routes[topic] = route
-                prev = self._topic_revision.get(topic)
-                if prev is None:
-                    prev = self._removed_revision.pop(topic, 0)
-                self._topic_revision[topic] = revision
-            events.append(RouteEvent(
-                epoch=self.epoch, revision=revision, prev=prev, topic=topic, route=route
-            ))
-        return events
-
-
-class _SharedLists:
-    """The queue and broker lists built during one commit, shared by the topics that agree.
-
-    A topic's new queue list depends only on its old list and on the queue data of
-    the names edited in this commit, so topics with the same old list (the same
-    object: lists are shared, never mutated) and the same edits get the same new
-    list. Keys hold ids, so each entry also holds the objects whose ids it uses:
-    an id stays unique while its object is alive.
-    """
-
-    def __init__(self) -> None:
-        self._queues: dict[tuple, tuple[list[QueueData] | None, list[QueueData]]] = {}
-        # (what, id of a queue list) -> (the list, what was derived from it)
-        self._derived: dict[tuple[str, int], tuple[list[QueueData], object]] = {}
-
-    def queues(self, old: list[QueueData] | None, edited: set[str] | None,
-               by_broker: dict[str, QueueData]) -> list[QueueData]:
-        if old is not None and not edited:
-            return old
-        # Queue data are interned (RouteTable._intern): equal data, one object, one id.
-        edits = tuple(sorted((n, id(by_broker.get(n))) for n in edited)) if edited else ()
-        key = (id(old), edits)
-        entry = self._queues.get(key)
-        if entry is None:
-            queues = list(map(by_broker.__getitem__, sorted(by_broker)))
-            entry = self._queues[key] = (old, queues)
-        return entry[1]
-
-    def derived(self, what: str, queues: list[QueueData],
-                build: Callable[[list[QueueData]], T]) -> T:
-        """`build(queues)`, once per queue list: the same brokers give the same broker
-        list and filter servers."""
-        key = (what, id(queues))
-        entry = self._derived.get(key)
-        if entry is None:
-            entry = self._derived[key] = (queues, build(queues))
-        return entry[1]  # type: ignore[return-value]
-
-
-def _same_route(new: TopicRoute | None, old: TopicRoute | None) -> bool:
-    """`new == old`, without comparing shared lists element by element."""
-    if new is None or old is None:
-        return new is old
-    return ((new.queues is old.queues or new.queues == old.queues)
-            and (new.brokers is old.brokers or new.brokers == old.brokers)
-            and new.filter_servers == old.filter_servers and new.order_conf == old.order_conf)
+        return self._revisions.commit(ch, self._build_route)
 
 
 def filter_zone(route: TopicRoute, zone: str) -> TopicRoute:
