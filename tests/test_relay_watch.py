@@ -395,3 +395,58 @@ def test_relay_drops_for_a_subscriber_behind_by_its_high_water_mark():
             reader.close(0)
     finally:
         upstream.close()
+
+
+# --- zns watch's lines, without processes ----------------------------------------------------
+
+
+def test_watch_starts_with_every_topics_route_each_line_stamped(server: ThreadedServer):
+    from click.testing import CliRunner
+
+    from zns.cli import main
+
+    peer = server.peer()
+    _register(peer, "b1", "10.0.0.1:10911", {"TA": {}, "TB": {}})
+    out = CliRunner().invoke(main, ["watch", "--ns", server.router, "--count", "2",
+                                    "--timeout", "3"])
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert sorted(line.split()[2] for line in lines) == ["TA", "TB"], lines
+    for line in lines:
+        assert re.match(r"\d\d:\d\d:\d\d\.\d{3} route T[AB] rev \d+: brokers c1/b1", line), line
+    assert re.search(r"^\d\d:\d\d:\d\d\.\d{3} following tcp://", out.stderr, re.MULTILINE), \
+        out.stderr
+
+
+def test_watch_says_gone_for_a_topic_deleted_before_it_was_followed_and_notes_a_new_epoch():
+    from zns.cli.watch import _Printer, connection_note
+
+    class Cache:
+        def revision(self, _topic: str) -> int:
+            return 9
+
+    class Client:
+        class session:  # noqa: N801
+            cache = Cache()
+
+    printer = _Printer(as_json=False, follow_new=True)
+    printer.client = Client()  # type: ignore[assignment]
+    deleted = schema.RouteEvent(epoch="e1", revision=9, prev=8, topic="Old", route=None)
+    printer.on_event(schema.encode(deleted))
+    printer.on_route("Old", None)  # the pull after following: no route
+    printer.on_event(schema.encode(schema.HbEvent(epoch="e2", revision=9, time_ms=1)))
+    lines = [printer.lines.get_nowait() for _ in range(printer.lines.qsize())]
+    assert lines[0] == ("follow", "Old")
+    assert lines[1][0] == "line" and lines[1][1].endswith("route Old rev 9: gone")
+    assert lines[2][0] == "note" and "epoch changed e1 -> e2 (it restarted)" in lines[2][1]
+    # A topic given by name that never existed has no route (not gone).
+    printer.on_route("Never", None)
+    assert printer.lines.get_nowait()[1].endswith("route Never rev 9: no route")
+
+    a, b = ("tcp://a:1", "tcp://a:2"), ("tcp://b:1", "tcp://b:2")
+    assert connection_note((None, None), ("tcp://a:1", None), False) is None
+    assert "following tcp://a:1 (events on tcp://a:2)" in connection_note((None, None), a, False)
+    assert "lost tcp://a:1; trying the next NameServer" in connection_note(a, ("tcp://b:1", None),
+                                                                           True)
+    assert "reconnected: following tcp://b:1" in connection_note(("tcp://b:1", None), b, True)
+    assert connection_note(b, b, True) is None

@@ -6,9 +6,13 @@ epoch. What it prints for a topic is the difference between the route it held
 and the route it holds now — which brokers and queues the topic gained or lost —
 so a re-sync after a gap prints what was missed, not a raw event.
 
-With no TOPIC it watches every topic and broker: a topic is followed from its
-first event on (its first line is its whole route). `--json` prints the events
-themselves, one JSON object per line.
+With no TOPIC it watches every topic and broker: it starts with every topic's
+route (one line each), and a topic created later is followed from its first
+event on (its first line is its whole route; `gone` when it was deleted before
+it could be followed). `--json` prints the events themselves, one JSON object
+per line with the time it arrived. Every line starts with the time; on stderr
+it says which NameServer it follows, when it moved to another one, and when the
+NameServer's epoch changed (it restarted: the routes were re-synced).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from zns.core.schema import (
     BROKER_PREFIX,
     ROUTE_PREFIX,
     BrokerEvent,
+    GetTopics,
     HbEvent,
     QueueData,
     RouteEvent,
@@ -53,11 +58,12 @@ def _broker_text(b: Any) -> str:
 
 
 def describe_route_change(topic: str, old: TopicRoute | None, new: TopicRoute | None,
-                          revision: int) -> str:
-    """One line: what `topic` gained and lost between `old` and `new` (None: no route)."""
+                          revision: int, *, existed: bool = False) -> str:
+    """One line: what `topic` gained and lost between `old` and `new` (None: no route);
+    `existed`: the topic had a route before it was followed (so None is `gone`)."""
     head = f"{_stamp()} route {topic} rev {revision}"
     if new is None:
-        return f"{head}: no route" if old is None else f"{head}: gone"
+        return f"{head}: gone" if old is not None or existed else f"{head}: no route"
     if old is None:
         brokers = "; ".join(_broker_text(b) for b in new.brokers) or "none"
         queues = ", ".join(f"{q.broker_name} {_queue_text(q)}" for q in new.queues) or "none"
@@ -101,6 +107,8 @@ class _Printer:
         self.as_json = as_json
         self.follow_new = follow_new  # every topic: follow one from its first event
         self.routes: dict[str, TopicRoute | None] = {}
+        self.deleted_unfollowed: set[str] = set()  # first seen deleted: its None is `gone`
+        self.epoch: str | None = None
         self.client: RouteClient | None = None
 
     def on_event(self, body: bytes) -> None:
@@ -109,14 +117,21 @@ class _Printer:
             event = decode_event(body)
         except msgspec.DecodeError:
             return  # the client logs it
+        if self.epoch is not None and event.epoch != self.epoch:
+            self.lines.put(("note", f"{_stamp()} the NameServer's epoch changed {self.epoch} -> "
+                                    f"{event.epoch} (it restarted): routes re-synced"))
+        self.epoch = event.epoch
         if isinstance(event, HbEvent):
             return
         if self.as_json:
-            self.lines.put(("line", json.dumps(msgspec.to_builtins(event))))
+            data = {"time": _stamp(), **msgspec.to_builtins(event)}
+            self.lines.put(("line", json.dumps(data)))
         elif isinstance(event, BrokerEvent):
             self.lines.put(("line", describe_broker_event(event)))
         elif isinstance(event, RouteEvent) and self.follow_new and event.topic not in self.routes:
             self.routes[event.topic] = None
+            if event.route is None:
+                self.deleted_unfollowed.add(event.topic)
             self.lines.put(("follow", event.topic))
 
     def on_route(self, topic: str, route: TopicRoute | None) -> None:
@@ -124,9 +139,26 @@ class _Printer:
         assert self.client is not None
         old = self.routes.get(topic)
         self.routes[topic] = route
+        existed = topic in self.deleted_unfollowed
+        self.deleted_unfollowed.discard(topic)
         if not self.as_json:
             revision = self.client.session.cache.revision(topic)
-            self.lines.put(("line", describe_route_change(topic, old, route, revision)))
+            self.lines.put(("line", describe_route_change(topic, old, route, revision,
+                                                          existed=existed)))
+
+
+def connection_note(last: tuple[str | None, str | None], now: tuple[str | None, str | None],
+                    connected_before: bool) -> str | None:
+    """A line when the (NameServer, events endpoint) followed changed, else None."""
+    if now == last:
+        return None
+    endpoint, pub = now
+    if pub is not None:
+        verb = "reconnected: following" if connected_before else "following"
+        return f"{_stamp()} {verb} {endpoint} (events on {pub})"
+    if last[1] is not None:
+        return f"{_stamp()} lost {last[0]}; trying the next NameServer"
+    return None
 
 
 @click.command()
@@ -153,11 +185,19 @@ def watch(target: Target, topics: tuple[str, ...], count: int | None,
         click.echo(f"watching {', '.join(topics) or 'every topic and broker'} via {where} "
                    f"(Ctrl-C to stop)", err=True)
     seen = 0
+    following: tuple[str | None, str | None] = (None, None)
+    connected = False
     try:
-        for topic in topics:
-            printer.routes[topic] = None
+        for topic in topics or (() if target.as_json else ask(target, GetTopics())[1].topics):
+            printer.routes[topic] = None  # every topic starts with its whole route
             client.watch(topic, printer.on_route)
         while count is None or seen < count:
+            session = client.session  # read without its lock: only for a line to people
+            now = (session.endpoint, session.pub_endpoint)
+            if note := connection_note(following, now, connected):
+                click.echo(note, err=True)
+            connected = connected or now[1] is not None
+            following = now
             try:
                 kind, value = printer.lines.get(timeout=0.5)
             except queue.Empty:
@@ -166,6 +206,9 @@ def watch(target: Target, topics: tuple[str, ...], count: int | None,
                 continue
             if kind == "follow":
                 client.watch(value, printer.on_route)
+                continue
+            if kind == "note":
+                click.echo(value, err=True)
                 continue
             click.echo(value)
             seen += 1
