@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from conftest import register_fields
+from conftest import LOADED_DEADLINE, register_fields
 from zns.drivers.async_client import AsyncRouteClient
 from zns.core.errors import NameServerUnavailable, NotFound
 
@@ -48,7 +48,7 @@ def test_route_and_watch_follow_pushes(server):
     asyncio.run(scenario())
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_follows_the_other_nameserver_when_one_dies(make_server):
     servers = [make_server(), make_server()]
     for srv in servers:
@@ -59,10 +59,12 @@ def test_follows_the_other_nameserver_when_one_dies(make_server):
             await client.route("TopicA")
             followed = next(s for s in servers if s.router == client.session.endpoint)
             other = next(s for s in servers if s is not followed)
-            followed.stop()
-            other.peer().ok("register_broker", **register_fields(
+            # Stopped in a thread: stopping blocks (joins the server's thread), and the
+            # client's loop must keep running meanwhile.
+            await asyncio.to_thread(followed.stop)
+            await asyncio.to_thread(other.peer().ok, "register_broker", **register_fields(
                 topics={"TopicA": {"read_queues": 9}}, data_version={"counter": 1}))
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(LOADED_DEADLINE):  # silence, switch, pull: under load
                 while (await client.route("TopicA")).queues[0].read_queues != 9:
                     await asyncio.sleep(0.02)
             assert client.session.endpoint == other.router

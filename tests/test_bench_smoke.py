@@ -25,11 +25,16 @@ SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv"
 NOT_SMOKED = ["memory"]
 
 
-@pytest.mark.timeout(60)
+# A deadline for the script to finish (a --quick run is ~5-15 s quiet; under load 27 some took
+# over 55 s), inside the test's own timeout so a slow run fails as a slow run, killed.
+SCRIPT_DEADLINE = 200
+
+
+@pytest.mark.timeout(SCRIPT_DEADLINE + 40)
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_runs_and_writes_results(name: str, tmp_path: Path) -> None:
     proc = run_in_group([sys.executable, "-m", f"bench.{name}", "--quick", "--out",
-                         str(tmp_path)], cwd=REPO, timeout=50)
+                         str(tmp_path)], cwd=REPO, timeout=SCRIPT_DEADLINE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["machine"]["libzmq"] and doc["quick"] is True
@@ -39,21 +44,23 @@ def test_script_runs_and_writes_results(name: str, tmp_path: Path) -> None:
     markdown = (tmp_path / "results.md").read_text()
     for figure in result["figures"]:
         assert math.isfinite(figure["median"]) and figure["median"] >= 0, figure
-        if figure["reference"]:
-            assert figure["ratio"] is not None and figure["ratio"] > 0, figure
+        if figure["reference"] and any(figure["reference_rounds"] or ()):
+            # A ratio whenever the reference measured something; a quick round on a loaded
+            # machine can measure 0 (CPU time has clock-tick resolution): then there is none.
+            assert figure["ratio"] is not None and figure["ratio"] >= 0, figure
         if figure["target"]:
             assert isinstance(figure["met"], bool), figure
         assert figure["name"] in markdown
         assert figure["name"] in proc.stdout
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(SCRIPT_DEADLINE + 40)
 def test_remoting_runs_zns_only_without_a_jdk(tmp_path: Path) -> None:
     # No java on PATH: the Java NameServer's side is skipped, zns and the echo still measured.
     env = {k: v for k, v in os.environ.items() if k != "ZNS_REQUIRE_INTEROP"}
     env["PATH"] = str(tmp_path)
     proc = run_in_group([sys.executable, "-m", "bench.remoting", "--quick", "--out",
-                         str(tmp_path)], cwd=REPO, timeout=50, env=env)
+                         str(tmp_path)], cwd=REPO, timeout=SCRIPT_DEADLINE, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["remoting"]
     names = [figure["name"] for figure in result["figures"]]

@@ -55,7 +55,7 @@ def test_every_acknowledged_write_survives_kill_9(process_server, tmp_path: Path
     assert read_kv_file(kv_path) == {ns: e for ns, e in expected.items() if e}
 
 
-def run_serve(kv_path: Path, timeout: float = 30) -> subprocess.CompletedProcess:
+def run_serve(kv_path: Path, timeout: float = 90) -> subprocess.CompletedProcess:  # a loaded machine
     return subprocess.run(
         [sys.executable, "-m", "zns", "serve", "--router", "tcp://127.0.0.1:*",
          "--pub", "tcp://127.0.0.1:*", "--kv-path", str(kv_path)],
