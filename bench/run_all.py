@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from bench import (
-    expiry, flood, kv, memory, ops, partition, push_latency, registration, remoting, scale,
+    agent, expiry, flood, kv, memory, ops, partition, push_latency, registration, remoting, scale,
     throughput,
 )
 from bench.report import BENCH_DIR, BenchFn, cli
@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, BenchFn] = {
     "ops": ops.run,
     "remoting": remoting.run,
     "memory": memory.run,
+    "agent": agent.run,
 }
 
 if __name__ == "__main__":

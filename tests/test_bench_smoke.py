@@ -20,9 +20,10 @@ sys.path.insert(0, str(REPO))
 from bench.harness import run_in_group  # noqa: E402
 SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv", "partition",
            "flood", "ops", "remoting"]
-# Registered in run_all but without a smoke run here: its quick variant starts five servers
-# and takes ~10 s on a loaded 2-core machine.
-NOT_SMOKED = ["memory"]
+# Registered in run_all but without a smoke run here: memory's quick variant starts five
+# servers and takes ~10 s on a loaded 2-core machine; agent's starts real RocketMQ brokers
+# and applications (a minute or more), whose behaviour tests/interop/test_agent.py covers.
+NOT_SMOKED = ["memory", "agent"]
 
 
 # A deadline for the script to finish (a --quick run is ~5-15 s quiet; under load 27 some took

@@ -13,6 +13,7 @@ A few trials here, with bounds loose enough for a loaded 2-core machine; the bud
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,7 +27,8 @@ import zns_agent
 from rocketmq import Broker, JavaNameServer, ProcessGroup, unique_topic
 from zns_agent import Probe, RouteWatcher, Zns, route_brokers
 
-pytestmark = pytest.mark.interop
+# The first test also waits for the module fixture: two JVM brokers, a Java NameServer.
+pytestmark = [pytest.mark.interop, pytest.mark.timeout(300)]
 
 REGISTER_PERIOD_MS = 10_000
 # Loose: the budget is 200 ms (bench/agent.py); RocketMQ's own poll is 30 s.
@@ -153,3 +155,101 @@ def test_killed_broker_and_its_return_reach_the_application_at_once(cluster: Clu
     finally:
         with_agent.kill()
         without.kill()
+
+
+def readme_recipe() -> str:
+    """The README's one-line recipe, as the shell would set JAVA_TOOL_OPTIONS from it."""
+    readme = (rocketmq.REPO / "README.md").read_text()
+    section = readme.split("## Pushed routes for existing Java applications", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block, "the section has a sh code block"
+    export = next(ln for ln in block.group(1).splitlines() if ln.startswith("export JAVA_TOOL_OPTIONS="))
+    command = export.split("#", 1)[0].strip()
+    proc = subprocess.run(["bash", "-c", f'{command} && printf %s "$JAVA_TOOL_OPTIONS"'], cwd=rocketmq.REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("-javaagent:"), proc
+    return proc.stdout
+
+
+def test_java_nameserver_or_no_events_leave_the_application_as_it_was_at_no_cost(cluster: Cluster) -> None:
+    """Against RocketMQ's own NameServer, or with an events endpoint nobody serves, the agent
+    says so once and the application works as without it; idle, the agent is one thread
+    and its CPU time is not measurable. The README's recipe (JAVA_TOOL_OPTIONS) attaches it."""
+    tool_options = readme_recipe()
+    on_java = probe(cluster, agent=True, namesrv=cluster.java.addr, rate=5, print_sends="true")
+    dead_events = f"tcp://127.0.0.1:{zns_agent.free_port()}"
+    no_events = probe(cluster, agent=True, agent_args=f"events={dead_events},maxBackoffMs=2000", rate=5,
+                      print_sends="true")
+    following = Probe(cluster.root, cluster.zns.addr, cluster.topic, agent=None, rate=1,
+                      java_tool_options=tool_options)
+    probes = (on_java, no_events, following)
+    try:
+        both = set(cluster.brokers)
+        for p in probes:
+            p.wait_for("publish", lambda ln: set(ln["brokers"]) == both, 60, "publishing to both brokers")
+        on_java.wait_agent_line("not following " + cluster.java.addr, 30)
+        no_events.wait_agent_line(f"no events from {dead_events}", 30)
+        following.wait_agent_line(f"following zns events at {cluster.zns.pub}", 30)
+        assert "Picked up JAVA_TOOL_OPTIONS: -javaagent:" in following.stderr()
+
+        idle = {p: zns_agent.thread_cpu_ms(p.pid, "zns-agent") for p in probes}
+        time.sleep(10)
+        spent = {p: zns_agent.thread_cpu_ms(p.pid, "zns-agent") - idle[p] for p in probes}
+        threads = {p: sorted(n for n in zns_agent.thread_names(p.pid) if n.startswith("zns-agent")) for p in probes}
+        print(f"  agent CPU over 10 s: on the Java NameServer {spent[on_java]:.0f} ms, no events {spent[no_events]:.0f} ms, "
+              f"following zns {spent[following]:.0f} ms; threads {threads[on_java]} / {threads[following]}")
+        assert threads[on_java] == ["zns-agent"], threads[on_java]  # idle: no JeroMQ context
+        assert len(threads[following]) == 3, threads[following]    # + JeroMQ's I/O and reaper threads
+        assert all(ms <= 100 for ms in spent.values()), spent       # 1 % of a core at most, usually 0-20 ms
+
+        for p in (on_java, no_events):
+            said_at = p.events("publish")[0]["wall_ms"]
+            summary = p.stop()
+            # the application's own sends, once it runs (a first send on a busy machine may time out)
+            failed = [s for s in p.events("send") if not s["ok"] and s["wall_ms"] > said_at]
+            assert summary["sent"] > 0 and not failed, (summary, failed)
+            assert len(p.agent_lines()) == 1, p.agent_lines()  # said once, not at every retry
+    finally:
+        for p in probes:
+            p.kill()
+
+
+def test_zns_restart_stops_push_and_it_comes_back(cluster: Cluster) -> None:
+    """zns is killed and started again on the same addresses: the agent gives the stream up
+    (one line), the application keeps sending on its last routes, and push is back once zns
+    answers again (one more line), proven by mqadmin wipeWritePerm reaching the producer at
+    once (it stops writing to the broker) and addWritePerm bringing it back."""
+    p = probe(cluster, agent=True, rate=10)
+    try:
+        both = set(cluster.brokers)
+        p.wait_for("publish", lambda ln: set(ln["brokers"]) == both, 60, "publishing to both brokers")
+        p.wait_agent_line("following zns events", 30)
+        cluster.zns.kill()
+        p.wait_agent_line("stopped following zns events at " + cluster.zns.pub, 15)
+        restarted_at = time.time()
+        cluster.zns.start()
+        cluster.watcher.wait_for(lambda ev: ev["topic"] == cluster.topic and route_brokers(ev) == both,
+                                 60, "both brokers registered with the new zns", since=restarted_at)
+        p.wait_agent_line("following zns events", 30, count=2)
+        target = "broker-a"
+        started = time.time()
+        res = rocketmq.mqadmin(["wipeWritePerm", "-b", target], cluster.zns.addr)
+        assert "OK" in res.stdout, res
+        wiped_at = cluster.watcher.wait_for(
+            lambda ev: ev["topic"] == cluster.topic and target not in route_brokers(ev, writable=True),
+            30, "the wiped route", since=started)
+        stopped = p.wait_for("publish", lambda ln: target not in ln["brokers"], 30,
+                             "the producer stops writing to the wiped broker", since=wiped_at - 1)
+        print(f"  wipeWritePerm {target} after zns restarted: the producer stopped writing to it "
+              f"{stopped['wall_ms'] - wiped_at * 1000:.0f} ms after zns published it")
+        assert stopped["wall_ms"] - wiped_at * 1000 < PUSH_BOUND_S * 1000
+        res = rocketmq.mqadmin(["addWritePerm", "-b", target], cluster.zns.addr)
+        assert "OK" in res.stdout, res
+        p.wait_for("publish", lambda ln: set(ln["brokers"]) == both, PUSH_BOUND_S + 30, "writing to it again",
+                   since=stopped["wall_ms"] / 1000)
+        summary = p.stop()
+        assert summary["sent"] > 0, summary
+        lines = p.agent_lines()
+        assert len(lines) == 3, lines  # following, stopped following, following
+    finally:
+        p.kill()

@@ -216,17 +216,16 @@ class Probe:
     """
 
     def __init__(self, workdir: Path, namesrv: str, topic: str, *, agent: Path | None, agent_args: str = "",
-                 jvm_args: Sequence[str] = (), use_tool_options: bool = False, **options: Any) -> None:
+                 jvm_args: Sequence[str] = (), java_tool_options: str | None = None, **options: Any) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="probe-", dir=workdir))
         argv = ["--namesrv", namesrv, "--topic", topic]
         for key, value in options.items():
             if value is not None:
                 argv += [f"--{key.replace('_', '-')}", str(value)]
         agent_opt = [f"-javaagent:{agent}" + (f"={agent_args}" if agent_args else "")] if agent else []
-        env = dict(os.environ)
-        if use_tool_options:  # the README's recipe: the JVM picks it up from the environment
-            env["JAVA_TOOL_OPTIONS"] = " ".join(agent_opt)
-            agent_opt = []
+        env = {k: v for k, v in os.environ.items() if k != "JAVA_TOOL_OPTIONS"}
+        if java_tool_options is not None:  # the README's recipe: the JVM reads it from the environment
+            env["JAVA_TOOL_OPTIONS"] = java_tool_options
         cmd = rocketmq._java_cmd(
             "client", rocketmq.CLIENT_HEAP, self.workdir / "home", extra_cp=str(probe_classes()),
             jvm_args=["-Drocketmq.client.localIP=127.0.0.1", *agent_opt, *jvm_args],

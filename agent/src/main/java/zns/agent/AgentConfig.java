@@ -10,7 +10,7 @@ package zns.agent;
  * minBackoffMs=1000        first wait before asking a NameServer again
  * maxBackoffMs=30000       longest wait before asking a NameServer again
  * probeTimeoutMs=1000      connect and read timeout of one GET_NAMESRV_CONFIG
- * log=info|quiet           quiet: not even the start/stop lines
+ * log=info|quiet|debug     quiet: not even the start/stop lines; debug: a line per refresh
  * </pre>
  */
 final class AgentConfig {
@@ -20,6 +20,7 @@ final class AgentConfig {
     long maxBackoffMs = 30_000;
     int probeTimeoutMs = 1000;
     boolean quiet;
+    boolean debug;
 
     /** Parses the agent argument string; an IllegalArgumentException names what is wrong. */
     static AgentConfig parse(String args) {
@@ -58,10 +59,11 @@ final class AgentConfig {
                     c.probeTimeoutMs = (int) number(key, value, 10, 60_000);
                     break;
                 case "log":
-                    if (!value.equals("info") && !value.equals("quiet")) {
-                        throw new IllegalArgumentException("log must be info or quiet, got '" + value + "'");
+                    if (!value.equals("info") && !value.equals("quiet") && !value.equals("debug")) {
+                        throw new IllegalArgumentException("log must be info, quiet or debug, got '" + value + "'");
                     }
                     c.quiet = value.equals("quiet");
+                    c.debug = value.equals("debug");
                     break;
                 default:
                     throw new IllegalArgumentException("unknown argument '" + key + "' (known: events, heartbeatMs,"

@@ -118,7 +118,7 @@ final class Follower {
     private void resolve(long nowMs) {
         String why = "the clients list no NameServer";
         if (config.events != null) {
-            follow(config.events, config.heartbeatMs, "(agent argument)", nowMs);
+            follow(config.events, config.heartbeatMs, "the events agent argument", nowMs);
             return;
         }
         for (String addr : target.namesrvAddrs()) {
@@ -174,13 +174,17 @@ final class Follower {
     private void stop(long nowMs, String why, boolean retrySoon) {
         closeSocket();
         if (retrySoon && said == Said.FOLLOWING) {
-            Log.info("stopped following " + name + " at " + namesrv + ": " + why
+            Log.info("stopped following zns events at " + endpoint + " (" + describeSource() + "): " + why
                 + "; the application polls its NameServer as before until zns answers again");
             said = Said.IDLE;
             nextAttemptMs = nowMs;
         } else {
             idle(nowMs, why);
         }
+    }
+
+    private String describeSource() {
+        return config.events != null ? "given by the events agent argument" : "NameServer " + namesrv;
     }
 
     void close() {
@@ -301,7 +305,7 @@ final class Follower {
             if (!wasProven && recipe.sawHb()) {
                 backoffMs = config.minBackoffMs;
                 if (said != Said.FOLLOWING) {
-                    Log.info("following zns events at " + endpoint + " (NameServer " + namesrv + ") for "
+                    Log.info("following zns events at " + endpoint + " (" + describeSource() + ") for "
                         + held.size() + " topic(s): route changes reach this application"
                         + " as they happen");
                     said = Said.FOLLOWING;
@@ -334,7 +338,10 @@ final class Follower {
         String why = dirtyWhy;
         dirty.clear();
         refreshes += topics.size();
+        long started = System.nanoTime();
         target.refresh(topics, why);
+        Log.debug("refreshed " + new java.util.TreeSet<>(topics) + " (" + why + ") in "
+            + (System.nanoTime() - started) / 1000 / 1000.0 + " ms");
     }
 
     Map<String, Object> describe() {

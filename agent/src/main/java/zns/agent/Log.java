@@ -6,8 +6,16 @@ import java.util.Date;
 /** The agent's few log lines, on the application's standard error, each one line. */
 final class Log {
     static volatile boolean quiet;
+    static volatile boolean debug;
 
     private Log() {
+    }
+
+    /** A line per refresh, with `log=debug` only. */
+    static void debug(String message) {
+        if (debug) {
+            info(message);
+        }
     }
 
     static void info(String message) {

@@ -213,6 +213,18 @@ final class RocketMqClients implements ClassFileTransformer {
         return m.invoke(target);
     }
 
+    private static boolean brokerAdded(Map<String, Set<String>> before, Map<String, Set<String>> after,
+                                       Set<String> topics) {
+        for (String topic : topics) {
+            Set<String> was = before.get(topic);
+            Set<String> now = after.get(topic);
+            if (was != null && now != null && !was.containsAll(now)) {
+                return true;
+            }
+        }
+        return false;
+    }
+
     /** The clients of one NameServer list, as a {@link Target}. */
     static final class Group implements Target {
         private final List<String> addrs;
@@ -258,7 +270,8 @@ final class RocketMqClients implements ClassFileTransformer {
                 ClassLoader previous = self.getContextClassLoader();
                 self.setContextClassLoader(loader); // the application's loader, for whatever RocketMQ looks up
                 try {
-                    Set<String> heldHere = topicsOf(instance).keySet();
+                    Map<String, Set<String>> before = topicsOf(instance);
+                    Set<String> heldHere = before.keySet();
                     boolean any = false;
                     Method update = instance.getClass().getMethod("updateTopicRouteInfoFromNameServer", String.class);
                     for (String topic : topics) {
@@ -273,6 +286,14 @@ final class RocketMqClients implements ClassFileTransformer {
                         }
                     }
                     if (any && hasConsumers(instance)) {
+                        // A broker new to these routes does not know this consumer yet: the
+                        // consumer-id list it would return leaves this client out. Heartbeat
+                        // first, as the client's own 30 s timer would, then rebalance.
+                        if (brokerAdded(before, topicsOf(instance), topics)) {
+                            long t0 = System.nanoTime();
+                            call(instance, "sendHeartbeatToAllBrokerWithLock");
+                            Log.debug("heartbeat to all brokers in " + (System.nanoTime() - t0) / 1000 / 1000.0 + " ms");
+                        }
                         call(instance, "rebalanceImmediately");
                     }
                 } catch (Throwable t) {

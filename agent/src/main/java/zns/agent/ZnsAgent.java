@@ -22,6 +22,7 @@ import org.zeromq.ZContext;
  * java -javaagent:zns-agent.jar[=options] ...            attach at start (or JAVA_TOOL_OPTIONS)
  * java -jar zns-agent.jar NAMESRV                         is NAMESRV a zns? prints its events endpoint
  * java -jar zns-agent.jar NAMESRV --follow S TOPIC...     follow TOPIC for S seconds, print refreshes
+ *                         [--args events=tcp://H:P,...]   agent arguments ({@link AgentConfig})
  * </pre>
  *
  * Attached, it starts one daemon thread ({@link AgentLoop}) and returns at once; nothing it
@@ -54,6 +55,7 @@ public final class ZnsAgent {
                 return;
             }
             Log.quiet = config.quiet;
+            Log.debug = config.debug;
             RocketMqClients clients = new RocketMqClients(instrumentation);
             AgentLoop loop = new AgentLoop(config, clients);
             Thread thread = new Thread(loop, "zns-agent");
@@ -77,14 +79,21 @@ public final class ZnsAgent {
     public static void main(String[] argv) throws Exception {
         List<String> args = new ArrayList<>(Arrays.asList(argv));
         if (args.isEmpty() || args.contains("-h") || args.contains("--help")) {
-            System.out.println("usage: java -jar zns-agent.jar NAMESRV [--follow SECONDS TOPIC...] [--events tcp://H:P]\n"
+            System.out.println("usage: java -jar zns-agent.jar NAMESRV [--follow SECONDS TOPIC...] [--args AGENT_ARGS]\n"
                 + "  attach: java -javaagent:zns-agent.jar[=events=...,maxBackoffMs=...,log=quiet] ...");
             System.exit(args.isEmpty() ? 2 : 0);
         }
-        String events = option(args, "--events");
+        String agentArgs = option(args, "--args");
         String follow = option(args, "--follow");
         String namesrv = args.remove(0);
-        AgentConfig config = AgentConfig.parse(events == null ? "" : "events=" + events);
+        AgentConfig config;
+        try {
+            config = AgentConfig.parse(agentArgs);
+        } catch (IllegalArgumentException e) {
+            System.err.println("zns-agent: " + e.getMessage());
+            System.exit(2);
+            return;
+        }
         Map<String, Object> out = new LinkedHashMap<>();
         out.put("namesrv", namesrv);
         NamesrvProbe.Answer answer;
@@ -108,7 +117,8 @@ public final class ZnsAgent {
         if (follow == null) {
             System.exit(0);
         }
-        Log.quiet = false;
+        Log.quiet = config.quiet;
+        Log.debug = config.debug;
         long until = AgentLoop.nowMs() + (long) (Double.parseDouble(follow) * 1000);
         PrintingTarget target = new PrintingTarget(namesrv, new TreeSet<>(args));
         ZContext[] context = new ZContext[1];

@@ -1,0 +1,258 @@
+"""Benchmark: zns-agent.jar's budgets with real RocketMQ 5.3.3 brokers and clients.
+
+One zns (`zns serve --remoting`), two real brokers (broker-a, broker-b) serving one topic,
+and two copies of the same application (tests/interop/java/AgentProbe.java: a producer
+sending 50 messages/s with send retries off, and a push consumer; RocketMQ's defaults
+otherwise: 30 s route poll, 20 s rebalance), one with `-javaagent:zns-agent.jar`, one
+without. A ZNS/1 watcher timestamps zns's route events.
+
+- kill trials (N): SIGKILL one broker (alternately); time until the producer's publish
+  info drops it, from the kill; then start it again and time, from zns's route event
+  listing it, until the producer's publish info and the consumer's assigned queues
+  include it. The first trials also wait for the application without the agent (its
+  30 s poll), the reference; the application with the agent is measured in every trial.
+- failed sends: per kill, the sends of each application that failed in the 30 s after
+  it (send retries off), side by side for the kills both applications saw.
+- wipe trials (N): `zns wipe-write-perm` of one broker; time from zns's route event until
+  the producer stops writing to it (and `zns add-write-perm` until it writes again).
+- idle: CPU time of the agent's threads over 30 s in which nothing changes; the heap held
+  by the agent's objects (a class histogram of zns.agent.*) and its threads.
+
+    python -m bench.agent [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from typing import Any
+
+from bench.harness import REPO, BenchError, percentile
+from bench.report import BenchResult, Figure, RunConfig, Target, cli
+
+sys.path.insert(0, str(REPO / "tests" / "interop"))
+import rocketmq  # noqa: E402  (tests/interop/rocketmq.py: the real RocketMQ processes)
+import zns_agent  # noqa: E402  (tests/interop/zns_agent.py: the jar, the probe, zns)
+
+RATE = 50  # sends/s of each application
+FULL_KILLS, FULL_REFERENCE_KILLS, FULL_WIPES = 10, 3, 10
+QUICK_KILLS, QUICK_REFERENCE_KILLS, QUICK_WIPES = 1, 0, 1
+POLL_S = 30.0  # RocketMQ's default pollNameServerInterval
+FAIL_WINDOW_S = 30.0
+IDLE_S = 30.0
+
+METHOD = """
+RocketMQ 5.3.3 brokers (`BrokerStartup`, the interop harness's small JVMs) registered with
+zns only; the application is `AgentProbe` with RocketMQ's default client settings but send
+retries off, started twice, with and without `-javaagent:zns-agent.jar`. The application
+reads its own client's tables every 5 ms and prints when they change (wall clock), so a
+figure is the time until the client's state changed, not until a send happened to show it.
+Kill figures start at the SIGKILL (zns's own detection included: the broker's connection
+closes); join and wipe figures start when a ZNS/1 watcher received zns's route event.
+"""
+
+
+def _sh(*args: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "zns", *args], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise BenchError(f"zns {' '.join(args)}: {proc.stdout}{proc.stderr}")
+
+
+def _failed_between(p: zns_agent.Probe, start: float, end: float) -> int:
+    return sum(1 for s in p.events("send") if not s["ok"] and start * 1000 <= s["wall_ms"] < end * 1000)
+
+
+def _agent_heap(pid: int) -> tuple[float, int]:
+    """(KiB of live objects of zns.agent.* classes, their class count), from jcmd's histogram."""
+    proc = subprocess.run(["jcmd", str(pid), "GC.class_histogram"], capture_output=True, text=True, timeout=60)
+    total = classes = 0
+    for line in proc.stdout.splitlines():
+        m = re.match(r"\s*\d+:\s+(\d+)\s+(\d+)\s+(\S+)", line)
+        if m and m.group(3).startswith("zns.agent."):
+            total += int(m.group(2))
+            classes += 1
+    return total / 1024, classes
+
+
+def run(config: RunConfig) -> BenchResult:
+    ok, reason = rocketmq.java_available()
+    if not ok:
+        raise BenchError(f"needs a JDK and Maven: {reason}")
+    kills_n = QUICK_KILLS if config.quick else FULL_KILLS
+    reference_n = QUICK_REFERENCE_KILLS if config.quick else FULL_REFERENCE_KILLS
+    wipes_n = QUICK_WIPES if config.quick else FULL_WIPES
+    jar = zns_agent.agent_jar()
+    zns_agent.probe_classes()
+    rocketmq.set_scratch_dir(config.workdir / "oneshot")
+    out: dict[str, list[float]] = {k: [] for k in (
+        "kill_agent", "kill_zns", "kill_plain", "join_agent", "join_plain", "assign_agent", "assign_plain",
+        "fail_agent", "fail_plain", "fail_agent_all", "wipe_agent", "unwipe_agent", "kill_agent_after_zns")}
+    with ExitStack() as stack:
+        zns = zns_agent.Zns(config.workdir / "zns").start()
+        stack.callback(zns.kill)
+        group = stack.enter_context(rocketmq.ProcessGroup(config.workdir / "rocketmq"))
+        brokers = {b.name: b for b in group.brokers(zns.addr, ["broker-a", "broker-b"])}
+        watcher = zns_agent.RouteWatcher(zns.pub)
+        stack.callback(watcher.close)
+        topic = rocketmq.unique_topic("BenchAgent")
+        for b in brokers.values():
+            res = rocketmq.mqadmin(["updateTopic", "-b", b.addr, "-t", topic, "-r", "4", "-w", "4"], zns.addr)
+            if "success" not in res.stdout:
+                raise BenchError(f"updateTopic: {res}")
+        both = set(brokers)
+        watcher.wait_for(lambda ev: ev["topic"] == topic and zns_agent.route_brokers(ev) == both, 60,
+                         "the topic on both brokers")
+        common = dict(rate=RATE, retries=0, consumer="push", print_sends="true")
+        agent = zns_agent.Probe(config.workdir, zns.addr, topic, agent=jar, agent_args="log=debug", **common)
+        stack.callback(agent.kill)
+        plain = zns_agent.Probe(config.workdir, zns.addr, topic, agent=None, **common)
+        stack.callback(plain.kill)
+        for p in (agent, plain):
+            p.wait_for("publish", lambda ln: set(ln["brokers"]) == both, 90, "publishing to both brokers")
+            p.wait_for("assigned", lambda ln: set(ln["brokers"]) == both, 90, "consuming from both brokers")
+        agent.wait_agent_line("following zns events", 30)
+
+        for i in range(kills_n):
+            victim = ("broker-b", "broker-a")[i % 2]
+            reference = i < reference_n
+            killed_at = time.time()
+            brokers[victim].kill()
+            ev_at = watcher.wait_for(lambda ev: ev["topic"] == topic and victim not in zns_agent.route_brokers(ev),
+                                     30, "the route without the killed broker", since=killed_at)
+            seen = agent.wait_for("publish", lambda ln: victim not in ln["brokers"], 60, "the agent's producer drops it",
+                                  since=killed_at)
+            out["kill_zns"].append((ev_at - killed_at) * 1000)
+            out["kill_agent"].append(seen["wall_ms"] - killed_at * 1000)
+            out["kill_agent_after_zns"].append(seen["wall_ms"] - ev_at * 1000)
+            if reference:
+                gone = plain.wait_for("publish", lambda ln: victim not in ln["brokers"], POLL_S + 30,
+                                      "the plain producer drops it (its poll)", since=killed_at)
+                out["kill_plain"].append(gone["wall_ms"] - killed_at * 1000)
+                time.sleep(max(0.0, killed_at + FAIL_WINDOW_S - time.time()))
+                out["fail_agent"].append(_failed_between(agent, killed_at, killed_at + FAIL_WINDOW_S))
+                out["fail_plain"].append(_failed_between(plain, killed_at, killed_at + FAIL_WINDOW_S))
+            restarted_at = time.time()
+            old = brokers[victim]
+            b = rocketmq.Broker(old.workdir, zns.addr, name=victim, config=old.config)
+            group.procs.append(b)
+            brokers[victim] = b.start(wait=False)
+            joined = watcher.wait_for(lambda ev: ev["topic"] == topic and victim in zns_agent.route_brokers(ev),
+                                      120, "the restarted broker in the route", since=restarted_at)
+            used = agent.wait_for("publish", lambda ln: victim in ln["brokers"], 60, "the agent's producer uses it",
+                                  since=joined - 1)
+            assigned = agent.wait_for("assigned", lambda ln: victim in ln["brokers"], 60,
+                                      "the agent's consumer is assigned its queues", since=joined - 1)
+            for line in agent.agent_lines()[-4:]:
+                config.log("    " + line)
+            out["join_agent"].append(used["wall_ms"] - joined * 1000)
+            out["assign_agent"].append(assigned["wall_ms"] - joined * 1000)
+            if not reference:
+                out["fail_agent_all"].append(_failed_between(agent, killed_at, restarted_at))
+            if reference:
+                used = plain.wait_for("publish", lambda ln: victim in ln["brokers"], POLL_S + 30,
+                                      "the plain producer uses it", since=joined - 1)
+                assigned = plain.wait_for("assigned", lambda ln: victim in ln["brokers"], 2 * POLL_S + 30,
+                                          "the plain consumer is assigned its queues", since=joined - 1)
+                out["join_plain"].append(used["wall_ms"] - joined * 1000)
+                out["assign_plain"].append(assigned["wall_ms"] - joined * 1000)
+            config.log(f"    route event at {joined:.3f}, assigned at {assigned['wall_ms'] / 1000:.3f}")
+            config.log(f"kill {i + 1}/{kills_n} {victim}: zns {out['kill_zns'][-1]:.0f} ms, agent "
+                       f"{out['kill_agent'][-1]:.0f} ms" + (f", plain {out['kill_plain'][-1]:.0f} ms" if reference else "")
+                       + f"; back: producer {out['join_agent'][-1]:.0f} ms, consumer {out['assign_agent'][-1]:.0f} ms"
+                       + (f" (plain {out['join_plain'][-1]:.0f} / {out['assign_plain'][-1]:.0f} ms)" if reference else ""))
+            both_now = set(brokers)
+            agent.wait_for("publish", lambda ln: set(ln["brokers"]) == both_now, 60, "both again", since=joined - 1)
+
+        for i in range(wipes_n):
+            target = ("broker-a", "broker-b")[i % 2]
+            started = time.time()
+            _sh("wipe-write-perm", target, "--ns", zns.router)
+            wiped = watcher.wait_for(lambda ev: ev["topic"] == topic
+                                     and target not in zns_agent.route_brokers(ev, writable=True),
+                                     30, "the wiped route", since=started)
+            stopped = agent.wait_for("publish", lambda ln: target not in ln["brokers"], 30, "stops writing",
+                                     since=wiped - 1)
+            started = time.time()
+            _sh("add-write-perm", target, "--ns", zns.router)
+            added = watcher.wait_for(lambda ev: ev["topic"] == topic
+                                     and target in zns_agent.route_brokers(ev, writable=True),
+                                     30, "the restored route", since=started)
+            again = agent.wait_for("publish", lambda ln: target in ln["brokers"], 30, "writes again", since=added - 1)
+            out["wipe_agent"].append(stopped["wall_ms"] - wiped * 1000)
+            out["unwipe_agent"].append(again["wall_ms"] - added * 1000)
+            config.log(f"wipe {i + 1}/{wipes_n} {target}: stopped writing after {out['wipe_agent'][-1]:.0f} ms, "
+                       f"writing again after {out['unwipe_agent'][-1]:.0f} ms")
+
+        idle_probe = zns_agent.Probe(config.workdir, zns.addr, topic, agent=jar, rate=1, watch_ms=0)
+        stack.callback(idle_probe.kill)
+        idle_probe.wait_agent_line("following zns events", 60)
+        time.sleep(2)
+        before = zns_agent.thread_cpu_ms(idle_probe.pid, "zns-agent")
+        idle_s = 5.0 if config.quick else IDLE_S
+        time.sleep(idle_s)
+        idle_cpu = zns_agent.thread_cpu_ms(idle_probe.pid, "zns-agent") - before
+        threads = sorted(n for n in zns_agent.thread_names(idle_probe.pid) if n.startswith("zns-agent"))
+        heap_kib, heap_classes = _agent_heap(idle_probe.pid)
+        config.log(f"idle: agent threads {threads} used {idle_cpu:.0f} ms CPU in {idle_s:.0f} s; "
+                   f"heap of zns.agent objects {heap_kib:.1f} KiB in {heap_classes} classes")
+    return result(out, kills_n, reference_n, wipes_n, idle_cpu, idle_s, threads, heap_kib, heap_classes)
+
+
+def _p99(xs: list[float]) -> list[float]:
+    return [percentile(sorted(xs), 99)] if xs else [float("nan")]
+
+
+def result(out: dict[str, list[float]], kills_n: int, reference_n: int, wipes_n: int, idle_cpu: float,
+           idle_s: float, threads: list[str], heap_kib: float, heap_classes: int) -> BenchResult:
+    plain = "the same application without the agent"
+
+    def fig(name: str, key: str, budget: float | None, ref_key: str | None, note: str = "") -> list[Figure]:
+        ref = out.get(ref_key, []) if ref_key else []
+        target = Target("value", "<=", budget) if budget is not None else None
+        figures = [Figure(f"{name}, p99 of {len(out[key])} trials", "ms", _p99(out[key]),
+                          plain if ref else "", _p99(ref) if ref else [], target, note)]
+        figures.append(Figure(f"{name}, each trial", "ms", out[key], plain if ref else "", ref,
+                              note="median with min–max; the reference's over its own trials"))
+        return figures
+
+    figures: list[Figure] = []
+    figures += fig("broker SIGKILL → zns publishes the route without it", "kill_zns", None, None,
+                   "the kernel closes a killed JVM's sockets while it tears the process down (its large "
+                   "mappings first): the floor under every figure that starts at the kill")
+    figures += fig("zns's route event → the producer stops choosing the killed broker's queues",
+                   "kill_agent_after_zns", 200.0, None, "what the agent adds: the event, the client's own pull")
+    figures += fig("broker SIGKILL → the producer stops choosing its queues", "kill_agent", None, "kill_plain",
+                   "from the kill, zns's detection included; without the agent: the 30 s route poll")
+    figures += fig("broker joins → the producer uses its queues", "join_agent", 200.0, "join_plain",
+                   "from zns's route event listing the restarted broker")
+    figures += fig("broker joins → the push consumer is assigned its queues", "assign_agent", 1000.0, "assign_plain",
+                   "from zns's route event; RocketMQ's rebalance runs at most once a second")
+    figures += fig("wipeWritePerm → the producer stops writing to the broker", "wipe_agent", 200.0, None,
+                   "from zns's route event (zns wipe-write-perm over ZNS/1; mqadmin is the same route change)")
+    figures += fig("addWritePerm → the producer writes to the broker again", "unwipe_agent", None, None)
+    if out["fail_agent"]:
+        figures.append(Figure(f"failed sends in the {FAIL_WINDOW_S:.0f} s after a broker SIGKILL, send retries off, "
+                              f"{RATE} sends/s", "sends", out["fail_agent"], plain, out["fail_plain"],
+                              note="the same kills seen by both applications"))
+    if out["fail_agent_all"]:
+        figures.append(Figure("failed sends from a SIGKILL until the broker is back, with the agent", "sends",
+                              out["fail_agent_all"], note="the trials without the reference"))
+    figures.append(Figure(f"agent threads' CPU while nothing changes ({idle_s:.0f} s)", "ms", [idle_cpu],
+                          target=Target("value", "<=", idle_s * 1000 * 0.001),
+                          note=f"budget 0.1 % of a core; threads {', '.join(threads)}; /proc per-thread user+system "
+                               "time, in 10 ms ticks"))
+    figures.append(Figure("heap held by the agent's objects (live, after a full GC)", "KiB", [heap_kib],
+                          note=f"{heap_classes} classes of zns.agent.* (JeroMQ shaded included) have live "
+                               "instances; JeroMQ's socket buffers are JDK classes and not counted"))
+    params = (f"Parameters: {kills_n} kill trials ({reference_n} also timed without the agent), {wipes_n} wipe "
+              f"trials, {RATE} sends/s per application, a {IDLE_S:.0f} s idle window.")
+    return BenchResult("agent", "zns-agent.jar: pushed routes for an unmodified Java application",
+                       METHOD + "\n" + params, figures)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli({"agent": run}))
