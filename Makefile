@@ -22,8 +22,9 @@ TEST_WORKERS ?= 2
 test: $(STAMP) rocketmq-jars agent-jar
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# The real RocketMQ 5.3.3 jars for tests/interop, fetched once into a cache outside git
-# ($ZNS_ROCKETMQ_CACHE or ~/.cache/zns/rocketmq-5.3.3); a second run only checks a stamp.
+# The real RocketMQ jars for tests/interop (4.9.7, 5.3.3, 5.5.0: the version matrix), fetched
+# once into a cache outside git (${ZNS_ROCKETMQ_CACHE:-~/.cache/zns}/rocketmq-VERSION, one line
+# on stderr while Maven works); a second run only checks a stamp per version.
 # Without java/javac/mvn it does nothing and the interop tests skip; a failed fetch is only
 # a warning unless ZNS_REQUIRE_INTEROP=1.
 rocketmq-jars:

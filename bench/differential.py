@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="the first sequence's seed (then +1, +2, ...)")
     parser.add_argument("--version", default=rocketmq.DEFAULT_VERSION, choices=rocketmq.VERSIONS,
                         help="the Java NameServer's RocketMQ version (the oracle)")
+    parser.add_argument("--cross-cluster", type=float, default=0.0,
+                        help="share of registrations into another cluster (a known difference; 0: none)")
     parser.add_argument("--max-differences", type=int, default=20, help="stop after this many")
     args = parser.parse_args(argv)
 
@@ -43,23 +45,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         java = group.namesrv(version=args.version)
 
-        def restart_java() -> str:
-            nonlocal java
+        def restart() -> tuple[str, str]:
+            nonlocal java, zns
             java.kill()
-            java = group.namesrv(version=args.version)
-            return java.addr
-
-        def restart_zns() -> str:
-            nonlocal zns
             zns.stop()
-            zns = differential.ZnsProcess(work / "zns")
+            java = group.namesrv(version=args.version)
+            zns = differential.ZnsProcess(work / f"zns{len(procs)}")
             procs.append(zns)
-            return zns.addr
+            return java.addr, zns.addr
 
         diff = differential.Differential(
             java.addr, zns.addr, java_version=rocketmq.version_ordinal(args.version),
-            heartbeat_904=rocketmq.has_broker_heartbeat(args.version),
-            restart_java=restart_java, restart_zns=restart_zns)
+            v4=args.version.startswith("4."),
+            restart=restart, cross_cluster=args.cross_cluster)
         stats = differential.RunStats()
         started = time.monotonic()
         seed = args.seed

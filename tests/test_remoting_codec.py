@@ -815,8 +815,10 @@ def test_a_route_with_two_of_everything_in_both_forms():
     standard = ('{"brokerDatas":[' + brokers.format(a0='"0"', a1='"1"') + '],'
                 '"filterServerTable":{"h:9":["f0"],"\\uD83D\\uDE00":["f3"],"\\uFF01":["f1","f2"]},'
                 '"queueDatas":[' + queues + ']}')
+    # The legacy form keeps the filter-server map's own order (the caller's: Java's HashMap
+    # order, see javaorder); the standard form sorts it (fastjson's MapSortField).
     legacy = ('{"brokerDatas":[' + brokers.format(a0="0", a1="1") + '],'
-              f'"filterServerTable":{{"h:9":["f0"],"{EMOJI}":["f3"],"{FULLWIDTH}":["f1","f2"]}},'
+              f'"filterServerTable":{{"h:9":["f0"],"{FULLWIDTH}":["f1","f2"],"{EMOJI}":["f3"]}},'
               '"queueDatas":[' + queues + ']}')
     assert rm.encode_topic_route(_two_broker_route(), legacy=False) == standard.encode("ascii")
     assert rm.encode_topic_route(_two_broker_route(), legacy=True) == legacy.encode("utf-8")
@@ -829,28 +831,33 @@ def test_a_legacy_route_escapes_only_what_fastjson_escapes_by_default():
         '"readQueueNums":0,"topicSysFlag":0,"writeQueueNums":0}]}').encode("utf-8")
 
 
-def test_cluster_info_sorts_names_as_java_does():
+def test_cluster_info_and_kv_table_keep_the_order_given():
+    # The handler passes Java's iteration order (javaorder); the encoders keep it.
     b1 = BrokerData(broker_name=FULLWIDTH, cluster="c2", addrs={0: "h:1"})
-    b2 = BrokerData(broker_name=EMOJI, cluster="c1", addrs={0: "h:2", 1: "h:3"})
+    b2 = BrokerData(broker_name=EMOJI, cluster="c1", addrs={1: "h:3", 0: "h:2"})
     body = rm.encode_cluster_info({FULLWIDTH: b1, EMOJI: b2, "a": b1},
                                   {"c2": [FULLWIDTH, "a"], "c1": [EMOJI], FULLWIDTH: [FULLWIDTH, EMOJI], EMOJI: ["a"]})
     broker = ('{{"brokerAddrs":{{{addrs}}},"brokerName":"{name}","cluster":"{cluster}",'
               '"enableActingMaster":false}}')
     one = broker.format(addrs='0:"h:1"', name=FULLWIDTH, cluster="c2")
-    two = broker.format(addrs='0:"h:2",1:"h:3"', name=EMOJI, cluster="c1")
+    two = broker.format(addrs='0:"h:2",1:"h:3"', name=EMOJI, cluster="c1")  # a Long HashMap's order
     assert body == (
-        f'{{"brokerAddrTable":{{"a":{one},"{EMOJI}":{two},"{FULLWIDTH}":{one}}},'
-        f'"clusterAddrTable":{{"c1":["{EMOJI}"],"c2":["a","{FULLWIDTH}"],"{EMOJI}":["a"],"{FULLWIDTH}":["{EMOJI}","{FULLWIDTH}"]}}}}'
+        f'{{"brokerAddrTable":{{"{FULLWIDTH}":{one},"{EMOJI}":{two},"a":{one}}},'
+        f'"clusterAddrTable":{{"c2":["{FULLWIDTH}","a"],"c1":["{EMOJI}"],"{FULLWIDTH}":["{FULLWIDTH}","{EMOJI}"],"{EMOJI}":["a"]}}}}'
     ).encode("utf-8")
-
-
-def test_member_group_and_kv_table_with_several_entries():
-    assert rm.encode_broker_member_group("c", "b", {1: "h:2", 0: "h:1"}) == \
-        b'{"brokerMemberGroup":{"brokerAddrs":{0:"h:1",1:"h:2"},"brokerName":"b","cluster":"c"}}'
-    # Sorted by key in UTF-16 order, whatever the insertion order and the values.
     table = {FULLWIDTH: "a", "k": "z", EMOJI: "b", "\ud800": "lone"}
     assert rm.encode_kv_table(table) == (
-        f'{{"table":{{"k":"z","?":"lone","{EMOJI}":"b","{FULLWIDTH}":"a"}}}}').encode("utf-8")
+        f'{{"table":{{"{FULLWIDTH}":"a","k":"z","{EMOJI}":"b","?":"lone"}}}}').encode("utf-8")
+
+
+def test_member_group_in_a_long_hashmaps_order():
+    assert rm.encode_broker_member_group("c", "b", {1: "h:2", 0: "h:1"}) == \
+        b'{"brokerMemberGroup":{"brokerAddrs":{0:"h:1",1:"h:2"},"brokerName":"b","cluster":"c"}}'
+    # ids 0 and 16 share bucket 0 of 16 buckets (Long.hashCode): 16 comes before 1
+    assert rm.encode_broker_member_group("c", "b", {16: "h:3", 1: "h:2", 0: "h:1"}) == \
+        b'{"brokerMemberGroup":{"brokerAddrs":{0:"h:1",16:"h:3",1:"h:2"},"brokerName":"b","cluster":"c"}}'
+    assert rm.encode_broker_member_group("c", "b", {17: "h:3", 2: "h:2"}) == \
+        b'{"brokerMemberGroup":{"brokerAddrs":{17:"h:3",2:"h:2"},"brokerName":"b","cluster":"c"}}'
 
 
 def test_body_decoders_name_the_body_in_their_errors():

@@ -318,7 +318,8 @@ def test_topic_lists(rs):
 def test_system_topic_list_shape(rs):
     ok(rs, vector_register())
     body = ok(rs, req(304)).body.decode()
-    assert body == '{"brokerAddr":"127.0.0.1:10911","topicList":["DefaultCluster","broker-a"]}'
+    # The order of a ConcurrentHashMap key set holding both names (what a 5.3.3 NameServer sends).
+    assert body == '{"brokerAddr":"127.0.0.1:10911","topicList":["broker-a","DefaultCluster"]}'
 
 
 def test_delete_topic(rs, svc):
@@ -1002,3 +1003,18 @@ def test_forgetting_expired_connections_keeps_the_live_ones():
     ok(rs, register_cmd(), conn=Connection(5000, "127.0.0.1"))  # past the bound: the map is pruned
     rs.connection_closed(5000, 2_000)
     assert svc.table.liveness("DefaultCluster", MASTER) is None
+
+
+def test_bodies_follow_the_java_nameservers_hash_order(rs):
+    # A 5.3.3 NameServer's HashMap of broker names iterates broker-d, broker-b, broker-c,
+    # broker-a (tests/test_javaorder.py); mqadmin prints the first. ZNS/1 stays sorted.
+    for i, name in enumerate(["broker-a", "broker-b", "broker-c", "broker-d"]):
+        ok(rs, register_cmd(addr=f"127.0.0.1:{10911 + 10 * i}", name=name))
+    for version in (317, 479):
+        route = loads_lenient(ok(rs, req(105, {"topic": "TopicTest"}, version=version)).body, dict)
+        assert [q["brokerName"] for q in route["queueDatas"]] == ["broker-d", "broker-b", "broker-c", "broker-a"]
+        assert [b["brokerName"] for b in route["brokerDatas"]] == ["broker-d", "broker-b", "broker-c", "broker-a"]
+    info = loads_lenient(ok(rs, req(106)).body, dict)
+    assert list(info["clusterAddrTable"]["DefaultCluster"]) == ["broker-d", "broker-b", "broker-c", "broker-a"]
+    zns1_route = zns1(rs.service, "get_route", topic="TopicTest")["route"]
+    assert [q["broker_name"] for q in zns1_route["queues"]] == ["broker-a", "broker-b", "broker-c", "broker-d"]

@@ -674,13 +674,15 @@ def test_wipe_and_add_write_perm_count_actual_changes(table):
     assert table.wipe_write_perm("broker-a") == (0, [])
     changed, _ = table.add_write_perm("broker-a")
     assert changed == 3
-    assert {t: perm_of(table, t) for t in ("T1", "T2", "T3")} == {"T1": 6, "T2": 6, "T3": 7}
+    # Java's operateWritePermOfBroker: perm = READ|WRITE, the inherit bit of T3 goes too.
+    assert {t: perm_of(table, t) for t in ("T1", "T2", "T3")} == {"T1": 6, "T2": 6, "T3": 6}
 
 
 def test_add_write_perm_sets_read_too(table):
-    register(table, topics={"T": TopicConfig(perm=PERM_WRITE)})
-    assert table.add_write_perm("broker-a")[0] == 1
-    assert perm_of(table, "T") == PERM_READ | PERM_WRITE
+    register(table, topics={"T": TopicConfig(perm=PERM_WRITE), "P": TopicConfig(perm=15),
+                            "RW": TopicConfig(perm=6)})
+    assert table.add_write_perm("broker-a")[0] == 2  # RW is READ|WRITE already
+    assert perm_of(table, "T") == perm_of(table, "P") == PERM_READ | PERM_WRITE
 
 
 def test_write_perm_ops_on_unknown_broker(table):

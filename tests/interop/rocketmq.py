@@ -61,11 +61,6 @@ VERSION_ORDINALS = {"4.9.7": 407, "5.3.3": 479, "5.5.0": 513}
 def version_ordinal(version: str) -> int:
     return VERSION_ORDINALS[version]
 
-
-def has_broker_heartbeat(version: str) -> bool:
-    """BROKER_HEARTBEAT (904), REGISTER_TOPIC (217), member groups (901) and zones came with 5.0."""
-    return not version.startswith("4.")
-
 # Small, quick-starting JVMs: 2 cores, several JVMs at once. C1 only and the serial GC
 # start noticeably faster than the defaults; none of these processes runs long.
 JVM_BASE = [
@@ -206,7 +201,7 @@ def ensure_jars(version: str = DEFAULT_VERSION) -> Path:
     if version in _jars_errors:
         raise InteropUnavailable(_jars_errors[version])
     try:
-        return fetch.ensure(fetch.cache_dir(version), log=lambda msg: print(msg, file=sys.stderr))
+        return fetch.ensure(fetch.cache_dir(version))
     except (fetch.FetchError, subprocess.TimeoutExpired, OSError) as exc:
         _jars_errors[version] = f"RocketMQ {version} jars unavailable: {exc}"
         if version == DEFAULT_VERSION:

@@ -92,7 +92,8 @@ def _locked(cache: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _fetch_kind(kind: str, cache: Path, mvn: str, log) -> None:
+def _fetch_kind(kind: str, cache: Path, mvn: str) -> int:
+    """Fetch one kind's classpath folder; returns how many jars it holds."""
     version = _version_of(cache)
     staging = cache / f".{kind}.partial"
     shutil.rmtree(staging, ignore_errors=True)
@@ -103,7 +104,6 @@ def _fetch_kind(kind: str, cache: Path, mvn: str, log) -> None:
         f"-DoutputDirectory={staging}",
         "-DincludeScope=runtime",
     ]
-    started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 or not any(staging.glob(f"rocketmq-*-{version}.jar")):
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
@@ -113,12 +113,13 @@ def _fetch_kind(kind: str, cache: Path, mvn: str, log) -> None:
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
     _stamp(cache, kind).write_text(_pom_digest(version) + "\n")
-    log(f"rocketmq {version}: {kind} classpath ready in {time.monotonic() - started:.1f} s "
-        f"({len(list(final.iterdir()))} jars)")
+    return len(list(final.iterdir()))
 
 
-def ensure(cache: Path | None = None, log=lambda msg: print(msg, file=sys.stderr)) -> Path:
-    """Fetch every kind that is missing or stale; return the cache folder."""
+def ensure(cache: Path | None = None, log=None) -> Path:
+    """Fetch every kind that is missing or stale (one line on stderr); return the cache folder.
+
+    `log` is accepted for older callers and unused."""
     cache = cache or cache_dir()
     if all_ready(cache):
         return cache
@@ -126,13 +127,21 @@ def ensure(cache: Path | None = None, log=lambda msg: print(msg, file=sys.stderr
     if mvn is None:
         raise FetchError("mvn not found on PATH")
     with _locked(cache):
+        missing = [kind for kind in KINDS if not kind_ready(kind, cache)]
+        if not missing:  # another process fetched them while this one waited
+            return cache
+        # One line: what is being done now, and (at its end) how long it took.
+        print(f"rocketmq {_version_of(cache)}: fetching the {', '.join(missing)} jars with Maven "
+              f"into {cache} (once) ...", end=" ", file=sys.stderr, flush=True)
         started = time.monotonic()
-        log(f"rocketmq {_version_of(cache)}: fetching the jars with Maven into {cache} (once; "
-            f"a few minutes)")
-        for kind in KINDS:
-            if not kind_ready(kind, cache):
-                _fetch_kind(kind, cache, mvn, log)
-        log(f"rocketmq {_version_of(cache)}: fetched in {time.monotonic() - started:.0f} s")
+        jars = 0
+        try:
+            for kind in missing:
+                jars += _fetch_kind(kind, cache, mvn)
+        except BaseException:
+            print(f"failed after {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+            raise
+        print(f"done in {time.monotonic() - started:.0f} s ({jars} jars)", file=sys.stderr, flush=True)
     return cache
 
 

@@ -16,7 +16,8 @@ One cache, so one rule decides when an encoding is made and when it goes:
   more); with it, a hot set larger than the bound costs re-encoding, never
   memory.
 
-The JSON forms carry `orderTopicConf` only when `json_order_conf` is set (Java's
+The JSON forms list queues and brokers in the Java NameServer's HashMap order
+(zns.core.remoting.javaorder), not ZNS/1's sorted order. They carry `orderTopicConf` only when `json_order_conf` is set (Java's
 ``orderMessageEnable``, the remoting listener's setting; see
 zns.core.remoting.handler).
 
@@ -31,6 +32,7 @@ import msgspec
 from msgspec import Raw
 
 from zns.core.remoting.bodies import encode_topic_route
+from zns.core.remoting.javaorder import route_in_java_order
 from zns.core.schema import TopicRoute
 
 # What one cached encoding costs beyond its bytes: the bytes object's header and its
@@ -41,14 +43,18 @@ DEFAULT_MAX_JSON_BYTES = 64 << 20
 
 class EncodedRoutes:
     __slots__ = ("_route", "_msgpack", "_encode", "_json", "max_json_bytes", "msgpack_bytes",
-                 "json_bytes", "_json_order_conf")
+                 "json_bytes", "_json_order_conf", "_queue_names")
 
     def __init__(self, route: Callable[[str], TopicRoute | None],
                  encode_msgpack: Callable[[object], bytes],
-                 max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> None:
+                 max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
+                 queue_names: Callable[[str], list[str]] | None = None) -> None:
         """`route`: the route table's current route of a topic; `encode_msgpack`: ZNS/1's
-        encoder (bytes of exactly the encoding's size)."""
+        encoder (bytes of exactly the encoding's size); `queue_names`: a topic's broker
+        names in the order their queue data went in, for the JSON forms' Java order
+        (None: the route's own order)."""
         self._route = route
+        self._queue_names = queue_names
         self._encode = encode_msgpack
         self._msgpack: dict[str, Raw] = {}
         # legacy (True) and standard (False) JSON, each oldest first
@@ -104,6 +110,8 @@ class EncodedRoutes:
         """`route` (of the table, or zone-filtered) as TopicRouteData, as every JSON form is made."""
         if route.order_conf and not self._json_order_conf:
             route = msgspec.structs.replace(route, order_conf="")
+        if self._queue_names is not None and (len(route.queues) > 1 or route.filter_servers):
+            route = route_in_java_order(route, self._queue_names(route.topic))
         return encode_topic_route(route, legacy)
 
     def forget(self, topic: str) -> None:

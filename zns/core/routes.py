@@ -67,7 +67,9 @@ class RouteTable:
         # Queue entries and what the routes carry, in queue entries (zns.core.weights).
         self._weights = WeightLedger()
         self._brokers: dict[str, BrokerRecord] = {}
-        self._clusters: dict[str, set[str]] = {}
+        # cluster -> its broker names, in the order they joined (the order Java's HashSet
+        # keeps within a bucket: see zns.core.remoting.javaorder)
+        self._clusters: dict[str, dict[str, None]] = {}
         self._live = LivenessSchedule()
         self._filter_servers: dict[LiveKey, list[str]] = {}
         self._order_conf: dict[str, str] = {}
@@ -157,9 +159,9 @@ class RouteTable:
         name, cluster, addr, broker_id = req.broker_name, req.cluster, req.broker_addr, req.broker_id
         rec.addrs[broker_id] = addr
         rec.addr_cluster[addr] = cluster
-        members = self._clusters.setdefault(cluster, set())
+        members = self._clusters.setdefault(cluster, {})
         if name not in members:
-            members.add(name)
+            members[name] = None
             ch.structural = True
         if old_id is None:
             change = "registered"
@@ -273,7 +275,9 @@ class RouteTable:
         return self._change_perm(name, lambda perm: perm & ~PERM_WRITE)
 
     def add_write_perm(self, name: str) -> tuple[int, list[Event]]:
-        return self._change_perm(name, lambda perm: perm | PERM_READ | PERM_WRITE)
+        # RocketMQ's operateWritePermOfBroker: perm becomes READ|WRITE exactly (the
+        # priority and inherit bits go), not perm | READ | WRITE.
+        return self._change_perm(name, lambda perm: PERM_READ | PERM_WRITE)
 
     def delete_topic(self, topic: str, cluster: str = "") -> tuple[bool, list[Event]]:
         by_broker = self._queues.get(topic, {})
@@ -321,6 +325,20 @@ class RouteTable:
         """The revision of the topic's last change; 0 when unknown or forgotten (§7)."""
         return self._revisions.topic_revision(topic)
 
+    # Insertion orders, which Java's hash tables keep within a bucket (the remoting
+    # listener writes its bodies in Java's order: zns.core.remoting.javaorder). Read only.
+    def topic_queue_table(self) -> dict[str, dict[str, QueueData]]:
+        """topic -> broker name -> QueueData; topics and names in the order they came."""
+        return self._queues
+
+    def broker_names(self) -> list[str]:
+        """Broker names in the order they were first registered (since last held)."""
+        return list(self._brokers)
+
+    def cluster_members(self) -> dict[str, dict[str, None]]:
+        """cluster -> its broker names, both in the order they joined."""
+        return self._clusters
+
     def routes(self) -> dict[str, TopicRoute]:
         return self._revisions.routes()
 
@@ -347,7 +365,7 @@ class RouteTable:
         return out
 
     def topics(self, cluster: str = "", sys_flag: int = 0) -> list[str]:
-        in_cluster = self._clusters.get(cluster, set()) if cluster else None
+        in_cluster = self._clusters.get(cluster, {}).keys() if cluster else None
         out = []
         for topic, by_broker in self._queues.items():
             if in_cluster is not None and in_cluster.isdisjoint(by_broker):
@@ -632,7 +650,7 @@ class RouteTable:
                     self._touch_broker(rec, ch)
         if cluster not in rec.addr_cluster.values():
             members = self._clusters[cluster]
-            members.discard(rec.name)
+            members.pop(rec.name, None)
             if not members:
                 del self._clusters[cluster]
             if rec.cluster == cluster and rec.addr_cluster:

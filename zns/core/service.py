@@ -52,6 +52,7 @@ from zns.core.schema import (
     KvListReply,
     KvPut,
     KvPutReply,
+    QueueData,
     RegisterBroker,
     RegisterBrokerReply,
     RegisterTopic,
@@ -151,7 +152,8 @@ class NameService:
         self.peers: dict[str, bool] = {}  # peer endpoint -> connected (§10, set by the server)
         # Each route encoded once per change, in each form when first asked for (a restart
         # storm changes shared routes faster than anyone can ask; the events carry them anyway).
-        self.encoded = EncodedRoutes(self.table.route, lambda route: self._exact(route))
+        self.encoded = EncodedRoutes(self.table.route, lambda route: self._exact(route),
+                                     queue_names=self._queue_names)
         self._snapshot_routes: tuple[int, Raw] = (-1, Raw(b""))  # (revision, encoded map)
         self._scratch = bytearray()  # see _exact
         # Plain counts for metrics, read (never reset) by a scrape in another thread: an
@@ -275,6 +277,26 @@ class NameService:
 
     def broker_table(self) -> dict[str, BrokerData]:
         return self.table.broker_table()
+
+    @property
+    def revision(self) -> int:
+        """The route table's revision (§7): moves with every change."""
+        return self.table.revision
+
+    def topic_queue_table(self) -> dict[str, dict[str, QueueData]]:
+        """topic -> broker name -> QueueData, in insertion order (read only; Java's order)."""
+        return self.table.topic_queue_table()
+
+    def broker_names(self) -> list[str]:
+        """Broker names in the order they were first registered."""
+        return self.table.broker_names()
+
+    def cluster_members(self) -> dict[str, dict[str, None]]:
+        """cluster -> broker names, in the order they joined (read only)."""
+        return self.table.cluster_members()
+
+    def _queue_names(self, topic: str) -> list[str]:
+        return list(self.table.topic_queue_table().get(topic, ()))
 
     def cluster_table(self) -> dict[str, list[str]]:
         return self.table.cluster_table()

@@ -9,14 +9,14 @@ legacy, as in Java. `encode_topic_route` is meant to run once per route
 change: the two results are plain bytes a GET_ROUTEINFO_BY_TOPIC reply can
 reuse as its body.
 
-Map order. fastjson writes a ``HashMap`` in its iteration order, which
-depends on the map's capacity history and so cannot be reproduced from the
-contents alone. zns writes maps sorted instead: exactly what the standard
-form's ``MapSortField`` does, and for the legacy form identical to Java's
-order for broker ids below 16 (the case of every real broker set); for
-string-keyed legacy maps (cluster and broker names, KV tables, filter
-servers) the order may differ from a Java server's, which no reader --
-fastjson included -- depends on. Lists (topic lists) keep the caller's order.
+Map and list order. fastjson writes a ``HashMap`` or ``ConcurrentHashMap`` in its
+iteration order, a function of the keys' hash codes, the table's capacity and the
+insertion order within a bucket (zns.core.remoting.javaorder computes it). The
+encoders write lists and string-keyed maps in the order they are given -- the
+handler gives Java's -- except where Java sorts: the standard form's maps
+(``MapSortField``). Broker-id maps (``brokerAddrs``) are written in a Long-keyed
+HashMap's order in the legacy form (ascending for ids below 16) and sorted in the
+standard one.
 
 Inputs are duck-typed: `encode_topic_route` takes zns's own route shape
 (``zns.core.schema.TopicRoute``) or this module's `TopicRouteData`, which mirrors
@@ -33,6 +33,7 @@ from msgspec import Struct
 
 from .constants import STANDARD_JSON_MIN_VERSION
 from zns.core.errors import RemotingBodyError
+from .javaorder import hashmap_order
 from .fastjson import (
     LEGACY_SPECIAL, STANDARD_SPECIAL, check_values, escape_legacy, escape_standard, loads_lenient, to_utf8,
 )
@@ -124,7 +125,8 @@ def _escaper(strings: Iterable[str], legacy: bool) -> Callable[[str], str]:
 def _broker_json(b: BrokerLike, legacy: bool, esc: Callable[[str], str]) -> str:
     # brokerAddrs keys are Java Longs: bare numbers in the legacy form, quoted in the standard one.
     if legacy:
-        addrs = ",".join([f"{bid}:{esc(addr)}" for bid, addr in sorted(b.addrs.items())])
+        ids = b.addrs if len(b.addrs) <= 1 else hashmap_order(sorted(b.addrs))
+        addrs = ",".join([f"{bid}:{esc(b.addrs[bid])}" for bid in ids])
     else:
         addrs = ",".join([f'"{bid}":{esc(addr)}' for bid, addr in sorted(b.addrs.items())])
     acting = "true" if getattr(b, "enable_acting_master", False) else "false"
@@ -159,9 +161,10 @@ def encode_topic_route(route: RouteLike, legacy: bool) -> bytes:
     strings.append(route.order_conf)
     esc = _escaper(strings, legacy)
     brokers = ",".join([_broker_json(b, legacy, esc) for b in route.brokers])
+    items = route.filter_servers.items()  # legacy: the map's own order (Java's, given)
     filters = ",".join(
         f'{esc(addr)}:[{",".join(esc(s) for s in servers)}]'
-        for addr, servers in sorted(route.filter_servers.items(), key=lambda kv: _utf16_key(kv[0]))
+        for addr, servers in (items if legacy else sorted(items, key=lambda kv: _utf16_key(kv[0])))
     )
     order = f',"orderTopicConf":{esc(route.order_conf)}' if route.order_conf else ""
     queues = ",".join([
@@ -190,22 +193,23 @@ def encode_cluster_info(brokers: Mapping[str, BrokerLike], clusters: Mapping[str
     """ClusterInfo for GET_BROKER_CLUSTER_INFO (always the legacy form, as Java sends it).
 
     `brokers` maps broker name to its BrokerData, `clusters` cluster name to
-    its broker names (zns's get_cluster_info shape).
+    its broker names (zns's get_cluster_info shape); both are written in the
+    order given.
     """
     table = ",".join(
         f"{escape_legacy(name)}:{_broker_json(b, True, escape_legacy)}"
-        for name, b in sorted(brokers.items(), key=lambda kv: _utf16_key(kv[0]))
+        for name, b in brokers.items()
     )
     cl = ",".join(
-        f'{escape_legacy(c)}:[{",".join(escape_legacy(n) for n in sorted(names, key=_utf16_key))}]'
-        for c, names in sorted(clusters.items(), key=lambda kv: _utf16_key(kv[0]))
+        f'{escape_legacy(c)}:[{",".join(escape_legacy(n) for n in names)}]'
+        for c, names in clusters.items()
     )
     return to_utf8(f'{{"brokerAddrTable":{{{table}}},"clusterAddrTable":{{{cl}}}}}')
 
 
 def encode_broker_member_group(cluster: str, broker_name: str, addrs: Mapping[int, str]) -> bytes:
     """GetBrokerMemberGroupResponseBody for GET_BROKER_MEMBER_GROUP (legacy form)."""
-    a = ",".join(f"{bid}:{escape_legacy(addr)}" for bid, addr in sorted(addrs.items()))
+    a = ",".join(f"{bid}:{escape_legacy(addrs[bid])}" for bid in hashmap_order(sorted(addrs)))
     return to_utf8(
         f'{{"brokerMemberGroup":{{"brokerAddrs":{{{a}}},"brokerName":{escape_legacy(broker_name)},'
         f'"cluster":{escape_legacy(cluster)}}}}}'
@@ -223,10 +227,9 @@ def encode_topic_list(topics: Iterable[str], broker_addr: str | None = None) -> 
 
 
 def encode_kv_table(table: Mapping[str, str]) -> bytes:
-    """KVTable: ``{"table":{key: value}}`` (GET_KVLIST_BY_NAMESPACE, the REGISTER_BROKER reply)."""
-    items = ",".join(
-        f"{escape_legacy(k)}:{escape_legacy(v)}" for k, v in sorted(table.items(), key=lambda kv: _utf16_key(kv[0]))
-    )
+    """KVTable: ``{"table":{key: value}}`` (GET_KVLIST_BY_NAMESPACE, the REGISTER_BROKER reply),
+    entries in the order given."""
+    items = ",".join(f"{escape_legacy(k)}:{escape_legacy(v)}" for k, v in table.items())
     return to_utf8(f'{{"table":{{{items}}}}}')
 
 

@@ -75,6 +75,7 @@ from .bodies import (
 )
 from .bodies import DataVersion as WireDataVersion
 from .command import RemotingCommand
+from .javaorder import BROKER_TABLE, CLUSTER_TABLE, TOPIC_TABLE, chm_order, hashmap_order
 from .constants import NAMESERVER_REQUEST_CODES, SERIALIZE_JSON, RequestCode, ResponseCode
 from zns.core.errors import RemotingBodyError
 from .ext import optional, parse_bool, parse_long, require
@@ -136,6 +137,7 @@ class RemotingService:
         # Namespaces a remoting DELETE_KV_CONFIG left empty, oldest first: Java keeps an
         # emptied namespace's table, so GET_KVLIST_BY_NAMESPACE answers it with {"table":{}}.
         self._emptied: dict[str, None] = {}
+        self._topic_order_cache: tuple[int, list[str]] = (-1, [])
 
     # --- the boundary ---------------------------------------------------
 
@@ -193,21 +195,17 @@ class RemotingService:
                           broker_addr=require(ext, "brokerAddr"))
                 return _ok(cmd)
             case R.GET_BROKER_CLUSTER_INFO:
-                service = self.service
-                body = encode_cluster_info(service.broker_table(), service.cluster_table())
-                return _ok(cmd, body=body)
+                return _ok(cmd, body=self._cluster_info())
             case R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER:
-                return _ok(cmd, body=encode_topic_list(self._topics()))
+                return _ok(cmd, body=encode_topic_list(chm_order(self._topic_order())))
             case R.GET_TOPICS_BY_CLUSTER:
-                return _ok(cmd, body=encode_topic_list(self._topics(require(ext, "cluster"))))
+                return _ok(cmd, body=encode_topic_list(self._cluster_topics(require(ext, "cluster"))))
             case R.GET_UNIT_TOPIC_LIST:
-                return _ok(cmd, body=encode_topic_list(self._topics(sys_flag=FLAG_UNIT)))
+                return _ok(cmd, body=encode_topic_list(self._flagged_topics(FLAG_UNIT, 0)))
             case R.GET_HAS_UNIT_SUB_TOPIC_LIST:
-                return _ok(cmd, body=encode_topic_list(self._topics(sys_flag=FLAG_UNIT_SUB)))
+                return _ok(cmd, body=encode_topic_list(self._flagged_topics(FLAG_UNIT_SUB, 0)))
             case R.GET_HAS_UNIT_SUB_UNUNIT_TOPIC_LIST:
-                both = set(self._topics(sys_flag=FLAG_UNIT | FLAG_UNIT_SUB))
-                topics = [t for t in self._topics(sys_flag=FLAG_UNIT_SUB) if t not in both]
-                return _ok(cmd, body=encode_topic_list(topics))
+                return _ok(cmd, body=encode_topic_list(self._flagged_topics(FLAG_UNIT_SUB, FLAG_UNIT)))
             case R.GET_SYSTEM_TOPIC_LIST_FROM_NS:
                 return _ok(cmd, body=self._system_topics())
             case R.GET_BROKER_MEMBER_GROUP:
@@ -259,7 +257,7 @@ class RemotingService:
                 if not entries:
                     return _error(cmd, ResponseCode.QUERY_NOT_FOUND,
                                   f"No config item, Namespace: {namespace}")
-                return _ok(cmd, body=encode_kv_table(entries))
+                return _ok(cmd, body=encode_kv_table(_java_kv_order(entries)))
             case R.UPDATE_NAMESRV_CONFIG:
                 log.warning("refused UPDATE_NAMESRV_CONFIG from %s: zns changes no configuration "
                             "at run time", conn.host)
@@ -322,7 +320,8 @@ class RemotingService:
             reply_ext["masterAddr"] = reply.master_addr
         order = self.service.kv.list(ORDER_TOPIC_CONFIG)
         known = order or ORDER_TOPIC_CONFIG in self._emptied  # Java: an emptied table is {}
-        return _ok(cmd, ext_fields=reply_ext, body=encode_kv_table(order) if known else b"")
+        body = encode_kv_table(_java_kv_order(order)) if known else b""
+        return _ok(cmd, ext_fields=reply_ext, body=body)
 
     def _heartbeat(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
                    now: int, frames: list[Frames]) -> RemotingCommand:
@@ -392,21 +391,67 @@ class RemotingService:
         whether or not its perm changed (ZNS/1's `changed` counts only changed ones)."""
         return str(self.service.broker_topic_count(name))
 
-    def _topics(self, cluster: str = "", sys_flag: int = 0) -> list[str]:
-        return self.service.topics(cluster, sys_flag)
+    # --- bodies in the Java NameServer's order (zns.core.remoting.javaorder) ----------
+    # RouteInfoManager's tables are ConcurrentHashMaps (topics 2048 buckets, broker names
+    # 256, clusters 64) holding HashMaps/HashSets; a TopicList is a ConcurrentHashMap key
+    # set filled as the tables are walked. mqadmin and the Dashboard print the first of
+    # each list, so the order is part of what they show.
+
+    def _topic_order(self) -> list[str]:
+        """topicQueueTable's iteration order (kept while the table's revision stands)."""
+        revision = self.service.revision
+        if self._topic_order_cache[0] != revision:
+            self._topic_order_cache = (revision, chm_order(self.service.topic_queue_table(),
+                                                           TOPIC_TABLE))
+        return self._topic_order_cache[1]
+
+    def _cluster_names(self) -> list[tuple[str, list[str]]]:
+        """clusterAddrTable's order, each cluster's names in its HashSet's order."""
+        members = self.service.cluster_members()
+        return [(c, hashmap_order(members[c])) for c in chm_order(members, CLUSTER_TABLE)]
+
+    def _cluster_info(self) -> bytes:
+        table = self.service.broker_table()
+        brokers = {n: table[n] for n in chm_order(self.service.broker_names(), BROKER_TABLE)}
+        return encode_cluster_info(brokers, dict(self._cluster_names()))
+
+    def _cluster_topics(self, cluster: str) -> list[str]:
+        queues = self.service.topic_queue_table()
+        names = hashmap_order(self.service.cluster_members().get(cluster, ()))
+        order = self._topic_order()
+        return chm_order(t for n in names for t in order if n in queues[t])
+
+    def _flagged_topics(self, wanted: int, unwanted: int) -> list[str]:
+        """Topics whose first QueueData (in its HashMap's order) has every `wanted` flag
+        and no `unwanted` one."""
+        queues = self.service.topic_queue_table()
+        out = []
+        for topic in self._topic_order():
+            by_name = queues[topic]
+            first = by_name[next(iter(by_name))] if len(by_name) == 1 else \
+                by_name[hashmap_order(by_name)[0]]
+            if first.sys_flag & wanted == wanted and not first.sys_flag & unwanted:
+                out.append(topic)
+        return chm_order(out)
 
     def _system_topics(self) -> bytes:
-        service = self.service
         names: list[str] = []
-        for cluster, brokers in service.cluster_table().items():
+        for cluster, brokers in self._cluster_names():
             names.append(cluster)
             names.extend(brokers)
         broker_addr = None
-        for data in service.broker_table().values():
-            if data.addrs:
-                broker_addr = data.addrs.get(MASTER_ID, next(iter(data.addrs.values())))
+        table = self.service.broker_table()
+        for name in chm_order(self.service.broker_names(), BROKER_TABLE):
+            addrs = table[name].addrs
+            if addrs:  # the first id of its HashMap<Long, String>
+                broker_addr = addrs[hashmap_order(sorted(addrs))[0]]
                 break
-        return encode_topic_list(names, broker_addr)
+        return encode_topic_list(chm_order(names), broker_addr)
+
+
+def _java_kv_order(entries: dict[str, str]) -> dict[str, str]:
+    """A KV namespace as the Java NameServer's HashMap iterates it (entries in insertion order)."""
+    return {k: entries[k] for k in hashmap_order(entries)}
 
 
 def _convert(value: Any, kind: Any, what: str) -> Any:
