@@ -199,7 +199,7 @@ class Model:
     def write_perm(self, name: str, wipe: bool) -> None:
         held = self.queues.get(name, {})
         for topic, q in held.items():
-            perm = q.perm & ~PERM_WRITE if wipe else q.perm | PERM_READ | PERM_WRITE
+            perm = q.perm & ~PERM_WRITE if wipe else PERM_READ | PERM_WRITE  # as Java: exactly RW
             held[topic] = QueueData(name, q.read_queues, q.write_queues, perm, q.sys_flag)
 
     def delete_topic(self, topic: str, cluster: str) -> None:
