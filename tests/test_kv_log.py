@@ -364,3 +364,49 @@ def test_deleting_the_last_key_of_a_namespace_removes_the_namespace(path, stores
         assert store.list("ns") == {} and store.count("ns") == 0
     stores[0].close()
     assert open_store(stores, path).count() == 1
+
+
+def test_read_kv_file_reads_either_format_and_refuses_a_torn_header(path):
+    path.write_text('{"ns": {"k": "v"}}')
+    assert read_kv_file(path) == {"ns": {"k": "v"}}
+    path.write_bytes(MAGIC[:5])  # only `<path>.next` may be created and then torn
+    with pytest.raises(KvFileError, match="corrupt"):
+        read_kv_file(path)
+
+
+def test_get_of_an_unknown_namespace_or_key_is_none(stores):
+    store = KvStore(None)
+    store.put("ns", "k", "v")
+    assert store.get("other", "k") is None and store.get("ns", "other") is None
+    assert store.list("other") == {}
+
+
+def test_file_bytes_are_the_bytes_of_the_log_files(path, stores):
+    store = open_store(stores, path, compact_min_bytes=2_000, step_bytes=300)
+    assert store.file_bytes() == 0  # nothing written yet
+    nxt = path.with_name(path.name + ".next")
+    compacting = False
+    for i in range(200):
+        store.put("ns", f"k{i % 10}", f"{i}" + "v" * 100)
+        on_disk = path.stat().st_size + (nxt.stat().st_size if nxt.exists() else 0)
+        assert store.file_bytes() == on_disk, i
+        compacting |= nxt.exists()
+    assert compacting  # the sum was checked while a compaction ran, too
+
+
+def test_write_times_count_each_append_in_its_bucket(path, stores):
+    times = kv_file.WriteTimes()
+    assert times.counts == [0] * (len(times.BOUNDS) + 1) and times.total_seconds == 0
+    for seconds in (0.0001, 0.0005, 0.0007, 2.5, 30.0):
+        times.add(seconds)
+    # A bucket counts the values up to its bound (Prometheus' `le`); the last, the rest.
+    assert times.counts[:3] == [2, 1, 0] and times.counts[-2:] == [1, 1]
+    assert sum(times.counts) == 5 and times.total_seconds == pytest.approx(32.5013)
+    store = open_store(stores, path)
+    store.put("ns", "a", "1")
+    store.put("ns", "a", "1")  # unchanged: nothing written, nothing timed
+    store.delete("ns", "a")
+    assert sum(store.write_times.counts) == 2 and store.write_times.total_seconds > 0
+    memory = KvStore(None)
+    memory.put("ns", "a", "1")
+    assert sum(memory.write_times.counts) == 0  # nothing made durable, nothing timed
