@@ -1,11 +1,17 @@
 """The `zns` command group: `serve`, `keygen` and the operator commands.
 
-The commands are defined in their own modules and only added here, so no
-command module imports the group back (no import cycle).
+The commands are defined in their own modules and only named here, so no
+command module imports the group back (no import cycle). A command's module is
+imported when that command runs (or shows its help): `zns --help` and
+`zns status` never load the server, the remoting listener or asyncio, so the
+command line starts in a fraction of a second. `COMMANDS` holds each command's
+one-line help for `zns --help`; tests/test_cli_serve.py checks it against the
+commands' own.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -14,11 +20,55 @@ from typing import Any
 import click
 
 from zns import __version__
-from zns.cli import relay, serve, tools, watch
+
+# name: (module, attribute, the one line `zns --help` shows)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "serve": ("zns.cli.serve", "serve", "Run a NameServer until SIGTERM or Ctrl-C."),
+    "keygen": ("zns.cli.serve", "keygen",
+               "Write a CURVE key pair: DIRECTORY/NAME.key (public) and NAME.key_secret."),
+    "status": ("zns.cli.tools", "status", "Show the state of every NameServer in the list."),
+    "route": ("zns.cli.tools", "route", "Show the route of TOPIC: its brokers and queues."),
+    "clusters": ("zns.cli.tools", "clusters",
+                 "Show clusters, their brokers and each address's liveness."),
+    "topics": ("zns.cli.tools", "topics", "List topics."),
+    "kv": ("zns.cli.tools", "kv", "Read and write the NameServers' KV store."),
+    "wipe-write-perm": ("zns.cli.tools", "wipe_write_perm",
+                        "Stop producers writing to BROKER (on every NameServer), e.g. before "
+                        "maintenance."),
+    "add-write-perm": ("zns.cli.tools", "add_write_perm",
+                       "Let producers write to BROKER again (on every NameServer)."),
+    "delete-topic": ("zns.cli.tools", "delete_topic", "Delete TOPIC from every NameServer."),
+    "broker": ("zns.cli.tools", "broker",
+               "Run a broker agent (no message store): registers until Ctrl-C or SIGTERM, then "
+               "unregisters."),
+    "watch": ("zns.cli.watch", "watch",
+              "Print route and broker changes as they happen, one line each (all topics by "
+              "default)."),
+    "relay": ("zns.cli.relay", "relay",
+              "Relay a NameServer's events (ZeroMQ XSUB/XPUB) until SIGTERM or Ctrl-C."),
+}
 
 
 class _Group(click.Group):
-    """With `--json` anywhere on the command line, a usage error is JSON on stdout too."""
+    """Commands loaded on use; with `--json` anywhere on the command line, a usage error is
+    JSON on stdout too."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attribute, _ = COMMANDS[name]
+        command: click.Command = getattr(importlib.import_module(module), attribute)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [(name, click.utils.make_default_short_help(COMMANDS[name][2], limit))
+                for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def main(self, args: Sequence[str] | None = None, *pos: Any, **kwargs: Any) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
@@ -41,6 +91,3 @@ class _Group(click.Group):
 def main() -> None:
     """zns: a NameServer for message-bus clusters over ZeroMQ (ZNS/1)."""
 
-
-for command in (serve.serve, serve.keygen, *tools.COMMANDS, watch.watch, relay.relay):
-    main.add_command(command)

@@ -487,6 +487,9 @@ def broker(target: Target, cluster: str, broker_name: str, broker_addr: str, bro
     """Run a broker agent (no message store): registers until Ctrl-C or SIGTERM, then unregisters."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()  # before the agent starts: a SIGTERM once it registers unregisters
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         agent = BrokerAgent(
             target.endpoints, cluster=cluster, broker_name=broker_name, broker_addr=broker_addr,
@@ -497,9 +500,6 @@ def broker(target: Target, cluster: str, broker_name: str, broker_addr: str, bro
         )
     except (ErrorReply, UsageError) as exc:  # a bad address or topic: a usage message, no trace
         raise click.UsageError(str(exc)) from None
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     announced = False
     try:
         while not stop.wait(0.1):
