@@ -44,3 +44,13 @@ def test_the_listed_one_line_helps_are_the_commands_own():
         command = main.get_command(click.Context(main), name)
         assert command is not None and command.name == name
         assert short_help == (command.help or "").split("\n\n")[0].replace("\n", " "), name
+
+
+def test_every_command_and_subcommand_has_help_text():
+    ctx = click.Context(main)
+    for name in main.list_commands(ctx):
+        command = main.get_command(ctx, name)
+        assert command is not None and command.help, name
+        if isinstance(command, click.Group):
+            for sub in command.commands.values():
+                assert sub.help, f"{name} {sub.name}"

@@ -30,14 +30,23 @@ def load_config_file(ctx: click.Context, _param: click.Parameter, path: str | No
             data = tomllib.load(f)
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise click.BadParameter(f"cannot read {path}: {exc}") from exc
-    known = {p.name for p in ctx.command.params}
+    # A key is an option's name as typed (`name`, `addr`, `topic`, `kv-path`) or as the
+    # command calls it (`broker_name`, `topics`, `kv_path`); `peers` is `peer`, listed.
+    known: dict[str, str] = {}
+    for param in ctx.command.params:
+        if param.name is None or param.name == "config":
+            continue
+        known[param.name] = param.name
+        for opt in param.opts:
+            known[opt.lstrip("-").replace("-", "_")] = param.name
+    if "peer" in known:
+        known["peers"] = "peer"
     defaults: dict[str, Any] = {}
     for key, value in data.items():
-        name = key.replace("-", "_")
-        if name == "peers":
-            name = "peer"
-        if name not in known or name == "config":
-            raise click.BadParameter(f"{path}: unknown key {key!r}")
+        name = known.get(key.replace("-", "_"))
+        if name is None:
+            raise click.BadParameter(f"{path}: unknown key {key!r} (known: "
+                                     f"{', '.join(sorted(known))})")
         defaults[name] = value
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return path

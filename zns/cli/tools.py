@@ -363,6 +363,7 @@ def kv() -> None:
 @click.argument("key")
 @ns_options
 def kv_get(target: Target, namespace: str, key: str) -> None:
+    """Print the value of KEY in NAMESPACE (exit 1 when there is none)."""
     _, reply = ask(target, KvGet(namespace=namespace, key=key))
     if target.as_json:
         _print_json(reply)
@@ -374,6 +375,7 @@ def kv_get(target: Target, namespace: str, key: str) -> None:
 @click.argument("namespace")
 @ns_options
 def kv_list(target: Target, namespace: str) -> None:
+    """List the keys and values of NAMESPACE."""
     _, reply = ask(target, KvList(namespace=namespace))
     if target.as_json:
         _print_json(reply)
