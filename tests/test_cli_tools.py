@@ -264,3 +264,14 @@ def test_route_zone_shows_what_a_client_of_that_zone_sees(loaded):
     zoned = run("route", "TopicB", "--zone", "z1", ns=ns)
     assert zoned.exit_code == 0 and "broker-a" in zoned.output, zoned.output
     assert "broker-b" not in zoned.output, zoned.output
+
+
+def test_text_status_shows_the_remoting_listener_and_the_peers(make_server):
+    srv = make_server(remoting="127.0.0.1:0", peers=[DEAD])
+    out = run("status", ns=srv.router)
+    assert out.exit_code == 0, out.output
+    header, row = out.output.splitlines()
+    assert header.split()[-2:] == ["REMOTING", "PEERS"]
+    remoting = srv.server.service.remoting_endpoint
+    assert remoting.startswith("127.0.0.1:") and remoting in row
+    assert row.endswith(f"{DEAD} down")

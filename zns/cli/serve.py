@@ -109,7 +109,8 @@ from zns.drivers.server import (
                    "producers given it write to its queues whatever their perm.")
 @click.option("--metrics", type=HostPort(schemes=("http",)), metavar="HOST:PORT",
               envvar="ZNS_METRICS",
-              help="Serve Prometheus metrics at http://HOST:PORT/metrics and liveness at "
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. "
+                   "127.0.0.1:9878) and liveness at "
                    "/healthz (needs prometheus_client: pip install 'zns[metrics]'). Off by "
                    "default; plain HTTP.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],

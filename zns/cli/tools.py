@@ -232,7 +232,8 @@ def _print_json(value: Any) -> None:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    rows = [[str(c) for c in row] for row in rows]
+    """Columns padded to their widest cell; a short row leaves its last columns empty."""
+    rows = [[str(c) for c in row] + [""] * (len(headers) - len(row)) for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -275,14 +276,16 @@ def status(target: Target) -> None:
         rows = []
         for ep, r in results.items():
             if isinstance(r, ErrorReply):
-                rows.append([ep, f"error {r.code}", "", "", "", "", "", ""])
+                rows.append([ep, f"error {r.code}"])
             elif isinstance(r, Exception):
-                rows.append([ep, "unreachable", "", "", "", "", "", ""])
+                rows.append([ep, "unreachable"])
             else:
+                peers = ", ".join(f"{p} {'up' if up else 'down'}" for p, up in r.peers.items())
                 rows.append([ep, r.epoch, r.revision, r.version, f"{r.uptime_ms / 1000:.0f}s",
-                             r.brokers, r.topics, r.pub_endpoint])
+                             r.brokers, r.topics, r.pub_endpoint, r.remoting or "-",
+                             peers or "-"])
         click.echo(table(["nameserver", "epoch", "revision", "version", "uptime", "brokers",
-                          "topics", "events"], rows))
+                          "topics", "events", "remoting", "peers"], rows))
     worst = 0
     for ep, r in results.items():
         if isinstance(r, Exception):

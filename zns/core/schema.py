@@ -296,6 +296,8 @@ class StatusReply(Reply, tag="status"):
     pub_endpoint: str
     # zns extension (optional field): the peers of §10 and whether each is connected.
     peers: dict[str, bool] = {}
+    # zns extension (optional field): the RocketMQ remoting listener as bound ("" when off).
+    remoting: str = ""
 
 
 class WipeWritePermReply(Reply, tag="wipe_write_perm"):

@@ -146,6 +146,7 @@ class NameService:
         self.epoch = epoch
         self.started_at_ms = started_at_ms
         self.pub_endpoint = pub_endpoint
+        self.remoting_endpoint = ""  # the remoting listener as bound, shown by `status`
         self.authorize = authorize
         self.limits = limits or Limits()
         self.max_reply_bytes = max_reply_bytes
@@ -481,6 +482,7 @@ class NameService:
             id=rid, epoch=self.epoch, revision=table.revision, version=__version__,
             uptime_ms=max(0, now - self.started_at_ms), brokers=table.broker_count(),
             topics=table.topic_count(), pub_endpoint=self.pub_endpoint, peers=dict(self.peers),
+            remoting=self.remoting_endpoint,
         )
 
     def _kv_get(self, ns: str, key: str) -> str:

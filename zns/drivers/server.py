@@ -328,6 +328,7 @@ class Server:
                         "%s", listener.endpoint,
                         describe_access(service.brokers, service.admins, service.readers))
         log.info("RocketMQ remoting listener on %s", listener.endpoint)
+        self.service.remoting_endpoint = listener.endpoint
         return listener
 
     def _run_timers(self, now: int) -> None:
