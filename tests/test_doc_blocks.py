@@ -109,3 +109,13 @@ def test_a_block_that_claims_to_run_runs(block: Block, orders_server, tmp_path: 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_nothing_installs_zns_as_if_it_were_on_a_package_index():
+    """zns is installed from a clone or a wheel built from one: no `pip install zns...`."""
+    texts = [*DOCS, *sorted((ROOT / "zns").rglob("*.py")), ROOT / "Makefile"]
+    offending = [f"{path.relative_to(ROOT)}: {m.group(0)}" for path in texts
+                 for m in re.finditer(r"pip install '?zns\b[^\n]*", path.read_text())]
+    assert offending == []
+    readme = (ROOT / "README.md").read_text()
+    assert ".venv/bin/zns" in readme and "source .venv/bin/activate" in readme

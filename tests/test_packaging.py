@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,15 @@ def test_wheel_installs_and_serves(tmp_path: Path):
                             str(wheels), str(REPO)], timeout=240, capture_output=True, text=True)
     assert built.returncode == 0, built.stdout + built.stderr
     [wheel] = wheels.glob("zns-*.whl")
+    # The license pyproject declares travels with the wheel, as the repository's LICENSE.
+    with zipfile.ZipFile(wheel) as archive:
+        [license_file] = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        shipped = archive.read(license_file).decode()
+        metadata = archive.read(next(n for n in archive.namelist()
+                                     if n.endswith(".dist-info/METADATA"))).decode()
+    assert shipped == (REPO / "LICENSE").read_text()
+    assert "Apache License" in shipped and "Version 2.0, January 2004" in shipped
+    assert "License-Expression: Apache-2.0" in metadata
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python, zns = venv / "bin" / "python", venv / "bin" / "zns"

@@ -132,7 +132,7 @@ def ensure(cache: Path | None = None, log=None) -> Path:
             return cache
         # One line: what is being done now, and (at its end) how long it took.
         print(f"rocketmq {_version_of(cache)}: fetching the {', '.join(missing)} jars with Maven "
-              f"into {cache} (once) ...", end=" ", file=sys.stderr, flush=True)
+              f"into {cache} (once; a few hundred MB, minutes on a slow network) ...", end=" ", file=sys.stderr, flush=True)
         started = time.monotonic()
         jars = 0
         try:

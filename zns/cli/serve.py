@@ -111,7 +111,7 @@ from zns.drivers.server import (
               envvar="ZNS_METRICS",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. "
                    "127.0.0.1:9878) and liveness at "
-                   "/healthz (needs prometheus_client: pip install 'zns[metrics]'). Off by "
+                   "/healthz (needs prometheus_client: pip install prometheus_client). Off by "
                    "default; plain HTTP.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
               case_sensitive=False), default="INFO", envvar="ZNS_LOG_LEVEL", show_default=True)

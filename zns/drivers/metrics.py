@@ -8,7 +8,7 @@ thread. Reading an int, or the length of a dict, is atomic under the GIL; a scra
 may be one request behind, never torn. Only things that cannot change size while
 being read are read (`len`, counters copied with `dict(...)` in one C call).
 
-`prometheus_client` is an optional dependency (`pip install 'zns[metrics]'`): it is
+`prometheus_client` is an optional dependency (the `metrics` extra): it is
 the standard implementation of the exposition format, and importing it is needed
 only when `--metrics` is given.
 """
@@ -33,7 +33,7 @@ from zns.drivers.kv_file import WriteTimes
 log = logging.getLogger("zns")
 
 MISSING_LIBRARY = ("--metrics needs the prometheus_client package, which is not installed: "
-                   "pip install 'zns[metrics]' (or pip install prometheus_client)")
+                   "pip install prometheus_client (or pip install '.[metrics]' in a zns clone)")
 
 
 class Observed(Protocol):
