@@ -502,3 +502,57 @@ def test_closing_the_server_closes_the_listener_and_its_connections(tmp_path):
             return True
 
     wait_for(bindable)
+
+
+@pytest.mark.timeout(60)
+def test_a_zeromq_client_at_the_remoting_port_is_told_where_zns1_is(make_server):
+    """`zns status` against the remoting port (the recipe puts it on 9876, every zns
+    command's default): an error naming the request endpoint, not a 3 s wait."""
+    from click.testing import CliRunner
+
+    from zns.cli import main
+    from zns.core.errors import BadRequest
+    from zns.core.schema import GetRoute, Status
+    from zns.drivers.requests import call
+
+    srv = make_server(remoting="127.0.0.1:0")
+    wrong = f"tcp://{srv.server.service.remoting_endpoint}"
+    with pytest.raises(BadRequest, match=rf"ZNS/1 requests go to {srv.router} "
+                                         rf"\(export ZNS_ADDR={srv.router}\)"):
+        call(wrong, Status(), timeout=10)
+    with pytest.raises(BadRequest):  # and again, on a new connection
+        call(wrong, GetRoute(topic="T"), timeout=10)
+    out = CliRunner().invoke(main, ["status", "--ns", wrong, "--timeout", "10"])
+    assert out.exit_code == 1 and f"export ZNS_ADDR={srv.router}" in out.stderr, out.output
+    # status names the listener, so the right port for each protocol can be looked up.
+    assert call(srv.router, Status(), timeout=10).remoting == wrong.removeprefix("tcp://")
+
+
+def test_the_zmtp_redirect_takes_its_input_in_any_pieces_and_refuses_non_zmtp():
+    import msgspec
+
+    from zns.core.errors import RemotingFrameError
+    from zns.core.remoting.zmtp import GREETING, READY, ZmtpRedirect, looks_like_zmtp
+    from zns.core.schema import encode
+
+    request = encode({"op": "status", "id": 77})
+    big = encode({"op": "get_route", "id": 78, "topic": "T" * 300})
+    client = (GREETING + bytes([0x04, 0x05]) + b"\x05READY"  # a READY without properties
+              + bytes([0x01, 0]) + bytes([0, len(request)]) + request  # [empty, request]
+              + bytes([0x02]) + len(big).to_bytes(8, "big") + big)  # one long frame
+    redirect = ZmtpRedirect("go elsewhere")
+    assert looks_like_zmtp(client) and not looks_like_zmtp(b"\x00\x00\x00\x10")
+    out = redirect.start() + b"".join(redirect.feed(client[i:i + 7])
+                                      for i in range(0, len(client), 7))
+    assert out.startswith(GREETING + READY)
+    replies, rest = [], out[len(GREETING + READY):]
+    while rest:
+        size = rest[1]
+        replies.append(msgspec.msgpack.decode(rest[2:2 + size]))
+        rest = rest[2 + size:]
+    assert replies == [{"op": "error", "id": 77, "code": "bad_request", "message": "go elsewhere"},
+                       {"op": "error", "id": 78, "code": "bad_request", "message": "go elsewhere"}]
+    with pytest.raises(RemotingFrameError, match="not a ZMTP greeting"):
+        ZmtpRedirect("x").feed(b"\xff" + b"\x00" * 63)
+    with pytest.raises(RemotingFrameError, match="ZMTP frame of"):
+        ZmtpRedirect("x").feed(GREETING + bytes([0x02]) + (1 << 40).to_bytes(8, "big"))

@@ -16,7 +16,10 @@ replies back in request order. What to answer is decided in
 - at most `read_chunk` bytes are read from one connection per pass, so one
   busy connection cannot starve the others or the timers;
 - a connection with no traffic for `idle_timeout_ms` (120 s, as the Java
-  NameServer) is closed.
+  NameServer) is closed;
+- a connection whose first byte is a ZeroMQ greeting's is a ZNS/1 client at the
+  wrong port: it is answered by `zns.core.remoting.zmtp` (each request gets an
+  `error` naming the request endpoint) and logged once.
 
 Sockets are non-blocking; replies produced in one pass leave in one `send`.
 """
@@ -32,8 +35,9 @@ import zmq
 
 from zns.core.remoting import FrameDecoder, RemotingFrameError, encode_command
 from zns.core.remoting.handler import Connection, RemotingService
+from zns.core.remoting.zmtp import ZmtpRedirect, looks_like_zmtp
 from zns.core.service import Frames
-from zns.core.addresses import parse_host_port
+from zns.core.addresses import parse_host_port, resolve_pub_endpoint
 from zns.drivers.descriptors import OUT_OF_FDS, DescriptorGuard, listen_tcp
 
 log = logging.getLogger("zns")
@@ -54,6 +58,8 @@ class _Conn:
     last_active: int
     unsent: bytearray = field(default_factory=bytearray)
     reading: bool = True
+    fresh: bool = True  # nothing read yet: the first byte tells RocketMQ from ZeroMQ
+    zmtp: ZmtpRedirect | None = None
 
 
 class RemotingListener:
@@ -176,6 +182,21 @@ class RemotingListener:
             self._close(entry, now, frames)
             return
         entry.last_active = now
+        if entry.fresh:
+            entry.fresh = False
+            if looks_like_zmtp(data):
+                entry.zmtp = ZmtpRedirect(self._where_zns1_is(entry))
+                entry.unsent += entry.zmtp.start()
+                log.warning("remoting connection from %s speaks ZeroMQ, not RocketMQ remoting: "
+                            "its requests are answered with: %s", entry.conn.host,
+                            entry.zmtp.message)
+        if entry.zmtp is not None:
+            try:
+                entry.unsent += entry.zmtp.feed(data)
+            except RemotingFrameError as exc:
+                log.warning("remoting connection from %s closed: %s", entry.conn.host, exc)
+                self._flush_and_close(entry, now, frames)
+            return
         try:
             commands = entry.decoder.feed(data)
         except RemotingFrameError as exc:
@@ -185,6 +206,19 @@ class RemotingListener:
             self._flush_and_close(entry, now, frames)
             return
         self._answer(entry, commands, now, frames)
+
+    def _where_zns1_is(self, entry: _Conn) -> str:
+        """What a ZeroMQ client at this port is told: the request endpoint, its wildcard
+        host replaced by the address the client reached (so it can be pasted)."""
+        router = self.service.properties.get("router", "")
+        if not router:
+            return ("this is a zns NameServer's RocketMQ remoting port; ZNS/1 requests go to "
+                    "its request endpoint (zns serve --router)")
+        host = entry.sock.getsockname()[0]
+        reached = f"tcp://[{host}]:1" if ":" in host else f"tcp://{host}:1"
+        router = resolve_pub_endpoint(router, reached)
+        return (f"this is a zns NameServer's RocketMQ remoting port; ZNS/1 requests go to "
+                f"{router} (export ZNS_ADDR={router})")
 
     def _answer(self, entry: _Conn, commands: list, now: int, frames: list[Frames]) -> None:
         handle = self.service.handle
