@@ -13,17 +13,20 @@ import pytest
 
 from zns.core.backoff import Backoff
 from zns.core.client_session import (
+    MAX_TOPIC_CHANNELS,
     ClientSession,
     Connect,
     ConnectSub,
     Notify,
     Send,
     Subscribe,
+    Unsubscribe,
     check_topic,
 )
 from zns.core.errors import UsageError
 from zns.core.schema import (
     HB_CHANNEL,
+    ROUTE_PREFIX,
     BrokerData,
     Error,
     GetRoutes,
@@ -393,3 +396,29 @@ def test_the_injected_rng_also_draws_the_backoff_jitter():
         return out
 
     assert delays(7) == delays(7)  # reproducible: no hidden source of randomness
+
+
+def test_past_1000_topics_a_session_subscribes_to_every_route_instead():
+    # Each subscription costs the server's trie ~50 bytes per channel byte; a session that
+    # follows many topics takes the route prefix and ignores the rest (issue 21 item 5).
+    session = connected()
+    for i in range(MAX_TOPIC_CHANNELS):
+        session.track(f"T{i}", 0)
+    assert Subscribe(route_channel("T999")) in session.actions()
+    session.track("T1000", 0)
+    actions = session.actions()
+    assert actions[0] == Subscribe(ROUTE_PREFIX)  # first: no moment without coverage
+    dropped = [a for a in actions if isinstance(a, Unsubscribe)]
+    assert len(dropped) == MAX_TOPIC_CHANNELS and Subscribe(route_channel("T1000")) not in actions
+    session.track("T1001", 0)
+    session.forget("T1")
+    assert not [a for a in session.actions() if isinstance(a, (Subscribe, Unsubscribe))]
+    # Topics kept before `status` named the events socket: the prefix alone.
+    fresh = ClientSession(["tcp://h1:1"])
+    fresh.start(0)
+    (status,) = sent(fresh.actions())
+    for i in range(MAX_TOPIC_CHANNELS + 1):
+        fresh.track(f"T{i}", 0)
+    fresh.on_reply(status_reply(status.id), 0)
+    subscribed = [a for a in fresh.actions() if isinstance(a, Subscribe)]
+    assert subscribed == [Subscribe(ROUTE_PREFIX), Subscribe(HB_CHANNEL)]

@@ -24,6 +24,7 @@ from zns.core.errors import UsageError
 from zns.core.route_cache import Change, RouteCache
 from zns.core.schema import (
     HB_CHANNEL,
+    ROUTE_PREFIX,
     Error,
     GetRoutes,
     GetRoutesReply,
@@ -42,6 +43,10 @@ from zns.core.schema import (
 
 log = logging.getLogger("zns.client")
 
+# Past this many topics a session subscribes to every route event (the route prefix)
+# and ignores the ones it does not keep: each subscription costs the server ~50 bytes
+# per byte of its channel, and it disconnects a subscriber holding more than 16 MiB.
+MAX_TOPIC_CHANNELS = 1_000
 SILENT_HEARTBEATS = 3  # §7: no `hb` for this many intervals means the NameServer is gone
 BACKOFF_BASE_MS = 100  # the first reconnect waits 50-100 ms ...
 BACKOFF_CAP_MS = 10_000  # ... doubling up to 5-10 s
@@ -151,6 +156,7 @@ class ClientSession:
         self._pending: dict[int, _Pending] = {}
         self._next_id = 1
         self._actions: list[Action] = []
+        self._all_routes = False  # subscribed to ROUTE_PREFIX, not to each topic's channel
 
     # --- inputs ---------------------------------------------------------
 
@@ -160,13 +166,20 @@ class ClientSession:
     def track(self, topic: str, now: int) -> None:
         """Keep `topic` (subscribed and pulled); a no-op when already kept."""
         check_topic(topic)
-        if self.cache.track(topic) and self.pub_endpoint is not None:
-            self._actions.append(Subscribe(route_channel(topic)))
+        if self.cache.track(topic) and self.pub_endpoint is not None and not self._all_routes:
+            if len(self.cache) > MAX_TOPIC_CHANNELS:
+                # The prefix first: no moment without a subscription covering every topic.
+                self._all_routes = True
+                self._actions.append(Subscribe(ROUTE_PREFIX))
+                self._actions.extend(Unsubscribe(route_channel(t)) for t in self.cache.topics()
+                                     if t != topic)
+            else:
+                self._actions.append(Subscribe(route_channel(topic)))
         self._pull_stale(now)
 
     def forget(self, topic: str) -> None:
         """Stop keeping `topic`: no more pulls of it, its subscription dropped."""
-        if self.cache.forget(topic) and self.pub_endpoint is not None:
+        if self.cache.forget(topic) and self.pub_endpoint is not None and not self._all_routes:
             self._actions.append(Unsubscribe(route_channel(topic)))
 
     def on_reply(self, body: bytes, now: int) -> None:
@@ -188,8 +201,12 @@ class ClientSession:
                                                                     self.endpoint or "")
             self._actions.append(ConnectSub(self.pub_endpoint))
             # Topics first, `hb` last: the first `hb` received proves all of them.
-            for topic in self.cache.topics():
-                self._actions.append(Subscribe(route_channel(topic)))
+            self._all_routes = len(self.cache) > MAX_TOPIC_CHANNELS
+            if self._all_routes:
+                self._actions.append(Subscribe(ROUTE_PREFIX))
+            else:
+                for topic in self.cache.topics():
+                    self._actions.append(Subscribe(route_channel(topic)))
             for channel in self.channels:
                 self._actions.append(Subscribe(channel))
             self._actions.append(Subscribe(HB_CHANNEL))

@@ -86,6 +86,9 @@ class RouteCache:
     def topics(self) -> list[str]:
         return list(self._entries)
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def known(self, topic: str) -> bool:
         """Pulled at least once: `view` is an answer (None: the topic has no route)."""
         entry = self._entries.get(topic)

@@ -40,6 +40,7 @@ import socket
 import struct
 import time
 import warnings
+from collections.abc import Callable
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -74,8 +75,11 @@ def raise_descriptor_limit() -> int:
 class Listener:
     """One zmq socket bound through a listening TCP socket of ours, and its monitor."""
 
-    def __init__(self, sock: zmq.Socket, endpoint: str) -> None:
+    def __init__(self, sock: zmq.Socket, endpoint: str,
+                 on_event: Callable[[int, int], None] | None = None, events: int = 0) -> None:
         self.sock = sock
+        # Other monitor events (event, value) go here: a socket has one monitor only.
+        self.on_event = on_event
         self.listening: socket.socket | None = None
         scheme, _, address = endpoint.partition("://")
         if scheme == "tcp":
@@ -92,7 +96,7 @@ class Listener:
                 self.listening.close()
             raise
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPT_FAILED)
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPT_FAILED | events)
         self.shed = 0  # connections closed for lack of descriptors
 
     def close(self) -> None:
@@ -121,9 +125,13 @@ class DescriptorGuard:
         # needs no descriptor, so it is made now and used when none is free.
         self._shed_count = mmap.mmap(-1, 8)
 
-    def bind(self, sock: zmq.Socket, endpoint: str) -> Listener:
-        """Bind `sock` to `endpoint` (OSError or zmq.ZMQError when it cannot be)."""
-        listener = Listener(sock, endpoint)
+    def bind(self, sock: zmq.Socket, endpoint: str,
+             on_event: Callable[[int, int], None] | None = None, events: int = 0) -> Listener:
+        """Bind `sock` to `endpoint` (OSError or zmq.ZMQError when it cannot be).
+
+        `events` more monitor events of `sock` are handed to `on_event(event, value)`.
+        """
+        listener = Listener(sock, endpoint, on_event, events)
         self.listeners.append(listener)
         return listener
 
@@ -138,8 +146,10 @@ class DescriptorGuard:
                     event = parse_monitor_message(listener.monitor.recv_multipart(zmq.NOBLOCK))
                 except zmq.Again:
                     break
-                if event["event"] == zmq.EVENT_ACCEPT_FAILED and event["value"] in OUT_OF_FDS:
-                    out_of_descriptors = True
+                if event["event"] == zmq.EVENT_ACCEPT_FAILED:
+                    out_of_descriptors = out_of_descriptors or event["value"] in OUT_OF_FDS
+                elif listener.on_event is not None:
+                    listener.on_event(event["event"], event["value"])
             if out_of_descriptors and listener.listening is not None:
                 listener.shed += self.out_of_descriptors(listener.listening, now)
 

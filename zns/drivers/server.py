@@ -27,7 +27,9 @@ from zns.core.limits import Limits
 from zns.drivers.peers import PeerLinks
 from zns.drivers.security import Security
 from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
-from zns.drivers.heap import HeapTrim, glibc_malloc_trim
+from zns.drivers.heap import TRIM_AFTER_EVENTS, HeapTrim, glibc_malloc_trim
+from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
+from zns.core.subscriptions import SubscriptionBudget
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.metrics import MetricsServer
 from zns.drivers.remoting_listener import DEFAULT_MAX_CONNECTIONS, RemotingListener
@@ -55,6 +57,8 @@ MAX_ENVELOPE_FRAMES = 32
 # message is one flag byte and the channel prefix).
 MAX_SUBSCRIPTION_BYTES = 1024
 SUBSCRIBE_COMMAND_BYTES = 10
+# A connection whose subscriptions freed this much when it closed makes the heap worth trimming.
+FREED_TRIM_BYTES = 1024 * 1024
 # A peer that reads nothing for this long is disconnected and its unread replies freed.
 TCP_TIMEOUT_MS = 10_000
 # Plain ints, and the backend's send: pyzmq's IntFlag arithmetic and its Python-level
@@ -164,14 +168,18 @@ class Server:
             max_reply_bytes=self.reply_budget.burst,
         )
         self.router = self._ctx.socket(zmq.ROUTER)
-        self.pub = self._ctx.socket(zmq.PUB)
+        # An XPUB, not a PUB: it hands every subscription to the loop, which counts what
+        # each connection holds (zns.drivers.subscribers); it publishes as a PUB does.
+        self.pub = self._ctx.socket(zmq.XPUB)
+        self.subscribers = Subscribers(self.pub, SubscriptionBudget(), freed=self._subscriptions_freed)
         self.peers: PeerLinks | None = None
         self.metrics: MetricsServer | None = None
         self.last_pass_ms = self._now()  # when the loop last completed a pass (/healthz)
         try:
             self._configure_sockets()
             self.router_endpoint = self._bind(self.router, config.router)
-            self.pub_endpoint = self._bind(self.pub, config.pub)
+            self.pub_endpoint = self._bind(self.pub, config.pub, self.subscribers.on_monitor_event,
+                                           SUBSCRIBER_EVENTS)
             if self.security is not None:
                 self.security.peer_client(self._ctx)  # sockets made from here on: peer links
             grace_ms = round(config.peer_grace * 1000)
@@ -252,6 +260,7 @@ class Server:
         timers = self.timers
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
+        poller.register(self.pub, zmq.POLLIN)  # subscriptions
         poller.register(self._waker.fd, zmq.POLLIN)
         for listener in self.descriptors.listeners:
             poller.register(listener.monitor, zmq.POLLIN)
@@ -281,6 +290,8 @@ class Server:
                 # whoever then suspends us): wall time the loop did not run.
                 timers.ran(after - now, _cpu_ms() - cpu_before)
                 now = after
+            if self.pub in ready:
+                _guarded("counting subscriptions", self.subscribers.handle)
             if remoting is not None:
                 _guarded("serving remoting", self._serve_remoting, ready, now)
             if peers:
@@ -330,6 +341,11 @@ class Server:
         log.info("RocketMQ remoting listener on %s", listener.endpoint)
         self.service.remoting_endpoint = listener.endpoint
         return listener
+
+    def _subscriptions_freed(self, cost: int) -> None:
+        # Freed trie nodes stay in glibc's heap; a large release is worth a trim.
+        if cost >= FREED_TRIM_BYTES:
+            self.heap.published(TRIM_AFTER_EVENTS)
 
     def _run_timers(self, now: int) -> None:
         work = self.timers.on_timer(now, round(self._wall_clock() * 1000))
@@ -467,11 +483,15 @@ class Server:
         # bytes; ZMTP 3.0 peers use 1 flag byte instead).
         pub.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES + SUBSCRIBE_COMMAND_BYTES)
 
-    def _bind(self, sock: zmq.Socket, endpoint: str) -> str:
+    def _bind(self, sock: zmq.Socket, endpoint: str,
+              on_event: Callable[[int, int], None] | None = None, events: int = 0) -> str:
         try:
-            bound = self.descriptors.bind(sock, endpoint).endpoint
+            listener = self.descriptors.bind(sock, endpoint, on_event, events)
         except (zmq.ZMQError, OSError, ValueError) as exc:
             raise EndpointError(f"cannot bind {endpoint}: {exc}") from exc
+        bound = listener.endpoint
+        if sock is self.pub:
+            self.subscribers.bound(listener.listening, bound)
         if self.security is None and not is_loopback(bound):
             log.warning(
                 "%s is bound to a non-loopback address without CURVE: anyone who can reach "

@@ -52,6 +52,9 @@ def open_socket(
         if kind == zmq.SUB:
             # Route events are small; hold a large burst so few are dropped (gaps re-pull).
             sock.setsockopt(zmq.RCVHWM, 100_000)
+            # A SUB drops subscriptions past its send mark (1,000 by default), silently:
+            # a client subscribing to many topics at once would miss some.
+            sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.connect(endpoint)
     except BaseException:
         sock.close(linger=0)

@@ -1,0 +1,141 @@
+"""Subscriptions on the events port are bounded in number and cost (issue 21 item 5).
+
+libzmq keeps every subscription in a trie (~49 bytes per byte of a distinct one):
+one SUB sending 10,000 distinct subscriptions of 1,000 bytes cost the server
++466 MiB, kept after it closed. The server counts each connection's
+subscriptions and disconnects one over 16 MiB (or the largest holders while all
+are over 256 MiB); a zns client following many topics takes the route prefix.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+
+from zns.core.subscriptions import (
+    COST_PER_BYTE,
+    COST_PER_SUBSCRIPTION,
+    SubscriptionBudget,
+    subscription_cost,
+)
+from zns.drivers.route_client import RouteClient
+
+from conftest import ThreadedServer, register_fields, wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+
+# --- the accounting ---------------------------------------------------------------------
+
+
+def test_a_connection_over_its_budget_is_cut_and_forgotten():
+    budget = SubscriptionBudget(per_peer=10 * subscription_cost(b"x" * 100), total=10**9)
+    for i in range(10):
+        assert budget.subscribed(7, b"%03d" % i + b"x" * 97) == []
+    assert budget.subscribed(7, b"000" + b"x" * 97) == []  # held once, counted once
+    assert budget.cost(7) == 10 * (100 * COST_PER_BYTE + COST_PER_SUBSCRIPTION)
+    budget.unsubscribed(7, b"000" + b"x" * 97)
+    assert budget.subscribed(7, b"000" + b"x" * 97) == []
+    assert budget.subscribed(7, b"one more") == [7]
+    assert budget.cost(7) == 0 and budget.held == 0 and budget.cut == 1
+    budget.unsubscribed(7, b"one more")  # what a cut connection still sends is ignored
+    assert budget.held == 0
+
+
+def test_over_the_total_the_largest_holders_are_cut():
+    budget = SubscriptionBudget(per_peer=10**9, total=3 * subscription_cost(b"a"))
+    assert budget.subscribed(1, b"a") == [] and budget.subscribed(1, b"b") == []
+    assert budget.subscribed(2, b"a") == []
+    assert budget.subscribed(2, b"b") == [1]  # 1 holds as much as 2 but comes first
+    assert budget.held == 2 * subscription_cost(b"a")
+    budget.closed(2)
+    assert budget.held == 0
+
+
+# --- a live server ------------------------------------------------------------------------
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _zmtp_sub(endpoint: str) -> socket.socket:
+    """A subscriber speaking ZMTP 3.0 itself (no trie of its own in this process)."""
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    greeting = b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" * 32
+    sock.sendall(greeting)
+    got = b""
+    while len(got) < 64:
+        got += sock.recv(64 - len(got))
+    ready = b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", 3) + b"SUB"
+    sock.sendall(bytes([0x04, len(ready)]) + ready)
+    return sock
+
+
+def _subscription(channel: bytes) -> bytes:
+    body = b"\x01" + channel
+    return bytes([0x02]) + struct.pack(">Q", len(body)) + body
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(0.05)
+    try:
+        while True:
+            if sock.recv(65536) == b"":
+                return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def test_a_subscriber_of_2000_distinct_kib_subscriptions_is_cut_and_memory_stays_bounded(
+        make_server):
+    srv: ThreadedServer = make_server()
+    other = srv.peer()
+    other.subscribe(b"hb\0")
+    before = _rss_mib()
+    attacker = _zmtp_sub(srv.pub)
+    try:
+        for i in range(2_000):  # +98 MiB of trie when nothing counted them
+            try:
+                attacker.sendall(_subscription(b"%07d" % i + b"x" * 993))
+            except OSError:
+                break  # cut already
+        wait_for(lambda: _closed(attacker), timeout=30)
+    finally:
+        attacker.close()
+    budget = srv.server.subscribers.budget
+    assert budget.cut == 1 and budget.held < 1024 * 1024
+    assert _rss_mib() - before < 48, "the trie grew past the budget"
+    assert other.next_event(timeout=5)  # everyone else is still served
+
+
+def test_a_client_following_3000_long_topics_works_within_the_budget(make_server):
+    srv: ThreadedServer = make_server()
+    peer = srv.peer()
+    # 3,000 names of 127 characters: 19.5 MB of subscriptions, past the budget if each
+    # were subscribed to one by one.
+    topics = [f"Topic-{i:05d}-" + "t" * 115 for i in range(3_000)]
+    peer.ok("register_broker", **register_fields(topics={topics[-1]: {}}))
+    seen: list[int] = []
+    with RouteClient(srv.router, heartbeat_interval=0.2) as client:
+        for topic in topics[:-1]:
+            client.watch(topic, lambda t, r: None)
+        client.watch(topics[-1], lambda t, r: seen.append(r.queues[0].write_queues if r else 0))
+        wait_for(lambda: seen and client.session.connected)
+        peer.ok("register_broker", **register_fields(
+            topics={topics[-1]: {"write_queues": 2, "read_queues": 2}},
+            data_version={"counter": 2}))
+        wait_for(lambda: seen[-1] == 2)  # a pushed change, through the route prefix
+        time.sleep(0.5)
+    budget = srv.server.subscribers.budget
+    assert budget.cut == 0
