@@ -136,7 +136,7 @@ class ThreadedServer:
         """`overrides` set ServerConfig fields; `server_kwargs` go to Server (e.g. clock)."""
         config = ServerConfig(
             router="tcp://127.0.0.1:*", pub="tcp://127.0.0.1:*",
-            kv_path=str(tmp_path / "kv.json"), heartbeat_interval=0.2,
+            kv_path=str(tmp_path / "kv.json"), heartbeat_interval_s=0.2,
         )
         for key, value in overrides.items():
             setattr(config, key, value)

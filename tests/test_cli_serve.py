@@ -82,7 +82,7 @@ def test_defaults(serve_config):
     config = serve_config()
     assert (config.router, config.pub, config.kv_path) == (
         "tcp://127.0.0.1:9876", "tcp://127.0.0.1:9877", "~/.zns/kv.log")
-    assert (config.heartbeat_interval, config.max_message_bytes) == (1.0, 16 * 1024 * 1024)
+    assert (config.heartbeat_interval_s, config.max_message_bytes) == (1.0, 16 * 1024 * 1024)
 
 
 def test_every_option_from_its_environment_variable(serve_config):
@@ -93,7 +93,7 @@ def test_every_option_from_its_environment_variable(serve_config):
     })
     assert (config.router, config.pub, config.kv_path) == (
         "tcp://127.0.0.1:1111", "tcp://127.0.0.1:2222", "/tmp/env-kv.json")
-    assert (config.heartbeat_interval, config.max_message_bytes) == (0.5, 4096)
+    assert (config.heartbeat_interval_s, config.max_message_bytes) == (0.5, 4096)
 
 
 @pytest.mark.parametrize("kv_key", ["kv_path", "kv-path"])
@@ -107,7 +107,7 @@ def test_config_file_with_either_spelling(serve_config, tmp_path: Path, kv_key: 
     config = serve_config("--config", str(conf))
     assert (config.router, config.pub, config.kv_path) == (
         "tcp://127.0.0.1:3333", "tcp://127.0.0.1:4444", "/tmp/file-kv.json")
-    assert (config.heartbeat_interval, config.max_message_bytes) == (0.25, 8192)
+    assert (config.heartbeat_interval_s, config.max_message_bytes) == (0.25, 8192)
     # ZNS_CONFIG names the file too.
     assert serve_config(env={"ZNS_CONFIG": str(conf)}).router == "tcp://127.0.0.1:3333"
 
@@ -125,7 +125,7 @@ def test_precedence_cli_over_env_over_file(serve_config, tmp_path: Path):
     conf.write_text('router = "tcp://127.0.0.1:1"\nkv_path = "/file"\nheartbeat_interval = 3.0\n')
     env = {"ZNS_ROUTER": "tcp://127.0.0.1:2", "ZNS_KV_PATH": "/env"}
     config = serve_config("--config", str(conf), "--router", "tcp://127.0.0.1:3", env=env)
-    assert (config.router, config.kv_path, config.heartbeat_interval) == (
+    assert (config.router, config.kv_path, config.heartbeat_interval_s) == (
         "tcp://127.0.0.1:3", "/env", 3.0)
     config = serve_config("--router", "tcp://127.0.0.1:3", "--config", str(conf), env=env)
     assert config.router == "tcp://127.0.0.1:3"  # the order on the command line does not matter

@@ -83,21 +83,27 @@ def test_a_busy_port_is_exit_1_for_serve_and_relay_alike(server, tmp_path):
 def test_a_config_file_takes_the_options_names_as_typed_or_as_the_command_calls_them(tmp_path):
     import click
 
-    from zns.cli.config import load_config_file
-    from zns.cli.tools import broker
+    from zns.cli.options import config_options
+    from zns.core.config import BrokerConfig
+
+    seen: list[BrokerConfig] = []
+
+    @click.command()
+    @config_options(BrokerConfig)
+    def broker(config: BrokerConfig) -> None:
+        seen.append(config)
 
     conf = tmp_path / "broker.toml"
     conf.write_text('cluster = "c1"\nname = "broker-a"\naddr = "10.0.0.1:10911"\n'
                     'topic = ["Orders:8"]\nheartbeat-timeout = 20\n')
-    ctx = click.Context(broker)
-    load_config_file(ctx, None, str(conf))
-    assert ctx.default_map == {"cluster": "c1", "broker_name": "broker-a",
-                               "broker_addr": "10.0.0.1:10911", "topics": ["Orders:8"],
-                               "heartbeat_timeout": 20}
-    conf.write_text('broker_name = "b"\ntopics = ["T"]\n')  # the names the command uses
-    ctx = click.Context(broker)
-    load_config_file(ctx, None, str(conf))
-    assert ctx.default_map == {"broker_name": "b", "topics": ["T"]}
+    assert CliRunner().invoke(broker, ["--config", str(conf)]).exit_code == 0
+    config = seen.pop()
+    assert (config.cluster, config.broker_name, config.broker_addr, config.topics,
+            config.heartbeat_timeout_s) == ("c1", "broker-a", "10.0.0.1:10911", ["Orders:8"], 20)
+    conf.write_text('cluster = "c"\nbroker_name = "b"\nbroker_addr = "h:1"\ntopics = ["T"]\n')
+    assert CliRunner().invoke(broker, ["--config", str(conf)]).exit_code == 0
+    assert (seen[0].broker_name, seen[0].topics) == ("b", ["T"])  # the names the command uses
     conf.write_text('nme = "typo"\n')
-    with pytest.raises(click.BadParameter, match=r"unknown key 'nme' \(known: .*\bname\b"):
-        load_config_file(click.Context(broker), None, str(conf))
+    result = CliRunner().invoke(broker, ["--config", str(conf)])
+    assert result.exit_code == 2
+    assert f"{conf}: unknown key 'nme' (did you mean 'name'?)" in result.stderr

@@ -136,7 +136,7 @@ def test_two_nameservers_one_dies(process_server, agents, clients):
 
 @pytest.mark.timeout(90)
 def test_subscriber_behind_the_pub_hwm(make_server, monkeypatch, clients, caplog):
-    srv = make_server(pub_hwm=10, heartbeat_interval=HB)
+    srv = make_server(pub_hwm=10, heartbeat_interval_s=HB)
     admin = srv.peer()
     topics = [f"Topic{i:03d}" + "x" * 100 for i in range(50)]
     filter_servers = [f"10.9.{i // 250}.{i % 250}:1" for i in range(1000)]  # ~13 KB events

@@ -64,7 +64,7 @@ def test_the_server_trims_when_calm_after_many_route_events(
     monkeypatch.setattr(server_module, "glibc_malloc_trim", lambda: trim)
     monkeypatch.setattr(server_module, "HeapTrim",
                         functools.partial(HeapTrim, after_events=100, every_ms=0))
-    srv = ThreadedServer(tmp_path, heartbeat_interval=60)  # few hb events: routes count
+    srv = ThreadedServer(tmp_path, heartbeat_interval_s=60)  # few hb events: routes count
     try:
         peer = srv.peer()
         peer.ok("register_broker", **register_fields(topics={f"T{i}": {} for i in range(50)}))

@@ -69,7 +69,7 @@ def live_addrs(peer: Peer) -> set[str]:
 @pytest.mark.timeout(60)
 def test_a_broker_one_server_expires_leaves_the_other_within_the_grace(make_server):
     a = make_server()
-    b = make_server(peers=[a.router], peer_grace=1.0)
+    b = make_server(peers=[a.router], peer_grace_s=1.0)
     on_b = watch(b)
     wait_linked(on_b, a.router)
     a.peer().ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
@@ -87,7 +87,7 @@ def test_a_broker_one_server_expires_leaves_the_other_within_the_grace(make_serv
 @pytest.mark.timeout(60)
 def test_a_broker_that_keeps_heartbeating_stays_although_a_peer_expired_it(make_server):
     a = make_server()
-    b = make_server(peers=[a.router], peer_grace=3.0)
+    b = make_server(peers=[a.router], peer_grace_s=3.0)
     on_a, on_b = watch(a), watch(b)
     wait_linked(on_b, a.router)
     on_a.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
@@ -125,7 +125,7 @@ def test_three_servers_in_a_mesh_converge_and_a_live_broker_stays(make_server):
     routers = [f"tcp://127.0.0.1:{free_port()}" for _ in range(3)]
     servers = {
         name: make_server(router=router, peers=[r for r in routers if r != router],
-                          peer_grace=1.0)
+                          peer_grace_s=1.0)
         for name, router in zip("abc", routers)
     }
     on = {name: watch(srv) for name, srv in servers.items()}
@@ -170,8 +170,8 @@ def test_three_servers_in_a_mesh_converge_and_a_live_broker_stays(make_server):
 def test_hints_travel_one_hop_only(make_server):
     """A -> B -> C: B acts on A's expiry; C must not act on B's peer_expired."""
     a = make_server()
-    b = make_server(peers=[a.router], peer_grace=1.0)
-    c = make_server(peers=[b.router], peer_grace=1.0)
+    b = make_server(peers=[a.router], peer_grace_s=1.0)
+    c = make_server(peers=[b.router], peer_grace_s=1.0)
     on_b, on_c = watch(b), watch(c)
     wait_linked(on_b, a.router)
     wait_linked(on_c, b.router)
@@ -192,7 +192,7 @@ def test_a_peer_down_at_start_changes_nothing_and_is_linked_later(make_server):
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     started = time.monotonic()
-    b = make_server(peers=[endpoint], peer_grace=1.0)
+    b = make_server(peers=[endpoint], peer_grace_s=1.0)
     on_b = watch(b)
     assert on_b.ok("status").peers == {endpoint: False}  # serving, without waiting for it
     assert time.monotonic() - started < 10
@@ -216,7 +216,7 @@ def test_a_restarted_peer_changes_nothing_and_is_resubscribed(make_server, same_
     router = f"tcp://127.0.0.1:{free_port()}"
     pub = f"tcp://127.0.0.1:{free_port()}" if same_pub_port else "tcp://127.0.0.1:*"
     a = make_server(router=router, pub=pub)
-    b = make_server(peers=[router], peer_grace=1.0)
+    b = make_server(peers=[router], peer_grace_s=1.0)
     on_b = watch(b)
     wait_linked(on_b, router)
     first_epoch = a.peer().ok("status").epoch

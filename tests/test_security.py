@@ -330,7 +330,7 @@ def test_tools_take_the_server_key_and_a_keypair(process_server, keys):
 def test_peer_nameservers_hint_each_other_over_curve(make_server, keys):
     broker_key = keys.make("brokers", "hinted")  # before the servers read the key directories
     first = make_server(**keys.server_options(clients="listed"))
-    second = make_server(peers=[first.router], peer_grace=1.0,
+    second = make_server(peers=[first.router], peer_grace_s=1.0,
                          **keys.server_options(clients="listed"))
     peer = CurvePeer(second.router, second.pub, keys.server_public,
                      keys.server_secret)  # the shared server key is a client key too

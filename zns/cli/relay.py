@@ -7,28 +7,24 @@ import threading
 
 import click
 
-from zns.cli.config import log_format_option
-from zns.cli.params import Endpoint
+from zns.cli.options import config_options
+from zns.core.config import RelayConfig
 from zns.core.errors import EndpointError, NameServerUnavailable, UsageError
 from zns.drivers.logs import configure_logging
 from zns.drivers.event_relay import Relay
 
 
 @click.command()
-@click.option("--from", "upstream", type=Endpoint(), required=True, envvar="ZNS_RELAY_FROM", metavar="ENDPOINT",
-              help="The NameServer's REQUEST endpoint; its events endpoint is asked with status.")
-@click.option("--bind", type=Endpoint(bind=True), required=True, envvar="ZNS_RELAY_BIND", metavar="ENDPOINT",
-              help="Where subscribers connect (clients: events=, zns watch --events).")
-@click.option("--timeout", type=click.FloatRange(min=0.01), default=3.0, show_default=True,
-              help="Seconds to wait for the NameServer's status at start.")
-@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
-              case_sensitive=False), default="INFO", envvar="ZNS_LOG_LEVEL", show_default=True)
-@log_format_option
-def relay(upstream: str, bind: str, timeout: float, log_level: str, log_format: str) -> None:
-    """Relay a NameServer's events (ZeroMQ XSUB/XPUB) until SIGTERM or Ctrl-C."""
-    configure_logging(log_level, log_format)
+@config_options(RelayConfig)
+def relay(config: RelayConfig) -> None:
+    """Relay a NameServer's events (ZeroMQ XSUB/XPUB) until SIGTERM or Ctrl-C.
+
+    Every option also reads ZNS_RELAY_<OPTION> (ZNS_RELAY_FROM, ZNS_RELAY_BIND; the log options
+    ZNS_LOG_LEVEL and ZNS_LOG_FORMAT) and the --config file's keys.
+    """
+    configure_logging(config.log_level, config.log_format)
     try:
-        running = Relay(upstream, bind, timeout=timeout)
+        running = Relay(config.upstream, config.bind, timeout=config.timeout_s)
     except UsageError as exc:
         raise click.UsageError(str(exc)) from None
     except EndpointError as exc:  # a busy port: exit 1, as `zns serve` does

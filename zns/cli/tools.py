@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import signal
 import sys
 import threading
@@ -27,8 +26,10 @@ import zmq
 
 from zns.drivers.sockets import parse_addresses
 from zns.drivers.broker_agent import BrokerAgent
-from zns.cli.config import load_config_file
-from zns.cli.params import HostPort, NameServers
+from zns.cli.options import config_options
+from zns.cli.params import NameServers
+from zns.core.config import BrokerConfig
+from zns.drivers.logs import configure_logging
 from zns.core.errors import (
     BY_CODE,
     BackgroundFailure,
@@ -54,7 +55,6 @@ from zns.core.schema import (
     KvPut,
     Request,
     Status,
-    TopicConfig,
     TopicRoute,
     WipeWritePerm,
 )
@@ -95,16 +95,23 @@ def ns_options(command: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(command)
     def wrapper(ns: list[str] | None, timeout: float, as_json: bool, server_key: str | None,
                 keypair: str | None, **kwargs: Any) -> Any:
-        endpoints = ns or parse_addresses(None)  # checked by NameServers; None: the default
-        if server_key:  # every socket this command makes comes from the default context
-            try:
-                apply_client_keys(zmq.Context.instance(), client_keys(server_key, keypair))
-            except KeyFileError as exc:
-                raise click.BadParameter(str(exc), param_hint="--server-key") from None
-        click.get_current_context().meta[JSON_META] = as_json  # errors come as JSON too
-        return command(Target(endpoints, timeout, as_json), **kwargs)
+        return command(make_target(ns, timeout, as_json, server_key, keypair), **kwargs)
 
     return wrapper
+
+
+def make_target(ns: list[str] | str | None, timeout: float, as_json: bool,
+                server_key: str | None, keypair: str | None) -> Target:
+    """The NameServers to ask (`ns` already checked; None: the default); CURVE on for every
+    socket of this process when `server_key`."""
+    endpoints = parse_addresses(ns) if isinstance(ns, str) else ns or parse_addresses(None)
+    if server_key:  # every socket this command makes comes from the default context
+        try:
+            apply_client_keys(zmq.Context.instance(), client_keys(server_key, keypair))
+        except KeyFileError as exc:
+            raise click.BadParameter(str(exc), param_hint="--server-key") from None
+    click.get_current_context().meta[JSON_META] = as_json  # errors come as JSON too
+    return Target(endpoints, timeout, as_json)
 
 
 # --- talking to NameServers ------------------------------------------------------
@@ -444,64 +451,31 @@ def delete_topic(target: Target, topic: str, cluster: str) -> None:
              matched_nothing)
 
 
-def parse_topic(spec: str) -> tuple[str, TopicConfig]:
-    """`NAME` or `NAME:QUEUES` or `NAME:READ:WRITE` or `NAME:READ:WRITE:PERM`."""
-    name, *numbers = spec.split(":")
-    try:
-        values = [int(n) for n in numbers]
-    except ValueError:
-        raise click.BadParameter(f"{spec!r}: expected NAME[:READ[:WRITE[:PERM]]]") from None
-    if len(values) > 3:
-        raise click.BadParameter(f"{spec!r}: expected NAME[:READ[:WRITE[:PERM]]]")
-    fields: dict[str, int] = {}
-    if values:
-        fields["read_queues"] = fields["write_queues"] = values[0]
-    if len(values) > 1:
-        fields["write_queues"] = values[1]
-    if len(values) > 2:
-        fields["perm"] = values[2]
-    return name, msgspec.convert(fields, TopicConfig)
-
-
 @click.command()
-@click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
-              callback=load_config_file, help="TOML file with any of these options as keys.")
-@click.option("--cluster", required=True)
-@click.option("--name", "broker_name", required=True, help="Broker name.")
-@click.option("--addr", "broker_addr", type=HostPort(schemes=(), bind=False), required=True,
-              help="Broker address host:port.")
-@click.option("--id", "broker_id", type=int, default=0, show_default=True,
-              help="0 for the master, another number for a slave.")
-@click.option("--ha-addr", type=HostPort(schemes=(), bind=False), default=None,
-              help="The broker's HA address host:port (a slave's master connects there).")
-@click.option("--zone", default="")
-@click.option("--topic", "topics", multiple=True,
-              help="NAME[:READ[:WRITE[:PERM]]], repeatable (e.g. Orders:8).")
-@click.option("--heartbeat-interval", type=click.FloatRange(min=0.01), default=1.0,
-              show_default=True, help="Seconds between heartbeats.")
-@click.option("--heartbeat-timeout", type=click.FloatRange(min=1, max=3600), default=10.0,
-              show_default=True, help="Seconds of silence after which a NameServer drops it.")
-@click.option("--register-period", type=float, default=30.0, show_default=True,
-              help="Seconds between full registrations (clamped to 10-60).")
-@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
-              case_sensitive=False), default="INFO", show_default=True)
-@ns_options
-def broker(target: Target, cluster: str, broker_name: str, broker_addr: str, broker_id: int,
-           ha_addr: str | None, zone: str, topics: tuple[str, ...], heartbeat_interval: float,
-           heartbeat_timeout: float, register_period: float, log_level: str) -> None:
-    """Run a broker agent (no message store): registers until Ctrl-C or SIGTERM, then unregisters."""
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+@config_options(BrokerConfig)
+# Taken as by every operator command: errors then come as JSON; the agent prints no tables.
+@click.option("--json", "as_json", is_flag=True, hidden=True)
+def broker(config: BrokerConfig, as_json: bool) -> None:
+    """Run a broker agent (no message store): registers until Ctrl-C or SIGTERM, then unregisters.
+
+    Every option also reads ZNS_BROKER_<OPTION> (--ns: ZNS_ADDR, --server-key: ZNS_SERVER_KEY,
+    --keypair: ZNS_KEYPAIR) and the --config file's keys (cluster, name, addr, topic, ...).
+    """
+    configure_logging(config.log_level, config.log_format)
+    target = make_target(config.ns, config.timeout_s, as_json, config.server_key, config.keypair)
+    cluster, broker_name, broker_addr = config.cluster, config.broker_name, config.broker_addr
+    broker_id = config.broker_id
     stop = threading.Event()  # before the agent starts: a SIGTERM once it registers unregisters
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
         agent = BrokerAgent(
             target.endpoints, cluster=cluster, broker_name=broker_name, broker_addr=broker_addr,
-            broker_id=broker_id, ha_addr=ha_addr or "", zone=zone,
-            topics=dict(parse_topic(t) for t in topics), register_period=register_period,
-            heartbeat_interval=heartbeat_interval,
-            heartbeat_timeout_ms=round(heartbeat_timeout * 1000), request_timeout=target.timeout,
+            broker_id=broker_id, ha_addr=config.ha_addr, zone=config.zone,
+            topics=config.topic_configs(), register_period=config.register_period_s,
+            heartbeat_interval=config.heartbeat_interval_s,
+            heartbeat_timeout_ms=round(config.heartbeat_timeout_s * 1000),
+            request_timeout=target.timeout,
         )
     except (ErrorReply, UsageError) as exc:  # a bad address or topic: a usage message, no trace
         raise click.UsageError(str(exc)) from None

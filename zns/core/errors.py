@@ -20,6 +20,7 @@ ZnsError                      base: catch this to catch everything below
 │   ├── RemotingFrameError    the stream cannot be framed: the connection is closed
 │   └── RemotingBodyError     one request cannot be used: SYSTEM_ERROR, the connection stays
 └── ConfigError               the server or a tool cannot start as configured
+    ├── InvalidSetting        a setting (option, variable, config key) does not fit its field
     ├── KvFileError           the KV file exists but cannot be used
     ├── KeyFileError          a CURVE key file or directory cannot be used
     └── EndpointError         an endpoint cannot be bound or is malformed (`--peer`, ...)
@@ -60,10 +61,10 @@ from msgspec import UNSET
 from zns.core.schema import Error
 
 __all__ = [
-    "BY_CODE", "BackgroundFailure", "BadRequest", "Busy", "ConfigError", "Conflict", "EndpointError", "ErrorReply",
-    "Internal", "KeyFileError", "KvFileError", "NameServerUnavailable", "NoPermission",
-    "NoWritableQueue", "NotFound", "RemotingBodyError", "RemotingError", "RemotingFrameError",
-    "UnknownOp", "UsageError", "ZnsError", "from_reply",
+    "BY_CODE", "BackgroundFailure", "BadRequest", "Busy", "ConfigError", "Conflict",
+    "EndpointError", "ErrorReply", "Internal", "InvalidSetting", "KeyFileError", "KvFileError",
+    "NameServerUnavailable", "NoPermission", "NoWritableQueue", "NotFound", "RemotingBodyError",
+    "RemotingError", "RemotingFrameError", "UnknownOp", "UsageError", "ZnsError", "from_reply",
 ]
 
 
@@ -191,6 +192,16 @@ class RemotingBodyError(RemotingError):
 
 class ConfigError(ZnsError):
     """zns cannot start as configured; the message names the file or option to fix."""
+
+
+class InvalidSetting(ConfigError):
+    """A setting does not fit its field (zns.core.config); `name` is the field's (its TOML key),
+    which the command line turns into the option, variable or file key it came from."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(f"{name}: {problem}" if name else problem)
+        self.name = name
+        self.problem = problem
 
 
 class KvFileError(ConfigError):

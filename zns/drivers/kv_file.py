@@ -56,6 +56,7 @@ from pathlib import Path
 
 import msgspec
 
+from zns.core.config import DEFAULT_KV_PATH
 from zns.core.errors import KvFileError
 from zns.core.kv import entry_bytes
 
@@ -63,7 +64,7 @@ log = logging.getLogger("zns")
 
 _FileFormat = dict[str, dict[str, str]]
 
-DEFAULT_PATH = "~/.zns/kv.log"
+DEFAULT_PATH = DEFAULT_KV_PATH  # `zns serve --kv-path`'s default (zns.core.config)
 LEGACY_DEFAULT_PATH = "~/.zns/kv.json"  # the default of earlier versions (a log all the same)
 
 MAGIC = b"ZNS KV log 1\n"

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from zns.core.remoting import FrameDecoder, RemotingFrameError, encode_command
+from zns.core.config import DEFAULT_REMOTING_MAX_CONNECTIONS as DEFAULT_MAX_CONNECTIONS
 from zns.core.remoting.handler import Connection, RemotingService
 from zns.core.remoting.zmtp import ZmtpRedirect, looks_like_zmtp
 from zns.core.service import Frames
@@ -42,7 +43,6 @@ from zns.drivers.descriptors import OUT_OF_FDS, DescriptorGuard, listen_tcp
 
 log = logging.getLogger("zns")
 
-DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_IDLE_TIMEOUT_MS = 120_000
 HIGH_WATER = 1 << 20  # stop reading a connection with this much unsent
 MAX_UNSENT = 64 << 20  # cut a connection off with this much unsent

@@ -15,15 +15,15 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import zmq
 
-from zns.core.errors import ConfigError, EndpointError
-from zns.core.peer_link import MIN_PEER_GRACE_MS
-from zns.drivers.kv_file import DEFAULT_PATH as DEFAULT_KV_PATH, KvStore
-from zns.core.limits import Limits
+from zns.core.config import (  # DEFAULT_*: re-exported for the relay and the benchmarks
+    DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PUB_HWM, ServerConfig,
+)
+from zns.core.errors import EndpointError
+from zns.drivers.kv_file import KvStore
 from zns.drivers.peers import PeerLinks
 from zns.drivers.security import Security
 from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
@@ -32,20 +32,15 @@ from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
 from zns.core.subscriptions import SubscriptionBudget
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.metrics import MetricsServer
-from zns.drivers.remoting_listener import DEFAULT_MAX_CONNECTIONS, RemotingListener
+from zns.drivers.remoting_listener import RemotingListener
 from zns.core.remoting.handler import RemotingService, describe_access, remoting_access
 from zns.drivers.sockets import Waker, set_keepalive
-from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER
 from zns.core.budget import ReplyBudget
 from zns.core.service import Frames, NameService
 from zns.core.timers import ServerTimers
 
 log = logging.getLogger("zns")
 
-DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-# One large broker's registration publishes one event per topic; the mark must
-# hold that burst for a subscriber that is a little behind (never 0: unbounded).
-DEFAULT_PUB_HWM = 200_000
 # Serving gives the timers their turn after this long (§8: hb and expiry stay on
 # time whatever the load); the clock is read every CLOCK_EVERY requests.
 SLICE_MS = 5
@@ -68,54 +63,6 @@ _SNDMORE_DONTWAIT = int(zmq.SNDMORE | zmq.DONTWAIT)
 _send = zmq.backend.Socket.send
 
 
-@dataclass
-class ServerConfig:
-    router: str = DEFAULT_ROUTER
-    pub: str = DEFAULT_PUB
-    kv_path: str | None = DEFAULT_KV_PATH
-    heartbeat_interval: float = 1.0
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    pub_hwm: int = DEFAULT_PUB_HWM
-    peers: list[str] = field(default_factory=list)
-    peer_grace: float = 3.0
-    # §9 CURVE: on when curve_secret (a NAME.key_secret file) is set.
-    curve_secret: str | None = None
-    brokers_keys: str | None = None
-    admins_keys: str | None = None
-    clients_keys: str | None = None
-    clients: str = "any"  # any | listed
-    limits: Limits = field(default_factory=Limits)
-    # §12 RocketMQ remoting listener: on when `remoting` (HOST:PORT) is set.
-    remoting: str | None = None
-    remoting_brokers: list[str] = field(default_factory=list)  # CIDRs; empty: any
-    remoting_admins: list[str] = field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
-    # CIDRs that may read; empty: any (loopback under CURVE with clients "listed").
-    remoting_clients: list[str] = field(default_factory=list)
-    remoting_max_connections: int = DEFAULT_MAX_CONNECTIONS
-    # Java's orderMessageEnable: remoting routes carry orderTopicConf only when set.
-    order_message_enable: bool = False
-    # Prometheus /metrics and /healthz over HTTP (zns.drivers.metrics): on when set.
-    metrics: str | None = None
-
-    def properties(self) -> dict[str, str]:
-        """The effective settings, as GET_NAMESRV_CONFIG shows them: no file paths, no keys."""
-        shown = {
-            "router": self.router, "pub": self.pub, "heartbeatInterval": self.heartbeat_interval,
-            "maxMessageBytes": self.max_message_bytes, "pubHwm": self.pub_hwm,
-            "peers": ";".join(self.peers), "peerGrace": self.peer_grace,
-            "curve": self.curve_secret is not None, "clients": self.clients,
-            "remoting": self.remoting or "",
-            "remotingBrokers": ",".join(self.remoting_brokers) or "any",
-            "remotingAdmins": ",".join(self.remoting_admins),
-            "remotingClients": ",".join(self.remoting_clients) or "any",
-            "remotingMaxConnections": self.remoting_max_connections,
-            "orderMessageEnable": self.order_message_enable,
-        }
-        for name, value in vars(self.limits).items():
-            shown["".join(w.capitalize() if i else w for i, w in enumerate(name.split("_")))] = value
-        return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in shown.items()}
-
-
 def _networks_text(networks: tuple | None) -> str:
     return "any" if networks is None else ",".join(map(str, networks))
 
@@ -135,9 +82,6 @@ class Server:
         wall_clock: Callable[[], float] = time.time,
         context: zmq.Context | None = None,
     ) -> None:
-        if config.peer_grace * 1000 < MIN_PEER_GRACE_MS:
-            raise ConfigError(f"--peer-grace must be at least {MIN_PEER_GRACE_MS / 1000:g} s "
-                              f"(§10), not {config.peer_grace:g}")
         self.config = config
         self._clock = clock
         self._wall_clock = wall_clock
@@ -182,7 +126,7 @@ class Server:
                                            SUBSCRIBER_EVENTS)
             if self.security is not None:
                 self.security.peer_client(self._ctx)  # sockets made from here on: peer links
-            grace_ms = round(config.peer_grace * 1000)
+            grace_ms = round(config.peer_grace_s * 1000)
             self.peers = PeerLinks(
                 config.peers, now=self._now(), context=self._ctx, connected=self.service.peers,
                 max_message_bytes=config.max_message_bytes,
@@ -193,12 +137,12 @@ class Server:
             if config.remoting:
                 self.remoting = self._listen_remoting(config)
             self.timers = ServerTimers(
-                self.service, heartbeat_interval_ms=round(config.heartbeat_interval * 1000),
+                self.service, heartbeat_interval_ms=round(config.heartbeat_interval_s * 1000),
                 now=self._now(), peers=self.peers.links,
             )
             if config.metrics:
                 self.metrics = MetricsServer(self, config.metrics,
-                                             heartbeat_interval=config.heartbeat_interval)
+                                             heartbeat_interval=config.heartbeat_interval_s)
         except BaseException:
             self.close()  # a refused start (port in use, bad --peer) leaves nothing bound
             raise
