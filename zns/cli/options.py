@@ -69,15 +69,16 @@ def config_options(config: type[C], *, config_file: bool = True
                 raise SettingError(_invalid(exc, fields, origin)) from None
             return command(loaded, **kwargs)
 
+        decorated: Callable[..., Any] = wrapper
         for setting in reversed(fields):
-            wrapper = _option(setting)(wrapper)
+            decorated = _option(setting)(decorated)
         if config_file:
-            wrapper = click.option(
+            decorated = click.option(
                 "--config", FILE_OPTION, type=click.Path(dir_okay=False), envvar=file_env,
                 help="TOML file with any of these options as keys (name = value; "
                      "kv_path or kv-path).",
-            )(wrapper)
-        return wrapper
+            )(decorated)
+        return decorated
 
     return decorate
 
@@ -123,9 +124,9 @@ def _read_toml(path: str, fields: list[Setting]) -> dict[str, tuple[Any, str]]:
             data = tomllib.load(f)
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingError(f"cannot read {path}: {exc}") from None
-    spelled = {}
-    for setting in fields:
-        spelled[setting.name] = spelled[setting.option[2:].replace("-", "_")] = setting
+    spelled: dict[str, Setting] = {}
+    for each in fields:
+        spelled[each.name] = spelled[each.option[2:].replace("-", "_")] = each
     found = {}
     for key, value in data.items():
         setting = spelled.get(key.replace("-", "_"))

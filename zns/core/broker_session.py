@@ -98,7 +98,8 @@ class BrokerState:
         heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
         version: DataVersion = DataVersion(),
     ) -> None:
-        self._ids = dict(cluster=cluster, broker_name=broker_name, broker_id=broker_id,
+        # The fields every request of this broker carries (str and int values).
+        self._ids: dict[str, Any] = dict(cluster=cluster, broker_name=broker_name, broker_id=broker_id,
                          broker_addr=broker_addr)
         self._registration = _validated(RegisterBroker(
             **self._ids, ha_addr=ha_addr, zone=zone, data_version=version,

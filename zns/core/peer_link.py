@@ -104,7 +104,7 @@ class PeerLink:
 
     def on_timer(self, now: int) -> list[Action]:
         if self._last_heard is not None and now - self._last_heard > self.silence_ms:
-            self._on_silence(now)
+            self._on_silence(now, now - self._last_heard)
         if self.asking and now >= self._next_ask:
             self._request_id += 1
             self._next_ask = now + self._backoff_ms
@@ -194,9 +194,9 @@ class PeerLink:
             log.info("peer %s connected (epoch %s, events on %s)",
                      self.endpoint, quote(self.epoch), quote(self.pub))
 
-    def _on_silence(self, now: int) -> None:
+    def _on_silence(self, now: int, silent_ms: int) -> None:
         if self.connected:
-            log.warning("peer %s disconnected: no hb for %d ms", self.endpoint, now - self._last_heard)
+            log.warning("peer %s disconnected: no hb for %d ms", self.endpoint, silent_ms)
         self.connected = False
         self._last_heard = None
         self._renew_subscription = True

@@ -39,7 +39,7 @@ def write_queues(route: TopicRoute) -> list[MessageQueue]:
     """The queues a producer may send to."""
     if route.order_conf:
         # "brokerA:4;brokerB:8": ordered topics use exactly these queues.
-        queues = []
+        queues: list[MessageQueue] = []
         for item in route.order_conf.split(";"):
             name, _, count = item.strip().partition(":")
             if name and count.isdigit():

@@ -13,7 +13,7 @@ queue list and one broker list for all of them. Sans-I/O.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from zns.core.schema import BrokerEvent, QueueData, RouteEvent, TopicRoute
 
@@ -96,8 +96,9 @@ class RouteRevisions:
                     del self._removed_revision[next(iter(self._removed_revision))]
             else:
                 routes[topic] = route
-                prev = self._topic_revision.get(topic)
-                if prev is None:
+                if topic in self._topic_revision:
+                    prev = self._topic_revision[topic]
+                else:
                     prev = self._removed_revision.pop(topic, 0)
                 self._topic_revision[topic] = revision
             events.append(RouteEvent(
@@ -162,7 +163,8 @@ class SharedLists:
         entry = self._derived.get(key)
         if entry is None:
             entry = self._derived[key] = (queues, build(queues))
-        return entry[1]  # type: ignore[return-value]
+        # One `what` is always built by the same function: its entries hold a T.
+        return cast(T, entry[1])
 
 
 def same_route(new: TopicRoute | None, old: TopicRoute | None) -> bool:

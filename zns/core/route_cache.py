@@ -24,10 +24,13 @@ Times are integer milliseconds of a monotonic clock, handed in as `now`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from msgspec import Raw
+
 from zns.core.routes import filter_zone
-from zns.core.schema import BrokerEvent, HbEvent, RouteEvent, TopicRoute
+from zns.core.schema import BrokerEvent, HbEvent, RouteEvent, TopicRoute, decoded_route
 
 log = logging.getLogger("zns.client")
 
@@ -117,7 +120,8 @@ class RouteCache:
         return topics
 
     def apply_pull(
-        self, epoch: str, routes: dict[str, TopicRoute], revisions: dict[str, int], now: int
+        self, epoch: str, routes: Mapping[str, TopicRoute | Raw], revisions: dict[str, int],
+        now: int,
     ) -> list[Change]:
         """A `get_routes` answer: the pulled topics are now exactly as the NameServer said."""
         if self.epoch != epoch:
@@ -218,7 +222,8 @@ class RouteCache:
         entry.revision = event.revision
         self._set_route(entry, event.route)
 
-    def _set_route(self, entry: _Entry, route: TopicRoute | None) -> None:
+    def _set_route(self, entry: _Entry, received: TopicRoute | Raw | None) -> None:
+        route = decoded_route(received)
         entry.view = filter_zone(route, self.zone) if route is not None and self.zone else route
 
     def _prove_subscriptions(self) -> None:

@@ -50,6 +50,13 @@ class BrokerRecord:
                 return broker_id
         return None
 
+    def held_id(self, addr: str) -> int:
+        """The id of an address this name holds (KeyError for one it does not)."""
+        broker_id = self.id_of(addr)
+        if broker_id is None:
+            raise KeyError(addr)
+        return broker_id
+
 
 @dataclass
 class RegisterOutcome:
@@ -209,8 +216,7 @@ class RouteTable:
         """(known, changed) per §4; stores nothing but the time."""
         self.observe(now)
         live = self._live.get(cluster, addr)
-        known = live is not None and name in live.names
-        if known:
+        if live is not None and name in live.names:
             self._live.heard(live, now)
             return True, live.data_version != data_version
         return False, True
@@ -357,7 +363,7 @@ class RouteTable:
                     cluster=cluster,
                     broker_addr=addr,
                     broker_name=name,
-                    broker_id=self._brokers[name].id_of(addr),
+                    broker_id=self._brokers[name].held_id(addr),
                     last_heartbeat_ms=max(0, now - live.last_heartbeat),
                     timeout_ms=live.timeout_ms,
                     data_version=live.data_version,
@@ -635,7 +641,7 @@ class RouteTable:
 
     def _remove_addr(self, rec: BrokerRecord, addr: str, reason: str, ch: Changes) -> None:
         """Take one address off one broker name, as `unregister_broker` does."""
-        broker_id = rec.id_of(addr)
+        broker_id = rec.held_id(addr)
         cluster = rec.addr_cluster.pop(addr)
         del rec.addrs[broker_id]
         self._touch_broker(rec, ch, structural=True)

@@ -9,7 +9,7 @@ imports from here; this module imports nothing of zns.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, get_args
 
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
@@ -121,7 +121,7 @@ class Request(Struct, tag_field="op", kw_only=True, frozen=True):
     id: RequestId = 0
 
 
-class RegisterBroker(Request, tag="register_broker"):
+class RegisterBroker(Request, tag="register_broker", frozen=True):
     cluster: Name
     broker_name: Name
     broker_id: BrokerId
@@ -135,7 +135,7 @@ class RegisterBroker(Request, tag="register_broker"):
     incremental: bool = False
 
 
-class Heartbeat(Request, tag="heartbeat"):
+class Heartbeat(Request, tag="heartbeat", frozen=True):
     cluster: Name
     broker_name: Name
     broker_id: BrokerId
@@ -143,58 +143,58 @@ class Heartbeat(Request, tag="heartbeat"):
     data_version: DataVersion = DataVersion()
 
 
-class UnregisterBroker(Request, tag="unregister_broker"):
+class UnregisterBroker(Request, tag="unregister_broker", frozen=True):
     cluster: Name
     broker_name: Name
     broker_id: BrokerId
     broker_addr: BrokerAddr
 
 
-class GetRoute(Request, tag="get_route"):
+class GetRoute(Request, tag="get_route", frozen=True):
     topic: Topic
     zone: Zone = ""
 
 
-class GetRoutes(Request, tag="get_routes"):
+class GetRoutes(Request, tag="get_routes", frozen=True):
     topics: TopicList
 
 
-class GetClusterInfo(Request, tag="get_cluster_info"):
+class GetClusterInfo(Request, tag="get_cluster_info", frozen=True):
     pass
 
 
-class GetTopics(Request, tag="get_topics"):
+class GetTopics(Request, tag="get_topics", frozen=True):
     cluster: OptionalName = ""
     sys_flag: SysFlag = 0
 
 
-class Snapshot(Request, tag="snapshot"):
+class Snapshot(Request, tag="snapshot", frozen=True):
     pass
 
 
-class Status(Request, tag="status"):
+class Status(Request, tag="status", frozen=True):
     pass
 
 
-class WipeWritePerm(Request, tag="wipe_write_perm"):
+class WipeWritePerm(Request, tag="wipe_write_perm", frozen=True):
     broker_name: Name
 
 
-class AddWritePerm(Request, tag="add_write_perm"):
+class AddWritePerm(Request, tag="add_write_perm", frozen=True):
     broker_name: Name
 
 
-class DeleteTopic(Request, tag="delete_topic"):
+class DeleteTopic(Request, tag="delete_topic", frozen=True):
     topic: Topic
     cluster: OptionalName = ""
 
 
-class RegisterTopic(Request, tag="register_topic"):
+class RegisterTopic(Request, tag="register_topic", frozen=True):
     topic: Topic
     queues: Annotated[list[QueueData], Meta(max_length=MAX_QUEUES_PER_TOPIC)]
 
 
-class KvPut(Request, tag="kv_put"):
+class KvPut(Request, tag="kv_put", frozen=True):
     namespace: Name
     key: Name
     value: KvValue
@@ -206,17 +206,17 @@ class KvPut(Request, tag="kv_put"):
             )
 
 
-class KvGet(Request, tag="kv_get"):
+class KvGet(Request, tag="kv_get", frozen=True):
     namespace: Name
     key: Name
 
 
-class KvDelete(Request, tag="kv_delete"):
+class KvDelete(Request, tag="kv_delete", frozen=True):
     namespace: Name
     key: Name
 
 
-class KvList(Request, tag="kv_list"):
+class KvList(Request, tag="kv_list", frozen=True):
     namespace: Name
 
 
@@ -227,9 +227,18 @@ AdminRequest = Union[
 ]
 AnyRequest = Union[BrokerRequest, ClientRequest, AdminRequest]
 
-BROKER_OPS = frozenset(c.__struct_config__.tag for c in BrokerRequest.__args__)
-CLIENT_OPS = frozenset(c.__struct_config__.tag for c in ClientRequest.__args__)
-ADMIN_OPS = frozenset(c.__struct_config__.tag for c in AdminRequest.__args__)
+
+
+def tag_of(cls: type[Struct]) -> str:
+    """The op a tagged Struct stands for (every tag here is a string)."""
+    tag = cls.__struct_config__.tag
+    assert isinstance(tag, str), cls
+    return tag
+
+
+BROKER_OPS = frozenset(tag_of(c) for c in get_args(BrokerRequest))
+CLIENT_OPS = frozenset(tag_of(c) for c in get_args(ClientRequest))
+ADMIN_OPS = frozenset(tag_of(c) for c in get_args(AdminRequest))
 KNOWN_OPS = BROKER_OPS | CLIENT_OPS | ADMIN_OPS
 
 # --- replies -------------------------------------------------------------
@@ -339,8 +348,8 @@ class Error(Reply, tag="error"):
     revision: int | UnsetType = UNSET
 
 
-REPLY_TYPES: dict[str, type[Struct]] = {
-    c.__struct_config__.tag: c
+REPLY_TYPES: dict[str, type[Reply]] = {
+    tag_of(c): c
     for c in (
         RegisterBrokerReply, HeartbeatReply, UnregisterBrokerReply, GetRouteReply,
         GetRoutesReply, GetClusterInfoReply, GetTopicsReply, SnapshotReply, StatusReply,
@@ -431,7 +440,7 @@ decode_request: Callable[[bytes], AnyRequest] = _request_decoder.decode
 
 
 # What each §3 pattern means, so an error names the rule instead of quoting a regex.
-_PATTERN_NAMES = {
+_PATTERN_TEXT: dict[Any, str] = {
     Topic: "a topic: 1-127 characters of [A-Za-z0-9_%|-]",
     Name: "a name: 1-255 characters, no control characters, no '/'",
     OptionalName: "a name: 0-255 characters, no control characters, no '/'",
@@ -440,12 +449,11 @@ _PATTERN_NAMES = {
     HaAddr: "an HA address host:port, or empty",
 }
 _PATTERN_NAMES = {
-    f"`str` matching regex {t.__metadata__[0].pattern!r}": f"{text}"
-    for t, text in _PATTERN_NAMES.items()
+    f"`str` matching regex {get_args(t)[1].pattern!r}": text for t, text in _PATTERN_TEXT.items()
 }
 
 
-def describe_decode_error(exc: msgspec.DecodeError) -> str:
+def describe_decode_error(exc: msgspec.DecodeError | RecursionError) -> str:
     """msgspec's message (which names the field path), with §3 patterns in words."""
     message = str(exc)
     for quoted, text in _PATTERN_NAMES.items():
@@ -465,7 +473,7 @@ def read_envelope(body: bytes) -> tuple[int, str | None]:
     return rid, env.op if isinstance(env.op, str) else None
 
 
-def decode_reply(body: bytes, op: str | None = None) -> Struct:
+def decode_reply(body: bytes, op: str | None = None) -> Reply:
     """Decode a reply; with `op`, only that op's reply or an `error` is accepted."""
     decoder = _any_reply_decoder if op is None else _reply_decoders[op]
     return _decode_bounded(decoder, body)
@@ -483,5 +491,13 @@ def _decode_bounded(decoder: msgspec.msgpack.Decoder[Any], body: bytes) -> Any:
         raise msgspec.DecodeError("MessagePack data is nested too deeply") from None
 
 
+def decoded_route(route: TopicRoute | Raw | None) -> TopicRoute | None:
+    """A route as a client holds it: decoded. Only the server's own replies and events carry
+    a pre-encoded Raw route; one in a decoded message is a bug, named as such."""
+    if isinstance(route, Raw):
+        raise TypeError("a pre-encoded (Raw) route where a decoded TopicRoute was expected")
+    return route
+
+
 def request_op(request: Request) -> str:
-    return request.__struct_config__.tag  # type: ignore[return-value]
+    return tag_of(type(request))

@@ -110,6 +110,7 @@ class EventFrames(Sequence[Frames]):
     def __len__(self) -> int:
         return len(self._events)
 
+    # No slices (Sequence's signature has them): the loop only iterates.
     def __getitem__(self, index: int) -> Frames:  # type: ignore[override]
         event = self._events[index]  # IndexError ends iteration
         return event_channel(event), self._encode(event)
@@ -394,11 +395,12 @@ class NameService:
 
     def _get_route(self, request: GetRoute) -> GetRouteReply:
         table, topic = self.table, request.topic
-        route = self._route_raw(topic)
+        route: TopicRoute | Raw | None = self._route_raw(topic)
+        if request.zone:
+            held = table.route(topic)
+            route = None if held is None else filter_zone(held, request.zone)
         if route is None:
             raise NotFound(f"no route for topic {topic!r}", table.topic_revision(topic))
-        if request.zone:
-            route = filter_zone(table.route(topic), request.zone)
         return GetRouteReply(id=request.id, route=route, revision=table.topic_revision(topic),
                              epoch=self.epoch)
 
@@ -415,7 +417,9 @@ class NameService:
         return reply, outcome.events
 
     def _get_routes(self, rid: int, topics: list[str]) -> GetRoutesReply:
-        routes, revisions, missing = {}, {}, []
+        routes: dict[str, TopicRoute | Raw] = {}
+        revisions: dict[str, int] = {}
+        missing: list[str] = []
         size, limit = 0, self.max_reply_bytes
         for topic in topics:
             revisions[topic] = self.table.topic_revision(topic)
@@ -448,7 +452,9 @@ class NameService:
         size, limit = MAP_HEADER_BYTES, self.max_reply_bytes
         msgpack = self.encoded.msgpack
         for topic in sorted(table_routes):
-            routes[topic] = route = msgpack(topic, table_routes[topic])  # type: ignore[assignment]
+            route = msgpack(topic, table_routes[topic])
+            assert route is not None  # the route given is encoded, never looked up
+            routes[topic] = route
             size += len(route) + len(topic.encode()) + STR_HEADER_BYTES
             if limit is not None and size > limit:
                 raise Busy(f"the snapshot is larger than {limit:,} bytes, the most one reply "
@@ -522,8 +528,8 @@ class NameService:
             if isinstance(event, RouteEvent):
                 published["route"] += 1
                 self.encoded.forget(event.topic)
-                if event.route is not None:
-                    route = event.route
+                route = event.route
+                if isinstance(route, TopicRoute):  # from the table: never encoded yet
                     queues, brokers, servers = route.queues, route.brokers, route.filter_servers
                     if (raw_q := encoded.get(id(queues))) is None:
                         raw_q = encoded[id(queues)] = Raw(encode(queues))

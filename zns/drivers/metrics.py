@@ -26,7 +26,7 @@ from zns import __version__
 from zns.core.addresses import parse_host_port
 from zns.core.errors import ConfigError, UsageError
 from zns.core.remoting.constants import RequestCode, ResponseCode
-from zns.core.schema import KNOWN_OPS, request_op
+from zns.core.schema import KNOWN_OPS, Request, tag_of
 from zns.core.service import NameService
 from zns.drivers.kv_file import WriteTimes
 
@@ -124,8 +124,7 @@ class _Collector:
     def _op(self, kind: type) -> str:
         op = self._ops.get(kind)
         if op is None:
-            op = self._ops[kind] = request_op(kind) if hasattr(kind, "__struct_config__") \
-                else "unknown"
+            op = self._ops[kind] = tag_of(kind) if issubclass(kind, Request) else "unknown"
         return op if op in KNOWN_OPS else "unknown"
 
 
@@ -181,7 +180,7 @@ class MetricsServer:
             raise ConfigError(MISSING_LIBRARY) from None
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
-        self.registry.register(_Collector(server))  # type: ignore[arg-type]
+        self.registry.register(_Collector(server))
         self._server = server
         # §healthz: a loop that has not completed a pass for two heartbeat intervals is
         # stuck (it passes at least once per interval to publish `hb`).

@@ -6,6 +6,7 @@ Each call opens its own DEALER(s) and closes them before returning; the
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -87,7 +88,7 @@ def call_all(
         deadline = time.monotonic() + timeout
         while len(results) < len(socks):
             left = deadline - time.monotonic()
-            ready = poller.poll(max(0, left) * 1000) if left > 0 else []
+            ready = poller.poll(math.ceil(left * 1000)) if left > 0 else []
             if not ready:
                 break
             for sock, _ in ready:

@@ -135,7 +135,7 @@ class Server:
             )
             self.remoting: RemotingListener | None = None
             if config.remoting:
-                self.remoting = self._listen_remoting(config)
+                self.remoting = self._listen_remoting(config, config.remoting)
             self.timers = ServerTimers(
                 self.service, heartbeat_interval_ms=round(config.heartbeat_interval_s * 1000),
                 now=self._now(), peers=self.peers.links,
@@ -186,8 +186,9 @@ class Server:
             self.metrics.close()
             self.metrics = None
         self.descriptors.close()
-        if getattr(self, "remoting", None) is not None:
-            self.remoting.close()
+        remoting = getattr(self, "remoting", None)  # unset when the start failed before it
+        if remoting is not None:
+            remoting.close()
         self.router.close(linger=500)
         self.pub.close(linger=500)
         if self.peers is not None:
@@ -212,6 +213,7 @@ class Server:
         remoting = self.remoting
         if remoting is not None:
             remoting.attach(poller)
+        assert self.peers is not None  # None only while __init__ runs
         peers = self.peers if self.peers.links else None  # none: nothing to ask each pass
         self.peers.attach(poller)
         now = self._now()
@@ -252,7 +254,7 @@ class Server:
         if events:
             self._publish(events)
 
-    def _listen_remoting(self, config: ServerConfig) -> RemotingListener:
+    def _listen_remoting(self, config: ServerConfig, endpoint: str) -> RemotingListener:
         try:
             access, narrowed = remoting_access(
                 config.remoting_brokers, config.remoting_admins, config.remoting_clients,
@@ -262,7 +264,7 @@ class Server:
                 order_message_enable=config.order_message_enable,
             )
             listener = RemotingListener(
-                config.remoting, service, now=self._now(), descriptors=self.descriptors,
+                endpoint, service, now=self._now(), descriptors=self.descriptors,
                 max_frame_bytes=config.max_message_bytes,
                 max_connections=config.remoting_max_connections,
             )
@@ -296,6 +298,7 @@ class Server:
         # Publish first: a failing peer action must not swallow expiry events.
         if work.events:
             self._publish(work.events)
+        assert self.peers is not None  # None only while __init__ runs
         for link, actions in work.peer_actions:
             _guarded("acting for a peer link", self.peers.carry_out, link, actions, now)
 

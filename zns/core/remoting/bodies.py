@@ -79,26 +79,41 @@ class TopicRouteData(Struct, rename={"queues": "queueDatas", "brokers": "brokerD
     topic: str = ""
 
 
+# Read-only members (properties): a Struct's list and dict fields then match the protocol's
+# Sequence and Mapping (a mutable protocol attribute must match its type exactly).
 class QueueLike(Protocol):
-    broker_name: str
-    read_queues: int
-    write_queues: int
-    perm: int
-    sys_flag: int
+    @property
+    def broker_name(self) -> str: ...
+    @property
+    def read_queues(self) -> int: ...
+    @property
+    def write_queues(self) -> int: ...
+    @property
+    def perm(self) -> int: ...
+    @property
+    def sys_flag(self) -> int: ...
 
 
 class BrokerLike(Protocol):
-    cluster: str
-    broker_name: str
-    addrs: Mapping[int, str]
-    zone: str
+    @property
+    def cluster(self) -> str: ...
+    @property
+    def broker_name(self) -> str: ...
+    @property
+    def addrs(self) -> Mapping[int, str]: ...
+    @property
+    def zone(self) -> str: ...
 
 
 class RouteLike(Protocol):
-    queues: Sequence[QueueLike]
-    brokers: Sequence[BrokerLike]
-    filter_servers: Mapping[str, Sequence[str]]
-    order_conf: str
+    @property
+    def queues(self) -> Sequence[QueueLike]: ...
+    @property
+    def brokers(self) -> Sequence[BrokerLike]: ...
+    @property
+    def filter_servers(self) -> Mapping[str, Sequence[str]]: ...
+    @property
+    def order_conf(self) -> str: ...
 
 
 # --- emitters -----------------------------------------------------------------------

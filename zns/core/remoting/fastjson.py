@@ -205,6 +205,8 @@ def check_values(data: bytes | bytearray | memoryview, max_values: int, what: st
                                 f"{max_values} {why}; refused before decoding")
 
 
+
+# Any as the default of a type[T] is not a type mypy accepts; the result is then Any.
 def loads_lenient(data: bytes | bytearray | memoryview, type: type[T] = Any, *, what: str = "body") -> T:  # type: ignore[assignment]
     """Decode fastjson JSON into `type`, accepting unquoted integer map keys.
 

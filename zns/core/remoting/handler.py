@@ -59,6 +59,7 @@ from zns.core.schema import (
     UnregisterBroker,
     WipeWritePerm,
     describe_decode_error,
+    tag_of,
 )
 from zns.core.service import Frames, NameService
 from zns.core.text import quote
@@ -292,7 +293,7 @@ class RemotingService:
     def _register(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
                   now: int, frames: list[Frames]) -> RemotingCommand:
         cluster, addr = require(ext, "clusterName"), require(ext, "brokerAddr")
-        fields = dict(
+        fields: dict[str, Any] = dict(
             cluster=cluster, broker_name=require(ext, "brokerName"),
             broker_id=parse_long(ext, "brokerId"), broker_addr=addr,
             ha_addr=require(ext, "haServerAddr"), zone=optional(ext, "__ZONE_NAME") or "",
@@ -320,8 +321,8 @@ class RemotingService:
             reply_ext["masterAddr"] = reply.master_addr
         order = self.service.kv.list(ORDER_TOPIC_CONFIG)
         known = order or ORDER_TOPIC_CONFIG in self._emptied  # Java: an emptied table is {}
-        body = encode_kv_table(_java_kv_order(order)) if known else b""
-        return _ok(cmd, ext_fields=reply_ext, body=body)
+        kv_body = encode_kv_table(_java_kv_order(order)) if known else b""
+        return _ok(cmd, ext_fields=reply_ext, body=kv_body)
 
     def _heartbeat(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
                    now: int, frames: list[Frames]) -> RemotingCommand:
@@ -366,7 +367,7 @@ class RemotingService:
              conn: Connection | None = None, **fields: Any) -> Any:
         """Build the ZNS/1 request (the schema's bounds apply) and execute it; `conn`, for
         broker requests, ties them to the connection (NameService.execute)."""
-        request = _convert(fields, kind, kind.__struct_config__.tag)
+        request = _convert(fields, kind, tag_of(kind))
         reply, events = self.service.execute(request, now,
                                              None if conn is None else conn.conn_id)
         frames.extend(events)

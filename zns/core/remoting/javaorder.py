@@ -27,6 +27,10 @@ order, as if they were all that was ever inserted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only a type here: the orders need nothing of the schema at run time
+    from zns.core.schema import TopicRoute
 
 from .fastjson import java_string_hash
 
@@ -41,13 +45,14 @@ def spread(key: str | int) -> int:
         v = key & 0xFFFFFFFFFFFFFFFF
         h = (v ^ (v >> 32)) & 0xFFFFFFFF  # Long.hashCode
         return (h ^ (h >> 16)) & 0x7FFFFFFF
-    h = _spread_cache.get(key)
-    if h is None:
-        raw = java_string_hash(key)
-        h = (raw ^ (raw >> 16)) & 0x7FFFFFFF
-        if len(_spread_cache) >= _MAX_CACHED:
-            _spread_cache.clear()
-        _spread_cache[key] = h
+    cached = _spread_cache.get(key)
+    if cached is not None:
+        return cached
+    raw = java_string_hash(key)
+    h = (raw ^ (raw >> 16)) & 0x7FFFFFFF
+    if len(_spread_cache) >= _MAX_CACHED:
+        _spread_cache.clear()
+    _spread_cache[key] = h
     return h
 
 
@@ -140,7 +145,7 @@ BROKER_TABLE = 256
 CLUSTER_TABLE = 64
 
 
-def route_in_java_order(route, names_inserted: Sequence[str]):  # type: ignore[no-untyped-def]
+def route_in_java_order(route: TopicRoute, names_inserted: Sequence[str]) -> TopicRoute:
     """A TopicRoute (zns.core.schema) with its lists and filter-server map in the order the
     Java NameServer's pickupTopicRouteData builds them; `names_inserted`: the topic's broker
     names in the order their queue data went in (RouteTable.topic_queue_table).
