@@ -74,6 +74,7 @@ MODULES: dict[str, list[str]] = {
                 "-k", "not test_no_nameserver_answers"],
     "text": ["tests/test_addresses_text.py", "tests/test_service.py", "tests/test_peers_core.py"],
     "schema": ["tests/test_schema.py", "tests/test_service.py", "tests/test_routes.py", "tests/test_bounds_wire.py"],
+    "config": ["tests/test_config.py", "tests/test_cli_validation.py"],
     "remoting/command": ["tests/test_remoting_codec.py"],
     "remoting/fastjson": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
     "remoting/bodies": ["tests/test_remoting_codec.py", "tests/test_remoting_service.py"],
@@ -91,7 +92,7 @@ MODULES: dict[str, list[str]] = {
     "drivers/broker_agent": ["tests/test_broker_agent.py"],
     "drivers/peers": ["tests/test_peers.py"],
     "drivers/security": ["tests/test_security.py"],
-    "cli/config": ["tests/test_cli_serve.py", "-k", "config or precedence or defaults"],
+    "cli/options": ["tests/test_config.py", "tests/test_cli_validation.py"],
     "cli/tools": ["tests/test_cli_tools.py"],
 }
 
