@@ -19,11 +19,12 @@ import zmq
 
 from conftest import Peer, ThreadedServer, register_fields, wait_for
 from zns.core import schema
-from zns.core.errors import EndpointError, UsageError
+from zns.core.errors import EndpointError, NameServerUnavailable, UsageError
 from zns.drivers.async_client import AsyncRouteClient
 from zns.drivers.client_base import events_endpoint
 from zns.drivers.event_relay import Relay
 from zns.drivers.route_client import RouteClient
+from zns.drivers.server import MAX_SUBSCRIPTION_BYTES
 
 
 def _register(peer: Peer, name: str, addr: str, topics: dict, version: int = 1) -> None:
@@ -450,3 +451,53 @@ def test_watch_says_gone_for_a_topic_deleted_before_it_was_followed_and_notes_a_
                                                                            True)
     assert "reconnected: following tcp://b:1" in connection_note(("tcp://b:1", None), b, True)
     assert connection_note(b, b, True) is None
+
+
+@pytest.mark.timeout(60)
+def test_relay_takes_the_first_nameserver_of_a_list_and_two_relays_run_side_by_side():
+    upstream = FakeUpstream("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "tcp://127.0.0.1:PORT")
+    try:
+        with Relay(f"{upstream.endpoint};tcp://127.0.0.1:1", "tcp://127.0.0.1:*") as first, \
+                Relay(upstream.endpoint, "tcp://127.0.0.1:*") as second:
+            assert first.upstream == upstream.endpoint
+            for relay in (first, second):  # each its own control socket
+                sub = _sub(relay.endpoint, 1000)
+                upstream.subscribed(sub)
+                sub.close(0)
+    finally:
+        upstream.close()
+
+
+@pytest.mark.timeout(60)
+def test_relay_refusals_say_what_and_keep_their_timeout():
+    with pytest.raises(NameServerUnavailable, match=r"within 0\.2 s"):
+        Relay("tcp://127.0.0.1:1", "tcp://127.0.0.1:*", timeout=0.2)
+    with pytest.raises(NameServerUnavailable, match=r"within 3 s"):  # the documented default
+        Relay("tcp://127.0.0.1:1", "tcp://127.0.0.1:*")
+    upstream = FakeUpstream("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "tcp://127.0.0.1:PORT")
+    try:
+        with Relay(upstream.endpoint, "tcp://127.0.0.1:*") as relay:
+            with pytest.raises(EndpointError, match=f"cannot bind {relay.endpoint}"):
+                Relay(upstream.endpoint, relay.endpoint)
+    finally:
+        upstream.close()
+
+
+@pytest.mark.timeout(60)
+def test_relay_carries_a_subscription_as_long_as_the_nameserver_takes():
+    upstream = FakeUpstream("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "tcp://127.0.0.1:PORT")
+    try:
+        with Relay(upstream.endpoint, "tcp://127.0.0.1:*") as relay:
+            channel = b"x" * (MAX_SUBSCRIPTION_BYTES - 1) + b"\0"  # 1 KiB: the §1 bound
+            sub = zmq.Context.instance().socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.SUBSCRIBE, channel)
+            sub.connect(relay.endpoint)
+            deadline = time.monotonic() + 20
+            while not sub.poll(50):
+                assert time.monotonic() < deadline, "a 1 KiB subscription did not pass the relay"
+                upstream.pub.send_multipart([channel, b"event"])
+            assert sub.recv_multipart() == [channel, b"event"]
+            sub.close(0)
+    finally:
+        upstream.close()
