@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from pathlib import Path
 
 import msgspec
@@ -20,6 +22,8 @@ from zns.core.client_session import (
     Unsubscribe,
 )
 from zns.core.errors import NameServerUnavailable, NotFound, UsageError
+from zns.core import schema
+from zns.core.queues import read_queues
 from zns.core.route_cache import RouteCache
 from zns.drivers.route_client import RouteClient
 from zns.core.schema import (
@@ -620,3 +624,65 @@ def test_forget_drops_the_callbacks_of_the_topic_already_queued(server):
         client.watch("TopicB", lambda t, r: marker.append(r))
         wait_for(lambda: marker)  # queued after TopicA's call: that one ran first, or never
         assert late == []
+
+
+def test_a_route_client_s_defaults_are_the_documented_ones():
+    with RouteClient("tcp://127.0.0.1:1") as client:
+        assert client.timeout == 5.0 and client.selector.faults is None
+        session = client.session
+        assert (session.request_timeout_ms, session.heartbeat_interval_ms) == (3000, 1000)
+        assert session.cache.pull_period_ms == 30_000 and session.cache.zone == ""
+        assert session.events is None and session.channels == ()
+        [thread] = [t for t in threading.enumerate() if t.name == "zns-route-client"]
+        assert thread.daemon  # a client never closed does not keep the process alive
+    with RouteClient("tcp://127.0.0.1:1", fault_tolerance=True, timeout=7.0) as client:
+        assert client.timeout == 7.0 and client.selector.faults is not None
+
+
+@pytest.mark.timeout(60)
+def test_route_waits_as_long_as_its_own_timeout_says():
+    with client_for("tcp://127.0.0.1:1", timeout=30) as client:
+        started = time.monotonic()
+        with pytest.raises(NameServerUnavailable):
+            client.route("TopicA", timeout=0.3)
+        assert time.monotonic() - started < 20  # its own 0.3 s, not the client's 30 s
+
+
+@pytest.mark.timeout(30)
+def test_watch_of_a_known_topic_and_the_rest_of_the_api(server, caplog):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields(topics={"TopicA": {"write_queues": 2},
+                                                         "TopicB": {"write_queues": 2}}))
+    seen: list = []
+    broker_events: list[bytes] = []
+    with client_for(server.router, channels=[schema.BROKER_PREFIX],
+                    on_event=broker_events.append) as client:
+        route = client.route("TopicA")
+        client.watch("TopicA", lambda t, r: seen.append((t, r)))
+        wait_for(lambda: seen)
+        assert seen[0] == ("TopicA", route)  # a known topic: its current route at once
+        assert client.read_queues("TopicA") == read_queues(route)
+        # Each topic keeps its own round-robin: another topic's picks do not shift it.
+        first = client.select_queue("TopicA")
+        client.select_queue("TopicB")
+        assert client.select_queue("TopicA") != first
+        client.route("TopicB")
+        client.forget("TopicB")  # followed without watchers: nothing to drop
+        unwatch = client.watch("TopicB", lambda t, r: None)
+        client.forget("TopicB")
+        unwatch()  # after forget: nothing left to remove, no error
+
+        def broken(topic: str, route: TopicRoute | None) -> None:
+            raise RuntimeError("a bug in a callback")
+
+        with caplog.at_level(logging.ERROR, logger="zns"):
+            client.watch("TopicA", broken)
+            wait_for(lambda: "route callback for TopicA failed" in caplog.text)
+        # The channels asked for are subscribed, and on_event sees their events.
+        version = 1
+        while not broker_events:
+            version += 1
+            peer.ok("register_broker", **register_fields(
+                addr=f"10.0.0.{version}:1", topics={"TopicA": {"write_queues": 2}}))
+            time.sleep(0.05)  # a new address each turn, until the subscription is through
+        assert isinstance(schema.decode_event(broker_events[0]), schema.BrokerEvent)
