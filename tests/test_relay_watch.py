@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import queue
@@ -454,12 +455,18 @@ def test_watch_says_gone_for_a_topic_deleted_before_it_was_followed_and_notes_a_
 
 
 @pytest.mark.timeout(60)
-def test_relay_takes_the_first_nameserver_of_a_list_and_two_relays_run_side_by_side():
+def test_relay_takes_the_first_nameserver_of_a_list_and_two_relays_run_side_by_side(caplog):
     upstream = FakeUpstream("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "tcp://127.0.0.1:PORT")
     try:
-        with Relay(f"{upstream.endpoint};tcp://127.0.0.1:1", "tcp://127.0.0.1:*") as first, \
+        with caplog.at_level(logging.INFO, logger="zns"), \
+                Relay(f"{upstream.endpoint};tcp://127.0.0.1:1", "tcp://127.0.0.1:*") as first, \
                 Relay(upstream.endpoint, "tcp://127.0.0.1:*") as second:
             assert first.upstream == upstream.endpoint
+            # The line `zns relay` prints: where subscribers connect (read by scripts).
+            assert (f"zns relay: events of {first.upstream_pub} (NameServer {upstream.endpoint}) "
+                    f"relayed on {first.endpoint}") in caplog.messages
+            threads = [t for t in threading.enumerate() if t.name == "zns-relay"]
+            assert len(threads) == 2 and all(t.daemon for t in threads)
             for relay in (first, second):  # each its own control socket
                 sub = _sub(relay.endpoint, 1000)
                 upstream.subscribed(sub)

@@ -110,6 +110,13 @@ EQUIVALENT: dict[str, str] = {
         "_stopping = None for False: the flag is only ever read as a truth value",
     "zns.drivers.event_relay.xǁRelayǁ__init____mutmut_31":
         "LINGER 1 ms for 0: closing may wait 1 ms for unsent messages, nothing a subscriber can tell",
+    "zns.drivers.event_relay.xǁRelayǁ_run__mutmut_8": "close(None) for close(0): the socket's own LINGER is 0",
+    "zns.drivers.event_relay.xǁRelayǁ_run__mutmut_9": "close(1) for close(0): as __init____mutmut_31",
+    "zns.drivers.event_relay.xǁRelayǁclose__mutmut_6": "as _run__mutmut_8",
+    "zns.drivers.event_relay.xǁRelayǁclose__mutmut_7": "as _run__mutmut_9",
+    "zns.drivers.event_relay.xǁRelayǁclose__mutmut_4":
+        "join(None) for join(5): the proxy ends at once on TERMINATE; the bound is for a libzmq hang",
+    "zns.drivers.event_relay.xǁRelayǁclose__mutmut_5": "join(6) for join(5): as close__mutmut_4",
     "zns.core.timers.xǁServerTimersǁnext_wake__mutmut_8":
         "`<=` for `<`: at deadline + 1 == wake both branches plan the same time",
     "zns.core.timers.xǁServerTimersǁnext_wake__mutmut_17":
