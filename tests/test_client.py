@@ -686,3 +686,21 @@ def test_watch_of_a_known_topic_and_the_rest_of_the_api(server, caplog):
                 addr=f"10.0.0.{version}:1", topics={"TopicA": {"write_queues": 2}}))
             time.sleep(0.05)  # a new address each turn, until the subscription is through
         assert isinstance(schema.decode_event(broker_events[0]), schema.BrokerEvent)
+
+
+@pytest.mark.timeout(120)
+def test_a_watcher_follows_the_other_nameserver_without_being_asked(make_server):
+    """No call into the client after the followed NameServer dies: its own timers notice."""
+    servers = [make_server(), make_server()]
+    for srv in servers:
+        srv.peer().ok("register_broker", **register_fields())
+    seen: list = []
+    with client_for(*(s.router for s in servers)) as client:
+        client.watch("TopicA", lambda t, r: seen.append(r))
+        wait_for(lambda: seen)
+        followed = next(s for s in servers if s.router == client.session.endpoint)
+        other = next(s for s in servers if s is not followed)
+        followed.stop()
+        other.peer().ok("register_broker", **register_fields(
+            topics={"TopicA": {"read_queues": 9}}, data_version={"counter": 1}))
+        wait_for(lambda: seen[-1] is not None and seen[-1].queues[0].read_queues == 9)
