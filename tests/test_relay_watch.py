@@ -466,7 +466,7 @@ def test_relay_takes_the_first_nameserver_of_a_list_and_two_relays_run_side_by_s
             assert (f"zns relay: events of {first.upstream_pub} (NameServer {upstream.endpoint}) "
                     f"relayed on {first.endpoint}") in caplog.messages
             threads = [t for t in threading.enumerate() if t.name == "zns-relay"]
-            assert len(threads) == 2 and all(t.daemon for t in threads)
+            assert len(threads) >= 2 and all(t.daemon for t in threads)
             for relay in (first, second):  # each its own control socket
                 sub = _sub(relay.endpoint, 1000)
                 upstream.subscribed(sub)
