@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import examples, register_fields, wait_for
+from conftest import LOADED_DEADLINE, examples, register_fields, wait_for
 from zns.core.backoff import Backoff
 from zns.core.client_session import (
     ClientSession,
@@ -650,7 +650,7 @@ def test_route_waits_as_long_as_its_own_timeout_says():
         assert time.monotonic() - started < 20  # its own 0.3 s, not the client's 30 s
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_watch_of_a_known_topic_and_the_rest_of_the_api(server, caplog):
     peer = server.peer()
     peer.ok("register_broker", **register_fields(topics={"TopicA": {"write_queues": 2},
@@ -682,7 +682,9 @@ def test_watch_of_a_known_topic_and_the_rest_of_the_api(server, caplog):
             wait_for(lambda: "route callback for TopicA failed" in caplog.text)
         # The channels asked for are subscribed, and on_event sees their events.
         version = 1
+        deadline = time.monotonic() + LOADED_DEADLINE
         while not broker_events:
+            assert time.monotonic() < deadline, "no broker event reached on_event"
             version += 1
             peer.ok("register_broker", **register_fields(
                 addr=f"10.0.0.{version}:1", topics={"TopicA": {"write_queues": 2}}))
