@@ -39,7 +39,7 @@ import rocketmq  # noqa: E402  (tests/interop/rocketmq.py: the real RocketMQ pro
 import zns_agent  # noqa: E402  (tests/interop/zns_agent.py: the jar, the probe, zns)
 
 RATE = 50  # sends/s of each application
-FULL_KILLS, FULL_REFERENCE_KILLS, FULL_WIPES = 10, 3, 10
+FULL_KILLS, FULL_REFERENCE_KILLS, FULL_WIPES = 10, 2, 10
 QUICK_KILLS, QUICK_REFERENCE_KILLS, QUICK_WIPES = 1, 0, 1
 POLL_S = 30.0  # RocketMQ's default pollNameServerInterval
 FAIL_WINDOW_S = 30.0
@@ -90,7 +90,8 @@ def run(config: RunConfig) -> BenchResult:
     rocketmq.set_scratch_dir(config.workdir / "oneshot")
     out: dict[str, list[float]] = {k: [] for k in (
         "kill_agent", "kill_zns", "kill_plain", "join_agent", "join_plain", "assign_agent", "assign_plain",
-        "fail_agent", "fail_plain", "fail_agent_all", "wipe_agent", "unwipe_agent", "kill_agent_after_zns")}
+        "fail_agent", "fail_plain", "fail_agent_all", "wipe_agent", "unwipe_agent", "kill_agent_after_zns",
+        "drop_agent", "drop_plain")}
     with ExitStack() as stack:
         zns = zns_agent.Zns(config.workdir / "zns").start()
         stack.callback(zns.kill)
@@ -100,9 +101,7 @@ def run(config: RunConfig) -> BenchResult:
         stack.callback(watcher.close)
         topic = rocketmq.unique_topic("BenchAgent")
         for b in brokers.values():
-            res = rocketmq.mqadmin(["updateTopic", "-b", b.addr, "-t", topic, "-r", "4", "-w", "4"], zns.addr)
-            if "success" not in res.stdout:
-                raise BenchError(f"updateTopic: {res}")
+            zns_agent.create_topic(topic, b.addr, zns.addr)
         both = set(brokers)
         watcher.wait_for(lambda ev: ev["topic"] == topic and zns_agent.route_brokers(ev) == both, 60,
                          "the topic on both brokers")
@@ -128,10 +127,17 @@ def run(config: RunConfig) -> BenchResult:
             out["kill_zns"].append((ev_at - killed_at) * 1000)
             out["kill_agent"].append(seen["wall_ms"] - killed_at * 1000)
             out["kill_agent_after_zns"].append(seen["wall_ms"] - ev_at * 1000)
+            dropped = agent.wait_for("assigned", lambda ln: victim not in ln["brokers"], 60,
+                                     "the agent's consumer drops its queues", since=killed_at)
+            out["drop_agent"].append(dropped["wall_ms"] - killed_at * 1000)
             if reference:
                 gone = plain.wait_for("publish", lambda ln: victim not in ln["brokers"], POLL_S + 30,
                                       "the plain producer drops it (its poll)", since=killed_at)
                 out["kill_plain"].append(gone["wall_ms"] - killed_at * 1000)
+                # its consumer too (the poll, then the 20 s rebalance), so that its return shows
+                dropped = plain.wait_for("assigned", lambda ln: victim not in ln["brokers"], 2 * POLL_S + 30,
+                                         "the plain consumer drops its queues", since=killed_at)
+                out["drop_plain"].append(dropped["wall_ms"] - killed_at * 1000)
                 time.sleep(max(0.0, killed_at + FAIL_WINDOW_S - time.time()))
                 out["fail_agent"].append(_failed_between(agent, killed_at, killed_at + FAIL_WINDOW_S))
                 out["fail_plain"].append(_failed_between(plain, killed_at, killed_at + FAIL_WINDOW_S))
@@ -227,6 +233,8 @@ def result(out: dict[str, list[float]], kills_n: int, reference_n: int, wipes_n:
                    "kill_agent_after_zns", 200.0, None, "what the agent adds: the event, the client's own pull")
     figures += fig("broker SIGKILL → the producer stops choosing its queues", "kill_agent", None, "kill_plain",
                    "from the kill, zns's detection included; without the agent: the 30 s route poll")
+    figures += fig("broker SIGKILL → the push consumer drops its queues", "drop_agent", None, "drop_plain",
+                   "from the kill; without the agent: the route poll, then the 20 s rebalance")
     figures += fig("broker joins → the producer uses its queues", "join_agent", 200.0, "join_plain",
                    "from zns's route event listing the restarted broker")
     figures += fig("broker joins → the push consumer is assigned its queues", "assign_agent", 1000.0, "assign_plain",

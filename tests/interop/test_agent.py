@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,9 +51,7 @@ class Cluster:
         self.topic = unique_topic("AgentT")
         # both brokers serve the topic: created on each, as an operator would
         for b in self.brokers.values():
-            res = rocketmq.mqadmin(["updateTopic", "-b", b.addr, "-t", self.topic, "-r", "4", "-w", "4"],
-                                   self.zns.addr)
-            assert "success" in res.stdout, res
+            zns_agent.create_topic(self.topic, b.addr, self.zns.addr)
         self.watcher.wait_for(lambda ev: ev["topic"] == self.topic and route_brokers(ev) == set(self.brokers),
                               30, "the topic on both brokers")
 
@@ -157,6 +156,58 @@ def test_killed_broker_and_its_return_reach_the_application_at_once(cluster: Clu
         without.kill()
 
 
+def test_rocketmq_4_9_clients_lite_pull_consumers_and_mqadmin_work_with_it(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same agent in a RocketMQ 4.9.7 application (producer and push consumer; its route
+    classes live in another package) and beside a 5.x lite-pull consumer: both follow, and a
+    wiped write permission reaches the 4.9 producer at once. mqadmin with the agent attached
+    answers and exits as it does without it."""
+    version = "4.9.7"
+    try:
+        rocketmq.ensure_jars(version)
+    except rocketmq.InteropUnavailable as exc:
+        if rocketmq.interop_required():
+            raise
+        pytest.skip(str(exc))
+    old = probe(cluster, agent=True, rate=10, consumer="push", version=version)
+    lite = probe(cluster, agent=True, rate=0, consumer="lite")
+    try:
+        both = set(cluster.brokers)
+        old.wait_for("publish", lambda ln: set(ln["brokers"]) == both, 60, "the 4.9 producer on both brokers")
+        old.wait_for("assigned", lambda ln: set(ln["brokers"]) == both, 60, "the 4.9 consumer on both brokers")
+        lite.wait_for("assigned", lambda ln: set(ln["brokers"]) == both, 60, "the lite consumer on both brokers")
+        for p in (old, lite):
+            p.wait_agent_line("following zns events at " + cluster.zns.pub, 30)
+        target = "broker-b"
+        started = time.time()
+        zns_cli(cluster, "wipe-write-perm", target)
+        wiped_at = cluster.watcher.wait_for(
+            lambda ev: ev["topic"] == cluster.topic and target not in route_brokers(ev, writable=True),
+            30, "the wiped route", since=started)
+        stopped = old.wait_for("publish", lambda ln: target not in ln["brokers"], 30,
+                               "the 4.9 producer stops writing to the wiped broker", since=wiped_at - 1)
+        print(f"  RocketMQ {version} producer stopped writing to {target} "
+              f"{stopped['wall_ms'] - wiped_at * 1000:.0f} ms after zns published the wipe")
+        assert stopped["wall_ms"] - wiped_at * 1000 < PUSH_BOUND_S * 1000
+        zns_cli(cluster, "add-write-perm", target)
+        old.wait_for("publish", lambda ln: set(ln["brokers"]) == both, PUSH_BOUND_S + 30, "writing to it again",
+                     since=stopped["wall_ms"] / 1000)
+        assert old.stop()["received"], "the 4.9 push consumer received nothing"
+    finally:
+        old.kill()
+        lite.kill()
+
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", f"-javaagent:{cluster.jar}")
+    res = rocketmq.mqadmin(["topicRoute", "-t", cluster.topic], cluster.zns.addr, stock=True)
+    assert res.rc == 0 and '"brokerName":"broker-a"' in res.stdout.replace(" ", ""), res
+
+
+def zns_cli(cluster: Cluster, *args: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "zns", *args, "--ns", cluster.zns.router],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc
+
+
 def readme_recipe() -> str:
     """The README's one-line recipe, as the shell would set JAVA_TOOL_OPTIONS from it."""
     readme = (rocketmq.REPO / "README.md").read_text()
@@ -203,11 +254,12 @@ def test_java_nameserver_or_no_events_leave_the_application_as_it_was_at_no_cost
         assert all(ms <= 100 for ms in spent.values()), spent       # 1 % of a core at most, usually 0-20 ms
 
         for p in (on_java, no_events):
-            said_at = p.events("publish")[0]["wall_ms"]
             summary = p.stop()
-            # the application's own sends, once it runs (a first send on a busy machine may time out)
-            failed = [s for s in p.events("send") if not s["ok"] and s["wall_ms"] > said_at]
-            assert summary["sent"] > 0 and not failed, (summary, failed)
+            # it sends as it would without the agent: every send of the last 5 s succeeded
+            # (a loaded machine can time out the first few sends of any fresh client)
+            sends = p.events("send")
+            recent = [s for s in sends if s["wall_ms"] > sends[-1]["wall_ms"] - 5000]
+            assert summary["sent"] > 0 and len(recent) >= 10 and all(s["ok"] for s in recent), (summary, recent)
             assert len(p.agent_lines()) == 1, p.agent_lines()  # said once, not at every retry
     finally:
         for p in probes:

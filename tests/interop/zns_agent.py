@@ -202,6 +202,15 @@ class RouteWatcher:
         self.ctx.term()
 
 
+def create_topic(topic: str, broker_addr: str, namesrv: str, attempts: int = 3) -> None:
+    """mqadmin updateTopic on one broker, tried again when a loaded machine times it out."""
+    for attempt in range(attempts):
+        res = rocketmq.mqadmin(["updateTopic", "-b", broker_addr, "-t", topic, "-r", "4", "-w", "4"], namesrv)
+        if "success" in res.stdout:
+            return
+    raise InteropError(f"updateTopic {topic} on {broker_addr} failed {attempts} times: {res}")
+
+
 def route_brokers(event: dict[str, Any], writable: bool = False) -> set[str]:
     """The broker names of a route event's queues (only writable ones with `writable`)."""
     route = event.get("route") or {}
@@ -216,7 +225,8 @@ class Probe:
     """
 
     def __init__(self, workdir: Path, namesrv: str, topic: str, *, agent: Path | None, agent_args: str = "",
-                 jvm_args: Sequence[str] = (), java_tool_options: str | None = None, **options: Any) -> None:
+                 jvm_args: Sequence[str] = (), java_tool_options: str | None = None,
+                 version: str = rocketmq.DEFAULT_VERSION, **options: Any) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="probe-", dir=workdir))
         argv = ["--namesrv", namesrv, "--topic", topic]
         for key, value in options.items():
@@ -226,9 +236,10 @@ class Probe:
         env = {k: v for k, v in os.environ.items() if k != "JAVA_TOOL_OPTIONS"}
         if java_tool_options is not None:  # the README's recipe: the JVM reads it from the environment
             env["JAVA_TOOL_OPTIONS"] = java_tool_options
+        rocketmq.ensure_jars(version)  # AgentProbe uses only what 4.9.x and 5.x both have
         cmd = rocketmq._java_cmd(
             "client", rocketmq.CLIENT_HEAP, self.workdir / "home", extra_cp=str(probe_classes()),
-            jvm_args=["-Drocketmq.client.localIP=127.0.0.1", *agent_opt, *jvm_args],
+            jvm_args=["-Drocketmq.client.localIP=127.0.0.1", *agent_opt, *jvm_args], version=version,
         )
         self.cmd = [*cmd, PROBE_MAIN, *argv]
         (self.workdir / "cmdline.txt").write_text(" ".join(self.cmd) + "\n")

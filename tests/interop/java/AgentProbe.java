@@ -96,26 +96,9 @@ public final class AgentProbe {
         Map<String, AtomicLong> received = new ConcurrentHashMap<>();
         String group = opts.getOrDefault("consumer-group", "agent_probe_cg_" + pid + "_" + System.nanoTime());
         if (consumerKind.equals("push")) {
-            push = new DefaultMQPushConsumer(group);
-            push.setNamesrvAddr(namesrv);
-            push.setInstanceName("agent-probe-" + pid);
-            push.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET);
-            push.setConsumeThreadMin(1);
-            push.setConsumeThreadMax(2);
-            push.subscribe(topic, "*");
-            push.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
-                for (MessageExt m : msgs) {
-                    received.computeIfAbsent(String.valueOf(m.getBrokerName()), k -> new AtomicLong()).incrementAndGet();
-                }
-                return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
-            });
-            push.start();
+            push = startPush(namesrv, topic, group, pid, received);
         } else if (consumerKind.equals("lite")) {
-            lite = new DefaultLitePullConsumer(group);
-            lite.setNamesrvAddr(namesrv);
-            lite.setInstanceName("agent-probe-" + pid);
-            lite.subscribe(topic, "*");
-            lite.start();
+            lite = startLite(namesrv, topic, group, pid);
             DefaultLitePullConsumer l = lite;
             Thread poller = new Thread(() -> {
                 while (running) {
@@ -210,6 +193,54 @@ public final class AgentProbe {
         b.append('}');
         print("{\"summary\":true,\"sent\":" + sent + ",\"failed\":" + failed + ",\"brokers\":" + b + ",\"received\":" + r + "}");
         Runtime.getRuntime().halt(0); // a client's shutdown waits on Netty; nothing is left to flush
+    }
+
+    /** A loaded machine can time out a start's first route request: start again, as an application would. */
+    private static DefaultMQPushConsumer startPush(String namesrv, String topic, String group, String pid,
+                                                   Map<String, AtomicLong> received) throws Exception {
+        for (int attempt = 1; ; attempt++) {
+            DefaultMQPushConsumer push = new DefaultMQPushConsumer(group);
+            push.setNamesrvAddr(namesrv);
+            push.setInstanceName("agent-probe-" + pid);
+            push.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET);
+            push.setConsumeThreadMin(1);
+            push.setConsumeThreadMax(2);
+            push.subscribe(topic, "*");
+            push.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
+                for (MessageExt m : msgs) {
+                    received.computeIfAbsent(String.valueOf(m.getBrokerName()), k -> new AtomicLong()).incrementAndGet();
+                }
+                return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+            });
+            try {
+                push.start();
+                return push;
+            } catch (Exception e) {
+                push.shutdown();
+                if (attempt == 3) {
+                    throw e;
+                }
+            }
+        }
+    }
+
+    private static DefaultLitePullConsumer startLite(String namesrv, String topic, String group, String pid)
+            throws Exception {
+        for (int attempt = 1; ; attempt++) {
+            DefaultLitePullConsumer lite = new DefaultLitePullConsumer(group);
+            lite.setNamesrvAddr(namesrv);
+            lite.setInstanceName("agent-probe-" + pid);
+            lite.subscribe(topic, "*");
+            try {
+                lite.start();
+                return lite;
+            } catch (Exception e) {
+                lite.shutdown();
+                if (attempt == 3) {
+                    throw e;
+                }
+            }
+        }
     }
 
     private static String publishBrokers(DefaultMQProducer producer, String topic) {
