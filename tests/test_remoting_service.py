@@ -430,8 +430,8 @@ def test_missing_or_bad_ext_fields_are_system_errors(rs, svc):
     cmd.ext_fields["brokerId"] = "zero"
     reply = call(rs, cmd)
     assert reply.code == 1 and "brokerId" in reply.remark
-    reply = call(rs, req(105, {}))
-    assert reply.code == 1 and "topic" in reply.remark
+    reply = call(rs, req(104, {"brokerName": "broker-a"}))  # reads answer as Java instead (below)
+    assert reply.code == 1 and "clusterName" in reply.remark
     assert observable(svc) == before
 
 
@@ -1018,3 +1018,26 @@ def test_bodies_follow_the_java_nameservers_hash_order(rs):
     assert list(info["clusterAddrTable"]["DefaultCluster"]) == ["broker-d", "broker-b", "broker-c", "broker-a"]
     zns1_route = zns1(rs.service, "get_route", topic="TopicTest")["route"]
     assert [q["broker_name"] for q in zns1_route["queues"]] == ["broker-a", "broker-b", "broker-c", "broker-d"]
+
+
+@pytest.mark.parametrize("ext", [None, {}])
+def test_reads_missing_their_ext_fields_answer_as_java(rs, ext):
+    # What a 5.3.3 NameServer answers (the differential suite compares them too): a route
+    # of a null topic does not exist; a null cluster has no topics; null KV keys find nothing.
+    reply = call(rs, req(105, ext))
+    assert (reply.code, reply.remark) == (17, "No topic route info in name server for the topic: null")
+    assert ok(rs, req(224, ext)).body == b'{"topicList":[]}'
+    reply = call(rs, req(101, ext))
+    assert (reply.code, reply.remark, reply.ext_fields) == (
+        22, "No config item, Namespace: null Key: null", {})
+    reply = call(rs, req(101, {"namespace": "ns"}))
+    assert (reply.code, reply.remark) == (22, "No config item, Namespace: ns Key: null")
+    reply = call(rs, req(219, ext))
+    assert (reply.code, reply.remark) == (22, "No config item, Namespace: null")
+    reply = ok(rs, req(901, ext))
+    assert (reply.remark, reply.body) == ("not set any response code", b'{"brokerMemberGroup":{"brokerAddrs":{}}}')
+    # Writes missing a field stay refused with the field named (Java does nothing and answers
+    # 0, or fails with a NullPointerException's text).
+    for code in (100, 102, 103, 104, 205, 216, 322):
+        reply = call(rs, req(code, ext))
+        assert reply.code == 1 and reply.remark.startswith("the custom field <"), (code, reply)

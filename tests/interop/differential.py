@@ -343,6 +343,9 @@ class Generator:
                 "topic": self.topics[0], "__ZONE_MODE": "true", "__ZONE_NAME": self.zones[1]})))
         for code in (106, 206, 304, 311, 312, 313):
             out.append((str(code), None, request(code)))
+        # Reads missing their ext fields: Java answers each in its own way (§15).
+        for code in (105, 224, 101, 219, *(() if self.v4 else (901,))):
+            out.append((f"{code} without ext fields", None, request(code)))
         for c in [*self.clusters, f"{self.prefix}none"]:
             out.append((f"224 {c}", None, request(224, {"cluster": c})))
         for ns in self.namespaces:

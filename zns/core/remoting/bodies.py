@@ -222,13 +222,14 @@ def encode_cluster_info(brokers: Mapping[str, BrokerLike], clusters: Mapping[str
     return to_utf8(f'{{"brokerAddrTable":{{{table}}},"clusterAddrTable":{{{cl}}}}}')
 
 
-def encode_broker_member_group(cluster: str, broker_name: str, addrs: Mapping[int, str]) -> bytes:
-    """GetBrokerMemberGroupResponseBody for GET_BROKER_MEMBER_GROUP (legacy form)."""
+def encode_broker_member_group(cluster: str | None, broker_name: str | None,
+                               addrs: Mapping[int, str]) -> bytes:
+    """GetBrokerMemberGroupResponseBody for GET_BROKER_MEMBER_GROUP (legacy form); a None
+    name is left out, as fastjson leaves out a null field."""
     a = ",".join(f"{bid}:{escape_legacy(addrs[bid])}" for bid in hashmap_order(sorted(addrs)))
-    return to_utf8(
-        f'{{"brokerMemberGroup":{{"brokerAddrs":{{{a}}},"brokerName":{escape_legacy(broker_name)},'
-        f'"cluster":{escape_legacy(cluster)}}}}}'
-    )
+    name = "" if broker_name is None else f',"brokerName":{escape_legacy(broker_name)}'
+    of = "" if cluster is None else f',"cluster":{escape_legacy(cluster)}'
+    return to_utf8(f'{{"brokerMemberGroup":{{"brokerAddrs":{{{a}}}{name}{of}}}}}')
 
 
 def encode_topic_list(topics: Iterable[str], broker_addr: str | None = None) -> bytes:

@@ -200,7 +200,9 @@ class RemotingService:
             case R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER:
                 return _ok(cmd, body=encode_topic_list(chm_order(self._topic_order())))
             case R.GET_TOPICS_BY_CLUSTER:
-                return _ok(cmd, body=encode_topic_list(self._cluster_topics(require(ext, "cluster"))))
+                cluster = optional(ext, "cluster")  # none: no cluster, no topics (as Java)
+                topics = self._cluster_topics(cluster) if cluster is not None else []
+                return _ok(cmd, body=encode_topic_list(topics))
             case R.GET_UNIT_TOPIC_LIST:
                 return _ok(cmd, body=encode_topic_list(self._flagged_topics(FLAG_UNIT, 0)))
             case R.GET_HAS_UNIT_SUB_TOPIC_LIST:
@@ -210,8 +212,8 @@ class RemotingService:
             case R.GET_SYSTEM_TOPIC_LIST_FROM_NS:
                 return _ok(cmd, body=self._system_topics())
             case R.GET_BROKER_MEMBER_GROUP:
-                cluster, name = require(ext, "clusterName"), require(ext, "brokerName")
-                data = self.service.broker_table().get(name)
+                cluster, name = optional(ext, "clusterName"), optional(ext, "brokerName")
+                data = self.service.broker_table().get(name) if name is not None else None
                 addrs = data.addrs if data is not None else {}
                 # Java sets the code and never clears the remark its fresh reply starts with.
                 return _reply(cmd, ResponseCode.SUCCESS, "not set any response code", None,
@@ -235,10 +237,13 @@ class RemotingService:
                           key=require(ext, "key"), value=require(ext, "value"))
                 return _ok(cmd)
             case R.GET_KV_CONFIG:
-                namespace, key = require(ext, "namespace"), require(ext, "key")
+                namespace, key = optional(ext, "namespace"), optional(ext, "key")
                 try:
+                    if namespace is None or key is None:  # as Java: nothing is found
+                        raise NotFound("no such entry")
                     reply = self._run(KvGet, now, frames, namespace=namespace, key=key)
                 except NotFound:
+                    namespace, key = _java_str(namespace), _java_str(key)
                     return _error(cmd, ResponseCode.QUERY_NOT_FOUND,
                                   f"No config item, Namespace: {namespace} Key: {key}",
                                   ext_fields={})
@@ -251,7 +256,9 @@ class RemotingService:
                     self._remember_namespace(namespace)
                 return _ok(cmd)
             case R.GET_KVLIST_BY_NAMESPACE:
-                namespace = require(ext, "namespace")
+                namespace = optional(ext, "namespace")
+                if namespace is None:  # as Java: nothing is found
+                    return _error(cmd, ResponseCode.QUERY_NOT_FOUND, "No config item, Namespace: null")
                 entries = self._run(KvList, now, frames, namespace=namespace).entries
                 if not entries and namespace in self._emptied:
                     return _ok(cmd, body=encode_kv_table({}))
@@ -274,7 +281,9 @@ class RemotingService:
     # --- requests ---------------------------------------------------------
 
     def _route(self, cmd: RemotingCommand, ext: Mapping[str, str]) -> RemotingCommand:
-        topic = require(ext, "topic")
+        topic = optional(ext, "topic")
+        if topic is None:  # as Java: no route for a null topic
+            return _no_route(cmd, "null")
         legacy = not wants_standard_json(cmd.version, cmd.ext_fields)
         if parse_bool(ext, "__ZONE_MODE") and (zone := (optional(ext, "__ZONE_NAME") or "").strip()):
             route = self.service.zone_route(topic, zone)
@@ -448,6 +457,11 @@ class RemotingService:
                 broker_addr = addrs[hashmap_order(sorted(addrs))[0]]
                 break
         return encode_topic_list(chm_order(names), broker_addr)
+
+
+def _java_str(value: str | None) -> str:
+    """How Java's string concatenation writes a value that may be null."""
+    return "null" if value is None else value
 
 
 def _java_kv_order(entries: dict[str, str]) -> dict[str, str]:
