@@ -238,3 +238,65 @@ def test_remoting_requests_are_counted_by_code_and_outcome(tmp_path: Path):
         assert m["zns_encoded_route_bytes", (("form", "json"),)] > 0
     finally:
         srv.stop()
+
+
+HELP = {
+    "zns_info": "The NameServer's version and epoch",
+    "zns_requests": "ZNS/1 requests answered, by op and outcome (ok or the error code)",
+    "zns_remoting_requests": "RocketMQ remoting requests answered, by request code and outcome "
+                             "(ok or the response code)",
+    "zns_encoded_route_bytes": "Bytes of encoded routes kept for reuse until they change, by "
+                               "form (json: both RocketMQ forms, bounded)",
+    "zns_brokers": "Broker names held",
+    "zns_broker_addresses": "Live broker addresses",
+    "zns_topics": "Topics with queue data",
+    "zns_queue_entries": "Queue entries (topic x broker name)",
+    "zns_remoting_connections": "Open RocketMQ remoting connections",
+    "zns_events_published": "Events published, by channel kind",
+    "zns_broker_removals": "Broker addresses removed, by reason",
+    "zns_dropped_replies": "Replies dropped: the peer was gone or at its high-water mark",
+    "zns_stalls": "Stalls measured (§8): the loop did not run",
+    "zns_kv_writes": "Durable KV writes (append and fsync)",
+    "zns_kv_write_seconds": "Seconds one durable KV write (append and fsync) took",
+    "zns_peer_connected": "1 while the peer NameServer answers",
+}
+
+
+@pytest.mark.timeout(60)
+def test_every_metric_says_what_it_counts_and_remoting_connections_are_counted(make_server):
+    from test_remoting_listener import Client
+
+    srv = make_server(metrics="http://127.0.0.1:0", remoting="127.0.0.1:0",
+                      peers=["tcp://127.0.0.1:1"])
+    client = Client(srv.server.remoting.endpoint)
+    try:
+        wait_for(lambda: scrape(srv)[("zns_remoting_connections", ())] == 1)
+        status, text = get(f"http://127.0.0.1:{srv.server.metrics.port}/metrics")
+        helps = {f.name: f.documentation for f in text_string_to_metric_families(text)
+                 if f.name.startswith("zns")}
+        assert helps == HELP  # the HELP lines an operator reads, one per metric
+        # A peer that does not answer is 0, not 1.
+        assert scrape(srv)[("zns_peer_connected", (("peer", "tcp://127.0.0.1:1"),))] == 0
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+def test_healthz_answers_with_the_standard_reason_phrases():
+    loop = AgedLoop()
+    metrics = MetricsServer(loop, "127.0.0.1:0", heartbeat_interval=1.0)  # type: ignore[arg-type]
+    try:
+        url = f"http://127.0.0.1:{metrics.port}/healthz"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert (resp.status, resp.reason, resp.headers["Content-Type"]) == (
+                200, "OK", "text/plain")
+        loop.age = 5.0
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=10)
+        assert (refused.value.code, refused.value.reason) == (503, "Service Unavailable")
+        assert refused.value.headers["Content-Type"] == "text/plain"
+        assert refused.value.read() == b"stuck: no loop pass for 5.0 s\n"
+    finally:
+        metrics.close()
+    with pytest.raises(urllib.error.URLError):  # closed: the port no longer answers
+        urllib.request.urlopen(url, timeout=10)

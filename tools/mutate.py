@@ -108,6 +108,12 @@ def source(module: str) -> str:
 
 # mutmut mutant name -> why no test can kill it (the code behaves the same either way).
 EQUIVALENT: dict[str, str] = {
+    "zns.drivers.metrics.xǁMetricsServerǁclose__mutmut_1":
+        "join(None) for join(5): serve_forever returns at once after shutdown(); the bound is for a hang",
+    "zns.drivers.metrics.xǁMetricsServerǁclose__mutmut_2": "join(6) for join(5): as close__mutmut_1",
+    "zns.drivers.metrics.xǁ_Collectorǁ_op__mutmut_1":
+        "the op label never read from its memo: computed again, the same label (a cost, not a behaviour)",
+    "zns.drivers.metrics.xǁ_Collectorǁ_op__mutmut_2": "as _op__mutmut_1",
     "zns.drivers.route_client.xǁRouteClientǁclose__mutmut_3":
         "join(None) for join(5): the thread ends at once once stopping; the bound is for a hang",
     "zns.drivers.route_client.xǁRouteClientǁclose__mutmut_4": "join(6) for join(5): as close__mutmut_3",
