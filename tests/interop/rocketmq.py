@@ -508,8 +508,9 @@ class Broker(JavaProcess):
 
     def __init__(self, workdir: Path, namesrv: str, *, name: str = "broker-a", cluster: str = "DefaultCluster",
                  broker_id: int = 0, port: int | None = None, config: dict[str, Any] | None = None,
-                 jvm_args: Iterable[str] = ()) -> None:
+                 jvm_args: Iterable[str] = (), version: str = DEFAULT_VERSION) -> None:
         super().__init__(workdir)
+        self.version = version
         self.namesrv = namesrv
         self.name = name
         self.cluster = cluster
@@ -564,14 +565,17 @@ class Broker(JavaProcess):
     def start(self, timeout: float = 90.0, wait: bool = True, registered: bool = True) -> Broker:
         """Launch; with `wait`, wait for the ready line and (with `registered`) for a completed
         registration with every NameServer in `namesrv` (see :meth:`wait_registered`)."""
-        ensure_jars()
+        ensure_jars(self.version)
+        if self.version.startswith("4."):  # 4.x reads its logging setup from ROCKETMQ_HOME/conf
+            (self.home / "conf").mkdir(parents=True, exist_ok=True)
+            (self.home / "conf" / "logback_broker.xml").write_text(LOGBACK_4X.format(log="broker"))
         for attempt in range(3):
             if self.port is None or attempt > 0:
                 self.port = pick_broker_port()
             self.workdir.mkdir(parents=True, exist_ok=True)
             conf_path = self.workdir / "broker.conf"
             conf_path.write_text("".join(f"{k}={v}\n" for k, v in self.broker_conf().items()))
-            cmd = _java_cmd("broker", BROKER_HEAP, self.home, jvm_args=self.jvm_args)
+            cmd = _java_cmd("broker", BROKER_HEAP, self.home, jvm_args=self.jvm_args, version=self.version)
             self._launch([*cmd, BROKER_MAIN, "-c", str(conf_path)])
             if not wait:
                 return self
@@ -602,7 +606,11 @@ class Broker(JavaProcess):
         addrs = [a.strip() for a in (namesrv or self.namesrv).split(";") if a.strip()]
         deadline = time.monotonic() + timeout
         for addr in addrs:
-            rx = re.compile(r"Registering current broker to name server completed\. TargetHost=" + re.escape(addr) + r"\b")
+            if self.version.startswith("4."):  # BrokerOuterAPI's line in 4.x
+                rx = re.compile(r"register broker\[\d+\]to name server " + re.escape(addr) + r" OK")
+            else:
+                rx = re.compile(r"Registering current broker to name server completed\. TargetHost="
+                                + re.escape(addr) + r"\b")
             while True:
                 try:
                     text = (self.log_dir / "broker.log").read_text("utf-8", "replace")
@@ -754,7 +762,7 @@ def _client_cmd(home: Path, jvm_args: Iterable[str] = ()) -> list[str]:
 
 
 def mqadmin(args: Sequence[str], namesrv: str | None, *, timeout: float = 60.0, stock: bool = False,
-            workdir: Path | None = None) -> Result:
+            workdir: Path | None = None, version: str = DEFAULT_VERSION) -> Result:
     """Run an mqadmin subcommand, e.g. ``mqadmin(["clusterList"], ns.addr)``; adds ``-n namesrv``.
 
     By default the stock MQAdminStartup command runs inside ZnsInteropClient, which halts
@@ -767,9 +775,12 @@ def mqadmin(args: Sequence[str], namesrv: str | None, *, timeout: float = 60.0, 
         argv += ["-n", namesrv]
     workdir = Path(workdir) if workdir else _scratch_dir()
     home = workdir / "mqadmin-home"
-    if stock:
-        ensure_jars()
-        cmd = [*_java_cmd("tools", CLIENT_HEAP, home), MQADMIN_MAIN, *argv]
+    if stock or version != DEFAULT_VERSION:  # another version: its own stock mqadmin
+        ensure_jars(version)
+        if version.startswith("4."):  # 4.x reads its logging setup from ROCKETMQ_HOME/conf
+            (home / "conf").mkdir(parents=True, exist_ok=True)
+            (home / "conf" / "logback_tools.xml").write_text(LOGBACK_4X.format(log="tools"))
+        cmd = [*_java_cmd("tools", CLIENT_HEAP, home, version=version), MQADMIN_MAIN, *argv]
     else:
         cmd = [*_client_cmd(home), CLIENT_MAIN, "mqadmin", *argv]
     return _run_oneshot(cmd, workdir, f"mqadmin-{argv[0] if argv else 'help'}", timeout)
