@@ -4,6 +4,18 @@ No sockets, no clock, no encoding. Every method that changes state takes `now`
 (milliseconds on any monotonic scale) and returns the §7 events it caused,
 already numbered with one new revision. A request that is refused raises
 before anything is touched, so a failure leaves no trace (§2).
+
+This module holds the records (broker names, their addresses and clusters, queue
+data per topic, filter servers, order configurations) and the rules of §4 and §6
+that change them. Three parts it delegates to, each a module of its own:
+
+- `zns.core.liveness`: each address's deadline in a lazy heap (§8, §10);
+- `zns.core.weights`: what the routes carry in queue entries (--max-queues), one
+  formula for the ledger and for `queue_weight_after`, which zns.core.limits asks;
+- `zns.core.revisions`: the materialized routes, revisions and events (§5, §7).
+
+`check_invariants()` recomputes everything kept incrementally; tests call it
+rather than reading the records.
 """
 
 from __future__ import annotations
