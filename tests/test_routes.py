@@ -1011,7 +1011,7 @@ def test_broker_data_cluster_names_a_cluster_that_lists_the_broker(table):
     (lambda t: t.liveness("c1", MASTER).names.add("broker-z"), "do not list them"),
     (lambda t: t._order_conf.__setitem__("TopicA", "broker-a:4"), "differs from its records"),
     (lambda t: t._revisions._topic_revision.pop("TopicA"), "a route without a revision"),
-    (lambda t: t._broker_data.__setitem__("broker-a", BrokerData(
+    (lambda t: t._builder._broker_data.__setitem__("broker-a", BrokerData(
         cluster="c9", broker_name="broker-a", addrs={})), "stale BrokerData"),
 ])
 def test_check_invariants_names_the_rule_a_corrupted_table_breaks(corrupt, rule):

@@ -1,5 +1,9 @@
 """Route materialization and revisions (§5, §7): what `get_route` answers, and the events.
 
+`RouteBuilder` materializes a topic's route from the route table's records (and
+caches the BrokerData every route of a broker shares); `RouteRevisions` holds the
+routes, numbers changes and makes the events.
+
 A change to the route table is collected in a `Changes` (the topics touched, the
 broker events, whether the broker or cluster tables changed); `RouteRevisions.commit`
 builds each touched topic's route once, keeps those that differ from the route held,
@@ -12,10 +16,10 @@ queue list and one broker list for all of them. Sans-I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar, cast
+from collections.abc import Callable, Mapping
+from typing import Protocol, TypeVar, cast
 
-from zns.core.schema import BrokerEvent, QueueData, RouteEvent, TopicRoute
+from zns.core.schema import BrokerData, BrokerEvent, QueueData, RouteEvent, TopicRoute
 
 Event = RouteEvent | BrokerEvent
 T = TypeVar("T")
@@ -125,6 +129,133 @@ class RouteRevisions:
             assert [b.broker_name for b in route.brokers] == names, f"{topic}: brokers differ"
             addrs = {a for b in route.brokers for a in b.addrs.values()}
             assert set(route.filter_servers) <= addrs, f"{topic}: filter servers of no broker"
+
+
+class BrokerRecordLike(Protocol):
+    """What the builder reads of a broker name's record (zns.core.routes.BrokerRecord)."""
+
+    cluster: str
+    zone: str
+    addrs: dict[int, str]
+    addr_cluster: dict[str, str]
+
+
+class RouteBuilder:
+    """Routes materialized from the route table's records, and the BrokerData they share.
+
+    It reads the table's own dicts (never copies): queue data by topic and name, broker
+    records, filter servers by (cluster, address), order configurations, and the names
+    whose routes carry extra weight (only those can list filter servers).
+    """
+
+    def __init__(self, queues: Mapping[str, Mapping[str, QueueData]],
+                 brokers: Mapping[str, BrokerRecordLike],
+                 filter_servers: Mapping[tuple[str, str], list[str]],
+                 order_conf: Mapping[str, str], heavy_names: Mapping[str, int],
+                 revisions: RouteRevisions) -> None:
+        self._queues, self._brokers, self._filter_servers = queues, brokers, filter_servers
+        self._order_conf, self._heavy, self._revisions = order_conf, heavy_names, revisions
+        self._broker_data: dict[str, BrokerData] = {}  # shared by every route of a broker
+
+    def __len__(self) -> int:
+        """BrokerData held."""
+        return len(self._broker_data)
+
+    def broker_data(self, name: str) -> BrokerData:
+        data = self._broker_data.get(name)
+        if data is None:
+            rec = self._brokers[name]
+            data = self._broker_data[name] = BrokerData(
+                cluster=rec.cluster, broker_name=name, addrs=dict(sorted(rec.addrs.items())),
+                zone=rec.zone,
+            )
+        return data
+
+    def forget(self, name: str) -> None:
+        """The name's BrokerData changed: built again when next needed."""
+        self._broker_data.pop(name, None)
+
+    def refresh(self, names: set[str]) -> None:
+        """Build each changed BrokerData once, before the routes that share it."""
+        for name in names:
+            if name in self._brokers:
+                self.broker_data(name)
+
+    def build(self, topic: str, ch: Changes, lists: SharedLists) -> TopicRoute | None:
+        """The route of `topic` after this commit's changes.
+
+        A registration of one broker changes every topic it shares, and a shared topic
+        lists every broker: rebuilding each route from scratch makes a restart of N
+        brokers sharing T topics cost T x N^2. Routes are built from the route they
+        replace instead, and topics whose old lists and edits are the same share the
+        new lists (`SharedLists`): one registration builds one queue list and one
+        broker list for all T topics, and NameService encodes each list once.
+        """
+        by_broker = self._queues.get(topic)
+        if not by_broker:
+            return None
+        old = self._revisions.route(topic)
+        queues = lists.queues(old.queues if old is not None else None,
+                              ch.edited.get(topic), by_broker)
+        stale = ch.stale_brokers
+        if old is not None and topic not in ch.reshaped and not any(n in by_broker for n in stale):
+            brokers = old.brokers  # the same names and none of their BrokerData changed
+        else:
+            brokers = lists.derived("brokers", queues, self._broker_list)
+        filter_servers = lists.derived("filter_servers", queues, self._filter_servers_of_route)
+        return TopicRoute(
+            topic=topic, queues=queues, brokers=brokers,
+            filter_servers=filter_servers, order_conf=self._order_conf.get(topic, ""),
+        )
+
+    def _broker_list(self, queues: list[QueueData]) -> list[BrokerData]:
+        broker_data = self._broker_data
+        return [broker_data[q.broker_name] for q in queues]
+
+    def _filter_servers_of_route(self, queues: list[QueueData]) -> dict[str, list[str]]:
+        """The filter servers a route of these brokers lists, by broker address."""
+        filter_servers: dict[str, list[str]] = {}
+        fs_names = self._heavy  # names with filter servers (or other extra weight)
+        if not fs_names:
+            return filter_servers
+        if len(fs_names) < len(queues):
+            in_route = {q.broker_name for q in queues}
+            with_servers = sorted(n for n in fs_names if n in in_route)
+        else:
+            with_servers = [q.broker_name for q in queues if q.broker_name in fs_names]
+        for n in with_servers:
+            rec = self._brokers[n]
+            for addr in rec.addrs.values():
+                servers = self._filter_servers.get((rec.addr_cluster[addr], addr))
+                if servers:
+                    filter_servers[addr] = servers
+        return filter_servers
+
+    def fresh(self, topic: str) -> TopicRoute:
+        """The topic's route built from the records alone, as §3 defines it (no sharing)."""
+        by_broker = self._queues[topic]
+        names = sorted(by_broker)
+        brokers, filter_servers = [], {}
+        for name in names:
+            rec = self._brokers[name]
+            brokers.append(BrokerData(cluster=rec.cluster, broker_name=name,
+                                      addrs=dict(sorted(rec.addrs.items())), zone=rec.zone))
+            for addr in rec.addrs.values():
+                servers = self._filter_servers.get((rec.addr_cluster[addr], addr))
+                if servers:
+                    filter_servers[addr] = list(servers)
+        return TopicRoute(topic=topic, queues=[by_broker[n] for n in names], brokers=brokers,
+                          filter_servers=filter_servers, order_conf=self._order_conf.get(topic, ""))
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if a cached BrokerData or a route differs from the records."""
+        for name, data in self._broker_data.items():
+            rec = self._brokers[name]
+            assert data == BrokerData(cluster=rec.cluster, broker_name=name,
+                                      addrs=dict(sorted(rec.addrs.items())), zone=rec.zone), (
+                f"{name}: stale BrokerData")
+        expected = {topic: self.fresh(topic) for topic in self._queues}
+        assert self._revisions.routes() == expected, "a route differs from its records"
 
 
 class SharedLists:

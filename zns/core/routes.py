@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from zns.core.errors import BadRequest, Conflict
 from zns.core.liveness import LiveKey, Liveness, LivenessSchedule
-from zns.core.revisions import Changes, RouteRevisions, SharedLists
+from zns.core.revisions import Changes, RouteBuilder, RouteRevisions, SharedLists
 from zns.core.weights import WeightLedger, entry_weight
 from zns.core.schema import (
     MASTER_ID,
@@ -80,7 +80,6 @@ class RegisterOutcome:
 class RouteTable:
     def __init__(self, epoch: str) -> None:
         self.epoch = epoch
-        self._revisions = RouteRevisions(epoch)
         self._queues: dict[str, dict[str, QueueData]] = {}  # topic -> broker name -> queues
         self._broker_topics: dict[str, set[str]] = {}  # broker name -> topics (index)
         # Queue entries and what the routes carry, in queue entries (zns.core.weights).
@@ -92,11 +91,14 @@ class RouteTable:
         self._live = LivenessSchedule()
         self._filter_servers: dict[LiveKey, list[str]] = {}
         self._order_conf: dict[str, str] = {}
-        self._broker_data: dict[str, BrokerData] = {}  # shared by every route of a broker
         # Interned QueueData -> [the shared object, how many queue entries use it]: a
         # broker's topics mostly share one configuration. Counted, so a value leaves
         # with its last use and a removal costs what it removes, not the table size.
         self._queue_values: dict[QueueData, list] = {}
+        # What get_route answers, the revisions and events (zns.core.revisions).
+        self._revisions = RouteRevisions(epoch)
+        self._builder = RouteBuilder(self._queues, self._brokers, self._filter_servers,
+                                     self._order_conf, self._weights.extra, self._revisions)
 
     # --- broker ops (§4) --------------------------------------------------
 
@@ -361,7 +363,7 @@ class RouteTable:
         return self._revisions.routes()
 
     def broker_table(self) -> dict[str, BrokerData]:
-        return {name: self._get_broker_data(name) for name in sorted(self._brokers)}
+        return {name: self._builder.broker_data(name) for name in sorted(self._brokers)}
 
     def cluster_table(self) -> dict[str, list[str]]:
         return {c: sorted(names) for c, names in sorted(self._clusters.items())}
@@ -443,36 +445,14 @@ class RouteTable:
             listed), "live addresses list names that do not list them"
         assert all(members for members in self._clusters.values()), "empty cluster kept"
         assert all(key in self._live for key in self._filter_servers), "filter servers of no address"
-        for name, data in self._broker_data.items():
-            rec = brokers[name]
-            assert data == BrokerData(cluster=rec.cluster, broker_name=name,
-                                      addrs=dict(sorted(rec.addrs.items())), zone=rec.zone), (
-                f"{name}: stale BrokerData")
-        expected = {topic: self._fresh_route(topic) for topic in queues}
-        assert self._revisions.routes() == expected, "a route differs from its records"
-
-    def _fresh_route(self, topic: str) -> TopicRoute:
-        """The topic's route built from the records alone, as §3 defines it (no sharing)."""
-        by_broker = self._queues[topic]
-        names = sorted(by_broker)
-        brokers, filter_servers = [], {}
-        for name in names:
-            rec = self._brokers[name]
-            brokers.append(BrokerData(cluster=rec.cluster, broker_name=name,
-                                      addrs=dict(sorted(rec.addrs.items())), zone=rec.zone))
-            for addr in rec.addrs.values():
-                servers = self._filter_servers.get((rec.addr_cluster[addr], addr))
-                if servers:
-                    filter_servers[addr] = list(servers)
-        return TopicRoute(topic=topic, queues=[by_broker[n] for n in names], brokers=brokers,
-                          filter_servers=filter_servers, order_conf=self._order_conf.get(topic, ""))
+        self._builder.check_invariants()
 
     def held(self) -> dict[str, int]:
         """How many of each kind of record the table holds (diagnostics and tests)."""
         topics, removed = self._revisions.remembered()
         return {"brokers": len(self._brokers), "addresses": len(self._live),
                 "topics": len(self._queues), "queue_entries": self._weights.count,
-                "queue_values": len(self._queue_values), "broker_data": len(self._broker_data),
+                "queue_values": len(self._queue_values), "broker_data": len(self._builder),
                 "topic_revisions": topics, "removed_topic_revisions": removed}
 
     def broker_count(self) -> int:
@@ -691,7 +671,7 @@ class RouteTable:
     def _touch_broker(self, rec: BrokerRecord, ch: Changes, structural: bool = False) -> None:
         """Every route of this broker may have changed; `structural`: its BrokerData did."""
         if structural:
-            self._broker_data.pop(rec.name, None)
+            self._builder.forget(rec.name)
             ch.stale_brokers.add(rec.name)
             ch.structural = True
         self._reweigh(rec.name)
@@ -705,71 +685,12 @@ class RouteTable:
             broker_id=broker_id, broker_addr=addr, change=change, reason=reason,
         )
 
-    def _get_broker_data(self, name: str) -> BrokerData:
-        data = self._broker_data.get(name)
-        if data is None:
-            rec = self._brokers[name]
-            data = self._broker_data[name] = BrokerData(
-                cluster=rec.cluster, broker_name=name, addrs=dict(sorted(rec.addrs.items())),
-                zone=rec.zone,
-            )
-        return data
-
     def _build_route(self, topic: str, ch: Changes, lists: SharedLists) -> TopicRoute | None:
-        """The route of `topic` after this commit's changes.
-
-        A registration of one broker changes every topic it shares, and a shared topic
-        lists every broker: rebuilding each route from scratch makes a restart of N
-        brokers sharing T topics cost T x N^2. Routes are built from the route they
-        replace instead, and topics whose old lists and edits are the same share the
-        new lists (`SharedLists`): one registration builds one queue list and one
-        broker list for all T topics, and NameService encodes each list once.
-        """
-        by_broker = self._queues.get(topic)
-        if not by_broker:
-            return None
-        old = self._revisions.route(topic)
-        queues = lists.queues(old.queues if old is not None else None,
-                              ch.edited.get(topic), by_broker)
-        stale = ch.stale_brokers
-        if old is not None and topic not in ch.reshaped and not any(n in by_broker for n in stale):
-            brokers = old.brokers  # the same names and none of their BrokerData changed
-        else:
-            brokers = lists.derived("brokers", queues, self._broker_list)
-        filter_servers = lists.derived("filter_servers", queues, self._filter_servers_of_route)
-        return TopicRoute(
-            topic=topic, queues=queues, brokers=brokers,
-            filter_servers=filter_servers, order_conf=self._order_conf.get(topic, ""),
-        )
-
-    def _broker_list(self, queues: list[QueueData]) -> list[BrokerData]:
-        broker_data = self._broker_data
-        return [broker_data[q.broker_name] for q in queues]
-
-    def _filter_servers_of_route(self, queues: list[QueueData]) -> dict[str, list[str]]:
-        """The filter servers a route of these brokers lists, by broker address."""
-        filter_servers: dict[str, list[str]] = {}
-        fs_names = self._weights.extra  # names with filter servers (or other extra weight)
-        if not fs_names:
-            return filter_servers
-        if len(fs_names) < len(queues):
-            in_route = {q.broker_name for q in queues}
-            with_servers = sorted(n for n in fs_names if n in in_route)
-        else:
-            with_servers = [q.broker_name for q in queues if q.broker_name in fs_names]
-        for n in with_servers:
-            rec = self._brokers[n]
-            for addr in rec.addrs.values():
-                servers = self._filter_servers.get((rec.addr_cluster[addr], addr))
-                if servers:
-                    filter_servers[addr] = servers
-        return filter_servers
+        return self._builder.build(topic, ch, lists)
 
     def _commit(self, ch: Changes) -> list[Event]:
         """Number the changes with one new revision and turn them into events."""
-        for name in ch.stale_brokers:  # BrokerData dropped by _touch_broker: build each once
-            if name in self._brokers:
-                self._get_broker_data(name)
+        self._builder.refresh(ch.stale_brokers)
         return self._revisions.commit(ch, self._build_route)
 
 
