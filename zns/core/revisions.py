@@ -274,7 +274,7 @@ class SharedLists:
         self._derived: dict[tuple[str, int], tuple[list[QueueData], object]] = {}
 
     def queues(self, old: list[QueueData] | None, edited: set[str] | None,
-               by_broker: dict[str, QueueData]) -> list[QueueData]:
+               by_broker: Mapping[str, QueueData]) -> list[QueueData]:
         if old is not None and not edited:
             return old
         # Queue data are interned (RouteTable._intern): equal data, one object, one id.
