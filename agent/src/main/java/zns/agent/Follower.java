@@ -35,8 +35,12 @@ import org.zeromq.ZMQ;
 final class Follower {
     /** Beyond this many held topics, one subscription to every route and broker channel. */
     static final int MAX_TOPIC_SUBSCRIPTIONS = 4096;
-    /** Events queued in the SUB socket beyond this are dropped (the recipe repairs it). */
-    static final int RCV_HWM = 10_000;
+    /**
+     * Events queued in the SUB socket beyond this are dropped, which bounds the agent's
+     * memory inside the application (an event carries a whole route). A dropped change is
+     * repaired by the topic's next event, or by the application's own 30 s poll.
+     */
+    static final int RCV_HWM = 1_000;
     private static final byte[] HB_CHANNEL = "hb\0".getBytes(StandardCharsets.UTF_8);
     private static final byte[] ALL_ROUTES = "route/".getBytes(StandardCharsets.UTF_8);
     private static final byte[] ALL_BROKERS = "broker/".getBytes(StandardCharsets.UTF_8);
