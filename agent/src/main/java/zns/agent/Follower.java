@@ -198,7 +198,7 @@ final class Follower {
     private void closeSocket() {
         if (sub != null) {
             try {
-                zmq.get().destroySocket(sub);
+                sub.close(); // linger 0: queued events are dropped at once
             } catch (RuntimeException e) {
                 // the context may already be closing; the socket goes with it
             }
