@@ -11,7 +11,7 @@ import msgspec
 import pytest
 import zmq
 
-from conftest import register_fields, wait_for
+from conftest import LOADED_DEADLINE, register_fields, wait_for
 from zns.drivers.broker_agent import BrokerAgent
 from zns.core import schema
 from zns.core.errors import UsageError
@@ -215,3 +215,38 @@ def test_close_waits_for_the_unregistration_as_long_as_its_timeout_says():
         assert slow.unregistrations == 1
     finally:
         slow.close()
+
+
+@pytest.mark.timeout(60)
+def test_wait_registered_says_whether_every_nameserver_holds_the_broker(server):
+    with agent_for(server.router) as agent:
+        assert agent.wait_registered(timeout=LOADED_DEADLINE)
+        agent.remove_topic("NeverAdded")  # nothing to remove: no error
+        assert agent.topics.keys() == {"T1"}
+    with agent_for(server.router, "tcp://127.0.0.1:1") as agent:
+        started = time.monotonic()
+        assert not agent.wait_registered(timeout=0.5)
+        assert time.monotonic() - started < LOADED_DEADLINE  # its 0.5 s, not forever
+
+
+class GarbageNameServer(SlowNameServer):
+    """Answers every request with bytes that are not a reply."""
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            if self.sock.poll(50):
+                identity, _ = self.sock.recv_multipart()
+                self.sock.send_multipart([identity, b"\x93junk"])
+
+
+@pytest.mark.timeout(60)
+def test_an_unreadable_reply_is_logged_and_the_agent_goes_on(caplog):
+    garbage = GarbageNameServer(time.monotonic, delay=0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="zns"):
+            with agent_for(garbage.endpoint) as agent:
+                wait_for(lambda: f"unreadable reply from {garbage.endpoint}" in caplog.text)
+                assert not agent.registered_everywhere()
+                agent.close(timeout=0.2)
+    finally:
+        garbage.close()

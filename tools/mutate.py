@@ -114,6 +114,15 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.metrics.xǁ_Collectorǁ_op__mutmut_1":
         "the op label never read from its memo: computed again, the same label (a cost, not a behaviour)",
     "zns.drivers.metrics.xǁ_Collectorǁ_op__mutmut_2": "as _op__mutmut_1",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁclose__mutmut_5":
+        "join(None) for join(timeout + 2): the thread ends by the session's own close deadline; the bound is for a hang",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁclose__mutmut_7": "join(timeout + 3): as close__mutmut_5",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ_run__mutmut_8": "closing = None for False: only ever read as a truth value",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ_run__mutmut_15":
+        "closing = None for True: close() is asked again each turn, and BrokerSession.close ignores a second call",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ_run__mutmut_26": "_changed = None for False: only ever read as a truth value",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ_run__mutmut_51":
+        "`return` for `break` out of the loop: the `finally` that drops the sockets runs either way",
     "zns.drivers.route_client.xǁRouteClientǁclose__mutmut_3":
         "join(None) for join(5): the thread ends at once once stopping; the bound is for a hang",
     "zns.drivers.route_client.xǁRouteClientǁclose__mutmut_4": "join(6) for join(5): as close__mutmut_3",
