@@ -390,3 +390,45 @@ def test_out_of_descriptors_on_the_remoting_port_nothing_spins(tmp_path: Path):
             sock.close()
         code = server.stop()
     assert code == 0, server.log()[-2000:]
+
+
+class TickingClock:
+    """A monotonic clock that advances 1 ms each time it is read: the server's time then
+    measures the work it did (its clock reads), not the wall time of a loaded machine."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self.lock:
+            self.ticks += 1
+            return 1000.0 + self.ticks / 1000
+
+
+@pytest.mark.timeout(300)
+def test_draining_a_frame_flood_keeps_to_its_time_slices(make_server):
+    """Between two requests of one peer, a million-frame message is drained in slices:
+    the loop's timers run between them, so `hb` goes on while the flood is dropped."""
+    srv = make_server(server_kwargs={"clock": TickingClock()}, heartbeat_interval_s=0.05)
+    watcher, flood = srv.peer(), srv.peer()
+    sub = watcher.subscribe(schema.HB_CHANNEL, schema.route_channel("Before"),
+                            schema.route_channel("After"))
+    watcher.wait_subscribed()
+    flood.ok("register_broker", **register_fields(topics={"Before": {}}))
+    flood.send_raw(*([b""] * 1_000_000 + [status_body(1)]))  # over §1's bounds: dropped
+    flood.ok("register_broker", **register_fields(topics={"Before": {}, "After": {}},
+                                                  data_version={"counter": 1}))
+    between: list[bytes] = []
+    channel = b""
+    while channel != schema.route_channel("Before"):
+        channel = watcher.next_event()[0]
+    while channel != schema.route_channel("After"):
+        channel = watcher.next_event()[0]
+        between.append(channel)
+    # The drain reads the clock once per 1,024 frames: ~980 ms of server time, in which
+    # an hb (every 50 ms) is due at least 15 times — and published, between two slices.
+    # (Idle, the server's time passes slowly — a few reads per wait — so only a few hbs
+    # can fall into the moments around the flood.)
+    assert between.count(schema.HB_CHANNEL) >= 10, between
+    assert srv.server.dropped_requests == 1
