@@ -135,7 +135,8 @@ def test_recipe_refreshes_each_change_once_and_repairs_gaps_epochs_and_silence(j
         assert cli.wait(lambda: cli.lines and cli.lines[0], "the probe line")["events"] == publisher.endpoint
         # step 2: at the first hb, the subscription is in force: both topics pulled once
         assert cli.refresh_count(1, "the first refresh")[0] == (["Orders", "Payments"], "subscribed")
-        assert any("following zns events at " + publisher.endpoint in ln for ln in cli.log), cli.log
+        cli.wait(lambda: any("following zns events at " + publisher.endpoint in ln for ln in cli.log),
+                 "the following line (stderr: read apart from stdout)")
 
         publisher.route("Orders", 6, 5)          # the next change of Orders
         got = cli.refresh_count(2, "Orders")
@@ -173,6 +174,7 @@ def test_recipe_refreshes_each_change_once_and_repairs_gaps_epochs_and_silence(j
         if cli.proc.poll() is None:
             cli.proc.kill()
             cli.proc.wait(10)
+    cli.wait(lambda: sum("zns-agent:" in ln for ln in cli.log) >= 3, "three log lines", timeout=10)
     agent_lines = [ln for ln in cli.log if "zns-agent:" in ln]
     assert len(agent_lines) == 3, agent_lines  # following, stopped following, following
 
