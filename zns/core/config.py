@@ -11,7 +11,8 @@ that is not the rule. Everything else is derived from it by `zns.cli.options`:
 
 The attribute names carry their units (`heartbeat_interval_s`); the names an
 operator types keep theirs (`name=`). The three sources are merged into one
-mapping and validated once, by `load`: the type and bounds by msgspec, what
+mapping and validated once, by `load`: the type and bounds by msgspec, endpoints
+and networks by the field's `check` (zns.core.addresses, the one parser), what
 relates two fields by `__post_init__`. A value that does not fit raises
 `InvalidSetting`, which names the field, so the command line can say which
 option, variable or key to fix.
