@@ -45,7 +45,7 @@ from bench.harness import (
     REPO, Session, broker_addr, cpu_seconds, percentile, request, rss_kib, start_zns,
 )
 from zns.core import schema
-from zns.core.broker_session import Action, BrokerSession, BrokerState, Disconnect, Done, Send
+from zns.core.broker_session import BrokerAction, BrokerSession, BrokerState, Disconnect, Done, Send
 from zns.core.schema import TopicConfig, request_op
 
 CLUSTER = "soak"
@@ -156,7 +156,7 @@ def broker_main(conn: Connection, router: str, indices: list[int], p: Params, se
         counts["errors"] += 1
         print(f"soak broker {b.name}/{b.broker_id}: {what}", file=sys.stderr)
 
-    def carry_out(b: SimBroker, actions: list[Action]) -> None:
+    def carry_out(b: SimBroker, actions: list[BrokerAction]) -> None:
         for action in actions:
             match action:
                 case Send(request=request):
@@ -207,7 +207,7 @@ def broker_main(conn: Connection, router: str, indices: list[int], p: Params, se
                     carry_out(b, b.session.close(now_ms(), REQUEST_TIMEOUT_MS))
         ms = now_ms()
         for b in brokers:
-            wake = b.session.next_wake()
+            wake = b.session.next_deadline()
             if wake is not None and wake <= ms and not (stopping and b.settled()):
                 carry_out(b, b.session.on_timer(ms))
         if not reported_ready and all(b.session.acknowledged is not None for b in brokers):
@@ -215,7 +215,7 @@ def broker_main(conn: Connection, router: str, indices: list[int], p: Params, se
             reported_ready = True
         if stopping and not to_start and all(b.settled() for b in brokers):
             break
-        wakes = [w for b in brokers if (w := b.session.next_wake()) is not None]
+        wakes = [w for b in brokers if (w := b.session.next_deadline()) is not None]
         wait_ms = min(50, max(0, min(wakes, default=ms + 50) - now_ms()))
         if sock.poll(wait_ms):
             while True:

@@ -57,13 +57,13 @@ def registered_at(session: BrokerSession, now: int) -> list:
 
 def test_start_connects_and_registers_everything_it_declares():
     session = make_session()
-    assert session.next_wake() is None  # not started: nothing to wake for
+    assert session.next_deadline() is None  # not started: nothing to wake for
     actions = session.start(0)
     assert actions[0] == Connect() and len(actions) == 2
     reg = sent(actions)
     assert isinstance(reg, RegisterBroker) and reg.id > 0
     assert set(reg.topics) == {"T1"} and reg.heartbeat_timeout_ms == 5_000
-    assert session.next_wake() == TIMEOUT  # only the reply (or its timeout) is awaited
+    assert session.next_deadline() == TIMEOUT  # only the reply (or its timeout) is awaited
     assert not session.registered
     assert session.on_reply(RegisterBrokerReply(id=reg.id), 5) == []
     assert session.registered and session.registrations == 1
@@ -73,12 +73,12 @@ def test_start_connects_and_registers_everything_it_declares():
 def test_heartbeats_every_interval_once_registered():
     session = make_session()
     registered_at(session, 10)
-    assert session.next_wake() == 10 + INTERVAL
+    assert session.next_deadline() == 10 + INTERVAL
     assert session.on_timer(10 + INTERVAL - 1) == []
     hb = sent(session.on_timer(10 + INTERVAL))
     assert isinstance(hb, Heartbeat) and hb.data_version == session.broker.version
     assert session.on_reply(HeartbeatReply(id=hb.id, known=True, changed=False), 20 + INTERVAL) == []
-    assert session.next_wake() == 10 + 2 * INTERVAL
+    assert session.next_deadline() == 10 + 2 * INTERVAL
     assert isinstance(sent(session.on_timer(10 + 2 * INTERVAL)), Heartbeat)
 
 
@@ -109,7 +109,7 @@ def run_answering(session: BrokerSession, until: int) -> list:
             if isinstance(action, Send):
                 requests.append(action.request)
         request = session.in_flight
-        wake = session.next_wake()
+        wake = session.next_deadline()
         if request is not None:
             now = wake - TIMEOUT + 1  # sent at wake - TIMEOUT
             reply = (RegisterBrokerReply(id=request.id) if isinstance(request, RegisterBroker)
@@ -179,14 +179,14 @@ def test_a_refused_registration_is_logged_and_retried_each_period(caplog):
     assert session.on_reply(refused, 10) == []
     assert "conflict" in session.last_error and not session.registered
     assert any("conflict" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
-    assert session.next_wake() == 10 + PERIOD  # no retry storm, no heartbeats meanwhile
+    assert session.next_deadline() == 10 + PERIOD  # no retry storm, no heartbeats meanwhile
     assert session.on_timer(10 + INTERVAL) == []
     assert session.on_timer(10 + PERIOD - 1) == []
     again = sent(session.on_timer(10 + PERIOD))
     assert isinstance(again, RegisterBroker) and again.id != reg.id
     assert session.on_reply(refused.__class__(id=again.id, code="conflict", message="still"),
                             20 + PERIOD) == []
-    assert session.next_wake() == 20 + 2 * PERIOD
+    assert session.next_deadline() == 20 + 2 * PERIOD
 
 
 def test_a_request_timeout_reconnects_after_a_growing_jittered_backoff_and_registers_again():
@@ -195,18 +195,18 @@ def test_a_request_timeout_reconnects_after_a_growing_jittered_backoff_and_regis
     assert session.on_timer(TIMEOUT - 1) == []
     assert session.on_timer(TIMEOUT) == [Disconnect()]
     assert "no reply to register_broker" in session.last_error
-    delays = [session.next_wake() - TIMEOUT]
+    delays = [session.next_deadline() - TIMEOUT]
     assert session.on_reply(RegisterBrokerReply(id=first.id), TIMEOUT + 1) == []  # too late
     assert not session.registered
-    assert session.on_timer(session.next_wake() - 1) == []
-    now = session.next_wake()
+    assert session.on_timer(session.next_deadline() - 1) == []
+    now = session.next_deadline()
     actions = session.on_timer(now)
     assert actions[0] == Connect() and isinstance(sent(actions), RegisterBroker)
     for _ in range(4):  # each unanswered: the wait grows (jittered within [d/2, d])
         now += TIMEOUT
         assert session.on_timer(now) == [Disconnect()]
-        delays.append(session.next_wake() - now)
-        now = session.next_wake()
+        delays.append(session.next_deadline() - now)
+        now = session.next_deadline()
         actions = session.on_timer(now)
         assert actions[0] == Connect()
     assert [50 <= d <= 100 for d in delays[:1]] == [True]
@@ -217,10 +217,10 @@ def test_a_request_timeout_reconnects_after_a_growing_jittered_backoff_and_regis
     assert session.registered
     hb = sent(session.on_timer(now + 5 + INTERVAL))
     assert session.on_timer(now + 5 + INTERVAL + TIMEOUT) == [Disconnect()]
-    assert session.next_wake() - (now + 5 + INTERVAL + TIMEOUT) <= 100
+    assert session.next_deadline() - (now + 5 + INTERVAL + TIMEOUT) <= 100
     assert isinstance(hb, Heartbeat) and not session.registered
     # The NameServer may have dropped the broker meanwhile: reconnecting registers in full.
-    actions = session.on_timer(session.next_wake())
+    actions = session.on_timer(session.next_deadline())
     assert actions[0] == Connect() and isinstance(sent(actions), RegisterBroker)
 
 
@@ -235,7 +235,7 @@ def test_close_unregisters_on_a_fresh_connection_and_is_done():
     assert session.on_reply(HeartbeatReply(id=hb.id, known=True, changed=False), 1_150) == []
     assert session.on_timer(1_100 + INTERVAL + 500) == []  # no heartbeat once closing
     assert session.on_reply(UnregisterBrokerReply(id=unreg.id, removed=True), 1_200) == [Done(True)]
-    assert session.unregistered and session.done and session.next_wake() is None
+    assert session.unregistered and session.done and session.next_deadline() is None
     assert session.on_timer(100_000) == [] and session.close(100_000, 1) == []
 
 
@@ -243,7 +243,7 @@ def test_close_gives_up_at_its_deadline():
     session = make_session()
     registered_at(session, 10)
     session.close(100, 2_000)
-    assert session.next_wake() == 2_100
+    assert session.next_deadline() == 2_100
     assert session.on_timer(2_099) == []
     assert session.on_timer(2_100) == [Done(False)]
     assert not session.unregistered and session.done
@@ -355,10 +355,10 @@ def test_without_a_backoff_given_reconnects_wait_100_ms_doubling_up_to_10_s():
     now, delays = 0, []
     session.start(now)
     for _ in range(12):
-        now = session.next_wake()  # the request's deadline
+        now = session.next_deadline()  # the request's deadline
         assert session.on_timer(now) == [Disconnect()]
-        delays.append(session.next_wake() - now)
-        now = session.next_wake()
+        delays.append(session.next_deadline() - now)
+        now = session.next_deadline()
         assert session.on_timer(now)[0] == Connect()
     assert 50 <= delays[0] <= 100 and 100 <= delays[1] <= 200
     assert all(5_000 <= d <= 10_000 for d in delays[-4:]), delays
@@ -368,7 +368,7 @@ def test_a_request_timeout_is_logged_with_the_reconnect_delay(caplog):
     session = make_session()
     session.start(0)
     assert session.on_timer(TIMEOUT) == [Disconnect()]
-    delay = session.next_wake() - TIMEOUT
+    delay = session.next_deadline() - TIMEOUT
     assert messages(caplog, "WARNING") == [
         f"NameServer {ENDPOINT}: no reply to register_broker within {TIMEOUT} ms; "
         f"reconnecting in {delay} ms"]
@@ -443,7 +443,7 @@ def test_closing_twice_sends_one_unregistration():
     registered_at(session, 10)
     assert isinstance(sent(session.close(100, 2_000)), UnregisterBroker)
     assert session.close(200, 2_000) == []
-    assert session.next_wake() == 2_100  # the first close's deadline stands
+    assert session.next_deadline() == 2_100  # the first close's deadline stands
 
 
 def test_a_close_that_times_out_is_logged_and_ignores_a_late_confirmation(caplog):

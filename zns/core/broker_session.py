@@ -16,7 +16,7 @@ for a later one) and made again after a jittered backoff. `close` unregisters.
 
 It is fed replies and the time (`on_reply`, `on_timer`, `topics_changed`,
 `close`, each with `now` in integer milliseconds) and answers with actions
-(`Connect`, `Disconnect`, `Send`, `Done`) and `next_wake()`. The driver
+(`Connect`, `Disconnect`, `Send`, `Done`) and `next_deadline()`. The driver
 (`zns.drivers.broker_agent`, `bench.soak`) owns sockets and clocks.
 """
 
@@ -170,7 +170,7 @@ class Done:
     unregistered: bool  # the NameServer confirmed the unregistration
 
 
-Action = Connect | Disconnect | Send | Done
+BrokerAction = Connect | Disconnect | Send | Done
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ class BrokerSession:
     """One broker and one NameServer as a state machine: no sockets, no clock.
 
     The driver calls `start(now)` once, then feeds every decoded reply to
-    `on_reply`, calls `on_timer` when `next_wake()` is reached, `topics_changed`
+    `on_reply`, calls `on_timer` when `next_deadline()` is reached, `topics_changed`
     after `BrokerState.set_topics`, and `close` to unregister; it carries out
     the returned actions in order. `request_ids` may be shared by sessions that
     share a connection, so a reply's id names its session.
@@ -239,7 +239,7 @@ class BrokerSession:
 
     # --- inputs ---------------------------------------------------------------
 
-    def start(self, now: int) -> list[Action]:
+    def start(self, now: int) -> list[BrokerAction]:
         """Connect and register."""
         if self._started:
             return []
@@ -247,15 +247,15 @@ class BrokerSession:
         self._reconnect_at = self._next_register = now
         return self._step(now)
 
-    def on_timer(self, now: int) -> list[Action]:
+    def on_timer(self, now: int) -> list[BrokerAction]:
         return self._step(now)
 
-    def topics_changed(self, now: int) -> list[Action]:
+    def topics_changed(self, now: int) -> list[BrokerAction]:
         """The broker's state changed: register it at once (after the reply in flight)."""
         self._next_register = now
         return self._step(now)
 
-    def on_reply(self, reply: object, now: int) -> list[Action]:
+    def on_reply(self, reply: object, now: int) -> list[BrokerAction]:
         """A decoded reply from this NameServer; one that answers no request in flight is ignored."""
         flight = self._flight
         if flight is None or getattr(reply, "id", None) != flight.request.id:
@@ -306,7 +306,7 @@ class BrokerSession:
                 return self._finish(True)
         return self._step(now)
 
-    def close(self, now: int, timeout_ms: int) -> list[Action]:
+    def close(self, now: int, timeout_ms: int) -> list[BrokerAction]:
         """Unregister on a fresh connection (nothing stale queued before it), within `timeout_ms`."""
         if self.done or self._close_deadline is not None:
             return []
@@ -318,7 +318,7 @@ class BrokerSession:
 
     # --- timers ---------------------------------------------------------------
 
-    def next_wake(self) -> int | None:
+    def next_deadline(self) -> int | None:
         if self.done or not self._started:
             return None
         if self._close_deadline is not None:
@@ -333,7 +333,7 @@ class BrokerSession:
 
     # --- internals ------------------------------------------------------------
 
-    def _step(self, now: int) -> list[Action]:
+    def _step(self, now: int) -> list[BrokerAction]:
         """Give up on an unanswered request, reconnect, or send what is due."""
         if self.done or not self._started:
             return []
@@ -343,7 +343,7 @@ class BrokerSession:
             log.warning("NameServer %s did not confirm the unregistration of %s in time",
                         self.endpoint, self.broker.registration().broker_name)
             return self._finish(False)
-        actions: list[Action] = []
+        actions: list[BrokerAction] = []
         if self._flight is not None:
             if now < self._flight.deadline:
                 return []
@@ -369,7 +369,7 @@ class BrokerSession:
     def _with_id(self, request: Request) -> Request:
         return msgspec.structs.replace(request, id=next(self._ids))
 
-    def _fail(self, now: int, why: str) -> list[Action]:
+    def _fail(self, now: int, why: str) -> list[BrokerAction]:
         """Drop the connection and come back after a jittered backoff, registering afresh."""
         delay = round(self._backoff.next_delay())
         log.warning("NameServer %s: %s; reconnecting in %d ms", self.endpoint, why, delay)
@@ -381,7 +381,7 @@ class BrokerSession:
         self._next_register = now
         return [Disconnect()]
 
-    def _finish(self, unregistered: bool) -> list[Action]:
+    def _finish(self, unregistered: bool) -> list[BrokerAction]:
         # Terminal: every input returns early once done, so no other state needs resetting.
         self.done, self.unregistered = True, unregistered
         self._flight = None

@@ -108,7 +108,7 @@ class Notify:
     route: TopicRoute | None
 
 
-Action = Connect | ConnectSub | Subscribe | Unsubscribe | Send | Notify
+ClientAction = Connect | ConnectSub | Subscribe | Unsubscribe | Send | Notify
 
 
 @dataclass
@@ -155,7 +155,7 @@ class ClientSession:
         self._silence_deadline: int | None = None
         self._pending: dict[int, _Pending] = {}
         self._next_id = 1
-        self._actions: list[Action] = []
+        self._actions: list[ClientAction] = []
         self._all_routes = False  # subscribed to ROUTE_PREFIX, not to each topic's channel
 
     # --- inputs ---------------------------------------------------------
@@ -255,7 +255,7 @@ class ClientSession:
 
     # --- outputs ----------------------------------------------------------
 
-    def actions(self) -> list[Action]:
+    def actions(self) -> list[ClientAction]:
         """What to do now, in order; each action is handed out once."""
         actions, self._actions = self._actions, []
         return actions

@@ -4,7 +4,7 @@ The decisions (when to register, heartbeat, reconnect, unregister) are
 `zns.core.broker_session`'s: one `BrokerSession` per NameServer, all sharing
 one `BrokerState`. This driver owns what they cannot: one DEALER per
 NameServer, one background thread with one poller whose timeout is the
-earliest `next_wake()` of the sessions, the clock, and a lock so the topic
+earliest `next_deadline()` of the sessions, the clock, and a lock so the topic
 methods can be called from any thread.
 """
 
@@ -21,7 +21,7 @@ import msgspec
 import zmq
 
 from zns.core.broker_session import (
-    Action,
+    BrokerAction,
     BrokerSession,
     BrokerState,
     Connect,
@@ -236,7 +236,7 @@ class BrokerAgent:
                     for link in self._links:
                         if link.sock is not None:
                             poller.register(link.sock, zmq.POLLIN)
-                    wakes = [w for link in self._links if (w := link.session.next_wake()) is not None]
+                    wakes = [w for link in self._links if (w := link.session.next_deadline()) is not None]
                     wait = max(0, min(wakes) - now) if wakes else None
                 ready = dict(poller.poll(wait))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, not lost in a thread
@@ -258,7 +258,7 @@ class BrokerAgent:
             return
         self._carry_out(link, link.session.on_reply(reply, now))
 
-    def _carry_out(self, link: _Link, actions: list[Action]) -> None:
+    def _carry_out(self, link: _Link, actions: list[BrokerAction]) -> None:
         for action in actions:
             match action:
                 case Connect():

@@ -21,7 +21,7 @@ from typing import Any
 import zmq
 
 from zns.core.client_session import (
-    Action,
+    ClientAction,
     ClientSession,
     Connect,
     ConnectSub,
@@ -277,7 +277,7 @@ class ClientDriver:
         """How long the loop may block before `deadline` (None: until a socket or a wake)."""
         return None if deadline is None else max(0, deadline - self._now())
 
-    def _carry_out(self, actions: list[Action]) -> None:
+    def _carry_out(self, actions: list[ClientAction]) -> None:
         for action in actions:
             match action:
                 case Connect() | ConnectSub() | Subscribe() | Unsubscribe():
