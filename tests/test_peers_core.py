@@ -16,7 +16,7 @@ from zns.core.peer_link import (
     AskStatus,
     Hint,
     PeerLink,
-    Subscribe,
+    FollowEvents,
     hint_from_event,
 )
 from zns.core.routes import RouteTable
@@ -205,20 +205,20 @@ def linked(now: int = 0) -> PeerLink:
     """A link that learned the peer's endpoint at `now` and got one hb."""
     link = PeerLink(PEER, now)
     assert link.on_timer(now) == [AskStatus(1)]
-    assert link.on_reply(status(), now) == [Subscribe("tcp://10.1.2.3:9877")]
+    assert link.on_reply(status(), now) == [FollowEvents("tcp://10.1.2.3:9877")]
     link.on_event(hb(now), now)
     return link
 
 
 def test_start_up_asks_at_once_and_retries_with_capped_backoff():
     link = PeerLink(PEER, now=0)
-    assert link.next_wake() == 0
+    assert link.next_deadline() == 0
     assert link.on_timer(0) == [AskStatus(1)]
     assert link.on_timer(RETRY_MIN_MS - 1) == []  # an attempt is given time to be answered
     sent_at, waits = [], []
     now = 0
     for _ in range(12):
-        now = link.next_wake()
+        now = link.next_deadline()
         actions = link.on_timer(now)
         assert len(actions) == 1 and isinstance(actions[0], AskStatus)
         sent_at.append(now)
@@ -233,7 +233,7 @@ def test_a_status_reply_subscribes_to_the_learned_endpoint_once():
     link = PeerLink(PEER, now=0)
     link.on_timer(0)
     assert link.on_reply(status(pub="tcp://0.0.0.0:9877"), 5) == [
-        Subscribe("tcp://10.1.2.3:9877")
+        FollowEvents("tcp://10.1.2.3:9877")
     ]
     assert not link.asking and link.epoch == "a" * 16
     assert link.on_reply(status(pub="tcp://0.0.0.0:9877"), 6) == []  # a late duplicate
@@ -247,7 +247,7 @@ def test_an_error_reply_keeps_asking():
     link.on_timer(0)
     assert link.on_reply(Error(id=1, code="no_permission", message="no"), 5) == []
     assert link.asking
-    assert isinstance(link.on_timer(link.next_wake())[0], AskStatus)
+    assert isinstance(link.on_timer(link.next_deadline())[0], AskStatus)
 
 
 def test_silence_disconnects_and_renews_the_subscription():
@@ -256,12 +256,12 @@ def test_silence_disconnects_and_renews_the_subscription():
     assert link.interval_ms == 200
     assert link.silence_ms == MIN_SILENCE_MS  # 3 intervals, but never below the floor
     assert link.on_timer(200 + MIN_SILENCE_MS) == []  # not yet
-    assert link.next_wake() == 200 + MIN_SILENCE_MS + 1
+    assert link.next_deadline() == 200 + MIN_SILENCE_MS + 1
     actions = link.on_timer(200 + MIN_SILENCE_MS + 1)
     assert actions == [AskStatus(2)]
     assert not link.connected and link.asking
     # The peer answers again from the same endpoint: the SUB reconnects anyway.
-    assert link.on_reply(status(rid=2), 1500) == [Subscribe("tcp://10.1.2.3:9877")]
+    assert link.on_reply(status(rid=2), 1500) == [FollowEvents("tcp://10.1.2.3:9877")]
 
 
 def test_an_hb_after_silence_makes_renewal_unnecessary():
@@ -297,7 +297,7 @@ def test_a_new_epoch_on_the_sub_means_a_restart_and_re_learns_the_endpoint():
     link.on_event(hb(300, epoch="c" * 16), 300)
     link.on_timer(300)
     assert link.on_reply(status(epoch="c" * 16, pub="tcp://*:7000", rid=3), 350) == [
-        Subscribe("tcp://10.1.2.3:7000")
+        FollowEvents("tcp://10.1.2.3:7000")
     ]
 
 
@@ -337,7 +337,7 @@ def test_a_bad_events_endpoint_asks_again_backing_off_until_an_event_arrives():
         now = link._next_ask
         assert link.on_timer(now) == [AskStatus(link._request_id)]
         assert link._next_ask == now + RETRY_MIN_MS  # an unanswered ask retries as usual
-        assert link.on_reply(status(rid=link._request_id), now) == [Subscribe("tcp://10.1.2.3:9877")]
+        assert link.on_reply(status(rid=link._request_id), now) == [FollowEvents("tcp://10.1.2.3:9877")]
     # Doubling from 2 x RETRY_MIN_MS per failure in a row, capped (a status reply resets nothing).
     assert waits == [400, 800, 1600, 3200, RETRY_MAX_MS, RETRY_MAX_MS, RETRY_MAX_MS]
     link.on_event(hb(now), now)  # the subscription works: the count starts over

@@ -16,7 +16,7 @@ from zns.core import revisions as revisions_module
 from zns.core import routes as routes_module
 from zns.core.errors import NoPermission
 from zns.core.limits import Limits
-from zns.core.peer_link import AskStatus, PeerLink, Subscribe, hint_from_event
+from zns.core.peer_link import AskStatus, PeerLink, FollowEvents, hint_from_event
 from zns.core.revisions import REMEMBERED_REMOVED_TOPICS
 from zns.core.routes import RouteTable
 from zns.core.schema import (
@@ -276,7 +276,7 @@ def _linked() -> PeerLink:
     assert link.on_timer(0) == [AskStatus(1)]
     reply = StatusReply(id=1, epoch="a" * 16, revision=0, version="t", uptime_ms=0, brokers=0,
                         topics=0, pub_endpoint="tcp://0.0.0.0:9877")
-    assert link.on_reply(reply, 0) == [Subscribe("tcp://10.1.2.3:9877")]
+    assert link.on_reply(reply, 0) == [FollowEvents("tcp://10.1.2.3:9877")]
     return link
 
 
@@ -327,7 +327,7 @@ def test_slices_of_a_late_partition_are_not_taken_for_a_stall():
     timers.on_timer(now, 0)
     assert service.table.next_deadline() == 1_000  # more due: the first slice took a part
     while service.table.next_deadline() is not None:
-        assert timers.next_wake() <= now + 1
+        assert timers.next_deadline() <= now + 1
         now += 5  # the loop served a slice of requests in between
         assert timers.woke(now) == 0, "expiring in slices is not a stall"
         timers.on_timer(now, 0)

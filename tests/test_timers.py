@@ -6,7 +6,6 @@ import pytest
 
 from zns.core import schema
 from zns.core.service import NameService
-from zns.core.peer_link import AskStatus, PeerLink
 from zns.core.timers import STALL_PROBE_MS, ServerTimers
 from zns.drivers.kv_file import KvStore
 
@@ -29,19 +28,23 @@ def register(service: NameService, now: int, timeout_ms: int = 2000, name: str =
     assert not isinstance(reply, schema.Error), reply
 
 
-def hbs(work) -> list[schema.HbEvent]:
-    return [schema.decode_event(body) for channel, body in work.events
+def frames(batches) -> list:
+    return [event for batch in batches for event in batch]
+
+
+def hbs(batches) -> list[schema.HbEvent]:
+    return [schema.decode_event(body) for channel, body in frames(batches)
             if channel == schema.HB_CHANNEL]
 
 
-def removed(work) -> list[schema.BrokerEvent]:
-    events = [schema.decode_event(body) for _, body in work.events]
+def removed(batches) -> list[schema.BrokerEvent]:
+    events = [schema.decode_event(body) for _, body in frames(batches)]
     return [e for e in events if isinstance(e, schema.BrokerEvent) and e.change == "removed"]
 
 
 def test_hb_is_due_at_start_then_every_interval_and_carries_the_wall_clock():
     _, timers = make(interval_ms=1000, now=0)
-    assert timers.next_wake() == 0
+    assert timers.next_deadline() == 0
     timers.woke(0)
     assert [hb.time_ms for hb in hbs(timers.on_timer(0, wall_ms=5_000))] == [5_000]
     assert hbs(timers.on_timer(999, wall_ms=5_999)) == []
@@ -58,15 +61,15 @@ def test_a_late_hb_is_not_repeated_to_catch_up():
     assert len(hbs(timers.on_timer(650, 650))) == 1
 
 
-def test_next_wake_is_the_earliest_deadline_plus_one_but_never_beyond_the_probe():
+def test_next_deadline_is_the_earliest_deadline_plus_one_but_never_beyond_the_probe():
     service, timers = make(interval_ms=10_000, now=0)
     timers.on_timer(0, 0)  # hb sent; the next is due at 10 000
-    assert timers.next_wake() == STALL_PROBE_MS  # never plans further ahead than the probe
+    assert timers.next_deadline() == 10_000  # nothing can expire: no probe, sleep until the hb
     timers.woke(50)
     register(service, now=50, timeout_ms=1000)
-    assert timers.next_wake() == 150  # now + probe: the deadline (1 050 + 1) is later
+    assert timers.next_deadline() == 150  # now + probe: the deadline (1 050 + 1) is later
     timers.woke(1000)
-    assert timers.next_wake() == 1051  # a broker expires once now > deadline
+    assert timers.next_deadline() == 1051  # a broker expires once now > deadline
     assert removed(timers.on_timer(1050, 1050)) == []
     timers.woke(1051)
     assert [e.reason for e in removed(timers.on_timer(1051, 1051))] == ["expired"]
@@ -76,8 +79,8 @@ def test_a_wake_up_later_than_planned_by_more_than_the_threshold_is_a_stall():
     service, timers = make(interval_ms=200, now=0)
     register(service, now=0, timeout_ms=2000)
     timers.on_timer(0, 0)  # the first hb
-    planned = timers.next_wake()
-    assert planned == STALL_PROBE_MS
+    planned = timers.next_deadline()
+    assert planned == STALL_PROBE_MS  # a broker could expire: never planned further ahead
     # The process did not run for 5 s (SIGSTOP): every deadline moves by the lateness.
     stall = timers.woke(planned + 5_000)
     assert stall == 5_000 and timers.stalls == 1
@@ -92,7 +95,7 @@ def test_a_wake_up_later_than_planned_by_more_than_the_threshold_is_a_stall():
 def test_lateness_up_to_the_threshold_is_no_stall():
     service, timers = make(interval_ms=200, now=0)
     register(service, now=0, timeout_ms=1500)
-    planned = timers.next_wake()
+    planned = timers.next_deadline()
     # max(1 s, 2 x interval) = 1 s: 1 s late is within it, so nothing moves.
     assert timers.woke(planned + 1000) == 0
     assert [e.reason for e in removed(timers.on_timer(1501, 0))] == ["expired"]
@@ -101,16 +104,16 @@ def test_lateness_up_to_the_threshold_is_no_stall():
 def test_the_threshold_is_twice_the_interval_when_that_is_longer():
     _, timers = make(interval_ms=3000, now=0)
     assert timers.stall_threshold_ms == 6000
-    planned = timers.next_wake()
+    planned = timers.next_deadline()
     assert timers.woke(planned + 6000) == 0
-    planned = timers.next_wake()
+    planned = timers.next_deadline()
     assert timers.woke(planned + 6001) == 6001
 
 
 def test_busy_time_is_never_a_stall():
     service, timers = make(interval_ms=200, now=0)
     register(service, now=0, timeout_ms=2000)
-    timers.next_wake()
+    timers.next_deadline()
     timers.woke(10)
     # 5 s of serving that was all CPU time: running, not stalled.
     assert timers.ran(wall_ms=5_000, cpu_ms=4_990) == 0
@@ -122,7 +125,7 @@ def test_busy_time_is_never_a_stall():
 def test_wall_time_not_spent_running_while_serving_is_a_stall():
     service, timers = make(interval_ms=200, now=0)
     register(service, now=0, timeout_ms=2000)
-    timers.next_wake()
+    timers.next_deadline()
     timers.woke(10)
     # Stopped for 3 s in the middle of a batch: 3.01 s of wall time, 10 ms of CPU.
     assert timers.ran(wall_ms=3_010, cpu_ms=10) == 3_000
@@ -131,44 +134,19 @@ def test_wall_time_not_spent_running_while_serving_is_a_stall():
 
 def test_a_wake_up_is_measured_once():
     _, timers = make(interval_ms=200, now=0)
-    planned = timers.next_wake()
+    planned = timers.next_deadline()
     assert timers.woke(planned + 2_000) == 2_000
     assert timers.woke(planned + 2_001) == 0  # no new plan in between: nothing more to measure
 
 
 # --- found by mutation testing (tools/mutate.py) ---------------------------------------------
 
-def peer_timers() -> tuple[PeerLink, ServerTimers]:
-    service = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0)
-    link = PeerLink("tcp://10.1.2.3:9876", now=0)  # wants to ask at once
-    return link, ServerTimers(service, heartbeat_interval_ms=10_000, now=0, peers={"p": link})
-
-
-def test_a_peer_link_wake_up_is_planned_and_its_actions_returned_with_the_link():
-    link, timers = peer_timers()
-    assert timers.on_timer(0, 0).peer_actions == [(link, [AskStatus(1)])]
-    assert link.next_wake() == 200  # its first retry
-    timers.woke(150)
-    assert timers.next_wake() == 200  # the link's wake-up, before the probe (250) and the hb
-    timers.woke(200)
-    assert timers.on_timer(200, 200).peer_actions == [(link, [AskStatus(2)])]
-    assert timers.on_timer(201, 201).peer_actions == []  # nothing asked: nothing returned
-
-
-def test_a_peer_wake_up_already_past_is_planned_now_not_in_the_past():
-    link, timers = peer_timers()
-    timers.on_timer(0, 0)  # the link asked; its retry is due at 200
-    timers.woke(250)
-    assert timers.next_wake() == 250  # due since 200: due now, so no stall is planned
-    assert timers.woke(250) == 0
-
-
 def test_a_deadline_at_the_hb_time_wakes_for_the_hb_first():
     service, timers = make(interval_ms=2000, now=0)
     timers.on_timer(0, 0)  # next hb at 2000
     register(service, now=0, timeout_ms=2000)  # expires once now > 2000: at 2001
     timers.woke(1950)
-    assert timers.next_wake() == 2000
+    assert timers.next_deadline() == 2000
 
 
 def test_a_deadline_two_before_the_hb_is_planned_at_its_own_wake_up():
@@ -176,7 +154,7 @@ def test_a_deadline_two_before_the_hb_is_planned_at_its_own_wake_up():
     timers.on_timer(0, 0)  # next hb at 2000
     register(service, now=0, timeout_ms=1998)  # expires once now > 1998: at 1999
     timers.woke(1950)
-    assert timers.next_wake() == 1999
+    assert timers.next_deadline() == 1999
 
 
 def test_the_hb_schedule_keeps_its_phase_when_an_hb_is_a_little_late():
@@ -205,8 +183,8 @@ def test_a_one_ms_interval_is_kept_and_zero_is_raised_to_one():
 def test_stalls_are_counted_and_logged(caplog):
     _, timers = make(interval_ms=200, now=0)
     with caplog.at_level("WARNING", logger="zns"):
-        assert timers.woke(timers.next_wake() + 3_000) == 3_000
-        assert timers.woke(timers.next_wake() + 4_000) == 4_000
+        assert timers.woke(timers.next_deadline() + 3_000) == 3_000
+        assert timers.woke(timers.next_deadline() + 4_000) == 4_000
     assert timers.stalls == 2
     assert [r.getMessage() for r in caplog.records] == [
         "the server stalled for 3000 ms; moving every deadline by it",
@@ -217,3 +195,15 @@ def test_stalls_are_counted_and_logged(caplog):
 def test_a_wake_up_before_any_plan_is_measured_from_the_start():
     _, timers = make(interval_ms=200, now=100)
     assert timers.woke(100 + 5_000) == 5_000
+
+
+def test_the_loop_expecting_an_earlier_wake_up_measures_lateness_from_it():
+    _, timers = make(interval_ms=200, now=0)
+    timers.on_timer(0, 0)
+    assert timers.next_deadline() == 200
+    timers.expect(100)  # another source of the loop wants to run at 100
+    assert timers.woke(100 + 3_000) == 3_000
+    timers.on_timer(3_100, 0)
+    assert timers.next_deadline() == 3_300
+    timers.expect(50_000)  # a later wake-up than the timers' own changes nothing
+    assert timers.woke(3_300) == 0

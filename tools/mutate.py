@@ -137,13 +137,8 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.event_relay.xǁRelayǁclose__mutmut_4":
         "join(None) for join(5): the proxy ends at once on TERMINATE; the bound is for a libzmq hang",
     "zns.drivers.event_relay.xǁRelayǁclose__mutmut_5": "join(6) for join(5): as close__mutmut_4",
-    "zns.core.timers.xǁServerTimersǁnext_wake__mutmut_8":
+    "zns.core.timers.xǁServerTimersǁnext_deadline__mutmut_8":
         "`<=` for `<`: at deadline + 1 == wake both branches plan the same time",
-    "zns.core.timers.xǁServerTimersǁnext_wake__mutmut_17":
-        "`or` for `and`: a PeerLink is always asking or timing silence, so its next_wake is never None",
-    "zns.core.timers.xǁServerTimersǁnext_wake__mutmut_19":
-        "`<=` for `<`: an equal peer wake-up plans the same time (an overdue hb, the only other case, "
-        "lasts until the on_timer the driver runs every loop turn)",
     "zns.core.queues.xǁLatencyFaultsǁleast_bad__mutmut_29":
         "`half <= 1`: with half == 1, ranked[turn % 1] is ranked[0] either way",
     "zns.core.peer_link.xǁPeerLinkǁon_subscribe_failed__mutmut_18":
@@ -176,7 +171,7 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.broker_session.xǁBrokerSessionǁ_step__mutmut_19":
         "`=` for `+=`: actions is still empty when a timed-out request is failed",
     "zns.core.broker_session.xǁBrokerSessionǁclose__mutmut_11":
-        "closing flight deadline None: while closing, next_wake and _step read _close_deadline instead",
+        "closing flight deadline None: while closing, next_deadline and _step read _close_deadline instead",
     "zns.core.schema.x_read_envelope__mutmut_10":
         "`> 0` for `>= 0`: an id of 0 is echoed as 0 by either branch",
     "zns.core.schema.x_read_envelope__mutmut_11": "as x_read_envelope__mutmut_10 (`>= 1`)",

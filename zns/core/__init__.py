@@ -18,23 +18,27 @@ them is a design change: discuss it first.
    in to be published (`hb` events' `time_ms`).
 
 3. **Inputs in, decisions out.** A core object is fed what happened
-   (`respond(body, now)`, `on_reply`, `on_event`, `woke(now)`) and answers
-   with what to do: reply bytes and events to publish, or small action
-   objects (`Connect`, `AskStatus`, `Subscribe`, ...). It never performs the
-   action itself.
+   (`respond(body, now)`, `on_reply`, `on_event`, `on_timer`, `woke(now)`)
+   and answers with what to do: reply bytes and events to publish, or small
+   action objects, one union per session (`ClientAction`, `BrokerAction`,
+   `PeerAction`: `Connect`, `Send`, `AskStatus`, `FollowEvents`, ...). It
+   never performs the action itself.
 
 4. **It says when it next wants to run.** Every object with timers has a
-   `next_wake()` (or `next_deadline()`) and an `on_timer(now)`. A driver arms
-   exactly one timer: the earliest of these. No hidden sleeps, no polling
-   intervals in drivers.
+   `next_deadline()` and an `on_timer(now)` (the same words in the client,
+   broker and peer sessions and the server timers). A driver arms exactly
+   one timer: the earliest of these. No hidden sleeps, no polling intervals
+   in drivers (the server's loop: `zns.drivers.loop`).
 
 5. **One schema.** Every ZNS/1 message is a tagged `msgspec.Struct` in
    `schema.py`; one typed decoder validates a whole message, bounds
    included, before any handler sees it; handlers `match` on the type.
 
 6. **Errors say who is at fault** (`errors.py`). The peer's malformed input
-   is an `ErrorReply` (BadRequest, ...), turned into an `error` reply in one
-   place, `NameService.respond`; nothing else catches it to reply. The
+   is an `ErrorReply` (BadRequest, ...), turned into a reply at one boundary
+   per listener: `NameService.respond` (ZNS/1 `error`) and
+   `RemotingService.handle` (a remoting response code); nothing else
+   catches it to reply. The
    caller's own misuse is a `UsageError`; configuration problems are
    `ConfigError`s. A refused request changes nothing (all-or-nothing): check
    everything, then mutate.

@@ -48,6 +48,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # hold that burst for a subscriber that is a little behind (never 0: unbounded).
 DEFAULT_PUB_HWM = 200_000
 DEFAULT_REMOTING_MAX_CONNECTIONS = 4096
+DEFAULT_REMOTING_MAX_PER_HOST = 1024
 
 REQUIRED = "required, and not given"
 NEEDS_CURVE = "needs curve_secret (--curve-secret): CURVE is off without it"
@@ -201,8 +202,12 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         "default: any, or loopback only under CURVE with --clients listed).", metavar="CIDR",
         check="networks")] = field(default_factory=list)
     remoting_max_connections: Annotated[Count, _doc(
-        "Remoting connections open at once; more are refused.")] = (
+        "Remoting connections open at once; more are refused. Lowered at start to what the "
+        "open-file limit leaves for ZNS/1 clients (logged).")] = (
         DEFAULT_REMOTING_MAX_CONNECTIONS)
+    remoting_max_connections_per_host: Annotated[Count, _doc(
+        "Remoting connections open at once from one source address; more are refused.")] = (
+        DEFAULT_REMOTING_MAX_PER_HOST)
     order_message_enable: Annotated[bool, _doc(
         "Remoting routes carry an ordered topic's orderTopicConf (its ORDER_TOPIC_CONFIG KV "
         "entry), as RocketMQ's orderMessageEnable. Off by default, as in RocketMQ: producers "

@@ -2,9 +2,9 @@
 
 `PeerLink` holds a peer's events endpoint, its epoch and when it last spoke.
 It is fed decoded replies and events with a `now` (milliseconds, as the whole
-core) and answers with what to do next (ask `status`, subscribe afresh) and
-with the hint a peer's event carries. `zns.drivers.peers` carries those
-actions out on sockets.
+core) and answers with what to do next (`PeerAction`s: ask `status`, follow
+its events afresh) and with the hint a peer's event carries.
+`zns.drivers.peers` carries those actions out on sockets.
 
 A hint only ever reaches `RouteTable.suspect`, which shortens a deadline the
 broker's own silence started; a peer that is down, slow or restarting
@@ -66,13 +66,13 @@ class AskStatus:
 
 
 @dataclass(frozen=True)
-class Subscribe:
+class FollowEvents:
     """Subscribe afresh to the peer's events at `endpoint`, replacing any earlier SUB."""
 
     endpoint: str
 
 
-Action = AskStatus | Subscribe
+PeerAction = AskStatus | FollowEvents
 
 
 class PeerLink:
@@ -102,7 +102,7 @@ class PeerLink:
 
     # --- inputs ---------------------------------------------------------
 
-    def on_timer(self, now: int) -> list[Action]:
+    def on_timer(self, now: int) -> list[PeerAction]:
         if self._last_heard is not None and now - self._last_heard > self.silence_ms:
             self._on_silence(now, now - self._last_heard)
         if self.asking and now >= self._next_ask:
@@ -112,7 +112,7 @@ class PeerLink:
             return [AskStatus(self._request_id)]
         return []
 
-    def on_reply(self, reply: object, now: int) -> list[Action]:
+    def on_reply(self, reply: object, now: int) -> list[PeerAction]:
         """A decoded reply on the DEALER: a `StatusReply` or an `Error`."""
         if isinstance(reply, Error):
             log.warning("peer %s refused status: %s %s", self.endpoint, quote(reply.code),
@@ -133,7 +133,7 @@ class PeerLink:
         self.pub = pub
         self._renew_subscription = False
         self._last_heard = now  # the silence clock starts with the subscription
-        return [Subscribe(pub)]
+        return [FollowEvents(pub)]
 
     def on_subscribe_failed(self, now: int) -> None:
         """The events endpoint the peer named cannot be connected to: ask again, backing off.
@@ -169,7 +169,7 @@ class PeerLink:
     def silence_ms(self) -> int:
         return max(MIN_SILENCE_MS, SILENCE_INTERVALS * self.interval_ms)
 
-    def next_wake(self) -> int | None:
+    def next_deadline(self) -> int | None:
         wakes = []
         if self.asking:
             wakes.append(self._next_ask)

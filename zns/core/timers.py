@@ -1,11 +1,13 @@
-"""The server's timers, sans-I/O: `hb` events, expiry, the peers' wake-ups and the §8 stall rule.
+"""The server's timers, sans-I/O: `hb` events, expiry and the §8 stall rule.
 
-The driver asks `next_wake()` when to call back, blocks in its poller until
-then (or until a socket is ready), tells `woke(now)` when it returns, tells
-`ran(wall_ms, cpu_ms)` how long it spent serving, and calls `on_timer(now,
-wall_ms)`, which returns the events to publish and what each peer link wants
-done. Every time is in milliseconds; `now` is monotonic, `wall_ms` is the
-wall clock and only ever goes into `hb` events.
+The driver asks `next_deadline()` when to call back, tells `expect(wake)` when
+its poll will return at the latest (the earliest deadline of every source of
+its loop), blocks in its poller until then (or until a socket is ready), tells
+`woke(now)` when it returns, tells `ran(wall_ms, cpu_ms)` how long each source
+of its loop worked, and calls `on_timer(now, wall_ms)`, which returns the
+events to publish. Every time is in milliseconds; `now` is monotonic,
+`wall_ms` is the wall clock and only ever goes into `hb` events. (Peer links
+own their timers: `zns.core.peer_link`.)
 
 The stall rule (§8): a server that was not running (suspended, its clock
 jumped) must not evict brokers for that time. Two measurements cover it:
@@ -18,32 +20,25 @@ jumped) must not evict brokers for that time. Two measurements cover it:
 Time spent running — serving requests, expiring brokers — is never a stall:
 it is CPU time, and the driver gives timers their turn every few
 milliseconds of serving, so a plan is never late because of load.
+
+While a broker could expire, the plan is never more than STALL_PROBE_MS
+ahead, so a pause is measured nearly whole; with nothing to expire there is
+nothing a stall could wrongly evict, and the loop sleeps until the next `hb`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
-from zns.core.peer_link import Action, PeerLink
+from collections.abc import Sequence
 from zns.core.service import Frames, NameService
 
 log = logging.getLogger("zns")
 
-# The loop never plans further ahead than this: a stall is measured from the
-# planned wake-up, so a short plan measures nearly all of it (a broker that
-# heartbeated just before a 3 s SIGSTOP keeps its whole timeout).
+# While a broker could expire the loop never plans further ahead than this: a stall
+# is measured from the planned wake-up, so a short plan measures nearly all of it (a
+# broker that heartbeated just before a 3 s SIGSTOP keeps its whole timeout).
 STALL_PROBE_MS = 100
 MIN_STALL_MS = 1000
-
-
-@dataclass
-class TimerWork:
-    """What one `on_timer` call asks the driver to do."""
-
-    events: list[Frames] = field(default_factory=list)
-    peer_actions: list[tuple[PeerLink, list[Action]]] = field(default_factory=list)
 
 
 class ServerTimers:
@@ -53,33 +48,33 @@ class ServerTimers:
         *,
         heartbeat_interval_ms: int,
         now: int,
-        peers: Mapping[str, PeerLink] | None = None,
     ) -> None:
         self.service = service
         self.interval_ms = max(1, heartbeat_interval_ms)
         self.stall_threshold_ms = max(MIN_STALL_MS, 2 * self.interval_ms)
-        self.peers = dict(peers or {})
         self.stalls = 0  # how many stalls were measured (for logs and metrics)
         self._now = now
         self._next_hb = now
         self._planned = now
 
-    def next_wake(self) -> int:
+    def next_deadline(self) -> int:
         """When to call `on_timer` next; the driver blocks no longer than this."""
         now = self._now
         wake = self._next_hb
         deadline = self.service.next_deadline()
-        if deadline is not None and deadline + 1 < wake:
-            # A broker expires once now > deadline. One already due (a partition expired
-            # in slices) is due now, not at its deadline: planning a past wake-up would
-            # make the time spent expiring look like a stall and move every deadline.
-            wake = max(now, deadline + 1)
-        for link in self.peers.values():
-            peer_wake = link.next_wake()
-            if peer_wake is not None and peer_wake < wake:
-                wake = max(now, peer_wake)  # one already due is not a stall
-        self._planned = min(wake, now + STALL_PROBE_MS)
-        return self._planned
+        if deadline is not None:
+            if deadline + 1 < wake:
+                # A broker expires once now > deadline. One already due (a partition expired
+                # in slices) is due now, not at its deadline: planning a past wake-up would
+                # make the time spent expiring look like a stall and move every deadline.
+                wake = max(now, deadline + 1)
+            wake = min(wake, now + STALL_PROBE_MS)
+        self._planned = wake
+        return wake
+
+    def expect(self, wake: int) -> None:
+        """The driver's poll returns by `wake` at the latest (another source may want it sooner)."""
+        self._planned = min(self._planned, max(self._now, wake))
 
     def woke(self, now: int) -> int:
         """The driver's wait returned at `now`; returns the stall measured (0: none)."""
@@ -92,21 +87,17 @@ class ServerTimers:
         """The driver served for `wall_ms`, of which it ran `cpu_ms`; returns the stall measured."""
         return self._stalled(wall_ms - cpu_ms)
 
-    def on_timer(self, now: int, wall_ms: int) -> TimerWork:
-        """Run what is due at `now`: peer links, expiries, the `hb` event."""
+    def on_timer(self, now: int, wall_ms: int) -> list[Sequence[Frames]]:
+        """Run what is due at `now`: expiries, the `hb` event; returns the events to publish,
+        in batches (an expiry's events are encoded as they are sent: `EventFrames`)."""
         self._now = max(self._now, now)
-        work = TimerWork()
-        for link in self.peers.values():
-            actions = link.on_timer(now)
-            if actions:
-                work.peer_actions.append((link, actions))
-        work.events.extend(self.service.expire(now))
+        events: list[Sequence[Frames]] = [self.service.expire(now)]
         if now >= self._next_hb:
-            work.events.append(self.service.heartbeat_event(wall_ms))
+            events.append([self.service.heartbeat_event(wall_ms)])
             self._next_hb += self.interval_ms
             if self._next_hb <= now:
                 self._next_hb = now + self.interval_ms
-        return work
+        return events
 
     def _stalled(self, late_ms: int) -> int:
         if late_ms <= self.stall_threshold_ms:

@@ -45,6 +45,8 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from zns.drivers.loop import PollSet, Ready
+
 log = logging.getLogger("zns")
 
 # Linux SO_ATTACH_FILTER / SO_DETACH_FILTER and the classic BPF program `ret #0`
@@ -135,7 +137,22 @@ class DescriptorGuard:
         self.listeners.append(listener)
         return listener
 
-    def handle(self, ready: dict, now: int) -> None:
+    # --- the loop's side (a `zns.drivers.loop.Source`) --------------------
+
+    what = "shedding connections"
+
+    def attach(self, poll: PollSet) -> None:
+        for listener in self.listeners:
+            poll.register(listener.monitor, zmq.POLLIN, self)
+
+    def next_deadline(self, now: int) -> int | None:
+        return None if self.paused_since is None else max(now, self._retry_at)
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        self.handle(ready, now)
+        self.tick(now)
+
+    def handle(self, ready: Ready, now: int) -> None:
         """Read the monitors that are ready; stop new connections where accept ran out."""
         for listener in self.listeners:
             if listener.monitor not in ready:

@@ -5,10 +5,11 @@ C library's malloc, and glibc keeps what is freed for reuse rather than returnin
 a server whose routes churned keeps the RSS of its busiest moment (bench/memory.py:
 2,000,000 queue data values through a table of 10,000 topics left RSS 104 MiB above
 its start with 4 MiB of live objects). glibc's `malloc_trim(0)` gives the free pages
-back. The loop calls `HeapTrim.calm` when no request is waiting; it trims once at
-least TRIM_AFTER_EVENTS events were published since the last trim (every replaced or
-removed route is one), at most once per TRIM_EVERY_MS: a trim walks the whole heap, so it
-must not run per request. Without glibc it does nothing.
+back. `HeapTrim` is a source of the server's loop (`zns.drivers.loop`): it asks to
+run once at least TRIM_AFTER_EVENTS events were published since the last trim (every
+replaced or removed route is one), at most once per TRIM_EVERY_MS, and trims only
+when no request is waiting (`busy`): a trim walks the whole heap, so it must not run
+per request. Without glibc it does nothing.
 """
 
 from __future__ import annotations
@@ -44,9 +45,12 @@ def glibc_malloc_trim() -> Trim | None:
 class HeapTrim:
     """Counts published events; at a calm moment after many, trims the heap (rate-limited)."""
 
+    what = "trimming the heap"
+
     def __init__(self, trim: Trim | None, now: int, *, after_events: int = TRIM_AFTER_EVENTS,
-                 every_ms: int = TRIM_EVERY_MS) -> None:
+                 every_ms: int = TRIM_EVERY_MS, busy: Callable[[], bool] = lambda: False) -> None:
         self._trim = trim
+        self.busy = busy
         self._after_events, self._every_ms = after_events, every_ms
         self._last = now - every_ms  # the first trim needs only the events
         self.pending = 0  # events published since the last trim
@@ -55,8 +59,22 @@ class HeapTrim:
     def published(self, events: int) -> None:
         self.pending += events
 
+    # --- the loop's side (a `zns.drivers.loop.Source`) --------------------
+
+    def attach(self, poll: object) -> None:
+        pass
+
+    def next_deadline(self, now: int) -> int | None:
+        if self._trim is None or self.pending < self._after_events:
+            return None
+        return max(now, self._last + self._every_ms)
+
+    def run(self, ready: object, now: int, until: int) -> None:
+        if not self.busy():
+            self.calm(now)
+
     def calm(self, now: int) -> None:
-        """The loop has nothing waiting: trim if enough changed and the last trim is old."""
+        """Nothing is waiting: trim if enough changed and the last trim is old."""
         if (self._trim is None or self.pending < self._after_events
                 or now - self._last < self._every_ms):
             return

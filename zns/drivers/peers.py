@@ -1,4 +1,4 @@
-"""Peer hints (§10), the socket side: a DEALER and a SUB per `--peer`, in the server's loop.
+"""Peer hints (§10), the socket side: a DEALER and a SUB per `--peer`, one source of the loop.
 
 What to do with each peer is decided by `zns.core.peer_link.PeerLink`; this
 module only carries its actions out and hands each hint to the route table.
@@ -13,8 +13,9 @@ import msgspec
 import zmq
 
 from zns.core.errors import EndpointError
-from zns.core.peer_link import Action, AskStatus, Hint, PeerLink, Subscribe
+from zns.core.peer_link import AskStatus, FollowEvents, Hint, PeerAction, PeerLink
 from zns.core.text import quote
+from zns.drivers.loop import PollSet, Ready
 from zns.drivers.sockets import open_socket, parse_addresses, recv_all
 from zns.core.schema import BROKER_PREFIX, HB_CHANNEL, Status, decode_event, decode_reply, encode
 
@@ -22,14 +23,15 @@ log = logging.getLogger("zns")
 
 
 class PeerLinks:
-    """The socket side of every `--peer`, driven by the server's one poller loop.
+    """The socket side of every `--peer`: a source of the server's loop (`zns.drivers.loop`).
 
-    `attach(poller)` once; then each pass `handle(ready, now)` drains the peer
-    sockets that are ready, and `carry_out` does what a link's timer asked for
-    (the links' timers run in `zns.core.timers.ServerTimers`). Sockets come from `open_socket`, like every socket
-    that reaches a NameServer, and are replaced as a link needs: a fresh
-    DEALER per `status` attempt (so a retry never queues behind a lost one),
-    a fresh SUB per learned events endpoint. The poller is kept in step here.
+    `run(ready, now, until)` drains the peer sockets that are ready and runs
+    the links whose deadline is due, carrying out what they ask for;
+    `next_deadline(now)` is the earliest link's. Sockets come from
+    `open_socket`, like every socket that reaches a NameServer, and are
+    replaced as a link needs: a fresh DEALER per `status` attempt (so a retry
+    never queues behind a lost one), a fresh SUB per learned events endpoint.
+    The loop's poll set is kept in step here.
 
     `suspect(cluster, addr)` applies a hint to the route table and returns
     whether a deadline was shortened; `connected` is the `status` view of the
@@ -50,7 +52,7 @@ class PeerLinks:
         self._max_bytes = max_message_bytes
         self._connected = connected
         self._ctx = context
-        self._poller: zmq.Poller | None = None
+        self._poll: PollSet | None = None
         self.links = {endpoint: PeerLink(endpoint, now) for endpoint in _checked(endpoints, context)}
         self._dealers: dict[str, zmq.Socket] = {}
         self._subs: dict[str, zmq.Socket] = {}
@@ -59,10 +61,24 @@ class PeerLinks:
         if self.links:
             log.info("taking hints from peers %s", ", ".join(self.links))
 
-    def attach(self, poller: zmq.Poller) -> None:
-        self._poller = poller
+    what = "serving peer links"
 
-    def handle(self, ready: dict[zmq.Socket, int], now: int) -> None:
+    def attach(self, poll: PollSet) -> None:
+        self._poll = poll
+
+    def next_deadline(self, now: int) -> int | None:
+        deadlines = [d for link in self.links.values() if (d := link.next_deadline()) is not None]
+        return max(now, min(deadlines)) if deadlines else None  # one already due is due now
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        """Drain the ready peer sockets, then run the links whose deadline is due."""
+        self.handle(ready, now)
+        for link in self.links.values():
+            deadline = link.next_deadline()
+            if deadline is not None and deadline <= now:
+                self.carry_out(link, link.on_timer(now), now)
+
+    def handle(self, ready: Ready, now: int) -> None:
         """Drain the peer sockets in `ready`, applying the hints their events carry."""
         for endpoint, link in self.links.items():
             sock = self._dealers.get(endpoint)
@@ -80,8 +96,8 @@ class PeerLinks:
                         self._apply(hint, now)
             self._connected[endpoint] = link.connected
 
-    def carry_out(self, link: PeerLink, actions: list[Action], now: int) -> None:
-        """Do what a link's timer asked for (`zns.core.timers.ServerTimers.on_timer`)."""
+    def carry_out(self, link: PeerLink, actions: list[PeerAction], now: int) -> None:
+        """Do what a link's timer asked for."""
         self._do(link, actions, now)
         self._connected[link.endpoint] = link.connected
 
@@ -115,14 +131,14 @@ class PeerLinks:
             log.warning("peer %s sent something unreadable: %s", link.endpoint, exc)
             return None
 
-    def _do(self, link: PeerLink, actions: list[Action], now: int) -> None:
+    def _do(self, link: PeerLink, actions: list[PeerAction], now: int) -> None:
         for action in actions:
             match action:
                 case AskStatus(request_id=rid):
                     dealer = self._open(zmq.DEALER, link.endpoint)
                     self._replace(self._dealers, link.endpoint, dealer)
                     dealer.send(encode(Status(id=rid)), zmq.DONTWAIT)  # queued: never blocks
-                case Subscribe(endpoint=endpoint):
+                case FollowEvents(endpoint=endpoint):
                     try:
                         sub = self._open(zmq.SUB, endpoint)
                     except zmq.ZMQError as exc:
@@ -148,13 +164,13 @@ class PeerLinks:
                  new: zmq.Socket | None) -> None:
         old = sockets.pop(endpoint, None)
         if old is not None:
-            if self._poller is not None:
-                self._poller.unregister(old)
+            if self._poll is not None:
+                self._poll.unregister(old)
             old.close(linger=0)
         if new is not None:
             sockets[endpoint] = new
-            if self._poller is not None:
-                self._poller.register(new, zmq.POLLIN)
+            if self._poll is not None:
+                self._poll.register(new, zmq.POLLIN, self)
 
 
 def _checked(endpoints: list[str], context: zmq.Context) -> list[str]:

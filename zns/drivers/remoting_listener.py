@@ -1,45 +1,68 @@
-"""The RocketMQ remoting listener: plain TCP in the server's one poller loop (PROTOCOL §12).
+"""The RocketMQ remoting listener: plain TCP, one source of the server's loop (PROTOCOL §12).
 
 Thin on purpose: it accepts connections, reads bytes into each connection's
 `FrameDecoder`, hands every request to `RemotingService.handle`, and writes the
 replies back in request order. What to answer is decided in
-`zns.core.remoting`; this module only moves bytes and keeps them bounded:
+`zns.core.remoting`; this module only moves bytes and keeps them bounded.
 
-- at most `max_connections` connections; one more is accepted and closed at
-  once (logged), so the backlog never fills with connections nobody serves;
-- a connection's unsent replies are bounded: past `high_water` bytes it is
-  not read from until they drain (a pipelining client slows down, as TCP
-  would make it), and past `max_unsent` bytes it is cut off (a client that
-  sends requests but never reads);
+It is a source of the loop (`zns.drivers.loop`) like the ZNS/1 router, so its
+work is sliced and accounted the same way:
+
+- it works until the end of the slice it is given, then stops; a connection
+  whose decoded requests were not all answered waits in a backlog (not read
+  from meanwhile) and the listener asks to run again at once through its
+  deadline. Busy time is therefore CPU time of a source, never a stall, and
+  hb, expiry and ZNS/1 requests get their turn every few milliseconds;
+- its connections live in an epoll of its own, registered in the loop's
+  poller as one descriptor: adding or removing one costs O(log n) (pyzmq's
+  `Poller.unregister` is O(n), which made n closes cost n²), and a pass costs
+  what is ready, not what is open;
+- idle deadlines sit in a heap: a pass looks at the earliest only (an entry
+  found stale, the connection having spoken since, is pushed back once with
+  its new deadline), so 4,096 idle connections cost nothing per pass.
+
+Bounds:
+
+- at most `max_connections` connections, and at most `max_per_host` from one
+  source address; one more is accepted and closed at once (logged), so the
+  backlog never fills with connections nobody serves;
+- a connection's unsent replies are bounded: past `high_water` bytes its
+  requests are not answered, nor is it read from, until they drain (a
+  pipelining client slows down, as TCP would make it; one that never reads
+  holds at most `high_water` plus one reply), and past `max_unsent` bytes
+  (one huge reply) it is cut off;
 - what one connection buffers of an incoming frame is bounded by the frame
   limit (the decoder refuses a larger length at once);
-- at most `read_chunk` bytes are read from one connection per pass, so one
-  busy connection cannot starve the others or the timers;
+- at most `read_chunk` bytes are read from one connection per turn;
 - a connection with no traffic for `idle_timeout_ms` (120 s, as the Java
   NameServer) is closed;
 - a connection whose first byte is a ZeroMQ greeting's is a ZNS/1 client at the
   wrong port: it is answered by `zns.core.remoting.zmtp` (each request gets an
   `error` naming the request endpoint) and logged once.
-
-Sockets are non-blocking; replies produced in one pass leave in one `send`.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
+import select
 import socket
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zmq
 
-from zns.core.remoting import FrameDecoder, RemotingFrameError, encode_command
+from zns.core.errors import RemotingFrameError
+from zns.core.remoting import FrameDecoder, RemotingCommand, encode_command
 from zns.core.config import DEFAULT_REMOTING_MAX_CONNECTIONS as DEFAULT_MAX_CONNECTIONS
+from zns.core.config import DEFAULT_REMOTING_MAX_PER_HOST as DEFAULT_MAX_PER_HOST
 from zns.core.remoting.handler import Connection, RemotingService
 from zns.core.remoting.zmtp import ZmtpRedirect, looks_like_zmtp
-from zns.core.service import Frames
 from zns.core.addresses import parse_host_port, resolve_pub_endpoint
 from zns.drivers.descriptors import OUT_OF_FDS, DescriptorGuard, listen_tcp
+from zns.drivers.loop import Outbox, PollSet, Ready
 
 log = logging.getLogger("zns")
 
@@ -47,22 +70,44 @@ DEFAULT_IDLE_TIMEOUT_MS = 120_000
 HIGH_WATER = 1 << 20  # stop reading a connection with this much unsent
 MAX_UNSENT = 64 << 20  # cut a connection off with this much unsent
 READ_CHUNK = 256 << 10
-ACCEPTS_PER_PASS = 256
+ACCEPTS_PER_TURN = 256
+EVENTS_PER_TURN = 1024  # ready connections taken from the epoll per turn
+# Descriptors kept free for ZNS/1 clients (two each) and the server's own use when the
+# remoting connection limit is clamped to the process's descriptor limit.
+DESCRIPTORS_KEPT_FOR_ZNS1 = 64
+
+_IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 
 
-@dataclass
+@dataclass(eq=False)
 class _Conn:
     sock: socket.socket
+    fd: int
     conn: Connection
     decoder: FrameDecoder
     last_active: int
     unsent: bytearray = field(default_factory=bytearray)
-    reading: bool = True
+    pending: deque[RemotingCommand] = field(default_factory=deque)  # decoded, not answered
+    interest: int = _IN
+    queued: bool = False  # in the listener's backlog
+    closing: bool = False  # a bad frame: answer what came before it, flush, close
     fresh: bool = True  # nothing read yet: the first byte tells RocketMQ from ZeroMQ
     zmtp: ZmtpRedirect | None = None
 
 
+def clamp_max_connections(requested: int, descriptor_limit: int) -> int:
+    """What `--remoting-max-connections` may be with `descriptor_limit` open files.
+
+    Half of the descriptors left after DESCRIPTORS_KEPT_FOR_ZNS1 go to remoting
+    (one each); the other half stay for ZNS/1 clients (two each: requests and
+    events), so remoting connections can never lock ZNS/1 clients out.
+    """
+    return max(1, min(requested, (descriptor_limit - DESCRIPTORS_KEPT_FOR_ZNS1) // 2))
+
+
 class RemotingListener:
+    what = "serving remoting"
+
     def __init__(
         self,
         endpoint: str,
@@ -70,7 +115,10 @@ class RemotingListener:
         *,
         now: int,
         max_frame_bytes: int,
+        outbox: Outbox | None = None,
+        clock: Callable[[], int] | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_per_host: int = DEFAULT_MAX_PER_HOST,
         idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
         high_water: int = HIGH_WATER,
         max_unsent: int = MAX_UNSENT,
@@ -79,8 +127,18 @@ class RemotingListener:
     ) -> None:
         """Binds at once; OSError (or ValueError for a malformed endpoint) when it cannot."""
         self.service = service
+        self.outbox = outbox or Outbox(lambda frames: None)
+        self._clock = clock
         self.max_frame_bytes = max_frame_bytes
         self.max_connections = max_connections
+        if descriptors is not None:
+            clamped = clamp_max_connections(max_connections, descriptors.limit)
+            if clamped < max_connections:
+                log.warning("--remoting-max-connections %d lowered to %d: the open-file limit "
+                            "is %d and ZNS/1 clients need their share (raise it with "
+                            "`ulimit -n`)", max_connections, clamped, descriptors.limit)
+            self.max_connections = clamped
+        self.max_per_host = max_per_host
         self.idle_timeout_ms = idle_timeout_ms
         self.high_water = high_water
         self.max_unsent = max_unsent
@@ -91,59 +149,65 @@ class RemotingListener:
             descriptors.plain.append(self.listening)
         host, port = self.listening.getsockname()[:2]
         self.endpoint = f"{'[' + host + ']' if ':' in host else host}:{port}"
+        self._epoll = select.epoll()
+        self._epoll.register(self.listening.fileno(), _IN)
         self.connections: dict[int, _Conn] = {}
-        self.refused = 0  # connections closed at once: over max_connections
+        self.per_host: Counter[str] = Counter()
+        self.refused = 0  # connections closed at once: over max_connections or max_per_host
         self.cut_off = 0  # connections closed for unsent replies over max_unsent
         self._ids = itertools.count(1)
-        self._poller: zmq.Poller | None = None
+        self._idle: list[tuple[int, int, int]] = []  # (deadline, conn id, fd): the earliest first
+        self._backlog: deque[_Conn] = deque()  # connections with decoded requests to answer
         self._now = now
 
-    # --- the loop's side ------------------------------------------------
+    # --- the loop's side (a `zns.drivers.loop.Source`) --------------------
 
-    def attach(self, poller: zmq.Poller) -> None:
-        self._poller = poller
-        poller.register(self.listening.fileno(), zmq.POLLIN)
+    def attach(self, poll: PollSet) -> None:
+        poll.register(self._epoll.fileno(), zmq.POLLIN, self)
 
-    def handle(self, ready: dict, now: int) -> list[Frames]:
-        """Accept, read, answer and write what `ready` says can be; returns events to publish."""
+    def next_deadline(self, now: int) -> int | None:
+        if self._backlog:
+            return now
+        if self._idle:
+            return max(now, self._idle[0][0])
+        return None
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        """Answer the backlog, then what the epoll says is ready, then idle closes, until `until`."""
         self._now = now
-        frames: list[Frames] = []
-        if self.listening.fileno() in ready:
-            self._accept(now)
-        for fd, flags in ready.items():
-            entry = self.connections.get(fd) if isinstance(fd, int) else None
-            if entry is None:
-                continue
-            if flags & zmq.POLLIN and entry.reading:
-                self._read(entry, now, frames)
-            if fd in self.connections and entry.unsent:
-                self._write(entry, now, frames)
-        return frames
-
-    def on_timer(self, now: int) -> list[Frames]:
-        """Close connections idle for `idle_timeout_ms`."""
-        self._now = now
-        frames: list[Frames] = []
-        cutoff = now - self.idle_timeout_ms
-        for entry in [e for e in self.connections.values() if e.last_active < cutoff]:
-            log.info("remoting connection from %s closed: idle for %d s", entry.conn.host,
-                     self.idle_timeout_ms // 1000)
-            self._close(entry, now, frames)
-        return frames
+        self._answer_backlog(until)
+        if not self._over(until):
+            for fd, flags in self._epoll.poll(0, EVENTS_PER_TURN):
+                if fd == self.listening.fileno():
+                    self._accept(now)
+                    continue
+                entry = self.connections.get(fd)
+                if entry is None:
+                    continue
+                if flags & (_IN | select.EPOLLHUP | select.EPOLLERR) and entry.interest & _IN:
+                    self._read(entry, now)
+                    if entry.pending or entry.closing:
+                        self._answer(entry, until)
+                if self.connections.get(fd) is entry and entry.unsent:
+                    self._write(entry, now)
+                if self._over(until):
+                    break  # the rest stays ready: level-triggered, taken next turn
+        self._close_idle(now)
 
     def close(self) -> None:
         for entry in list(self.connections.values()):
-            self._unregister(entry.sock.fileno())
             entry.sock.close()
         self.connections.clear()
-        if self._poller is not None:
-            self._unregister(self.listening.fileno())
+        self._epoll.close()
         self.listening.close()
 
     # --- internals ------------------------------------------------------
 
+    def _over(self, until: int) -> bool:
+        return self._clock is not None and self._clock() >= until
+
     def _accept(self, now: int) -> None:
-        for _ in range(ACCEPTS_PER_PASS):
+        for _ in range(ACCEPTS_PER_TURN):
             try:
                 sock, address = self.listening.accept()
             except (BlockingIOError, InterruptedError):
@@ -156,30 +220,39 @@ class RemotingListener:
                 raise
             host = address[0] if isinstance(address, tuple) else str(address)
             if len(self.connections) >= self.max_connections:
-                self.refused += 1
-                log.warning("remoting connection from %s refused: %d connections already open "
-                            "(--remoting-max-connections)", host, len(self.connections))
-                sock.close()
+                self._refuse(sock, host, f"{len(self.connections)} connections already open "
+                             "(--remoting-max-connections)")
+                continue
+            if self.per_host[host] >= self.max_per_host:
+                self._refuse(sock, host, f"{self.per_host[host]} connections already open from "
+                             "it (--remoting-max-connections-per-host)")
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            entry = _Conn(sock=sock, conn=Connection(next(self._ids), host),
+            fd = sock.fileno()
+            entry = _Conn(sock=sock, fd=fd, conn=Connection(next(self._ids), host),
                           decoder=FrameDecoder(self.max_frame_bytes), last_active=now)
-            self.connections[sock.fileno()] = entry
-            if self._poller is not None:
-                self._poller.register(sock.fileno(), zmq.POLLIN)
+            self.connections[fd] = entry
+            self.per_host[host] += 1
+            self._epoll.register(fd, _IN)
+            heapq.heappush(self._idle, (now + self.idle_timeout_ms, entry.conn.conn_id, fd))
 
-    def _read(self, entry: _Conn, now: int, frames: list[Frames]) -> None:
+    def _refuse(self, sock: socket.socket, host: str, why: str) -> None:
+        self.refused += 1
+        log.warning("remoting connection from %s refused: %s", host, why)
+        sock.close()
+
+    def _read(self, entry: _Conn, now: int) -> None:
         try:
             data = entry.sock.recv(self.read_chunk)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             log.info("remoting connection from %s failed: %s", entry.conn.host, exc)
-            self._close(entry, now, frames)
+            self._close(entry, now)
             return
         if not data:
-            self._close(entry, now, frames)
+            self._close(entry, now)
             return
         entry.last_active = now
         if entry.fresh:
@@ -195,17 +268,15 @@ class RemotingListener:
                 entry.unsent += entry.zmtp.feed(data)
             except RemotingFrameError as exc:
                 log.warning("remoting connection from %s closed: %s", entry.conn.host, exc)
-                self._flush_and_close(entry, now, frames)
+                self._flush_and_close(entry, now)
             return
         try:
-            commands = entry.decoder.feed(data)
+            entry.pending.extend(entry.decoder.feed(data))
         except RemotingFrameError as exc:
             # The commands before the bad frame are answered, then the connection goes.
-            self._answer(entry, exc.commands, now, frames)
+            entry.pending.extend(exc.commands)
+            entry.closing = True
             log.warning("remoting connection from %s closed: %s", entry.conn.host, exc)
-            self._flush_and_close(entry, now, frames)
-            return
-        self._answer(entry, commands, now, frames)
 
     def _where_zns1_is(self, entry: _Conn) -> str:
         """What a ZeroMQ client at this port is told: the request endpoint, its wildcard
@@ -220,67 +291,108 @@ class RemotingListener:
         return (f"this is a zns NameServer's RocketMQ remoting port; ZNS/1 requests go to "
                 f"{router} (export ZNS_ADDR={router})")
 
-    def _answer(self, entry: _Conn, commands: list, now: int, frames: list[Frames]) -> None:
-        handle = self.service.handle
-        for command in commands:
+    def _answer_backlog(self, until: int) -> None:
+        for _ in range(len(self._backlog)):
+            if self._over(until):
+                return
+            entry = self._backlog.popleft()
+            entry.queued = False
+            if self.connections.get(entry.fd) is not entry:
+                continue  # closed meanwhile
+            self._answer(entry, until)
+            if self.connections.get(entry.fd) is entry and entry.unsent:
+                self._write(entry, self._now)
+
+    def _answer(self, entry: _Conn, until: int) -> None:
+        """Answer `entry`'s decoded requests in order until the slice ends (then: backlog) or
+        its unsent replies reach `high_water` (then: when they drain below it)."""
+        handle, now = self.service.handle, self._now
+        pending, high_water = entry.pending, self.high_water
+        while pending and len(entry.unsent) < high_water:
+            command = pending.popleft()
             reply, events = handle(command, entry.conn, now)
-            frames.extend(events)
+            self.outbox.put(events)
             if reply is not None:
                 entry.unsent += encode_command(reply)
                 if len(entry.unsent) > self.max_unsent:
                     self.cut_off += 1
                     log.warning("remoting connection from %s cut off: %d bytes of replies "
                                 "unread", entry.conn.host, len(entry.unsent))
-                    self._close(entry, now, frames)
+                    self._close(entry, now)
                     return
+            if pending and self._over(until):
+                self._queue(entry)
+                break
+        if entry.closing and not pending:
+            self._flush_and_close(entry, now)
+            return
+        self._update_interest(entry)
 
-    def _write(self, entry: _Conn, now: int, frames: list[Frames]) -> None:
+    def _write(self, entry: _Conn, now: int) -> None:
         try:
             sent = entry.sock.send(entry.unsent)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
             log.info("remoting connection from %s failed: %s", entry.conn.host, exc)
-            self._close(entry, now, frames)
+            self._close(entry, now)
             return
         if sent:
             del entry.unsent[:sent]
             entry.last_active = now
+            if entry.pending and len(entry.unsent) < self.high_water:
+                self._queue(entry)  # drained enough: answer the rest
         self._update_interest(entry)
 
-    def _flush_and_close(self, entry: _Conn, now: int, frames: list[Frames]) -> None:
+    def _queue(self, entry: _Conn) -> None:
+        if not entry.queued:
+            entry.queued = True
+            self._backlog.append(entry)
+
+    def _flush_and_close(self, entry: _Conn, now: int) -> None:
         try:
             entry.sock.send(entry.unsent)  # best effort: the replies before the bad frame
         except OSError:
             pass
-        self._close(entry, now, frames)
+        self._close(entry, now)
 
     def _update_interest(self, entry: _Conn) -> None:
-        reading = len(entry.unsent) < self.high_water
-        flags = (zmq.POLLIN if reading else 0) | (zmq.POLLOUT if entry.unsent else 0)
-        entry.reading = reading
-        if self._poller is not None:
-            fd = entry.sock.fileno()
-            if flags:
-                self._poller.register(fd, flags)
-            else:
-                self._poller.unregister(fd)
+        # Not read while it has requests to answer or too much unsent: a pipelining
+        # client waits in TCP's buffers, not in ours.
+        reading = not entry.pending and len(entry.unsent) < self.high_water
+        interest = (_IN if reading else 0) | (_OUT if entry.unsent else 0)
+        if interest != entry.interest:
+            entry.interest = interest
+            self._epoll.modify(entry.fd, interest)
 
-    def _close(self, entry: _Conn, now: int, frames: list[Frames]) -> None:
-        fd = entry.sock.fileno()
-        if self.connections.pop(fd, None) is None:
-            return
-        self._unregister(fd)
-        entry.sock.close()
-        frames.extend(self.service.connection_closed(entry.conn.conn_id, now))
+    def _close_idle(self, now: int) -> None:
+        idle, timeout = self._idle, self.idle_timeout_ms
+        while idle and idle[0][0] <= now:
+            _, conn_id, fd = heapq.heappop(idle)
+            entry = self.connections.get(fd)
+            if entry is None or entry.conn.conn_id != conn_id:
+                continue  # closed already (the descriptor may be another connection's now)
+            if entry.last_active + timeout > now:
+                heapq.heappush(idle, (entry.last_active + timeout, conn_id, fd))
+                continue
+            log.info("remoting connection from %s closed: idle for %d s", entry.conn.host,
+                     timeout // 1000)
+            self._close(entry, now)
 
-    def _unregister(self, fd: int) -> None:
-        if self._poller is None:
+    def _close(self, entry: _Conn, now: int) -> None:
+        if self.connections.pop(entry.fd, None) is None:
             return
+        host = entry.conn.host
+        self.per_host[host] -= 1
+        if not self.per_host[host]:
+            del self.per_host[host]
         try:
-            self._poller.unregister(fd)
-        except KeyError:
+            self._epoll.unregister(entry.fd)
+        except OSError:
             pass
+        entry.sock.close()
+        entry.pending.clear()
+        self.outbox.put(self.service.connection_closed(entry.conn.conn_id, now))
 
 
-__all__ = ["RemotingListener"]
+__all__ = ["RemotingListener", "clamp_max_connections"]

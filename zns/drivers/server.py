@@ -1,20 +1,22 @@
-"""The socket loop: one ROUTER for requests, one PUB for events, one zmq.Poller.
+"""The server: wiring, start and stop. One ROUTER for requests, one XPUB for events, one loop.
 
-Thin on purpose: it reads frames, hands the body to `NameService.respond`,
-sends the reply back with the envelope unchanged, publishes the events, and
-arms the one timer `zns.core.timers.ServerTimers` asks for (`hb` events,
-expiry, peers, the §8 stall rule). Everything it decides is decided by the core.
+`Server` binds the sockets and makes the sources of the one loop
+(`zns.drivers.loop`): the ZNS/1 router (`request_router`), the events
+socket's subscriptions (`subscribers`), the remoting listener, the peer
+links, the descriptor guard, the server timers (`hb`, expiry, the §8 stall
+rule: `zns.core.timers.ServerTimers`), the heap trim and the outbox that
+publishes every source's events. Everything it decides is decided by the
+core; what runs when is decided by the loop.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import zmq
@@ -32,7 +34,9 @@ from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
 from zns.core.subscriptions import SubscriptionBudget
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.metrics import MetricsServer
+from zns.drivers.loop import Loop, Outbox, PollSet, Ready, Source
 from zns.drivers.remoting_listener import RemotingListener
+from zns.drivers.request_router import MAX_ENVELOPE_FRAMES, TCP_TIMEOUT_MS, RequestRouter
 from zns.core.remoting.handler import RemotingService, describe_access, remoting_access
 from zns.drivers.sockets import Waker, set_keepalive
 from zns.core.budget import ReplyBudget
@@ -41,26 +45,14 @@ from zns.core.timers import ServerTimers
 
 log = logging.getLogger("zns")
 
-# Serving gives the timers their turn after this long (§8: hb and expiry stay on
-# time whatever the load); the clock is read every CLOCK_EVERY requests.
-SLICE_MS = 5
-CLOCK_EVERY = 16
-# §1: a request has at most this many envelope frames, and all its frames together
-# at most max_message_bytes; anything else is dropped unanswered (and logged).
-MAX_ENVELOPE_FRAMES = 32
 # §1: the events socket refuses subscriptions longer than this (a subscription
 # message is one flag byte and the channel prefix).
 MAX_SUBSCRIPTION_BYTES = 1024
 SUBSCRIBE_COMMAND_BYTES = 10
 # A connection whose subscriptions freed this much when it closed makes the heap worth trimming.
 FREED_TRIM_BYTES = 1024 * 1024
-# A peer that reads nothing for this long is disconnected and its unread replies freed.
-TCP_TIMEOUT_MS = 10_000
-# Plain ints, and the backend's send: pyzmq's IntFlag arithmetic and its Python-level
-# `send` wrapper each cost a noticeable share of a small request.
-_NOBLOCK, _DONTWAIT = int(zmq.NOBLOCK), int(zmq.DONTWAIT)
-_SNDMORE_DONTWAIT = int(zmq.SNDMORE | zmq.DONTWAIT)
-_send = zmq.backend.Socket.send
+__all__ = ["MAX_ENVELOPE_FRAMES", "TCP_TIMEOUT_MS", "Server", "ServerConfig"]
+_DONTWAIT = int(zmq.DONTWAIT)
 
 
 def _networks_text(networks: tuple | None) -> str:
@@ -98,9 +90,6 @@ class Server:
         self._stopping = False
         self._reload_keys = False
         self._waker = Waker()
-        self.dropped_replies = 0
-        self.dropped_requests = 0  # over §1's envelope or total-size bound
-        self._draining = False  # in the middle of dropping an oversized message
         self.reply_budget = ReplyBudget()
         self.heap = HeapTrim(glibc_malloc_trim(), self._now())
         self.descriptor_limit = raise_descriptor_limit()
@@ -116,9 +105,17 @@ class Server:
         # each connection holds (zns.drivers.subscribers); it publishes as a PUB does.
         self.pub = self._ctx.socket(zmq.XPUB)
         self.subscribers = Subscribers(self.pub, SubscriptionBudget(), freed=self._subscriptions_freed)
+        self.outbox = Outbox(self._send_event, self.heap.published)
+        self.requests = RequestRouter(
+            self.router, self.service, self.outbox, clock=self._now,
+            max_message_bytes=config.max_message_bytes, reply_budget=self.reply_budget,
+            with_key=self.security is not None,
+        )
+        self.heap.busy = self.requests.waiting
         self.peers: PeerLinks | None = None
+        self.remoting: RemotingListener | None = None
         self.metrics: MetricsServer | None = None
-        self.last_pass_ms = self._now()  # when the loop last completed a pass (/healthz)
+        self.loop: Loop | None = None
         try:
             self._configure_sockets()
             self.router_endpoint = self._bind(self.router, config.router)
@@ -133,13 +130,22 @@ class Server:
                 suspect=lambda cluster, addr, now: self.service.suspect(
                     cluster, addr, grace_ms, now),
             )
-            self.remoting: RemotingListener | None = None
             if config.remoting:
                 self.remoting = self._listen_remoting(config, config.remoting)
             self.timers = ServerTimers(
                 self.service, heartbeat_interval_ms=round(config.heartbeat_interval_s * 1000),
-                now=self._now(), peers=self.peers.links,
+                now=self._now(),
             )
+            # The order the loop runs them in each pass: the timers first (hb and expiry
+            # are due at a time; requests can wait a slice), the outbox last, so each
+            # pass's events leave together.
+            sources: list[Source] = [_Control(self), self.descriptors,
+                                     _Timers(self.timers, self.outbox, self._wall_ms),
+                                     self.requests, _Subscriptions(self.pub, self.subscribers)]
+            if self.remoting is not None:
+                sources.append(self.remoting)
+            sources += [self.peers, self.heap, self.outbox]
+            self.loop = Loop(sources, clock=self._now, stall=self.timers, poll=PollSet())
             if config.metrics:
                 self.metrics = MetricsServer(self, config.metrics,
                                              heartbeat_interval=config.heartbeat_interval_s)
@@ -147,6 +153,19 @@ class Server:
             self.close()  # a refused start (port in use, bad --peer) leaves nothing bound
             raise
         self.service.pub_endpoint = self.pub_endpoint
+
+    @property
+    def dropped_replies(self) -> int:
+        return self.requests.dropped_replies
+
+    @property
+    def dropped_requests(self) -> int:
+        return self.requests.dropped_requests
+
+    @property
+    def last_pass_ms(self) -> int:
+        """When the loop last completed a pass (/healthz)."""
+        return self.loop.last_pass_ms if self.loop is not None else self._now()
 
     # --- life cycle -----------------------------------------------------
 
@@ -157,8 +176,9 @@ class Server:
                  self.router_endpoint, self.pub_endpoint, self.service.epoch)
         log.info("file descriptors: limit %d, room for about %d clients (a client uses two: "
                  "requests and events)", self.descriptor_limit, self.descriptor_limit // 2 - 32)
+        assert self.loop is not None  # None only if __init__ failed
         try:
-            self._loop()
+            self.loop.run(lambda: self._stopping)
         finally:
             restore()
             self.close()
@@ -186,9 +206,8 @@ class Server:
             self.metrics.close()
             self.metrics = None
         self.descriptors.close()
-        remoting = getattr(self, "remoting", None)  # unset when the start failed before it
-        if remoting is not None:
-            remoting.close()
+        if self.remoting is not None:
+            self.remoting.close()
         self.router.close(linger=500)
         self.pub.close(linger=500)
         if self.peers is not None:
@@ -199,60 +218,7 @@ class Server:
         if self._own_ctx is not None:
             self._own_ctx.destroy(linger=0)
 
-    # --- the loop -------------------------------------------------------
-
-    def _loop(self) -> None:
-        timers = self.timers
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.pub, zmq.POLLIN)  # subscriptions
-        poller.register(self._waker.fd, zmq.POLLIN)
-        for listener in self.descriptors.listeners:
-            poller.register(listener.monitor, zmq.POLLIN)
-        monitors = {listener.monitor for listener in self.descriptors.listeners}
-        remoting = self.remoting
-        if remoting is not None:
-            remoting.attach(poller)
-        assert self.peers is not None  # None only while __init__ runs
-        peers = self.peers if self.peers.links else None  # none: nothing to ask each pass
-        self.peers.attach(poller)
-        now = self._now()
-        while not self._stopping:
-            ready = dict(poller.poll(max(0, timers.next_wake() - now)))
-            now = self._now()
-            timers.woke(now)
-            self._waker.drain_if_woken(ready)
-            if monitors.intersection(ready):
-                _guarded("shedding connections", self.descriptors.handle, ready, now)
-            self.descriptors.tick(now)
-            if self._reload_keys:
-                self._reload_keys = False
-                _guarded("reloading keys", self._reload)
-            if self.router in ready or self._draining:
-                cpu_before = _cpu_ms()
-                _guarded("serving requests", self._serve_slice, now)
-                after = self._now()
-                # A stall can also land while serving (a broker's heartbeat reply wakes
-                # whoever then suspends us): wall time the loop did not run.
-                timers.ran(after - now, _cpu_ms() - cpu_before)
-                now = after
-            if self.pub in ready:
-                _guarded("counting subscriptions", self.subscribers.handle)
-            if remoting is not None:
-                _guarded("serving remoting", self._serve_remoting, ready, now)
-            if peers:
-                _guarded("reading peers", peers.handle, ready, now)
-            _guarded("running timers", self._run_timers, now)
-            if self.router not in ready and not self._draining:
-                _guarded("trimming the heap", self.heap.calm, now)
-            self.last_pass_ms = now
-
-    def _serve_remoting(self, ready: dict, now: int) -> None:
-        assert self.remoting is not None
-        events = self.remoting.handle(ready, now)
-        events.extend(self.remoting.on_timer(now))
-        if events:
-            self._publish(events)
+    # --- wiring ---------------------------------------------------------
 
     def _listen_remoting(self, config: ServerConfig, endpoint: str) -> RemotingListener:
         try:
@@ -265,8 +231,10 @@ class Server:
             )
             listener = RemotingListener(
                 endpoint, service, now=self._now(), descriptors=self.descriptors,
+                outbox=self.outbox, clock=self._now,
                 max_frame_bytes=config.max_message_bytes,
                 max_connections=config.remoting_max_connections,
+                max_per_host=config.remoting_max_connections_per_host,
             )
         except (OSError, ValueError) as exc:
             raise EndpointError(f"--remoting {config.remoting}: {exc}") from exc
@@ -293,131 +261,26 @@ class Server:
         if cost >= FREED_TRIM_BYTES:
             self.heap.published(TRIM_AFTER_EVENTS)
 
-    def _run_timers(self, now: int) -> None:
-        work = self.timers.on_timer(now, round(self._wall_clock() * 1000))
-        # Publish first: a failing peer action must not swallow expiry events.
-        if work.events:
-            self._publish(work.events)
-        assert self.peers is not None  # None only while __init__ runs
-        for link, actions in work.peer_actions:
-            _guarded("acting for a peer link", self.peers.carry_out, link, actions, now)
-
     def _reload(self) -> None:
         if self.security is not None:
             self.security.reload()  # checked at new handshakes; connections stay up
         else:
             log.info("SIGHUP: CURVE is off, no keys to reload")
 
-    def _serve_slice(self, now: int) -> None:
-        """Answer waiting requests for at most SLICE_MS, then give the timers their turn.
-
-        Frame by frame with `copy=False`: `recv_multipart` asks the socket for
-        RCVMORE after every frame, which costs more than the whole request
-        handling; `Frame.more` reads it from the message. The body frame also
-        carries the ZAP User-Id (the peer's CURVE key) when CURVE is on. The
-        clock is read every CLOCK_EVERY requests: reading it costs more than a
-        small request.
-        """
-        router, respond = self.router, self.service.respond
-        recv = router.recv
-        with_key = self.security is not None
-        clock = self._clock
-        until = clock() + SLICE_MS / 1000
-        max_bytes = self.config.max_message_bytes
-        budget = self.reply_budget
-        heavy = budget.heavy_bytes
-        if self._draining and not self._drain(until):
-            return
-        served = 0
-        while True:
-            try:
-                frame = recv(_NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            envelope = []
-            # The first frame is the routing id the ROUTER itself prepends: the bounds
-            # count what the peer sent (a DEALER's request is just its body).
-            size = 0
-            while frame.more:  # the rest of a message is there once its first frame is
-                envelope.append(frame)
-                if len(envelope) > MAX_ENVELOPE_FRAMES + 1 or size > max_bytes:
-                    self._drop_oversized(len(envelope) - 1, size)
-                    if not self._drain(until):
-                        return
-                    envelope = []
-                    break
-                frame = recv(copy=False)
-                size += len(frame)
-            if size > max_bytes and envelope:
-                self._drop_oversized(len(envelope) - 1, size)
-                envelope = []
-            if envelope:  # a ROUTER always prepends the routing id: else nothing to answer
-                response = respond(frame.bytes, now, frame.get("User-Id") if with_key else None)
-                reply = response.reply
-                if len(reply) >= heavy and not budget.allow(envelope[0].bytes, len(reply), now):
-                    reply = self.service.busy_reply(response.request_id)
-                try:
-                    for part in envelope:
-                        _send(router, part, _SNDMORE_DONTWAIT, False)
-                    _send(router, reply, _DONTWAIT)
-                except zmq.ZMQError as exc:
-                    # Vanished peer (EHOSTUNREACH) or one at its high-water mark (EAGAIN):
-                    # the loop must never block on one peer.
-                    if exc.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
-                        raise
-                    self.dropped_replies += 1
-                if response.events:
-                    self._publish(response.events)
-            served += 1
-            if served % CLOCK_EVERY == 0:
-                if clock() >= until:
-                    return
-                now = self._now()
-
-    def _drop_oversized(self, frames: int, size: int) -> None:
-        self.dropped_requests += 1
-        log.warning("dropped a request unanswered: more than %d envelope frames or %d bytes "
-                    "(§1 bounds; at least %d frames, %d bytes)", MAX_ENVELOPE_FRAMES,
-                    self.config.max_message_bytes, frames, size)
-
-    def _drain(self, until: float) -> bool:
-        """Read and discard the rest of the current message; False if the slice ran out first."""
-        recv, clock = self.router.recv, self._clock
-        self._draining = True
-        count = 0
-        while True:
-            frame = recv(copy=False)
-            if not frame.more:
-                self._draining = False
-                return True
-            count += 1
-            if count % 1024 == 0 and clock() >= until:
-                return False
-
-    def _publish(self, events: Sequence[Frames]) -> None:
-        self.heap.published(len(events))
-        send = self.pub.send_multipart
-        for frames in events:
-            send(frames, zmq.DONTWAIT)
-
     def _now(self) -> int:
         return int(self._clock() * 1000)
+
+    def _wall_ms(self) -> int:
+        return round(self._wall_clock() * 1000)
+
+    def _send_event(self, frames: Frames) -> None:
+        self.pub.send_multipart(frames, _DONTWAIT)
 
     # --- sockets --------------------------------------------------------
 
     def _configure_sockets(self) -> None:
         router, pub = self.router, self.pub
-        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
-        router.setsockopt(zmq.LINGER, 500)
-        # No ZMTP heartbeat (HEARTBEAT_IVL) on any server socket: in libzmq 4.3.5 a peer
-        # that resets while its inbound queue is full leaves an engine that the heartbeat
-        # timer then writes to, and libzmq aborts the process (tests/test_peer_resets.py).
-        # The kernel closes dead connections instead: TCP_MAXRT a peer that reads nothing
-        # (its unacknowledged data), keepalive one whose host vanished while idle.
-        router.setsockopt(zmq.TCP_MAXRT, TCP_TIMEOUT_MS)
-        set_keepalive(router)
+        RequestRouter.configure(router, self.config.max_message_bytes)
         if self.security is not None:
             self.security.apply(router)
             self.security.apply(pub)
@@ -473,18 +336,60 @@ def is_loopback(endpoint: str) -> bool:
     return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
-def _guarded(what: str, step: Callable[..., object], *args: object) -> None:
-    """Run one step of the loop; a bug in it is logged with its traceback, and the loop goes on.
+class _Control:
+    """The loop's source for other threads and signals: the waker, and key reloads (SIGHUP)."""
 
-    `NameService.respond` is the boundary for requests; this is the same boundary
-    for everything else the loop does (peer links, timers, key reloads, sockets).
-    """
-    try:
-        step(*args)
-    except Exception:
-        log.exception("bug while %s; the server carries on", what)
+    what = "reloading keys"
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+
+    def attach(self, poll: PollSet) -> None:
+        poll.register(self._server._waker.fd, zmq.POLLIN, self)
+
+    def next_deadline(self, now: int) -> int | None:
+        return None
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        server = self._server
+        server._waker.drain_if_woken(ready)
+        if server._reload_keys:
+            server._reload_keys = False
+            server._reload()
 
 
-def _cpu_ms() -> int:
-    """CPU time of this thread: what the loop spent running (a stopped process spends none)."""
-    return int(time.thread_time() * 1000)
+class _Timers:
+    """The server timers as a source: `hb` events and expiry into the outbox."""
+
+    what = "running timers"
+
+    def __init__(self, timers: ServerTimers, outbox: Outbox, wall_ms: Callable[[], int]) -> None:
+        self.timers, self._outbox, self._wall_ms = timers, outbox, wall_ms
+
+    def attach(self, poll: PollSet) -> None:
+        pass
+
+    def next_deadline(self, now: int) -> int | None:
+        return self.timers.next_deadline()
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        for events in self.timers.on_timer(now, self._wall_ms()):
+            self._outbox.put(events)
+
+
+class _Subscriptions:
+    """The events socket's (un)subscriptions as a source (`zns.drivers.subscribers`)."""
+
+    what = "counting subscriptions"
+
+    def __init__(self, xpub: zmq.Socket, subscribers: Subscribers) -> None:
+        self._xpub, self._subscribers = xpub, subscribers
+
+    def attach(self, poll: PollSet) -> None:
+        poll.register(self._xpub, zmq.POLLIN, self)
+
+    def next_deadline(self, now: int) -> int | None:
+        return None
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        self._subscribers.handle()

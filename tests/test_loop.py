@@ -1,0 +1,171 @@
+"""The server loop (zns.drivers.loop): uniform sources, one timer, busy time measured per source."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from zns.drivers.loop import SLICE_MS, Loop, Outbox, PollSet
+
+from conftest import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class FakePoller:
+    """Returns nothing ready; a poll "sleeps" by moving the fake clock by its timeout."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.timeouts: list[float | None] = []
+        self.ready: list[list[tuple[Any, int]]] = []
+
+    def register(self, sock: Any, flags: int) -> None:
+        pass
+
+    def unregister(self, sock: Any) -> None:
+        pass
+
+    def poll(self, timeout: float | None = None) -> list[tuple[Any, int]]:
+        self.timeouts.append(timeout)
+        if self.ready:
+            return self.ready.pop(0)
+        assert timeout is not None, "the loop would sleep for ever"
+        self.clock.now += int(timeout)
+        return []
+
+
+class Stall:
+    def __init__(self) -> None:
+        self.expected: list[int] = []
+        self.spans: list[tuple[int, int]] = []  # (wall, cpu) of every source's run
+
+    def expect(self, wake: int) -> None:
+        self.expected.append(wake)
+
+    def woke(self, now: int) -> int:
+        return 0
+
+    def ran(self, wall_ms: int, cpu_ms: int) -> int:
+        self.spans.append((wall_ms, cpu_ms))
+        return 0
+
+
+class Every:
+    """A source due every `period_ms` (a timer), doing `work_ms` of fake work each run."""
+
+    what = "a timer"
+
+    def __init__(self, clock: FakeClock, period_ms: int, work_ms: int = 0) -> None:
+        self.clock, self.period, self.work = clock, period_ms, work_ms
+        self.due = period_ms
+        self.runs: list[tuple[int, int]] = []
+
+    def attach(self, poll: PollSet) -> None:
+        pass
+
+    def next_deadline(self, now: int) -> int | None:
+        return self.due
+
+    def run(self, ready: Any, now: int, until: int) -> None:
+        self.runs.append((now, until))
+        self.clock.now += self.work
+        if now >= self.due:
+            self.due += self.period
+
+
+def make_loop(*sources: Any, clock: FakeClock) -> tuple[Loop, FakePoller, Stall]:
+    poller, stall = FakePoller(clock), Stall()
+    loop = Loop(list(sources), clock=clock, stall=stall, poll=PollSet(poller),  # type: ignore[arg-type]
+                cpu_clock=lambda: 0)
+    return loop, poller, stall
+
+
+def run_for(loop: Loop, clock: FakeClock, until_ms: int) -> None:
+    loop.run(lambda: clock.now >= until_ms)
+
+
+def test_with_nothing_to_do_the_loop_sleeps_exactly_until_the_earliest_deadline():
+    clock = FakeClock()
+    hb, rare = Every(clock, 1000), Every(clock, 2500)
+    loop, poller, _ = make_loop(hb, rare, Outbox(lambda frames: None), clock=clock)
+    run_for(loop, clock, 10_000)
+    # One wake-up per deadline (1000, 2000, 2500, 3000, ...), each poll exactly as long as
+    # the gap to the next deadline: no fixed-interval wake-ups in between.
+    assert poller.timeouts[:5] == [1000, 1000, 500, 500, 1000]
+    assert loop.wakeups == 10 + 2  # hb at 1..10 s; the other at 2.5 and 7.5 s (5 and 10: shared)
+    assert [now for now, _ in hb.runs] == [1000 * i for i in range(1, 11)]
+
+
+def test_a_source_with_no_deadline_and_nothing_ready_is_not_run():
+    clock = FakeClock()
+    hb = Every(clock, 1000)
+    idle = Every(clock, 1)
+    idle.next_deadline = lambda now: None  # type: ignore[method-assign]
+    loop, _, _ = make_loop(hb, idle, clock=clock)
+    run_for(loop, clock, 3000)
+    assert idle.runs == []
+
+
+def test_every_source_gets_a_slice_and_its_busy_time_measured_and_now_refreshed():
+    clock = FakeClock()
+    busy, timer = Every(clock, 100, work_ms=40), Every(clock, 100, work_ms=3)
+    loop, _, stall = make_loop(busy, timer, clock=clock)
+    run_for(loop, clock, 100)
+    (busy_now, busy_until), (timer_now, timer_until) = busy.runs[0], timer.runs[0]
+    assert busy_until - busy_now == SLICE_MS and timer_until - timer_now == SLICE_MS
+    # The second source sees the clock after the first one's work, not the wake-up time.
+    assert timer_now == busy_now + 40
+    assert stall.spans == [(40, 0), (3, 0)]
+
+
+def test_a_failing_source_is_logged_and_the_others_still_run(caplog):
+    clock = FakeClock()
+    broken, hb = Every(clock, 100), Every(clock, 100)
+
+    def fail(ready: Any, now: int, until: int) -> None:
+        broken.due += 100
+        raise RuntimeError("injected")
+
+    broken.run = fail  # type: ignore[method-assign]
+    broken.what = "breaking"
+    loop, _, _ = make_loop(broken, hb, clock=clock)
+    run_for(loop, clock, 300)
+    assert len(hb.runs) == 3
+    assert "bug while breaking; the server carries on" in caplog.text
+
+
+def test_the_outbox_sends_every_sources_events_once_per_pass_in_order():
+    sent, counted = [], []
+    outbox = Outbox(sent.append, counted.append)
+    outbox.put([(b"a", b"1"), (b"a", b"2")])
+    outbox.put([])
+    assert outbox.next_deadline(5) == 5  # something to send: due now
+    outbox.put([(b"b", b"3")])
+    outbox.run({}, 5, 10)
+    assert sent == [(b"a", b"1"), (b"a", b"2"), (b"b", b"3")] and counted == [2, 1]
+    assert outbox.next_deadline(6) is None
+
+
+def test_an_idle_server_wakes_for_its_deadlines_only(make_server):
+    # The loop used to wake every 100 ms whatever it had to do (the remoting idle scan, the
+    # descriptor guard and the heap trim ran only because of it). With a 1 s hb interval
+    # and nothing registered, it wakes for the hb and little else.
+    srv = make_server(heartbeat_interval=1.0, remoting="127.0.0.1:0")
+    loop = srv.server.loop
+    wait_for(lambda: loop.wakeups >= 1)
+    before, started = loop.wakeups, time.monotonic()
+    time.sleep(3.0)
+    woke = loop.wakeups - before
+    elapsed = time.monotonic() - started
+    assert woke <= elapsed + 3, f"{woke} wake-ups in {elapsed:.1f} s"

@@ -1,0 +1,188 @@
+"""The server's one loop: uniform sources, one poll, one timer, one outbox.
+
+Everything the server does between two polls is done by a *source* (the
+ZNS/1 router, the remoting listener, the peer links, the descriptor guard,
+the server timers, the heap trim, the outbox): an object that
+
+- registers its sockets in the loop's `PollSet` (`attach`, and later as its
+  sockets come and go),
+- is run when one of its sockets is ready or its deadline is due, with the
+  end of a time slice it must stop at (`run(ready, now, until)`): work left
+  over is asked for again through its deadline (`now`), never done past the
+  slice,
+- says when it next needs to run (`next_deadline(now)`: a time in ms, or
+  None for "only when a socket of mine is ready").
+
+The loop itself is the few lines of `Loop.run`: poll until the earliest
+deadline of all sources (no fixed-interval wake-up), then run each source
+that is ready or due, in a fixed order, measuring every source's busy time
+the same way for the §8 stall rule (`StallMeter.ran`) and reading the clock
+again after each, so time spent running is never mistaken for a stall and a
+slow source cannot push the next one's `now` into the past. A bug in a
+source is logged with its traceback and the loop goes on (`NameService.respond`
+is the same boundary for requests). This is Tornado's IOLoop (`add_handler`,
+`call_at`) and aioquic's `get_timer()`/`handle_timer(now)` in one shape.
+
+Events to publish go into one `Outbox` (itself the last source), drained once
+per pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import zmq
+
+from zns.core.service import Frames
+
+log = logging.getLogger("zns")
+
+# How long one source may work before the next gets its turn (§8: hb and expiry
+# stay on time whatever the load).
+SLICE_MS = 5
+
+Ready = Mapping[Any, int]  # what the poll returned: socket or fd -> zmq.POLLIN/POLLOUT flags
+Poll = Callable[[float | None], Sequence[tuple[Any, int]]]
+
+
+class Source(Protocol):
+    """One thing the loop serves (see the module docstring)."""
+
+    what: str  # "serving requests": how a bug in it is logged
+
+    def attach(self, poll: PollSet) -> None: ...
+
+    def run(self, ready: Ready, now: int, until: int) -> None: ...
+
+    def next_deadline(self, now: int) -> int | None: ...
+
+
+class StallMeter(Protocol):
+    """The §8 stall rule's two measurements (`zns.core.timers.ServerTimers`)."""
+
+    def expect(self, wake: int) -> None: ...
+
+    def woke(self, now: int) -> int: ...
+
+    def ran(self, wall_ms: int, cpu_ms: int) -> int: ...
+
+
+class PollSet:
+    """The loop's one `zmq.Poller`, and which source owns each registered socket.
+
+    Sources register few, long-lived sockets here: pyzmq's `Poller.unregister`
+    costs O(registered) per call and `poll` rebuilds its array each call, so a
+    source with many connections (the remoting listener) keeps them in an epoll
+    of its own and registers only that.
+    """
+
+    def __init__(self, poller: zmq.Poller | None = None) -> None:
+        self.poller = poller or zmq.Poller()
+        self.owners: dict[Any, Source] = {}
+
+    def register(self, sock: Any, flags: int, owner: Source) -> None:
+        """Watch `sock` (a zmq socket, or a plain descriptor as an int) for `flags`."""
+        self.poller.register(sock, flags)
+        self.owners[sock] = owner
+
+    def unregister(self, sock: Any) -> None:
+        if self.owners.pop(sock, None) is not None:
+            self.poller.unregister(sock)
+
+
+class Loop:
+    """Runs `sources` until `stopping()`; see the module docstring."""
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        *,
+        clock: Callable[[], int],
+        stall: StallMeter,
+        poll: PollSet | None = None,
+        cpu_clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.sources = list(sources)
+        self.clock = clock
+        self.cpu_clock = cpu_clock or _cpu_ms
+        self.stall = stall
+        self.poll = poll or PollSet()
+        self.wakeups = 0  # polls that returned (tests count them)
+        self.last_pass_ms = clock()  # when the last pass completed (/healthz)
+        for source in self.sources:
+            source.attach(self.poll)
+
+    def next_deadline(self, now: int) -> int | None:
+        deadlines = [d for s in self.sources if (d := s.next_deadline(now)) is not None]
+        return min(deadlines) if deadlines else None
+
+    def run(self, stopping: Callable[[], bool]) -> None:
+        now = self.clock()
+        while not stopping():
+            deadline = self.next_deadline(now)
+            if deadline is not None:
+                self.stall.expect(deadline)
+            ready = dict(self.poll.poller.poll(None if deadline is None else max(0, deadline - now)))
+            self.wakeups += 1
+            now = self.clock()
+            self.stall.woke(now)
+            now = self.run_pass(ready, now)
+
+    def run_pass(self, ready: Ready, now: int) -> int:
+        """Run every source that is ready or due; returns the clock after the last one."""
+        woken = {self.poll.owners.get(sock) for sock in ready}
+        for source in self.sources:
+            if source not in woken:
+                deadline = source.next_deadline(now)
+                if deadline is None or deadline > now:
+                    continue
+            cpu_before = self.cpu_clock()
+            try:
+                source.run(ready, now, now + SLICE_MS)
+            except Exception:
+                log.exception("bug while %s; the server carries on", source.what)
+            after = self.clock()
+            # A stall can also land while a source works (the process stopped mid-slice):
+            # wall time it did not run. Time it ran is never one.
+            self.stall.ran(after - now, self.cpu_clock() - cpu_before)
+            now = after
+        self.last_pass_ms = now
+        return now
+
+
+class Outbox:
+    """Events to publish, collected from every source and sent once per pass (the last source)."""
+
+    what = "publishing events"
+
+    def __init__(self, send: Callable[[Frames], None],
+                 published: Callable[[int], None] = lambda count: None) -> None:
+        self._send = send
+        self._published = published
+        self._pending: list[Sequence[Frames]] = []
+
+    def put(self, events: Sequence[Frames]) -> None:
+        if events:
+            self._pending.append(events)
+
+    def attach(self, poll: PollSet) -> None:
+        pass
+
+    def next_deadline(self, now: int) -> int | None:
+        return now if self._pending else None
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        pending, self._pending = self._pending, []
+        send = self._send
+        for events in pending:
+            self._published(len(events))
+            for frames in events:
+                send(frames)
+
+
+def _cpu_ms() -> int:
+    """CPU time of this thread: what the loop spent running (a stopped process spends none)."""
+    return int(time.thread_time() * 1000)

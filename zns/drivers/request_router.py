@@ -1,0 +1,174 @@
+"""The ZNS/1 request socket as a source of the server's loop: one ROUTER, sliced serving.
+
+It reads frames, hands the body to `NameService.respond`, sends the reply back
+with the envelope unchanged and puts the events in the loop's outbox, for at
+most the slice the loop gives it (`zns.drivers.loop`). Requests still waiting
+when the slice ends keep the socket readable, so the loop comes back at once
+after the other sources had their turn.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable
+
+import zmq
+
+from zns.core.budget import ReplyBudget
+from zns.core.service import NameService
+from zns.drivers.loop import Outbox, PollSet, Ready
+from zns.drivers.sockets import set_keepalive
+
+log = logging.getLogger("zns")
+
+# The clock is read every CLOCK_EVERY requests: reading it costs more than a small request.
+CLOCK_EVERY = 16
+# §1: a request has at most this many envelope frames, and all its frames together
+# at most max_message_bytes; anything else is dropped unanswered (and logged).
+MAX_ENVELOPE_FRAMES = 32
+# A peer that reads nothing for this long is disconnected and its unread replies freed.
+TCP_TIMEOUT_MS = 10_000
+# Plain ints, and the backend's send: pyzmq's IntFlag arithmetic and its Python-level
+# `send` wrapper each cost a noticeable share of a small request.
+_NOBLOCK, _DONTWAIT = int(zmq.NOBLOCK), int(zmq.DONTWAIT)
+_SNDMORE_DONTWAIT = int(zmq.SNDMORE | zmq.DONTWAIT)
+_POLLIN = int(zmq.POLLIN)
+_send = zmq.backend.Socket.send
+
+
+class RequestRouter:
+    """Serves ZNS/1 requests on `router` (bound by the server) for the loop."""
+
+    what = "serving requests"
+
+    def __init__(
+        self,
+        router: zmq.Socket,
+        service: NameService,
+        outbox: Outbox,
+        *,
+        clock: Callable[[], int],
+        max_message_bytes: int,
+        reply_budget: ReplyBudget,
+        with_key: bool,
+    ) -> None:
+        self.router = router
+        self.service = service
+        self.outbox = outbox
+        self._clock = clock
+        self.max_message_bytes = max_message_bytes
+        self.reply_budget = reply_budget
+        self._with_key = with_key  # the body frame carries the ZAP User-Id (CURVE on)
+        self.dropped_replies = 0
+        self.dropped_requests = 0  # over §1's envelope or total-size bound
+        self._draining = False  # in the middle of dropping an oversized message
+
+    @staticmethod
+    def configure(router: zmq.Socket, max_message_bytes: int) -> None:
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        router.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        router.setsockopt(zmq.LINGER, 500)
+        # No ZMTP heartbeat (HEARTBEAT_IVL) on any server socket: in libzmq 4.3.5 a peer
+        # that resets while its inbound queue is full leaves an engine that the heartbeat
+        # timer then writes to, and libzmq aborts the process (tests/test_peer_resets.py).
+        # The kernel closes dead connections instead: TCP_MAXRT a peer that reads nothing
+        # (its unacknowledged data), keepalive one whose host vanished while idle.
+        router.setsockopt(zmq.TCP_MAXRT, TCP_TIMEOUT_MS)
+        set_keepalive(router)
+
+    # --- the loop's side (a `zns.drivers.loop.Source`) --------------------
+
+    def attach(self, poll: PollSet) -> None:
+        poll.register(self.router, zmq.POLLIN, self)
+
+    def next_deadline(self, now: int) -> int | None:
+        return now if self._draining else None  # else: when the socket is readable
+
+    def waiting(self) -> bool:
+        """Whether a request waits (the heap trim runs only when none does)."""
+        return self._draining or bool(self.router.getsockopt(zmq.EVENTS) & _POLLIN)
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        """Answer waiting requests until `until`.
+
+        Frame by frame with `copy=False`: `recv_multipart` asks the socket for
+        RCVMORE after every frame, which costs more than the whole request
+        handling; `Frame.more` reads it from the message. The clock is read every
+        CLOCK_EVERY requests: reading it costs more than a small request.
+        """
+        router, respond, put = self.router, self.service.respond, self.outbox.put
+        recv = router.recv
+        with_key = self._with_key
+        clock = self._clock
+        max_bytes = self.max_message_bytes
+        budget = self.reply_budget
+        heavy = budget.heavy_bytes
+        if self._draining and not self._drain(until):
+            return
+        served = 0
+        while True:
+            try:
+                frame = recv(_NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            envelope = []
+            # The first frame is the routing id the ROUTER itself prepends: the bounds
+            # count what the peer sent (a DEALER's request is just its body).
+            size = 0
+            while frame.more:  # the rest of a message is there once its first frame is
+                envelope.append(frame)
+                if len(envelope) > MAX_ENVELOPE_FRAMES + 1 or size > max_bytes:
+                    self._drop_oversized(len(envelope) - 1, size)
+                    if not self._drain(until):
+                        return
+                    envelope = []
+                    break
+                frame = recv(copy=False)
+                size += len(frame)
+            if size > max_bytes and envelope:
+                self._drop_oversized(len(envelope) - 1, size)
+                envelope = []
+            if envelope:  # a ROUTER always prepends the routing id: else nothing to answer
+                response = respond(frame.bytes, now, frame.get("User-Id") if with_key else None)
+                reply = response.reply
+                if len(reply) >= heavy and not budget.allow(envelope[0].bytes, len(reply), now):
+                    reply = self.service.busy_reply(response.request_id)
+                try:
+                    for part in envelope:
+                        _send(router, part, _SNDMORE_DONTWAIT, False)
+                    _send(router, reply, _DONTWAIT)
+                except zmq.ZMQError as exc:
+                    # Vanished peer (EHOSTUNREACH) or one at its high-water mark (EAGAIN):
+                    # the loop must never block on one peer.
+                    if exc.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
+                        raise
+                    self.dropped_replies += 1
+                if response.events:
+                    put(response.events)
+            served += 1
+            if served % CLOCK_EVERY == 0:
+                now = clock()
+                if now >= until:
+                    return
+
+    def _drop_oversized(self, frames: int, size: int) -> None:
+        self.dropped_requests += 1
+        log.warning("dropped a request unanswered: more than %d envelope frames or %d bytes "
+                    "(§1 bounds; at least %d frames, %d bytes)", MAX_ENVELOPE_FRAMES,
+                    self.max_message_bytes, frames, size)
+
+    def _drain(self, until: int) -> bool:
+        """Read and discard the rest of the current message; False if the slice ran out first."""
+        recv, clock = self.router.recv, self._clock
+        self._draining = True
+        count = 0
+        while True:
+            frame = recv(copy=False)
+            if not frame.more:
+                self._draining = False
+                return True
+            count += 1
+            if count % 1024 == 0 and clock() >= until:
+                return False
