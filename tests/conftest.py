@@ -1,32 +1,24 @@
-"""Shared fixtures: a NameServer on ephemeral ports, in a thread or a subprocess."""
+"""Shared fixtures: a NameServer on ephemeral ports, in a thread or a subprocess.
+
+The helpers they use, and that tests import, are in tests/helpers.py.
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
-from hypothesis import settings
 
-# Under mutation testing (tools/mutate.py sets ZNS_MUTATION=1) every test runs once per mutant:
-# hypothesis uses few, derandomized examples and tests that start a server are deselected.
-MUTATION = os.environ.get("ZNS_MUTATION") == "1"
-settings.register_profile("mutation", max_examples=25, derandomize=True, database=None, deadline=None)
-if MUTATION:
-    settings.load_profile("mutation")
+from helpers import (  # noqa: F401  (re-exported for modules that import them from here)
+    LOADED_DEADLINE, MUTATION, Peer, ProcessServer, ThreadedServer, examples, register_fields,
+    wait_for,
+)
+
 SERVER_FIXTURES = {"server", "make_server", "process_server", "rocketmq_env", "rmq", "rmq_module"}
-
-
-def examples(n: int) -> int:
-    """A test's own hypothesis `max_examples`, cut to the mutation profile's under mutation testing."""
-    return min(n, settings.get_profile("mutation").max_examples) if MUTATION else n
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,127 +29,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if item not in deselected]
-
-from zns.core import schema
-from zns.drivers.server import Server, ServerConfig
-
-
-# How long a condition may take on a loaded 2-core machine before a test calls it broken. A
-# deadline, not a measurement: a test that passes never waits for it, so it can be generous
-# (under load 27, a reply, a subprocess start or a failover took over 10 s).
-LOADED_DEADLINE = 30.0
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = LOADED_DEADLINE,
-             interval: float = 0.01) -> Any:
-    """Poll `condition` until it is truthy; fail after `timeout` seconds (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
-
-
-class Peer:
-    """A raw ZNS/1 peer: a DEALER for requests and a SUB for events."""
-
-    def __init__(self, router: str, pub: str | None = None, ctx: zmq.Context | None = None):
-        self.ctx = ctx or zmq.Context.instance()
-        self.dealer = self.ctx.socket(zmq.DEALER)
-        self.dealer.setsockopt(zmq.LINGER, 0)
-        self.dealer.connect(router)
-        self.pub = pub
-        self.sub: zmq.Socket | None = None
-        self._next_id = 1
-
-    def send_raw(self, *frames: bytes) -> None:
-        self.dealer.send_multipart(list(frames))
-
-    def recv_raw(self, timeout: float = LOADED_DEADLINE) -> list[bytes]:
-        if not self.dealer.poll(int(timeout * 1000)):
-            raise AssertionError("no reply within timeout")
-        return self.dealer.recv_multipart()
-
-    def call(self, op: str, timeout: float = LOADED_DEADLINE, **fields: Any) -> Any:
-        """Send one request and return the decoded reply (an `Error` is returned, not raised)."""
-        fields.setdefault("id", self._next_id)
-        self._next_id += 1
-        self.send_raw(schema.encode({"op": op, **fields}))
-        reply = schema.decode_reply(self.recv_raw(timeout)[-1])
-        assert reply.id == fields["id"]
-        return reply
-
-    def ok(self, op: str, **fields: Any) -> Any:
-        reply = self.call(op, **fields)
-        assert not isinstance(reply, schema.Error), reply
-        return reply
-
-    def subscribe(self, *prefixes: bytes) -> zmq.Socket:
-        if self.sub is None:
-            assert self.pub is not None
-            self.sub = self.ctx.socket(zmq.SUB)
-            self.sub.setsockopt(zmq.LINGER, 0)
-            self.sub.connect(self.pub)
-        for prefix in prefixes:
-            self.sub.setsockopt(zmq.SUBSCRIBE, prefix)
-        return self.sub
-
-    def wait_subscribed(self) -> None:
-        """Subscriptions are asynchronous: wait until an `hb` arrives (needs `hb\\0`)."""
-        self.next_event(lambda ch, ev: ch == schema.HB_CHANNEL)
-
-    def next_event(
-        self, match: Callable[[bytes, Any], bool] = lambda ch, ev: True,
-        timeout: float = LOADED_DEADLINE,
-    ) -> tuple[bytes, Any]:
-        assert self.sub is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.sub.poll(int(left * 1000)):
-                raise AssertionError("expected event did not arrive")
-            channel, body = self.sub.recv_multipart()
-            event = schema.decode_event(body)
-            if match(channel, event):
-                return channel, event
-
-    def close(self) -> None:
-        self.dealer.close(0)
-        if self.sub is not None:
-            self.sub.close(0)
-
-
-class ThreadedServer:
-    def __init__(self, tmp_path: Path, *, server_kwargs: dict[str, Any] | None = None,
-                 **overrides: Any) -> None:
-        """`overrides` set ServerConfig fields; `server_kwargs` go to Server (e.g. clock)."""
-        config = ServerConfig(
-            router="tcp://127.0.0.1:*", pub="tcp://127.0.0.1:*",
-            kv_path=str(tmp_path / "kv.json"), heartbeat_interval_s=0.2,
-        )
-        for key, value in overrides.items():
-            setattr(config, key, value)
-        self.server = Server(config, **(server_kwargs or {}))
-        self.router = self.server.router_endpoint
-        self.pub = self.server.pub_endpoint
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        self.peers: list[Peer] = []
-
-    def peer(self) -> Peer:
-        peer = Peer(self.router, self.pub)
-        self.peers.append(peer)
-        return peer
-
-    def stop(self) -> None:
-        for peer in self.peers:
-            peer.close()
-        self.server.stop()
-        self.thread.join(10)
-        assert not self.thread.is_alive()
 
 
 @pytest.fixture
@@ -181,43 +52,6 @@ def make_server(tmp_path: Path) -> Iterator[Callable[..., ThreadedServer]]:
         srv.stop()
 
 
-class ProcessServer:
-    """`zns serve` in a subprocess, for signals and kill -9. Endpoints read from its log."""
-
-    def __init__(self, tmp_path: Path, *args: str, kv_path: Path | None = None) -> None:
-        self.kv_path = kv_path or tmp_path / "kv.json"
-        self.log_path = tmp_path / f"server-{time.monotonic_ns()}.log"
-        self.log = open(self.log_path, "w")
-        cmd = [
-            sys.executable, "-m", "zns", "serve", "--router", "tcp://127.0.0.1:*",
-            "--pub", "tcp://127.0.0.1:*", "--kv-path", str(self.kv_path), *args,
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        line = wait_for(self._serving_line, timeout=3 * LOADED_DEADLINE)  # a whole interpreter
-        words = line.split()
-        self.router = words[words.index("on") + 1].rstrip(",")
-        self.pub = words[words.index("events") + 2]
-
-    def _serving_line(self) -> str | None:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"server exited: {self.log_path.read_text()}")
-        for line in self.log_path.read_text().splitlines():
-            if "serving requests on" in line:
-                return line
-        return None
-
-    def output(self) -> str:
-        return self.log_path.read_text()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        code = self.proc.wait(15)
-        self.log.close()
-        return code
-
-
 @pytest.fixture
 def process_server(tmp_path: Path) -> Iterator[Callable[..., ProcessServer]]:
     started: list[ProcessServer] = []
@@ -235,22 +69,10 @@ def process_server(tmp_path: Path) -> Iterator[Callable[..., ProcessServer]]:
         srv.log.close()
 
 
-def register_fields(
-    broker_name: str = "broker-a", broker_id: int = 0, addr: str = "10.0.0.1:10911",
-    cluster: str = "c1", topics: dict[str, dict] | None = None, **extra: Any,
-) -> dict[str, Any]:
-    fields = dict(
-        cluster=cluster, broker_name=broker_name, broker_id=broker_id, broker_addr=addr,
-        topics={"TopicA": {}} if topics is None else topics,
-    )
-    fields.update(extra)
-    return fields
-
-
 # ---- interop: the real Apache RocketMQ 5.3.3 JVMs (see tests/interop/README.md) ----------------
-# The fixtures live here, not in a tests/interop/conftest.py: test modules import helpers with
-# `from conftest import ...`, and a second conftest module would shadow this one. The harness
-# is imported under one name, `rocketmq`, by these fixtures and by the tests alike.
+# The fixtures live here, not in a tests/interop/conftest.py: a second conftest module would
+# shadow this one (test modules import their helpers with `from helpers import ...`). The
+# harness is imported under one name, `rocketmq`, by these fixtures and by the tests alike.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "interop"))
 import rocketmq  # noqa: E402
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from conftest import LOADED_DEADLINE, register_fields
+from helpers import LOADED_DEADLINE, register_fields
 from zns.drivers.async_client import AsyncRouteClient
 from zns.core.errors import NameServerUnavailable, NotFound
 

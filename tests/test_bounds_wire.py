@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Peer, ThreadedServer, register_fields
+from helpers import Peer, ThreadedServer, peer_state, register_fields
 from zns.core import schema
 
 A = "10.0.0.1:10911"
@@ -110,10 +110,7 @@ def wire(tmp_path_factory) -> Iterator[Peer]:
     srv.stop()
 
 
-def state(peer: Peer) -> tuple[Any, ...]:
-    snap = peer.ok("snapshot")
-    return snap.revision, snap.routes, snap.brokers, snap.clusters, peer.ok(
-        "kv_list", namespace="ns").entries
+state = peer_state
 
 
 @pytest.mark.parametrize("op, fields, field_text", BAD,

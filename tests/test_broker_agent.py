@@ -11,7 +11,7 @@ import msgspec
 import pytest
 import zmq
 
-from conftest import LOADED_DEADLINE, register_fields, wait_for
+from helpers import LOADED_DEADLINE, register_fields, wait_for
 from zns.drivers.broker_agent import BrokerAgent
 from zns.core import schema
 from zns.core.errors import UsageError

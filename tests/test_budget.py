@@ -11,7 +11,7 @@ import zmq
 from zns.core import schema
 from zns.core.budget import HEAVY_BYTES, ReplyBudget
 
-from conftest import Peer, register_fields, wait_for
+from helpers import Peer, register_fields, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 import zns.cli.serve
 from zns.cli import main as zns_main
-from conftest import Peer, register_fields, wait_for
+from helpers import Peer, register_fields, wait_for
 from zns import __version__
 from zns.core import schema
 from zns.drivers.server import ServerConfig

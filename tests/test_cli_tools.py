@@ -13,7 +13,7 @@ import click.testing
 import pytest
 from click.testing import CliRunner
 
-from conftest import register_fields, wait_for
+from helpers import register_fields, wait_for
 from zns.cli import main
 from zns.core.schema import Error
 

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import LOADED_DEADLINE, examples, register_fields, wait_for
+from helpers import LOADED_DEADLINE, examples, register_fields, wait_for
 from zns.core.backoff import Backoff
 from zns.core.client_session import (
     ClientSession,

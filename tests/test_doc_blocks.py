@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ThreadedServer
+from helpers import ThreadedServer
 from zns.drivers.broker_agent import BrokerAgent
 from zns.core.schema import BROKER_PREFIX, DEFAULT_ROUTER, HB_CHANNEL, BrokerEvent
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Peer, ThreadedServer, register_fields
+from helpers import Peer, ThreadedServer, register_fields
 from zns.core import schema
 
 

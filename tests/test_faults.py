@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 import zns.drivers.client_base
-from conftest import Peer, register_fields, wait_for
+from helpers import Peer, register_fields, wait_for
 from zns.core import schema
 from zns.drivers.broker_agent import BrokerAgent
 from zns.drivers.route_client import RouteClient

@@ -24,7 +24,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import Peer, register_fields
+from helpers import Peer, observable, register_fields
 from zns.core import schema
 from zns.drivers.kv_file import KvStore
 from zns.drivers.server import MAX_ENVELOPE_FRAMES
@@ -183,11 +183,6 @@ def seeded_service() -> NameService:
         reply = schema.decode_reply(service.respond(schema.encode(body), NOW).reply)
         assert not isinstance(reply, schema.Error), reply
     return service
-
-
-def observable(service: NameService) -> bytes:
-    snap = schema.decode_reply(service.respond(schema.encode({"op": "snapshot"}), NOW).reply)
-    return schema.encode((snap, service.kv.list("ns")))
 
 
 def is_valid_write(body: bytes) -> bool:

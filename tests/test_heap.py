@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ThreadedServer, register_fields, wait_for
+from helpers import ThreadedServer, register_fields, wait_for
 from zns.drivers import heap, server as server_module
 from zns.drivers.heap import HeapTrim
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Peer, ProcessServer, register_fields, wait_for
+from helpers import Peer, ProcessServer, register_fields, wait_for
 from test_remoting_listener import Client, cluster_info
 from zns.core import schema
 from zns.drivers.async_client import AsyncRouteClient

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from conftest import Peer
+from helpers import Peer
 from zns.drivers.kv_file import KvStore, read_kv_file
 
 NAMESPACE = "crash"

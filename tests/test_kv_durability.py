@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Peer, register_fields
+from helpers import Peer, register_fields
 from zns.core import schema
 from zns.core.errors import KvFileError
 from zns.drivers.kv_file import KvStore, encode_record, read_kv_file

@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 import zns.cli.serve
-from conftest import register_fields
+import helpers
+from helpers import register_fields
 from zns.cli.app import main as zns_main
 from zns.core import schema
 from zns.core.limits import Limits
@@ -57,8 +58,7 @@ def failing_fsync(monkeypatch: pytest.MonkeyPatch, kv_path: Path) -> None:
 
 def observable(svc: NameService) -> tuple:
     return (svc.table.revision, svc.table.topic_revision("T"),
-            schema.encode(respond(svc, "get_route", topic="T")[0]),
-            svc.kv.list(ORDER_TOPIC_CONFIG), svc.kv.list("ns"))
+            helpers.observable(svc, (ORDER_TOPIC_CONFIG, "ns")))
 
 
 @pytest.mark.parametrize("op, fields", [

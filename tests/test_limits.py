@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from conftest import register_fields
+from helpers import observable, register_fields, zns1, zns1_ok
 from zns.core import schema
 from zns.drivers.kv_file import KvStore
 from zns.core.limits import Limits
@@ -22,20 +22,11 @@ def service(tmp_path) -> NameService:
                        limits=SMALL)
 
 
-def call(service: NameService, op: str, **fields: Any) -> Any:
-    return schema.decode_reply(service.respond(schema.encode({"op": op, **fields}), 1000).reply)
+call, ok = zns1, zns1_ok
 
 
-def ok(service: NameService, op: str, **fields: Any) -> Any:
-    reply = call(service, op, **fields)
-    assert not isinstance(reply, schema.Error), reply
-    return reply
-
-
-def state(service: NameService) -> tuple:
-    snap = call(service, "snapshot")
-    kv = {ns: service.kv.list(ns) for ns in ("n1", "n2", "n3")}
-    return schema.encode(snap), kv
+def state(service: NameService) -> bytes:
+    return observable(service, ("n1", "n2", "n3"))
 
 
 def refused(reply: Any, limit: str) -> bool:
@@ -125,7 +116,7 @@ def test_kv_entries_and_namespaces(service):
 
 
 def test_limits_come_from_the_command_line(process_server):
-    from conftest import Peer
+    from helpers import Peer
 
     srv = process_server("--max-kv-entries", "1")
     peer = Peer(srv.router)

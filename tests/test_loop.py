@@ -9,7 +9,7 @@ import pytest
 
 from zns.drivers.loop import SLICE_MS, Loop, Outbox, PollSet
 
-from conftest import wait_for
+from helpers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import Peer, ThreadedServer, register_fields, wait_for
+from helpers import Peer, ThreadedServer, register_fields, wait_for
 from zns.cli import main as zns_main
 from zns.drivers.logs import JsonFormatter
 from zns.drivers.metrics import MetricsServer

@@ -26,7 +26,7 @@ import zmq
 
 from zns.core import schema
 
-from conftest import wait_for
+from helpers import wait_for
 
 BUSY_SERVER = """
 import sys, time

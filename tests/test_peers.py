@@ -14,7 +14,7 @@ import time
 import pytest
 import zmq
 
-from conftest import Peer, register_fields, wait_for
+from helpers import Peer, register_fields, wait_for
 from zns.core import schema
 from zns.core.errors import EndpointError
 from zns.drivers.peers import PeerLinks

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from conftest import Peer, ThreadedServer, register_fields, wait_for
+from helpers import Peer, ThreadedServer, register_fields, wait_for
 from zns.core import schema
 from zns.core.errors import EndpointError, NameServerUnavailable, UsageError
 from zns.drivers.async_client import AsyncRouteClient

@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 import zns.cli.serve
-from conftest import Peer, ThreadedServer, wait_for
+from helpers import Peer, ThreadedServer, wait_for
 from test_remoting_codec import frame
 from zns.cli import main as zns_main
 from zns.core import schema

@@ -17,10 +17,9 @@ import struct
 import time
 import zlib
 
-import msgspec
 import pytest
 
-from conftest import Peer
+from helpers import Peer, peer_state
 from test_remoting_codec import FRAMES, INLINE
 from zns.core.remoting import RemotingCommand, body_crc32, encode_command, FrameDecoder
 
@@ -185,9 +184,7 @@ class Probe:
 
 
 def state(peer: Peer) -> tuple:
-    replies = (peer.ok("snapshot"), peer.ok("kv_list", namespace="ns"),
-               peer.ok("kv_list", namespace="ORDER_TOPIC_CONFIG"))
-    return (*(msgspec.structs.replace(r, id=0) for r in replies), peer.ok("status").revision)
+    return peer_state(peer, ("ns", "ORDER_TOPIC_CONFIG"))
 
 
 # Work bounded by count (INPUTS); the timeout only guards against a hang on a loaded machine.

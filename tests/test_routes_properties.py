@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from conftest import examples
+from helpers import examples
 
 from zns.core.errors import BadRequest, Conflict
 from zns.core.routes import RouteTable

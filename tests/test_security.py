@@ -12,7 +12,7 @@ import zmq
 from click.testing import CliRunner
 from zmq.utils.monitor import recv_monitor_message
 
-from conftest import Peer, register_fields, wait_for
+from helpers import Peer, register_fields, wait_for
 from zns.core import schema
 from zns.cli import main
 from zns.core.errors import NoPermission
@@ -45,7 +45,7 @@ class Keys:
 
 
 class CurvePeer(Peer):
-    """conftest's raw Peer with CURVE on both sockets (`keypair` None: a fresh key pair)."""
+    """helpers' raw Peer with CURVE on both sockets (`keypair` None: a fresh key pair)."""
 
     def __init__(self, router: str, pub: str, server_key: str, keypair: str | None) -> None:
         self.ctx = zmq.Context.instance()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import zmq
 
-from conftest import Peer, ThreadedServer, register_fields, wait_for
+from helpers import Peer, ThreadedServer, register_fields, wait_for
 from zns.core import schema
 
 Call = Callable[..., Any]

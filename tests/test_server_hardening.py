@@ -20,7 +20,7 @@ from zns.core.text import quote
 from zns.drivers.logs import RepeatFilter
 from zns.drivers.server import MAX_ENVELOPE_FRAMES, MAX_SUBSCRIPTION_BYTES
 
-from conftest import LOADED_DEADLINE, Peer, ThreadedServer, register_fields, wait_for
+from helpers import LOADED_DEADLINE, Peer, ThreadedServer, register_fields, wait_for
 
 
 def status_body(request_id: int = 1) -> bytes:

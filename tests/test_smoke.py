@@ -1,7 +1,7 @@
 """End-to-end smoke: one request of each kind over real sockets, and one event."""
 
 from zns.core import schema
-from conftest import register_fields
+from helpers import register_fields
 
 
 def test_register_then_route_and_event(server):

@@ -23,7 +23,7 @@ from zns.core.subscriptions import (
 )
 from zns.drivers.route_client import RouteClient
 
-from conftest import ThreadedServer, register_fields, wait_for
+from helpers import ThreadedServer, register_fields, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 

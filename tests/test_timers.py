@@ -9,7 +9,7 @@ from zns.core.service import NameService
 from zns.core.timers import STALL_PROBE_MS, ServerTimers
 from zns.drivers.kv_file import KvStore
 
-from conftest import register_fields
+from helpers import register_fields
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -30,7 +30,7 @@ import msgspec
 import pytest
 
 import rocketmq
-from conftest import Peer, ProcessServer
+from helpers import Peer, ProcessServer
 from rocketmq import Broker, JavaNameServer, Phases, ProcessGroup, unique_topic, wait_until
 from zns.core import schema
 from zns.core.remoting import FrameDecoder, RemotingCommand, encode_command, loads_lenient
