@@ -40,6 +40,8 @@ from zns.core.schema import ORDER_TOPIC_CONFIG, encode
 from zns.core.service import NameService
 from zns.drivers.kv_file import KvStore
 
+import helpers
+
 pytestmark = pytest.mark.timeout(60)
 
 EPOCH = "0123456789abcdef"
@@ -125,9 +127,8 @@ def zns1(svc: NameService, op: str, now: int = 1000, **fields: Any) -> dict[str,
     return reply
 
 
-def observable(svc: NameService) -> tuple:
-    return (zns1(svc, "snapshot"), zns1(svc, "get_cluster_info", now=1),
-            svc.kv.list(ORDER_TOPIC_CONFIG), svc.kv.list("ns"), svc.table.revision)
+def observable(svc: NameService) -> bytes:
+    return helpers.observable(svc, (ORDER_TOPIC_CONFIG, "ns"))
 
 
 def decode_events(frames: list) -> list[Any]:
@@ -1065,3 +1066,17 @@ def test_the_cost_of_a_close_does_not_grow_with_the_addresses_registered(svc):
 
     few, many = cost_per_close(10), cost_per_close(3000)
     assert many < 5 * few + 2e-6, f"{few * 1e6:.2f} us with 10 addresses, {many * 1e6:.2f} with 3000"
+
+
+def test_topic_lists_are_encoded_once_per_table_revision(rs, monkeypatch):
+    from zns.core.remoting import handler as remoting_handler
+
+    encoded = []
+    real = remoting_handler.encode_topic_list
+    monkeypatch.setattr(remoting_handler, "encode_topic_list",
+                        lambda topics, *a: encoded.append(list(topics)) or real(topics, *a))
+    ok(rs, register_cmd())
+    first = ok(rs, req(206)).body
+    assert ok(rs, req(206)).body == first and len(encoded) == 1  # the same revision: reused
+    ok(rs, register_cmd(topics={"TopicTest": {}, "Another": {}}, counter=4))
+    assert b"Another" in ok(rs, req(206)).body and len(encoded) == 2  # a change: encoded anew
