@@ -101,9 +101,11 @@ def start_echo(workdir: Path, io: str = "frames") -> ServerProcess:
 
 def _start(cmd: list[str], log_path: Path) -> ServerProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    # BENCH_ZNS_REPO: the servers of another checkout (a "before" figure), same clients.
+    repo = Path(os.environ.get("BENCH_ZNS_REPO") or REPO)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         match = _SERVING.search(log_path.read_text(errors="replace"))

@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 from bench import (
-    agent, expiry, flood, kv, memory, ops, partition, push_latency, registration, remoting, scale,
-    throughput,
+    agent, expiry, flood, kv, memory, ops, partition, push_latency, registration, remoting,
+    remoting_load, scale, throughput,
 )
 from bench.report import BENCH_DIR, BenchFn, cli
 
@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, BenchFn] = {
     "flood": flood.run,
     "ops": ops.run,
     "remoting": remoting.run,
+    "remoting_load": remoting_load.run,
     "memory": memory.run,
     "agent": agent.run,
 }
