@@ -42,7 +42,11 @@ class Observed(Protocol):
     service: NameService
     timers: Any  # .stalls
     remoting: Any  # None, or .connections
-    dropped_replies: int
+
+    @property
+    def dropped_replies(self) -> int:
+        """Replies dropped: the peer was gone or at its high-water mark."""
+        ...
 
     def loop_age_s(self) -> float:
         """Seconds since the loop last completed a pass."""

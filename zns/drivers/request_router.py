@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -88,7 +89,7 @@ class RequestRouter:
 
     def waiting(self) -> bool:
         """Whether a request waits (the heap trim runs only when none does)."""
-        return self._draining or bool(self.router.getsockopt(zmq.EVENTS) & _POLLIN)
+        return self._draining or bool(int(self.router.getsockopt(zmq.EVENTS)) & _POLLIN)
 
     def run(self, ready: Ready, now: int, until: int) -> None:
         """Answer waiting requests until `until`.
@@ -131,7 +132,7 @@ class RequestRouter:
                 self._drop_oversized(len(envelope) - 1, size)
                 envelope = []
             if envelope:  # a ROUTER always prepends the routing id: else nothing to answer
-                response = respond(frame.bytes, now, frame.get("User-Id") if with_key else None)
+                response = respond(frame.bytes, now, _user_id(frame) if with_key else None)
                 reply = response.reply
                 if len(reply) >= heavy and not budget.allow(envelope[0].bytes, len(reply), now):
                     reply = self.service.busy_reply(response.request_id)
@@ -172,3 +173,8 @@ class RequestRouter:
             count += 1
             if count % 1024 == 0 and clock() >= until:
                 return False
+
+
+def _user_id(frame: Any) -> str | None:
+    """The peer's CURVE key, which ZAP set on the message (CURVE on)."""
+    return frame.get("User-Id")
