@@ -161,7 +161,7 @@ def test_an_idle_server_wakes_for_its_deadlines_only(make_server):
     # The loop used to wake every 100 ms whatever it had to do (the remoting idle scan, the
     # descriptor guard and the heap trim ran only because of it). With a 1 s hb interval
     # and nothing registered, it wakes for the hb and little else.
-    srv = make_server(heartbeat_interval=1.0, remoting="127.0.0.1:0")
+    srv = make_server(heartbeat_interval_s=1.0, remoting="127.0.0.1:0")
     loop = srv.server.loop
     wait_for(lambda: loop.wakeups >= 1)
     before, started = loop.wakeups, time.monotonic()
