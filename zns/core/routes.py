@@ -20,6 +20,7 @@ rather than reading the records.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from zns.core.errors import BadRequest, Conflict
@@ -245,6 +246,19 @@ class RouteTable:
         ch = Changes()
         self._remove_addr(rec, addr, reason, ch)
         return True, self._commit(ch)
+
+    def unregister_brokers(
+        self, entries: Iterable[tuple[str, str, str]], reason: str
+    ) -> list[Event]:
+        """Many (cluster, name, addr) unregistrations as one step: one revision, each
+        affected route rebuilt once (remoting connections closing together: one at a time,
+        a route N brokers share was rebuilt N times, N² in all). Entries not held are skipped."""
+        ch = Changes()
+        for cluster, name, addr in entries:
+            rec = self._brokers.get(name)
+            if rec is not None and rec.addr_cluster.get(addr) == cluster:
+                self._remove_addr(rec, addr, reason, ch)
+        return self._commit(ch)
 
     def liveness(self, cluster: str, addr: str) -> Liveness | None:
         """What the table holds about a broker address's liveness (read it, never change it)."""

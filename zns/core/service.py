@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 from msgspec import Raw
@@ -237,14 +237,22 @@ class NameService:
         registered since (over another connection or ZNS/1); never a name another
         channel registered at the same address.
         """
-        frames: list[Frames] = []
-        for key in sorted(self._tied.pop(connection, ())):
-            del self._tie[key]
-            cluster, addr, name = key
-            _, events = self.table.unregister_broker(cluster, name, addr, reason="disconnected")
-            if events:
-                frames.extend(self._publish(events))
-        return frames
+        return self.connections_closed([connection])
+
+    def connections_closed(self, connections: Iterable[int]) -> Sequence[Frames]:
+        """`connection_closed` for many connections at once, as one step (one revision, each
+        affected route rebuilt once: 2,000 brokers sharing topics closing together cost
+        2,000 rebuilds of routes of up to 2,000 brokers each, one at a time)."""
+        gone: list[tuple[str, str, str]] = []
+        for connection in connections:
+            for key in sorted(self._tied.pop(connection, ())):
+                del self._tie[key]
+                cluster, addr, name = key
+                gone.append((cluster, name, addr))
+        if not gone:
+            return []
+        events = self.table.unregister_brokers(gone, reason="disconnected")
+        return self._publish(events) if events else []
 
     def tied_connection(self, cluster: str, addr: str, name: str) -> int | None:
         """The remoting connection that registered this broker address under this name

@@ -158,6 +158,7 @@ class RemotingListener:
         self._ids = itertools.count(1)
         self._idle: list[tuple[int, int, int]] = []  # (deadline, conn id, fd): the earliest first
         self._backlog: deque[_Conn] = deque()  # connections with decoded requests to answer
+        self._closed: list[int] = []  # connection ids closed this turn, removed together
         self._now = now
 
     # --- the loop's side (a `zns.drivers.loop.Source`) --------------------
@@ -193,6 +194,11 @@ class RemotingListener:
                 if self._over(until):
                     break  # the rest stays ready: level-triggered, taken next turn
         self._close_idle(now)
+        if self._closed:
+            # What the connections that closed this turn registered goes in one step: one
+            # revision, each shared route rebuilt once, not once per connection.
+            closed, self._closed = self._closed, []
+            self.outbox.put(self.service.connections_closed(closed, now))
 
     def close(self) -> None:
         for entry in list(self.connections.values()):
@@ -392,7 +398,7 @@ class RemotingListener:
             pass
         entry.sock.close()
         entry.pending.clear()
-        self.outbox.put(self.service.connection_closed(entry.conn.conn_id, now))
+        self._closed.append(entry.conn.conn_id)
 
 
 __all__ = ["RemotingListener", "clamp_max_connections"]

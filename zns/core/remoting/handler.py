@@ -171,7 +171,11 @@ class RemotingService:
 
     def connection_closed(self, conn_id: int, now: int) -> list[Frames]:
         """Remove, with reason `disconnected`, what this connection registered (§12)."""
-        return list(self.service.connection_closed(conn_id))
+        return self.connections_closed([conn_id], now)
+
+    def connections_closed(self, conn_ids: Iterable[int], now: int) -> list[Frames]:
+        """`connection_closed` for connections that closed together, as one step."""
+        return list(self.service.connections_closed(conn_ids))
 
     # --- dispatch -------------------------------------------------------
 
