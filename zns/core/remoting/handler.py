@@ -211,8 +211,9 @@ class RemotingService:
                 cluster = optional(ext, "cluster")  # none: no cluster, no topics (as Java)
                 if cluster is None:
                     return _ok(cmd, body=encode_topic_list([]))
+                named: str = cluster
                 return _ok(cmd, body=self._topic_list(
-                    ("cluster", cluster), lambda: self._cluster_topics(cluster)))
+                    ("cluster", named), lambda: self._cluster_topics(named)))
             case R.GET_UNIT_TOPIC_LIST:
                 return _ok(cmd, body=self._topic_list(
                     ("unit",), lambda: self._flagged_topics(FLAG_UNIT, 0)))
