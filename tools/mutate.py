@@ -315,12 +315,15 @@ def prepare(module: str) -> Path:
     shutil.copytree(ROOT / "zns", work / "zns", ignore=ignore)
     shutil.copytree(ROOT / "tests", work / "tests", ignore=ignore)
     shutil.copytree(ROOT / "tools", work / "tools", ignore=ignore)  # tests/interop imports tools/rocketmq
+    # Tests of the CLI's options compare them with the tables in the README and the docs.
+    shutil.copytree(ROOT / "docs", work / "docs", ignore=ignore)
+    shutil.copy2(ROOT / "README.md", work / "README.md")
     config = {
         "source_paths": ["zns"],
         "only_mutate": [source(module)],
         "pytest_add_cli_args_test_selection": MODULES[module],
         "pytest_add_cli_args": ["-p", "no:cacheprovider", "--timeout=300"],
-        "also_copy": ["tools"],
+        "also_copy": ["tools", "docs", "README.md"],
         "use_git_change_detection": False,
     }
     lines = ["", "[tool.mutmut]"] + [f"{key} = {json.dumps(value)}" for key, value in config.items()]
