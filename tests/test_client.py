@@ -679,7 +679,7 @@ def test_watch_of_a_known_topic_and_the_rest_of_the_api(server, caplog):
 
         with caplog.at_level(logging.ERROR, logger="zns"):
             client.watch("TopicA", broken)
-            wait_for(lambda: "route callback for TopicA failed" in caplog.text)
+            wait_for(lambda: "route callback for TopicA failed" in caplog.messages)
         # The channels asked for are subscribed, and on_event sees their events.
         version = 1
         deadline = time.monotonic() + LOADED_DEADLINE
