@@ -284,12 +284,18 @@ class LowLimitServer:
                 stdout=log, stderr=subprocess.STDOUT, env=env,
                 preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
                                                       (LOW_LIMIT, LOW_LIMIT)))
-        line = wait_for(lambda: next((l for l in self.log().splitlines()
-                                      if "serving requests on" in l), None), timeout=3 * LOADED_DEADLINE)
-        words = line.split()
-        self.router = words[words.index("on") + 1].rstrip(",")
-        self.pub = words[words.index("events") + 2]
-        assert f"file descriptors: limit {LOW_LIMIT}" in self.log()
+        try:
+            line = wait_for(lambda: next((l for l in self.log().splitlines()
+                                          if "serving requests on" in l), None),
+                            timeout=3 * LOADED_DEADLINE)
+            words = line.split()
+            self.router = words[words.index("on") + 1].rstrip(",")
+            self.pub = words[words.index("events") + 2]
+            assert f"file descriptors: limit {LOW_LIMIT}" in self.log()
+        except BaseException:  # the test never gets the object: end the process here
+            self.proc.kill()
+            self.proc.wait(15)
+            raise
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -365,8 +371,8 @@ def test_remoting_connections_cannot_take_the_descriptors_zns1_clients_need(tmp_
     from zns.drivers.remoting_listener import clamp_max_connections
 
     server = LowLimitServer(tmp_path, "--remoting", "127.0.0.1:0")
-    line = wait_for(lambda: next((l for l in server.log().splitlines()
-                                  if "RocketMQ remoting listener on" in l), None), timeout=30)
+    # Logged before "serving requests on", which LowLimitServer waited for.
+    line = next(l for l in server.log().splitlines() if "RocketMQ remoting listener on" in l)
     endpoint = line.split()[-1]
     host, port = endpoint.rsplit(":", 1)
     crowd: list[socket.socket] = []
