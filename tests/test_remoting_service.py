@@ -1097,3 +1097,22 @@ def test_connections_that_close_together_are_removed_in_one_step(rs, svc):
                for e in events) == 50
     assert svc.table.broker_count() == 0
     svc.table.check_invariants()
+
+
+def test_zone_route_filter_servers_in_the_order_javas_zone_filter_writes(rs):
+    # Found by the differential suite (seed 1285): Java's zone filter parses the reply it made
+    # -- for a 4.9.4+ requester the standard form, maps sorted -- into a HashMap and encodes it
+    # again. These names and addresses gave the Java NameServer 5.3.3 this order.
+    from differential import Slot, register_request
+    topics = {"s1285xT1": {"read": 4, "write": 4, "perm": 6, "sys_flag": 0},
+              "s1285xT2": {"read": 4, "write": 4, "perm": 6, "sys_flag": 0}}
+    for name, broker_id, addr, cluster, zone in (
+            ("s1285xbC", 1, "127.1.36.6:10911", "s1285xc2", ""),
+            ("s1285xbB", 0, "127.1.36.3:10911", "s1285xc1", "s1285xz1"),
+            ("s1285xbB", 1, "127.1.36.4:10911", "s1285xc1", "s1285xz1")):
+        slot = Slot(name, broker_id, addr, cluster, counter=1, timestamp=1)
+        ok(rs, register_request(slot, topics, cluster, zone, ["127.0.0.1:40001"], 479))
+    zone = {"topic": "s1285xT1", "__ZONE_MODE": "true", "__ZONE_NAME": "s1285xz1"}
+    standard = loads_lenient(ok(rs, req(105, zone, version=479)).body, dict)
+    assert list(standard["filterServerTable"]) == ["127.1.36.4:10911", "127.1.36.3:10911", "127.1.36.6:10911"]
+    assert [b["brokerName"] for b in standard["brokerDatas"]] == ["s1285xbC", "s1285xbB"]

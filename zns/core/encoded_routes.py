@@ -32,7 +32,7 @@ import msgspec
 from msgspec import Raw
 
 from zns.core.remoting.bodies import encode_topic_route
-from zns.core.remoting.javaorder import route_in_java_order
+from zns.core.remoting.javaorder import hashmap_order, route_in_java_order
 from zns.core.schema import TopicRoute
 
 # What one cached encoding costs beyond its bytes: the bytes object's header and its
@@ -106,12 +106,20 @@ class EncodedRoutes:
                 held.clear()
             self.json_bytes = 0
 
-    def encode_json(self, route: TopicRoute, legacy: bool) -> bytes:
-        """`route` (of the table, or zone-filtered) as TopicRouteData, as every JSON form is made."""
+    def encode_json(self, route: TopicRoute, legacy: bool, *, reparsed_sorted: bool = False) -> bytes:
+        """`route` (of the table, or zone-filtered) as TopicRouteData, as every JSON form is made.
+
+        `reparsed_sorted`: the filter servers in the order of a HashMap filled from the sorted
+        map of the standard form -- what Java's zone filter writes for a requester of version
+        4.9.4 or later: it parses the reply it made (maps sorted) and encodes it again."""
         if route.order_conf and not self._json_order_conf:
             route = msgspec.structs.replace(route, order_conf="")
         if self._queue_names is not None and (len(route.queues) > 1 or route.filter_servers):
             route = route_in_java_order(route, self._queue_names(route.topic))
+        if reparsed_sorted and len(route.filter_servers) > 1:
+            servers = route.filter_servers
+            route = msgspec.structs.replace(
+                route, filter_servers={a: servers[a] for a in hashmap_order(sorted(servers))})
         return encode_topic_route(route, legacy)
 
     def forget(self, topic: str) -> None:

@@ -304,7 +304,7 @@ class RemotingService:
                 return _no_route(cmd, topic)
             # Java filters in an RPC hook that decodes the reply and encodes it again with
             # plain encode(): the legacy form, whatever the requester's version.
-            return _ok(cmd, body=self.service.encoded.encode_json(route, True))
+            return _ok(cmd, body=self.service.encoded.encode_json(route, True, reparsed_sorted=not legacy))
         # No name check on the hot path: a name the table holds was checked when it was
         # registered, and one it does not hold finds no route.
         body = self.service.route_json(topic, legacy)
