@@ -1116,3 +1116,16 @@ def test_zone_route_filter_servers_in_the_order_javas_zone_filter_writes(rs):
     standard = loads_lenient(ok(rs, req(105, zone, version=479)).body, dict)
     assert list(standard["filterServerTable"]) == ["127.1.36.4:10911", "127.1.36.3:10911", "127.1.36.6:10911"]
     assert [b["brokerName"] for b in standard["brokerDatas"]] == ["s1285xbC", "s1285xbB"]
+
+
+def test_an_unregistration_is_applied_before_its_reply(rs):
+    # Java 5.x applies it later on a thread of its own (docs/protocol.md §15); zns at once, so
+    # an unregistration that finds nothing can never remove a registration made after it.
+    unregister = {"brokerName": "broker-a", "brokerAddr": MASTER, "clusterName": "DefaultCluster",
+                  "brokerId": "0"}
+    ok(rs, req(104, unregister))  # nothing to remove
+    ok(rs, register_cmd())
+    query = req(322, unregister, b'{"counter":3,"stateVersion":0,"timestamp":1700000000000}')
+    assert ok(rs, query).ext_fields == {"changed": "false"}
+    ok(rs, req(104, unregister))
+    assert b"broker-a" not in ok(rs, req(106)).body

@@ -291,6 +291,11 @@ class Generator:
                         [register_request(slot, {topic: slot.topics[topic]}, slot.cluster, slot.zone, [],
                                           self.version)])
         if kind == "unregister":
+            # Only what is registered: Java applies an unregistration later, on a thread of its
+            # own, so one that finds nothing could still remove a registration of the same
+            # address made right after it (docs/protocol.md §15); zns applies it at once.
+            if seen.addrs.get(slot.name, {}).get(slot.broker_id) != slot.addr:
+                return self.step(seen)
             return Step(f"unregister {slot.name}/{slot.broker_id} {slot.addr}", slot, [request(104, {
                 "brokerName": slot.name, "brokerAddr": slot.addr, "clusterName": slot.cluster,
                 "brokerId": str(slot.broker_id)}, version=self.version)], settle=True)
