@@ -49,6 +49,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 DEFAULT_PUB_HWM = 200_000
 DEFAULT_REMOTING_MAX_CONNECTIONS = 4096
 DEFAULT_REMOTING_MAX_PER_HOST = 1024
+# What all remoting connections hold together (frames being read, requests waiting,
+# unsent replies): with overheads and decoding's copies the listener stays within 512 MiB.
+DEFAULT_REMOTING_MAX_BUFFER_BYTES = 256 << 20
 
 REQUIRED = "required, and not given"
 NEEDS_CURVE = "needs curve_secret (--curve-secret): CURVE is off without it"
@@ -208,6 +211,10 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
     remoting_max_connections_per_host: Annotated[Count, _doc(
         "Remoting connections open at once from one source address; more are refused.")] = (
         DEFAULT_REMOTING_MAX_PER_HOST)
+    remoting_max_buffer_bytes: Annotated[int, Meta(ge=1 << 20), _doc(
+        "Bytes all remoting connections may hold together (frames being read, requests "
+        "waiting, unsent replies); past it the connections holding the most are closed.")] = (
+        DEFAULT_REMOTING_MAX_BUFFER_BYTES)
     order_message_enable: Annotated[bool, _doc(
         "Remoting routes carry an ordered topic's orderTopicConf (its ORDER_TOPIC_CONFIG KV "
         "entry), as RocketMQ's orderMessageEnable. Off by default, as in RocketMQ: producers "

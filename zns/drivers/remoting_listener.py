@@ -32,7 +32,13 @@ Bounds:
   holds at most `high_water` plus one reply), and past `max_unsent` bytes
   (one huge reply) it is cut off;
 - what one connection buffers of an incoming frame is bounded by the frame
-  limit (the decoder refuses a larger length at once);
+  limit (the decoder refuses a larger length at once), and a frame begun must
+  be complete within `frame_deadline_ms` (30 s) while it is being read, so a
+  byte now and then keeps neither the connection nor its buffer;
+- all connections together hold at most `max_buffer_bytes` (256 MiB,
+  --remoting-max-buffer-bytes) of frames being read, requests waiting and
+  unsent replies: past it, the connections holding the most are closed
+  (logged) until the rest fit;
 - at most `read_chunk` bytes are read from one connection per turn;
 - a connection with no traffic for `idle_timeout_ms` (120 s, as the Java
   NameServer) is closed;
@@ -56,6 +62,7 @@ import zmq
 
 from zns.core.errors import RemotingFrameError
 from zns.core.remoting import FrameDecoder, RemotingCommand, encode_command
+from zns.core.config import DEFAULT_REMOTING_MAX_BUFFER_BYTES
 from zns.core.config import DEFAULT_REMOTING_MAX_CONNECTIONS as DEFAULT_MAX_CONNECTIONS
 from zns.core.config import DEFAULT_REMOTING_MAX_PER_HOST as DEFAULT_MAX_PER_HOST
 from zns.core.remoting.handler import Connection, RemotingService
@@ -67,6 +74,8 @@ from zns.drivers.loop import Outbox, PollSet, Ready
 log = logging.getLogger("zns")
 
 DEFAULT_IDLE_TIMEOUT_MS = 120_000
+DEFAULT_FRAME_DEADLINE_MS = 30_000  # a frame begun must be complete within this
+COMMAND_BYTES = 64  # what a decoded request costs besides its body
 HIGH_WATER = 1 << 20  # stop reading a connection with this much unsent
 MAX_UNSENT = 64 << 20  # cut a connection off with this much unsent
 READ_CHUNK = 256 << 10
@@ -93,6 +102,9 @@ class _Conn:
     closing: bool = False  # a bad frame: answer what came before it, flush, close
     fresh: bool = True  # nothing read yet: the first byte tells RocketMQ from ZeroMQ
     zmtp: ZmtpRedirect | None = None
+    pending_bytes: int = 0  # what `pending` holds
+    frame_started: int | None = None  # when the frame being read began to arrive
+    held: int = 0  # what it counts against max_buffer_bytes
 
 
 def clamp_max_connections(requested: int, descriptor_limit: int) -> int:
@@ -123,6 +135,8 @@ class RemotingListener:
         high_water: int = HIGH_WATER,
         max_unsent: int = MAX_UNSENT,
         read_chunk: int = READ_CHUNK,
+        max_buffer_bytes: int = DEFAULT_REMOTING_MAX_BUFFER_BYTES,
+        frame_deadline_ms: int = DEFAULT_FRAME_DEADLINE_MS,
         descriptors: DescriptorGuard | None = None,
     ) -> None:
         """Binds at once; OSError (or ValueError for a malformed endpoint) when it cannot."""
@@ -143,6 +157,12 @@ class RemotingListener:
         self.high_water = high_water
         self.max_unsent = max_unsent
         self.read_chunk = read_chunk
+        self.max_buffer_bytes = max_buffer_bytes
+        self.frame_deadline_ms = frame_deadline_ms
+        self.held = 0  # bytes all connections hold (frames being read, pending, unsent)
+        self.over_budget = 0  # connections closed to bring `held` under max_buffer_bytes
+        self.too_slow = 0  # connections closed for a frame not complete within the deadline
+        self._frames: list[tuple[int, int, int]] = []  # (frame deadline, conn id, fd)
         self.listening = listen_tcp(*parse_host_port(endpoint))
         self.descriptors = descriptors
         if descriptors is not None:
@@ -169,9 +189,8 @@ class RemotingListener:
     def next_deadline(self, now: int) -> int | None:
         if self._backlog:
             return now
-        if self._idle:
-            return max(now, self._idle[0][0])
-        return None
+        deadlines = [heap[0][0] for heap in (self._idle, self._frames) if heap]
+        return max(now, min(deadlines)) if deadlines else None
 
     def run(self, ready: Ready, now: int, until: int) -> None:
         """Answer the backlog, then what the epoll says is ready, then idle closes, until `until`."""
@@ -194,6 +213,9 @@ class RemotingListener:
                 if self._over(until):
                     break  # the rest stays ready: level-triggered, taken next turn
         self._close_idle(now)
+        self._close_late(now)
+        if self.held > self.max_buffer_bytes:
+            self._shed(now)
         if self._closed:
             # What the connections that closed this turn registered goes in one step: one
             # revision, each shared route rebuilt once, not once per connection.
@@ -277,12 +299,21 @@ class RemotingListener:
                 self._flush_and_close(entry, now)
             return
         try:
-            entry.pending.extend(entry.decoder.feed(data))
+            commands = entry.decoder.feed(data)
         except RemotingFrameError as exc:
             # The commands before the bad frame are answered, then the connection goes.
-            entry.pending.extend(exc.commands)
+            commands = exc.commands
             entry.closing = True
             log.warning("remoting connection from %s closed: %s", entry.conn.host, exc)
+        entry.pending.extend(commands)
+        entry.pending_bytes += sum(len(c.body) + COMMAND_BYTES for c in commands)
+        if not entry.decoder.buffered:
+            entry.frame_started = None
+        elif entry.frame_started is None:
+            entry.frame_started = now
+            heapq.heappush(self._frames, (now + self.frame_deadline_ms, entry.conn.conn_id,
+                                          entry.fd))
+        self._account(entry)
 
     def _where_zns1_is(self, entry: _Conn) -> str:
         """What a ZeroMQ client at this port is told: the request endpoint, its wildcard
@@ -316,6 +347,7 @@ class RemotingListener:
         pending, high_water = entry.pending, self.high_water
         while pending and len(entry.unsent) < high_water:
             command = pending.popleft()
+            entry.pending_bytes -= len(command.body) + COMMAND_BYTES
             reply, events = handle(command, entry.conn, now)
             self.outbox.put(events)
             if reply is not None:
@@ -332,6 +364,7 @@ class RemotingListener:
         if entry.closing and not pending:
             self._flush_and_close(entry, now)
             return
+        self._account(entry)
         self._update_interest(entry)
 
     def _write(self, entry: _Conn, now: int) -> None:
@@ -348,6 +381,7 @@ class RemotingListener:
             entry.last_active = now
             if entry.pending and len(entry.unsent) < self.high_water:
                 self._queue(entry)  # drained enough: answer the rest
+            self._account(entry)
         self._update_interest(entry)
 
     def _queue(self, entry: _Conn) -> None:
@@ -366,6 +400,11 @@ class RemotingListener:
         # Not read while it has requests to answer or too much unsent: a pipelining
         # client waits in TCP's buffers, not in ours.
         reading = not entry.pending and len(entry.unsent) < self.high_water
+        if reading and not entry.interest & _IN and entry.frame_started is not None:
+            # Its frame was not being read: the deadline counts from now again.
+            entry.frame_started = self._now
+            heapq.heappush(self._frames, (self._now + self.frame_deadline_ms,
+                                          entry.conn.conn_id, entry.fd))
         interest = (_IN if reading else 0) | (_OUT if entry.unsent else 0)
         if interest != entry.interest:
             entry.interest = interest
@@ -385,9 +424,45 @@ class RemotingListener:
                      timeout // 1000)
             self._close(entry, now)
 
+    def _account(self, entry: _Conn) -> None:
+        held = entry.decoder.buffered + len(entry.unsent) + entry.pending_bytes
+        self.held += held - entry.held
+        entry.held = held
+
+    def _shed(self, now: int) -> None:
+        """Over `max_buffer_bytes`: close the connections holding the most until the rest fit
+        (a sort, but only when over: an attack, not a pass)."""
+        for entry in sorted(self.connections.values(), key=lambda e: e.held, reverse=True):
+            if self.held <= self.max_buffer_bytes:
+                return
+            self.over_budget += 1
+            log.warning("remoting connection from %s closed: it holds %d bytes and all "
+                        "connections %d, more than %d (--remoting-max-buffer-bytes)",
+                        entry.conn.host, entry.held, self.held, self.max_buffer_bytes)
+            self._close(entry, now)
+
+    def _close_late(self, now: int) -> None:
+        frames = self._frames
+        while frames and frames[0][0] <= now:
+            _, conn_id, fd = heapq.heappop(frames)
+            entry = self.connections.get(fd)
+            if entry is None or entry.conn.conn_id != conn_id or entry.frame_started is None:
+                continue  # closed, or that frame is complete
+            if entry.frame_started + self.frame_deadline_ms > now:
+                continue  # a later frame, or its clock restarted: its own entry is in the heap
+            if not entry.interest & _IN:
+                continue  # not being read: its clock restarts when it is
+            self.too_slow += 1
+            log.warning("remoting connection from %s closed: a frame begun %d s ago is not "
+                        "complete (%d bytes of it read)", entry.conn.host,
+                        (now - entry.frame_started) // 1000, entry.decoder.buffered)
+            self._close(entry, now)
+
     def _close(self, entry: _Conn, now: int) -> None:
         if self.connections.pop(entry.fd, None) is None:
             return
+        self.held -= entry.held
+        entry.held = 0
         host = entry.conn.host
         self.per_host[host] -= 1
         if not self.per_host[host]:

@@ -235,6 +235,7 @@ class Server:
                 max_frame_bytes=config.max_message_bytes,
                 max_connections=config.remoting_max_connections,
                 max_per_host=config.remoting_max_connections_per_host,
+                max_buffer_bytes=config.remoting_max_buffer_bytes,
             )
         except (OSError, ValueError) as exc:
             raise EndpointError(f"--remoting {config.remoting}: {exc}") from exc

@@ -1,0 +1,95 @@
+"""What remoting connections hold together is bounded (issue 21 item 4).
+
+Before: 40 connections announcing a 16 MiB frame and sending all but 64 KiB
+held +637 MiB; 30 that pipelined 307 GET_ALL_TOPIC_LIST and never read held
++1,746 MiB (58 MiB each); a byte every 45 s kept a connection past the idle
+timeout. Now all connections together hold at most --remoting-max-buffer-bytes
+(the largest holders are closed past it), a client that does not read holds one
+reply past the high-water mark, and a frame once begun must be complete within
+30 s. bench/remoting_buffers.py measures the server's RSS at 4,096 connections.
+"""
+
+from __future__ import annotations
+
+import select
+import struct
+import threading
+import time
+
+import pytest
+
+from zns.core.remoting import RemotingCommand, encode_command
+
+from conftest import wait_for
+from test_remoting_listener import Client, cluster_info, probe, register_many, rserver  # noqa: F401
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_frames_begun_and_never_finished_are_bounded_all_together(rserver, caplog):
+    srv, listener, endpoint = rserver(remoting_max_buffer_bytes=4 << 20)
+    hogs = [Client(endpoint) for _ in range(6)]
+    for hog in hogs:  # 6 MiB in all, each a part of a frame announced as 16 MiB
+        hog.sock.sendall(struct.pack(">i", (16 << 20) - 8))
+    for _ in range(16):
+        for hog in hogs:
+            try:
+                hog.sock.sendall(b"\0" * (64 << 10))
+            except OSError:
+                pass  # closed already
+    wait_for(lambda: listener.over_budget >= 2)
+    closed = [hog for hog in hogs if hog.closed_by_server(timeout=1)]
+    assert len(closed) >= 2, caplog.text
+    assert listener.held <= listener.max_buffer_bytes and listener.over_budget == len(closed), \
+        caplog.text
+    probe(endpoint)  # the others are served
+    for hog in hogs:
+        hog.close()
+
+
+def test_a_client_that_pipelines_and_never_reads_holds_one_reply_past_the_mark(rserver):
+    srv, listener, endpoint = rserver()
+    setup = register_many(endpoint)
+    listener.high_water = 64 << 10
+    reply_bytes = len(encode_command(setup.call(cluster_info())))
+    hog = Client(endpoint)
+    count = 300  # ~1 MB of replies
+    hog.sock.sendall(b"".join(encode_command(RemotingCommand(code=106, version=479, opaque=i))
+                              for i in range(count)))
+    entry = wait_for(lambda: next((e for e in listener.connections.values()
+                                   if e.pending and not e.interest & select.EPOLLIN), None))
+    assert len(entry.unsent) <= listener.high_water + reply_bytes
+    probe(endpoint)
+    replies = [hog.recv(timeout=30) for _ in range(count)]  # reading lets the rest through
+    assert [r.opaque for r in replies] == list(range(count))
+    wait_for(lambda: entry.held == 0 and entry.interest & select.EPOLLIN)
+    setup.close()
+    hog.close()
+
+
+def test_a_frame_not_finished_within_the_deadline_closes_its_connection(rserver):
+    srv, listener, endpoint = rserver()
+    listener.frame_deadline_ms = 600
+    slow = Client(endpoint)
+    slow.sock.sendall(struct.pack(">i", 200))
+    stop = threading.Event()
+
+    def trickle() -> None:  # a byte at a time: never idle, never a whole frame
+        try:
+            while not stop.wait(0.1):
+                slow.sock.sendall(b"\0")
+        except OSError:
+            pass
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    try:
+        assert slow.closed_by_server(timeout=20)
+    finally:
+        stop.set()
+        sender.join(5)
+    assert listener.too_slow == 1
+    fast = Client(endpoint)
+    assert fast.call(cluster_info()).code == 0  # whole frames are never late
+    fast.close()
+    slow.close()
