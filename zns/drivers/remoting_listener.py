@@ -314,6 +314,8 @@ class RemotingListener:
             heapq.heappush(self._frames, (now + self.frame_deadline_ms, entry.conn.conn_id,
                                           entry.fd))
         self._account(entry)
+        if self.held > self.max_buffer_bytes:
+            self._shed(now)  # at once: a turn reads many connections
 
     def _where_zns1_is(self, entry: _Conn) -> str:
         """What a ZeroMQ client at this port is told: the request endpoint, its wildcard
