@@ -119,7 +119,8 @@ class _Printer:
             return  # the client logs it
         if self.epoch is not None and event.epoch != self.epoch:
             self.lines.put(("note", f"{_stamp()} the NameServer's epoch changed {self.epoch} -> "
-                                    f"{event.epoch} (it restarted): routes re-synced"))
+                                    f"{event.epoch} (it restarted, or another one answers): routes "
+                                    f"re-synced"))
         self.epoch = event.epoch
         if isinstance(event, HbEvent):
             return
