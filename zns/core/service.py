@@ -95,10 +95,9 @@ class EventFrames(Sequence[Frames]):
     A registration of 20,000 topics with many filter servers publishes 20,000 route
     events of 13 KB each: encoded all at once they were 264 MB held together, in
     memory new to the process. Read one at a time, as the server sends them, each is
-    freed before the next is made and the same memory serves them all
-    (bench/memory.py's heaviest registration: 0.27 s and a peak of 336 MiB
-    in-process before, 0.16 s and 83 MiB after). Each is encoded once per read:
-    read them once.
+    freed before the next is made and the same memory serves them all (figures in
+    bench/results.md, "Changes measured"). Each is encoded once per read: read
+    them once.
     """
 
     __slots__ = ("_events", "_encode")
@@ -484,8 +483,7 @@ class NameService:
         msgspec's `encode` grows its output buffer ahead of need, copying as it grows,
         and hands it over as it is: a cached route's bytes could take half as much again
         as their length. Encoding into one scratch buffer and copying that once avoids
-        both (bench/memory.py: a snapshot of 200,000 routes took 2.9 s in-process
-        before, 0.4 s after; the events of a 20,000-topic registration 0.33 s, 0.23 s).
+        both (figures in bench/results.md, "Changes measured").
         """
         encoder.encode_into(value, self._scratch)
         return bytes(self._scratch)

@@ -24,9 +24,9 @@ What decoding may build is bounded by `max_topics` (the server's
 --max-topics-per-request) before any of it is built: the compressed form's
 topic and mapping counts are read first, and either form may hold at most
 `VALUES_PER_TOPIC` JSON values per topic (`fastjson.count_values`, a count of
-bytes). Without that, 40 KB of zlib (762,591 copies of one topic line) cost
-1.7 s of CPU and was accepted, and 16.8 MB of plain JSON (1.28 M topics) cost
-1.2 s and +166 MiB before the limit refused it.
+bytes). Without that, a few KB of zlib or megabytes of plain JSON cost seconds
+of CPU and hundreds of MiB before the limit refused them (figures in
+bench/results.md, "Changes measured").
 """
 
 from __future__ import annotations
