@@ -82,8 +82,9 @@ class Server:
 
 def _connect(addr: tuple[str, int], n: int) -> list[socket.socket]:
     socks = []
-    for _ in range(n):
-        s = socket.create_connection(addr)
+    for i in range(n):
+        # From 127.0.0.1-4: --remoting-max-connections-per-host allows 1,024 from one address.
+        s = socket.create_connection(addr, source_address=(f"127.0.0.{1 + i % 4}", 0))
         s.setblocking(False)
         socks.append(s)
     return socks
