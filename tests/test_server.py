@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import zmq
 
-from helpers import Peer, ThreadedServer, register_fields, wait_for
+from helpers import LOADED_DEADLINE, Peer, ThreadedServer, register_fields, wait_for
 from zns.core import schema
 
 Call = Callable[..., Any]
@@ -360,7 +360,9 @@ def test_stall_moves_deadlines_with_an_injected_clock(tmp_path):
         peer = srv.peer()
         peer.subscribe(b"broker/", schema.HB_CHANNEL)
         peer.wait_subscribed()
-        peer.ok("register_broker", **register_fields(heartbeat_timeout_ms=1000))
+        # 5 s: room for a loaded machine between this registration and the jump below
+        # (with 1 s, real time alone expired the broker first), far below the 30 s jump.
+        peer.ok("register_broker", **register_fields(heartbeat_timeout_ms=5000))
         jumped_ms = time.time() * 1000
         clock.offset += 30.0  # the whole process "stood still" for 30 s
         srv.server.wake()
@@ -377,7 +379,7 @@ def test_stall_moves_deadlines_with_an_injected_clock(tmp_path):
         # The report counts real time since the heartbeat; only the deadline got the stall back.
         assert info.live[0].last_heartbeat_ms >= 30_000
         # Silence after the stall still expires it.
-        wait_for(lambda: not peer.ok("get_cluster_info").live, timeout=10)
+        wait_for(lambda: not peer.ok("get_cluster_info").live, timeout=LOADED_DEADLINE)
     finally:
         srv.stop()
 
