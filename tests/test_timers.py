@@ -132,6 +132,21 @@ def test_wall_time_not_spent_running_while_serving_is_a_stall():
     assert removed(timers.on_timer(3_020, 0)) == []
 
 
+def test_a_stall_measured_while_serving_is_not_measured_again_at_the_next_wake_up():
+    # The loop plans its next poll right after the pass in which the stand-still landed;
+    # the stall that pass measured is behind the timers, not a lateness of the next plan.
+    service, timers = make(interval_ms=200, now=0)
+    register(service, now=0, timeout_ms=5_000)
+    timers.woke(timers.next_deadline())
+    timers.on_timer(0, 0)  # the pass's timers ran first: the next hb is at 200
+    assert timers.ran(wall_ms=30_010, cpu_ms=10) == 30_000
+    planned = timers.next_deadline()
+    assert timers.woke(max(planned, 30_010)) == 0
+    assert removed(timers.on_timer(30_010, 0)) == []
+    # Only the one stall moved the deadline: 5 s of silence after it still expires the broker.
+    assert [e.broker_name for e in removed(timers.on_timer(35_011, 0))] == ["b1"]
+
+
 def test_a_wake_up_is_measured_once():
     _, timers = make(interval_ms=200, now=0)
     planned = timers.next_deadline()

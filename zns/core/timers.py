@@ -85,7 +85,14 @@ class ServerTimers:
 
     def ran(self, wall_ms: int, cpu_ms: int) -> int:
         """The driver served for `wall_ms`, of which it ran `cpu_ms`; returns the stall measured."""
-        return self._stalled(wall_ms - cpu_ms)
+        stall = self._stalled(wall_ms - cpu_ms)
+        # The stand-still is behind us now, and the timers' own schedule moves by it like
+        # every deadline: a plan made from the time before it (the next `hb` included)
+        # would make the next wake-up late by it again and move every deadline twice.
+        self._now += stall
+        self._planned += stall
+        self._next_hb += stall
+        return stall
 
     def on_timer(self, now: int, wall_ms: int) -> list[Sequence[Frames]]:
         """Run what is due at `now`: expiries, the `hb` event; returns the events to publish,
