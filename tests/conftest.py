@@ -85,13 +85,9 @@ def rocketmq_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     (CI sets it) it fails instead.
     """
     rocketmq.set_scratch_dir(tmp_path_factory.mktemp("rmq-oneshot"))
-    try:
+    with rocketmq.unavailable_skips():
         rocketmq.ensure_jars()
         rocketmq.client_classes()
-    except rocketmq.InteropUnavailable as exc:
-        if rocketmq.interop_required():
-            pytest.fail(f"{exc} ({rocketmq.REQUIRE_ENV}=1 makes this a failure)", pytrace=False)
-        pytest.skip(str(exc))
     yield
     rocketmq.kill_all()
 

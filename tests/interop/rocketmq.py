@@ -22,6 +22,7 @@ the tail of its log.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import hashlib
 import importlib.util
@@ -38,7 +39,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -178,6 +179,20 @@ def java_available() -> tuple[bool, str]:
 def interop_required() -> bool:
     """True when ``ZNS_REQUIRE_INTEROP=1``: a missing JDK/Maven/jar fails instead of skipping."""
     return os.environ.get(REQUIRE_ENV, "").strip() not in ("", "0", "false", "no")
+
+
+@contextlib.contextmanager
+def unavailable_skips() -> Iterator[None]:
+    """Around what needs a JDK, Maven or jars: InteropUnavailable skips the test with its
+    reason, or fails it under ``ZNS_REQUIRE_INTEROP=1`` (so CI cannot go green by skipping)."""
+    import pytest  # here, not at the top: the benchmarks use this harness without pytest
+
+    try:
+        yield
+    except InteropUnavailable as exc:
+        if interop_required():
+            pytest.fail(f"{exc} ({REQUIRE_ENV}=1 makes this a failure)", pytrace=False)
+        pytest.skip(str(exc))
 
 
 _jars_error: str | None = None

@@ -70,13 +70,9 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(rmq_module: ProcessGroup, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    try:
+    with rocketmq.unavailable_skips():
         jar = zns_agent.agent_jar()
         zns_agent.probe_classes()
-    except rocketmq.InteropUnavailable as exc:
-        if rocketmq.interop_required():
-            pytest.fail(f"{exc} ({rocketmq.REQUIRE_ENV}=1 makes this a failure)", pytrace=False)
-        pytest.skip(str(exc))
     c = Cluster(tmp_path_factory.mktemp("agent"), rmq_module, jar)
     yield c
     c.close()

@@ -31,12 +31,8 @@ HB_MS = 200
 
 @pytest.fixture(scope="module")
 def jar() -> Path:
-    try:
+    with rocketmq.unavailable_skips():
         return zns_agent.agent_jar()
-    except rocketmq.InteropUnavailable as exc:
-        if rocketmq.interop_required():
-            pytest.fail(f"{exc} ({rocketmq.REQUIRE_ENV}=1 makes this a failure)", pytrace=False)
-        pytest.skip(str(exc))
 
 
 class Publisher:

@@ -36,12 +36,8 @@ class Env:
 def env(request: pytest.FixtureRequest, rocketmq_env: None,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     version = request.param
-    try:
+    with rocketmq.unavailable_skips():
         rocketmq.ensure_jars(version)
-    except rocketmq.InteropUnavailable as exc:
-        if rocketmq.interop_required():
-            pytest.fail(f"{exc} ({rocketmq.REQUIRE_ENV}=1 makes this a failure)", pytrace=False)
-        pytest.skip(str(exc))
     root = tmp_path_factory.mktemp(f"matrix-{version}")
     group = ProcessGroup(root / "java")
     zns = ZnsProcess(root / "zns")
