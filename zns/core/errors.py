@@ -16,6 +16,8 @@ ZnsError                      base: catch this to catch everything below
 ├── NoWritableQueue           a route has no queue a producer may write to
 ├── BackgroundFailure         a client's or broker agent's own thread (or task) failed: a BUG or
 │                             a broken environment; the original exception is its __cause__
+├── ConnectionLost            a connection to or from a PEER failed (reset, gone, an endpoint
+│                             it named that cannot be connected to): that connection is dropped
 ├── RemotingError             the PEER's RocketMQ remoting input is wrong (§12)
 │   ├── RemotingFrameError    the stream cannot be framed: the connection is closed
 │   └── RemotingBodyError     one request cannot be used: SYSTEM_ERROR, the connection stays
@@ -43,6 +45,11 @@ Where each is raised:
   `AsyncRouteClient` or `BrokerAgent` after its background thread or task
   died of an unexpected exception (never a timeout in its place); the
   message names the original exception, which is chained as `__cause__`.
+- `ConnectionLost` is raised by the drivers' I/O boundary (`zns.drivers.io_errors`, the
+  one place where zmq's, the socket module's and the file system's errors become this
+  tree's) when a peer's connection fails; the driver that catches it drops that
+  connection or reply and carries on. A failure there that is neither the peer's nor the
+  configuration's is left as the library raised it: a bug.
 - `RemotingError`s are raised by the remoting codec (`zns.core.remoting`)
   about bytes a RocketMQ peer sent; `RemotingService.handle` (frame errors:
   the listener) is where they become SYSTEM_ERROR replies or a closed
@@ -62,6 +69,7 @@ from zns.core.schema import Error
 
 __all__ = [
     "BY_CODE", "BackgroundFailure", "BadRequest", "Busy", "ConfigError", "Conflict",
+    "ConnectionLost",
     "EndpointError", "ErrorReply", "Internal", "InvalidSetting", "KeyFileError", "KvFileError",
     "NameServerUnavailable", "NoPermission", "NoWritableQueue", "NotFound", "RemotingBodyError",
     "RemotingError", "RemotingFrameError", "UnknownOp", "UsageError", "ZnsError", "from_reply",
@@ -159,6 +167,12 @@ class BackgroundFailure(ZnsError, RuntimeError):
         failure = cls(f"{what} failed: {type(exc).__name__}: {exc}")
         failure.__cause__ = exc
         return failure
+
+
+class ConnectionLost(ZnsError):
+    """A connection to or from a peer failed: reset, gone, or an endpoint the peer named
+    cannot be connected to. `__cause__` is the library's error. Not the caller's misuse
+    and not a bug: the driver drops that connection and carries on."""
 
 
 class RemotingError(ZnsError):

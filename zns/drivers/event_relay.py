@@ -20,8 +20,8 @@ import threading
 import zmq
 
 from zns.core.addresses import resolve_pub_endpoint
-from zns.core.errors import EndpointError
 from zns.core.schema import Status
+from zns.drivers.io_errors import configured
 from zns.drivers.requests import call_any
 from zns.drivers.server import DEFAULT_PUB_HWM, MAX_SUBSCRIPTION_BYTES, SUBSCRIBE_COMMAND_BYTES
 from zns.drivers.sockets import parse_addresses
@@ -55,10 +55,8 @@ class Relay:
             self._xpub.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES + SUBSCRIBE_COMMAND_BYTES)
             self._xsub.setsockopt(zmq.RCVHWM, hwm)
             self._xsub.connect(self.upstream_pub)
-            try:
+            with configured(f"cannot bind {bind}: "):
                 self._xpub.bind(bind)
-            except zmq.ZMQError as exc:
-                raise EndpointError(f"cannot bind {bind}: {exc}") from exc
             self.endpoint = self._xpub.getsockopt_string(zmq.LAST_ENDPOINT)
             control = f"inproc://zns-relay-{id(self)}"
             self._control.bind(control)

@@ -28,6 +28,7 @@ from zns.core.errors import ConfigError, UsageError
 from zns.core.remoting.constants import RequestCode, ResponseCode
 from zns.core.schema import KNOWN_OPS, Request, tag_of
 from zns.core.service import NameService
+from zns.drivers.io_errors import configured
 from zns.drivers.kv_file import WriteTimes
 
 log = logging.getLogger("zns")
@@ -196,10 +197,8 @@ class MetricsServer:
                 return self._health(start_response)
             return metrics_app(environ, start_response)
 
-        try:
+        with configured(f"--metrics {spec}: cannot listen: ", ConfigError):
             self._httpd = make_server(host, port, app, _ThreadingServer, handler_class=_Quiet)
-        except OSError as exc:
-            raise ConfigError(f"--metrics {spec}: cannot listen: {exc}") from exc
         self.host, self.port = host, self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="zns-metrics",
                                         daemon=True)

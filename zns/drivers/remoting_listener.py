@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from zns.core.errors import RemotingFrameError
+from zns.core.errors import ConnectionLost, RemotingFrameError
 from zns.core.remoting import FrameDecoder, RemotingCommand, encode_command
 from zns.core.config import DEFAULT_REMOTING_MAX_BUFFER_BYTES
 from zns.core.config import DEFAULT_REMOTING_MAX_CONNECTIONS as DEFAULT_MAX_CONNECTIONS
@@ -69,6 +69,7 @@ from zns.core.remoting.handler import Connection, RemotingService
 from zns.core.remoting.zmtp import ZmtpRedirect, looks_like_zmtp
 from zns.core.addresses import parse_host_port, resolve_pub_endpoint
 from zns.drivers.descriptors import OUT_OF_FDS, DescriptorGuard, listen_tcp
+from zns.drivers.io_errors import REMOTING_PEER
 from zns.drivers.loop import Outbox, PollSet, Ready
 
 log = logging.getLogger("zns")
@@ -272,10 +273,11 @@ class RemotingListener:
 
     def _read(self, entry: _Conn, now: int) -> None:
         try:
-            data = entry.sock.recv(self.read_chunk)
+            with REMOTING_PEER:
+                data = entry.sock.recv(self.read_chunk)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError as exc:
+        except ConnectionLost as exc:
             log.info("remoting connection from %s failed: %s", entry.conn.host, exc)
             self._close(entry, now)
             return
@@ -371,10 +373,11 @@ class RemotingListener:
 
     def _write(self, entry: _Conn, now: int) -> None:
         try:
-            sent = entry.sock.send(entry.unsent)
+            with REMOTING_PEER:
+                sent = entry.sock.send(entry.unsent)
         except (BlockingIOError, InterruptedError):
             sent = 0
-        except OSError as exc:
+        except ConnectionLost as exc:
             log.info("remoting connection from %s failed: %s", entry.conn.host, exc)
             self._close(entry, now)
             return
@@ -393,8 +396,9 @@ class RemotingListener:
 
     def _flush_and_close(self, entry: _Conn, now: int) -> None:
         try:
-            entry.sock.send(entry.unsent)  # best effort: the replies before the bad frame
-        except OSError:
+            with REMOTING_PEER:
+                entry.sock.send(entry.unsent)  # best effort: the replies before the bad frame
+        except (BlockingIOError, InterruptedError, ConnectionLost):
             pass
         self._close(entry, now)
 

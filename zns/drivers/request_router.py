@@ -9,7 +9,6 @@ after the other sources had their turn.
 
 from __future__ import annotations
 
-import errno
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +16,9 @@ from typing import Any
 import zmq
 
 from zns.core.budget import ReplyBudget
+from zns.core.errors import ConnectionLost
 from zns.core.service import NameService
+from zns.drivers.io_errors import ZNS1_PEER
 from zns.drivers.loop import Outbox, PollSet, Ready
 from zns.drivers.sockets import set_keepalive
 
@@ -137,14 +138,13 @@ class RequestRouter:
                 if len(reply) >= heavy and not budget.allow(envelope[0].bytes, len(reply), now):
                     reply = self.service.busy_reply(response.request_id)
                 try:
-                    for part in envelope:
-                        _send(router, part, _SNDMORE_DONTWAIT, False)
-                    _send(router, reply, _DONTWAIT)
-                except zmq.ZMQError as exc:
-                    # Vanished peer (EHOSTUNREACH) or one at its high-water mark (EAGAIN):
-                    # the loop must never block on one peer.
-                    if exc.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
-                        raise
+                    with ZNS1_PEER:
+                        for part in envelope:
+                            _send(router, part, _SNDMORE_DONTWAIT, False)
+                        _send(router, reply, _DONTWAIT)
+                except (zmq.Again, ConnectionLost):
+                    # A peer at its high-water mark, or one gone (EHOSTUNREACH): the loop
+                    # must never block on one peer.
                     self.dropped_replies += 1
                 if response.events:
                     put(response.events)

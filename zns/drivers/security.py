@@ -21,6 +21,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zns.core.errors import KeyFileError, NoPermission
 from zns.core.keys import BROKER_NAMES, KeyPolicy
 from zns.core.schema import AnyRequest
+from zns.drivers.io_errors import configured
 
 log = logging.getLogger("zns")
 
@@ -29,10 +30,8 @@ ZAP_DOMAIN = "zns"
 
 def read_certificate(path: str | os.PathLike[str]) -> tuple[str, str | None, dict[str, str]]:
     """(public key, secret key or None, metadata) of one `zmq.auth` certificate file."""
-    try:
+    with configured(f"cannot read certificate {path}: ", KeyFileError):
         public, secret = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as exc:
-        raise KeyFileError(f"cannot read certificate {path}: {exc}") from exc
     metadata: dict[str, str] = {}
     section = ""
     # zmq.auth.load_certificate skips the metadata section; it is ZPL, one level deep.

@@ -24,11 +24,11 @@ import zmq
 from zns.core.config import (  # DEFAULT_*: re-exported for the relay and the benchmarks
     DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PUB_HWM, ServerConfig,
 )
-from zns.core.errors import EndpointError
 from zns.drivers.kv_file import KvStore
 from zns.drivers.peers import PeerLinks
 from zns.drivers.security import Security
 from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
+from zns.drivers.io_errors import configured
 from zns.drivers.heap import TRIM_AFTER_EVENTS, HeapTrim, glibc_malloc_trim
 from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
 from zns.core.subscriptions import SubscriptionBudget
@@ -221,7 +221,7 @@ class Server:
     # --- wiring ---------------------------------------------------------
 
     def _listen_remoting(self, config: ServerConfig, endpoint: str) -> RemotingListener:
-        try:
+        with configured(f"--remoting {config.remoting}: "):
             access, narrowed = remoting_access(
                 config.remoting_brokers, config.remoting_admins, config.remoting_clients,
                 curve=self.security is not None, clients_listed=config.clients == "listed")
@@ -237,8 +237,6 @@ class Server:
                 max_per_host=config.remoting_max_connections_per_host,
                 max_buffer_bytes=config.remoting_max_buffer_bytes,
             )
-        except (OSError, ValueError) as exc:
-            raise EndpointError(f"--remoting {config.remoting}: {exc}") from exc
         # GET_NAMESRV_CONFIG shows where the server listens, as the Java NameServer shows its
         # bound listenPort: the endpoints bound, not the configured `*` or port 0; and the
         # networks in force, CURVE's narrowing included.
@@ -296,10 +294,8 @@ class Server:
 
     def _bind(self, sock: zmq.Socket, endpoint: str,
               on_event: Callable[[int, int], None] | None = None, events: int = 0) -> str:
-        try:
+        with configured(f"cannot bind {endpoint}: "):
             listener = self.descriptors.bind(sock, endpoint, on_event, events)
-        except (zmq.ZMQError, OSError, ValueError) as exc:
-            raise EndpointError(f"cannot bind {endpoint}: {exc}") from exc
         bound = listener.endpoint
         if sock is self.pub:
             self.subscribers.bound(listener.listening, bound)
