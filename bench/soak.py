@@ -45,7 +45,7 @@ from bench.harness import (
     REPO, Session, broker_addr, cpu_seconds, percentile, request, rss_kib, start_zns,
 )
 from zns.core import schema
-from zns.core.broker_session import BrokerAction, BrokerSession, BrokerState, Disconnect, Done, Send
+from zns.core.broker_session import BrokerSession, BrokerState, Disconnect, Done, SendRequest
 from zns.core.schema import TopicConfig, request_op
 
 CLUSTER = "soak"
@@ -156,10 +156,10 @@ def broker_main(conn: Connection, router: str, indices: list[int], p: Params, se
         counts["errors"] += 1
         print(f"soak broker {b.name}/{b.broker_id}: {what}", file=sys.stderr)
 
-    def carry_out(b: SimBroker, actions: list[BrokerAction]) -> None:
-        for action in actions:
+    def carry_out(b: SimBroker) -> None:
+        for action in b.session.actions():
             match action:
-                case Send(request=request):
+                case SendRequest(request=request):
                     if b.sent is not None:  # the session gave up on it: so do we
                         pending.pop(b.sent[0], None)
                     b.sent = (request.id, request_op(request), time.monotonic())
@@ -172,7 +172,8 @@ def broker_main(conn: Connection, router: str, indices: list[int], p: Params, se
                         error(b, f"unregistration not confirmed: {b.session.last_error}")
                     b.closing = False
                     b.session = b.new_session()  # the restart: back at once
-                    carry_out(b, b.session.start(now_ms()))
+                    b.session.start(now_ms())
+                    carry_out(b)
 
     while True:
         now = time.monotonic()
@@ -184,7 +185,8 @@ def broker_main(conn: Connection, router: str, indices: list[int], p: Params, se
                 del latencies[:]       # says nothing of the steady state
         while to_start and to_start[-1].start_at <= now and len(pending) < 200:
             b = to_start.pop()
-            carry_out(b, b.session.start(now_ms()))
+            b.session.start(now_ms())
+            carry_out(b)
         if not stopping:
             if churn_every and now >= next_churn:
                 next_churn += churn_every
@@ -196,7 +198,8 @@ def broker_main(conn: Connection, router: str, indices: list[int], p: Params, se
                     topics.pop(old, None)
                     topics[new] = TopicConfig()
                     b.state.set_topics(topics, wall_ms=int(time.time() * 1000))
-                    carry_out(b, b.session.topics_changed(now_ms()))
+                    b.session.topics_changed(now_ms())
+                    carry_out(b)
                 counts["churn"] += 1
             if restart_every and now >= next_restart:
                 next_restart += restart_every
@@ -204,12 +207,14 @@ def broker_main(conn: Connection, router: str, indices: list[int], p: Params, se
                 if not b.closing and b not in to_start:
                     counts["restarts"] += 1
                     b.closing = True
-                    carry_out(b, b.session.close(now_ms(), REQUEST_TIMEOUT_MS))
+                    b.session.close(now_ms(), REQUEST_TIMEOUT_MS)
+                    carry_out(b)
         ms = now_ms()
         for b in brokers:
             wake = b.session.next_deadline()
             if wake is not None and wake <= ms and not (stopping and b.settled()):
-                carry_out(b, b.session.on_timer(ms))
+                b.session.on_timer(ms)
+                carry_out(b)
         if not reported_ready and all(b.session.acknowledged is not None for b in brokers):
             conn.send(("ready", None))
             reported_ready = True
@@ -238,7 +243,8 @@ def broker_main(conn: Connection, router: str, indices: list[int], p: Params, se
                     case schema.HeartbeatReply(known=known, changed=changed):
                         counts["heartbeats"] += 1
                         counts["reregistered"] += not known or changed
-                carry_out(b, b.session.on_reply(reply, now_ms()))
+                b.session.on_reply(reply, now_ms())
+                carry_out(b)
     sock.close(0)
     acked = {(b.name, b.broker_id): (b.addr, b.acked_topics()) for b in brokers}
     conn.send(("done", (latencies.tobytes(), counts, acked)))

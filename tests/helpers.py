@@ -20,6 +20,7 @@ import zmq
 from hypothesis import settings
 
 from zns.core import schema
+from zns.core.routes import RouteTable
 from zns.core.service import NameService
 from zns.drivers.server import Server, ServerConfig
 
@@ -228,7 +229,26 @@ def observable(service: NameService, namespaces: Iterable[str] = ("ns",)) -> byt
     ))
 
 
+def table_state(table: RouteTable, now: int = 0) -> bytes:
+    """Everything a client can see of a RouteTable, by value, through its queries (never its
+    private fields): a refused request leaves it equal."""
+    routes = table.routes()
+    return msgspec.msgpack.encode([
+        table.revision, sorted(routes.items()), table.broker_table(), table.cluster_table(),
+        table.live_brokers(now), table.next_deadline(),
+        sorted((t, table.topic_revision(t)) for t in routes),
+    ])
+
+
 def peer_state(peer: Peer, namespaces: Iterable[str] = ("ns",)) -> tuple[Any, ...]:
     """`observable` of a live server, through a peer."""
     replies = [peer.ok("snapshot"), *(peer.ok("kv_list", namespace=ns) for ns in namespaces)]
     return (*(msgspec.structs.replace(r, id=0) for r in replies), peer.ok("status").revision)
+
+
+def feed(input_: Callable[..., None], *args: Any) -> list[Any]:
+    """Call one input of a session or peer link (`feed(session.on_timer, now)`) and return the
+    actions it produced: what its driver would carry out next (`session.actions()`)."""
+    input_(*args)
+    actions: list[Any] = input_.__self__.actions()  # type: ignore[attr-defined]
+    return actions

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from helpers import feed
 from zns.core.backoff import Backoff
 from zns.core.broker_session import (
     BrokerSession,
@@ -13,7 +14,7 @@ from zns.core.broker_session import (
     Connect,
     Disconnect,
     Done,
-    Send,
+    SendRequest,
 )
 from zns.core.errors import UsageError
 from zns.core.schema import (
@@ -44,28 +45,28 @@ def make_session(state: BrokerState | None = None, **kw) -> BrokerSession:
 
 def sent(actions: list) -> object:
     """The one request among `actions`."""
-    requests = [a.request for a in actions if isinstance(a, Send)]
+    requests = [a.request for a in actions if isinstance(a, SendRequest)]
     assert len(requests) == 1, actions
     return requests[0]
 
 
 def registered_at(session: BrokerSession, now: int) -> list:
     """Start `session` and answer its registration at `now`."""
-    reg = sent(session.start(0))
-    return session.on_reply(RegisterBrokerReply(id=reg.id), now)
+    reg = sent(feed(session.start, 0))
+    return feed(session.on_reply, RegisterBrokerReply(id=reg.id), now)
 
 
 def test_start_connects_and_registers_everything_it_declares():
     session = make_session()
     assert session.next_deadline() is None  # not started: nothing to wake for
-    actions = session.start(0)
+    actions = feed(session.start, 0)
     assert actions[0] == Connect() and len(actions) == 2
     reg = sent(actions)
     assert isinstance(reg, RegisterBroker) and reg.id > 0
     assert set(reg.topics) == {"T1"} and reg.heartbeat_timeout_ms == 5_000
     assert session.next_deadline() == TIMEOUT  # only the reply (or its timeout) is awaited
     assert not session.registered
-    assert session.on_reply(RegisterBrokerReply(id=reg.id), 5) == []
+    assert feed(session.on_reply, RegisterBrokerReply(id=reg.id), 5) == []
     assert session.registered and session.registrations == 1
     assert session.acknowledged == reg
 
@@ -74,20 +75,20 @@ def test_heartbeats_every_interval_once_registered():
     session = make_session()
     registered_at(session, 10)
     assert session.next_deadline() == 10 + INTERVAL
-    assert session.on_timer(10 + INTERVAL - 1) == []
-    hb = sent(session.on_timer(10 + INTERVAL))
+    assert feed(session.on_timer, 10 + INTERVAL - 1) == []
+    hb = sent(feed(session.on_timer, 10 + INTERVAL))
     assert isinstance(hb, Heartbeat) and hb.data_version == session.broker.version
-    assert session.on_reply(HeartbeatReply(id=hb.id, known=True, changed=False), 20 + INTERVAL) == []
+    assert feed(session.on_reply, HeartbeatReply(id=hb.id, known=True, changed=False), 20 + INTERVAL) == []
     assert session.next_deadline() == 10 + 2 * INTERVAL
-    assert isinstance(sent(session.on_timer(10 + 2 * INTERVAL)), Heartbeat)
+    assert isinstance(sent(feed(session.on_timer, 10 + 2 * INTERVAL)), Heartbeat)
 
 
 @pytest.mark.parametrize("known, changed", [(False, False), (True, True)])
 def test_a_heartbeat_answered_unknown_or_changed_registers_at_once(known: bool, changed: bool):
     session = make_session()
     registered_at(session, 10)
-    hb = sent(session.on_timer(10 + INTERVAL))
-    reg = sent(session.on_reply(HeartbeatReply(id=hb.id, known=known, changed=changed), 1_020))
+    hb = sent(feed(session.on_timer, 10 + INTERVAL))
+    reg = sent(feed(session.on_reply, HeartbeatReply(id=hb.id, known=known, changed=changed), 1_020))
     assert isinstance(reg, RegisterBroker)
     assert not session.registered  # until the NameServer confirms it
 
@@ -95,18 +96,18 @@ def test_a_heartbeat_answered_unknown_or_changed_registers_at_once(known: bool, 
 def test_a_heartbeat_refused_registers_at_once():
     session = make_session()
     registered_at(session, 10)
-    hb = sent(session.on_timer(10 + INTERVAL))
+    hb = sent(feed(session.on_timer, 10 + INTERVAL))
     reply = Error(id=hb.id, code="bad_request", message="no")
-    assert isinstance(sent(session.on_reply(reply, 1_020)), RegisterBroker)
+    assert isinstance(sent(feed(session.on_reply, reply, 1_020)), RegisterBroker)
 
 
 def run_answering(session: BrokerSession, until: int) -> list:
     """Drive `session` to `until`, each request answered 1 ms later; the requests sent."""
     requests = []
-    actions = session.start(0)
+    actions = feed(session.start, 0)
     while True:
         for action in actions:
-            if isinstance(action, Send):
+            if isinstance(action, SendRequest):
                 requests.append(action.request)
         request = session.in_flight
         wake = session.next_deadline()
@@ -114,11 +115,11 @@ def run_answering(session: BrokerSession, until: int) -> list:
             now = wake - TIMEOUT + 1  # sent at wake - TIMEOUT
             reply = (RegisterBrokerReply(id=request.id) if isinstance(request, RegisterBroker)
                      else HeartbeatReply(id=request.id, known=True, changed=False))
-            actions = session.on_reply(reply, now)
+            actions = feed(session.on_reply, reply, now)
         elif wake > until:
             return requests
         else:
-            actions = session.on_timer(wake)
+            actions = feed(session.on_timer, wake)
 
 
 def test_registers_again_every_register_period():
@@ -142,18 +143,18 @@ def test_the_register_period_is_clamped_to_10_to_60_s(asked: int, used: int):
 def test_every_topic_changed_while_a_registration_is_in_flight_is_registered_next():
     state = make_state()
     session = make_session(state)
-    first = sent(session.start(0))
+    first = sent(feed(session.start, 0))
     for i in range(5):  # all while the first registration waits for its reply
         state.set_topics({**state.topics, f"X{i}": TopicConfig(read_queues=i)}, wall_ms=1_000 + i)
-        assert session.topics_changed(10 + i) == []  # one request at a time
+        assert feed(session.topics_changed, 10 + i) == []  # one request at a time
     assert state.version.counter == 5 and state.version.timestamp == 1_004
-    second = sent(session.on_reply(RegisterBrokerReply(id=first.id), 20))
+    second = sent(feed(session.on_reply, RegisterBrokerReply(id=first.id), 20))
     assert isinstance(second, RegisterBroker)
     assert set(second.topics) == {"T1", "X0", "X1", "X2", "X3", "X4"}
     assert all(second.topics[f"X{i}"].read_queues == i for i in range(5))
     assert second.data_version == state.version
     assert not session.registered  # the first confirmation was of an older version
-    assert session.on_reply(RegisterBrokerReply(id=second.id), 30) == []
+    assert feed(session.on_reply, RegisterBrokerReply(id=second.id), 30) == []
     assert session.registered and session.acknowledged == second
 
 
@@ -162,105 +163,105 @@ def test_a_topic_change_while_idle_registers_at_once_and_while_a_heartbeat_waits
     session = make_session(state)
     registered_at(session, 10)
     state.set_topics({"T2": TopicConfig()}, wall_ms=1)
-    reg = sent(session.topics_changed(500))  # idle: at once, not at the next period
+    reg = sent(feed(session.topics_changed, 500))  # idle: at once, not at the next period
     assert set(reg.topics) == {"T2"}
-    session.on_reply(RegisterBrokerReply(id=reg.id), 510)
-    hb = sent(session.on_timer(510 + INTERVAL))
+    feed(session.on_reply, RegisterBrokerReply(id=reg.id), 510)
+    hb = sent(feed(session.on_timer, 510 + INTERVAL))
     state.set_topics({"T3": TopicConfig()}, wall_ms=2)
-    assert session.topics_changed(1_600) == []
-    reg = sent(session.on_reply(HeartbeatReply(id=hb.id, known=True, changed=False), 1_620))
+    assert feed(session.topics_changed, 1_600) == []
+    reg = sent(feed(session.on_reply, HeartbeatReply(id=hb.id, known=True, changed=False), 1_620))
     assert set(reg.topics) == {"T3"}
 
 
 def test_a_refused_registration_is_logged_and_retried_each_period(caplog):
     session = make_session(register_period_ms=PERIOD)
-    reg = sent(session.start(0))
+    reg = sent(feed(session.start, 0))
     refused = Error(id=reg.id, code="conflict", message="id 0 is held by 10.9.9.9:1")
-    assert session.on_reply(refused, 10) == []
+    assert feed(session.on_reply, refused, 10) == []
     assert "conflict" in session.last_error and not session.registered
     assert any("conflict" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
     assert session.next_deadline() == 10 + PERIOD  # no retry storm, no heartbeats meanwhile
-    assert session.on_timer(10 + INTERVAL) == []
-    assert session.on_timer(10 + PERIOD - 1) == []
-    again = sent(session.on_timer(10 + PERIOD))
+    assert feed(session.on_timer, 10 + INTERVAL) == []
+    assert feed(session.on_timer, 10 + PERIOD - 1) == []
+    again = sent(feed(session.on_timer, 10 + PERIOD))
     assert isinstance(again, RegisterBroker) and again.id != reg.id
-    assert session.on_reply(refused.__class__(id=again.id, code="conflict", message="still"),
+    assert feed(session.on_reply, refused.__class__(id=again.id, code="conflict", message="still"),
                             20 + PERIOD) == []
     assert session.next_deadline() == 20 + 2 * PERIOD
 
 
 def test_a_request_timeout_reconnects_after_a_growing_jittered_backoff_and_registers_again():
     session = make_session()
-    first = sent(session.start(0))
-    assert session.on_timer(TIMEOUT - 1) == []
-    assert session.on_timer(TIMEOUT) == [Disconnect()]
+    first = sent(feed(session.start, 0))
+    assert feed(session.on_timer, TIMEOUT - 1) == []
+    assert feed(session.on_timer, TIMEOUT) == [Disconnect()]
     assert "no reply to register_broker" in session.last_error
     delays = [session.next_deadline() - TIMEOUT]
-    assert session.on_reply(RegisterBrokerReply(id=first.id), TIMEOUT + 1) == []  # too late
+    assert feed(session.on_reply, RegisterBrokerReply(id=first.id), TIMEOUT + 1) == []  # too late
     assert not session.registered
-    assert session.on_timer(session.next_deadline() - 1) == []
+    assert feed(session.on_timer, session.next_deadline() - 1) == []
     now = session.next_deadline()
-    actions = session.on_timer(now)
+    actions = feed(session.on_timer, now)
     assert actions[0] == Connect() and isinstance(sent(actions), RegisterBroker)
     for _ in range(4):  # each unanswered: the wait grows (jittered within [d/2, d])
         now += TIMEOUT
-        assert session.on_timer(now) == [Disconnect()]
+        assert feed(session.on_timer, now) == [Disconnect()]
         delays.append(session.next_deadline() - now)
         now = session.next_deadline()
-        actions = session.on_timer(now)
+        actions = feed(session.on_timer, now)
         assert actions[0] == Connect()
     assert [50 <= d <= 100 for d in delays[:1]] == [True]
     assert all(100 * 2 ** k / 2 <= d <= 100 * 2 ** k for k, d in enumerate(delays)), delays
     # An answer resets the backoff and registers.
     reg = sent(actions)
-    session.on_reply(RegisterBrokerReply(id=reg.id), now + 5)
+    feed(session.on_reply, RegisterBrokerReply(id=reg.id), now + 5)
     assert session.registered
-    hb = sent(session.on_timer(now + 5 + INTERVAL))
-    assert session.on_timer(now + 5 + INTERVAL + TIMEOUT) == [Disconnect()]
+    hb = sent(feed(session.on_timer, now + 5 + INTERVAL))
+    assert feed(session.on_timer, now + 5 + INTERVAL + TIMEOUT) == [Disconnect()]
     assert session.next_deadline() - (now + 5 + INTERVAL + TIMEOUT) <= 100
     assert isinstance(hb, Heartbeat) and not session.registered
     # The NameServer may have dropped the broker meanwhile: reconnecting registers in full.
-    actions = session.on_timer(session.next_deadline())
+    actions = feed(session.on_timer, session.next_deadline())
     assert actions[0] == Connect() and isinstance(sent(actions), RegisterBroker)
 
 
 def test_close_unregisters_on_a_fresh_connection_and_is_done():
     session = make_session()
     registered_at(session, 10)
-    hb = sent(session.on_timer(10 + INTERVAL))
-    actions = session.close(1_100, 2_000)
+    hb = sent(feed(session.on_timer, 10 + INTERVAL))
+    actions = feed(session.close, 1_100, 2_000)
     assert actions[:2] == [Disconnect(), Connect()]
     unreg = sent(actions)
     assert isinstance(unreg, UnregisterBroker) and unreg.broker_name == "bk"
-    assert session.on_reply(HeartbeatReply(id=hb.id, known=True, changed=False), 1_150) == []
-    assert session.on_timer(1_100 + INTERVAL + 500) == []  # no heartbeat once closing
-    assert session.on_reply(UnregisterBrokerReply(id=unreg.id, removed=True), 1_200) == [Done(True)]
+    assert feed(session.on_reply, HeartbeatReply(id=hb.id, known=True, changed=False), 1_150) == []
+    assert feed(session.on_timer, 1_100 + INTERVAL + 500) == []  # no heartbeat once closing
+    assert feed(session.on_reply, UnregisterBrokerReply(id=unreg.id, removed=True), 1_200) == [Done(True)]
     assert session.unregistered and session.done and session.next_deadline() is None
-    assert session.on_timer(100_000) == [] and session.close(100_000, 1) == []
+    assert feed(session.on_timer, 100_000) == [] and feed(session.close, 100_000, 1) == []
 
 
 def test_close_gives_up_at_its_deadline():
     session = make_session()
     registered_at(session, 10)
-    session.close(100, 2_000)
+    feed(session.close, 100, 2_000)
     assert session.next_deadline() == 2_100
-    assert session.on_timer(2_099) == []
-    assert session.on_timer(2_100) == [Done(False)]
+    assert feed(session.on_timer, 2_099) == []
+    assert feed(session.on_timer, 2_100) == [Done(False)]
     assert not session.unregistered and session.done
 
 
 def test_registration_replies_expose_master_and_ha_addresses():
     session = make_session()
-    reg = sent(session.start(0))
-    session.on_reply(RegisterBrokerReply(id=reg.id, master_addr="10.0.0.1:10911",
+    reg = sent(feed(session.start, 0))
+    feed(session.on_reply, RegisterBrokerReply(id=reg.id, master_addr="10.0.0.1:10911",
                                          ha_addr="10.0.0.1:10912"), 5)
     assert (session.master_addr, session.ha_addr) == ("10.0.0.1:10911", "10.0.0.1:10912")
 
 
 def test_a_reply_of_the_wrong_kind_counts_as_a_failed_request():
     session = make_session()
-    reg = sent(session.start(0))
-    assert session.on_reply(HeartbeatReply(id=reg.id, known=True, changed=False), 5) == \
+    reg = sent(feed(session.start, 0))
+    assert feed(session.on_reply, HeartbeatReply(id=reg.id, known=True, changed=False), 5) == \
         [Disconnect()]
     assert not session.registered
 
@@ -271,9 +272,9 @@ def test_shared_request_ids_stay_distinct_across_sessions():
     ids = itertools.count(1)
     state = make_state()
     a, b = make_session(state, request_ids=ids), make_session(state, request_ids=ids)
-    ra, rb = sent(a.start(0)), sent(b.start(0))
+    ra, rb = sent(feed(a.start, 0)), sent(feed(b.start, 0))
     assert ra.id != rb.id
-    assert b.on_reply(RegisterBrokerReply(id=ra.id), 5) == [] and not b.registered
+    assert feed(b.on_reply, RegisterBrokerReply(id=ra.id), 5) == [] and not b.registered
 
 
 def test_invalid_topics_are_refused_and_change_nothing():
@@ -309,9 +310,9 @@ def test_a_fresh_session_reports_nothing_yet_and_numbers_its_requests_from_1():
     assert (session.master_addr, session.ha_addr, session.last_error) == ("", "", "")
     assert session.done is False and session.unregistered is False
     assert session.registrations == 0 and session.in_flight is None
-    reg = sent(session.start(0))
+    reg = sent(feed(session.start, 0))
     assert reg.id == 1
-    hb = sent(session.on_reply(RegisterBrokerReply(id=reg.id), 5) + session.on_timer(5 + INTERVAL))
+    hb = sent(feed(session.on_reply, RegisterBrokerReply(id=reg.id), 5) + feed(session.on_timer, 5 + INTERVAL))
     assert hb.id == 2
 
 
@@ -353,21 +354,21 @@ def test_an_invalid_topic_config_names_the_field():
 def test_without_a_backoff_given_reconnects_wait_100_ms_doubling_up_to_10_s():
     session = BrokerSession(ENDPOINT, make_state())
     now, delays = 0, []
-    session.start(now)
+    feed(session.start, now)
     for _ in range(12):
         now = session.next_deadline()  # the request's deadline
-        assert session.on_timer(now) == [Disconnect()]
+        assert feed(session.on_timer, now) == [Disconnect()]
         delays.append(session.next_deadline() - now)
         now = session.next_deadline()
-        assert session.on_timer(now)[0] == Connect()
+        assert feed(session.on_timer, now)[0] == Connect()
     assert 50 <= delays[0] <= 100 and 100 <= delays[1] <= 200
     assert all(5_000 <= d <= 10_000 for d in delays[-4:]), delays
 
 
 def test_a_request_timeout_is_logged_with_the_reconnect_delay(caplog):
     session = make_session()
-    session.start(0)
-    assert session.on_timer(TIMEOUT) == [Disconnect()]
+    feed(session.start, 0)
+    assert feed(session.on_timer, TIMEOUT) == [Disconnect()]
     delay = session.next_deadline() - TIMEOUT
     assert messages(caplog, "WARNING") == [
         f"NameServer {ENDPOINT}: no reply to register_broker within {TIMEOUT} ms; "
@@ -376,32 +377,32 @@ def test_a_request_timeout_is_logged_with_the_reconnect_delay(caplog):
 
 def test_a_reply_of_the_wrong_kind_is_named_in_the_last_error():
     session = make_session()
-    reg = sent(session.start(0))
-    session.on_reply(HeartbeatReply(id=reg.id, known=True, changed=False), 5)
+    reg = sent(feed(session.start, 0))
+    feed(session.on_reply, HeartbeatReply(id=reg.id, known=True, changed=False), 5)
     assert session.last_error == "answered register_broker with a HeartbeatReply"
 
 
 def test_a_reply_without_an_id_is_ignored():
     session = make_session()
-    session.start(0)
-    assert session.on_reply(object(), 5) == [] and session.in_flight is not None
+    feed(session.start, 0)
+    assert feed(session.on_reply, object(), 5) == [] and session.in_flight is not None
 
 
 def test_a_confirmed_registration_clears_the_last_error_and_counts(caplog):
     caplog.set_level("DEBUG", logger="zns.core.broker_session")
     session = make_session()
-    reg = sent(session.start(0))
-    session.on_reply(Error(id=reg.id, code="conflict", message="held"), 5)
+    reg = sent(feed(session.start, 0))
+    feed(session.on_reply, Error(id=reg.id, code="conflict", message="held"), 5)
     assert session.last_error == "conflict: held"
     assert messages(caplog, "ERROR") == [
         f"NameServer {ENDPOINT} refused the registration of bk: conflict held"]
-    reg = sent(session.on_timer(5 + session.register_period_ms))
-    session.on_reply(RegisterBrokerReply(id=reg.id), 30_010)
+    reg = sent(feed(session.on_timer, 5 + session.register_period_ms))
+    feed(session.on_reply, RegisterBrokerReply(id=reg.id), 30_010)
     assert session.last_error == "" and session.registrations == 1
     assert messages(caplog, "DEBUG") == [f"registered with {ENDPOINT}"]
     session.broker.set_topics({"T2": TopicConfig()}, wall_ms=1)
-    reg = sent(session.topics_changed(30_020))
-    session.on_reply(RegisterBrokerReply(id=reg.id), 30_030)
+    reg = sent(feed(session.topics_changed, 30_020))
+    feed(session.on_reply, RegisterBrokerReply(id=reg.id), 30_030)
     assert session.registrations == 2
 
 
@@ -411,16 +412,16 @@ def test_a_heartbeat_answered_unknown_or_changed_says_so_in_the_log(caplog, know
     caplog.set_level("INFO", logger="zns.core.broker_session")
     session = make_session()
     registered_at(session, 10)
-    hb = sent(session.on_timer(10 + INTERVAL))
-    session.on_reply(HeartbeatReply(id=hb.id, known=known, changed=changed), 1_020)
+    hb = sent(feed(session.on_timer, 10 + INTERVAL))
+    feed(session.on_reply, HeartbeatReply(id=hb.id, known=known, changed=changed), 1_020)
     assert messages(caplog, "INFO") == [f"NameServer {ENDPOINT} {why} this broker: registering again"]
 
 
 def test_a_heartbeat_refused_is_logged_and_kept_as_the_last_error(caplog):
     session = make_session()
     registered_at(session, 10)
-    hb = sent(session.on_timer(10 + INTERVAL))
-    session.on_reply(Error(id=hb.id, code="bad_request", message="no"), 1_020)
+    hb = sent(feed(session.on_timer, 10 + INTERVAL))
+    feed(session.on_reply, Error(id=hb.id, code="bad_request", message="no"), 1_020)
     assert session.last_error == "bad_request: no"
     assert messages(caplog, "WARNING") == [
         f"NameServer {ENDPOINT} answered heartbeat with bad_request: no"]
@@ -429,9 +430,9 @@ def test_a_heartbeat_refused_is_logged_and_kept_as_the_last_error(caplog):
 def test_a_refused_unregistration_ends_the_session_unconfirmed(caplog):
     session = make_session()
     registered_at(session, 10)
-    unreg = sent(session.close(100, 2_000))
+    unreg = sent(feed(session.close, 100, 2_000))
     refused = Error(id=unreg.id, code="not_found", message="no such broker")
-    assert session.on_reply(refused, 150) == [Done(False)]
+    assert feed(session.on_reply, refused, 150) == [Done(False)]
     assert session.done and not session.unregistered
     assert session.last_error == "not_found: no such broker"
     assert messages(caplog, "WARNING") == [
@@ -441,25 +442,25 @@ def test_a_refused_unregistration_ends_the_session_unconfirmed(caplog):
 def test_closing_twice_sends_one_unregistration():
     session = make_session()
     registered_at(session, 10)
-    assert isinstance(sent(session.close(100, 2_000)), UnregisterBroker)
-    assert session.close(200, 2_000) == []
+    assert isinstance(sent(feed(session.close, 100, 2_000)), UnregisterBroker)
+    assert feed(session.close, 200, 2_000) == []
     assert session.next_deadline() == 2_100  # the first close's deadline stands
 
 
 def test_a_close_that_times_out_is_logged_and_ignores_a_late_confirmation(caplog):
     session = make_session()
     registered_at(session, 10)
-    unreg = sent(session.close(100, 2_000))
-    assert session.on_timer(2_100) == [Done(False)]
+    unreg = sent(feed(session.close, 100, 2_000))
+    assert feed(session.on_timer, 2_100) == [Done(False)]
     assert messages(caplog, "WARNING") == [
         f"NameServer {ENDPOINT} did not confirm the unregistration of bk in time"]
-    assert session.on_reply(UnregisterBrokerReply(id=unreg.id, removed=True), 2_200) == []
+    assert feed(session.on_reply, UnregisterBrokerReply(id=unreg.id, removed=True), 2_200) == []
     assert not session.unregistered and session.in_flight is None
 
 
 def test_after_unregistering_the_session_holds_no_registration():
     session = make_session()
     registered_at(session, 10)
-    unreg = sent(session.close(100, 2_000))
-    assert session.on_reply(UnregisterBrokerReply(id=unreg.id, removed=True), 150) == [Done(True)]
+    unreg = sent(feed(session.close, 100, 2_000))
+    assert feed(session.on_reply, UnregisterBrokerReply(id=unreg.id, removed=True), 150) == [Done(True)]
     assert session.registered is False and session.acknowledged is None

@@ -15,9 +15,9 @@ from helpers import LOADED_DEADLINE, examples, register_fields, wait_for
 from zns.core.backoff import Backoff
 from zns.core.client_session import (
     ClientSession,
-    Connect,
-    ConnectSub,
-    Send,
+    FollowServer,
+    ConnectEvents,
+    SendBytes,
     Subscribe,
     Unsubscribe,
 )
@@ -338,15 +338,15 @@ def test_session_learns_pub_endpoint_and_switches_on_timeout():
     session.start(0)
     first = session.endpoint
     actions = session.actions()
-    assert actions[0] == Connect(first)
+    assert actions[0] == FollowServer(first)
     session.on_reply(status_reply(actions[1].body, "tcp://0.0.0.0:7"), 100)
     host = first.split("//")[1].split(":")[0]
-    assert session.actions() == [ConnectSub(f"tcp://{host}:7"), Subscribe(HB_CHANNEL)]
+    assert session.actions() == [ConnectEvents(f"tcp://{host}:7"), Subscribe(HB_CHANNEL)]
     session.track("T", 200)
     acts = session.actions()
-    assert acts[0] == Subscribe(route_channel("T")) and isinstance(acts[1], Send)
+    assert acts[0] == Subscribe(route_channel("T")) and isinstance(acts[1], SendBytes)
     session.on_timer(1_300)  # the get_routes went unanswered
-    assert session.actions() == [Connect(None)]
+    assert session.actions() == [FollowServer(None)]
     assert session.endpoint is None and session.switches == 1
     session.on_timer(5_000)  # after the backoff: the other NameServer
     assert session.endpoint != first

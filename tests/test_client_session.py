@@ -15,10 +15,10 @@ from zns.core.backoff import Backoff
 from zns.core.client_session import (
     MAX_TOPIC_CHANNELS,
     ClientSession,
-    Connect,
-    ConnectSub,
+    FollowServer,
+    ConnectEvents,
     Notify,
-    Send,
+    SendBytes,
     Subscribe,
     Unsubscribe,
     check_topic,
@@ -63,7 +63,7 @@ def hb(epoch: str = EPOCH) -> bytes:
 
 def sent(actions: list) -> list:
     """The requests among `actions`, decoded."""
-    return [decode_request(a.body) for a in actions if isinstance(a, Send)]
+    return [decode_request(a.body) for a in actions if isinstance(a, SendBytes)]
 
 
 def connected(endpoints: list[str] | None = None, now: int = 0, **kw) -> ClientSession:
@@ -97,7 +97,7 @@ def test_start_connects_and_asks_status_with_the_first_request_id():
     assert (session.switches, session.pulls) == (0, 0)
     session.start(500)
     actions = session.actions()
-    assert actions[0] == Connect("tcp://h1:1") and session.endpoint == "tcp://h1:1"
+    assert actions[0] == FollowServer("tcp://h1:1") and session.endpoint == "tcp://h1:1"
     assert sent(actions) == [Status(id=1)] and len(actions) == 2
     assert session.actions() == []  # each action is handed out once
     assert session.next_deadline() == 500 + 3_000  # the default request timeout
@@ -128,7 +128,7 @@ def test_status_reply_subscribes_topics_then_channels_then_hb_and_times_silence(
     assert session.actions() == []  # nothing to subscribe to before `status` named the PUB
     session.on_reply(status_reply(status.id, "tcp://0.0.0.0:7"), 100)
     actions = session.actions()
-    assert actions[:6] == [ConnectSub("tcp://h1:7"), Subscribe(route_channel("T")),
+    assert actions[:6] == [ConnectEvents("tcp://h1:7"), Subscribe(route_channel("T")),
                            Subscribe(route_channel("U")), Subscribe(b"broker/"), Subscribe(b"x/"),
                            Subscribe(HB_CHANNEL)]
     assert sent(actions[6:]) == [GetRoutes(id=2, topics=["T", "U"])] and len(actions) == 7
@@ -143,7 +143,7 @@ def test_status_reply_subscribes_topics_then_channels_then_hb_and_times_silence(
     session.on_timer(100 + 700 + 3 * 400 - 1)
     assert session.switches == 0
     session.on_timer(100 + 700 + 3 * 400)  # silent exactly until the deadline: gone
-    assert session.switches == 1 and session.actions() == [Connect(None)]
+    assert session.switches == 1 and session.actions() == [FollowServer(None)]
 
 
 def test_the_default_heartbeat_interval_sets_the_silence_deadline():
@@ -158,7 +158,7 @@ def test_events_relay_replaces_the_nameservers_own_pub():
     session.start(0)
     (status,) = sent(session.actions())
     session.on_reply(status_reply(status.id, "tcp://0.0.0.0:7"), 0)
-    assert session.actions() == [ConnectSub("tcp://relay:9"), Subscribe(HB_CHANNEL)]
+    assert session.actions() == [ConnectEvents("tcp://relay:9"), Subscribe(HB_CHANNEL)]
     assert session.pub_endpoint == "tcp://relay:9"
 
 
@@ -206,7 +206,7 @@ def test_error_reply_moves_to_the_next_nameserver(caplog):
     (pull,) = sent(session.actions())
     with caplog.at_level(logging.WARNING, logger="zns.client"):
         session.on_reply(encode(Error(id=pull.id, code="bad_request", message="no")), 50)
-    assert session.actions() == [Connect(None)]
+    assert session.actions() == [FollowServer(None)]
     assert session.switches == 1 and session.endpoint is None and session.pub_endpoint is None
     assert not session.connected
     resume = session.next_deadline()
@@ -219,7 +219,7 @@ def test_error_reply_moves_to_the_next_nameserver(caplog):
     assert session.actions() == []
     session.on_timer(resume)
     actions = session.actions()
-    assert actions[0] == Connect("tcp://h2:1" if first == "tcp://h1:1" else "tcp://h1:1")
+    assert actions[0] == FollowServer("tcp://h2:1" if first == "tcp://h1:1" else "tcp://h1:1")
     assert sent(actions) == [Status(id=3)]
     assert session.next_deadline() == resume + 3_000
 
@@ -246,7 +246,7 @@ def test_a_request_times_out_exactly_at_its_deadline():
     session.on_timer(999)
     assert session.switches == 0 and session.actions() == []
     session.on_timer(1_000)
-    assert session.switches == 1 and session.actions() == [Connect(None)]
+    assert session.switches == 1 and session.actions() == [FollowServer(None)]
 
 
 def test_the_default_backoff_doubles_up_to_ten_seconds():
@@ -319,7 +319,7 @@ def test_while_waiting_to_reconnect_nothing_else_happens():
     session.track("T", 0)
     session.actions()
     session.on_timer(1_000)  # the pull timed out
-    assert session.actions() == [Connect(None)]
+    assert session.actions() == [FollowServer(None)]
     resume = session.next_deadline()
     session.track("U", resume - 1)  # not connected: no request
     session.on_timer(resume - 1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from helpers import feed
 from zns.core.peer_link import (
     DEFAULT_PEER_INTERVAL_MS,
     MIN_SILENCE_MS,
@@ -204,22 +205,22 @@ def hb(time_ms: int, epoch: str = "a" * 16) -> HbEvent:
 def linked(now: int = 0) -> PeerLink:
     """A link that learned the peer's endpoint at `now` and got one hb."""
     link = PeerLink(PEER, now)
-    assert link.on_timer(now) == [AskStatus(1)]
-    assert link.on_reply(status(), now) == [FollowEvents("tcp://10.1.2.3:9877")]
-    link.on_event(hb(now), now)
+    assert feed(link.on_timer, now) == [AskStatus(1)]
+    assert feed(link.on_reply, status(), now) == [FollowEvents("tcp://10.1.2.3:9877")]
+    feed(link.on_event, hb(now), now)
     return link
 
 
 def test_start_up_asks_at_once_and_retries_with_capped_backoff():
     link = PeerLink(PEER, now=0)
     assert link.next_deadline() == 0
-    assert link.on_timer(0) == [AskStatus(1)]
-    assert link.on_timer(RETRY_MIN_MS - 1) == []  # an attempt is given time to be answered
+    assert feed(link.on_timer, 0) == [AskStatus(1)]
+    assert feed(link.on_timer, RETRY_MIN_MS - 1) == []  # an attempt is given time to be answered
     sent_at, waits = [], []
     now = 0
     for _ in range(12):
         now = link.next_deadline()
-        actions = link.on_timer(now)
+        actions = feed(link.on_timer, now)
         assert len(actions) == 1 and isinstance(actions[0], AskStatus)
         sent_at.append(now)
     waits = [b - a for a, b in zip(sent_at, sent_at[1:])]
@@ -231,53 +232,53 @@ def test_start_up_asks_at_once_and_retries_with_capped_backoff():
 
 def test_a_status_reply_subscribes_to_the_learned_endpoint_once():
     link = PeerLink(PEER, now=0)
-    link.on_timer(0)
-    assert link.on_reply(status(pub="tcp://0.0.0.0:9877"), 5) == [
+    feed(link.on_timer, 0)
+    assert feed(link.on_reply, status(pub="tcp://0.0.0.0:9877"), 5) == [
         FollowEvents("tcp://10.1.2.3:9877")
     ]
     assert not link.asking and link.epoch == "a" * 16
-    assert link.on_reply(status(pub="tcp://0.0.0.0:9877"), 6) == []  # a late duplicate
+    assert feed(link.on_reply, status(pub="tcp://0.0.0.0:9877"), 6) == []  # a late duplicate
     assert not link.connected  # connected means: its hbs arrive
-    link.on_event(hb(100), 10)
+    feed(link.on_event, hb(100), 10)
     assert link.connected
 
 
 def test_an_error_reply_keeps_asking():
     link = PeerLink(PEER, now=0)
-    link.on_timer(0)
-    assert link.on_reply(Error(id=1, code="no_permission", message="no"), 5) == []
+    feed(link.on_timer, 0)
+    assert feed(link.on_reply, Error(id=1, code="no_permission", message="no"), 5) == []
     assert link.asking
-    assert isinstance(link.on_timer(link.next_deadline())[0], AskStatus)
+    assert isinstance(feed(link.on_timer, link.next_deadline())[0], AskStatus)
 
 
 def test_silence_disconnects_and_renews_the_subscription():
     link = linked(now=0)
-    link.on_event(hb(200), 200)
+    feed(link.on_event, hb(200), 200)
     assert link.interval_ms == 200
     assert link.silence_ms == MIN_SILENCE_MS  # 3 intervals, but never below the floor
-    assert link.on_timer(200 + MIN_SILENCE_MS) == []  # not yet
+    assert feed(link.on_timer, 200 + MIN_SILENCE_MS) == []  # not yet
     assert link.next_deadline() == 200 + MIN_SILENCE_MS + 1
-    actions = link.on_timer(200 + MIN_SILENCE_MS + 1)
+    actions = feed(link.on_timer, 200 + MIN_SILENCE_MS + 1)
     assert actions == [AskStatus(2)]
     assert not link.connected and link.asking
     # The peer answers again from the same endpoint: the SUB reconnects anyway.
-    assert link.on_reply(status(rid=2), 1500) == [FollowEvents("tcp://10.1.2.3:9877")]
+    assert feed(link.on_reply, status(rid=2), 1500) == [FollowEvents("tcp://10.1.2.3:9877")]
 
 
 def test_an_hb_after_silence_makes_renewal_unnecessary():
     link = linked(now=0)
-    link.on_timer(5000)  # silent
-    link.on_event(hb(5100), 5100)  # ...but it was only slow
+    feed(link.on_timer, 5000)  # silent
+    feed(link.on_event, hb(5100), 5100)  # ...but it was only slow
     assert link.connected
-    assert link.on_reply(status(rid=2), 5200) == []
+    assert feed(link.on_reply, status(rid=2), 5200) == []
 
 
 def test_a_slow_peer_gets_three_of_its_own_intervals():
     link = linked(now=0)
-    link.on_event(hb(5000), 5000)
+    feed(link.on_event, hb(5000), 5000)
     assert link.interval_ms == 5000
-    assert link.on_timer(5000 + 3 * 5000) == []
-    assert link.on_timer(5000 + 3 * 5000 + 1) == [AskStatus(2)]
+    assert feed(link.on_timer, 5000 + 3 * 5000) == []
+    assert feed(link.on_timer, 5000 + 3 * 5000 + 1) == [AskStatus(2)]
 
 
 def test_default_interval_until_measured():
@@ -287,31 +288,31 @@ def test_default_interval_until_measured():
 
 def test_a_new_epoch_on_the_sub_means_a_restart_and_re_learns_the_endpoint():
     link = linked(now=0)
-    hint = link.on_event(broker_event(epoch="b" * 16), 100)
-    assert hint is not None  # a restarted peer's report is still true
+    (hint,) = feed(link.on_event, broker_event(epoch="b" * 16), 100)
+    assert isinstance(hint, Hint)  # a restarted peer's report is still true
     assert link.epoch == "b" * 16 and link.asking
-    assert link.on_timer(100) == [AskStatus(2)]
+    assert feed(link.on_timer, 100) == [AskStatus(2)]
     # Same endpoint and its events already arrive: the subscription stays.
-    assert link.on_reply(status(epoch="b" * 16, rid=2), 150) == []
+    assert feed(link.on_reply, status(epoch="b" * 16, rid=2), 150) == []
     # A restart on another port moves the subscription.
-    link.on_event(hb(300, epoch="c" * 16), 300)
-    link.on_timer(300)
-    assert link.on_reply(status(epoch="c" * 16, pub="tcp://*:7000", rid=3), 350) == [
+    feed(link.on_event, hb(300, epoch="c" * 16), 300)
+    feed(link.on_timer, 300)
+    assert feed(link.on_reply, status(epoch="c" * 16, pub="tcp://*:7000", rid=3), 350) == [
         FollowEvents("tcp://10.1.2.3:7000")
     ]
 
 
 def test_a_restart_resets_the_interval_measure():
     link = linked(now=0)
-    link.on_event(hb(1_000_000, epoch="b" * 16), 100)  # the new process's first hb
-    link.on_event(hb(1_000_200, epoch="b" * 16), 300)
+    feed(link.on_event, hb(1_000_000, epoch="b" * 16), 100)  # the new process's first hb
+    feed(link.on_event, hb(1_000_200, epoch="b" * 16), 300)
     assert link.interval_ms == 200
 
 
 def test_unreadable_events_change_nothing():
     link = linked(now=0)
-    assert link.on_event(None, 100) is None
-    assert link.on_reply(None, 100) == []
+    assert feed(link.on_event, None, 100) == []
+    assert feed(link.on_reply, None, 100) == []
     assert link.epoch == "a" * 16 and link.connected
 
 
@@ -335,37 +336,37 @@ def test_a_bad_events_endpoint_asks_again_backing_off_until_an_event_arrives():
         assert link.pub is None and link.asking is True
         waits.append(link._next_ask - now)
         now = link._next_ask
-        assert link.on_timer(now) == [AskStatus(link._request_id)]
+        assert feed(link.on_timer, now) == [AskStatus(link._request_id)]
         assert link._next_ask == now + RETRY_MIN_MS  # an unanswered ask retries as usual
-        assert link.on_reply(status(rid=link._request_id), now) == [FollowEvents("tcp://10.1.2.3:9877")]
+        assert feed(link.on_reply, status(rid=link._request_id), now) == [FollowEvents("tcp://10.1.2.3:9877")]
     # Doubling from 2 x RETRY_MIN_MS per failure in a row, capped (a status reply resets nothing).
     assert waits == [400, 800, 1600, 3200, RETRY_MAX_MS, RETRY_MAX_MS, RETRY_MAX_MS]
-    link.on_event(hb(now), now)  # the subscription works: the count starts over
+    feed(link.on_event, hb(now), now)  # the subscription works: the count starts over
     link.on_subscribe_failed(now)
     assert link._next_ask == now + 2 * RETRY_MIN_MS
 
 
 def test_a_status_reply_while_not_asking_changes_nothing():
     link = linked(0)
-    assert link.on_reply(status(pub="tcp://0.0.0.0:1111", rid=9), 5) == []
+    assert feed(link.on_reply, status(pub="tcp://0.0.0.0:1111", rid=9), 5) == []
     assert link.pub == "tcp://10.1.2.3:9877" and not link.asking
 
 
 @pytest.mark.parametrize(("gap", "measured"), [(0, False), (1, True), (60_000, True), (60_001, False)])
 def test_hb_gaps_measured_are_positive_and_at_most_a_minute(gap, measured):
     link = linked(0)
-    link.on_event(hb(gap), gap)
+    feed(link.on_event, hb(gap), gap)
     assert link.interval_ms == (gap if measured else DEFAULT_PEER_INTERVAL_MS)
 
 
 def test_the_link_logs_connect_restart_refusal_and_silence(caplog):
     with caplog.at_level("INFO", logger="zns"):
         link = linked(0)  # a first status and hb: no restart, one connect
-        link.on_timer(5000)  # silent
-        link.on_timer(5000)
-        link.on_reply(Error(code="no_permission", message="nope", id=link._request_id), 5001)
-        link.on_reply(status(epoch="b" * 16, rid=link._request_id), 5002)
-        link.on_event(hb(5003, epoch="c" * 16), 5003)
+        feed(link.on_timer, 5000)  # silent
+        feed(link.on_timer, 5000)
+        feed(link.on_reply, Error(code="no_permission", message="nope", id=link._request_id), 5001)
+        feed(link.on_reply, status(epoch="b" * 16, rid=link._request_id), 5002)
+        feed(link.on_event, hb(5003, epoch="c" * 16), 5003)
     assert [r.getMessage() for r in caplog.records] == [
         f"peer {PEER} connected (epoch 'aaaaaaaaaaaaaaaa', events on 'tcp://10.1.2.3:9877')",
         f"peer {PEER} disconnected: no hb for 5000 ms",

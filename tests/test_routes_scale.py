@@ -12,6 +12,7 @@ import time
 import msgspec
 import pytest
 
+from helpers import feed
 from zns.core import revisions as revisions_module
 from zns.core import routes as routes_module
 from zns.core.errors import NoPermission
@@ -273,20 +274,20 @@ def test_disconnected_is_a_hint_reason():
 
 def _linked() -> PeerLink:
     link = PeerLink("tcp://10.1.2.3:9876", 0)
-    assert link.on_timer(0) == [AskStatus(1)]
+    assert feed(link.on_timer, 0) == [AskStatus(1)]
     reply = StatusReply(id=1, epoch="a" * 16, revision=0, version="t", uptime_ms=0, brokers=0,
                         topics=0, pub_endpoint="tcp://0.0.0.0:9877")
-    assert link.on_reply(reply, 0) == [FollowEvents("tcp://10.1.2.3:9877")]
+    assert feed(link.on_reply, reply, 0) == [FollowEvents("tcp://10.1.2.3:9877")]
     return link
 
 
 def test_a_peer_claiming_a_long_period_is_disconnected_after_its_real_silence():
     link = _linked()
     for k in range(5):  # hbs every 200 ms that claim 59 s between them
-        link.on_event(HbEvent(epoch="a" * 16, revision=0, time_ms=k * 59_000), k * 200)
+        feed(link.on_event, HbEvent(epoch="a" * 16, revision=0, time_ms=k * 59_000), k * 200)
     assert link.interval_ms == 200 and link.connected
     silent_from = 4 * 200
-    assert link.on_timer(silent_from + 3_000) == [AskStatus(2)]  # seconds, not 177 s
+    assert feed(link.on_timer, silent_from + 3_000) == [AskStatus(2)]  # seconds, not 177 s
     assert not link.connected
 
 
@@ -296,8 +297,8 @@ def test_a_peer_whose_clock_steps_back_stays_connected():
     for k in range(20):
         now = k * 200
         wall += 200 if k != 10 else -3_600_000  # its wall clock jumps back an hour
-        link.on_event(HbEvent(epoch="a" * 16, revision=0, time_ms=wall), now)
-        assert link.on_timer(now + 150) == []
+        feed(link.on_event, HbEvent(epoch="a" * 16, revision=0, time_ms=wall), now)
+        assert feed(link.on_timer, now + 150) == []
         assert link.connected and link.interval_ms == (200 if k else 1000)
 
 

@@ -20,9 +20,13 @@ them is a design change: discuss it first.
 3. **Inputs in, decisions out.** A core object is fed what happened
    (`respond(body, now)`, `on_reply`, `on_event`, `on_timer`, `woke(now)`)
    and answers with what to do: reply bytes and events to publish, or small
-   action objects, one union per session (`ClientAction`, `BrokerAction`,
-   `PeerAction`: `Connect`, `Send`, `AskStatus`, `FollowEvents`, ...). It
-   never performs the action itself.
+   action objects. The three sessions (client, broker, peer link) speak one
+   vocabulary: their inputs return nothing, `actions()` hands out in order what
+   to do since it was last called, `next_deadline()` says when `on_timer` is
+   due. Each has its own action union with its own names (`ClientAction`:
+   `FollowServer`, `SendBytes`, ...; `BrokerAction`: `Connect`, `SendRequest`,
+   ...; `PeerAction`: `AskStatus`, `FollowEvents`, `Hint`). It never performs
+   the action itself.
 
 4. **It says when it next wants to run.** Every object with timers has a
    `next_deadline()` and an `on_timer(now)` (the same words in the client,
@@ -40,7 +44,9 @@ them is a design change: discuss it first.
    `RemotingService.handle` (a remoting response code); nothing else
    catches it to reply. The
    caller's own misuse is a `UsageError`; configuration problems are
-   `ConfigError`s. A refused request changes nothing (all-or-nothing): check
+   `ConfigError`s; a peer's failed connection is `ConnectionLost`. Library I/O
+   errors (zmq, sockets, files) become this tree's at one boundary,
+   `zns.drivers.io_errors`. A refused request changes nothing (all-or-nothing): check
    everything, then mutate.
 
 7. **Imports point one way.** `zns.drivers` and `zns.cli` import the core;
@@ -51,24 +57,32 @@ them is a design change: discuss it first.
    and the schema's `Meta` bounds), and the bound is checked before the state
    grows.
 
-Modules:
+Modules, by role (a flat package on purpose: docs/development.md says why):
 
-| module | decides |
-|---|---|
-| `schema` | every ZNS/1 message, bound and default; encode/decode |
-| `errors` | the error tree and its wire codes |
-| `routes` | the route table: §4 registration, §6 admin ops, §8 expiry, revisions and events |
-| `limits` | how much state requests may pile up |
-| `service` | `NameService`: request bytes in, reply bytes and events out |
-| `timers` | the server's `hb` schedule, expiry wake-ups, peers' wake-ups, the §8 stall rule |
-| `kv` | what the core needs of the KV store (the file lives in `zns.drivers.kv_file`) |
-| `keys` | the CURVE key policy (§9): who may do what |
-| `peer_link` | one peer NameServer (§10): when to ask, what its events hint |
-| `broker_session` | a broker's side of §4: when to register, heartbeat, reconnect, unregister |
-| `addresses` | NameServer address lists, the events endpoint a client connects to |
-| `backoff` | exponential backoff with jitter |
-| `route_cache` | the client's cache (§7): which events apply, when to pull again |
-| `client_session` | the client following one NameServer (§10): connect, subscribe, time out, move on |
-| `queues` | producer/consumer views of a route, queue selection with fault avoidance |
-| `remoting` | RocketMQ's remoting protocol: codec and translation to ZNS/1 ops |
+| role | module | decides |
+|---|---|---|
+| shared | `schema` | every ZNS/1 message, bound and default; encode/decode |
+| shared | `errors` | the error tree and its wire codes |
+| shared | `config` | every setting of `zns serve`, `zns relay`, `zns broker`: type, bound, default |
+| shared | `addresses` | NameServer address lists, the events endpoint a client connects to |
+| shared | `backoff` | exponential backoff with jitter |
+| shared | `text` | text from the network made safe for a log line or an error message |
+| server | `service` | `NameService`: every request, either listener's, in; replies and events out |
+| server | `routes` | the route table: §4 registration, §6 admin ops, §8 expiry, revisions and events |
+| server | `liveness` | each broker address's deadline (§8), suspicion (§10), the stall shift |
+| server | `weights` | the weight ledger: what routes carry, in queue entries (`--max-queues`) |
+| server | `revisions` | route materialization, revisions and route events (§5, §7) |
+| server | `encoded_routes` | every route's encodings (ZNS/1, RocketMQ's two JSON forms), cached once |
+| server | `limits` | how much state requests may pile up |
+| server | `budget` | how many bytes of large replies a peer that never reads may be sent |
+| server | `subscriptions` | what the events port's subscriptions cost, and who is over |
+| server | `timers` | the server's `hb` schedule, expiry wake-ups, the §8 stall rule |
+| server | `kv` | what the core needs of the KV store (the file lives in `zns.drivers.kv_file`) |
+| server | `keys` | the CURVE key policy (§9): who may do what |
+| server | `peer_link` | one peer NameServer (§10): when to ask, what its events hint |
+| remoting | `remoting` | RocketMQ's remoting protocol: codec and translation to ZNS/1 ops |
+| broker | `broker_session` | a broker's side of §4: when to register, heartbeat, reconnect, unregister |
+| client | `client_session` | the client following one NameServer (§10): connect, subscribe, time out, move on |
+| client | `route_cache` | the client's cache (§7): which events apply, when to pull again |
+| client | `queues` | producer/consumer views of a route, queue selection with fault avoidance |
 """

@@ -14,9 +14,10 @@ a request unanswered within the request timeout means the connection is
 dropped (so a late reply, or a request still queued on it, cannot be taken
 for a later one) and made again after a jittered backoff. `close` unregisters.
 
-It is fed replies and the time (`on_reply`, `on_timer`, `topics_changed`,
-`close`, each with `now` in integer milliseconds) and answers with actions
-(`Connect`, `Disconnect`, `Send`, `Done`) and `next_deadline()`. The driver
+It is fed replies and the time (`start`, `on_reply`, `on_timer`, `topics_changed`,
+`close`, each with `now` in integer milliseconds); `actions()` hands out what to
+do (`Connect`, `Disconnect`, `SendRequest`, `Done`) and `next_deadline()` says when
+`on_timer` is next due: the vocabulary of every session (`zns.core`, rule 3). The driver
 (`zns.drivers.broker_agent`, `bench.soak`) owns sockets and clocks.
 """
 
@@ -157,7 +158,7 @@ class Disconnect:
 
 
 @dataclass(frozen=True)
-class Send:
+class SendRequest:
     """Send `request` (its `id` set) on the connection."""
 
     request: Request
@@ -170,7 +171,7 @@ class Done:
     unregistered: bool  # the NameServer confirmed the unregistration
 
 
-BrokerAction = Connect | Disconnect | Send | Done
+BrokerAction = Connect | Disconnect | SendRequest | Done
 
 
 @dataclass(frozen=True)
@@ -184,8 +185,8 @@ class BrokerSession:
 
     The driver calls `start(now)` once, then feeds every decoded reply to
     `on_reply`, calls `on_timer` when `next_deadline()` is reached, `topics_changed`
-    after `BrokerState.set_topics`, and `close` to unregister; it carries out
-    the returned actions in order. `request_ids` may be shared by sessions that
+    after `BrokerState.set_topics`, and `close` to unregister; after each, it
+    carries out `actions()` in order. `request_ids` may be shared by sessions that
     share a connection, so a reply's id names its session.
     """
 
@@ -217,6 +218,7 @@ class BrokerSession:
         self.unregistered = False
         self.done = False
         self._started = False
+        self._actions: list[BrokerAction] = []
         self._connected = False
         self._reconnect_at = 0
         self._flight: _Flight | None = None  # one request at a time
@@ -239,24 +241,60 @@ class BrokerSession:
 
     # --- inputs ---------------------------------------------------------------
 
-    def start(self, now: int) -> list[BrokerAction]:
+    def start(self, now: int) -> None:
         """Connect and register."""
         if self._started:
-            return []
+            return
         self._started = True
         self._reconnect_at = self._next_register = now
-        return self._step(now)
+        self._actions += self._step(now)
 
-    def on_timer(self, now: int) -> list[BrokerAction]:
-        return self._step(now)
+    def on_timer(self, now: int) -> None:
+        self._actions += self._step(now)
 
-    def topics_changed(self, now: int) -> list[BrokerAction]:
+    def topics_changed(self, now: int) -> None:
         """The broker's state changed: register it at once (after the reply in flight)."""
         self._next_register = now
-        return self._step(now)
+        self._actions += self._step(now)
 
-    def on_reply(self, reply: object, now: int) -> list[BrokerAction]:
+    def on_reply(self, reply: object, now: int) -> None:
         """A decoded reply from this NameServer; one that answers no request in flight is ignored."""
+        self._actions += self._on_reply(reply, now)
+
+    def close(self, now: int, timeout_ms: int) -> None:
+        """Unregister on a fresh connection (nothing stale queued before it), within `timeout_ms`."""
+        if self.done or self._close_deadline is not None:
+            return
+        self._started = self._connected = True
+        self._close_deadline = now + timeout_ms
+        request = self._with_id(self.broker.unregistration())
+        self._flight = _Flight(request, self._close_deadline)
+        self._actions += [Disconnect(), Connect(), SendRequest(request)]
+
+    # --- outputs ----------------------------------------------------------------
+
+    def actions(self) -> list[BrokerAction]:
+        """What to do now, in order; each action is handed out once."""
+        actions, self._actions = self._actions, []
+        return actions
+
+    def next_deadline(self) -> int | None:
+        """When `on_timer` must next run (None: only an input can change anything)."""
+        if self.done or not self._started:
+            return None
+        if self._close_deadline is not None:
+            return self._close_deadline
+        if self._flight is not None:
+            return self._flight.deadline
+        if not self._connected:
+            return self._reconnect_at
+        if self.registered:
+            return min(self._next_register, self._next_heartbeat)
+        return self._next_register
+
+    # --- internals ------------------------------------------------------------
+
+    def _on_reply(self, reply: object, now: int) -> list[BrokerAction]:
         flight = self._flight
         if flight is None or getattr(reply, "id", None) != flight.request.id:
             return []  # late, or for another session on a shared connection
@@ -306,33 +344,6 @@ class BrokerSession:
                 return self._finish(True)
         return self._step(now)
 
-    def close(self, now: int, timeout_ms: int) -> list[BrokerAction]:
-        """Unregister on a fresh connection (nothing stale queued before it), within `timeout_ms`."""
-        if self.done or self._close_deadline is not None:
-            return []
-        self._started = self._connected = True
-        self._close_deadline = now + timeout_ms
-        request = self._with_id(self.broker.unregistration())
-        self._flight = _Flight(request, self._close_deadline)
-        return [Disconnect(), Connect(), Send(request)]
-
-    # --- timers ---------------------------------------------------------------
-
-    def next_deadline(self) -> int | None:
-        if self.done or not self._started:
-            return None
-        if self._close_deadline is not None:
-            return self._close_deadline
-        if self._flight is not None:
-            return self._flight.deadline
-        if not self._connected:
-            return self._reconnect_at
-        if self.registered:
-            return min(self._next_register, self._next_heartbeat)
-        return self._next_register
-
-    # --- internals ------------------------------------------------------------
-
     def _step(self, now: int) -> list[BrokerAction]:
         """Give up on an unanswered request, reconnect, or send what is due."""
         if self.done or not self._started:
@@ -361,10 +372,10 @@ class BrokerSession:
             actions.append(self._send(self.broker.heartbeat(), now))
         return actions
 
-    def _send(self, request: Request, now: int) -> Send:
+    def _send(self, request: Request, now: int) -> SendRequest:
         request = self._with_id(request)
         self._flight = _Flight(request, now + self.request_timeout_ms)
-        return Send(request)
+        return SendRequest(request)
 
     def _with_id(self, request: Request) -> Request:
         return msgspec.structs.replace(request, id=next(self._ids))

@@ -3,8 +3,8 @@
 `ClientSession` follows one NameServer of a list (a random one first, the
 next on a timeout, an `error` reply or silence), learns its PUB endpoint from
 `status`, subscribes before it pulls, and keeps a `RouteCache` right. It is
-fed replies, events and the time; it answers with small actions (`Connect`,
-`ConnectSub`, `Subscribe`, `Unsubscribe`, `Send`, `Notify`) that a driver
+fed replies, events and the time; it answers with small actions (`FollowServer`,
+`ConnectEvents`, `Subscribe`, `Unsubscribe`, `SendBytes`, `Notify`) that a driver
 carries out, and says with `next_deadline()` when it next wants `on_timer`.
 
 Every time is an integer of milliseconds from a monotonic clock.
@@ -66,14 +66,14 @@ def check_topic(topic: str) -> str:
 
 
 @dataclass
-class Connect:
+class FollowServer:
     """Close both sockets; open a DEALER to `endpoint` (None: stay disconnected)."""
 
     endpoint: str | None
 
 
 @dataclass
-class ConnectSub:
+class ConnectEvents:
     """Close the SUB socket; open one to `endpoint`."""
 
     endpoint: str
@@ -94,7 +94,7 @@ class Unsubscribe:
 
 
 @dataclass
-class Send:
+class SendBytes:
     """Send `body` on the DEALER (without blocking: a request not sent times out)."""
 
     body: bytes
@@ -108,7 +108,7 @@ class Notify:
     route: TopicRoute | None
 
 
-ClientAction = Connect | ConnectSub | Subscribe | Unsubscribe | Send | Notify
+ClientAction = FollowServer | ConnectEvents | Subscribe | Unsubscribe | SendBytes | Notify
 
 
 @dataclass
@@ -199,7 +199,7 @@ class ClientSession:
         if isinstance(reply, StatusReply):
             self.pub_endpoint = self.events or resolve_pub_endpoint(reply.pub_endpoint,
                                                                     self.endpoint or "")
-            self._actions.append(ConnectSub(self.pub_endpoint))
+            self._actions.append(ConnectEvents(self.pub_endpoint))
             # Topics first, `hb` last: the first `hb` received proves all of them.
             self._all_routes = len(self.cache) > MAX_TOPIC_CHANNELS
             if self._all_routes:
@@ -285,7 +285,7 @@ class ClientSession:
         self.endpoint = self.endpoints[self._index]
         self.pub_endpoint = None
         self._silence_deadline = None
-        self._actions.append(Connect(self.endpoint))
+        self._actions.append(FollowServer(self.endpoint))
         self._request(Status(), now)
 
     def _fail(self, now: int, why: str) -> None:
@@ -299,7 +299,7 @@ class ClientSession:
         self.endpoint = self.pub_endpoint = None
         self._silence_deadline = None
         self._resume_at = now + delay_ms
-        self._actions.append(Connect(None))
+        self._actions.append(FollowServer(None))
 
     def _pull_stale(self, now: int) -> None:
         if not self.connected:
@@ -314,7 +314,7 @@ class ClientSession:
         self._next_id += 1
         body = encode(msgspec.structs.replace(request, id=request_id))
         self._pending[request_id] = _Pending(request_op(request), now + self.request_timeout_ms)
-        self._actions.append(Send(body))
+        self._actions.append(SendBytes(body))
 
     def _notify(self, changes: list[Change]) -> None:
         self._actions.extend(Notify(topic, route) for topic, route in changes)

@@ -2,8 +2,9 @@
 
 `PeerLink` holds a peer's events endpoint, its epoch and when it last spoke.
 It is fed decoded replies and events with a `now` (milliseconds, as the whole
-core) and answers with what to do next (`PeerAction`s: ask `status`, follow
-its events afresh) and with the hint a peer's event carries.
+core); `actions()` hands out what to do next (`PeerAction`s: ask `status`,
+follow its events afresh, apply the `Hint` a peer's event carries) and
+`next_deadline()` says when `on_timer` is next due, as every session does.
 `zns.drivers.peers` carries those actions out on sockets.
 
 A hint only ever reaches `RouteTable.suspect`, which shortens a deadline the
@@ -72,7 +73,7 @@ class FollowEvents:
     endpoint: str
 
 
-PeerAction = AskStatus | FollowEvents
+PeerAction = AskStatus | FollowEvents | Hint  # a Hint: suspect that broker here
 
 
 class PeerLink:
@@ -99,27 +100,27 @@ class PeerLink:
         self._last_heard: int | None = None  # local time of the last event (or of subscribing)
         self._last_hb_at: int | None = None  # local time (`now`) of the peer's last hb
         self.interval_ms = DEFAULT_PEER_INTERVAL_MS
+        self._actions: list[PeerAction] = []
 
     # --- inputs ---------------------------------------------------------
 
-    def on_timer(self, now: int) -> list[PeerAction]:
+    def on_timer(self, now: int) -> None:
         if self._last_heard is not None and now - self._last_heard > self.silence_ms:
             self._on_silence(now, now - self._last_heard)
         if self.asking and now >= self._next_ask:
             self._request_id += 1
             self._next_ask = now + self._backoff_ms
             self._backoff_ms = min(2 * self._backoff_ms, RETRY_MAX_MS)
-            return [AskStatus(self._request_id)]
-        return []
+            self._actions.append(AskStatus(self._request_id))
 
-    def on_reply(self, reply: object, now: int) -> list[PeerAction]:
+    def on_reply(self, reply: object, now: int) -> None:
         """A decoded reply on the DEALER: a `StatusReply` or an `Error`."""
         if isinstance(reply, Error):
             log.warning("peer %s refused status: %s %s", self.endpoint, quote(reply.code),
                         quote(reply.message))
-            return []
+            return
         if not isinstance(reply, StatusReply) or not self.asking:
-            return []  # an answer to an earlier attempt that was already taken
+            return  # an answer to an earlier attempt that was already taken
         self.asking = False
         self._backoff_ms = RETRY_MIN_MS
         if self.epoch is not None and reply.epoch != self.epoch:
@@ -129,11 +130,11 @@ class PeerLink:
         self.epoch = reply.epoch
         pub = resolve_pub_endpoint(reply.pub_endpoint, self.endpoint)
         if pub == self.pub and not self._renew_subscription:
-            return []
+            return
         self.pub = pub
         self._renew_subscription = False
         self._last_heard = now  # the silence clock starts with the subscription
-        return [FollowEvents(pub)]
+        self._actions.append(FollowEvents(pub))
 
     def on_subscribe_failed(self, now: int) -> None:
         """The events endpoint the peer named cannot be connected to: ask again, backing off.
@@ -147,10 +148,10 @@ class PeerLink:
         self.asking = True
         self._next_ask = now + min(RETRY_MIN_MS << min(self._subscribe_failures, 16), RETRY_MAX_MS)
 
-    def on_event(self, event: object, now: int) -> Hint | None:
-        """A decoded event on the SUB (None: unreadable); returns the hint it carries."""
+    def on_event(self, event: object, now: int) -> None:
+        """A decoded event on the SUB (None: unreadable); the hint it carries is an action."""
         if not isinstance(event, (HbEvent, BrokerEvent)):
-            return None
+            return
         if self.epoch is not None and event.epoch != self.epoch:
             log.info("peer %s restarted (epoch %s -> %s); asking for its endpoints again",
                      self.endpoint, quote(self.epoch), quote(event.epoch))
@@ -161,15 +162,23 @@ class PeerLink:
         self._subscribe_failures = 0
         if isinstance(event, HbEvent):
             self._on_hb(now)
-        return hint_from_event(self.endpoint, event)
+        hint = hint_from_event(self.endpoint, event)
+        if hint is not None:
+            self._actions.append(hint)
 
-    # --- timers ---------------------------------------------------------
+    # --- outputs --------------------------------------------------------
+
+    def actions(self) -> list[PeerAction]:
+        """What to do now, in order; each action is handed out once."""
+        actions, self._actions = self._actions, []
+        return actions
 
     @property
     def silence_ms(self) -> int:
         return max(MIN_SILENCE_MS, SILENCE_INTERVALS * self.interval_ms)
 
     def next_deadline(self) -> int | None:
+        """When `on_timer` must next run (None: only an input can change anything)."""
         wakes = []
         if self.asking:
             wakes.append(self._next_ask)

@@ -21,13 +21,12 @@ import msgspec
 import zmq
 
 from zns.core.broker_session import (
-    BrokerAction,
     BrokerSession,
     BrokerState,
     Connect,
     Disconnect,
     Done,
-    Send,
+    SendRequest,
     topic_config,
 )
 from zns.core.errors import BackgroundFailure
@@ -208,7 +207,8 @@ class BrokerAgent:
             with self._lock:
                 now = self._now()
                 for link in self._links:
-                    self._carry_out(link, link.session.start(now))
+                    link.session.start(now)
+                    self._carry_out(link)
             ready: dict[Any, int] = {}
             closing = False
             while True:
@@ -218,16 +218,19 @@ class BrokerAgent:
                     if self._stopping and not closing:
                         closing = True
                         for link in self._links:
-                            self._carry_out(link, link.session.close(now, _ms(self._close_timeout)))
+                            link.session.close(now, _ms(self._close_timeout))
+                            self._carry_out(link)
                     if self._changed:
                         self._changed = False
                         for link in self._links:
-                            self._carry_out(link, link.session.topics_changed(now))
+                            link.session.topics_changed(now)
+                            self._carry_out(link)
                     for link in self._links:
                         if link.sock is not None and link.sock in ready:
                             for frames in recv_all(link.sock):
                                 self._on_reply(link, frames[-1], now)
-                        self._carry_out(link, link.session.on_timer(now))
+                        link.session.on_timer(now)
+                        self._carry_out(link)
                     self._lock.notify_all()
                     if all(link.session.done for link in self._links):
                         break
@@ -256,15 +259,17 @@ class BrokerAgent:
         except msgspec.DecodeError as exc:
             log.warning("unreadable reply from %s: %s", link.session.endpoint, exc)
             return
-        self._carry_out(link, link.session.on_reply(reply, now))
+        link.session.on_reply(reply, now)
+        self._carry_out(link)
 
-    def _carry_out(self, link: _Link, actions: list[BrokerAction]) -> None:
-        for action in actions:
+    def _carry_out(self, link: _Link) -> None:
+        """Do what the link's session asks for now, in order."""
+        for action in link.session.actions():
             match action:
                 case Connect():
                     self._drop_socket(link)
                     link.sock = open_socket(self._ctx, zmq.DEALER, link.session.endpoint)
-                case Send(request=request):
+                case SendRequest(request=request):
                     assert link.sock is not None
                     try:
                         link.sock.send(encode(request), zmq.DONTWAIT)

@@ -23,10 +23,10 @@ import zmq
 from zns.core.client_session import (
     ClientAction,
     ClientSession,
-    Connect,
-    ConnectSub,
+    FollowServer,
+    ConnectEvents,
     Notify,
-    Send,
+    SendBytes,
     Subscribe,
     Unsubscribe,
 )
@@ -83,13 +83,13 @@ class SessionSockets:
         self.monitor: Any = None  # the SUB's disconnections (a relay restart, a network cut)
         self._plain: dict[Any, zmq.Socket] = {}
 
-    def carry_out(self, action: Connect | ConnectSub | Subscribe | Unsubscribe) -> None:
+    def carry_out(self, action: FollowServer | ConnectEvents | Subscribe | Unsubscribe) -> None:
         match action:
-            case Connect(endpoint=endpoint):
+            case FollowServer(endpoint=endpoint):
                 self.close()
                 if endpoint is not None:
                     self.dealer = self._open(zmq.DEALER, endpoint)
-            case ConnectSub(endpoint=endpoint):
+            case ConnectEvents(endpoint=endpoint):
                 self._close_sub()
                 self.sub = self._open(zmq.SUB, endpoint)
                 self.monitor = self.sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -280,9 +280,9 @@ class ClientDriver:
     def _carry_out(self, actions: list[ClientAction]) -> None:
         for action in actions:
             match action:
-                case Connect() | ConnectSub() | Subscribe() | Unsubscribe():
+                case FollowServer() | ConnectEvents() | Subscribe() | Unsubscribe():
                     self._sockets.carry_out(action)
-                case Send(body=body):
+                case SendBytes(body=body):
                     self._sockets.send(body)
                 case Notify(topic=topic, route=route):
                     self._notify(topic, route)

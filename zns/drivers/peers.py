@@ -12,9 +12,10 @@ from collections.abc import Callable
 import msgspec
 import zmq
 
-from zns.core.errors import EndpointError
-from zns.core.peer_link import AskStatus, FollowEvents, Hint, PeerAction, PeerLink
+from zns.core.errors import ConnectionLost, EndpointError
+from zns.core.peer_link import AskStatus, FollowEvents, Hint, PeerLink
 from zns.core.text import quote
+from zns.drivers.io_errors import configured, peer_named
 from zns.drivers.loop import PollSet, Ready
 from zns.drivers.sockets import open_socket, parse_addresses, recv_all
 from zns.core.schema import BROKER_PREFIX, HB_CHANNEL, Status, decode_event, decode_reply, encode
@@ -76,7 +77,8 @@ class PeerLinks:
         for link in self.links.values():
             deadline = link.next_deadline()
             if deadline is not None and deadline <= now:
-                self.carry_out(link, link.on_timer(now), now)
+                link.on_timer(now)
+                self.carry_out(link, now)
 
     def handle(self, ready: Ready, now: int) -> None:
         """Drain the peer sockets in `ready`, applying the hints their events carry."""
@@ -85,20 +87,20 @@ class PeerLinks:
             if sock is not None and sock in ready:
                 reply = self._receive(link, sock, decode_status)
                 if reply is not None:
-                    self._do(link, link.on_reply(reply, now), now)
+                    link.on_reply(reply, now)
+                    self._do(link, now)
                     if not link.asking:  # answered: no request in flight any more
                         self._replace(self._dealers, endpoint, None)
             sock = self._subs.get(endpoint)
             if sock is not None and sock in ready:
                 for frames in recv_all(sock, max_frames=2, max_bytes=self._max_bytes):
-                    hint = link.on_event(self._decode(link, frames[-1], decode_event), now)
-                    if hint is not None:
-                        self._apply(hint, now)
+                    link.on_event(self._decode(link, frames[-1], decode_event), now)
+                    self._do(link, now)
             self._connected[endpoint] = link.connected
 
-    def carry_out(self, link: PeerLink, actions: list[PeerAction], now: int) -> None:
+    def carry_out(self, link: PeerLink, now: int) -> None:
         """Do what a link's timer asked for."""
-        self._do(link, actions, now)
+        self._do(link, now)
         self._connected[link.endpoint] = link.connected
 
     def close(self) -> None:
@@ -131,17 +133,20 @@ class PeerLinks:
             log.warning("peer %s sent something unreadable: %s", link.endpoint, exc)
             return None
 
-    def _do(self, link: PeerLink, actions: list[PeerAction], now: int) -> None:
-        for action in actions:
+    def _do(self, link: PeerLink, now: int) -> None:
+        for action in link.actions():
             match action:
+                case Hint():
+                    self._apply(action, now)
                 case AskStatus(request_id=rid):
                     dealer = self._open(zmq.DEALER, link.endpoint)
                     self._replace(self._dealers, link.endpoint, dealer)
                     dealer.send(encode(Status(id=rid)), zmq.DONTWAIT)  # queued: never blocks
                 case FollowEvents(endpoint=endpoint):
                     try:
-                        sub = self._open(zmq.SUB, endpoint)
-                    except zmq.ZMQError as exc:
+                        with peer_named(f"{endpoint!r}: "):
+                            sub = self._open(zmq.SUB, endpoint)
+                    except ConnectionLost as exc:
                         # The peer named an endpoint nobody can connect to ("", garbage,
                         # a bad port): its problem, not ours. Ask again later.
                         log.warning("peer %s named events endpoint %s, which cannot be "
@@ -184,10 +189,8 @@ def _checked(endpoints: list[str], context: zmq.Context) -> list[str]:
     probe = context.socket(zmq.DEALER)
     try:
         for endpoint in endpoints:
-            try:
+            with configured(f"--peer {endpoint}: "):
                 probe.connect(endpoint)  # only checks the syntax: connecting is asynchronous
-            except zmq.ZMQError as exc:
-                raise EndpointError(f"--peer {endpoint}: {exc}") from exc
     finally:
         probe.close(linger=0)
     return endpoints
