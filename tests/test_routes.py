@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 
 import pytest
 
+from helpers import table_state
 from zns.core.errors import BadRequest, Conflict
 from zns.core.routes import RouteTable, filter_zone
 from zns.core.schema import (
@@ -78,13 +79,6 @@ def perm_of(table: RouteTable, topic: str, broker_name: str = "broker-a") -> int
     return next(q.perm for q in table.route(topic).queues if q.broker_name == broker_name)
 
 
-def state(table: RouteTable, now: int = 0):
-    """Everything a client can observe, to prove a refused request left no trace."""
-    return (
-        table.revision, dict(table.routes()), table.broker_table(), table.cluster_table(),
-        table.live_brokers(now), table.next_deadline(),
-        {t: table.topic_revision(t) for t in table.routes()},
-    )
 
 
 # --- §4 register_broker ------------------------------------------------------
@@ -224,12 +218,12 @@ def test_conflict_on_newer_state_leaves_state_unchanged(table):
     # zns differs: RocketMQ lets the newest registration win; ZNS/1 refuses a stale one.
     register(table, now=10, version=DataVersion(state=5))
     register(table, now=10, broker_id=1, addr=SLAVE, version=DataVersion(state=5))
-    before = state(table, 50)
+    before = table_state(table, 50)
     with pytest.raises(Conflict) as err:
         register(table, now=50, addr=OTHER, version=DataVersion(state=4),
                  topics=["Other"], zone="z", filter_servers=["10.9.9.9:1"])
     assert MASTER in str(err.value)
-    assert state(table, 50) == before
+    assert table_state(table, 50) == before
     # A refused address is not live and a refused registration refreshes nothing.
     assert table.heartbeat("c1", "broker-a", OTHER, V1, 60) == (False, True)
     assert table.live_brokers(50)[0].last_heartbeat_ms == 40
@@ -239,10 +233,10 @@ def test_conflict_check_precedes_the_address_move(table):
     # Step 2 must not happen when step 3 refuses: the slave stays under id 1.
     register(table, version=DataVersion(state=5))
     register(table, broker_id=1, addr=SLAVE, version=DataVersion(state=1))
-    before = state(table)
+    before = table_state(table)
     with pytest.raises(Conflict):
         register(table, broker_id=0, addr=SLAVE, version=DataVersion(state=1))
-    assert state(table) == before
+    assert table_state(table) == before
     assert table.broker_table()["broker-a"].addrs == {0: MASTER, 1: SLAVE}
 
 
@@ -545,9 +539,9 @@ def test_unregister_is_idempotent(table):
 ])
 def test_unregister_mismatch_changes_nothing(table, cluster, name, addr):
     register(table)
-    before = state(table)
+    before = table_state(table)
     assert table.unregister_broker(cluster, name, addr) == (False, [])
-    assert state(table) == before
+    assert table_state(table) == before
 
 
 def test_unregister_removes_filter_servers(table):
@@ -721,10 +715,10 @@ def test_delete_topic_everywhere_and_by_cluster(table):
 
 def test_delete_unknown_topic_changes_nothing(table):
     register(table)
-    before = state(table)
+    before = table_state(table)
     assert table.delete_topic("Nope") == (False, [])
     assert table.delete_topic("TopicA", "unknown-cluster") == (False, [])
-    assert state(table) == before
+    assert table_state(table) == before
 
 
 def test_register_topic_adds_and_replaces(table):
@@ -741,12 +735,12 @@ def test_register_topic_adds_and_replaces(table):
 
 def test_register_topic_with_unknown_broker_applies_nothing(table):
     register(table, topics=["TopicA"])
-    before = state(table)
+    before = table_state(table)
     with pytest.raises(BadRequest) as err:
         table.register_topic("TopicB", [QueueData("broker-a", 1, 1, 6, 0),
                                         QueueData("ghost", 1, 1, 6, 0)])
     assert "ghost" in str(err.value)
-    assert state(table) == before
+    assert table_state(table) == before
     assert "TopicB" not in table.topics()
 
 
@@ -974,10 +968,10 @@ def test_registration_clears_suspicion(table):
 
 def test_suspect_unknown_broker_is_ignored(table):
     register(table)
-    before = state(table)
+    before = table_state(table)
     assert not table.suspect("c1", OTHER, grace_ms=1)
     assert not table.suspect("c2", MASTER, grace_ms=1)
-    assert state(table) == before
+    assert table_state(table) == before
 
 
 # --- regressions found by the property tests ----------------------------------------------

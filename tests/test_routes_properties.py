@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from helpers import examples
+from helpers import examples, table_state
 
 from zns.core.errors import BadRequest, Conflict
 from zns.core.routes import RouteTable
@@ -59,14 +59,6 @@ queue_datas = st.builds(QueueData, broker_name=st.sampled_from(NAMES + ["ghost"]
                         perm=st.sampled_from([4, 6]), sys_flag=st.just(0))
 
 EPOCH = "0123456789abcdef"
-
-
-def observable(table: RouteTable, now: int) -> bytes:
-    """Everything a client can see, by value."""
-    return msgspec.msgpack.encode([
-        table.revision, sorted(table.routes().items()), table.broker_table(),
-        table.cluster_table(), table.live_brokers(now), table.next_deadline(),
-    ])
 
 
 def snapshot_part(table: RouteTable) -> bytes:
@@ -300,11 +292,11 @@ class RouteTableMachine(RuleBasedStateMachine):
         return result
 
     def refused(self, action, error: type[Exception]) -> bool:
-        before = observable(self.table, self.now)
+        before = table_state(self.table, self.now)
         try:
             self.step(action)
         except error:
-            assert observable(self.table, self.now) == before, "a refused request left a trace"
+            assert table_state(self.table, self.now) == before, "a refused request left a trace"
             return True
         return False
 

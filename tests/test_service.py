@@ -11,6 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
+import helpers
+
 from zns.drivers.kv_file import KvStore
 from zns.core.schema import (
     ORDER_TOPIC_CONFIG,
@@ -69,13 +71,9 @@ def send(service: NameService, request_map: dict[str, Any], now: int = 0) -> dic
     return reply
 
 
-def observable(service: NameService) -> tuple:
-    """Everything a request could have changed: snapshot, liveness and the KV entries."""
-    return (
-        call(service, "snapshot"), call(service, "get_cluster_info", now=1),
-        call(service, "kv_list", namespace="ns"), call(service, "kv_list", namespace="n" * 255),
-        call(service, "status")["revision"],
-    )
+def observable(service: NameService) -> bytes:
+    """Everything a request could have changed (helpers.observable), with the longest namespace."""
+    return helpers.observable(service, ("ns", "n" * 255))
 
 
 def reply_keys(op: str) -> set[str]:
