@@ -218,13 +218,13 @@ class BrokerSession:
         self.unregistered = False
         self.done = False
         self._started = False
-        self._actions: list[BrokerAction] = []
         self._connected = False
         self._reconnect_at = 0
         self._flight: _Flight | None = None  # one request at a time
         self._next_register = 0
         self._next_heartbeat = 0
         self._close_deadline: int | None = None
+        self._actions: list[BrokerAction] = []  # what actions() hands out next
 
     # --- state ----------------------------------------------------------------
 
