@@ -20,7 +20,7 @@ import pytest
 
 from zns.core.remoting import RemotingCommand, encode_command
 
-from conftest import wait_for
+from helpers import wait_for
 from test_remoting_listener import Client, cluster_info, probe, register_many, rserver  # noqa: F401
 
 pytestmark = pytest.mark.timeout(90)
