@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from zns.core.errors import KvFileError
+from zns.core.errors import Internal, KvFileError
 from zns.drivers import kv_file
 from zns.drivers.kv_file import MAGIC, KvStore, encode_record, read_kv_file
 
@@ -310,7 +310,7 @@ def test_a_failed_fsync_changes_nothing(path, stores, monkeypatch, phase):
     spy.fail_fsync = lambda name: name.startswith(str(path))
     for op in (lambda: store.put("ns", "k1", "new"), lambda: store.put("ns", "fresh", "x"),
                lambda: store.delete("ns", "k0")):
-        with pytest.raises(OSError, match="injected"):
+        with pytest.raises(Internal, match="injected"):
             op()
         assert store.list("ns") == model["ns"]
         assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == files
@@ -341,12 +341,12 @@ def test_a_write_that_cannot_be_cut_back_stops_every_later_write(path, stores, m
 
     monkeypatch.setattr(os, "write", torn_write)
     monkeypatch.setattr(os, "ftruncate", no_truncate)
-    with caplog.at_level(logging.ERROR, logger="zns"), pytest.raises(OSError, match="no space left"):
+    with caplog.at_level(logging.ERROR, logger="zns"), pytest.raises(Internal, match="no space left"):
         store.put("ns", "b", "2")
     assert "could not be cut back" in caplog.text  # the operator is told to restart
     monkeypatch.undo()  # the disk works again, but the torn half record is still in the file
     for write in (lambda: store.put("ns", "c", "3"), lambda: store.delete("ns", "a")):
-        with pytest.raises(OSError, match="restart the server"):
+        with pytest.raises(Internal, match="restart the server"):
             write()
     assert store.list("ns") == {"a": "1"}
     store.close()

@@ -31,11 +31,13 @@ class KvBackend(Protocol):
     def put(self, namespace: str, key: str, value: str) -> bool:
         """Store durably before returning; False when the value was already there.
 
-        Raises OSError when the write cannot be made durable, and then changes nothing.
+        Raises `Internal` (the file system's error chained) when the write cannot be made
+        durable, and then changes nothing.
         """
 
     def delete(self, namespace: str, key: str) -> bool:
         """Remove durably before returning; False when there was nothing to remove.
 
-        Raises OSError when the removal cannot be made durable, and then changes nothing.
+        Raises `Internal` (the file system's error chained) when the removal cannot be made
+        durable, and then changes nothing.
         """

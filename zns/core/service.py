@@ -513,16 +513,10 @@ class NameService:
         published for a value that is not stored.
         """
         args = (ns, key) if value is None else (ns, key, value)
-        done = self._kv_write(write, *args)
+        done = write(*args)  # raises Internal when the write cannot be made durable
         return done, self.table.set_order_conf(key, value) if ns == ORDER_TOPIC_CONFIG else []
 
     # --- internals --------------------------------------------------------
-
-    def _kv_write(self, write: Callable[..., bool], *args: str) -> bool:
-        try:
-            return write(*args)
-        except OSError as exc:
-            raise Internal(f"the KV store could not be written durably: {exc}") from exc
 
     def _publish(self, events: list[RouteEvent | BrokerEvent]) -> EventFrames:
         published = self.published

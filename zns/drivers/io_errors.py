@@ -12,12 +12,17 @@ says who is at fault:
   gone, an endpoint a peer named that cannot be connected to): `ConnectionLost`,
   via `ZNS1_PEER`, `REMOTING_PEER` or `peer_named(...)`; the driver drops that
   connection (or that reply) and carries on;
-- **zns itself**: anything not listed (zmq's ENOTSOCK or EFSM, a closed socket
+- **the server itself** (a KV write the file system refused): `Internal`, via
+  `zns.drivers.kv_file.NOT_DURABLE`; the request is answered `internal`;
+- **zns's own bug**: anything not listed (zmq's ENOTSOCK or EFSM, a closed socket
   used again, a TypeError) passes through unchanged, so the loop logs its
   traceback as the bug it is.
 
 "Would block" (zmq.Again, BlockingIOError, InterruptedError) is flow control, not
 a fault: every mapping lets it through for the caller to test where it happens.
+Not mapped either: the best-effort calls about the process's own environment (raising
+the descriptor limit, forking to shed connections, /proc, a socket filter, the waker),
+where the driver logs a warning and carries on at the call: no one above handles them.
 The mappings are objects, not generator context managers, so entering one costs
 what an attribute lookup costs: `ZNS1_PEER` is on the reply path of every request.
 """

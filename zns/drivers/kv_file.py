@@ -57,8 +57,9 @@ from pathlib import Path
 import msgspec
 
 from zns.core.config import DEFAULT_KV_PATH
-from zns.core.errors import KvFileError
+from zns.core.errors import Internal, KvFileError
 from zns.core.kv import entry_bytes
+from zns.drivers.io_errors import map_exceptions
 
 log = logging.getLogger("zns")
 
@@ -73,6 +74,9 @@ _HEAD = struct.Struct("<4sII")  # marker, payload length, crc
 MAX_PAYLOAD = 1 << 20  # far above the largest entry (§3: names <= 255 chars, values <= 64 KiB)
 COMPACT_MIN_BYTES = 4 << 20
 STEP_BYTES = 256 << 10
+# A write the file system refused (a failed fsync, a full disk) is the server's own
+# `internal` error: the request that asked for it is answered so and changes nothing.
+NOT_DURABLE = map_exceptions([(OSError, None, Internal)], "the KV store could not be written durably: ")
 
 _Record = tuple[str, str, "str | None"]
 _encode_payload = msgspec.msgpack.Encoder().encode
@@ -171,7 +175,8 @@ class KvStore:
         if old == value:
             return False
         record = encode_record(namespace, key, value)
-        self._append(record)
+        with NOT_DURABLE:
+            self._append(record)
         if entries is None:
             entries = self._data[namespace] = {}
         entries[key] = value
@@ -185,7 +190,8 @@ class KvStore:
         entries = self._data.get(namespace)
         if not entries or key not in entries:
             return False
-        self._append(encode_record(namespace, key, None))
+        with NOT_DURABLE:
+            self._append(encode_record(namespace, key, None))
         old = entries.pop(key)
         if not entries:
             del self._data[namespace]
