@@ -7,6 +7,8 @@ by `--config`; the command line wins over the environment, which wins over the f
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from zns.cli.options import config_options
@@ -15,6 +17,7 @@ from zns.core.errors import ConfigError
 from zns.drivers.logs import configure_logging
 from zns.drivers.security import write_keypair
 from zns.drivers.server import Server
+from zns.drivers.supervisor import supervise
 
 
 @click.command()
@@ -26,6 +29,9 @@ def serve(config: ServerConfig) -> None:
     --config file's key <option> (kv_path = "..."): command line, then environment, then file.
     """
     configure_logging(config.log_level, config.log_format)
+    if config.supervise:
+        # The same command in a child, which parses it again (and cannot supervise in turn).
+        raise SystemExit(supervise([sys.executable, "-m", "zns", *sys.argv[1:], "--no-supervise"]))
     try:
         server = Server(config)
     except ConfigError as exc:

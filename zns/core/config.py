@@ -223,6 +223,9 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         "Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9878) and liveness "
         "at /healthz (needs prometheus_client: pip install prometheus_client). Off by default; "
         "plain HTTP.", metavar="HOST:PORT", check="http_listen")] = None
+    supervise: Annotated[bool, _doc(
+        "Run the server in a child process and start a new one when it dies of a signal: "
+        "libzmq 4.3.5 can be made to abort it (docs/operations.md). Needs fixed ports.")] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -232,6 +235,19 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
                     raise InvalidSetting(name, NEEDS_CURVE)
             if self.clients != "any":
                 raise InvalidSetting("clients", NEEDS_CURVE)
+        if self.supervise and self._any_port():
+            raise InvalidSetting("supervise", "a new server must bind the same ports: the port "
+                                 f"of {', '.join(self._any_port())} must not be * or 0")
+
+    def _any_port(self) -> list[str]:
+        """The listeners bound to any free port (the next server would get another)."""
+        found = [name for name in ("router", "pub")
+                 if getattr(self, name).startswith("tcp://")
+                 and getattr(self, name).rsplit(":", 1)[1] in ("*", "0")]
+        listeners = (("remoting", self.remoting, ("tcp",)), ("metrics", self.metrics, ("http",)))
+        found += [name for name, value, schemes in listeners
+                  if value and parse_host_port(value, schemes=schemes)[1] == 0]
+        return found
 
     @property
     def limits(self) -> Limits:
