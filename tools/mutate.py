@@ -100,8 +100,18 @@ MODULES: dict[str, list[str]] = {
                              "-k", "not zns_watch and not zns_broker"],
     "drivers/peers": ["tests/test_peers.py"],
     "drivers/security": ["tests/test_security.py"],
-    "cli/options": ["tests/test_config.py", "tests/test_cli_validation.py"],
-    "cli/tools": ["tests/test_cli_tools.py"],
+    "cli/options": ["tests/test_config.py", "tests/test_cli_validation.py", "tests/test_cli_options.py"],
+    "cli/tools": ["tests/test_cli_tools.py", "tests/test_cli_output.py"],
+    "cli/watch": ["tests/test_cli_watch.py", "tests/test_cli_tools.py::test_watch_prints_events",
+                  "tests/test_relay_watch.py::test_watch_starts_with_every_topics_route_each_line_stamped",
+                  "tests/test_relay_watch.py::test_watch_says_gone_for_a_topic_deleted_before_it_was_followed_and_notes_a_new_epoch"],
+    # Without the tests that run `zns serve` in a subprocess (nothing there is attributed).
+    "cli/serve": ["tests/test_cli_serve.py", "tests/test_cli_validation.py", "tests/test_cli_commands.py",
+                  "-k", "not real_server and not signals and not loopback_bind and not one_log_line and not in_use"],
+    "cli/relay": ["tests/test_cli_validation.py", "tests/test_cli_commands.py"],
+    "cli/params": ["tests/test_cli_validation.py", "tests/test_cli_commands.py"],
+    "cli/app": ["tests/test_cli_serve.py", "tests/test_cli_tools.py", "tests/test_cli_commands.py",
+                "-k", "not real_server and not signals and not loopback_bind and not one_log_line and not in_use and not broker_command_registers"],
 }
 
 
