@@ -9,8 +9,12 @@ so a re-sync after a gap prints what was missed, not a raw event.
 With no TOPIC it watches every topic and broker: it starts with every topic's
 route (one line each), and a topic created later is followed from its first
 event on (its first line is its whole route; `gone` when it was deleted before
-it could be followed). `--json` prints the events themselves, one JSON object
-per line with the time it arrived. Every line starts with the time; on stderr
+it could be followed). `--json` starts with each topic's route as well, one
+`state` line per topic (`{"time", "op": "state", "topic", "revision", "route"}`,
+`route` as in a route event, null when the topic has none), then prints the
+events themselves, one JSON object per line with the time it arrived (a
+starting line and the first events may interleave: `revision` orders them).
+Every line starts with the time; on stderr
 it says which NameServer it follows, when it moved to another one, and when the
 NameServer's epoch changed (it restarted: the routes were re-synced).
 """
@@ -107,6 +111,7 @@ class _Printer:
         self.as_json = as_json
         self.follow_new = follow_new  # every topic: follow one from its first event
         self.routes: dict[str, TopicRoute | None] = {}
+        self.starting: set[str] = set()  # --json: its starting state not printed yet
         self.deleted_unfollowed: set[str] = set()  # first seen deleted: its None is `gone`
         self.epoch: str | None = None
         self.client: RouteClient | None = None
@@ -135,6 +140,11 @@ class _Printer:
                 self.deleted_unfollowed.add(event.topic)
             self.lines.put(("follow", event.topic))
 
+    def start(self, topic: str) -> None:
+        """Follow `topic` from its whole route (the first line it gets)."""
+        self.routes[topic] = None
+        self.starting.add(topic)
+
     def on_route(self, topic: str, route: TopicRoute | None) -> None:
         """A followed topic's route changed (also after a re-sync), on the client's thread."""
         assert self.client is not None
@@ -142,10 +152,19 @@ class _Printer:
         self.routes[topic] = route
         existed = topic in self.deleted_unfollowed
         self.deleted_unfollowed.discard(topic)
+        revision = self.client.session.cache.revision(topic)
         if not self.as_json:
-            revision = self.client.session.cache.revision(topic)
             self.lines.put(("line", describe_route_change(topic, old, route, revision,
                                                           existed=existed)))
+        elif topic in self.starting:  # later changes come as the events themselves
+            self.lines.put(("line", json.dumps(state_json(topic, route, revision))))
+        self.starting.discard(topic)
+
+
+def state_json(topic: str, route: TopicRoute | None, revision: int) -> dict[str, Any]:
+    """`zns watch --json`'s starting line for one topic."""
+    return {"time": _stamp(), "op": "state", "topic": topic, "revision": revision,
+            "route": None if route is None else msgspec.to_builtins(route)}
 
 
 def connection_note(last: tuple[str | None, str | None], now: tuple[str | None, str | None],
@@ -189,8 +208,8 @@ def watch(target: Target, topics: tuple[str, ...], count: int | None,
     following: tuple[str | None, str | None] = (None, None)
     connected = False
     try:
-        for topic in topics or (() if target.as_json else ask(target, GetTopics())[1].topics):
-            printer.routes[topic] = None  # every topic starts with its whole route
+        for topic in topics or ask(target, GetTopics())[1].topics:
+            printer.start(topic)  # every topic starts with its whole route
             client.watch(topic, printer.on_route)
         while count is None or seen < count:
             session = client.session  # read without its lock: only for a line to people

@@ -1,0 +1,254 @@
+"""What `zns watch` prints (zns.cli.watch), line by line: a topic's route gained and lost, queue
+counts and perm bits, broker events, the notes on stderr, raw events with --json and the
+starting `state` line of each topic. The printer is driven directly (no sockets) except in the
+last tests, which run the command in process against a NameServer."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import msgspec
+import pytest
+from click.testing import CliRunner
+
+from helpers import register_fields
+from zns.cli import main
+from zns.cli.watch import (
+    _Printer,
+    _stamp,
+    connection_note,
+    describe_broker_event,
+    describe_route_change,
+    state_json,
+)
+from zns.core import schema
+from zns.core.schema import BrokerData, BrokerEvent, HbEvent, QueueData, RouteEvent, TopicRoute
+
+STAMP = r"\d\d:\d\d:\d\d\.\d{3}"
+
+
+def body(line: str) -> str:
+    """The line without its leading time."""
+    stamp, rest = line.split(" ", 1)
+    assert re.fullmatch(STAMP, stamp), line
+    return rest
+
+
+def queues(name: str, read: int, write: int, perm: int = 6) -> QueueData:
+    return QueueData(broker_name=name, read_queues=read, write_queues=write, perm=perm, sys_flag=0)
+
+
+def broker(name: str, *addrs: str, cluster: str = "c1") -> BrokerData:
+    return BrokerData(cluster=cluster, broker_name=name, addrs=dict(enumerate(addrs)))
+
+
+def route(brokers: list[BrokerData], queue_data: list[QueueData], order_conf: str = "") -> TopicRoute:
+    return TopicRoute(topic="T", queues=queue_data, brokers=brokers, filter_servers={},
+                      order_conf=order_conf)
+
+
+def change(old: TopicRoute | None, new: TopicRoute | None, **kw: Any) -> str:
+    return body(describe_route_change("T", old, new, 9, **kw))
+
+
+def test_the_time_is_hours_to_milliseconds():
+    assert re.fullmatch(STAMP, _stamp()), _stamp()
+
+
+def test_a_topics_first_line_is_its_whole_route():
+    first = route([broker("b1", "h:1", "h:2"), broker("b2")],
+                  [queues("b1", 8, 4), queues("b2", 2, 1, perm=4)])
+    assert change(None, first) == ("route T rev 9: brokers c1/b1 (id 0 h:1, id 1 h:2); "
+                                   "c1/b2 (no addresses); queues b1 r8/w4 rw-, b2 r2/w1 r--")
+    assert change(None, route([], [])) == "route T rev 9: brokers none; queues none"
+    assert change(None, None) == "route T rev 9: no route"
+    assert change(None, None, existed=True) == "route T rev 9: gone"
+    assert change(first, None) == "route T rev 9: gone"
+
+
+def test_a_change_names_what_was_gained_lost_and_changed():
+    old = route([broker("b1", "h:1"), broker("b2", "h:2")],
+                [queues("b1", 4, 4), queues("b2", 4, 4)])
+    new = route([broker("b1", "h:1", "h:9"), broker("b3", "h:3")],
+                [queues("b1", 4, 4, perm=4), queues("b3", 2, 2)], order_conf="b1:4")
+    assert change(old, new) == (
+        "route T rev 9: gained broker c1/b3 (id 0 h:3); lost broker c1/b2 (id 0 h:2); "
+        "broker c1/b1 (id 0 h:1) now c1/b1 (id 0 h:1, id 1 h:9); "
+        "gained queues on b3 r2/w2 rw-; lost queues on b2 r4/w4 rw-; "
+        "queues on b1 r4/w4 rw- -> r4/w4 r--; order_conf '' -> 'b1:4'")
+    assert change(old, old) == "route T rev 9: unchanged"
+
+
+def test_a_change_of_queue_counts_alone_is_a_change():
+    old = route([broker("b1", "h:1")], [queues("b1", 4, 4)])
+    for new_queues, said in [(queues("b1", 8, 4), "r4/w4 rw- -> r8/w4 rw-"),
+                             (queues("b1", 4, 2), "r4/w4 rw- -> r4/w2 rw-")]:
+        assert change(old, route([broker("b1", "h:1")], [new_queues])) == (
+            f"route T rev 9: queues on b1 {said}")
+
+
+def test_several_brokers_and_queues_each_in_name_order():
+    old = route([broker("a", "h:1"), broker("z", "h:2")], [queues("a", 1, 1), queues("z", 1, 1)])
+    new = route([broker("m", "h:3"), broker("b", "h:4")], [queues("m", 1, 1), queues("b", 1, 1)])
+    assert change(old, new) == (
+        "route T rev 9: gained broker c1/b (id 0 h:4); gained broker c1/m (id 0 h:3); "
+        "lost broker c1/a (id 0 h:1); lost broker c1/z (id 0 h:2); "
+        "gained queues on b r1/w1 rw-; gained queues on m r1/w1 rw-; "
+        "lost queues on a r1/w1 rw-; lost queues on z r1/w1 rw-")
+
+
+def test_a_broker_event_with_and_without_its_reason():
+    event = BrokerEvent(epoch="e", revision=5, cluster="c1", broker_name="b1", broker_id=1,
+                        broker_addr="h:1", change="removed", reason="expired")
+    assert body(describe_broker_event(event)) == "broker removed (expired) c1/b1 id 1 at h:1 (rev 5)"
+    event.change, event.reason = "registered", ""
+    assert body(describe_broker_event(event)) == "broker registered c1/b1 id 1 at h:1 (rev 5)"
+
+
+def test_connection_notes():
+    a, b = ("tcp://a:1", "tcp://a:2"), ("tcp://b:1", "tcp://b:2")
+    assert connection_note((None, None), (None, None), False) is None
+    assert connection_note((None, None), ("tcp://a:1", None), False) is None
+    assert body(connection_note((None, None), a, False)) == "following tcp://a:1 (events on tcp://a:2)"
+    assert body(connection_note(("tcp://a:1", None), a, True)) == (
+        "reconnected: following tcp://a:1 (events on tcp://a:2)")
+    assert body(connection_note(a, ("tcp://b:1", None), True)) == (
+        "lost tcp://a:1; trying the next NameServer")
+    assert connection_note(a, a, True) is None
+    assert body(connection_note(a, b, True)) == "reconnected: following tcp://b:1 (events on tcp://b:2)"
+
+
+# --- the printer, fed as the route client feeds it ---------------------------------------------
+
+
+class Cache:
+    def revision(self, _topic: str) -> int:
+        return 9
+
+
+class Client:
+    class session:  # noqa: N801
+        cache = Cache()
+
+
+def printer(*, as_json: bool = False, follow_new: bool = True) -> _Printer:
+    made = _Printer(as_json=as_json, follow_new=follow_new)
+    made.client = Client()  # type: ignore[assignment]
+    return made
+
+
+def drained(p: _Printer) -> list[tuple[str, str]]:
+    return [p.lines.get_nowait() for _ in range(p.lines.qsize())]
+
+
+def route_event(topic: str, revision: int, routed: TopicRoute | None, epoch: str = "e1") -> bytes:
+    return schema.encode(RouteEvent(epoch=epoch, revision=revision, prev=revision - 1, topic=topic,
+                                    route=routed))
+
+
+def test_every_topic_is_followed_once_from_its_first_event():
+    p = printer()
+    routed = route([broker("b1", "h:1")], [queues("b1", 4, 4)])
+    p.on_event(route_event("New", 3, routed))
+    p.on_event(route_event("New", 4, routed))  # already followed: no second follow
+    p.on_event(route_event("Gone", 5, None))
+    assert drained(p) == [("follow", "New"), ("follow", "Gone")]
+    assert p.routes == {"New": None, "Gone": None}
+    p.on_route("Gone", None)  # deleted before it could be followed
+    p.on_route("New", routed)
+    p.on_route("New", None)
+    lines = drained(p)
+    assert [kind for kind, _ in lines] == ["line"] * 3
+    assert [body(text) for _, text in lines] == [
+        "route Gone rev 9: gone",
+        "route New rev 9: brokers c1/b1 (id 0 h:1); queues b1 r4/w4 rw-",
+        "route New rev 9: gone"]
+    p.on_route("Gone", None)  # only its first None after being followed is `gone`
+    assert body(drained(p)[0][1]) == "route Gone rev 9: no route"
+
+
+def test_topics_given_by_name_follow_nothing_new_and_broker_events_are_lines():
+    p = printer(follow_new=False)
+    p.on_event(route_event("Other", 3, None))
+    assert drained(p) == [] and p.routes == {}
+    p.on_event(schema.encode(BrokerEvent(epoch="e1", revision=4, cluster="c1", broker_name="b1",
+                                         broker_id=0, broker_addr="h:1", change="registered")))
+    [(kind, text)] = drained(p)
+    assert kind == "line" and body(text) == "broker registered c1/b1 id 0 at h:1 (rev 4)"
+
+
+def test_an_epoch_change_is_a_note_and_heartbeats_print_nothing_else():
+    p = printer()
+    p.on_event(schema.encode(HbEvent(epoch="e1", revision=1, time_ms=1)))
+    p.on_event(schema.encode(HbEvent(epoch="e1", revision=1, time_ms=2)))
+    assert drained(p) == [] and p.epoch == "e1"
+    p.on_event(schema.encode(HbEvent(epoch="e2", revision=1, time_ms=3)))
+    [(kind, text)] = drained(p)
+    assert kind == "note" and body(text) == (
+        "the NameServer's epoch changed e1 -> e2 (it restarted, or another one answers): "
+        "routes re-synced")
+    assert p.epoch == "e2"
+    p.on_event(b"not an event")
+    assert drained(p) == [] and p.epoch == "e2"
+
+
+def test_json_prints_each_event_with_its_time_and_each_topics_starting_state_once():
+    p = printer(as_json=True)
+    routed = route([broker("b1", "h:1")], [queues("b1", 4, 4)])
+    p.on_event(route_event("T", 3, routed))
+    p.on_event(schema.encode(HbEvent(epoch="e1", revision=3, time_ms=1)))
+    [(kind, text)] = drained(p)
+    event = json.loads(text)
+    assert kind == "line" and re.fullmatch(STAMP, event.pop("time"))
+    assert event == {"op": "route", "epoch": "e1", "revision": 3, "prev": 2, "topic": "T",
+                     "route": json.loads(json.dumps(msgspec.to_builtins(routed)))}
+    assert p.routes == {}  # nothing followed from events: they are printed as they are
+    p.start("T")
+    p.start("None")
+    p.on_route("T", routed)
+    p.on_route("None", None)
+    p.on_route("T", None)  # a later change: its event says it
+    lines = drained(p)
+    assert [kind for kind, _ in lines] == ["line", "line"]
+    states = [json.loads(text) for _, text in lines]
+    for state in states:
+        assert re.fullmatch(STAMP, state.pop("time"))
+    assert states == [
+        {"op": "state", "topic": "T", "revision": 9, "route": json.loads(json.dumps(msgspec.to_builtins(routed)))},
+        {"op": "state", "topic": "None", "revision": 9, "route": None}]
+
+
+def test_the_state_line_has_the_documented_keys_in_order():
+    state = state_json("T", None, 4)
+    assert list(state) == ["time", "op", "topic", "revision", "route"]
+    assert (state["op"], state["topic"], state["revision"], state["route"]) == ("state", "T", 4, None)
+
+
+# --- the command, in process -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_watch_json_starts_with_every_topics_state(server):
+    peer = server.peer()
+    peer.ok("register_broker", **register_fields(topics={"TA": {"read_queues": 2}, "TB": {}}))
+    out = CliRunner().invoke(main, ["watch", "--json", "--ns", server.router, "--count", "2",
+                                    "--timeout", "3"])
+    assert out.exit_code == 0, out.output
+    states = sorted((json.loads(line) for line in out.stdout.splitlines()),
+                    key=lambda s: s["topic"])
+    assert [(s["op"], s["topic"]) for s in states] == [("state", "TA"), ("state", "TB")]
+    assert states[0]["route"]["queues"][0]["read_queues"] == 2
+    assert states[0]["route"]["brokers"][0]["broker_name"] == "broker-a"
+    assert all(s["revision"] >= 1 for s in states)
+
+
+@pytest.mark.timeout(60)
+def test_watch_json_of_a_named_topic_without_a_route_says_null(server):
+    out = CliRunner().invoke(main, ["watch", "Nothing", "--json", "--ns", server.router,
+                                    "--count", "1", "--timeout", "3"])
+    assert out.exit_code == 0, out.output
+    [line] = out.stdout.splitlines()
+    state = json.loads(line)
+    assert (state["op"], state["topic"], state["route"]) == ("state", "Nothing", None)
