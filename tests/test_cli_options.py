@@ -145,6 +145,10 @@ def test_an_unknown_key_is_suggested_its_field_spelled_with_underscores(tmp_path
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == (
         f"Error: {conf}: unknown key 'peer-gr' (did you mean 'peer_grace'?)")
+    conf.write_text("kv-p = 1\n")  # `kv_p` is close to `kv_path`; `kv-p`, or anything else, is not
+    result = CliRunner().invoke(command_for(ServerConfig, []), ["--config", str(conf)])
+    assert result.output.strip().splitlines()[-1] == (
+        f"Error: {conf}: unknown key 'kv-p' (did you mean 'kv_path'?)")
     conf.write_text("zzzz = 1\n")  # nothing like it: no suggestion, nothing after the key
     result = CliRunner().invoke(command_for(ServerConfig, []), ["--config", str(conf)])
     assert result.output.strip().splitlines()[-1] == f"Error: {conf}: unknown key 'zzzz'"

@@ -150,6 +150,25 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.event_relay.xǁRelayǁclose__mutmut_4":
         "join(None) for join(5): the proxy ends at once on TERMINATE; the bound is for a libzmq hang",
     "zns.drivers.event_relay.xǁRelayǁclose__mutmut_5": "join(6) for join(5): as close__mutmut_4",
+    "zns.cli.options.x__option__mutmut_19":
+        "a flag's attribute not named: click derives the same name from `--order-message-enable`",
+    "zns.cli.options.x__option__mutmut_22":
+        "a flag's default not given to click: click's own is False, the one flag's default too",
+    "zns.cli.options.x__option__mutmut_27":
+        "a required option's click default '' for None: not shown either way, and a value click "
+        "did not read from the line or the environment is never used",
+    "zns.cli.options.x__option__mutmut_46":
+        "a list default given to click as a list, not a tuple: shown the same, never used",
+    "zns.cli.options.x__read_toml__mutmut_17":
+        "an option's spelling kept with dashes: only options spelled as their field have dashes, "
+        "so the field's own key covers it (lookups replace dashes first), and for a suggestion "
+        "the underscored twin is always the closer",
+    "zns.cli.options.x__read_toml__mutmut_18": "as _read_toml__mutmut_17",
+    "zns.cli.options.x__read_toml__mutmut_35":
+        "suggestions n=3 for n=1: only the closest one is shown",
+    "zns.cli.options.x__read_toml__mutmut_42": "as _read_toml__mutmut_35 (n=2)",
+    "zns.cli.options.x_config_options__mutmut_37":
+        "click.Path(dir_okay=None) for False: read only as a truth value",
     "zns.core.timers.xǁServerTimersǁnext_deadline__mutmut_8":
         "`<=` for `<`: at deadline + 1 == wake both branches plan the same time",
     "zns.core.queues.xǁLatencyFaultsǁleast_bad__mutmut_29":
