@@ -169,6 +169,15 @@ EQUIVALENT: dict[str, str] = {
     "zns.cli.options.x__read_toml__mutmut_42": "as _read_toml__mutmut_35 (n=2)",
     "zns.cli.options.x_config_options__mutmut_37":
         "click.Path(dir_okay=None) for False: read only as a truth value",
+    "zns.cli.app.xǁ_Groupǁformat_commands__mutmut_3":
+        "list_commands(None) for (ctx): it lists COMMANDS whatever the context",
+    "zns.cli.app.xǁ_Groupǁmain__mutmut_20":
+        "standalone_mode None for False: click reads it only as a truth value",
+    "zns.cli.app.xǁ_Groupǁmain__mutmut_45":
+        "sys.exit(None) after a command that returned: its code is None (a command returns nothing) "
+        "or 0 (click's Exit for --help and --version), both exit status 0",
+    "zns.cli.app.xǁ_Groupǁmain__mutmut_46": "as main__mutmut_45 (always 0)",
+    "zns.cli.app.xǁ_Groupǁmain__mutmut_47": "as main__mutmut_45 (the code, None or 0, as it is)",
     "zns.core.timers.xǁServerTimersǁnext_deadline__mutmut_8":
         "`<=` for `<`: at deadline + 1 == wake both branches plan the same time",
     "zns.core.queues.xǁLatencyFaultsǁleast_bad__mutmut_29":
