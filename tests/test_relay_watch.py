@@ -260,7 +260,7 @@ def test_watch_json_prints_raw_events_through_a_relay(server: ThreadedServer):
     _register(peer, "b1", "10.0.0.1:1", {"TopicJ": {}})
     with Relay(server.router, "tcp://127.0.0.1:*") as relay:
         proc = _zns("watch", "TopicJ", "--json", "--ns", server.router, "--events",
-                    relay.endpoint, "--count", "1", "--timeout", "3")
+                    relay.endpoint, "--count", "2", "--timeout", "3")
         try:
             version = 1
             deadline = time.monotonic() + 30
@@ -272,8 +272,12 @@ def test_watch_json_prints_raw_events_through_a_relay(server: ThreadedServer):
                 time.sleep(0.1)
             out = proc.rest()
             assert proc.returncode == 0, out + proc.rest("stderr")
-            event = json.loads(out.splitlines()[0])
-            assert event["op"] == "route" and event["topic"] == "TopicJ"
+            # Its starting state, then an event (either may come first: `revision` orders them).
+            lines = [json.loads(line) for line in out.splitlines()]
+            [state] = [line for line in lines if line["op"] == "state"]
+            assert state["topic"] == "TopicJ" and state["route"]["brokers"][0]["broker_name"] == "b1"
+            [event] = [line for line in lines if line["op"] == "route"]
+            assert event["topic"] == "TopicJ"
             assert event["route"]["queues"][0]["read_queues"] >= 2
         finally:
             _stop(proc)
