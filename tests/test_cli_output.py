@@ -169,7 +169,9 @@ def test_the_words_for_no_answer_and_for_an_error_reply():
     assert (tools._exit_code(refused), tools._exit_code(gone)) == (1, 3)
 
 
-def test_fail_outside_a_command_says_it_on_stderr(capsys):
+def test_fail_outside_a_command_says_it_on_stderr(capsys, monkeypatch):
+    # No click context at all (a runner such as mutmut may itself be a click command).
+    monkeypatch.setattr(click.globals._local, "stack", [], raising=False)
     with pytest.raises(SystemExit) as ended:
         tools.fail("it broke", 4)
     assert ended.value.code == 4
@@ -177,6 +179,15 @@ def test_fail_outside_a_command_says_it_on_stderr(capsys):
     with pytest.raises(SystemExit):
         tools.fail("no such thing", 1, "not_found")
     assert capsys.readouterr() == ("", "zns: error not_found: no such thing\n")
+
+
+def test_fail_with_json_says_failed_unless_told_what(capsys):
+    with click.Context(click.Command("x")) as ctx:
+        ctx.meta[tools.JSON_META] = True
+        with pytest.raises(SystemExit) as ended:
+            tools.fail("it broke", 1)
+        assert ended.value.code == 1
+        assert json.loads(capsys.readouterr().out) == {"error": "failed", "message": "it broke"}
 
 
 # --- the target: NameServers, CURVE, --json -----------------------------------------------------
@@ -368,6 +379,8 @@ def test_a_broker_no_nameserver_knows_is_not_found_and_a_known_one_is_not(fake):
     fake.answers[A] = lambda r: (cluster_info() if isinstance(r, GetClusterInfo)
                                  else AddWritePermReply(changed=0))
     assert "(brokers: none)" in zns("add-write-perm", "x").stderr
+    assert [(op, timeout) for _, op, timeout in fake.asked if op == "GetClusterInfo"] == [
+        ("GetClusterInfo", 2.0)] * 3  # with the command's --timeout
     # The cluster list cannot be read: the write's own answer is reported.
     fake.answers[A] = lambda r: (NoPermission("no") if isinstance(r, GetClusterInfo)
                                  else AddWritePermReply(changed=0))

@@ -169,6 +169,23 @@ EQUIVALENT: dict[str, str] = {
     "zns.cli.options.x__read_toml__mutmut_42": "as _read_toml__mutmut_35 (n=2)",
     "zns.cli.options.x_config_options__mutmut_37":
         "click.Path(dir_okay=None) for False: read only as a truth value",
+    "zns.cli.tools.x_make_target__mutmut_3":
+        "a NameServer list (already checked by its option type) parsed again: the same list; "
+        "None still means the default",
+    "zns.cli.tools.x__print_json__mutmut_4": "sort_keys=None for False: read only as a truth value",
+    "zns.cli.tools.x__print_json__mutmut_7": "sort_keys dropped: False is json.dumps's default",
+    "zns.cli.tools.x_table__mutmut_6":
+        "a short row padded past the headers: zip() with the column widths drops the extra cells",
+    "zns.cli.tools.x_route_table__mutmut_7": "a header in capitals: table() shows every header in capitals",
+    "zns.cli.tools.x_route_table__mutmut_9": "as route_table__mutmut_7",
+    "zns.cli.tools.x_route_table__mutmut_11": "as route_table__mutmut_7",
+    "zns.cli.tools.x_route_table__mutmut_13": "as route_table__mutmut_7",
+    "zns.cli.tools.x_route_table__mutmut_15": "as route_table__mutmut_7",
+    "zns.cli.tools.x_route_table__mutmut_25": "as route_table__mutmut_7",
+    "zns.cli.tools.x_route_table__mutmut_27": "as route_table__mutmut_7",
+    "zns.cli.tools.x_route_table__mutmut_29": "as route_table__mutmut_7",
+    "zns.cli.tools.x_route_table__mutmut_31": "as route_table__mutmut_7",
+    "zns.cli.tools.x_route_table__mutmut_33": "as route_table__mutmut_7",
     "zns.cli.app.xǁ_Groupǁformat_commands__mutmut_3":
         "list_commands(None) for (ctx): it lists COMMANDS whatever the context",
     "zns.cli.app.xǁ_Groupǁmain__mutmut_20":
