@@ -169,3 +169,37 @@ def test_an_idle_server_wakes_for_its_deadlines_only(make_server):
     woke = loop.wakeups - before
     elapsed = time.monotonic() - started
     assert woke <= elapsed + 3, f"{woke} wake-ups in {elapsed:.1f} s"
+
+
+def test_a_timer_due_during_a_pass_runs_before_the_next_source_not_after_the_pass():
+    # Two sources that overrun their slice (one unit of work of 40 ms each: a large reply)
+    # and a timer due at 30 ms. The timer runs as soon as the first one is done -- its
+    # lateness is one source's run, not the whole pass -- and its events leave at once.
+    clock = FakeClock()
+    timer = Every(clock, 30)
+    first, second = Every(clock, 10, work_ms=40), Every(clock, 10, work_ms=40)
+    sent: list[Any] = []
+    outbox = Outbox(sent.append)
+    emit = timer.run
+
+    def run_and_publish(ready: Any, now: int, until: int) -> None:
+        emit(ready, now, until)
+        outbox.put([(b"expired", now)])
+
+    timer.run = run_and_publish  # type: ignore[method-assign]
+    published_at: list[int] = []
+    second_run = second.run
+
+    def second_sees(ready: Any, now: int, until: int) -> None:
+        published_at.append(len(sent))
+        second_run(ready, now, until)
+
+    second.run = second_sees  # type: ignore[method-assign]
+    poller, stall = FakePoller(clock), Stall()
+    loop = Loop([timer, first, second, outbox], clock=clock, stall=stall,
+                poll=PollSet(poller), cpu_clock=lambda: 0,  # type: ignore[arg-type]
+                urgent=[timer, outbox])
+    clock.now = 10
+    loop.run_pass({}, 10)  # first and second due at 10; the timer at 30
+    assert timer.runs[0][0] == 50  # right after `first`, not at 90 after `second`
+    assert published_at == [1]  # its event left before `second` ran

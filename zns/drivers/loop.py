@@ -15,7 +15,10 @@ the server timers, the heap trim, the outbox): an object that
 
 The loop itself is the few lines of `Loop.run`: poll until the earliest
 deadline of all sources (no fixed-interval wake-up), then run each source
-that is ready or due, in a fixed order, measuring every source's busy time
+that is ready or due, in a fixed order -- and after each one, the *urgent*
+sources (the timers, then the outbox) that have come due meanwhile, so an
+expiry waits for at most one source's slice, not for a whole pass of them,
+and its events leave at once -- measuring every source's busy time
 the same way for the §8 stall rule (`StallMeter.ran`) and reading the clock
 again after each, so time spent running is never mistaken for a stall and a
 slow source cannot push the next one's `now` into the past. A bug in a
@@ -104,8 +107,12 @@ class Loop:
         stall: StallMeter,
         poll: PollSet | None = None,
         cpu_clock: Callable[[], int] | None = None,
+        urgent: Sequence[Source] = (),
     ) -> None:
         self.sources = list(sources)
+        # Also run between the others whenever due (each is in `sources` too, for its place
+        # in a pass): hb and expiry are due at a time, the rest can wait a slice.
+        self.urgent = list(urgent)
         self.clock = clock
         self.cpu_clock = cpu_clock or _cpu_ms
         self.stall = stall
@@ -132,25 +139,37 @@ class Loop:
             now = self.run_pass(ready, now)
 
     def run_pass(self, ready: Ready, now: int) -> int:
-        """Run every source that is ready or due; returns the clock after the last one."""
+        """Run every source that is ready or due, each followed by the urgent sources due by
+        then; returns the clock after the last one."""
         woken = {self.poll.owners.get(sock) for sock in ready}
         for source in self.sources:
-            if source not in woken:
-                deadline = source.next_deadline(now)
-                if deadline is None or deadline > now:
-                    continue
-            cpu_before = self.cpu_clock()
-            try:
-                source.run(ready, now, now + SLICE_MS)
-            except Exception:
-                log.exception("bug while %s; the server carries on", source.what)
-            after = self.clock()
-            # A stall can also land while a source works (the process stopped mid-slice):
-            # wall time it did not run. Time it ran is never one.
-            self.stall.ran(after - now, self.cpu_clock() - cpu_before)
-            now = after
+            if source not in woken and not _due(source, now):
+                continue
+            now = self._run_one(source, ready, now)
+            if source in self.urgent:
+                continue
+            for urgent in self.urgent:
+                if _due(urgent, now):
+                    now = self._run_one(urgent, {}, now)
         self.last_pass_ms = now
         return now
+
+    def _run_one(self, source: Source, ready: Ready, now: int) -> int:
+        cpu_before = self.cpu_clock()
+        try:
+            source.run(ready, now, now + SLICE_MS)
+        except Exception:
+            log.exception("bug while %s; the server carries on", source.what)
+        after = self.clock()
+        # A stall can also land while a source works (the process stopped mid-slice):
+        # wall time it did not run. Time it ran is never one.
+        self.stall.ran(after - now, self.cpu_clock() - cpu_before)
+        return after
+
+
+def _due(source: Source, now: int) -> bool:
+    deadline = source.next_deadline(now)
+    return deadline is not None and deadline <= now
 
 
 class Outbox:

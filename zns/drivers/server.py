@@ -137,15 +137,17 @@ class Server:
                 now=self._now(),
             )
             # The order the loop runs them in each pass: the timers first (hb and expiry
-            # are due at a time; requests can wait a slice), the outbox last, so each
-            # pass's events leave together.
-            sources: list[Source] = [_Control(self), self.descriptors,
-                                     _Timers(self.timers, self.outbox, self._wall_ms),
+            # are due at a time; requests can wait a slice), the outbox last. Both are also
+            # urgent: run after any other source once due, so an expiry waits one slice at
+            # most, not a pass, and events leave as soon as they are made.
+            timers = _Timers(self.timers, self.outbox, self._wall_ms)
+            sources: list[Source] = [_Control(self), self.descriptors, timers,
                                      self.requests, _Subscriptions(self.pub, self.subscribers)]
             if self.remoting is not None:
                 sources.append(self.remoting)
             sources += [self.peers, self.heap, self.outbox]
-            self.loop = Loop(sources, clock=self._now, stall=self.timers, poll=PollSet())
+            self.loop = Loop(sources, clock=self._now, stall=self.timers, poll=PollSet(),
+                             urgent=[timers, self.outbox])
             if config.metrics:
                 self.metrics = MetricsServer(self, config.metrics,
                                              heartbeat_interval=config.heartbeat_interval_s)
