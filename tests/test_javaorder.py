@@ -8,6 +8,7 @@ reordered) against a real JVM.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import shutil
 import subprocess
@@ -47,6 +48,17 @@ def test_fixed_vectors_printed_by_a_jvm():
         "broker-b broker-c broker-a").split()
     assert chm_order(["broker-a", "broker-b", "broker-c"], BROKER_TABLE) == ["broker-b", "broker-c", "broker-a"]
     assert chm_order(["DefaultCluster", "c1", "c2"], CLUSTER_TABLE) == ["c1", "DefaultCluster", "c2"]
+
+
+def test_five_thousand_topics_through_two_tables_as_a_jvm_orders_them():
+    # GET_ALL_TOPIC_LIST: topicQueueTable (1,024 -> 2,048 buckets, resized twice), then
+    # a fresh key set (16 buckets, resized nine times). Printed by OpenJDK 17's
+    # JavaOrder.java (chm 1024, then chmkeyset of its output); the digest of the whole order.
+    topics = [f"FloodTopic{i:05d}" for i in range(5000)]
+    order = chm_order(chm_order(topics, TOPIC_TABLE))
+    assert order[:5] == ["FloodTopic03377", "FloodTopic02046", "FloodTopic02045",
+                         "FloodTopic03376", "FloodTopic02044"]
+    assert hashlib.sha256(" ".join(order).encode()).hexdigest()[:16] == "1d27dc16fe63eac0"
 
 
 def test_long_keys_and_repeats():

@@ -91,51 +91,75 @@ def hashset_copy_order(keys: Sequence[str | int]) -> list:
 
 def chm_order(keys: Iterable[str], table: int = 16) -> list[str]:
     """The iteration order of a ConcurrentHashMap (or its key set) of `table` buckets that
-    the distinct `keys` were put into in this order (a repeated key is left where it is)."""
+    the distinct `keys` were put into in this order (a repeated key is left where it is).
+
+    Simulated resize by resize over indices into the distinct keys; a bucket of one key
+    (most of them) is that index itself, no list, and moves whole. Several times cheaper
+    than node by node, which matters: GET_ALL_TOPIC_LIST over 5,000 topics rebuilds this
+    after every change of the table, and it is one unit of the loop's work.
+    """
+    distinct = list(dict.fromkeys(keys))
+    hashes = [spread(key) for key in distinct]
+    total = len(distinct)
     n = table
-    bins: list[list[tuple[int, str]] | None] = [None] * n
-    threshold = n - (n >> 2)
-    count = 0
-    seen: set[str] = set()
-    for key in keys:
-        if key in seen:
-            continue
-        seen.add(key)
-        h = spread(key)
-        slot = bins[h & (n - 1)]
-        if slot is None:
-            bins[h & (n - 1)] = [(h, key)]
-        else:
-            slot.append((h, key))
-        count += 1
-        if count >= threshold:  # addCount: s >= sizeCtl after the insert
-            bins = _transfer(bins, n)
-            n <<= 1
-            threshold = n - (n >> 2)
-    return [key for slot in bins if slot for _, key in slot]
-
-
-def _transfer(bins: list[list[tuple[int, str]] | None], n: int) -> list[list[tuple[int, str]] | None]:
-    """ConcurrentHashMap.transfer of a table of `n` buckets into 2n (one thread)."""
-    out: list[list[tuple[int, str]] | None] = [None] * (2 * n)
-    for i, slot in enumerate(bins):
-        if not slot:
-            continue
-        run_bit = slot[0][0] & n
-        last_run = 0
-        for j in range(1, len(slot)):
-            b = slot[j][0] & n
-            if b != run_bit:
-                run_bit, last_run = b, j
-        low: list[tuple[int, str]] = slot[last_run:] if run_bit == 0 else []
-        high: list[tuple[int, str]] = slot[last_run:] if run_bit else []
-        for node in slot[:last_run]:  # each one pushed in front: the reverse of their order
-            if node[0] & n:
-                high = [node, *high]
+    bins: list[_Bucket] = [None] * n
+    done = 0
+    while True:
+        threshold = n - (n >> 2)  # addCount: resized once the count reaches sizeCtl
+        stop = min(total, threshold)
+        mask = n - 1
+        for j in range(done, stop):
+            b = hashes[j] & mask
+            slot = bins[b]
+            if slot is None:
+                bins[b] = j
+            elif isinstance(slot, int):
+                bins[b] = [slot, j]
             else:
-                low = [node, *low]
-        out[i] = low or None
-        out[i + n] = high or None
+                slot.append(j)
+        done = stop
+        if done < threshold:
+            break
+        bins = _transfer(bins, n, hashes)
+        n <<= 1
+    out: list[str] = []
+    for slot in bins:
+        if slot is None:
+            continue
+        if isinstance(slot, int):
+            out.append(distinct[slot])
+        else:
+            out.extend(distinct[j] for j in slot)
+    return out
+
+
+_Bucket = int | list[int] | None  # no key, one key's index, or several in bucket order
+
+
+def _transfer(bins: list[_Bucket], n: int, hashes: list[int]) -> list[_Bucket]:
+    """ConcurrentHashMap.transfer of a table of `n` buckets into 2n (one thread): a bucket's
+    last run of nodes bound for the same side moves as it is; each node in front of it is
+    pushed in front of its side's list (the reverse of their order)."""
+    out: list[_Bucket] = [None] * (2 * n)
+    for i, slot in enumerate(bins):
+        if slot is None:
+            continue
+        if isinstance(slot, int):
+            out[i + n if hashes[slot] & n else i] = slot
+            continue
+        run_bit = hashes[slot[-1]] & n
+        last_run = len(slot) - 1
+        while last_run and hashes[slot[last_run - 1]] & n == run_bit:
+            last_run -= 1
+        front = slot[last_run - 1::-1] if last_run else []
+        low = [j for j in front if not hashes[j] & n]
+        high = [j for j in front if hashes[j] & n]
+        if run_bit:
+            high += slot[last_run:]
+        else:
+            low += slot[last_run:]
+        out[i] = (low[0] if len(low) == 1 else low) if low else None
+        out[i + n] = (high[0] if len(high) == 1 else high) if high else None
     return out
 
 
