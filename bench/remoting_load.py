@@ -66,9 +66,9 @@ class Params:
     probe_s: float
 
 
-FULL = Params(flood_s=15, topics=5000, route_conns=16, list_conns=14, victims=8,
+FULL = Params(flood_s=20, topics=5000, route_conns=16, list_conns=14, victims=150,
               close_counts=(500, 2000), idle=4096, probe_s=3.0)
-QUICK = Params(flood_s=3, topics=200, route_conns=4, list_conns=2, victims=2,
+QUICK = Params(flood_s=5, topics=200, route_conns=4, list_conns=2, victims=4,
                close_counts=(50, 100), idle=200, probe_s=0.5)
 
 METHOD = """
@@ -81,7 +81,8 @@ registered by one ZNS/1 broker, for {flood:g} s; the listener restricted with
 `--remoting-brokers 10.0.0.0/8 --remoting-admins 10.0.0.0/8`): `hb` gap is the longest
 time between two `hb` events at a subscriber (interval 1 s); expiry lateness is when
 the `removed` event of a silent ZNS/1 broker (3 s timeout, {victims} of them registered
-during the flood) arrived after its deadline; `get_route` is a ZNS/1 request every
+evenly during the flood, all due before it ends) arrived after its deadline, p99
+(nearest rank) and max; `get_route` is a ZNS/1 request every
 20 ms; stalls are the server's "stalled" warnings.
 
 *Closes*: N brokers register over their own remoting connection (10 shared topics),
@@ -276,8 +277,11 @@ def flood_round(config: RunConfig, p: Params) -> dict[str, float]:
         prober.start()
         started = time.monotonic()
         deadlines: dict[str, float] = {}
-        for v in range(p.victims):  # silent ZNS/1 brokers registered during the flood
-            time.sleep(max(0.1, (p.flood_s - 5) / max(1, p.victims)))
+        # Silent ZNS/1 brokers registered during the flood, on a fixed schedule, all due
+        # (3 s later) before it ends: enough of them that a p99 is not just the maximum.
+        spacing = (p.flood_s - 4.5) / max(1, p.victims)
+        for v in range(p.victims):
+            time.sleep(max(0.0, started + 0.5 + v * spacing - time.monotonic()))
             victim = f"10.8.0.{v + 1}:10911"
             zns1_call(zns.router, register_request(f"victim-{v}", victim, [f"V{v}"],
                                                    heartbeat_timeout_ms=3000, id=2))
@@ -296,7 +300,8 @@ def flood_round(config: RunConfig, p: Params) -> dict[str, float]:
     lateness = [(removed.get(a, time.monotonic() + 60) - d) * 1000 for a, d in deadlines.items()]
     beats = hb.hbs()
     gaps = [b - a for a, b in zip(beats, beats[1:])] or [float("inf")]
-    return {"hb_gap_s": max(gaps), "expiry_late_ms": max(lateness),
+    return {"hb_gap_s": max(gaps), "expiry_late_p99_ms": percentile(lateness, 99),
+            "expiry_late_max_ms": max(lateness),
             "get_route_p50_ms": percentile(prober.latencies, 50),
             "get_route_max_ms": max(prober.latencies),
             "stalls": float(log.count("stalled")), "remoting_rps": replies / elapsed}
@@ -418,8 +423,10 @@ def run(config: RunConfig) -> BenchResult:
     figures = [
         Figure("read flood: longest hb gap (interval 1 s)", "s", col(flood, "hb_gap_s"),
                target=Target("value", "<=", 2.0)),
-        Figure("read flood: expiry lateness, max of the silent brokers", "ms",
-               col(flood, "expiry_late_ms"), target=Target("value", "<=", 100)),
+        Figure(f"read flood: expiry lateness p99 of {p.victims} silent brokers", "ms",
+               col(flood, "expiry_late_p99_ms"), target=Target("value", "<=", 100)),
+        Figure(f"read flood: expiry lateness, max of {p.victims} silent brokers", "ms",
+               col(flood, "expiry_late_max_ms")),
         Figure("read flood: ZNS/1 get_route p50", "ms", col(flood, "get_route_p50_ms"),
                target=Target("value", "<=", 50)),
         Figure("read flood: ZNS/1 get_route max", "ms", col(flood, "get_route_max_ms")),
