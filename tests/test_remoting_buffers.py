@@ -93,3 +93,19 @@ def test_a_frame_not_finished_within_the_deadline_closes_its_connection(rserver)
     assert fast.call(cluster_info()).code == 0  # whole frames are never late
     fast.close()
     slow.close()
+
+
+def test_a_frame_begun_counts_at_its_announced_length_not_at_what_arrived(rserver, caplog):
+    # Its buffer is allocated whole once the head is in, so that is what is counted: five
+    # connections announcing 1 MiB each against a 4 MiB budget, each sending 100 bytes
+    # of it, are over (counting the 500 bytes that arrived would let 40,000 of them in).
+    srv, listener, endpoint = rserver(remoting_max_buffer_bytes=4 << 20)
+    hogs = [Client(endpoint) for _ in range(5)]
+    for hog in hogs:
+        hog.sock.sendall(struct.pack(">ii", (1 << 20) - 4, 100) + b"\0" * 92)
+    wait_for(lambda: listener.over_budget >= 1)
+    assert sum(hog.closed_by_server(timeout=1) for hog in hogs) == listener.over_budget == 1
+    assert listener.held == 4 * ((1 << 20) - 4), caplog.text
+    probe(endpoint)  # the others are served
+    for hog in hogs:
+        hog.close()

@@ -208,6 +208,37 @@ def test_one_byte_feeding_is_linear():
     assert len(out) == 1 and len(out[0].body) == 200_000
 
 
+def test_a_frame_gets_one_buffer_of_its_exact_length_and_the_chunks_are_not_kept():
+    # What the listener counts against --remoting-max-buffer-bytes is what is allocated:
+    # one buffer of the announced length, made once the head is in, never grown; and the
+    # chunks fed may be a reused scratch buffer (overwritten here after every feed).
+    small = rm.encode_command(RemotingCommand(code=105, opaque=1, ext_fields={"topic": "T"}))
+    big = rm.encode_command(RemotingCommand(code=103, opaque=2, body=b"y" * 300_000))
+    made: list[int] = []
+
+    def allocate(length: int) -> bytearray:
+        made.append(length)
+        return bytearray(length)
+
+    dec = FrameDecoder(allocate=allocate)
+    scratch = bytearray(4096)
+    out = []
+    stream = small + big + small
+    for i in range(0, len(stream), 4096):
+        chunk = stream[i:i + 4096]
+        scratch[:len(chunk)] = chunk
+        out += dec.feed(memoryview(scratch)[:len(chunk)])
+        scratch[:] = b"\xee" * len(scratch)
+        if i == 4096:  # the big frame began in the first chunk
+            assert dec.allocated == len(big) - 4 and dec.buffered == 8192 - len(small)
+    assert [(c.opaque, len(c.body)) for c in out] == [(1, 0), (2, 300_000), (1, 0)]
+    assert out[1].body == b"y" * 300_000 and out[0].ext_fields == {"topic": "T"}
+    # The big frame only: the small ones arrived whole within a chunk (decoded in place)
+    # but for the last, split across two chunks, which got a buffer of its length too.
+    assert made[0] == len(big) - 4 and set(made[1:]) <= {len(small) - 4}
+    assert dec.allocated == 0 and dec.buffered == 0
+
+
 def test_frame_limit_refused_from_the_length_field_alone():
     dec = FrameDecoder(max_frame_bytes=1000)
     with pytest.raises(RemotingFrameError, match="exceeds the limit"):

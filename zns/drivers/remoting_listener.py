@@ -38,7 +38,11 @@ Bounds:
 - all connections together hold at most `max_buffer_bytes` (256 MiB,
   --remoting-max-buffer-bytes) of frames being read, requests waiting and
   unsent replies: past it, the connections holding the most are closed
-  (logged) until the rest fit;
+  (logged) until the rest fit. A frame being read counts at its announced
+  length from its first bytes on: its buffer is allocated whole then (an
+  anonymous mmap when large, whose memory goes back to the OS when it
+  goes), and every read lands in one scratch buffer first, so what is
+  counted is what is allocated;
 - at most `read_chunk` bytes are read from one connection per turn;
 - a connection with no traffic for `idle_timeout_ms` (120 s, as the Java
   NameServer) is closed;
@@ -52,6 +56,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import mmap
 import select
 import socket
 from collections import Counter, deque
@@ -80,6 +85,7 @@ COMMAND_BYTES = 64  # what a decoded request costs besides its body
 HIGH_WATER = 1 << 20  # stop reading a connection with this much unsent
 MAX_UNSENT = 64 << 20  # cut a connection off with this much unsent
 READ_CHUNK = 256 << 10
+MAPPED_FRAME_BYTES = 256 << 10  # frames at least this long are read into an mmap
 ACCEPTS_PER_TURN = 256
 EVENTS_PER_TURN = 1024  # ready connections taken from the epoll per turn
 # Descriptors kept free for ZNS/1 clients (two each) and the server's own use when the
@@ -106,6 +112,19 @@ class _Conn:
     pending_bytes: int = 0  # what `pending` holds
     frame_started: int | None = None  # when the frame being read began to arrive
     held: int = 0  # what it counts against max_buffer_bytes
+
+
+def frame_buffer(length: int) -> bytearray | mmap.mmap:
+    """The buffer a frame of `length` bytes is read into (`FrameDecoder(allocate=...)`).
+
+    A large one is an anonymous mapping: its pages exist only once written, and closing
+    the connection gives them back to the OS at once (a freed bytearray would stay in
+    glibc's heap, which is how 4,096 connections feeding large frames once reached twice
+    the buffer budget).
+    """
+    if length >= MAPPED_FRAME_BYTES:
+        return mmap.mmap(-1, length)
+    return bytearray(length)
 
 
 def clamp_max_connections(requested: int, descriptor_limit: int) -> int:
@@ -181,6 +200,8 @@ class RemotingListener:
         self._backlog: deque[_Conn] = deque()  # connections with decoded requests to answer
         self._closed: list[int] = []  # connection ids closed this turn, removed together
         self._now = now
+        self._scratch = bytearray(read_chunk)  # every read lands here first
+        self._scratch_view = memoryview(self._scratch)
 
     # --- the loop's side (a `zns.drivers.loop.Source`) --------------------
 
@@ -260,7 +281,8 @@ class RemotingListener:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             fd = sock.fileno()
             entry = _Conn(sock=sock, fd=fd, conn=Connection(next(self._ids), host),
-                          decoder=FrameDecoder(self.max_frame_bytes), last_active=now)
+                          decoder=FrameDecoder(self.max_frame_bytes, allocate=frame_buffer),
+                          last_active=now)
             self.connections[fd] = entry
             self.per_host[host] += 1
             self._epoll.register(fd, _IN)
@@ -273,21 +295,24 @@ class RemotingListener:
 
     def _read(self, entry: _Conn, now: int) -> None:
         try:
+            # Into the one scratch buffer: the decoder copies what it keeps into a buffer of
+            # the frame's exact length, so no chunk-sized object is made per read.
             with REMOTING_PEER:
-                data = entry.sock.recv(self.read_chunk)
+                size = entry.sock.recv_into(self._scratch, self.read_chunk)
         except (BlockingIOError, InterruptedError):
             return
         except ConnectionLost as exc:
             log.info("remoting connection from %s failed: %s", entry.conn.host, exc)
             self._close(entry, now)
             return
-        if not data:
+        if not size:
             self._close(entry, now)
             return
+        data = self._scratch_view[:size]
         entry.last_active = now
         if entry.fresh:
             entry.fresh = False
-            if looks_like_zmtp(data):
+            if looks_like_zmtp(bytes(data[:16])):
                 entry.zmtp = ZmtpRedirect(self._where_zns1_is(entry))
                 entry.unsent += entry.zmtp.start()
                 log.warning("remoting connection from %s speaks ZeroMQ, not RocketMQ remoting: "
@@ -295,7 +320,7 @@ class RemotingListener:
                             entry.zmtp.message)
         if entry.zmtp is not None:
             try:
-                entry.unsent += entry.zmtp.feed(data)
+                entry.unsent += entry.zmtp.feed(bytes(data))
             except RemotingFrameError as exc:
                 log.warning("remoting connection from %s closed: %s", entry.conn.host, exc)
                 self._flush_and_close(entry, now)
@@ -431,7 +456,9 @@ class RemotingListener:
             self._close(entry, now)
 
     def _account(self, entry: _Conn) -> None:
-        held = entry.decoder.buffered + len(entry.unsent) + entry.pending_bytes
+        # A frame begun counts whole (its buffer is allocated at its announced length), not
+        # what has arrived of it.
+        held = entry.decoder.allocated + len(entry.unsent) + entry.pending_bytes
         self.held += held - entry.held
         entry.held = held
 

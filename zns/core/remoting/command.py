@@ -17,7 +17,8 @@ from the Java NameServer's.
 from __future__ import annotations
 
 import struct
-from typing import Annotated
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 from msgspec import Meta, Raw, Struct
@@ -38,6 +39,11 @@ from .constants import (
     VERSION_5_3_3,
 )
 from .fastjson import escape_legacy, java_hashmap_order, to_utf8
+
+if TYPE_CHECKING:
+    from mmap import mmap
+
+    FrameBuffer = bytearray | mmap  # what `FrameDecoder(allocate=...)` may hand out
 
 # A header may carry at most this many ext fields (Java has no bound; real
 # peers send fewer than 20). Without it a 16 MiB header of tiny entries would
@@ -378,31 +384,43 @@ class FrameDecoder:
     """Incremental, bounded frame decoder for one connection (sans-I/O).
 
     Feed it whatever the socket returned; it returns every command completed
-    so far. Memory stays bounded: a length field announcing more than
-    `max_frame_bytes` (counting the 4-byte field itself, as the Java server
-    does) is refused as soon as those 4 bytes are in, before any of the frame
-    is buffered, so the buffer never holds more than one frame plus the
-    latest chunk. Bytes are appended to one `bytearray` read from an offset
-    and compacted only once the consumed part is at least half of it, so
-    feeding a frame one byte at a time costs linear, not quadratic, time.
+    so far. Memory stays bounded and is known exactly (`allocated`): a length
+    field announcing more than `max_frame_bytes` (counting the 4-byte field
+    itself, as the Java server does) is refused as soon as those 4 bytes are
+    in. A frame that arrives whole within one chunk is decoded straight from
+    it; one that does not gets one buffer of exactly its announced length,
+    made by `allocate` once its 8-byte head is in (the driver may hand out
+    memory the OS takes back at once on close, e.g. an anonymous mmap), and
+    filled in place: no growing buffer, no over-allocation, no copy of the
+    chunk kept beyond `feed`, so `data` may be a view of a buffer the caller
+    reuses.
 
     After a `RemotingFrameError` the decoder is dead: every later `feed`
     raises again. Close the connection.
     """
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *, max_ext_fields: int = MAX_EXT_FIELDS) -> None:
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *,
+                 max_ext_fields: int = MAX_EXT_FIELDS,
+                 allocate: Callable[[int], FrameBuffer] = bytearray) -> None:
         if max_frame_bytes < 8:
             raise ValueError("max_frame_bytes must allow at least the 8 bytes of an empty frame")
         self.max_frame_bytes = max_frame_bytes
         self.max_ext_fields = max_ext_fields
-        self._buf = bytearray()
-        self._pos = 0
+        self._allocate = allocate
+        self._head = bytearray()  # up to 8 bytes of a frame's start: length, header word
+        self._frame: FrameBuffer | None = None  # the frame being read (length field excluded)
+        self._filled = 0
         self._error: str | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a returned command."""
-        return len(self._buf) - self._pos
+        return len(self._head) + (4 + self._filled if self._frame is not None else 0)
+
+    @property
+    def allocated(self) -> int:
+        """Bytes this decoder holds for them: the whole buffer of a frame begun."""
+        return len(self._head) + (len(self._frame) if self._frame is not None else 0)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[RemotingCommand]:
         """Add received bytes; return the commands they complete, in order.
@@ -412,41 +430,73 @@ class FrameDecoder:
         """
         if self._error is not None:
             raise RemotingFrameError(f"connection already failed: {self._error}")
-        buf = self._buf
-        buf += data
         out: list[RemotingCommand] = []
-        pos = self._pos
-        size = len(buf)
-        limit = self.max_frame_bytes - 4
         try:
-            # Each frame is copied out (once) so that no view outlives this block: the
-            # bytearray is compacted below, and a pinned one cannot be resized.
-            with memoryview(buf) as mv:
-                while size - pos >= 4:
-                    (length,) = _INT32.unpack_from(buf, pos)
-                    if length < 4:
-                        raise RemotingFrameError(f"frame length field {length} is below the minimum of 4")
-                    if length > limit:
-                        raise RemotingFrameError(
-                            f"frame of {length + 4} bytes (length field included) exceeds the limit of {self.max_frame_bytes}"
-                        )
-                    if size - pos - 4 < length:
-                        if size - pos >= 8:  # the header length is in: refuse a long one now
-                            _check_header_length(_INT32.unpack_from(buf, pos + 4)[0] & 0xFFFFFF)
-                        break  # wait for the rest of this frame
-                    out.append(decode_frame(bytes(mv[pos + 4 : pos + 4 + length]), max_ext_fields=self.max_ext_fields))
-                    pos += 4 + length
+            with memoryview(data) as mv:
+                self._consume(mv, out)
         except RemotingFrameError as exc:
             self._error = str(exc)
-            self._buf = bytearray()
-            self._pos = 0
+            self._head, self._frame, self._filled = bytearray(), None, 0
             raise RemotingFrameError(str(exc), out) from None
-        # Compact: drop consumed bytes when they are at least half the buffer.
-        if pos == len(buf):
-            buf.clear()
-            pos = 0
-        elif pos and pos * 2 >= len(buf):
-            del buf[:pos]
-            pos = 0
-        self._pos = pos
         return out
+
+    def _consume(self, mv: memoryview, out: list[RemotingCommand]) -> None:
+        i, n = 0, len(mv)
+        while i < n:
+            frame = self._frame
+            if frame is not None:  # the rest of a frame begun: copied in place
+                take = min(len(frame) - self._filled, n - i)
+                frame[self._filled:self._filled + take] = mv[i:i + take]
+                self._filled += take
+                i += take
+                self._complete(out)
+                continue
+            head = self._head
+            if not head and n - i >= 8:  # a frame's head is here whole: no copy of it
+                (length,) = _INT32.unpack_from(mv, i)
+                self._check_length(length)
+                if n - i - 4 >= length:
+                    with mv[i + 4:i + 4 + length] as whole:
+                        out.append(decode_frame(whole, max_ext_fields=self.max_ext_fields))
+                    i += 4 + length
+                else:  # the header length is in: refuse a long one before waiting for it
+                    _check_header_length(_INT32.unpack_from(mv, i + 4)[0] & 0xFFFFFF)
+                    self._begin(length)
+                    i += 4  # its bytes are copied in above
+                continue
+            take = min(8 - len(head), n - i)
+            head += mv[i:i + take]
+            i += take
+            if len(head) >= 4:
+                self._check_length(_INT32.unpack_from(head, 0)[0])  # before any more is kept
+            if len(head) == 8:
+                (length,) = _INT32.unpack_from(head, 0)
+                if length > 4:  # more to wait for: refuse a long header first
+                    _check_header_length(_INT32.unpack_from(head, 4)[0] & 0xFFFFFF)
+                self._begin(length)
+                assert self._frame is not None
+                self._frame[0:4] = head[4:8]
+                self._filled = 4
+                head.clear()
+                self._complete(out)
+
+    def _check_length(self, length: int) -> None:
+        if length < 4:
+            raise RemotingFrameError(f"frame length field {length} is below the minimum of 4")
+        if length > self.max_frame_bytes - 4:
+            raise RemotingFrameError(
+                f"frame of {length + 4} bytes (length field included) exceeds the limit of {self.max_frame_bytes}"
+            )
+
+    def _begin(self, length: int) -> None:
+        self._frame = self._allocate(length)
+        self._filled = 0
+
+    def _complete(self, out: list[RemotingCommand]) -> None:
+        frame = self._frame
+        if frame is not None and self._filled == len(frame):
+            self._frame, self._filled = None, 0
+            with memoryview(frame) as whole:
+                out.append(decode_frame(whole, max_ext_fields=self.max_ext_fields))
+
+
