@@ -218,6 +218,21 @@ def zns1_ok(service: NameService, op: str, now: int = 1000, **fields: Any) -> An
     return reply
 
 
+def zns1_events(service: NameService, op: str, now: int = 1000,
+                **fields: Any) -> tuple[Any, list[tuple[bytes, Any]]]:
+    """`zns1`, and the events the request published, decoded: (channel, event)."""
+    response = service.respond(schema.encode({"op": op, **fields}), now)
+    return schema.decode_reply(response.reply), [
+        (channel, schema.decode_event(body)) for channel, body in response.events]
+
+
+def zns1_ok_events(service: NameService, op: str, now: int = 1000,
+                   **fields: Any) -> tuple[Any, list[tuple[bytes, Any]]]:
+    reply, events = zns1_events(service, op, now, **fields)
+    assert not isinstance(reply, schema.Error), reply
+    return reply, events
+
+
 def observable(service: NameService, namespaces: Iterable[str] = ("ns",)) -> bytes:
     """Everything a request could have changed, as bytes: the snapshot (routes, brokers,
     revision), the liveness report and the KV entries of `namespaces`. A refused request

@@ -6,14 +6,13 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 import zns.cli.serve
 import helpers
-from helpers import register_fields
+from helpers import register_fields, zns1_events, zns1_ok_events
 from zns.cli.app import main as zns_main
 from zns.core import schema
 from zns.core.limits import Limits
@@ -22,25 +21,15 @@ from zns.core.service import NameService
 from zns.drivers.kv_file import KvStore, read_kv_file
 
 
-def respond(service: NameService, op: str, **fields: Any) -> tuple[Any, list]:
-    response = service.respond(schema.encode({"op": op, "id": 7, **fields}), 1000)
-    return schema.decode_reply(response.reply), [
-        (ch, schema.decode_event(body)) for ch, body in response.events]
-
-
-def ok(service: NameService, op: str, **fields: Any) -> tuple[Any, list]:
-    reply, events = respond(service, op, **fields)
-    assert not isinstance(reply, schema.Error), reply
-    return reply, events
 
 
 @pytest.fixture
 def service(tmp_path: Path):
     kv = KvStore(tmp_path / "kv.json")
     svc = NameService(kv, epoch="e" * 16, started_at_ms=0)
-    ok(svc, "register_broker", **register_fields(topics={"T": {"order": True}}))
-    ok(svc, "kv_put", namespace=ORDER_TOPIC_CONFIG, key="T", value="broker-a:4")
-    ok(svc, "kv_put", namespace="ns", key="k", value="v")
+    zns1_ok_events(svc, "register_broker", **register_fields(topics={"T": {"order": True}}))
+    zns1_ok_events(svc, "kv_put", namespace=ORDER_TOPIC_CONFIG, key="T", value="broker-a:4")
+    zns1_ok_events(svc, "kv_put", namespace="ns", key="k", value="v")
     yield svc
     kv.close()
 
@@ -73,7 +62,7 @@ def test_a_write_that_cannot_be_made_durable_is_internal_and_changes_nothing(
     kv_path = tmp_path / "kv.json"
     before, file_before = observable(service), kv_path.read_bytes()
     failing_fsync(monkeypatch, kv_path)
-    reply, events = respond(service, op, **fields)
+    reply, events = zns1_events(service, op, **fields)
     assert isinstance(reply, schema.Error) and reply.code == "internal"
     assert "could not be written durably" in reply.message and "injected" in reply.message
     assert events == []
@@ -81,7 +70,7 @@ def test_a_write_that_cannot_be_made_durable_is_internal_and_changes_nothing(
     assert kv_path.read_bytes() == file_before
     # Once the disk works again, the same write goes through and the prev chain has no gap.
     monkeypatch.undo()
-    _, events = ok(service, op, **fields)
+    _, events = zns1_ok_events(service, op, **fields)
     if fields["namespace"] == ORDER_TOPIC_CONFIG:
         [(_, event)] = events
         assert event.prev == before[1] and event.revision == before[0] + 1
@@ -95,17 +84,17 @@ def test_a_write_that_cannot_be_made_durable_is_internal_and_changes_nothing(
 def test_max_kv_bytes_refuses_growth_and_applies_nothing(tmp_path):
     kv = KvStore(tmp_path / "kv.json")
     svc = NameService(kv, epoch="e" * 16, started_at_ms=0, limits=Limits(max_kv_bytes=30))
-    ok(svc, "kv_put", namespace="ns", key="a", value="x" * 20)  # 2 + 1 + 20 = 23 bytes
+    zns1_ok_events(svc, "kv_put", namespace="ns", key="a", value="x" * 20)  # 2 + 1 + 20 = 23 bytes
     assert kv.total_bytes() == 23
     for key, value in (("b", "12345"), ("a", "x" * 28), ("ü", "1234")):
-        reply, events = respond(svc, "kv_put", namespace="ns", key=key, value=value)
+        reply, events = zns1_events(svc, "kv_put", namespace="ns", key=key, value=value)
         assert isinstance(reply, schema.Error) and reply.code == "bad_request", reply
         assert "max_kv_bytes (30)" in reply.message and "--max-kv-bytes" in reply.message
         assert events == [] and kv.list("ns") == {"a": "x" * 20}
     assert read_kv_file(tmp_path / "kv.json") == {"ns": {"a": "x" * 20}}
-    ok(svc, "kv_put", namespace="ns", key="b", value="1234")  # exactly 30
-    ok(svc, "kv_put", namespace="ns", key="a", value="short")  # shrinking is always allowed
-    ok(svc, "kv_delete", namespace="ns", key="b")
+    zns1_ok_events(svc, "kv_put", namespace="ns", key="b", value="1234")  # exactly 30
+    zns1_ok_events(svc, "kv_put", namespace="ns", key="a", value="short")  # shrinking is always allowed
+    zns1_ok_events(svc, "kv_delete", namespace="ns", key="b")
     assert kv.total_bytes() == 2 + 1 + 5
     kv.close()
 

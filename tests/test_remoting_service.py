@@ -121,7 +121,8 @@ def register_pair(rs: RemotingService) -> None:
     ok(rs, register_cmd(1, SLAVE, ha="127.0.0.1:10922"))
 
 
-def zns1(svc: NameService, op: str, now: int = 1000, **fields: Any) -> dict[str, Any]:
+def zns1_map(svc: NameService, op: str, now: int = 1000, **fields: Any) -> dict[str, Any]:
+    """`op` through NameService.respond; the reply as the plain map the wire carries."""
     reply = msgspec.msgpack.decode(svc.respond(encode({"op": op, "id": 1, **fields}), now).reply)
     assert isinstance(reply, dict)
     return reply
@@ -457,11 +458,11 @@ def test_registration_is_the_zns1_register_broker(svc):
     assert {type(e).__name__ for e in events} == {"BrokerEvent", "RouteEvent"}
     assert [e.change for e in events if isinstance(e, schema.BrokerEvent)] == ["registered"]
     assert {e.revision for e in events} == {revision + 1} == {svc.table.revision}
-    assert zns1(svc, "snapshot")["routes"] == zns1(other, "snapshot")["routes"]
-    assert zns1(svc, "get_cluster_info")["brokers"] == {"broker-a": {
+    assert zns1_map(svc, "snapshot")["routes"] == zns1_map(other, "snapshot")["routes"]
+    assert zns1_map(svc, "get_cluster_info")["brokers"] == {"broker-a": {
         "cluster": "DefaultCluster", "broker_name": "broker-a", "addrs": {0: MASTER},
         "zone": ""}}
-    route = zns1(svc, "get_route", topic="TopicTest")["route"]
+    route = zns1_map(svc, "get_route", topic="TopicTest")["route"]
     assert route["queues"] == [{"broker_name": "broker-a", "read_queues": 4, "write_queues": 4,
                                 "perm": 6, "sys_flag": 0}]
 
@@ -474,7 +475,7 @@ def test_compressed_body_registers_the_same_topics(svc):
     ok(rs, cmd)
     plain = new_service()
     ok(RemotingService(plain), vector_register())
-    assert zns1(svc, "snapshot")["routes"] == zns1(plain, "snapshot")["routes"]
+    assert zns1_map(svc, "snapshot")["routes"] == zns1_map(plain, "snapshot")["routes"]
     assert svc.table.route("TopicTest").queues[0].read_queues == 4
 
 
@@ -501,7 +502,7 @@ def test_wrong_crc_applies_nothing(rs, svc):
 
 
 def zns1_error(svc: NameService, **fields: Any) -> str:
-    reply = zns1(svc, "register_broker", **fields)
+    reply = zns1_map(svc, "register_broker", **fields)
     assert reply["op"] == "error", reply
     return reply["message"]
 
@@ -729,18 +730,18 @@ def test_a_heartbeat_over_another_connection_never_moves_the_tie(rs, svc, code):
 
 def test_heard_over_zns1_since_is_still_removed_and_registered_since_is_kept(rs, svc):
     ok(rs, register_cmd(), C1, now=1000)
-    assert zns1(svc, "heartbeat", now=1500, cluster="DefaultCluster", broker_name="broker-a",
+    assert zns1_map(svc, "heartbeat", now=1500, cluster="DefaultCluster", broker_name="broker-a",
                 broker_id=0, broker_addr=MASTER)["known"] is True
     assert removed_events(rs.connection_closed(1, 2000))  # a heartbeat ties nothing
     ok(rs, register_cmd(), C1, now=3000)
-    zns1(svc, "register_broker", now=3500, cluster="DefaultCluster", broker_name="broker-a",
+    zns1_map(svc, "register_broker", now=3500, cluster="DefaultCluster", broker_name="broker-a",
          broker_id=0, broker_addr=MASTER, topics={"TopicTest": {}})
     assert rs.connection_closed(1, 4000) == []  # registered over ZNS/1 since: its own now
     assert svc.table.liveness("DefaultCluster", MASTER) is not None
 
 
 def test_zns1_broker_heartbeating_over_remoting_is_not_tied_to_the_connection(rs, svc):
-    zns1(svc, "register_broker", now=1000, cluster="DefaultCluster", broker_name="broker-a",
+    zns1_map(svc, "register_broker", now=1000, cluster="DefaultCluster", broker_name="broker-a",
          broker_id=0, broker_addr=MASTER, topics={"TopicTest": {}})
     ok(rs, req(904, HB_EXT), C2, now=1500)
     assert rs.connection_closed(2, 2000) == []
@@ -749,7 +750,7 @@ def test_zns1_broker_heartbeating_over_remoting_is_not_tied_to_the_connection(rs
 
 def test_a_close_removes_only_the_name_its_connection_registered_at_a_shared_address(rs, svc):
     # Issue 21 item 7 (b): broker-a over ZNS/1, broker-b over remoting, one address.
-    zns1(svc, "register_broker", now=1000, cluster="DefaultCluster", broker_name="broker-a",
+    zns1_map(svc, "register_broker", now=1000, cluster="DefaultCluster", broker_name="broker-a",
          broker_id=0, broker_addr=MASTER, topics={"TopicA": {}})
     ok(rs, register_cmd(name="broker-b", topics={"TopicB": {}}), C2, now=1500)
     [event] = removed_events(rs.connection_closed(2, 2000))
@@ -762,7 +763,7 @@ def test_a_close_removes_only_the_name_its_connection_registered_at_a_shared_add
 @pytest.mark.parametrize("code", [904, 322])
 def test_remoting_heartbeats_never_keep_a_zns1_broker_alive(rs, svc, code):
     # Issue 21 item 7 (c): a ZNS/1 broker with a 2 s timeout that went silent.
-    zns1(svc, "register_broker", now=1000, cluster="DefaultCluster", broker_name="broker-a",
+    zns1_map(svc, "register_broker", now=1000, cluster="DefaultCluster", broker_name="broker-a",
          broker_id=0, broker_addr=MASTER, topics={"TopicA": {}}, heartbeat_timeout_ms=2000)
     body = INLINE["DataVersion"].encode() if code == 322 else b""
     for now in (1500, 2500, 3500, 4500):
@@ -976,7 +977,7 @@ def test_closing_a_connection_removes_each_address_it_still_carries(rs, svc):
     ok(rs, register_cmd(), conn=LOCAL, now=1_000)
     ok(rs, register_cmd(1, SLAVE, ha="127.0.0.1:10922"), conn=LOCAL, now=1_000)
     # The master registered over ZNS/1 since: closing the connection must keep it.
-    zns1(svc, "register_broker", now=2_000, cluster="DefaultCluster", broker_name="broker-a",
+    zns1_map(svc, "register_broker", now=2_000, cluster="DefaultCluster", broker_name="broker-a",
          broker_id=0, broker_addr=MASTER, topics={"TopicTest": {}},
          data_version={"counter": 3, "timestamp": 1700000000000})
     rs.connection_closed(LOCAL.conn_id, 3_000)
@@ -1017,7 +1018,7 @@ def test_bodies_follow_the_java_nameservers_hash_order(rs):
         assert [b["brokerName"] for b in route["brokerDatas"]] == ["broker-d", "broker-b", "broker-c", "broker-a"]
     info = loads_lenient(ok(rs, req(106)).body, dict)
     assert list(info["clusterAddrTable"]["DefaultCluster"]) == ["broker-d", "broker-b", "broker-c", "broker-a"]
-    zns1_route = zns1(rs.service, "get_route", topic="TopicTest")["route"]
+    zns1_route = zns1_map(rs.service, "get_route", topic="TopicTest")["route"]
     assert [q["broker_name"] for q in zns1_route["queues"]] == ["broker-a", "broker-b", "broker-c", "broker-d"]
 
 
