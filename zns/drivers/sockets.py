@@ -40,8 +40,8 @@ def open_socket(
     sockets; TCP keepalive frees a connection whose host vanished.
     `max_message_bytes` makes libzmq refuse larger frames from the other side
     (the server sets it on the sockets it opens to its peers). A bad endpoint
-    raises zmq.ZMQError and leaves no socket behind (a caller wraps it in a
-    mapping of `zns.drivers.io_errors`). CURVE client keys are not set here: they
+    raises zmq.ZMQError and leaves no socket behind (the peer links map it with
+    `zns.drivers.io_errors.peer_named`: an endpoint a peer named is its fault). CURVE client keys are not set here: they
     come from the context (`zns.drivers.security.apply_client_keys`).
     """
     sock = ctx.socket(kind)
