@@ -43,7 +43,10 @@ Bounds:
   anonymous mmap when large, whose memory goes back to the OS when it
   goes), and every read lands in one scratch buffer first, so what is
   counted is what is allocated;
-- at most `read_chunk` bytes are read from one connection per turn;
+- at most `read_chunk` bytes are read from one connection per turn, and at
+  most DECODE_CHUNK (32 KiB) unless the rest of a large frame is due: what
+  one read decodes (~250 small requests at most) is one unit of the loop's
+  work;
 - a connection with no traffic for `idle_timeout_ms` (120 s, as the Java
   NameServer) is closed;
 - a connection whose first byte is a ZeroMQ greeting's is a ZNS/1 client at the
@@ -85,6 +88,7 @@ COMMAND_BYTES = 64  # what a decoded request costs besides its body
 HIGH_WATER = 1 << 20  # stop reading a connection with this much unsent
 MAX_UNSENT = 64 << 20  # cut a connection off with this much unsent
 READ_CHUNK = 256 << 10
+DECODE_CHUNK = 32 << 10  # read at a time when no large frame is being read
 MAPPED_FRAME_BYTES = 256 << 10  # frames at least this long are read into an mmap
 ACCEPTS_PER_TURN = 256
 EVENTS_PER_TURN = 1024  # ready connections taken from the epoll per turn
@@ -297,8 +301,12 @@ class RemotingListener:
         try:
             # Into the one scratch buffer: the decoder copies what it keeps into a buffer of
             # the frame's exact length, so no chunk-sized object is made per read.
+            # As much as one read decodes is one unit of the loop's work: small frames are
+            # read DECODE_CHUNK at a time (~250 requests), the rest of a large one up to
+            # read_chunk (copied, not decoded, until it is whole).
+            want = min(self.read_chunk, max(DECODE_CHUNK, entry.decoder.remaining))
             with REMOTING_PEER:
-                size = entry.sock.recv_into(self._scratch, self.read_chunk)
+                size = entry.sock.recv_into(self._scratch, want)
         except (BlockingIOError, InterruptedError):
             return
         except ConnectionLost as exc:

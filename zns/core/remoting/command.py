@@ -418,6 +418,11 @@ class FrameDecoder:
         return len(self._head) + (4 + self._filled if self._frame is not None else 0)
 
     @property
+    def remaining(self) -> int:
+        """Bytes still to come of the frame being read (0: none is)."""
+        return len(self._frame) - self._filled if self._frame is not None else 0
+
+    @property
     def allocated(self) -> int:
         """Bytes this decoder holds for them: the whole buffer of a frame begun."""
         return len(self._head) + (len(self._frame) if self._frame is not None else 0)
