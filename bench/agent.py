@@ -66,6 +66,43 @@ def _failed_between(p: zns_agent.Probe, start: float, end: float) -> int:
     return sum(1 for s in p.events("send") if not s["ok"] and start * 1000 <= s["wall_ms"] < end * 1000)
 
 
+_REFRESHED = re.compile(r"refreshed \[(?P<topics>[^\]]*)\] \((?P<why>.*)\): event read at (?P<read>\d+), "
+                        r"refreshed in (?P<ms>[\d.]+) ms(?: \((?P<detail>.*)\))?$")
+
+
+def _agent_refresh(p: zns_agent.Probe, topic: str, since: float, wait: float = 10.0) -> tuple[float, float] | None:
+    """(wall ms the agent read the event, ms after which the client's pull of `topic` had
+    ended) of the agent's first refresh of `topic` for an event read at or after `since` (s),
+    from its log=debug line (written when the whole refresh ends: waited for)."""
+    def find() -> tuple[float, float] | None:
+        for line in p.agent_lines():
+            m = _REFRESHED.search(line)
+            if m and topic in m.group("topics").split(", ") and int(m.group("read")) >= since * 1000:
+                done = re.search(re.escape(topic) + r" \+([\d.]+) ms", m.group("detail") or "")
+                return float(m.group("read")), float(done.group(1) if done else m.group("ms"))
+        return None
+    try:
+        return rocketmq.wait_until(find, wait, "the agent's refresh line")
+    except Exception:  # an older agent, or no refresh: the split is left out
+        return None
+
+
+def _split(out: dict[str, list[float]], key: str, p: zns_agent.Probe, topic: str, event_at: float,
+           seen_ms: float) -> str:
+    """Splits event → seen into zns → agent (the events socket), the client's own pull of the
+    topic (its GET_ROUTEINFO_BY_TOPIC to zns and its table update; the application's topic
+    is pulled first), and the rest (the probe's 5 ms look); appended to out[key + "_read" /
+    "_pull" / "_rest"]."""
+    found = _agent_refresh(p, topic, event_at - 0.5)
+    if found is None:
+        return "no refresh line"
+    read_ms, pull_ms = found
+    parts = (read_ms - event_at * 1000, pull_ms, seen_ms - read_ms - pull_ms)
+    for suffix, v in zip(("_read", "_pull", "_rest"), parts):
+        out.setdefault(key + suffix, []).append(v)
+    return "event→agent {:.0f} ms, client's pull {:.0f} ms, rest {:.0f} ms".format(*parts)
+
+
 def _agent_heap(pid: int) -> tuple[float, int]:
     """(KiB of live objects of zns.agent.* classes, their class count), from jcmd's histogram."""
     proc = subprocess.run(["jcmd", str(pid), "GC.class_histogram"], capture_output=True, text=True, timeout=60)
@@ -127,6 +164,7 @@ def run(config: RunConfig) -> BenchResult:
             out["kill_zns"].append((ev_at - killed_at) * 1000)
             out["kill_agent"].append(seen["wall_ms"] - killed_at * 1000)
             out["kill_agent_after_zns"].append(seen["wall_ms"] - ev_at * 1000)
+            kill_split = _split(out, "kill", agent, topic, ev_at, seen["wall_ms"])
             dropped = agent.wait_for("assigned", lambda ln: victim not in ln["brokers"], 60,
                                      "the agent's consumer drops its queues", since=killed_at)
             out["drop_agent"].append(dropped["wall_ms"] - killed_at * 1000)
@@ -156,6 +194,10 @@ def run(config: RunConfig) -> BenchResult:
                 config.log("    " + line)
             out["join_agent"].append(used["wall_ms"] - joined * 1000)
             out["assign_agent"].append(assigned["wall_ms"] - joined * 1000)
+            join_split = _split(out, "join", agent, topic, joined, used["wall_ms"])
+            refreshed = _agent_refresh(agent, topic, joined - 0.5)
+            if refreshed is not None:
+                out.setdefault("assign_after_pull", []).append(assigned["wall_ms"] - sum(refreshed))
             if not reference:
                 out["fail_agent_all"].append(_failed_between(agent, killed_at, restarted_at))
             if reference:
@@ -170,6 +212,7 @@ def run(config: RunConfig) -> BenchResult:
                        f"{out['kill_agent'][-1]:.0f} ms" + (f", plain {out['kill_plain'][-1]:.0f} ms" if reference else "")
                        + f"; back: producer {out['join_agent'][-1]:.0f} ms, consumer {out['assign_agent'][-1]:.0f} ms"
                        + (f" (plain {out['join_plain'][-1]:.0f} / {out['assign_plain'][-1]:.0f} ms)" if reference else ""))
+            config.log(f"    kill: {kill_split}; join: {join_split}")
             both_now = set(brokers)
             agent.wait_for("publish", lambda ln: set(ln["brokers"]) == both_now, 60, "both again", since=joined - 1)
 
@@ -189,9 +232,10 @@ def run(config: RunConfig) -> BenchResult:
                                      30, "the restored route", since=started)
             again = agent.wait_for("publish", lambda ln: target in ln["brokers"], 30, "writes again", since=added - 1)
             out["wipe_agent"].append(stopped["wall_ms"] - wiped * 1000)
+            wipe_split = _split(out, "wipe", agent, topic, wiped, stopped["wall_ms"])
             out["unwipe_agent"].append(again["wall_ms"] - added * 1000)
             config.log(f"wipe {i + 1}/{wipes_n} {target}: stopped writing after {out['wipe_agent'][-1]:.0f} ms, "
-                       f"writing again after {out['unwipe_agent'][-1]:.0f} ms")
+                       f"writing again after {out['unwipe_agent'][-1]:.0f} ms ({wipe_split})")
 
         idle_probe = zns_agent.Probe(config.workdir, zns.addr, topic, agent=jar, rate=1, watch_ms=0)
         stack.callback(idle_probe.kill)
@@ -242,6 +286,20 @@ def result(out: dict[str, list[float]], kills_n: int, reference_n: int, wipes_n:
     figures += fig("wipeWritePerm → the producer stops writing to the broker", "wipe_agent", 200.0, None,
                    "from zns's route event (zns wipe-write-perm over ZNS/1; mqadmin is the same route change)")
     figures += fig("addWritePerm → the producer writes to the broker again", "unwipe_agent", None, None)
+    parts = (("_read", "zns's event → the agent has read it (the events socket; the watcher got the same event)"),
+             ("_pull", "the client's own refresh (its route request to zns, its table update)"),
+             ("_rest", "refresh done → the probe saw the change (its 5 ms look)"))
+    for key, what in (("kill", "SIGKILL"), ("join", "broker joins, producer"), ("wipe", "wipeWritePerm")):
+        for suffix, part in parts:
+            xs = out.get(key + suffix, [])
+            if xs:
+                figures.append(Figure(f"{what}, split: {part}, each trial", "ms", xs,
+                                      note=f"max {max(xs):.0f} ms; from the agent's log=debug refresh lines"))
+    if out.get("assign_after_pull"):
+        xs = out["assign_after_pull"]
+        figures.append(Figure("broker joins, consumer, split: the agent's refresh done → the consumer assigned "
+                              "its queues (the client's heartbeat and rebalance), each trial", "ms", xs,
+                              note=f"max {max(xs):.0f} ms"))
     if out["fail_agent"]:
         figures.append(Figure(f"failed sends in the {FAIL_WINDOW_S:.0f} s after a broker SIGKILL, send retries off, "
                               f"{RATE} sends/s", "sends", out["fail_agent"], plain, out["fail_plain"],

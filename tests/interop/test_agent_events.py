@@ -10,6 +10,8 @@ duplicates, gaps, an epoch change, garbage, a silence — is exactly the one the
 from __future__ import annotations
 
 import json
+import os
+import random
 import subprocess
 import threading
 import time
@@ -179,3 +181,126 @@ def test_bad_agent_arguments_are_refused_with_a_reason(jar: Path) -> None:
     proc = subprocess.run(["java", "-jar", str(jar), "127.0.0.1:1", "--args", "maxBackoffMs=soon"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "maxBackoffMs must be a whole number of milliseconds" in proc.stderr, proc
+
+
+# --- the agent's MessagePack reader against zns's own encoder --------------------------
+
+def published_events() -> list[bytes]:
+    """The bodies a real NameService (zns's core, zns's encoder) publishes through a broker's
+    life: registrations (zone, filter servers, an order topic, a slave), an update, wipe
+    and add of write permission, a registered and a deleted topic, unregistration,
+    displacement, expiry, and the hb; plus each removal reason and revisions beyond 32 bits
+    encoded by the same encoder."""
+    from zns.core import schema
+    from zns.core.service import NameService
+    from zns.drivers.kv_file import KvStore
+
+    svc = NameService(KvStore(None), epoch="0123456789abcdef", started_at_ms=0)
+    bodies: list[bytes] = []
+
+    def do(now: int, **request: Any) -> None:
+        response = svc.respond(schema.encode(request), now)
+        reply = schema.decode_reply(response.reply)
+        assert not isinstance(reply, schema.Error), (request, reply)
+        bodies.extend(body for _channel, body in response.events)
+
+    def broker(name: str, addr: str, **extra: Any) -> dict[str, Any]:
+        return dict(cluster="DefaultCluster", broker_name=name, broker_id=0, broker_addr=addr, **extra)
+
+    topics = {"TopicA": {}, "Orders": {"read_queues": 8, "perm": 7, "order": True}, "%RETRY%group": {}}
+    do(1000, op="register_broker", zone="zone-1", filter_servers=["10.0.0.9:1"], topics=topics,
+       heartbeat_timeout_ms=5000, **broker("broker-a", "10.0.0.1:10911"))
+    do(1000, op="register_broker", topics={"TopicA": {}}, **{**broker("broker-b", "10.0.0.2:10911"), "broker_id": 1})
+    do(1100, op="register_broker", topics={**topics, "TopicC": {}}, data_version={"state": 1, "counter": 2},
+       ha_addr="10.0.0.1:10912", **broker("broker-a", "10.0.0.1:10911"))  # a new HA address: updated
+    do(1200, op="wipe_write_perm", broker_name="broker-a")
+    do(1300, op="add_write_perm", broker_name="broker-a")
+    do(1400, op="register_topic", topic="Registered", queues=[dict(broker_name="broker-a", read_queues=2,
+                                                                 write_queues=2, perm=6, sys_flag=0)])
+    do(1500, op="delete_topic", topic="Registered")  # a route event whose route is nil
+    do(1600, op="register_broker", topics={"TopicA": {}}, **broker("broker-c", "10.0.0.3:10911"))
+    do(1700, op="register_broker", topics={"TopicA": {}}, **broker("broker-c", "10.0.0.4:10911"))  # displaced
+    do(1800, op="unregister_broker", **{k: v for k, v in broker("broker-c", "10.0.0.4:10911").items()})
+    bodies.extend(body for _channel, body in svc.expire(10_000))  # broker-a's 5 s timeout
+    bodies.append(svc.heartbeat_event(10_000)[1])
+    for reason in ("", "unregistered", "expired", "displaced", "peer_expired"):
+        bodies.append(schema.encode(schema.BrokerEvent(
+            epoch="0123456789abcdef", revision=2**40 + 1, cluster="C", broker_name="b", broker_id=0,
+            broker_addr="10.0.0.1:1", change="removed", reason=reason)))
+    bodies.append(schema.encode(schema.HbEvent(epoch="fedcba9876543210", revision=2**63 - 1, time_ms=2**41)))
+    ops = {msgspec.msgpack.decode(b)["op"] for b in bodies}
+    changes = {d.get("change") for d in map(msgspec.msgpack.decode, bodies)}
+    assert ops == {"route", "broker", "hb"} and {"registered", "updated", "removed"} <= changes, (ops, changes)
+    return bodies
+
+
+def hostile_bodies() -> list[bytes]:
+    """Bodies no zns sends: not maps, lengths far beyond the body, deep nesting, wrong types."""
+    enc = msgspec.msgpack.encode
+    ok = {"op": "hb", "epoch": "e", "revision": 1}
+    return [
+        b"", b"\xc1", b"\x90", b"\xa2hb", b"\x00", b"\xcb" + b"\0" * 8,
+        b"\xdf\xff\xff\xff\xff",                                   # a map of 4 G entries, 5 bytes
+        b"\xde\xff\xff",
+        b"\x81\xa2op\xdb\xff\xff\xff\xff",                         # a string of 4 GB
+        b"\x81\xa2op\xc6\xff\xff\xff\xff",                         # bin32 of 4 GB
+        b"\x81\xa2op\xc9\x7f\xff\xff\xff\x01",                     # ext32 of 2 GB
+        b"\x81\xa2op\xdd\xff\xff\xff\xff",                         # an array of 4 G values
+        b"\x81\xa2op\xdf\x7f\xff\xff\xff",                         # a map of 2 G entries
+        b"\x81\xa2op" + b"\x91" * 100_000 + b"\xc0",               # nested 100,000 deep
+        b"\x81\xa2op" + b"\x81\xa1k" * 50_000 + b"\xc0",
+        enc({**ok, "revision": "1"}), enc({**ok, "revision": 1.5}), enc({**ok, "epoch": 7}),
+        enc({**ok, "op": None}), enc({"epoch": "e", "revision": 1}), enc({1: "hb", 2: "e", 3: 1}),
+        enc({**ok, "epoch": b"bytes"}), enc({**ok, "revision": msgspec.msgpack.Ext(1, b"12345678")}),
+        enc([ok]), enc("hb"),
+        b"\x83\xa2op\xa2hb\xa5epoch\xa2\xff\xfe\xa8revision\x01",   # invalid UTF-8: read, not thrown
+    ]
+
+
+def decode_with_agent(jar: Path, bodies: list[bytes], tmp_path: Path) -> list[dict[str, Any]]:
+    source = Path(zns_agent.__file__).parent / "java" / "EventVectors.java"
+    proc = subprocess.run(["javac", "-nowarn", "--release", "8", "-cp", str(jar), "-d", str(tmp_path),
+                           str(source)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc
+    feed = b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
+    proc = subprocess.run(["java", "-Xss512k", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+                           "-cp", f"{jar}{os.pathsep}{tmp_path}", "zns.agent.EventVectors"],
+                          input=feed, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    lines = [json.loads(ln) for ln in proc.stdout.decode().splitlines()]
+    assert len(lines) == len(bodies), (len(lines), len(bodies))
+    return lines
+
+
+def test_the_agents_reader_decodes_every_event_zns_publishes_and_refuses_the_rest(jar: Path, tmp_path: Path) -> None:
+    """zns-agent reads events with its own small MessagePack reader (agent/README.md says
+    why): every event shape zns's core publishes, encoded by zns's own encoder, decodes to
+    the fields msgspec reads; every truncation of them, thousands of corrupted copies and
+    hostile bodies are refused with an IOException or read, never thrown out of the decoder
+    as anything else (a RuntimeException, a StackOverflowError, an OutOfMemoryError)."""
+    valid = published_events()
+    truncated = [b[:n] for b in valid[:12] for n in range(len(b))]
+    rnd = random.Random(22)
+    corrupted = []
+    for _ in range(3000):
+        body = bytearray(rnd.choice(valid))
+        for _ in range(rnd.randint(1, 3)):
+            body[rnd.randrange(len(body))] = rnd.randrange(256)
+        corrupted.append(bytes(body))
+    hostile = hostile_bodies()
+    got = decode_with_agent(jar, valid + truncated + corrupted + hostile, tmp_path)
+
+    thrown = [(i, g) for i, g in enumerate(got) if "thrown" in g]
+    assert not thrown, thrown[:5]
+    for body, line in zip(valid, got):
+        want = msgspec.msgpack.decode(body)
+        assert line == {"op": want["op"], "epoch": want["epoch"], "revision": want["revision"],
+                        "topic": want.get("topic"), "cluster": want.get("cluster"),
+                        "broker_name": want.get("broker_name")}, (want, line)
+    rest = got[len(valid):]
+    assert all("refused" in g for g in rest[:len(truncated)]), "a truncated event was read as whole"
+    assert all("refused" in g for g in rest[len(truncated) + len(corrupted):][:-1])
+    assert rest[-1]["epoch"] == "\ufffd\ufffd"  # invalid UTF-8 is replaced, as String does
+    print(f"  {len(valid)} events zns publishes read; {len(truncated)} truncations, {len(corrupted)} corrupted "
+          f"copies ({sum('refused' in g for g in got[len(valid) + len(truncated):][:len(corrupted)])} refused), "
+          f"{len(hostile)} hostile bodies: nothing thrown")

@@ -226,7 +226,7 @@ class Probe:
 
     def __init__(self, workdir: Path, namesrv: str, topic: str, *, agent: Path | None, agent_args: str = "",
                  jvm_args: Sequence[str] = (), java_tool_options: str | None = None,
-                 version: str = rocketmq.DEFAULT_VERSION, **options: Any) -> None:
+                 version: str = rocketmq.DEFAULT_VERSION, java: str = "java", **options: Any) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="probe-", dir=workdir))
         argv = ["--namesrv", namesrv, "--topic", topic]
         for key, value in options.items():
@@ -241,7 +241,7 @@ class Probe:
             "client", rocketmq.CLIENT_HEAP, self.workdir / "home", extra_cp=str(probe_classes()),
             jvm_args=["-Drocketmq.client.localIP=127.0.0.1", *agent_opt, *jvm_args], version=version,
         )
-        self.cmd = [*cmd, PROBE_MAIN, *argv]
+        self.cmd = [java, *cmd[1:], PROBE_MAIN, *argv]  # `java`: another JDK's launcher
         (self.workdir / "cmdline.txt").write_text(" ".join(self.cmd) + "\n")
         self.stderr_path = self.workdir / "stderr.log"
         self.lines: list[dict[str, Any]] = []

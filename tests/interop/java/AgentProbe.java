@@ -15,7 +15,8 @@
  *   {"event":"send","seq":N,"ok":B,"broker":B,"error":E}   with --print-sends
  *   {"summary":true,"sent":N,"failed":N,"brokers":{...},"received":{...}}
  * The watch reads the client's tables every --watch-ms (5 by default; 0 = no watch, for
- * idle measurements). Stops after --duration seconds or when stdin closes.
+ * idle measurements) on its own thread, so that a send blocked on a dying broker does not
+ * delay it. Stops after --duration seconds or when stdin closes.
  *
  * Compiled against the 5.3.3 client; uses only classes and methods that RocketMQ 4.9.x has
  * under the same names, so the same class file runs on a 4.9 classpath.
@@ -116,14 +117,22 @@ public final class AgentProbe {
         }
         print("{\"event\":\"started\",\"pid\":" + pid + ",\"wall_ms\":" + System.currentTimeMillis() + "}");
 
+        // The watch has its own thread: a send stuck on a dying broker (up to the 3 s send
+        // timeout) must not delay seeing the client's tables change.
+        if (watchMs > 0) {
+            final DefaultMQProducer watchedProducer = producer;
+            final Object rebalance = push != null ? push.getDefaultMQPushConsumerImpl().getRebalanceImpl()
+                : lite != null ? liteRebalance(lite) : null;
+            Thread watch = new Thread(() -> watch(watchedProducer, rebalance, topic, watchMs), "probe-watch");
+            watch.setDaemon(true);
+            watch.start();
+        }
+
         long sent = 0;
         long failed = 0;
         Map<String, Long> brokers = new TreeMap<>();
         long periodNs = rate > 0 ? (long) (1e9 / rate) : Long.MAX_VALUE;
         long nextSend = System.nanoTime();
-        long nextWatch = System.nanoTime();
-        String published = null;
-        String assigned = null;
         long seq = 0;
         while (running && System.nanoTime() < endNs) {
             long now = System.nanoTime();
@@ -156,26 +165,7 @@ public final class AgentProbe {
                 }
                 seq++;
             }
-            if (watchMs > 0 && now >= nextWatch) {
-                nextWatch = now + TimeUnit.MILLISECONDS.toNanos(watchMs);
-                if (producer != null) {
-                    String p = publishBrokers(producer, topic);
-                    if (p != null && !p.equals(published)) {
-                        published = p;
-                        print("{\"event\":\"publish\",\"brokers\":" + p + ",\"wall_ms\":" + System.currentTimeMillis() + "}");
-                    }
-                }
-                Object rebalance = push != null ? push.getDefaultMQPushConsumerImpl().getRebalanceImpl()
-                    : lite != null ? liteRebalance(lite) : null;
-                if (rebalance != null) {
-                    String a = assignedBrokers(rebalance, topic);
-                    if (!a.equals(assigned)) {
-                        assigned = a;
-                        print("{\"event\":\"assigned\",\"brokers\":" + a + ",\"wall_ms\":" + System.currentTimeMillis() + "}");
-                    }
-                }
-            }
-            long wake = Math.min(producer != null ? nextSend : Long.MAX_VALUE, watchMs > 0 ? nextWatch : Long.MAX_VALUE);
+            long wake = producer != null ? nextSend : Long.MAX_VALUE;
             long sleep = Math.min(wake, endNs) - System.nanoTime();
             if (sleep > 0) {
                 TimeUnit.NANOSECONDS.sleep(Math.min(sleep, TimeUnit.MILLISECONDS.toNanos(200)));
@@ -193,6 +183,33 @@ public final class AgentProbe {
         b.append('}');
         print("{\"summary\":true,\"sent\":" + sent + ",\"failed\":" + failed + ",\"brokers\":" + b + ",\"received\":" + r + "}");
         Runtime.getRuntime().halt(0); // a client's shutdown waits on Netty; nothing is left to flush
+    }
+
+    /** Prints a line whenever the producer's publish info or the consumer's assigned queues change. */
+    private static void watch(DefaultMQProducer producer, Object rebalance, String topic, long watchMs) {
+        String published = null;
+        String assigned = null;
+        while (running) {
+            if (producer != null) {
+                String p = publishBrokers(producer, topic);
+                if (p != null && !p.equals(published)) {
+                    published = p;
+                    print("{\"event\":\"publish\",\"brokers\":" + p + ",\"wall_ms\":" + System.currentTimeMillis() + "}");
+                }
+            }
+            if (rebalance != null) {
+                String a = assignedBrokers(rebalance, topic);
+                if (!a.equals(assigned)) {
+                    assigned = a;
+                    print("{\"event\":\"assigned\",\"brokers\":" + a + ",\"wall_ms\":" + System.currentTimeMillis() + "}");
+                }
+            }
+            try {
+                TimeUnit.MILLISECONDS.sleep(watchMs);
+            } catch (InterruptedException e) {
+                return;
+            }
+        }
     }
 
     /** A loaded machine can time out a start's first route request: start again, as an application would. */

@@ -263,7 +263,9 @@ final class RocketMqClients implements ClassFileTransformer {
         }
 
         @Override
-        public void refresh(Set<String> topics, String why) {
+        public String refresh(Set<String> topics, String why) {
+            StringBuilder detail = new StringBuilder();
+            long started = System.nanoTime();
             for (Object instance : instances) {
                 ClassLoader loader = instance.getClass().getClassLoader();
                 Thread self = Thread.currentThread();
@@ -284,15 +286,20 @@ final class RocketMqClients implements ClassFileTransformer {
                         } catch (Throwable t) {
                             failedRefreshes++; // the client logs its own failures; its poll stays
                         }
+                        if (Log.debug) {
+                            detail.append(detail.length() == 0 ? "" : ", ").append(topic).append(" +")
+                                .append(sinceMs(started));
+                        }
                     }
                     if (any && hasConsumers(instance)) {
                         // A broker new to these routes does not know this consumer yet: the
                         // consumer-id list it would return leaves this client out. Heartbeat
                         // first, as the client's own 30 s timer would, then rebalance.
                         if (brokerAdded(before, topicsOf(instance), topics)) {
-                            long t0 = System.nanoTime();
                             call(instance, "sendHeartbeatToAllBrokerWithLock");
-                            Log.debug("heartbeat to all brokers in " + (System.nanoTime() - t0) / 1000 / 1000.0 + " ms");
+                            if (Log.debug) {
+                                detail.append(", heartbeat +").append(sinceMs(started));
+                            }
                         }
                         call(instance, "rebalanceImmediately");
                     }
@@ -302,6 +309,11 @@ final class RocketMqClients implements ClassFileTransformer {
                     self.setContextClassLoader(previous);
                 }
             }
+            return detail.toString();
+        }
+
+        private static String sinceMs(long startedNs) {
+            return (System.nanoTime() - startedNs) / 1000 / 1000.0 + " ms";
         }
     }
 }

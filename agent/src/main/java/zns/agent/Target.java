@@ -16,6 +16,9 @@ interface Target {
     /** The topics held, each with its route's brokers as {@code cluster/brokerName}. */
     Map<String, Set<String>> topics();
 
-    /** Have the clients pull these topics now (and consumers rebalance); never throws. */
-    void refresh(Set<String> topics, String why);
+    /**
+     * Have the clients pull these topics now, in this order (and consumers rebalance); never
+     * throws. Returns what took how long, for the agent's debug line ("" if nothing to say).
+     */
+    String refresh(Set<String> topics, String why);
 }

@@ -193,13 +193,14 @@ public final class ZnsAgent {
         }
 
         @Override
-        public void refresh(Set<String> refreshed, String why) {
+        public String refresh(Set<String> refreshed, String why) {
             Map<String, Object> line = new LinkedHashMap<>();
             line.put("refresh", new TreeSet<>(refreshed));
             line.put("why", why);
             line.put("wall_ms", System.currentTimeMillis());
             System.out.println(Json.write(line));
             System.out.flush();
+            return "";
         }
     }
 }
