@@ -195,6 +195,20 @@ class RouteWatcher:
                     raise AssertionError(f"no route event within {timeout:.0f} s: {what}")
                 self._cond.wait(min(left, 0.5))
 
+    def wait_current(self, topic: str, match: Callable[[dict[str, Any]], bool], timeout: float, what: str,
+                     since: float = 0.0) -> None:
+        """Until the latest route event of `topic` (arrived at or after `since`) matches."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                latest = next((ev for at, ev in reversed(self.events) if ev["topic"] == topic and at >= since), None)
+                if latest is not None and match(latest):
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"not within {timeout:.0f} s: {what} (latest: {latest})")
+                self._cond.wait(min(left, 0.5))
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
@@ -202,13 +216,15 @@ class RouteWatcher:
         self.ctx.term()
 
 
-def create_topic(topic: str, broker_addr: str, namesrv: str, attempts: int = 3) -> None:
-    """mqadmin updateTopic on one broker, tried again when a loaded machine times it out."""
+def create_topic(topic: str, broker_addr: str | None, namesrv: str, attempts: int = 3, cluster: str = "") -> None:
+    """mqadmin updateTopic on one broker (or, with `cluster`, on every master of that cluster
+    in one JVM), tried again when a loaded machine times it out."""
+    where = ["-c", cluster] if cluster else ["-b", str(broker_addr)]
     for attempt in range(attempts):
-        res = rocketmq.mqadmin(["updateTopic", "-b", broker_addr, "-t", topic, "-r", "4", "-w", "4"], namesrv)
+        res = rocketmq.mqadmin(["updateTopic", *where, "-t", topic, "-r", "4", "-w", "4"], namesrv)
         if "success" in res.stdout:
             return
-    raise InteropError(f"updateTopic {topic} on {broker_addr} failed {attempts} times: {res}")
+    raise InteropError(f"updateTopic {topic} on {where} failed {attempts} times: {res}")
 
 
 def route_brokers(event: dict[str, Any], writable: bool = False) -> set[str]:
@@ -295,6 +311,21 @@ class Probe:
                 for ln in self.lines:
                     if ln.get("event") == kind and ln["wall_ms"] >= since * 1000 and match(ln):
                         return ln
+                if self.proc.poll() is not None and not self._reader.is_alive():
+                    raise self._fail(f"exited before: {what}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._fail(f"not within {timeout:.0f} s: {what}")
+                self._cond.wait(min(left, 0.5))
+
+    def wait_current(self, kind: str, match: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> None:
+        """Until the latest `kind` line matches (what the client believes now)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                latest = next((ln for ln in reversed(self.lines) if ln.get("event") == kind), None)
+                if latest is not None and match(latest):
+                    return
                 if self.proc.poll() is not None and not self._reader.is_alive():
                     raise self._fail(f"exited before: {what}")
                 left = deadline - time.monotonic()

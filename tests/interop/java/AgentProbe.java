@@ -5,7 +5,7 @@
  * that a test can see when a route change reaches it. It knows nothing of the agent.
  *
  *   --namesrv A --topic T [--rate R] [--retries N] [--consumer push|lite|none]
- *   [--group G] [--duration S] [--watch-ms MS] [--print-sends true] [--poll-ms MS]
+ *   [--group G] [--duration S] [--watch-ms MS] [--print-sends true] [--print-receives true] [--poll-ms MS]
  *
  * JSON lines on stdout, each with wall_ms (the wall clock, ms):
  *   {"event":"publish","brokers":[...]}    the brokers with writable queues in the
@@ -13,6 +13,7 @@
  *   {"event":"assigned","brokers":[...]}   the brokers of the queues assigned to the
  *                                           consumer (its process queues) changed
  *   {"event":"send","seq":N,"ok":B,"broker":B,"error":E}   with --print-sends
+ *   {"event":"received","broker":B}        each message the push consumer got, with --print-receives
  *   {"summary":true,"sent":N,"failed":N,"brokers":{...},"received":{...}}
  * The watch reads the client's tables every --watch-ms (5 by default; 0 = no watch, for
  * idle measurements) on its own thread, so that a send blocked on a dying broker does not
@@ -51,6 +52,7 @@ import org.apache.rocketmq.common.message.MessageQueue;
 public final class AgentProbe {
     private static final Map<String, String> opts = new TreeMap<>();
     private static volatile boolean running = true;
+    private static boolean printReceives;
 
     private AgentProbe() {
     }
@@ -65,6 +67,7 @@ public final class AgentProbe {
         String consumerKind = opts.getOrDefault("consumer", "none");
         long watchMs = Long.parseLong(opts.getOrDefault("watch-ms", "5"));
         boolean printSends = Boolean.parseBoolean(opts.getOrDefault("print-sends", "false"));
+        printReceives = Boolean.parseBoolean(opts.getOrDefault("print-receives", "false"));
         long endNs = System.nanoTime() + (long) (Double.parseDouble(opts.getOrDefault("duration", "600")) * 1e9);
         String pid = java.lang.management.ManagementFactory.getRuntimeMXBean().getName().split("@")[0];
 
@@ -226,6 +229,10 @@ public final class AgentProbe {
             push.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
                 for (MessageExt m : msgs) {
                     received.computeIfAbsent(String.valueOf(m.getBrokerName()), k -> new AtomicLong()).incrementAndGet();
+                    if (printReceives) {
+                        print("{\"event\":\"received\",\"broker\":" + str(m.getBrokerName()) + ",\"wall_ms\":"
+                            + System.currentTimeMillis() + "}");
+                    }
                 }
                 return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
             });
