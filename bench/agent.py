@@ -93,7 +93,9 @@ def _split(out: dict[str, list[float]], key: str, p: zns_agent.Probe, topic: str
     topic (its GET_ROUTEINFO_BY_TOPIC to zns and its table update; the application's topic
     is pulled first), and the rest (the probe's 5 ms look); appended to out[key + "_read" /
     "_pull" / "_rest"]."""
-    found = _agent_refresh(p, topic, event_at - 0.5)
+    # the agent and the watcher get the same event: an earlier line is another change's
+    # (the next trial can start within half a second of the last one's event)
+    found = _agent_refresh(p, topic, event_at - 0.1)
     if found is None:
         return "no refresh line"
     read_ms, pull_ms = found
@@ -195,7 +197,7 @@ def run(config: RunConfig) -> BenchResult:
             out["join_agent"].append(used["wall_ms"] - joined * 1000)
             out["assign_agent"].append(assigned["wall_ms"] - joined * 1000)
             join_split = _split(out, "join", agent, topic, joined, used["wall_ms"])
-            refreshed = _agent_refresh(agent, topic, joined - 0.5)
+            refreshed = _agent_refresh(agent, topic, joined - 0.1)
             if refreshed is not None:
                 out.setdefault("assign_after_pull", []).append(assigned["wall_ms"] - sum(refreshed))
             if not reference:

@@ -25,7 +25,6 @@ import org.zeromq.ZMQ;
 final class AgentLoop implements Runnable {
     static final long SYNC_MS = 1000;
     private static final long NO_CLIENT_SLEEP_MS = 60_000;
-    private static final int DRAIN_MAX = 10_000;
 
     private final AgentConfig config;
     private final RocketMqClients clients;
@@ -91,7 +90,7 @@ final class AgentLoop implements Runnable {
             long t = nowMs();
             for (int i = 0; i < polled.size(); i++) {
                 if (poller.pollin(i)) {
-                    polled.get(i).drain(t, DRAIN_MAX);
+                    polled.get(i).drain(t, Follower.DRAIN_MAX);
                 }
             }
         } else {

@@ -230,6 +230,8 @@ final class RocketMqClients implements ClassFileTransformer {
         private final List<String> addrs;
         private List<Object> instances;
         long failedRefreshes;
+        /** Instances with consumers whose topics were pulled, each with "a broker was added". */
+        private final Map<Object, Boolean> consumersToWake = new java.util.IdentityHashMap<>();
 
         Group(String key, List<Object> instances) {
             List<String> a = new ArrayList<>();
@@ -292,16 +294,8 @@ final class RocketMqClients implements ClassFileTransformer {
                         }
                     }
                     if (any && hasConsumers(instance)) {
-                        // A broker new to these routes does not know this consumer yet: the
-                        // consumer-id list it would return leaves this client out. Heartbeat
-                        // first, as the client's own 30 s timer would, then rebalance.
-                        if (brokerAdded(before, topicsOf(instance), topics)) {
-                            call(instance, "sendHeartbeatToAllBrokerWithLock");
-                            if (Log.debug) {
-                                detail.append(", heartbeat +").append(sinceMs(started));
-                            }
-                        }
-                        call(instance, "rebalanceImmediately");
+                        boolean added = brokerAdded(before, topicsOf(instance), topics);
+                        consumersToWake.merge(instance, added, Boolean::logicalOr);
                     }
                 } catch (Throwable t) {
                     failedRefreshes++;
@@ -309,6 +303,36 @@ final class RocketMqClients implements ClassFileTransformer {
                     self.setContextClassLoader(previous);
                 }
             }
+            return detail.toString();
+        }
+
+        @Override
+        public String wakeConsumers() {
+            StringBuilder detail = new StringBuilder();
+            long started = System.nanoTime();
+            for (Map.Entry<Object, Boolean> e : consumersToWake.entrySet()) {
+                Object instance = e.getKey();
+                Thread self = Thread.currentThread();
+                ClassLoader previous = self.getContextClassLoader();
+                self.setContextClassLoader(instance.getClass().getClassLoader());
+                try {
+                    // A broker new to these routes does not know this consumer yet: the
+                    // consumer-id list it would return leaves this client out. Heartbeat
+                    // first, as the client's own 30 s timer would, then rebalance.
+                    if (e.getValue()) {
+                        call(instance, "sendHeartbeatToAllBrokerWithLock");
+                        if (Log.debug) {
+                            detail.append(detail.length() == 0 ? "" : ", ").append("heartbeat +").append(sinceMs(started));
+                        }
+                    }
+                    call(instance, "rebalanceImmediately");
+                } catch (Throwable t) {
+                    failedRefreshes++;
+                } finally {
+                    self.setContextClassLoader(previous);
+                }
+            }
+            consumersToWake.clear();
             return detail.toString();
         }
 

@@ -17,8 +17,15 @@ interface Target {
     Map<String, Set<String>> topics();
 
     /**
-     * Have the clients pull these topics now, in this order (and consumers rebalance); never
-     * throws. Returns what took how long, for the agent's debug line ("" if nothing to say).
+     * Have the clients pull these topics now, in this order; never throws. Returns what took
+     * how long, for the agent's debug line ("" if nothing to say).
      */
     String refresh(Set<String> topics, String why);
+
+    /**
+     * After the pulls of one change: wake the rebalancing of the consumers whose topics were
+     * pulled (after a heartbeat when a broker was added to their routes); never throws.
+     * Returns what took how long, as {@link #refresh} does.
+     */
+    String wakeConsumers();
 }

@@ -202,5 +202,10 @@ public final class ZnsAgent {
             System.out.flush();
             return "";
         }
+
+        @Override
+        public String wakeConsumers() {
+            return "";
+        }
     }
 }
