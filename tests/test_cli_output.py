@@ -418,3 +418,47 @@ def test_kv_writes_say_what_they_did(fake):
     assert zns("kv", "delete", "ns", "k").stdout == f"{A}: not there\n"
     fake.answers[A] = lambda r: KvDeleteReply(removed=True)
     assert zns("kv", "delete", "ns", "k").stdout == f"{A}: deleted\n"
+
+
+# --- zns broker, in process ---------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_broker_registers_as_configured_says_so_and_unregisters_on_sigterm(server, monkeypatch):
+    import os
+    import signal
+
+    from zns.drivers.broker_agent import BrokerAgent
+
+    peer = server.peer()
+    seen: list[Any] = []
+
+    class Agent(BrokerAgent):
+        def registered_everywhere(self) -> bool:
+            done = super().registered_everywhere()
+            if done:  # what the NameServer holds now; then stop as an operator would
+                seen.append((peer.ok("get_cluster_info"), peer.ok("get_route", topic="Orders")))
+                os.kill(os.getpid(), signal.SIGTERM)
+            return done
+
+    monkeypatch.setattr(tools, "BrokerAgent", Agent)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        result = CliRunner().invoke(main, [
+            "broker", "--ns", server.router, "--cluster", "c9", "--name", "bk-9",
+            "--addr", "127.0.0.1:10999", "--id", "0", "--zone", "z9", "--topic", "Orders:4:2",
+            "--heartbeat-timeout", "20", "--timeout", "5"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        "broker c9/bk-9 id 0 at 127.0.0.1:10999 registered with 1 NameServer(s)",
+        "broker bk-9 unregistered from 1/1 NameServer(s)"]
+    [(info, route)] = seen
+    assert info.clusters == {"c9": ["bk-9"]} and info.brokers["bk-9"].zone == "z9"
+    assert info.brokers["bk-9"].addrs == {0: "127.0.0.1:10999"}
+    assert [(l.broker_id, l.timeout_ms) for l in info.live] == [(0, 20_000)]
+    [queue_data] = route.route.queues
+    assert (queue_data.read_queues, queue_data.write_queues) == (4, 2)
+    assert peer.ok("get_cluster_info").brokers == {}

@@ -101,8 +101,11 @@ MODULES: dict[str, list[str]] = {
     "drivers/peers": ["tests/test_peers.py"],
     "drivers/security": ["tests/test_security.py"],
     "cli/options": ["tests/test_config.py", "tests/test_cli_validation.py", "tests/test_cli_options.py"],
-    "cli/tools": ["tests/test_cli_tools.py", "tests/test_cli_output.py"],
+    "cli/tools": ["tests/test_cli_tools.py", "tests/test_cli_output.py",
+                  "tests/test_background_failure.py::test_zns_broker_exits_with_one_line_when_its_agent_thread_dies",
+                  "-k", "not broker_command_registers"],
     "cli/watch": ["tests/test_cli_watch.py", "tests/test_cli_tools.py::test_watch_prints_events",
+                  "tests/test_background_failure.py::test_zns_watch_exits_with_one_line_when_its_client_thread_dies",
                   "tests/test_relay_watch.py::test_watch_starts_with_every_topics_route_each_line_stamped",
                   "tests/test_relay_watch.py::test_watch_says_gone_for_a_topic_deleted_before_it_was_followed_and_notes_a_new_epoch"],
     # Without the tests that run `zns serve` in a subprocess (nothing there is attributed).

@@ -269,12 +269,19 @@ def route_table(route: TopicRoute) -> str:
 
 
 # --- commands ---------------------------------------------------------------------
+# A command's body is a plain function (`_status` for `status`): mutation testing
+# (tools/mutate.py, mutmut) leaves decorated functions alone, so the click command only
+# names its options and hands them on.
 
 
 @click.command()
 @ns_options
 def status(target: Target) -> None:
     """Show the state of every NameServer in the list."""
+    _status(target)
+
+
+def _status(target: Target) -> None:
     results = call_all(target.endpoints, Status(), target.timeout)
     if target.as_json:
         _print_json({ep: _error_json(ep, r, target.timeout) if isinstance(r, Exception)
@@ -310,6 +317,10 @@ def status(target: Target) -> None:
 @ns_options
 def route(target: Target, topic: str, zone: str) -> None:
     """Show the route of TOPIC: its brokers and queues."""
+    _route(target, topic, zone)
+
+
+def _route(target: Target, topic: str, zone: str) -> None:
     endpoint, reply = ask(target, GetRoute(topic=topic, zone=zone))
     if zone and not reply.route.brokers:
         try:
@@ -330,6 +341,10 @@ def route(target: Target, topic: str, zone: str) -> None:
 @ns_options
 def clusters(target: Target) -> None:
     """Show clusters, their brokers and each address's liveness."""
+    _clusters(target)
+
+
+def _clusters(target: Target) -> None:
     _, reply = ask(target, GetClusterInfo())
     if target.as_json:
         _print_json(reply)
@@ -353,6 +368,10 @@ def clusters(target: Target) -> None:
 @ns_options
 def topics(target: Target, cluster: str) -> None:
     """List topics."""
+    _topics(target, cluster)
+
+
+def _topics(target: Target, cluster: str) -> None:
     endpoint, reply = ask(target, GetTopics(cluster=cluster))
     if not reply.topics and (why := _unknown_cluster(cluster, _cluster_info(target, endpoint))):
         fail(why, EXIT_ERROR_REPLY, "not_found")
@@ -437,6 +456,10 @@ def add_write_perm(target: Target, broker: str) -> None:
 @ns_options
 def delete_topic(target: Target, topic: str, cluster: str) -> None:
     """Delete TOPIC from every NameServer."""
+    _delete_topic(target, topic, cluster)
+
+
+def _delete_topic(target: Target, topic: str, cluster: str) -> None:
     def matched_nothing(endpoint: str, reply: Any) -> str | None:
         if reply.removed:
             return None
@@ -461,6 +484,10 @@ def broker(config: BrokerConfig, as_json: bool) -> None:
     Every option also reads ZNS_BROKER_<OPTION> (--ns: ZNS_ADDR, --server-key: ZNS_SERVER_KEY,
     --keypair: ZNS_KEYPAIR) and the --config file's keys (cluster, name, addr, topic, ...).
     """
+    _broker(config, as_json)
+
+
+def _broker(config: BrokerConfig, as_json: bool) -> None:
     configure_logging(config.log_level, config.log_format)
     target = make_target(config.ns, config.timeout_s, as_json, config.server_key, config.keypair)
     cluster, broker_name, broker_addr = config.cluster, config.broker_name, config.broker_addr

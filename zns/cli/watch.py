@@ -191,6 +191,11 @@ def connection_note(last: tuple[str | None, str | None], now: tuple[str | None, 
 def watch(target: Target, topics: tuple[str, ...], count: int | None,
           events: str | None) -> None:
     """Print route and broker changes as they happen, one line each (all topics by default)."""
+    _watch(target, topics, count, events)
+
+
+def _watch(target: Target, topics: tuple[str, ...], count: int | None, events: str | None) -> None:
+    """`zns watch` (a plain function, as the commands of zns.cli.tools)."""
     ask(target, Status())  # fail plainly (exit 3) when no NameServer answers at all
     # The client's own log lines would be a second account of what this command reports.
     logging.getLogger("zns").addHandler(logging.NullHandler())
