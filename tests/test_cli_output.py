@@ -19,6 +19,7 @@ from zns.cli import main
 from zns.core.errors import NameServerUnavailable, NoPermission, NotFound, ZnsError
 from zns.core.schema import (
     AddWritePermReply,
+    DeleteTopic,
     BrokerData,
     DeleteTopicReply,
     GetClusterInfo,
@@ -36,7 +37,7 @@ from zns.core.schema import (
     WipeWritePermReply,
 )
 
-A, B, C = "tcp://a:1", "tcp://b:2", "tcp://c:3"
+A, B, C, D = "tcp://a:1", "tcp://b:2", "tcp://c:3", "tcp://d:4"
 Answer = Callable[[Request], Any]
 
 
@@ -47,9 +48,11 @@ class FakeNameServers:
     def __init__(self) -> None:
         self.answers: dict[str, Answer] = {}
         self.asked: list[tuple[str, str, float]] = []  # (endpoint, op, timeout)
+        self.requests: list[Request] = []
 
     def _one(self, endpoint: str, request: Request, timeout: float) -> Any:
         self.asked.append((endpoint, type(request).__name__, timeout))
+        self.requests.append(request)
         answer = self.answers.get(endpoint, lambda _: NameServerUnavailable("silent"))(request)
         if isinstance(answer, Exception):
             raise answer
@@ -92,7 +95,7 @@ def zns(*args: str, ns: str = A, timeout: str = "2") -> Any:
 
 
 def status_reply(**fields: Any) -> StatusReply:
-    base: dict[str, Any] = dict(epoch="e1", revision=7, version="1.2", uptime_ms=61_400,
+    base: dict[str, Any] = dict(epoch="e1", revision=7, version="1.2", uptime_ms=3_600_000,
                                 brokers=2, topics=3, pub_endpoint="tcp://a:9")
     return StatusReply(**{**base, **fields})
 
@@ -151,7 +154,7 @@ def test_json_is_the_replys_fields_in_their_order_indented_without_the_envelope(
     tools._print_json(status_reply(id=5))
     out = capsys.readouterr().out
     assert out == json.dumps({
-        "epoch": "e1", "revision": 7, "version": "1.2", "uptime_ms": 61_400, "brokers": 2,
+        "epoch": "e1", "revision": 7, "version": "1.2", "uptime_ms": 3_600_000, "brokers": 2,
         "topics": 3, "pub_endpoint": "tcp://a:9", "peers": {}, "remoting": ""}, indent=2) + "\n"
     assert tools._builtins([1, 2]) == [1, 2]  # not a reply: as it is
 
@@ -228,15 +231,18 @@ def test_a_bad_server_key_is_a_usage_error_naming_the_option(tmp_path):
 def test_status_shows_every_nameserver_and_exits_with_the_worst(fake):
     fake.answers[A] = lambda r: status_reply(peers={B: True, C: False}, remoting="0.0.0.0:9876")
     fake.answers[B] = lambda r: NoPermission("no")
-    out = zns("status", ns=f"{A};{B};{C}", timeout="0.5")
+    fake.answers[D] = lambda r: status_reply()  # no remoting listener, no peers
+    out = zns("status", ns=f"{A};{B};{C};{D}", timeout="0.5")
     assert out.exit_code == 3
     assert out.stdout.splitlines() == [
         "NAMESERVER  EPOCH                REVISION  VERSION  UPTIME  BROKERS  TOPICS  EVENTS"
         "     REMOTING      PEERS",
-        f"{A}   e1                   7         1.2      61s     2        3       tcp://a:9"
+        f"{A}   e1                   7         1.2      3600s   2        3       tcp://a:9"
         f"  0.0.0.0:9876  {B} up, {C} down",
         f"{B}   error no_permission",
         f"{C}   unreachable",
+        f"{D}   e1                   7         1.2      3600s   2        3       tcp://a:9"
+        f"  -             -",
     ]
     assert out.stderr.splitlines() == [f"zns: {B}: error no_permission: no",
                                        f"zns: no answer from {C} within 0.5 s"]
@@ -252,7 +258,7 @@ def test_status_as_json_is_one_entry_per_nameserver(fake):
     out = zns("status", "--json", ns=f"{A};{B};{C}")
     assert (out.exit_code, out.stderr) == (3, "")
     answer = json.loads(out.stdout)
-    assert answer[A]["uptime_ms"] == 61_400 and "op" not in answer[A] and "id" not in answer[A]
+    assert answer[A]["uptime_ms"] == 3_600_000 and "op" not in answer[A] and "id" not in answer[A]
     assert answer[B] == {"error": "no_permission", "message": "no"}
     assert answer[C] == {"error": "unreachable", "message": f"no answer from {C} within 2 s"}
 
@@ -290,18 +296,54 @@ def test_a_command_that_ends_in_an_error_says_it_once_in_text_or_json(fake):
 
 
 def test_route_zone_names_the_zones_there_are(fake):
+    whole_fails = {"value": False}
+
     def answer(request: Request) -> Any:
         assert isinstance(request, GetRoute)
+        if request.topic != "T":
+            return NotFound(f"no route for topic {request.topic!r}")
         reply = route_reply()
+        reply.route.brokers.append(BrokerData(cluster="c1", broker_name="b2", addrs={0: "h:2"}))
         if request.zone:
             reply.route.brokers, reply.route.queues = [], []
+        elif whole_fails["value"]:
+            return NameServerUnavailable("gone")
         return reply
 
     fake.answers[A] = answer
     out = zns("route", "T", "--zone", "z2")
-    assert out.exit_code == 1
+    assert (out.exit_code, out.stdout) == (1, "")
     assert out.stderr == "zns: error not_found: no broker of 'T' is in zone 'z2' (its brokers' " \
-                         "zones: z1)\n"
+                         "zones: (none), z1)\n"
+    assert fake.asked == [(A, "GetRoute", 2.0)] * 2
+    assert [r.zone for r in fake.requests] == ["z2", ""]
+    whole_fails["value"] = True
+    out = zns("route", "T", "--zone", "z2", "--json")
+    assert (out.exit_code, json.loads(out.stdout)) == (1, {
+        "error": "not_found", "message": "no broker of 'T' is in zone 'z2' (its brokers' zones: "
+                                         "unknown)"})
+
+
+def test_route_as_json_and_a_route_without_brokers(fake):
+    fake.answers[A] = lambda r: route_reply()
+    out = zns("route", "T", "--json")
+    assert (out.exit_code, out.stderr) == (0, "")
+    assert out.stdout == json.dumps(json.loads(json.dumps(tools._builtins(route_reply()))),
+                                    indent=2) + "\n"
+    empty = route_reply()
+    empty.route.brokers = []
+    fake.answers[A] = lambda r: empty
+    out = zns("route", "T")  # no zone asked for: nothing to explain
+    assert out.exit_code == 0 and out.stdout.startswith("topic T (revision 4, epoch e1)\n")
+
+
+def test_topics_asks_for_the_cluster_given_and_checks_it_only_when_nothing_came(fake):
+    fake.answers[A] = lambda r: (cluster_info("b1") if isinstance(r, GetClusterInfo) else
+                                 GetTopicsReply(topics=["T1"] if r.cluster else ["T1", "T2"]))
+    out = zns("topics", "--cluster", "c1")
+    assert (out.exit_code, out.stdout) == (0, "T1\n")
+    assert [op for _, op, _ in fake.asked] == ["GetTopics"]
+    assert zns("topics").stdout == "T1\nT2\n"
 
 
 def test_topics_of_an_unknown_cluster_names_the_clusters_there_are(fake):
@@ -327,16 +369,21 @@ def test_topics_of_an_unknown_cluster_names_the_clusters_there_are(fake):
 def test_clusters_shows_each_address_with_its_last_heartbeat(fake):
     info = cluster_info("b1")
     info.live = [LiveBroker(cluster="c1", broker_addr="h:1", broker_name="b1", broker_id=0,
-                            last_heartbeat_ms=1250, timeout_ms=10_000,
+                            last_heartbeat_ms=1050, timeout_ms=10_000,
                             data_version={"timestamp": 0, "counter": 0})]
     info.brokers["b1"].addrs[1] = "h:2"
     fake.answers[A] = lambda r: info
     out = zns("clusters")
     assert out.stdout.splitlines() == [
         "CLUSTER  BROKER  ID  ADDRESS  ZONE  LAST HEARTBEAT  TIMEOUT",
-        "c1       b1      0   h:1      -     1.2s ago        10s",
+        "c1       b1      0   h:1      -     1.1s ago        10s",
         "c1       b1      1   h:2      -     -               -",
     ]
+    out = zns("clusters", "--json")
+    assert (out.exit_code, out.stderr) == (0, "")
+    answer = json.loads(out.stdout)
+    assert answer["clusters"] == {"c1": ["b1"]} and answer["live"][0]["last_heartbeat_ms"] == 1050
+    assert "op" not in answer
 
 
 # --- writes: one line per NameServer ----------------------------------------------------------
@@ -404,11 +451,15 @@ def test_delete_topic_names_what_matched_nothing(fake):
     out = zns("delete-topic", "T", "--cluster", "c1")
     assert out.stderr == (f"zns: {A}: error not_found: topic 'T' has no queues on cluster 'c1' "
                           f"(or does not exist)\n")
+    fake.asked.clear()
     out = zns("delete-topic", "T")
     assert out.stderr == f"zns: {A}: error not_found: no topic named 'T'\n"
+    assert [op for _, op, _ in fake.asked] == ["DeleteTopic"]  # no cluster: nothing to check
     removed["value"] = True
+    fake.requests.clear()
     out = zns("delete-topic", "T", "--cluster", "c1")
     assert (out.exit_code, out.stdout) == (0, f"{A}: deleted\n")
+    assert fake.requests == [DeleteTopic(topic="T", cluster="c1")]
 
 
 def test_kv_writes_say_what_they_did(fake):
@@ -462,3 +513,55 @@ def test_broker_registers_as_configured_says_so_and_unregisters_on_sigterm(serve
     [queue_data] = route.route.queues
     assert (queue_data.read_queues, queue_data.write_queues) == (4, 2)
     assert peer.ok("get_cluster_info").brokers == {}
+
+
+def test_broker_hands_its_log_and_nameserver_options_on(monkeypatch):
+    handed: list[tuple[str, Any]] = []
+
+    def make_target(*args: Any) -> None:
+        handed.append(("target", args))
+        raise click.UsageError("enough")
+
+    monkeypatch.setattr(tools, "configure_logging", lambda *args: handed.append(("log", args)))
+    monkeypatch.setattr(tools, "make_target", make_target)
+    result = CliRunner().invoke(main, [
+        "broker", "--ns", "h:1", "--timeout", "4", "--server-key", "KEY", "--keypair", "own.key",
+        "--log-level", "debug", "--log-format", "json", "--json",
+        "--cluster", "c", "--name", "b", "--addr", "h:2"])
+    assert result.exit_code == 2
+    assert handed == [("log", ("DEBUG", "json")), ("target", ("h:1", 4.0, True, "KEY", "own.key"))]
+
+
+@pytest.mark.timeout(60)
+def test_broker_announces_its_registration_once(server, monkeypatch):
+    import os
+    import signal
+
+    from zns.drivers.broker_agent import BrokerAgent
+
+    class Agent(BrokerAgent):
+        """Stops the command a few turns of its loop after it is registered."""
+
+        turns_registered = 0
+
+        @property
+        def failure(self) -> BaseException | None:
+            if super().registered_everywhere():
+                self.turns_registered += 1
+                if self.turns_registered == 3:
+                    os.kill(os.getpid(), signal.SIGTERM)
+            return super().failure
+
+    monkeypatch.setattr(tools, "BrokerAgent", Agent)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        result = CliRunner().invoke(main, [
+            "broker", "--ns", server.router, "--cluster", "c", "--name", "b",
+            "--addr", "127.0.0.1:10998", "--timeout", "5"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        "broker c/b id 0 at 127.0.0.1:10998 registered with 1 NameServer(s)",
+        "broker b unregistered from 1/1 NameServer(s)"]
