@@ -75,6 +75,11 @@ class RemotingConnection:
 
     def call_many(self, requests: list[RemotingCommand]) -> list[RemotingCommand]:
         """Send all, then collect each reply by its opaque; replies in request order."""
+        return self.collect(self.send(requests))
+
+    def send(self, requests: list[RemotingCommand]) -> dict[int, int]:
+        """Send all without waiting; pass the result to :meth:`collect` (requests to other
+        connections may be sent in between, so that the servers work at the same time)."""
         want: dict[int, int] = {}
         frames = []
         for i, cmd in enumerate(requests):
@@ -82,8 +87,11 @@ class RemotingConnection:
             want[cmd.opaque] = i
             frames.append(encode_command(cmd))
         self.sock.sendall(b"".join(frames))
-        out: list[RemotingCommand | None] = [None] * len(requests)
-        left = len(requests)
+        return want
+
+    def collect(self, want: dict[int, int]) -> list[RemotingCommand]:
+        out: list[RemotingCommand | None] = [None] * len(want)
+        left = len(want)
         while left:
             data = self.sock.recv(1 << 20)
             if not data:
@@ -114,7 +122,7 @@ class ZnsProcess:
                "--remoting", "127.0.0.1:0", *args]
         env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("ZNS_")}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded machine (Python's start-up under nice 19 beside JVMs)
         self.addr = ""
         while not self.addr:
             if self.proc.poll() is not None:
@@ -434,19 +442,30 @@ class Side:
         self.admin.close()
 
     def read_all(self, reads: list[tuple[str, Slot | None, RemotingCommand]]) -> dict[str, RemotingCommand]:
+        return self.collect_reads(self.send_reads(reads))
+
+    def send_reads(self, reads: list[tuple[str, Slot | None, RemotingCommand]]) -> list[Any]:
+        """Send every read (one pipelined batch per connection); :meth:`collect_reads` the replies."""
         groups: dict[str | None, list[int]] = {}
         for i, (_, slot, _) in enumerate(reads):
             groups.setdefault(slot.addr if slot else None, []).append(i)
-        out: dict[str, RemotingCommand] = {}
+        pending = []
         for key, idx in groups.items():
             slot = reads[idx[0]][1]
             # A 322 is a broker's request: over the slot's connection only when it is open
             # (opening one just to ask would tie nothing but is not what a broker does).
             if slot is not None and slot.addr not in self.conns:
                 continue
-            replies = self.conn(slot).call_many([_copy(reads[i][2]) for i in idx])
-            for i, reply in zip(idx, replies):
-                out[reads[i][0]] = reply
+            conn = self.conn(slot)
+            pending.append((conn, [reads[i][0] for i in idx], conn.send([_copy(reads[i][2]) for i in idx])))
+        return pending
+
+    @staticmethod
+    def collect_reads(pending: list[Any]) -> dict[str, RemotingCommand]:
+        out: dict[str, RemotingCommand] = {}
+        for conn, labels, want in pending:
+            for label, reply in zip(labels, conn.collect(want)):
+                out[label] = reply
         return out
 
     def reset(self, gen: Generator) -> bool:
@@ -534,8 +553,9 @@ class Differential:
                  settle: bool) -> Difference | None:
         deadline = time.monotonic() + (SETTLE_S if settle else 0)
         while True:
-            java = self.java.read_all(reads)
-            zns = self.zns.read_all(reads)
+            # Both servers answer at the same time: all reads go out before any reply is read.
+            pending_java, pending_zns = self.java.send_reads(reads), self.zns.send_reads(reads)
+            java, zns = Side.collect_reads(pending_java), Side.collect_reads(pending_zns)
             diff = None
             for label, _, _ in reads:
                 j, z = java.get(label), zns.get(label)
@@ -567,16 +587,18 @@ class Differential:
             for n in range(1, steps + 1):
                 step = gen.step(seen)
                 history.append(step.what)
-                replies = []
-                for side in (self.java, self.zns):
-                    if step.close:
-                        assert step.slot is not None
+                replies: list[tuple] = []
+                if step.close:
+                    assert step.slot is not None
+                    for side in (self.java, self.zns):
                         side.drop(step.slot)
                         replies.append(())
-                    else:
+                else:  # sent to both before either reply is read: the servers work side by side
+                    sent = [(side, side.conn(step.slot).send([_copy(c) for c in step.requests]))
+                            for side in (self.java, self.zns)]
+                    for side, want in sent:
                         replies.append(tuple(view(r, self.v4 and side is self.zns)
-                                             for r in side.conn(step.slot).call_many(
-                                                 [_copy(c) for c in step.requests])))
+                                             for r in side.conn(step.slot).collect(want)))
                 stats.steps += 1
                 if replies[0] != replies[1]:
                     diff = Difference(seed, n, step.what, "the step's own reply", replies[0], replies[1], history)

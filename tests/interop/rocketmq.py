@@ -228,29 +228,31 @@ def classpath(kind: str, version: str = DEFAULT_VERSION) -> str:
     return fetch.classpath(kind, fetch.cache_dir(version))
 
 
-_classes: Path | None = None
+_classes: dict[str, Path] = {}
 
 
-def client_classes() -> Path:
-    """Compile ZnsInteropClient.java into the cache (only when the source changed)."""
-    global _classes
-    if _classes is not None:
-        return _classes
-    cache = ensure_jars()
+def client_classes(version: str = DEFAULT_VERSION) -> Path:
+    """Compile ZnsInteropClient.java against `version`'s client jars into that version's
+    cache (only when the source changed): each version's producer and consumer run their own
+    client code, so a route an old client cannot parse fails there."""
+    if version in _classes:
+        return _classes[version]
+    cache = ensure_jars(version)
     digest = hashlib.sha256(CLIENT_SOURCE.read_bytes() + fetch._pom_digest().encode()).hexdigest()[:16]
     out = cache / "classes" / digest
     if (out / f"{CLIENT_MAIN}.class").is_file():
-        _classes = out
+        _classes[version] = out
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{digest}.", dir=out.parent))
     try:
         proc = subprocess.run(
-            ["javac", "-nowarn", "-encoding", "UTF-8", "-cp", classpath("client"), "-d", str(staging), str(CLIENT_SOURCE)],
+            ["javac", "-nowarn", "-encoding", "UTF-8", "-cp", classpath("client", version), "-d", str(staging),
+             str(CLIENT_SOURCE)],
             capture_output=True, text=True, timeout=180,
         )
         if proc.returncode != 0:
-            raise InteropError(f"javac {CLIENT_SOURCE.name} failed:\n{proc.stdout}{proc.stderr}")
+            raise InteropError(f"javac {CLIENT_SOURCE.name} ({version}) failed:\n{proc.stdout}{proc.stderr}")
         try:
             staging.rename(out)
         except OSError:
@@ -258,7 +260,7 @@ def client_classes() -> Path:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _classes = out
+    _classes[version] = out
     return out
 
 
@@ -460,10 +462,12 @@ class JavaNameServer(JavaProcess):
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60.0) -> JavaNameServer:
+    def start(self, timeout: float = 60.0, wait: bool = True) -> JavaNameServer:
+        """Launch; with `wait`, wait for the ready line. Without, the port is chosen here, so
+        that `addr` is known at once (brokers can start while it boots; see wait_ready)."""
         ensure_jars(self.version)
         old = self.version.startswith("4.")
-        if old and not self.port:
+        if (old or not wait) and not self.port:
             self.port = pick_broker_port()  # a free port below the ephemeral range
         conf = {"listenPort": self.port, "bindAddress": "127.0.0.1", **self.config}
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -474,11 +478,42 @@ class JavaNameServer(JavaProcess):
             (self.home / "conf" / "logback_namesrv.xml").write_text(LOGBACK_4X.format(log="namesrv"))
         cmd = _java_cmd("namesrv", NAMESRV_HEAP, self.home, jvm_args=self.jvm_args, version=self.version)
         self._launch([*cmd, NAMESRV_MAIN, "-c", str(conf_path)])
-        m = self.wait_for_log(NAMESRV_READY_4X if old else NAMESRV_READY, timeout)
-        if not old:
+        return self.wait_ready(timeout) if wait else self
+
+    def wait_ready(self, timeout: float = 60.0) -> JavaNameServer:
+        """The ready line, then a first request answered (see :meth:`wait_serving`)."""
+        deadline = time.monotonic() + timeout
+        m = self.wait_for_log(NAMESRV_READY_4X if self.version.startswith("4.") else NAMESRV_READY, timeout)
+        if not self.version.startswith("4."):
             self.port = int(m.group(2))
+        self.wait_serving(max(deadline - time.monotonic(), 10.0))
         self.ready_after = time.monotonic() - self.started_at
         return self
+
+    def wait_serving(self, timeout: float) -> None:
+        """Until the NameServer has answered a request over remoting (GET_NAMESRV_CONFIG).
+
+        The ready line comes before the first request was ever served, and a fresh
+        NameServer's first answer costs it most of its request path's set-up (class
+        loading, fastjson's generated codecs): on a loaded 2-core machine over 5 s, measured,
+        which is all of a stock mqadmin command's RPC budget (DefaultMQAdminExt: 5 s from
+        before its own connect). So the first answer is waited for here, with a deadline
+        of its own, and no client's budget pays for it.
+        """
+        from differential import RemotingConnection, request  # the remoting codec (zns's), lazily
+
+        try:
+            conn = RemotingConnection(self.addr, timeout=timeout)
+        except OSError as exc:
+            raise self.fail(f"no remoting connection: {exc}") from exc
+        try:
+            reply = conn.call(request(319))
+        except OSError as exc:
+            raise self.fail(f"no answer to GET_NAMESRV_CONFIG within {timeout:.0f} s: {exc}") from exc
+        finally:
+            conn.close()
+        if reply.code != 0:
+            raise self.fail(f"GET_NAMESRV_CONFIG answered {reply.code} {reply.remark}")
 
 
 def _port_free(port: int, host: str) -> bool:
@@ -689,10 +724,10 @@ class ProcessGroup:
         self._n += 1
         return self.root / f"{self._n:02d}-{label}"
 
-    def namesrv(self, **kw: Any) -> JavaNameServer:
+    def namesrv(self, *, wait: bool = True, **kw: Any) -> JavaNameServer:
         ns = JavaNameServer(self._dir("namesrv"), **kw)
         self.procs.append(ns)
-        return ns.start()
+        return ns.start(wait=wait)
 
     def broker(self, namesrv: str, name: str = "broker-a", *, wait: bool = True, registered: bool = True,
                **kw: Any) -> Broker:
@@ -764,9 +799,9 @@ def _run_oneshot(cmd: list[str], workdir: Path | None, label: str, timeout: floa
     return Result(rc, out_path.read_text("utf-8", "replace"), err_path.read_text("utf-8", "replace"))
 
 
-def _client_cmd(home: Path, jvm_args: Iterable[str] = ()) -> list[str]:
+def _client_cmd(home: Path, jvm_args: Iterable[str] = (), version: str = DEFAULT_VERSION) -> list[str]:
     return _java_cmd(
-        "client", CLIENT_HEAP, home, extra_cp=str(client_classes()),
+        "client", CLIENT_HEAP, home, extra_cp=str(client_classes(version)), version=version,
         jvm_args=[
             # The push consumer rebalances every 20 s by default; tests cannot wait that long.
             "-Drocketmq.client.rebalance.waitInterval=1000",
@@ -802,8 +837,9 @@ def mqadmin(args: Sequence[str], namesrv: str | None, *, timeout: float = 60.0, 
 
 
 def run_client(mode: str, namesrv: str, topic: str, *, process_timeout: float = 120.0, workdir: Path | None = None,
-               **options: Any) -> tuple[Result, dict[str, Any]]:
-    """Run one ZnsInteropClient mode; returns the raw result and its last JSON line.
+               version: str = DEFAULT_VERSION, **options: Any) -> tuple[Result, dict[str, Any]]:
+    """Run one ZnsInteropClient mode on `version`'s client jars; returns the raw result and its
+    last JSON line.
 
     `options` become ``--name value`` arguments (``run_id`` -> ``--run-id``): group,
     run_id, send_timeout, retries, poll_ms, heartbeat_ms, api_timeout, body_size, ...
@@ -813,7 +849,7 @@ def run_client(mode: str, namesrv: str, topic: str, *, process_timeout: float = 
     for key, value in options.items():
         if value is not None:
             argv += [f"--{key.replace('_', '-')}", str(value)]
-    cmd = [*_client_cmd(workdir / "client-home"), CLIENT_MAIN, *argv]
+    cmd = [*_client_cmd(workdir / "client-home", version=version), CLIENT_MAIN, *argv]
     res = _run_oneshot(cmd, workdir, f"client-{mode}", process_timeout)
     summary: dict[str, Any] = {}
     for line in reversed(res.stdout.splitlines()):

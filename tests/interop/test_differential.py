@@ -37,23 +37,37 @@ class Servers:
         self.version, self.java, self.zns = version, java, zns
 
 
+@pytest.fixture(scope="module")
+def booting(rocketmq_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Every version's Java NameServer launched at once (their JVM start-ups overlap); each
+    `servers` below waits for its own. Versions without jars are left out (skipped there)."""
+    root = tmp_path_factory.mktemp("differential")
+    group = rocketmq.ProcessGroup(root / "java")
+    started: dict[str, Any] = {}
+    try:
+        for version in rocketmq.VERSIONS:
+            try:
+                rocketmq.ensure_jars(version)
+            except rocketmq.InteropUnavailable:
+                continue
+            started[version] = group.namesrv(version=version, wait=False)
+        yield started
+    finally:
+        group.close()
+
+
 @pytest.fixture(scope="module", params=rocketmq.VERSIONS)
-def servers(request: pytest.FixtureRequest, rocketmq_env: None,
+def servers(request: pytest.FixtureRequest, booting: dict[str, Any],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     version = request.param
     with rocketmq.unavailable_skips():
-        rocketmq.ensure_jars(version)
-    root = tmp_path_factory.mktemp(f"differential-{version}")
-    group = rocketmq.ProcessGroup(root / "java")
-    zns = None
+        rocketmq.ensure_jars(version)  # raises the remembered reason when booting left it out
+    zns = ZnsProcess(tmp_path_factory.mktemp(f"differential-zns-{version}"))
     try:
-        java = group.namesrv(version=version)
-        zns = ZnsProcess(root / "zns")
-        yield Servers(version, java, zns)
+        yield Servers(version, booting[version].wait_ready(), zns)
     finally:
-        if zns is not None:
-            zns.stop()
-        group.close()
+        zns.stop()
+        booting[version].kill()  # done with it: its JVM leaves the machine to the next
 
 
 @pytest.mark.timeout(400)

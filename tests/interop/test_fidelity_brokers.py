@@ -1,11 +1,11 @@
 """Real RocketMQ brokers and clients where zns once behaved unlike the Java NameServer (issue 19).
 
 - Ordered topics (`orderTopicConf` only with ``--order-message-enable``, as Java's
-  ``orderMessageEnable``): after ``mqadmin wipeWritePerm`` a producer writes nothing to
-  the wiped broker, though the topic has an ORDER_TOPIC_CONFIG entry naming it.
-- Lost topics: zns restarts, ``mqadmin updateTopic -b`` makes the broker send a
-  single-topic registration first; the broker's next periodic registration (same data
-  version) routes every one of its topics again.
+  ``orderMessageEnable``): after WIPE_WRITE_PERM_OF_BROKER a Java producer writes nothing
+  to the wiped broker, though the topic has an ORDER_TOPIC_CONFIG entry naming it.
+- Lost topics: zns restarts, a topic created on a broker (what ``mqadmin updateTopic -b``
+  does) makes the broker send a single-topic registration first; the broker's next
+  periodic registration (same data version) routes every one of its topics again.
 
 Two brokers (`broker-a`, `broker-b`, re-registering every 10 s) and one zns whose
 remoting port stays the same across its restart.
@@ -23,12 +23,13 @@ import pytest
 import rocketmq
 from differential import RemotingConnection, ZnsProcess, request
 from rocketmq import Broker, Phases, ProcessGroup, unique_topic, wait_until
-from zns.core.remoting import loads_lenient
+from zns.core.remoting import RemotingCommand, loads_lenient
 
 pytestmark = pytest.mark.interop
 
 REGISTER_PERIOD_MS = 10_000  # the shortest RocketMQ allows (BrokerController clamps to 10-60 s)
 GET_ALL_TOPIC_CONFIG = 21  # asked of a broker: its whole topic table
+UPDATE_AND_CREATE_TOPIC = 17  # asked of a broker: create or update one topic
 
 
 def free_port() -> int:
@@ -93,22 +94,25 @@ def mqadmin_ok(args: list[str], namesrv: str) -> rocketmq.Result:
 def test_ordered_topic_after_wipe_write_perm_no_write_reaches_the_wiped_broker(env: Env) -> None:
     phase = Phases("ordered")
     topic = unique_topic("fid_ordered")
-    res = mqadmin_ok(["updateTopic", "-c", "DefaultCluster", "-t", topic, "-r", "4", "-w", "4"], env.addr)
+    # The ORDER_TOPIC_CONFIG entry first, then the topic created ordered (-o true; mqadmin
+    # writes the entry again, naming both brokers): the brokers hold the topic ordered from
+    # the start and every registration's reply names it, so no broker ever flips the
+    # topic's order flag -- a flip would move its data version and its next periodic
+    # registration would apply every topic again, undoing the wipe below. (KV writes and
+    # wipes go over remoting here: mqadmin's own are tested in test_zns_nameserver.py.)
+    assert admin(env.addr, 100, {"namespace": "ORDER_TOPIC_CONFIG", "key": topic,
+                                 "value": "broker-a:4;broker-b:4"}).code == 0
+    res = mqadmin_ok(["updateTopic", "-c", "DefaultCluster", "-t", topic, "-r", "4", "-w", "4", "-o", "true"],
+                     env.addr)
     assert res.stdout.count("success") == 2, res
-    res = mqadmin_ok(["updateKvConfig", "-s", "ORDER_TOPIC_CONFIG", "-k", topic,
-                      "-v", "broker-a:4;broker-b:4"], env.addr)
-    assert "success" in res.stdout, res
     wait_until(lambda: (r := route(env.addr, topic)) and len(r["queueDatas"]) == 2, 30,
                "the topic routed to both brokers")
     assert "orderTopicConf" not in route(env.addr, topic)  # orderMessageEnable is off by default
-    # A registration's reply carries ORDER_TOPIC_CONFIG; the broker then marks the topic ordered,
-    # which moves its data version, and its next periodic registration applies every topic again
-    # (Java's NameServer does the same): wipe only once that registration is in.
-    wait_for_periodic_registrations(env, 2)
-    phase("ordered topic on two brokers, ORDER_TOPIC_CONFIG names both, registered since")
+    order_conf = kv_get(env.addr, "ORDER_TOPIC_CONFIG", topic)
+    assert sorted(order_conf.split(";")) == ["broker-a:4", "broker-b:4"], order_conf
+    phase("ordered topic on two brokers, ORDER_TOPIC_CONFIG names both")
 
-    res = mqadmin_ok(["wipeWritePerm", "-b", "broker-a"], env.addr)
-    assert "broker-a" in res.stdout and "OK" in res.stdout, res
+    assert admin(env.addr, 205, {"brokerName": "broker-a"}).code == 0  # WIPE_WRITE_PERM_OF_BROKER
     perms = {q["brokerName"]: q["perm"] for q in route(env.addr, topic)["queueDatas"]}
     assert perms == {"broker-a": 4, "broker-b": 6}, perms
     sent = rocketmq.produce(env.addr, topic, 40)
@@ -122,26 +126,45 @@ def test_ordered_topic_after_wipe_write_perm_no_write_reaches_the_wiped_broker(e
     env.restart_zns("--order-message-enable")
     wait_until(lambda: (r := route(env.addr, topic)) and len(r["queueDatas"]) == 2, 30,
                "both brokers registered with the restarted zns")
-    assert route(env.addr, topic)["orderTopicConf"] == "broker-a:4;broker-b:4"
-    wait_for_periodic_registrations(env, 1)
-    mqadmin_ok(["wipeWritePerm", "-b", "broker-a"], env.addr)
+    assert route(env.addr, topic)["orderTopicConf"] == order_conf
+    assert admin(env.addr, 205, {"brokerName": "broker-a"}).code == 0
     assert {q["brokerName"]: q["perm"] for q in route(env.addr, topic)["queueDatas"]}["broker-a"] == 4
     sent = rocketmq.produce(env.addr, topic, 40)
     phase(f"40 sends with orderTopicConf in the route: {sent['brokers']}")
     assert sent["brokers"].get("broker-a", 0) > 0, sent
     assert "orderMessageEnable=true" in namesrv_config(env.addr), namesrv_config(env.addr)
-    env.restart_zns()
+    env.restart_zns()  # forgets the wipe: the brokers register their own perms with it
     assert "orderMessageEnable=false" in namesrv_config(env.addr)
-    mqadmin_ok(["addWritePerm", "-b", "broker-a"], env.addr)
     phase.total()
 
 
-def wait_for_periodic_registrations(env: Env, n: int) -> None:
-    """Until every broker has completed `n` more registrations with zns."""
-    for broker in env.brokers:
-        count = rocketmq_registrations(broker, env.addr)
-        wait_until(lambda: rocketmq_registrations(broker, env.addr) >= count + n,
-                   (n + 1.5) * REGISTER_PERIOD_MS / 1000, f"{n} periodic registrations of {broker.name}")
+def admin(addr: str, code: int, ext: dict[str, str]) -> RemotingCommand:
+    conn = RemotingConnection(addr)
+    try:
+        return conn.call(request(code, ext))
+    finally:
+        conn.close()
+
+
+def kv_get(addr: str, namespace: str, key: str) -> str:
+    reply = admin(addr, 101, {"namespace": namespace, "key": key})
+    assert reply.code == 0 and reply.ext_fields, reply
+    return reply.ext_fields["value"]
+
+
+def create_topic(broker: Broker, topic: str) -> None:
+    """What ``mqadmin updateTopic -b`` asks of a broker (UPDATE_AND_CREATE_TOPIC), sent from
+    here: the broker's registrations that follow are the same, without a JVM start, so the
+    single-topic one reaches a restarted zns well before the next periodic one (mqadmin's
+    own updateTopic -b with zns is tested in test_zns_nameserver.py and the version matrix)."""
+    conn = RemotingConnection(broker.addr)
+    try:
+        reply = conn.call(request(UPDATE_AND_CREATE_TOPIC, {
+            "topic": topic, "defaultTopic": "TBW102", "readQueueNums": "2", "writeQueueNums": "2",
+            "perm": "6", "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": "false"}))
+    finally:
+        conn.close()
+    assert reply.code == 0, reply
 
 
 def broker_topics(broker: Broker) -> set[str]:
@@ -164,7 +187,7 @@ def test_zns_restart_then_update_topic_then_a_periodic_registration_routes_every
     phase = Phases("lost topics")
     broker = env.brokers[0]
     old = unique_topic("fid_old")
-    mqadmin_ok(["updateTopic", "-b", broker.addr, "-t", old, "-r", "2", "-w", "2"], env.addr)
+    create_topic(broker, old)
     wait_until(lambda: route(env.addr, old), 30, "the first topic routed")
     for attempt in range(3):
         # Restart right after a periodic registration, so that the single-topic one of
@@ -175,7 +198,7 @@ def test_zns_restart_then_update_topic_then_a_periodic_registration_routes_every
                    "a periodic registration")
         env.restart_zns()
         new = unique_topic("fid_new")
-        mqadmin_ok(["updateTopic", "-b", broker.addr, "-t", new, "-r", "2", "-w", "2"], env.addr)
+        create_topic(broker, new)
         topics = broker_topics(broker)
         assert {old, new} <= topics
         # The broker registers the new topic on a thread of its own, soon after it replied.
@@ -189,7 +212,7 @@ def test_zns_restart_then_update_topic_then_a_periodic_registration_routes_every
               f"{'in' if new in routed else 'not'}: a periodic registration came first; again")
     else:
         pytest.fail("the incremental registration never arrived first in 3 attempts")
-    phase(f"zns restarted; updateTopic -b routed only {sorted(routed)} of the broker's {len(topics)}")
+    phase(f"zns restarted; a topic created on the broker routed only {sorted(routed)} of the broker's {len(topics)}")
     # The next periodic registration carries the data version the incremental one did; every
     # topic the broker holds is routed to it again (Java's isTopicConfigChanged per topic).
     wait_until(lambda: routed_to(env.addr, topics, "broker-a") == topics, 3 * REGISTER_PERIOD_MS / 1000,

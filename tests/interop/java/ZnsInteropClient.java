@@ -1,8 +1,12 @@
 /*
- * A small RocketMQ 5.3.3 client for the zns interop tests. It talks to whatever
+ * A small RocketMQ client for the zns interop tests. It talks to whatever
  * NameServer --namesrv names (the Java one or zns) and prints JSON lines that the
  * Python harness (tests/interop/rocketmq.py) parses. Compiled at test time against
- * the cached client classpath; see tests/interop/README.md.
+ * each version's cached client classpath (4.9.7, 5.3.3, 5.5.0); see tests/interop/README.md.
+ * One source for all of them: the route classes moved package in 5.0
+ * (common.protocol.route -> remoting.protocol.route), so they are never named here
+ * (`var`), and the BrokerData getters 5.0 added (isEnableActingMaster, getZoneName)
+ * are read reflectively and left out of the output on 4.x.
  *
  *   produce      --namesrv A --topic T --count N          one summary line
  *   produce-loop --namesrv A --topic T --duration S --rate R
@@ -47,9 +51,6 @@ import org.apache.rocketmq.client.producer.SendStatus;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageExt;
-import org.apache.rocketmq.remoting.protocol.route.BrokerData;
-import org.apache.rocketmq.remoting.protocol.route.QueueData;
-import org.apache.rocketmq.remoting.protocol.route.TopicRouteData;
 import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
 import org.apache.rocketmq.tools.command.MQAdminStartup;
 
@@ -343,36 +344,26 @@ public final class ZnsInteropClient {
         admin.setInstanceName("zns-interop-" + ProcessHandle.current().pid());
         admin.start();
         try {
-            TopicRouteData route;
-            try {
-                route = admin.examineTopicRouteInfo(o.get("topic"));
-            } catch (MQClientException e) {
-                Map<String, Object> out = new LinkedHashMap<>();
-                out.put("ok", false);
-                out.put("code", e.getResponseCode());
-                out.put("error", describe(e));
-                System.out.println(json(out));
-                return 2;
-            }
+            var route = admin.examineTopicRouteInfo(o.get("topic"));
             Map<String, Object> out = new LinkedHashMap<>();
             out.put("ok", true);
             out.put("topic", o.get("topic"));
             out.put("orderTopicConf", route.getOrderTopicConf());
             List<Object> bds = new ArrayList<>();
-            for (BrokerData bd : route.getBrokerDatas()) {
+            for (var bd : route.getBrokerDatas()) {
                 Map<String, Object> m = new LinkedHashMap<>();
                 m.put("cluster", bd.getCluster());
                 m.put("brokerName", bd.getBrokerName());
                 Map<String, String> addrs = new TreeMap<>();
                 bd.getBrokerAddrs().forEach((id, addr) -> addrs.put(Long.toString(id), addr));
                 m.put("brokerAddrs", addrs);
-                m.put("enableActingMaster", bd.isEnableActingMaster());
-                m.put("zoneName", bd.getZoneName());
+                putIfPresent(m, "enableActingMaster", bd, "isEnableActingMaster");
+                putIfPresent(m, "zoneName", bd, "getZoneName");
                 bds.add(m);
             }
             out.put("brokerDatas", bds);
             List<Object> qds = new ArrayList<>();
-            for (QueueData qd : route.getQueueDatas()) {
+            for (var qd : route.getQueueDatas()) {
                 Map<String, Object> m = new LinkedHashMap<>();
                 m.put("brokerName", qd.getBrokerName());
                 m.put("readQueueNums", qd.getReadQueueNums());
@@ -387,10 +378,30 @@ public final class ZnsInteropClient {
                 filters.putAll(route.getFilterServerTable());
             }
             out.put("filterServerTable", filters);
+            // The client's own serialization of what it parsed: every field it knows.
+            out.put("parsed", route.toJson());
             System.out.println(json(out));
             return 0;
+        } catch (MQClientException e) {
+            Map<String, Object> out = new LinkedHashMap<>();
+            out.put("ok", false);
+            out.put("code", e.getResponseCode());
+            out.put("error", describe(e));
+            System.out.println(json(out));
+            return 2;
         } finally {
             boundedShutdown(admin::shutdown);
+        }
+    }
+
+    /** A getter only some versions have (5.0 added to BrokerData): its value, or no key. */
+    private static void putIfPresent(Map<String, Object> m, String key, Object target, String getter) {
+        try {
+            m.put(key, target.getClass().getMethod(getter).invoke(target));
+        } catch (NoSuchMethodException e) {
+            // absent in this client version
+        } catch (ReflectiveOperationException e) {
+            throw new IllegalStateException(e);
         }
     }
 
@@ -442,7 +453,7 @@ public final class ZnsInteropClient {
         if (info == null || info.getTopicRouteData() == null) {
             return false;
         }
-        for (BrokerData bd : info.getTopicRouteData().getBrokerDatas()) {
+        for (var bd : info.getTopicRouteData().getBrokerDatas()) {
             if (broker.equals(bd.getBrokerName())) {
                 return true;
             }
