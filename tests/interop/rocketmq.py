@@ -815,24 +815,26 @@ def mqadmin(args: Sequence[str], namesrv: str | None, *, timeout: float = 60.0, 
             workdir: Path | None = None, version: str = DEFAULT_VERSION) -> Result:
     """Run an mqadmin subcommand, e.g. ``mqadmin(["clusterList"], ns.addr)``; adds ``-n namesrv``.
 
-    By default the stock MQAdminStartup command runs inside ZnsInteropClient, which halts
-    the JVM once the command returns: the stock launcher lingers ~3 s in Netty's graceful
-    shutdown. ``stock=True`` runs ``MQAdminStartup`` itself as the main class, on the
-    tools classpath. mqadmin's exit code is 0 even for most failures: check the output.
+    By default `version`'s stock MQAdminStartup command runs inside ZnsInteropClient
+    (compiled for that version), which first waits until each NameServer of ``-n`` has
+    answered it once (see awaitNameServers there) and halts the JVM once the command
+    returns: the stock launcher lingers ~3 s in Netty's graceful shutdown. ``stock=True``
+    runs ``MQAdminStartup`` itself as the main class, on the tools classpath. mqadmin's
+    exit code is 0 even for most failures: check the output.
     """
     argv = list(args)
     if namesrv is not None:
         argv += ["-n", namesrv]
     workdir = Path(workdir) if workdir else _scratch_dir()
     home = workdir / "mqadmin-home"
-    if stock or version != DEFAULT_VERSION:  # another version: its own stock mqadmin
-        ensure_jars(version)
-        if version.startswith("4."):  # 4.x reads its logging setup from ROCKETMQ_HOME/conf
-            (home / "conf").mkdir(parents=True, exist_ok=True)
-            (home / "conf" / "logback_tools.xml").write_text(LOGBACK_4X.format(log="tools"))
+    ensure_jars(version)
+    if version.startswith("4."):  # 4.x reads its logging setup from ROCKETMQ_HOME/conf
+        (home / "conf").mkdir(parents=True, exist_ok=True)
+        (home / "conf" / "logback_tools.xml").write_text(LOGBACK_4X.format(log="tools"))
+    if stock:
         cmd = [*_java_cmd("tools", CLIENT_HEAP, home, version=version), MQADMIN_MAIN, *argv]
-    else:
-        cmd = [*_client_cmd(home), CLIENT_MAIN, "mqadmin", *argv]
+    else:  # that version's own command classes (its client classpath holds rocketmq-tools)
+        cmd = [*_client_cmd(home, version=version), CLIENT_MAIN, "mqadmin", *argv]
     return _run_oneshot(cmd, workdir, f"mqadmin-{argv[0] if argv else 'help'}", timeout)
 
 

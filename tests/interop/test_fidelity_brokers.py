@@ -217,7 +217,8 @@ def test_zns_restart_then_update_topic_then_a_periodic_registration_routes_every
     # topic the broker holds is routed to it again (Java's isTopicConfigChanged per topic).
     wait_until(lambda: routed_to(env.addr, topics, "broker-a") == topics, 3 * REGISTER_PERIOD_MS / 1000,
                "every topic of broker-a routed again after a periodic registration")
-    sent = rocketmq.produce(env.addr, old, 10)
+    # Sends and route requests get 15 s (3 s by default): every one of them must go through.
+    sent = rocketmq.produce(env.addr, old, 10, send_timeout=15000, api_timeout=15000)
     assert sent["brokers"] == {"broker-a": 10}, sent
     phase.total()
 

@@ -74,7 +74,7 @@ def read(addr: str, code: int, ext: dict[str, str] | None = None, version: int =
         conn.close()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # the first one includes the module's four JVM start-ups
 @pytest.mark.parametrize("version", OTHER_VERSIONS)
 def test_a_broker_mqadmin_and_clients_of_this_version_with_zns(envs: dict[str, Env], version: str) -> None:
     env = envs[version]

@@ -51,6 +51,9 @@ import org.apache.rocketmq.client.producer.SendStatus;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageExt;
+import org.apache.rocketmq.remoting.netty.NettyClientConfig;
+import org.apache.rocketmq.remoting.netty.NettyRemotingClient;
+import org.apache.rocketmq.remoting.protocol.RemotingCommand;
 import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
 import org.apache.rocketmq.tools.command.MQAdminStartup;
 
@@ -69,6 +72,7 @@ public final class ZnsInteropClient {
             if (mode.equals("mqadmin")) {
                 String[] rest = new String[args.length - 1];
                 System.arraycopy(args, 1, rest, 0, rest.length);
+                awaitNameServers(rest);
                 MQAdminStartup.main0(rest, null);
                 rc = 0;
             } else {
@@ -107,6 +111,38 @@ public final class ZnsInteropClient {
         System.out.flush();
         System.err.flush();
         Runtime.getRuntime().halt(rc);
+    }
+
+    /**
+     * Before a stock mqadmin command: wait, up to 40 s (the harness gives the process 60),
+     * until every NameServer of its -n has answered this JVM once (GET_NAMESRV_CONFIG, 319).
+     * A stock command gives its request 5 s (DefaultMQAdminExt), counted from before its
+     * own connect; in a fresh JVM that budget also paid for loading and setting up Netty
+     * and the remoting codec, which on a loaded 2-core machine took more than all of it
+     * (RemotingTimeoutException before the request was even sent). Done here first, with
+     * a deadline of its own, the command's budget covers only its own request.
+     */
+    private static void awaitNameServers(String[] mqadminArgs) throws Exception {
+        String namesrv = null;
+        for (int i = 0; i + 1 < mqadminArgs.length; i++) {
+            if (mqadminArgs[i].equals("-n")) {
+                namesrv = mqadminArgs[i + 1];
+            }
+        }
+        if (namesrv == null) {
+            return;
+        }
+        NettyRemotingClient client = new NettyRemotingClient(new NettyClientConfig());
+        client.start();
+        long deadline = System.nanoTime() + 40_000_000_000L;
+        for (String addr : namesrv.split(";")) {
+            if (addr.trim().isEmpty()) {
+                continue;
+            }
+            long left = Math.max(1, (deadline - System.nanoTime()) / 1_000_000);
+            client.invokeSync(addr.trim(), RemotingCommand.createRequestCommand(319, null), left);
+        }
+        // Not shut down: its Netty threads stop when the JVM halts after the command.
     }
 
     // ---- options -------------------------------------------------------------------
