@@ -464,3 +464,18 @@ def test_after_unregistering_the_session_holds_no_registration():
     unreg = sent(feed(session.close, 100, 2_000))
     assert feed(session.on_reply, UnregisterBrokerReply(id=unreg.id, removed=True), 150) == [Done(True)]
     assert session.registered is False and session.acknowledged is None
+
+
+def test_actions_pile_up_in_order_until_handed_out():
+    """A driver may feed several inputs before it asks for actions(): none is lost."""
+    session = make_session()
+    session.start(0)
+    reg = session.in_flight
+    session.on_timer(0)  # nothing due: adds nothing
+    session.topics_changed(1)  # a registration is in flight: adds nothing yet
+    session.on_reply(RegisterBrokerReply(id=reg.id), 2)
+    session.close(3, 1_000)
+    unreg = session.in_flight
+    assert session.actions() == [Connect(), SendRequest(reg), Disconnect(), Connect(),
+                                 SendRequest(unreg)]
+    assert session.actions() == []  # each action is handed out once

@@ -231,6 +231,8 @@ EQUIVALENT: dict[str, str] = {
         "_connected = None for False: the flag is only ever read as a truth value",
     "zns.core.broker_session.xǁBrokerSessionǁ_step__mutmut_19":
         "`=` for `+=`: actions is still empty when a timed-out request is failed",
+    "zns.core.broker_session.xǁBrokerSessionǁstart__mutmut_4":
+        "`=` for `+=`: nothing can be pending before start (inputs before it add nothing; close marks it started, so start returns early)",
     "zns.core.broker_session.xǁBrokerSessionǁclose__mutmut_11":
         "closing flight deadline None: while closing, next_deadline and _step read _close_deadline instead",
     "zns.core.schema.x_read_envelope__mutmut_10":
