@@ -5,7 +5,11 @@ tests/test_peer_resets.py."""
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,29 +18,27 @@ from zns.core.config import ServerConfig, load
 from zns.core.errors import InvalidSetting
 from zns.drivers import supervisor
 
-# Dies of SIGABRT while the file has fewer than `deaths` lines, then exits with `code`.
-CHILD = """
-import os, sys
-path, deaths, code = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-with open(path, "a") as f:
-    f.write("run\\n")
-if open(path).read().count("run") <= deaths:
-    os.abort()
-sys.exit(code)
-"""
-
-
-def _child(tmp_path: Path, deaths: int, code: int) -> tuple[list[str], Path]:
+def _child(tmp_path: Path, deaths: int, code: int) -> tuple[Callable[[], int], Path]:
+    """A server that dies of SIGABRT while it has run fewer than `deaths` + 1 times, then
+    returns `code`; each run is a line in the file."""
     runs = tmp_path / "runs"
-    return [sys.executable, "-c", CHILD, str(runs), str(deaths), str(code)], runs
+
+    def serve() -> int:
+        with open(runs, "a") as f:
+            f.write("run\n")
+        if runs.read_text().count("run") <= deaths:
+            os.abort()
+        return code
+
+    return serve, runs
 
 
 @pytest.mark.timeout(60)
 def test_a_child_that_dies_of_a_signal_is_started_again_with_growing_delays(tmp_path, caplog):
-    command, runs = _child(tmp_path, deaths=3, code=0)
+    serve, runs = _child(tmp_path, deaths=3, code=0)
     slept: list[float] = []
     with caplog.at_level(logging.ERROR, logger="zns"):
-        assert supervisor.supervise(command, wait=lambda s, stopping: slept.append(s)) == 0
+        assert supervisor.supervise(serve, wait=lambda s, stopping: slept.append(s)) == 0
     assert runs.read_text().count("run") == 4
     deaths = [r.getMessage() for r in caplog.records if "died of SIGABRT" in r.getMessage()]
     assert len(deaths) == 3
@@ -47,8 +49,8 @@ def test_a_child_that_dies_of_a_signal_is_started_again_with_growing_delays(tmp_
 
 @pytest.mark.timeout(60)
 def test_an_exit_ends_the_supervisor_with_its_code(tmp_path):
-    command, runs = _child(tmp_path, deaths=0, code=3)
-    assert supervisor.supervise(command, wait=lambda s, stopping: None) == 3
+    serve, runs = _child(tmp_path, deaths=0, code=3)
+    assert supervisor.supervise(serve, wait=lambda s, stopping: None) == 3
     assert runs.read_text().count("run") == 1  # never started again: it would fail again
 
 
@@ -61,3 +63,19 @@ def test_supervise_needs_fixed_ports():
             load(ServerConfig, {**base, field: value})
     assert not load(ServerConfig, {**base, "router": "tcp://127.0.0.1:*",
                                    "supervise": False}).supervise
+
+
+@pytest.mark.timeout(120)
+def test_a_supervised_server_that_cannot_start_ends_with_its_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
+        result = subprocess.run(
+            [sys.executable, "-m", "zns", "serve", "--supervise", "--router",
+             f"tcp://127.0.0.1:{port}", "--pub", "tcp://127.0.0.1:1", "--kv-path",
+             str(tmp_path / "kv.log")],
+            capture_output=True, text=True, env=env, timeout=100)
+    assert result.returncode == 1, result.stderr
+    assert "Error: cannot bind" in result.stderr and "died of" not in result.stderr

@@ -7,8 +7,6 @@ by `--config`; the command line wins over the environment, which wins over the f
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from zns.cli.options import config_options
@@ -30,13 +28,26 @@ def serve(config: ServerConfig) -> None:
     """
     configure_logging(config.log_level, config.log_format)
     if config.supervise:
-        # The same command in a child, which parses it again (and cannot supervise in turn).
-        raise SystemExit(supervise([sys.executable, "-m", "zns", *sys.argv[1:], "--no-supervise"]))
+        raise SystemExit(supervise(lambda: _serve_once(config)))
+    _serve(config)
+
+
+def _serve(config: ServerConfig) -> None:
     try:
         server = Server(config)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     server.run()
+
+
+def _serve_once(config: ServerConfig) -> int:
+    """`_serve` in a supervised child: the exit code click would give."""
+    try:
+        _serve(config)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    return 0
 
 
 @click.command()
