@@ -71,8 +71,8 @@ def supervise(serve: Callable[[], int], *,
             _send(pid, signal.SIGHUP)
 
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
-    for sig, handler in zip(SIGNALS, (stop, stop, reload)):
-        signal.signal(sig, handler)
+    for sig, ours in zip(SIGNALS, (stop, stop, reload)):
+        signal.signal(sig, ours)
     delay, restarts = FIRST_DELAY_S, 0
     try:
         while True:
