@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +19,8 @@ import pytest
 from zns.core.config import ServerConfig, load
 from zns.core.errors import InvalidSetting
 from zns.drivers import supervisor
+
+from helpers import wait_for
 
 def _child(tmp_path: Path, deaths: int, code: int) -> tuple[Callable[[], int], Path]:
     """A server that dies of SIGABRT while it has run fewer than `deaths` + 1 times, then
@@ -54,6 +58,25 @@ def test_an_exit_ends_the_supervisor_with_its_code(tmp_path):
     assert runs.read_text().count("run") == 1  # never started again: it would fail again
 
 
+@pytest.mark.timeout(60)
+def test_a_stop_that_reaches_a_child_after_its_server_stopped_is_an_exit(tmp_path):
+    # Ctrl-C: the server stops on its SIGINT and restores the handlers it found; the
+    # supervisor's SIGTERM can come after that. It must end the child with 0, not kill it
+    # (a death by a signal is followed by a new server).
+    runs = tmp_path / "runs"
+
+    def serve() -> int:
+        with open(runs, "a") as f:
+            f.write("run\n")
+        if runs.read_text().count("run") == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        return 5
+
+    assert supervisor.supervise(serve, wait=lambda s, stopping: None) == 0
+    assert runs.read_text().count("run") == 1
+
+
 def test_supervise_needs_fixed_ports():
     base = {"router": "tcp://127.0.0.1:9876", "pub": "tcp://127.0.0.1:9877", "supervise": True}
     assert load(ServerConfig, base).supervise
@@ -79,3 +102,31 @@ def test_a_supervised_server_that_cannot_start_ends_with_its_error(tmp_path):
             capture_output=True, text=True, env=env, timeout=100)
     assert result.returncode == 1, result.stderr
     assert "Error: cannot bind" in result.stderr and "died of" not in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_a_supervised_server_cleanly(tmp_path):
+    """Ctrl-C signals the whole process group: the server stops on its SIGINT, the
+    supervisor on its own once the server has, both cleanly."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            ports.append(free.getsockname()[1])
+    log_path = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "zns", "serve", "--supervise", "--router",
+             f"tcp://127.0.0.1:{ports[0]}", "--pub", f"tcp://127.0.0.1:{ports[1]}",
+             "--kv-path", str(tmp_path / "kv.log")],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        wait_for(lambda: "serving requests" in log_path.read_text(), timeout=60)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "zns stopped" in log_path.read_text() and "died of" not in log_path.read_text()

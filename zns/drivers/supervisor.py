@@ -101,8 +101,8 @@ def supervise(serve: Callable[[], int], *,
 
 
 def _fork(serve: Callable[[], int], handlers: dict[signal.Signals, Any]) -> int:
-    """Fork a child that runs `serve()` with the command's own signal handlers and exits with
-    what it returns; returns the child's pid. Signals wait until the child has its handlers
+    """Fork a child that runs `serve()` and exits with what it returns; returns the child's
+    pid. Signals wait until the child has its handlers
     (and the parent knows the pid): one in between would reach the wrong handler."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -119,6 +119,11 @@ def _fork(serve: Callable[[], int], handlers: dict[signal.Signals, Any]) -> int:
     try:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+        # Until the server has its own handlers, and again once it has restored these at
+        # its end, a stop ends the child at once: Ctrl-C reaches both processes, so the
+        # supervisor's SIGTERM comes after the server's own SIGINT, while it closes.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _exit_now)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         code = serve()
     except SystemExit as exc:
@@ -129,6 +134,10 @@ def _fork(serve: Callable[[], int], handlers: dict[signal.Signals, Any]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _exit_now(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(0)
 
 
 def _send(pid: int, signum: int) -> None:
