@@ -102,8 +102,8 @@ def supervise(serve: Callable[[], int], *,
 
 def _fork(serve: Callable[[], int], handlers: dict[signal.Signals, Any]) -> int:
     """Fork a child that runs `serve()` and exits with what it returns; returns the child's
-    pid. Signals wait until the child has its handlers
-    (and the parent knows the pid): one in between would reach the wrong handler."""
+    pid. Signals wait until the child has its handlers (and the parent knows the pid): one
+    in between would reach the wrong handler."""
     sys.stdout.flush()
     sys.stderr.flush()
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
@@ -131,6 +131,8 @@ def _fork(serve: Callable[[], int], handlers: dict[signal.Signals, Any]) -> int:
     except BaseException:
         traceback.print_exc()
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # nothing may raise past os._exit
+            signal.signal(sig, signal.SIG_IGN)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
