@@ -483,8 +483,13 @@ def test_broker_registers_as_configured_says_so_and_unregisters_on_sigterm(serve
 
     peer = server.peer()
     seen: list[Any] = []
+    made: list[dict[str, Any]] = []
 
     class Agent(BrokerAgent):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(kwargs)
+            super().__init__(*args, **kwargs)
+
         def registered_everywhere(self) -> bool:
             done = super().registered_everywhere()
             if done:  # what the NameServer holds now; then stop as an operator would
@@ -497,19 +502,25 @@ def test_broker_registers_as_configured_says_so_and_unregisters_on_sigterm(serve
     try:
         result = CliRunner().invoke(main, [
             "broker", "--ns", server.router, "--cluster", "c9", "--name", "bk-9",
-            "--addr", "127.0.0.1:10999", "--id", "0", "--zone", "z9", "--topic", "Orders:4:2",
-            "--heartbeat-timeout", "20", "--timeout", "5"])
+            "--addr", "127.0.0.1:10999", "--id", "1", "--zone", "z9", "--topic", "Orders:4:2",
+            "--ha-addr", "127.0.0.1:10912", "--heartbeat-timeout", "20", "--heartbeat-interval",
+            "0.5", "--register-period", "15", "--timeout", "5"])
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == [
-        "broker c9/bk-9 id 0 at 127.0.0.1:10999 registered with 1 NameServer(s)",
+        "broker c9/bk-9 id 1 at 127.0.0.1:10999 registered with 1 NameServer(s)",
         "broker bk-9 unregistered from 1/1 NameServer(s)"]
+    [kwargs] = made
+    assert kwargs == dict(
+        cluster="c9", broker_name="bk-9", broker_addr="127.0.0.1:10999", broker_id=1,
+        ha_addr="127.0.0.1:10912", zone="z9", topics=kwargs["topics"], register_period=15.0,
+        heartbeat_interval=0.5, heartbeat_timeout_ms=20_000, request_timeout=5.0)
     [(info, route)] = seen
     assert info.clusters == {"c9": ["bk-9"]} and info.brokers["bk-9"].zone == "z9"
-    assert info.brokers["bk-9"].addrs == {0: "127.0.0.1:10999"}
-    assert [(l.broker_id, l.timeout_ms) for l in info.live] == [(0, 20_000)]
+    assert info.brokers["bk-9"].addrs == {1: "127.0.0.1:10999"}
+    assert [(l.broker_id, l.timeout_ms) for l in info.live] == [(1, 20_000)]
     [queue_data] = route.route.queues
     assert (queue_data.read_queues, queue_data.write_queues) == (4, 2)
     assert peer.ok("get_cluster_info").brokers == {}
@@ -565,3 +576,13 @@ def test_broker_announces_its_registration_once(server, monkeypatch):
     assert result.stderr.splitlines() == [
         "broker c/b id 0 at 127.0.0.1:10998 registered with 1 NameServer(s)",
         "broker b unregistered from 1/1 NameServer(s)"]
+
+
+def test_broker_refused_by_its_agent_is_a_usage_error_in_the_agents_words():
+    result = CliRunner().invoke(main, ["broker", "--cluster", "c", "--name", "bad/name",
+                                       "--addr", "127.0.0.1:1", "--ns", "tcp://127.0.0.1:1"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0] == "Usage: main broker [OPTIONS]"
+    assert result.stderr.splitlines()[-1] == (
+        "Error: Expected a name: 1-255 characters, no control characters, no '/' - at "
+        "`$.broker_name`")

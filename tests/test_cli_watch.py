@@ -252,3 +252,67 @@ def test_watch_json_of_a_named_topic_without_a_route_says_null(server):
     [line] = out.stdout.splitlines()
     state = json.loads(line)
     assert (state["op"], state["topic"], state["route"]) == ("state", "Nothing", None)
+
+
+def _watch_while_registering(server, args: list[str]) -> Any:
+    """`zns watch ARGS` in process while new brokers of TA register (one every 0.1 s) until it
+    has printed its --count lines."""
+    import threading
+
+    peer = server.peer()
+    result: dict[str, Any] = {}
+
+    def watch() -> None:
+        result["out"] = CliRunner().invoke(main, ["watch", *args, "--ns", server.router,
+                                                  "--timeout", "3"])
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    n = 0
+    while thread.is_alive():
+        n += 1
+        assert n < 300, "no lines"
+        peer.ok("register_broker", **register_fields(broker_name=f"bx{n}", addr=f"10.0.1.{n % 250}:1",
+                                                     topics={"TA": {}}))
+        thread.join(0.1)
+    return result["out"]
+
+
+@pytest.mark.timeout(90)
+def test_watch_all_prints_broker_events_and_says_what_it_watches(server):
+    server.peer().ok("register_broker", **register_fields(topics={"TA": {}}))
+    out = _watch_while_registering(server, ["--count", "5"])
+    assert out.exit_code == 0, out.output
+    lines = [body(line) for line in out.stdout.splitlines()]
+    assert lines[0].startswith("route TA rev ") and ": brokers c1/broker-a" in lines[0]
+    assert any(re.fullmatch(r"broker registered c1/bx\d+ id 0 at 10\.0\.1\.\d+:1 \(rev \d+\)", line)
+               for line in lines), lines
+    notes = out.stderr.splitlines()
+    assert notes[0] == "watching every topic and broker via the NameServer's events (Ctrl-C to stop)"
+    assert any(re.fullmatch(STAMP + rf" following {re.escape(server.router)} \(events on "
+                            rf"{re.escape(server.pub)}\)", note) for note in notes), notes
+
+
+@pytest.mark.timeout(90)
+def test_watch_of_a_topic_prints_its_changes_and_no_broker_events(server):
+    server.peer().ok("register_broker", **register_fields(topics={"TA": {}}))
+    out = _watch_while_registering(server, ["TA", "--count", "3"])
+    assert out.exit_code == 0, out.output
+    lines = [body(line) for line in out.stdout.splitlines()]
+    assert len(lines) == 3 and all(line.startswith("route TA rev ") for line in lines), lines
+    assert "gained broker c1/bx" in lines[-1], lines
+    assert out.stderr.splitlines()[0] == "watching TA via the NameServer's events (Ctrl-C to stop)"
+
+
+@pytest.mark.timeout(60)
+def test_watch_json_says_nothing_for_people_about_what_it_watches(server, monkeypatch):
+    import logging
+
+    # The route client's own log lines are silenced (no "last resort" output on stderr).
+    monkeypatch.setattr(logging.getLogger("zns"), "handlers", [])
+    server.peer().ok("register_broker", **register_fields(topics={"TA": {}}))
+    out = CliRunner().invoke(main, ["watch", "TA", "--json", "--ns", server.router, "--count", "1",
+                                    "--timeout", "3"])
+    assert out.exit_code == 0, out.output
+    assert not any(line.startswith("watching") for line in out.stderr.splitlines()), out.stderr
+    assert [type(h) for h in logging.getLogger("zns").handlers] == [logging.NullHandler]

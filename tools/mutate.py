@@ -189,6 +189,13 @@ EQUIVALENT: dict[str, str] = {
     "zns.cli.tools.x_route_table__mutmut_29": "as route_table__mutmut_7",
     "zns.cli.tools.x_route_table__mutmut_31": "as route_table__mutmut_7",
     "zns.cli.tools.x_route_table__mutmut_33": "as route_table__mutmut_7",
+    **{f"zns.cli.tools.x__status__mutmut_{n}": "as route_table__mutmut_7 (the status table)"
+       for n in range(45, 64, 2)},
+    **{f"zns.cli.tools.x__clusters__mutmut_{n}": "as route_table__mutmut_7 (the clusters table)"
+       for n in range(34, 47, 2)},
+    "zns.cli.tools.x__broker__mutmut_8": "as_json None for False: read only as a truth value",
+    "zns.cli.tools.x__broker__mutmut_54": "announced = None for False: read only as a truth value",
+    "zns.cli.watch.x__watch__mutmut_51": "connected = None for False: read only as a truth value",
     "zns.cli.app.xǁ_Groupǁformat_commands__mutmut_3":
         "list_commands(None) for (ctx): it lists COMMANDS whatever the context",
     "zns.cli.app.xǁ_Groupǁmain__mutmut_20":
