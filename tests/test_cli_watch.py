@@ -255,8 +255,8 @@ def test_watch_json_of_a_named_topic_without_a_route_says_null(server):
 
 
 def _watch_while_registering(server, args: list[str]) -> Any:
-    """`zns watch ARGS` in process while new brokers of TA register (one every 0.1 s) until it
-    has printed its --count lines."""
+    """`zns watch ARGS` in process while new brokers of TA (each with a topic of its own)
+    register, one every 0.1 s, until it has printed its --count lines."""
     import threading
 
     peer = server.peer()
@@ -273,7 +273,7 @@ def _watch_while_registering(server, args: list[str]) -> Any:
         n += 1
         assert n < 300, "no lines"
         peer.ok("register_broker", **register_fields(broker_name=f"bx{n}", addr=f"10.0.1.{n % 250}:1",
-                                                     topics={"TA": {}}))
+                                                     topics={"TA": {}, f"TN{n}": {}}))
         thread.join(0.1)
     return result["out"]
 
@@ -281,9 +281,11 @@ def _watch_while_registering(server, args: list[str]) -> Any:
 @pytest.mark.timeout(90)
 def test_watch_all_prints_broker_events_and_says_what_it_watches(server):
     server.peer().ok("register_broker", **register_fields(topics={"TA": {}}))
-    out = _watch_while_registering(server, ["--count", "5"])
+    out = _watch_while_registering(server, ["--count", "8"])
     assert out.exit_code == 0, out.output
     lines = [body(line) for line in out.stdout.splitlines()]
+    # A topic created after the start is followed from its whole route.
+    assert any(re.fullmatch(r"route TN\d+ rev \d+: brokers c1/bx\d+ .*", line) for line in lines), lines
     assert lines[0].startswith("route TA rev ") and ": brokers c1/broker-a" in lines[0]
     assert any(re.fullmatch(r"broker registered c1/bx\d+ id 0 at 10\.0\.1\.\d+:1 \(rev \d+\)", line)
                for line in lines), lines
