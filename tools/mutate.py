@@ -196,6 +196,12 @@ EQUIVALENT: dict[str, str] = {
     "zns.cli.tools.x__broker__mutmut_8": "as_json None for False: read only as a truth value",
     "zns.cli.tools.x__broker__mutmut_54": "announced = None for False: read only as a truth value",
     "zns.cli.watch.x__watch__mutmut_51": "connected = None for False: read only as a truth value",
+    "zns.cli.watch.xǁ_Printerǁ__init____mutmut_8":
+        "client '' for None: `watch` sets the client before the route client can call back",
+    "zns.cli.watch.x_state_json__mutmut_13": "to_builtins(None) is None: the same null",
+    "zns.cli.watch.x__watch__mutmut_87":
+        "waiting 1.5 s for a line instead of 0.5 s: only how soon, with no line, the loop looks "
+        "again at the client's failure and connection (a latency, nothing printed differs)",
     "zns.cli.app.xǁ_Groupǁformat_commands__mutmut_3":
         "list_commands(None) for (ctx): it lists COMMANDS whatever the context",
     "zns.cli.app.xǁ_Groupǁmain__mutmut_20":
