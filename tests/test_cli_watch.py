@@ -254,11 +254,25 @@ def test_watch_json_of_a_named_topic_without_a_route_says_null(server):
     assert (state["op"], state["topic"], state["route"]) == ("state", "Nothing", None)
 
 
-def _watch_while_registering(server, args: list[str]) -> Any:
-    """`zns watch ARGS` in process while new brokers of TA (each with a topic of its own)
-    register, one every 0.1 s, until it has printed its --count lines."""
+def _watch_while_registering(server, args: list[str], monkeypatch) -> Any:
+    """`zns watch ARGS` in process while new brokers of TA register, one every 0.1 s, until it
+    has printed its --count lines; once it has listed the topics, each broker brings a topic
+    of its own (created after the start: followed from its first event)."""
     import threading
 
+    import zns.cli.watch as watch_module
+    from zns.core.schema import GetTopics
+
+    listed = threading.Event()
+    real_ask = watch_module.ask
+
+    def ask(target: Any, request: Any) -> Any:
+        reply = real_ask(target, request)
+        if isinstance(request, GetTopics):
+            listed.set()
+        return reply
+
+    monkeypatch.setattr(watch_module, "ask", ask)
     peer = server.peer()
     result: dict[str, Any] = {}
 
@@ -272,16 +286,17 @@ def _watch_while_registering(server, args: list[str]) -> Any:
     while thread.is_alive():
         n += 1
         assert n < 300, "no lines"
+        topics = {"TA": {}, f"TN{n}": {}} if listed.is_set() or args[0] == "TA" else {"TA": {}}
         peer.ok("register_broker", **register_fields(broker_name=f"bx{n}", addr=f"10.0.1.{n % 250}:1",
-                                                     topics={"TA": {}, f"TN{n}": {}}))
+                                                     topics=topics))
         thread.join(0.1)
     return result["out"]
 
 
 @pytest.mark.timeout(90)
-def test_watch_all_prints_broker_events_and_says_what_it_watches(server):
+def test_watch_all_prints_broker_events_and_says_what_it_watches(server, monkeypatch):
     server.peer().ok("register_broker", **register_fields(topics={"TA": {}}))
-    out = _watch_while_registering(server, ["--count", "8"])
+    out = _watch_while_registering(server, ["--count", "8"], monkeypatch)
     assert out.exit_code == 0, out.output
     lines = [body(line) for line in out.stdout.splitlines()]
     # A topic created after the start is followed from its whole route.
@@ -297,9 +312,9 @@ def test_watch_all_prints_broker_events_and_says_what_it_watches(server):
 
 
 @pytest.mark.timeout(90)
-def test_watch_of_a_topic_prints_its_changes_and_no_broker_events(server):
+def test_watch_of_a_topic_prints_its_changes_and_no_broker_events(server, monkeypatch):
     server.peer().ok("register_broker", **register_fields(topics={"TA": {}}))
-    out = _watch_while_registering(server, ["TA", "--count", "3"])
+    out = _watch_while_registering(server, ["TA", "--count", "3"], monkeypatch)
     assert out.exit_code == 0, out.output
     lines = [body(line) for line in out.stdout.splitlines()]
     assert len(lines) == 3 and all(line.startswith("route TA rev ") for line in lines), lines
