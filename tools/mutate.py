@@ -492,7 +492,8 @@ def write_scores(scores: list[Score]) -> None:
         "Written by `tools/mutate.py` (`make mutate`); see docs/development.md. Score = (killed +",
         "timeout) / (mutants - equivalent). Each module is run with only its own fast tests",
         "(the map is `MODULES` in tools/mutate.py), hypothesis with the `mutation` profile.",
-        "A module missing from the table has not been run yet.",
+        "A module missing from the table has not been run yet. `time`: the wall-clock seconds of",
+        "the module's last run (`nice -n 19`, one worker; on a shared machine, load included).",
         "",
         HEADER,
     ]
