@@ -230,6 +230,8 @@ final class RocketMqClients implements ClassFileTransformer {
         private final List<String> addrs;
         private List<Object> instances;
         long failedRefreshes;
+        /** The longest wait for a heartbeat of the client's own (its request timeout is 3 s). */
+        static final long HEARTBEAT_WAIT_MS = 3000;
         /** Instances with consumers whose topics were pulled, each with "a broker was added". */
         private final Map<Object, Boolean> consumersToWake = new java.util.IdentityHashMap<>();
 
@@ -320,7 +322,15 @@ final class RocketMqClients implements ClassFileTransformer {
                     // consumer-id list it would return leaves this client out. Heartbeat
                     // first, as the client's own 30 s timer would, then rebalance.
                     if (e.getValue()) {
+                        // The client heartbeats on its own too (5.x: a broker it has just
+                        // connected to, as a producer's send does after our pull), and the
+                        // method only tries its lock: it skips when that heartbeat holds it.
+                        // Rebalancing before the new broker has the heartbeat gets no
+                        // consumer-id list, and RocketMQ retries at most once a second
+                        // (seen: 2 s). So wait for a heartbeat in flight, then ours.
+                        awaitHeartbeatLock(instance, HEARTBEAT_WAIT_MS);
                         call(instance, "sendHeartbeatToAllBrokerWithLock");
+                        awaitHeartbeatLock(instance, HEARTBEAT_WAIT_MS);
                         if (Log.debug) {
                             detail.append(detail.length() == 0 ? "" : ", ").append("heartbeat +").append(sinceMs(started));
                         }
@@ -334,6 +344,22 @@ final class RocketMqClients implements ClassFileTransformer {
             }
             consumersToWake.clear();
             return detail.toString();
+        }
+
+        /** Until no heartbeat of the client holds its heartbeat lock (at most `maxMs`). */
+        private static void awaitHeartbeatLock(Object instance, long maxMs) {
+            try {
+                Object lock = findField(instance.getClass(), "lockHeartbeat").get(instance);
+                if (!(lock instanceof java.util.concurrent.locks.ReentrantLock)) {
+                    return;
+                }
+                long end = System.nanoTime() + maxMs * 1_000_000L;
+                while (((java.util.concurrent.locks.ReentrantLock) lock).isLocked() && System.nanoTime() < end) {
+                    java.util.concurrent.locks.LockSupport.parkNanos(2_000_000L);
+                }
+            } catch (Throwable t) {
+                // a client without that lock: heartbeat as before
+            }
         }
 
         private static String sinceMs(long startedNs) {
