@@ -334,3 +334,19 @@ def test_watch_json_says_nothing_for_people_about_what_it_watches(server, monkey
     assert out.exit_code == 0, out.output
     assert not any(line.startswith("watching") for line in out.stderr.splitlines()), out.stderr
     assert [type(h) for h in logging.getLogger("zns").handlers] == [logging.NullHandler]
+
+
+@pytest.mark.timeout(90)
+def test_watch_through_a_relay_subscribes_there(server, monkeypatch):
+    from zns.drivers.event_relay import Relay
+
+    server.peer().ok("register_broker", **register_fields(topics={"TA": {}}))
+    with Relay(server.router, "tcp://127.0.0.1:*") as relay:
+        out = _watch_while_registering(server, ["TA", "--count", "3", "--events", relay.endpoint],
+                                       monkeypatch)
+    assert out.exit_code == 0, out.output
+    notes = out.stderr.splitlines()
+    assert notes[0] == f"watching TA via {relay.endpoint} (Ctrl-C to stop)"
+    # Lines 2 and 3 came as events, so the events connection was made before line 3 was asked for.
+    assert any(note.endswith(f"following {server.router} (events on {relay.endpoint})")
+               for note in notes), notes
