@@ -350,3 +350,22 @@ def test_watch_through_a_relay_subscribes_there(server, monkeypatch):
     # Lines 2 and 3 came as events, so the events connection was made before line 3 was asked for.
     assert any(note.endswith(f"following {server.router} (events on {relay.endpoint})")
                for note in notes), notes
+
+
+@pytest.mark.timeout(60)
+def test_a_note_goes_to_stderr_and_is_not_a_line(server, monkeypatch):
+    import zns.cli.watch as watch_module
+
+    class NotingPrinter(watch_module._Printer):
+        def on_route(self, topic: str, route: TopicRoute | None) -> None:
+            self.lines.put(("note", "a note for people"))
+            super().on_route(topic, route)
+
+    monkeypatch.setattr(watch_module, "_Printer", NotingPrinter)
+    server.peer().ok("register_broker", **register_fields(topics={"TA": {}}))
+    out = CliRunner().invoke(main, ["watch", "TA", "--ns", server.router, "--count", "1",
+                                    "--timeout", "3"])
+    assert out.exit_code == 0, out.output
+    [line] = out.stdout.splitlines()
+    assert body(line).startswith("route TA rev ")
+    assert "a note for people" in out.stderr.splitlines()
