@@ -232,7 +232,9 @@ def run(config: RunConfig) -> BenchResult:
             added = watcher.wait_for(lambda ev: ev["topic"] == topic
                                      and target in zns_agent.route_brokers(ev, writable=True),
                                      30, "the restored route", since=started)
-            again = agent.wait_for("publish", lambda ln: target in ln["brokers"], 30, "writes again", since=added - 1)
+            # from the line that showed the wipe: an earlier line lists the broker too
+            again = agent.wait_for("publish", lambda ln: target in ln["brokers"], 30, "writes again",
+                                   since=max(added - 1, stopped["wall_ms"] / 1000 + 0.001))
             out["wipe_agent"].append(stopped["wall_ms"] - wiped * 1000)
             wipe_split = _split(out, "wipe", agent, topic, wiped, stopped["wall_ms"])
             out["unwipe_agent"].append(again["wall_ms"] - added * 1000)
