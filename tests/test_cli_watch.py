@@ -369,3 +369,24 @@ def test_a_note_goes_to_stderr_and_is_not_a_line(server, monkeypatch):
     [line] = out.stdout.splitlines()
     assert body(line).startswith("route TA rev ")
     assert "a note for people" in out.stderr.splitlines()
+
+
+@pytest.mark.timeout(60)
+def test_a_client_that_dies_while_watching_ends_the_command_with_one_line(server, monkeypatch):
+    import zns.cli.watch as watch_module
+
+    class DyingClient(watch_module.RouteClient):
+        @property
+        def failure(self) -> BaseException | None:  # as if its thread died once it was asked
+            return RuntimeError("Boom")
+
+    monkeypatch.setattr(watch_module, "RouteClient", DyingClient)
+    server.peer().ok("register_broker", **register_fields(topics={"TA": {}}))
+    out = CliRunner().invoke(main, ["watch", "TA", "--ns", server.router, "--count", "2",
+                                    "--timeout", "3"])
+    assert out.exit_code == 1, out.output
+    # Its first line if it came within the first wait, then no second one: the failure.
+    assert all(body(line).startswith("route TA rev ") for line in out.stdout.splitlines())
+    assert len(out.stdout.splitlines()) <= 1
+    assert out.stderr.splitlines()[-1] == (
+        "zns: the route client's thread failed: RuntimeError: Boom")
