@@ -109,6 +109,19 @@ def test_broker_agent_thread_failure_is_raised_by_every_later_call() -> None:
         with pytest.raises(BackgroundFailure) as info:
             call()
         assert_is_the_failure(info)
+        assert str(info.value).startswith("the BrokerAgent's background thread failed: ")
+    ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_broker_agent_wait_registered_is_woken_by_the_failure() -> None:
+    # An hour's timeout: only the failure can end the wait (the test's own timeout fails it).
+    ctx = BrokenContext()
+    agent = BrokerAgent(NOWHERE, cluster="c", broker_name="b", broker_addr="127.0.0.1:10911",
+                        context=ctx)
+    with pytest.raises(BackgroundFailure) as info:
+        agent.wait_registered(timeout=3600)
+    assert_is_the_failure(info)
     ctx.term()
 
 

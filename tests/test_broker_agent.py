@@ -220,7 +220,7 @@ def test_close_waits_for_the_unregistration_as_long_as_its_timeout_says():
 @pytest.mark.timeout(60)
 def test_wait_registered_says_whether_every_nameserver_holds_the_broker(server):
     with agent_for(server.router) as agent:
-        assert agent.wait_registered(timeout=LOADED_DEADLINE)
+        assert agent.wait_registered(timeout=3600)  # woken by the registration, not the hour
         agent.remove_topic("NeverAdded")  # nothing to remove: no error
         assert agent.topics.keys() == {"T1"}
     with agent_for(server.router, "tcp://127.0.0.1:1") as agent:
@@ -245,8 +245,14 @@ def test_an_unreadable_reply_is_logged_and_the_agent_goes_on(caplog):
     try:
         with caplog.at_level(logging.WARNING, logger="zns"):
             with agent_for(garbage.endpoint) as agent:
-                wait_for(lambda: f"unreadable reply from {garbage.endpoint}" in caplog.text)
+                wait_for(lambda: f"unreadable reply from {garbage.endpoint}: Expected `object`"
+                         in caplog.text)
                 assert not agent.registered_everywhere()
                 agent.close(timeout=0.2)
     finally:
         garbage.close()
+
+
+def test_the_agent_clock_is_read_in_milliseconds():
+    agent = agent_for("tcp://127.0.0.1:1", clock=lambda: 2.5, start=False)
+    assert agent._now() == 2500

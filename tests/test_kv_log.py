@@ -410,3 +410,137 @@ def test_write_times_count_each_append_in_its_bucket(path, stores):
     memory = KvStore(None)
     memory.put("ns", "a", "1")
     assert sum(memory.write_times.counts) == 0  # nothing made durable, nothing timed
+
+
+# --- pinned by mutation testing (docs/mutation-scores.md) ------------------------------------
+
+
+def test_deleting_what_is_not_there_writes_nothing_and_accounting_follows(path, stores):
+    store = open_store(stores, path)
+    store.put("ns", "a", "1")
+    store.put("ns", "bb", "22")
+    size = path.stat().st_size
+    assert not store.delete("ns", "zz") and not store.delete("other", "a")
+    assert path.stat().st_size == size
+    assert store.total_bytes() == (2 + 1 + 1) + (2 + 2 + 2)
+    assert store.delete("ns", "a")
+    assert store.total_bytes() == 2 + 2 + 2
+    assert store._live == len(encode_record("ns", "bb", "22"))  # what compaction would copy
+    assert store.put("ns", "bb", "333")  # an update counts the new value, not both
+    assert store.total_bytes() == 2 + 2 + 3
+    assert store._live == len(encode_record("ns", "bb", "333"))
+
+
+def test_close_mid_compaction_closes_both_files(path, stores):
+    store = open_store(stores, path, compact_min_bytes=2_000, step_bytes=100)
+    for i in range(1_000):
+        store.put("ns", f"k{i % 30}", f"{i}" + "v" * 150)
+        if store._compaction is not None and not store._compaction.done:
+            break
+    fds = [store._fd, store._compaction.old_fd]
+    store.close()
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    assert store.file_bytes() == store._size  # no compaction left behind
+
+
+def test_a_compaction_slice_is_twice_the_write_when_that_is_more_than_a_step(path, stores):
+    # step_bytes 1: the slice is bounded by 2 x the write's record, in whole entries.
+    store = open_store(stores, path, compact_min_bytes=1, step_bytes=1)
+    for key in ("a", "b", "c", "d", "e"):
+        store.put("ns", key, "v" * 100)
+    for i in range(100):
+        if store._compaction is not None:
+            break
+        store.put("ns", "a", "wx"[i % 2] * 100)  # the same size as every live record
+    nxt = path.with_name(path.name + ".next")
+    copied = kv_file._replay_file(nxt, {}, continuation=True)[1]
+    record = len(encode_record("ns", "a", "v" * 100))
+    assert copied == len(MAGIC) + 3 * record  # two copied entries, then the write itself
+
+
+def test_a_rewrite_at_start_is_a_private_whole_file_and_is_counted(path, stores, caplog):
+    path.write_text('{"ns": {"k": "v", "k2": "v2"}}')
+    with caplog.at_level(logging.INFO, logger="zns"):
+        store = open_store(stores, path)
+    size = path.stat().st_size
+    assert store.file_bytes() == size == len(b"".join(kv_file._live_records(read_kv_file(path))))
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert f"KV file {path} converted from the JSON format (kept as .bak): 2 entries, " \
+           f"{size} bytes" in caplog.text
+    store.put("ns", "k3", "v3")
+    assert path.stat().st_size == size + len(encode_record("ns", "k3", "v3"))
+
+
+def test_a_leftover_temporary_file_is_not_kept_in_a_rewrite(path, stores):
+    path.write_text('{"ns": {"k": "v"}}')
+    path.with_name(path.name + ".tmp").write_bytes(b"junk" * 10_000)  # a crash's leftover
+    store = open_store(stores, path)
+    assert path.stat().st_size == len(MAGIC) + len(encode_record("ns", "k", "v"))
+    store.put("ns", "k", "w")
+    store.close()
+    assert read_kv_file(path) == {"ns": {"k": "w"}}
+
+
+def test_a_leftover_next_file_is_rewritten_and_logged_so(path, stores, caplog):
+    store = open_store(stores, path)
+    store.put("ns", "a", "1")
+    store.close()
+    nxt = path.with_name(path.name + ".next")
+    nxt.write_bytes(MAGIC + encode_record("ns", "b", "2"))
+    with caplog.at_level(logging.INFO, logger="zns"):
+        again = open_store(stores, path)
+    assert again.list("ns") == {"a": "1", "b": "2"} and not nxt.exists()
+    assert f"KV file {path} rewritten: 2 entries" in caplog.text
+
+
+def test_a_rewrite_that_cannot_be_made_durable_is_a_kv_file_error(path, monkeypatch):
+    path.write_text('{"ns": {"k": "v"}}')
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "injected fsync failure")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(KvFileError, match=f"cannot rewrite KV file {path}: .*injected"):
+        KvStore(path)
+    assert path.read_text() == '{"ns": {"k": "v"}}'
+
+
+@pytest.mark.parametrize("tail", [
+    kv_file.MARKER + b"\0" * 20 + kv_file.MARKER + b"\1" * 20,  # two markers, neither a record
+    b"\0" * 10 + kv_file.MARKER + b"\xff" * 30,
+], ids=["two-markers", "one-marker"])
+def test_a_torn_tail_with_false_markers_is_still_torn(path, stores, tail):
+    model = write_entries(path, stores)
+    good = path.read_bytes()
+    path.write_bytes(good + tail)
+    assert {ns: open_store(stores, path).list(ns) for ns in model} == model
+    assert path.read_bytes() == good
+
+
+def test_damage_before_false_markers_and_a_valid_record_is_an_error(path, stores):
+    write_entries(path, stores)
+    raw = path.read_bytes()
+    damaged = raw[:len(MAGIC)] + b"\0" * 12 + kv_file.MARKER + b"\0" * 12 + \
+        encode_record("ns", "z", "z")
+    path.write_bytes(damaged)
+    with pytest.raises(KvFileError, match="valid records after it"):
+        KvStore(path)
+
+
+def test_json_with_the_wrong_types_is_corrupt_and_names_the_backup_only_if_there(path):
+    path.write_text('{"ns": {"k": 1}}')
+    with pytest.raises(KvFileError, match="corrupt") as info:
+        KvStore(path)
+    assert "previous version" not in str(info.value)
+    path.with_name(path.name + ".bak").write_text("{}")
+    with pytest.raises(KvFileError, match="previous version is .*kv.json.bak"):
+        KvStore(path)
+
+
+def test_chunks_join_parts_up_to_the_size():
+    parts = [b"aaa", b"bbb", b"c"]
+    assert list(kv_file._chunks(iter(parts), size=4)) == [b"aaabbb", b"c"]
+    assert list(kv_file._chunks(iter(parts), size=3)) == [b"aaa", b"bbb", b"c"]
+    assert list(kv_file._chunks(iter([]), size=3)) == []
