@@ -145,6 +145,7 @@ def link_up(h: Harness, peer: FakePeer, now: int = 0) -> None:
 
 
 def test_a_link_asks_subscribes_and_applies_a_hint(ctx, peer, caplog):
+    caplog.set_level(logging.INFO, logger="zns")
     h = Harness(ctx, [peer.endpoint])
     assert h.connected == {peer.endpoint: False}
     assert h.links.next_deadline(0) == 0  # the first status is due at once
@@ -159,6 +160,8 @@ def test_a_link_asks_subscribes_and_applies_a_hint(ctx, peer, caplog):
     assert h.connected[peer.endpoint] is False  # subscribed, but no hb yet
     peer.publish(peer.hb())
     h.pump(0, lambda: h.connected[peer.endpoint])
+    assert f"peer {peer.endpoint}: subscribed to its broker events on " \
+           f"'{peer.pub_endpoint}'" in caplog.text
     with caplog.at_level(logging.INFO, logger="zns"):
         peer.publish(peer.removed("expired"))
         h.pump(7, lambda: h.suspected)
@@ -169,7 +172,8 @@ def test_a_link_asks_subscribes_and_applies_a_hint(ctx, peer, caplog):
     with caplog.at_level(logging.DEBUG, logger="zns"):
         peer.publish(peer.removed("unregistered"))
         h.pump(8, lambda: len(h.suspected) == 2)
-    assert "nothing to shorten here" in caplog.text
+    assert f"peer hint from {peer.endpoint}: broker c1/b at {ADDR} unregistered there; " \
+           "nothing to shorten here" in caplog.text
     peer.publish(peer.removed("displaced"))  # not a hint reason
     peer.publish(peer.hb())
     h.pump(9, lambda: h.links.links[peer.endpoint]._last_heard == 9)
@@ -223,7 +227,9 @@ def test_a_bad_events_endpoint_backs_off_and_keeps_no_socket(ctx, caplog):
             now = link.next_deadline()
         gaps = [b - a for a, b in zip(asked, asked[1:])]
         assert gaps == [min(RETRY_MIN_MS << n, RETRY_MAX_MS) for n in range(1, 6)]
-        assert "cannot be connected to" in caplog.text and "not-a-port" in caplog.text
+        assert f"peer {peer.endpoint} named events endpoint 'tcp://127.0.0.1:not-a-port', " \
+               "which cannot be connected to (Invalid argument" in caplog.text
+        assert "); asking again later" in caplog.text
     finally:
         peer.close()
 
@@ -237,7 +243,8 @@ def test_an_unreadable_reply_or_event_is_logged_and_ignored(ctx, peer, caplog):
         peer.router.send_multipart([identity, b"\xc1 not msgpack"])
         h.pump(0, lambda: "sent something unreadable" in caplog.text)
     assert h.links.links[peer.endpoint].asking and len(h.sockets()) == 1  # still waiting
-    assert peer.endpoint in caplog.text
+    assert f"peer {peer.endpoint} sent something unreadable: MessagePack data is malformed" \
+        in caplog.text
     h.run(RETRY_MIN_MS)
     peer.answer()
     h.pump(0, lambda: h.links.links[peer.endpoint].pub is not None)

@@ -107,9 +107,13 @@ MODULES: dict[str, list[str]] = {
                        "-k", "not stall_of_the_process"],
     # The 15 MB slow-reader test outlasts its budget under mutmut's trampolines: left out.
     "drivers/remoting_listener": ["tests/test_remoting_listener.py", "-k", "not cli_ and not slow_reader"],
-    # The driver against a fake peer, `now` injected (seconds); then real servers (minutes).
-    "drivers/peers": ["tests/test_peer_links.py", "tests/test_peers.py", "-k", "not cli_peer_options"],
-    "drivers/security": ["tests/test_security.py"],
+    # The driver against a fake peer with `now` injected: seconds. tests/test_peers.py runs the
+    # same code between real servers, waiting out real expiries (minutes per mutant under load).
+    "drivers/peers": ["tests/test_peer_links.py",
+                      "tests/test_peers.py::test_a_bad_peer_endpoint_stops_start_up_with_a_clear_error"],
+    # Key files, policy, reload and ZAP's decision without a server (seconds); then live CURVE.
+    "drivers/security": ["tests/test_security_keys.py", "tests/test_security.py",
+                         "-k", "not sighup and not tools_take"],
     "cli/options": ["tests/test_config.py", "tests/test_cli_validation.py", "tests/test_cli_options.py"],
     "cli/tools": ["tests/test_cli_tools.py", "tests/test_cli_output.py",
                   "tests/test_background_failure.py::test_zns_broker_exits_with_one_line_when_its_agent_thread_dies",
