@@ -391,15 +391,19 @@ class Score:
     equivalent: int
     seconds: int
     survivors: list[str]
+    unchecked: int = 0  # mutants a run stopped before reaching (`--report` of a cut run)
 
     @property
     def score(self) -> float:
-        counted = self.mutants - self.equivalent
+        counted = self.mutants - self.unchecked - self.equivalent
         return 100.0 * (self.killed + self.timeout) / counted if counted else 100.0
 
     def row(self) -> str:
+        # A cut run scores the mutants it reached; mutmut runs the fastest first, so the rest
+        # (those whose tests take longest, often the survivors) may score lower.
+        partial = f" (partial: {self.unchecked} of {self.mutants} not run)" if self.unchecked else ""
         return (f"| {self.module} | {self.mutants} | {self.killed} | {self.survived} | {self.timeout} "
-                f"| {self.equivalent} | {self.score:.1f} % | {self.seconds} s |")
+                f"| {self.equivalent} | {self.score:.1f} %{partial} | {self.seconds} s |")
 
 
 def prepare(module: str) -> Path:
@@ -444,15 +448,17 @@ def run(module: str) -> Score:
 
 
 def rerun_survivors(module: str, seconds_before: int) -> Score:
-    """Run again only the mutants the last run of `module` left alive, against the current tests.
+    """Run again the mutants the last run of `module` left alive or did not reach (it was cut),
+    against the current tests.
 
     For the loop of adding tests for survivors: the scratch copy and mutmut's results are kept,
     the tests are copied in afresh (mutmut collects stats for the new ones only), and the
-    result of every other mutant stands. The time recorded is both runs together.
+    result of every killed mutant stands. The time recorded is both runs together.
     """
     work = WORK / module.replace("/", ".")
     before = collect(module, seconds_before)
-    names = [name for name in before.survivors]
+    codes = json.loads((work / "mutants" / f"{source(module)}.meta").read_text())["exit_code_by_key"]
+    names = before.survivors + sorted(name for name, code in codes.items() if code is None)
     if not names:
         return before
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
@@ -469,6 +475,16 @@ def rerun_survivors(module: str, seconds_before: int) -> Score:
     return collect(module, seconds_before + int(time.monotonic() - started))
 
 
+def run_seconds(module: str) -> int:
+    """How long the last run of `module` has run: from its scratch copy to its last result."""
+    work = WORK / module.replace("/", ".")
+    meta = work / "mutants" / f"{source(module)}.meta"
+    config = work / "pyproject.toml"
+    if not (meta.exists() and config.exists()):
+        return 0
+    return int(meta.stat().st_mtime - config.stat().st_mtime)
+
+
 def collect(module: str, seconds: int) -> Score:
     """The score of the last run of `module`, from mutmut's results in its scratch copy."""
     work = WORK / module.replace("/", ".")
@@ -477,16 +493,19 @@ def collect(module: str, seconds: int) -> Score:
         raise SystemExit(f"{module}: no results; see {work / 'mutmut.log'}")
     codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
     survivors = sorted(name for name, code in codes.items()
-                       if code not in KILLED_CODES | TIMEOUT_CODES and name not in EQUIVALENT)
+                       if code is not None and code not in KILLED_CODES | TIMEOUT_CODES
+                       and name not in EQUIVALENT)
     return Score(
         module=module,
         mutants=len(codes),
+        unchecked=sum(code is None for code in codes.values()),
         killed=sum(code in KILLED_CODES for code in codes.values()),
-        survived=sum(code not in KILLED_CODES | TIMEOUT_CODES for code in codes.values()),
+        survived=sum(code is not None and code not in KILLED_CODES | TIMEOUT_CODES
+                     for code in codes.values()),
         timeout=sum(code in TIMEOUT_CODES for code in codes.values()),
         # Only a surviving mutant can be equivalent; one some test kills is simply killed.
-        equivalent=sum(name in EQUIVALENT and code not in KILLED_CODES | TIMEOUT_CODES
-                       for name, code in codes.items()),
+        equivalent=sum(name in EQUIVALENT and code is not None
+                       and code not in KILLED_CODES | TIMEOUT_CODES for name, code in codes.items()),
         seconds=seconds,
         survivors=survivors,
     )
@@ -569,9 +588,9 @@ def main() -> None:
         match = re.search(r"\| (\d+) s \|$", previous_rows().get(module, ""))
         seconds_before = int(match.group(1)) if match else 0
         if args.report:
-            score = collect(module, seconds_before)
+            score = collect(module, run_seconds(module) or seconds_before)
         elif args.rerun_survivors:
-            score = rerun_survivors(module, seconds_before)
+            score = rerun_survivors(module, run_seconds(module) or seconds_before)
         else:
             score = run(module)
         scores.append(score)
