@@ -245,12 +245,19 @@ def test_an_unreadable_reply_is_logged_and_the_agent_goes_on(caplog):
     try:
         with caplog.at_level(logging.WARNING, logger="zns"):
             with agent_for(garbage.endpoint) as agent:
-                wait_for(lambda: f"unreadable reply from {garbage.endpoint}: Expected `object`"
-                         in caplog.text)
+                wait_for(lambda: any(r.getMessage().startswith(
+                    f"unreadable reply from {garbage.endpoint}: Expected `object`")
+                    for r in caplog.records))
                 assert not agent.registered_everywhere()
                 agent.close(timeout=0.2)
     finally:
         garbage.close()
+
+
+def test_wait_registered_waits_five_seconds_by_default():
+    import inspect
+
+    assert inspect.signature(BrokerAgent.wait_registered).parameters["timeout"].default == 5.0
 
 
 def test_the_agent_clock_is_read_in_milliseconds():

@@ -167,13 +167,13 @@ def test_a_link_asks_subscribes_and_applies_a_hint(ctx, peer, caplog):
         h.pump(7, lambda: h.suspected)
     assert h.suspected == [("c1", ADDR, 7)]
     assert f"peer hint from {peer.endpoint}: broker c1/b at {ADDR} expired there; " \
-           "suspected here" in caplog.text
+           "suspected here" in [r.getMessage() for r in caplog.records]
     h.shorten = False
     with caplog.at_level(logging.DEBUG, logger="zns"):
         peer.publish(peer.removed("unregistered"))
         h.pump(8, lambda: len(h.suspected) == 2)
     assert f"peer hint from {peer.endpoint}: broker c1/b at {ADDR} unregistered there; " \
-           "nothing to shorten here" in caplog.text
+           "nothing to shorten here" in [r.getMessage() for r in caplog.records]
     peer.publish(peer.removed("displaced"))  # not a hint reason
     peer.publish(peer.hb())
     h.pump(9, lambda: h.links.links[peer.endpoint]._last_heard == 9)
@@ -254,6 +254,29 @@ def test_an_unreadable_reply_or_event_is_logged_and_ignored(ctx, peer, caplog):
         peer.pub.send_multipart([schema.HB_CHANNEL, b"\xc1"])
         h.pump(0, lambda: "sent something unreadable" in caplog.text)
     assert not h.connected[peer.endpoint]
+
+
+def test_a_reply_of_more_than_one_frame_or_another_op_is_not_taken(ctx, peer, caplog):
+    h = Harness(ctx, [peer.endpoint])
+    h.run(0)
+    dealer = h.sockets()[0]
+    h.links.run({dealer: zmq.POLLIN}, 0, 5)  # ready, but nothing to read: nothing happens
+    assert h.links.links[peer.endpoint].asking and h.sockets() == [dealer]
+    assert peer.router.poll(20_000)
+    identity, body = peer.router.recv_multipart()
+    request = schema.decode_request(body)
+    reply = schema.encode(schema.StatusReply(
+        id=request.id, epoch="e", revision=0, version="0", uptime_ms=0, brokers=0, topics=0,
+        pub_endpoint=peer.pub_endpoint))
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        peer.router.send_multipart([identity, b"extra", reply])  # two frames: not a reply
+        peer.router.send_multipart([identity, schema.encode(schema.GetTopicsReply(
+            id=request.id, topics=[]))])  # a reply, but not to `status`
+        h.pump(0, lambda: "sent something unreadable" in caplog.text)
+    link = h.links.links[peer.endpoint]
+    assert link.asking and link.pub is None
+    peer.router.send_multipart([identity, reply])
+    h.pump(0, lambda: link.pub == peer.pub_endpoint)
 
 
 def test_a_message_over_the_bound_is_dropped(ctx, peer):

@@ -146,8 +146,8 @@ def test_a_reload_swaps_the_policy_or_keeps_the_old_one(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="zns"):
         assert not security.reload()
     assert security.policy is before
-    assert "keys not reloaded, the previous ones stay in force: cannot read certificate" \
-        in caplog.text
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR][0].startswith(
+        "keys not reloaded, the previous ones stay in force: cannot read certificate")
     assert "reloaded" not in caplog.text.replace("not reloaded", "")
 
 
@@ -162,16 +162,18 @@ def test_zap_refuses_unknown_keys_and_authorize_logs_a_refusal(tmp_path, caplog)
         assert security.callback(ZAP_DOMAIN, broker.encode())
         assert "refused" not in caplog.text
         assert not security.callback(ZAP_DOMAIN, stranger)
-    assert f"refused a CURVE handshake from unknown key {stranger.decode()}" in caplog.text
+    assert [r.getMessage() for r in caplog.records] == [
+        f"refused a CURVE handshake from unknown key {stranger.decode()}"]
     register_a = schema.decode_request(schema.encode(
         {"op": "register_broker", **register_fields("broker-a")}))
     register_b = schema.decode_request(schema.encode(
         {"op": "register_broker", **register_fields("broker-b")}))
     security.authorize(broker, register_a)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="zns"), pytest.raises(NoPermission):
+    with caplog.at_level(logging.WARNING, logger="zns"), pytest.raises(NoPermission) as info:
         security.authorize(broker, register_b)
-    assert f"no_permission for key {broker}: " in caplog.text
+    assert [r.getMessage() for r in caplog.records] == [
+        f"no_permission for key {broker}: {info.value}"]
 
 
 def test_start_runs_zap_and_stop_ends_it(tmp_path, ctx, caplog):
@@ -179,6 +181,7 @@ def test_start_runs_zap_and_stop_ends_it(tmp_path, ctx, caplog):
     with caplog.at_level(logging.INFO, logger="zns"):
         security.start(ctx)
     assert security._auth is not None and security._auth.is_alive()
+    assert security._auth.log.name == "zns.zap"  # ZAP's own log lines, under zns
     assert f"CURVE on (server key {security.public_key}): loaded 0 broker, 0 admin, 1 client " \
            "keys; clients: listed keys only" in caplog.text
     auth = security._auth

@@ -100,7 +100,8 @@ def test_namesrv_config_shows_what_is_bound_and_the_networks(tmp_path, made, cap
     assert props["remotingAdmins"] == "127.0.0.0/8,::1/128"
     assert props["remotingClients"] == "any"
     assert props["curve"] == "false"  # the config's own settings are there too
-    assert f"RocketMQ remoting listener on {srv.remoting.endpoint}" in caplog.text
+    assert f"RocketMQ remoting listener on {srv.remoting.endpoint}" in \
+        [r.getMessage() for r in caplog.records]
     assert "plain TCP" not in caplog.text  # loopback: no warning
 
 
@@ -115,14 +116,16 @@ def test_a_remoting_listener_on_every_interface_warns_who_may_do_what(tmp_path, 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="zns"):
         srv = make(made, config(tmp_path, remoting="0.0.0.0:0", remoting_brokers=["10.0.0.0/8"],
-                                remoting_admins=["10.2.0.0/16"], remoting_clients=["10.1.0.0/16"]))
+                                remoting_admins=["10.2.0.0/16", "10.3.0.1"],
+                                remoting_clients=["10.1.0.0/16"]))
     warning = next(r.getMessage() for r in caplog.records if "plain TCP" in r.getMessage())
     assert "reads from 10.1.0.0/16 (--remoting-clients)" in warning
     assert "broker requests from 10.0.0.0/8 (--remoting-brokers)" in warning
-    assert "admin requests from 10.2.0.0/16 (--remoting-admins)" in warning
+    assert "admin requests from 10.2.0.0/16, 10.3.0.1/32 (--remoting-admins)" in warning
     service = srv.remoting.service
+    # The networks in force, as parsed: a bare address is shown as its /32.
     assert (service.properties["remotingAdmins"], service.properties["remotingClients"]) == \
-        ("10.2.0.0/16", "10.1.0.0/16")
+        ("10.2.0.0/16,10.3.0.1/32", "10.1.0.0/16")
 
 
 @pytest.mark.parametrize("clients", ["any", "listed"])
@@ -247,3 +250,23 @@ def test_is_loopback(endpoint, loopback):
 def test_networks_text():
     assert server_module._networks_text(None) == "any"
     assert server_module._networks_text(()) == ""
+
+
+def test_run_says_where_it_serves_and_when_it_stopped(tmp_path, caplog):
+    import threading
+
+    srv = Server(config(tmp_path))
+    with caplog.at_level(logging.INFO, logger="zns"):
+        thread = threading.Thread(target=srv.run)
+        thread.start()
+        srv.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == (f"zns serving requests on {srv.router_endpoint}, events on "
+                           f"{srv.pub_endpoint} (epoch {srv.service.epoch})")
+    limit = srv.descriptor_limit
+    assert messages[1] == (f"file descriptors: limit {limit}, room for about {limit // 2 - 32} "
+                           "clients (a client uses two: requests and events)")
+    assert messages[-1] == "zns stopped"
+    assert srv.router.closed and srv.pub.closed  # run closes what it served

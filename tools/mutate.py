@@ -114,6 +114,22 @@ MODULES: dict[str, list[str]] = {
     # Key files, policy, reload and ZAP's decision without a server (seconds); then live CURVE.
     "drivers/security": ["tests/test_security_keys.py", "tests/test_security.py",
                          "-k", "not sighup and not tools_take"],
+    "drivers/loop": ["tests/test_loop.py"],
+    "drivers/heap": ["tests/test_heap.py", "tests/test_server_wiring.py"],
+    "drivers/logs": ["tests/test_server_hardening.py", "tests/test_metrics.py",
+                     "-k", "logs or repeat or quoted and not serve_logs_json_lines"],
+    "drivers/subscribers": ["tests/test_subscriptions.py"],
+    "drivers/descriptors": ["tests/test_server_hardening.py", "tests/test_server_wiring.py",
+                            "-k", "not 4_mib_subscription"],
+    "drivers/request_router": ["tests/test_server_wiring.py", "tests/test_server.py",
+                               "tests/test_server_hardening.py", "tests/test_bounds_wire.py",
+                               "-k", "not stall_of_the_process and not 4_mib_subscription"],
+    "drivers/requests": ["tests/test_remoting_listener.py", "-k", "not cli_ and not slow_reader"],
+    "drivers/sockets": ["tests/test_peer_links.py", "tests/test_client.py", "tests/test_broker_agent.py",
+                        "-k", "not zns_watch and not zns_broker"],
+    "drivers/client_base": ["tests/test_client.py", "tests/test_faults.py", "tests/test_background_failure.py",
+                            "-k", "not zns_watch and not zns_broker"],
+    "drivers/async_client": ["tests/test_async_client.py", "tests/test_background_failure.py"],
     "cli/options": ["tests/test_config.py", "tests/test_cli_validation.py", "tests/test_cli_options.py"],
     "cli/tools": ["tests/test_cli_tools.py", "tests/test_cli_output.py",
                   "tests/test_background_failure.py::test_zns_broker_exits_with_one_line_when_its_agent_thread_dies",
@@ -151,6 +167,15 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.broker_agent.xǁBrokerAgentǁ_run__mutmut_26": "_changed = None for False: only ever read as a truth value",
     "zns.drivers.broker_agent.xǁBrokerAgentǁ_run__mutmut_51":
         "`return` for `break` out of the loop: the `finally` that drops the sockets runs either way",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ_run__mutmut_33":
+        "reading every socket each turn, not only the ready ones: recv_all never blocks, so a socket "
+        "with nothing to read yields nothing (a cost, not a behaviour)",
+    "zns.drivers.peers.xǁPeerLinksǁ_receive__mutmut_4":
+        "no max_bytes on the DEALER: the socket's MAXMSGSIZE (the same bound) refuses a frame over it, "
+        "and max_frames=1 drops any longer message",
+    "zns.drivers.peers.xǁPeerLinksǁ_receive__mutmut_7": "as _receive__mutmut_4",
+    "zns.drivers.server.xǁ_Controlǁrun__mutmut_3": "_reload_keys = None for False: only ever read as a truth value",
+    "zns.drivers.security.xǁSecurityǁcallback__mutmut_4": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
     "zns.drivers.route_client.xǁRouteClientǁclose__mutmut_3":
         "join(None) for join(5): the thread ends at once once stopping; the bound is for a hang",
     "zns.drivers.route_client.xǁRouteClientǁclose__mutmut_4": "join(6) for join(5): as close__mutmut_3",
