@@ -203,3 +203,95 @@ def test_a_timer_due_during_a_pass_runs_before_the_next_source_not_after_the_pas
     loop.run_pass({}, 10)  # first and second due at 10; the timer at 30
     assert timer.runs[0][0] == 50  # right after `first`, not at 90 after `second`
     assert published_at == [1]  # its event left before `second` ran
+
+
+# --- pinned by mutation testing (docs/mutation-scores.md) ------------------------------------
+
+
+class RecordingPoller(FakePoller):
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.registered: list[Any] = []
+        self.unregistered: list[Any] = []
+
+    def register(self, sock: Any, flags: int) -> None:
+        self.registered.append(sock)
+
+    def unregister(self, sock: Any) -> None:
+        self.unregistered.append(sock)
+
+
+class Woken:
+    """A source with no deadline: it runs only when its socket is ready."""
+
+    what = "a socket"
+
+    def __init__(self) -> None:
+        self.runs: list[Any] = []
+        self.asked: list[Any] = []
+
+    def attach(self, poll: PollSet) -> None:
+        poll.register("sock", 1, self)
+
+    def next_deadline(self, now: int) -> int | None:
+        self.asked.append(now)
+        return None
+
+    def run(self, ready: Any, now: int, until: int) -> None:
+        self.runs.append(dict(ready))
+
+
+def test_a_ready_socket_runs_its_owner_and_unregistering_forgets_it():
+    clock = FakeClock()
+    poller = RecordingPoller(clock)
+    source = Woken()
+    poll = PollSet(poller)  # type: ignore[arg-type]
+    loop = Loop([source], clock=clock, stall=Stall(), poll=poll, cpu_clock=lambda: 0)
+    assert poll.owners == {"sock": source} and poller.registered == ["sock"]
+    poller.ready = [[("sock", 1)]]
+    passes = []
+    loop.run(lambda: bool(passes.append(1)) or len(passes) > 1)
+    assert source.runs == [{"sock": 1}]
+    assert poller.timeouts == [None]  # nothing due: the poll waits for the socket only
+    poll.unregister("other")  # never registered: the poller is not asked
+    assert poller.unregistered == []
+    poll.unregister("sock")
+    assert poller.unregistered == ["sock"] and poll.owners == {}
+    poll.unregister("sock")  # twice: once only
+    assert poller.unregistered == ["sock"]
+
+
+def test_the_loop_passes_now_to_deadlines_and_the_stall_rule():
+    clock = FakeClock()
+    clock.now = 40
+    hb = Every(clock, 1000)
+    woken = Woken()
+    stall = Stall()
+    woke: list[int] = []
+    stall.woke = lambda now: woke.append(now) or 0  # type: ignore[method-assign]
+    loop = Loop([hb, woken], clock=clock, stall=stall, poll=PollSet(FakePoller(clock)),  # type: ignore[arg-type]
+                cpu_clock=lambda: 0)
+    assert loop.last_pass_ms == 40  # a loop not yet run counts from its making (/healthz)
+    assert Loop([woken], clock=clock, stall=stall).next_deadline(5) is None
+    run_for(loop, clock, 3000)
+    assert stall.expected[:3] == [1000, 2000, 3000]
+    assert woke[:3] == [1000, 2000, 3000]
+    assert all(isinstance(now, int) for now in woken.asked) and 40 in woken.asked
+
+
+def test_a_deadline_already_due_polls_without_waiting():
+    clock = FakeClock()
+    clock.now = 500
+    late = Every(clock, 100)  # due at 100, long past
+    loop, poller, _ = make_loop(late, clock=clock)
+    run_for(loop, clock, 600)
+    assert poller.timeouts[0] == 0
+
+
+def test_cpu_time_is_the_thread_s_in_ms(monkeypatch):
+    from zns.drivers import loop as loop_module
+
+    monkeypatch.setattr(time, "thread_time", lambda: 2.5)
+    assert loop_module._cpu_ms() == 2500
+    clock = FakeClock()
+    assert Loop([], clock=clock, stall=Stall()).cpu_clock is loop_module._cpu_ms
