@@ -579,6 +579,11 @@ def write_scores(scores: list[Score]) -> None:
         "A module missing from the table has not been run yet. `time`: the wall-clock seconds of",
         "the module's last run (`nice -n 19`, one worker; on a shared machine, load included).",
         "",
+        "Time is one mutmut process per module under `nice -n 19` on a shared 2-core machine",
+        "(the driver rows ran at load average 15-25, several at once); a row marked partial is",
+        "a run cut at the deadline, scored over the mutants it reached. Run one after the other,",
+        "every module takes most of a day: run several modules in parallel (docs/development.md).",
+        "",
         HEADER,
     ]
     lines += [rows[module] for module in MODULES if module in rows]
