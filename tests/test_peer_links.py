@@ -161,7 +161,7 @@ def test_a_link_asks_subscribes_and_applies_a_hint(ctx, peer, caplog):
     peer.publish(peer.hb())
     h.pump(0, lambda: h.connected[peer.endpoint])
     assert f"peer {peer.endpoint}: subscribed to its broker events on " \
-           f"'{peer.pub_endpoint}'" in caplog.text
+           f"'{peer.pub_endpoint}'" in [r.getMessage() for r in caplog.records]
     with caplog.at_level(logging.INFO, logger="zns"):
         peer.publish(peer.removed("expired"))
         h.pump(7, lambda: h.suspected)
@@ -281,7 +281,10 @@ def test_a_reply_of_more_than_one_frame_or_another_op_is_not_taken(ctx, peer, ca
 
 def test_a_message_over_the_bound_is_dropped(ctx, peer):
     h = Harness(ctx, [peer.endpoint], max_message_bytes=4096)
+    h.run(0)
+    assert h.sockets()[0].getsockopt(zmq.MAXMSGSIZE) == 4096  # the DEALER
     link_up(h, peer)
+    assert h.sockets()[0].getsockopt(zmq.MAXMSGSIZE) == 4096  # the SUB
     # Each frame within libzmq's per-frame bound, the whole message over the driver's.
     other = schema.encode(schema.BrokerEvent(
         epoch=peer.epoch, revision=0, cluster="c1", broker_name="b", broker_id=0,

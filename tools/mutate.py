@@ -174,6 +174,15 @@ EQUIVALENT: dict[str, str] = {
         "no max_bytes on the DEALER: the socket's MAXMSGSIZE (the same bound) refuses a frame over it, "
         "and max_frames=1 drops any longer message",
     "zns.drivers.peers.xǁPeerLinksǁ_receive__mutmut_7": "as _receive__mutmut_4",
+    "zns.drivers.peers.xǁPeerLinksǁhandle__mutmut_3": "as broker_agent _run__mutmut_33 (recv_all never blocks)",
+    "zns.drivers.peers.xǁPeerLinksǁrun__mutmut_11":
+        "carry_out's now reaches only a failed FollowEvents, which only a reply (handle) produces, never a timer",
+    "zns.drivers.peers.xǁPeerLinksǁ_do__mutmut_44":
+        "`break` for `continue`: every action list holds one action (on_timer: AskStatus, on_reply: FollowEvents)",
+    "zns.drivers.peers.xǁPeerLinksǁ_replace__mutmut_8":
+        "close(linger=None): the socket's own LINGER is 0 (open_socket)",
+    "zns.drivers.peers.xǁPeerLinksǁ_replace__mutmut_9":
+        "close(linger=1): closing may wait 1 ms for unsent messages; a dropped status or SUB has none that matter",
     "zns.drivers.server.xǁ_Controlǁrun__mutmut_3": "_reload_keys = None for False: only ever read as a truth value",
     "zns.drivers.security.xǁSecurityǁcallback__mutmut_4": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
     "zns.drivers.route_client.xǁRouteClientǁclose__mutmut_3":
