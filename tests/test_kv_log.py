@@ -7,6 +7,7 @@ import errno
 import logging
 import os
 import random
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -343,7 +344,8 @@ def test_a_write_that_cannot_be_cut_back_stops_every_later_write(path, stores, m
     monkeypatch.setattr(os, "ftruncate", no_truncate)
     with caplog.at_level(logging.ERROR, logger="zns"), pytest.raises(Internal, match="no space left"):
         store.put("ns", "b", "2")
-    assert "could not be cut back" in caplog.text  # the operator is told to restart
+    assert [r.getMessage() for r in caplog.records][0].startswith(
+        "the KV file could not be cut back")  # the operator is told to restart
     monkeypatch.undo()  # the disk works again, but the torn half record is still in the file
     for write in (lambda: store.put("ns", "c", "3"), lambda: store.delete("ns", "a")):
         with pytest.raises(Internal, match="restart the server"):
@@ -534,6 +536,7 @@ def test_json_with_the_wrong_types_is_corrupt_and_names_the_backup_only_if_there
     with pytest.raises(KvFileError, match="corrupt") as info:
         KvStore(path)
     assert "previous version" not in str(info.value)
+    assert str(info.value).split(". zns will not start")[0].endswith(")")  # no hint at all
     path.with_name(path.name + ".bak").write_text("{}")
     with pytest.raises(KvFileError, match="previous version is .*kv.json.bak"):
         KvStore(path)
@@ -544,3 +547,102 @@ def test_chunks_join_parts_up_to_the_size():
     assert list(kv_file._chunks(iter(parts), size=4)) == [b"aaabbb", b"c"]
     assert list(kv_file._chunks(iter(parts), size=3)) == [b"aaa", b"bbb", b"c"]
     assert list(kv_file._chunks(iter([]), size=3)) == []
+
+
+def test_compaction_start_is_logged_with_its_sizes(path, stores, caplog):
+    store = open_store(stores, path, compact_min_bytes=2_000, step_bytes=300)
+    with caplog.at_level(logging.INFO, logger="zns"):
+        for i in range(1_000):
+            store.put("ns", f"k{i % 10}", f"{i}" + "v" * 100)
+            if store._compaction is not None:
+                break
+    nxt = path.with_name(path.name + ".next")
+    pattern = rf"compacting the KV log {re.escape(str(path))} \((\d+) bytes, (\d+) live\) into " \
+              rf"{re.escape(str(nxt))}"
+    found = [re.fullmatch(pattern, r.getMessage()) for r in caplog.records]
+    match = next(m for m in found if m)
+    assert int(match.group(1)) == store._compaction.old_size
+    assert 0 < int(match.group(2)) <= store._live + 200
+
+
+def test_a_next_file_that_cannot_be_removed_after_a_failed_write_stops_writes(
+        path, stores, monkeypatch, caplog):
+    store = open_store(stores, path, compact_min_bytes=2_000, step_bytes=300)
+    for i in range(1_000):
+        if store._size > max(2 * store._live, 2_000):
+            break
+        store.put("ns", f"k{i % 10}", f"{i}" + "v" * 100)
+    nxt = str(path) + ".next"
+    real_fsync, real_unlink = os.fsync, os.unlink
+
+    def fsync(fd: int) -> None:
+        if fd_path(fd) == nxt:
+            raise OSError(errno.EIO, "injected fsync failure")
+        real_fsync(fd)
+
+    def unlink(target: object, *args: object, **kw: object) -> None:
+        if str(target) == nxt:
+            raise OSError(errno.EACCES, "injected: cannot unlink")
+        real_unlink(target, *args, **kw)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "unlink", unlink)
+    with caplog.at_level(logging.ERROR, logger="zns"), pytest.raises(OSError, match="injected"):
+        store.put("ns", "new", "x")
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == [f"could not remove {nxt} after a failed write (" + errors[0].split(" (", 1)[1]]
+    assert "restart the server to read what is on disk" in errors[0]
+    monkeypatch.undo()
+    with pytest.raises(OSError, match=f"could not remove {re.escape(nxt)}"):
+        store.put("ns", "other", "y")
+
+
+def test_a_rewrite_goes_through_a_temporary_file_and_counts_every_chunk(path, stores, monkeypatch):
+    big = {f"k{i}": "v" * 60_000 for i in range(20)}  # 1.2 MB: more than one write chunk
+    path.write_bytes(msgspec.json.encode({"ns": big}))
+    replaced: list[tuple[str, str]] = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (replaced.append((str(a), str(b))),
+                                                     real_replace(a, b)))
+    store = open_store(stores, path)
+    assert (str(path) + ".tmp", str(path)) in replaced
+    assert store.file_bytes() == path.stat().st_size
+
+
+def test_a_namespace_emptied_mid_compaction_is_skipped(path, stores):
+    store = open_store(stores, path, compact_min_bytes=3_000, step_bytes=1)
+    model: Model = {}
+    for key in range(5):
+        store.put("b", f"k{key}", "v" * 50)
+        apply(model, "b", f"k{key}", "v" * 50)
+    for i in range(1_000):
+        store.put("a", f"k{i % 20}", f"{i}" + "w" * 100)
+        apply(model, "a", f"k{i % 20}", f"{i}" + "w" * 100)
+        if store._compaction is not None:
+            break
+    assert store._compaction is not None and not store._compaction.done
+    assert store._compaction.namespaces.index("b") >= store._compaction.cursor[0]
+    for key in range(5):  # "b" goes away before the copy reaches it
+        store.delete("b", f"k{key}")
+        apply(model, "b", f"k{key}", None)
+    for i in range(1_000):
+        if store._compaction is None:
+            break
+        store.put("a", "k0", f"again{i}")
+        apply(model, "a", "k0", f"again{i}")
+    assert store._compaction is None and on_disk(path) == model
+
+
+def test_a_valid_record_between_false_markers_is_still_found(path, stores):
+    write_entries(path, stores)
+    raw = path.read_bytes()
+    damaged = raw[:len(MAGIC)] + b"\0" * 12 + kv_file.MARKER + b"\0" * 12 + \
+        encode_record("ns", "z", "z") + kv_file.MARKER + b"\0" * 12
+    path.write_bytes(damaged)
+    with pytest.raises(KvFileError, match="valid records after it"):
+        KvStore(path)
+
+
+def test_chunks_count_from_zero_after_each_chunk():
+    parts = [b"aaaa", b"bbb", b"c"]
+    assert list(kv_file._chunks(iter(parts), size=4)) == [b"aaaa", b"bbbc"]

@@ -183,6 +183,15 @@ EQUIVALENT: dict[str, str] = {
         "close(linger=None): the socket's own LINGER is 0 (open_socket)",
     "zns.drivers.peers.xǁPeerLinksǁ_replace__mutmut_9":
         "close(linger=1): closing may wait 1 ms for unsent messages; a dropped status or SUB has none that matter",
+    "zns.drivers.kv_file.x__valid_record_after__mutmut_25":
+        "searching from at + 2: the marker b'\\xffKV1' cannot start one byte into itself",
+    "zns.drivers.kv_file.x__unlink_quietly__mutmut_1":
+        "missing_ok=None: a missing file then raises FileNotFoundError, an OSError the function swallows",
+    "zns.drivers.kv_file.x__unlink_quietly__mutmut_2": "as x__unlink_quietly__mutmut_1 (missing_ok=False)",
+    "zns.drivers.kv_file.xǁKvStoreǁ_cut__mutmut_8":
+        "log.error(msg) for log.error('%s', msg): without arguments logging does not format, same text",
+    "zns.drivers.kv_file.xǁKvStoreǁ_start_compaction__mutmut_55": "as _cut__mutmut_8",
+    "zns.drivers.kv_file.xǁKvStoreǁ_start_compaction__mutmut_1": "`or` in an assert that always holds there",
     "zns.drivers.server.xǁ_Controlǁrun__mutmut_3": "_reload_keys = None for False: only ever read as a truth value",
     "zns.drivers.security.xǁSecurityǁcallback__mutmut_4": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
     "zns.drivers.route_client.xǁRouteClientǁclose__mutmut_3":
