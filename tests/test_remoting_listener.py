@@ -647,3 +647,24 @@ def test_a_source_address_holds_at_most_its_share_of_connections(rserver):
     finally:
         for client in clients:
             client.close()
+
+
+def test_over_the_buffer_budget_the_largest_holder_is_closed_first(rserver, caplog):
+    srv, listener, endpoint = rserver(remoting_max_buffer_bytes=256 << 10)
+    sizes = {"big": 200 << 10, "mid": 40 << 10, "small": 20 << 10}
+    clients = {name: Client(endpoint) for name in sizes}
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        for name in ("small", "mid"):  # within the budget together
+            clients[name].sock.sendall(struct.pack(">i", (1 << 20) - 8) + b"\0" * sizes[name])
+        wait_for(lambda: listener.held >= (60 << 10))
+        clients["big"].sock.sendall(struct.pack(">i", (1 << 20) - 8) + b"\0" * sizes["big"])
+        wait_for(lambda: listener.over_budget >= 1)
+    assert clients["big"].closed_by_server(timeout=10)
+    wait_for(lambda: listener.held <= listener.max_buffer_bytes)  # read on the loop's thread
+    assert listener.over_budget == 1  # the largest went; the two others fit
+    warnings = [r.getMessage() for r in caplog.records if "max-buffer-bytes" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("remoting connection from 127.0.0.1 "
+                                                          "closed: it holds ")
+    assert warnings[0].endswith(f", more than {256 << 10} (--remoting-max-buffer-bytes)")
+    for client in clients.values():
+        client.sock.close()
