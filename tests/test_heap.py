@@ -78,3 +78,52 @@ def test_the_server_trims_when_calm_after_many_route_events(
         assert peer.ok("status").topics == 110  # and the server goes on serving
     finally:
         srv.stop()
+
+
+# --- pinned by mutation testing (docs/mutation-scores.md) ------------------------------------
+
+
+def test_deadline_busy_and_log_of_a_trim(caplog) -> None:
+    import logging
+    import re
+
+    trim = FakeTrim()
+    busy = [True]
+    heap_trim = HeapTrim(trim, now=0, after_events=100, every_ms=10_000, busy=lambda: busy[0])
+    assert heap_trim.next_deadline(5) is None  # nothing published
+    heap_trim.published(100)
+    assert heap_trim.next_deadline(5) == 5  # exactly enough, and the first trim is due at once
+    heap_trim.run({}, 5, 10)
+    assert trim.calls == []  # a request is waiting: not now
+    busy[0] = False
+    with caplog.at_level(logging.DEBUG, logger="zns"):
+        heap_trim.run({}, 6, 11)
+    assert trim.calls == [0]
+    assert re.fullmatch(r"malloc_trim: memory returned to the OS in \d+\.\d ms",
+                        caplog.records[-1].getMessage())
+    heap_trim.published(100)
+    assert heap_trim.next_deadline(7) == 10_006  # the interval after the last trim
+    assert HeapTrim(None, now=0, after_events=1).next_deadline(0) is None  # no glibc
+    idle = HeapTrim(lambda pad: 0, now=0, after_events=1)
+    idle.published(1)
+    with caplog.at_level(logging.DEBUG, logger="zns"):
+        idle.run({}, 1, 6)  # the default: never busy
+    assert idle.trims == 1
+    assert caplog.records[-1].getMessage().startswith("malloc_trim: nothing to return in ")
+
+
+def test_glibc_malloc_trim_is_found_by_name_or_not_at_all(monkeypatch) -> None:
+    import ctypes
+    import ctypes.util
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("not glibc")
+    trim = heap.glibc_malloc_trim()
+    assert trim is not None and trim.argtypes == [ctypes.c_size_t] and trim.restype is ctypes.c_int
+    asked: list[str] = []
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: asked.append(name))
+    assert heap.glibc_malloc_trim() is not None  # found by its usual file name instead
+    assert asked == ["c"]
+    monkeypatch.setattr(platform, "libc_ver", lambda: ("musl", "1.2"))
+    assert heap.glibc_malloc_trim() is None
