@@ -4,6 +4,7 @@ tests/test_peer_resets.py."""
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -31,6 +32,7 @@ def _child(tmp_path: Path, deaths: int, code: int) -> tuple[Callable[[], int], P
         with open(runs, "a") as f:
             f.write("run\n")
         if runs.read_text().count("run") <= deaths:
+            faulthandler.disable()  # pytest's, inherited by the fork: no traceback on stderr
             os.abort()
         return code
 
