@@ -587,13 +587,13 @@ def test_a_next_file_that_cannot_be_removed_after_a_failed_write_stops_writes(
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "unlink", unlink)
-    with caplog.at_level(logging.ERROR, logger="zns"), pytest.raises(OSError, match="injected"):
+    with caplog.at_level(logging.ERROR, logger="zns"), pytest.raises(Internal, match="injected"):
         store.put("ns", "new", "x")
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert errors == [f"could not remove {nxt} after a failed write (" + errors[0].split(" (", 1)[1]]
     assert "restart the server to read what is on disk" in errors[0]
     monkeypatch.undo()
-    with pytest.raises(OSError, match=f"could not remove {re.escape(nxt)}"):
+    with pytest.raises(Internal, match=f"could not remove {re.escape(nxt)}"):
         store.put("ns", "other", "y")
 
 
