@@ -305,27 +305,26 @@ class Probe:
     def wait_for(self, kind: str, match: Callable[[dict[str, Any]], bool], timeout: float, what: str,
                  since: float = 0.0) -> dict[str, Any]:
         """The first `kind` line whose wall_ms is at or after `since` (s) and that matches."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for ln in self.lines:
-                    if ln.get("event") == kind and ln["wall_ms"] >= since * 1000 and match(ln):
-                        return ln
-                if self.proc.poll() is not None and not self._reader.is_alive():
-                    raise self._fail(f"exited before: {what}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._fail(f"not within {timeout:.0f} s: {what}")
-                self._cond.wait(min(left, 0.5))
+        def first() -> dict[str, Any] | None:
+            return next((ln for ln in self.lines if ln.get("event") == kind
+                         and ln["wall_ms"] >= since * 1000 and match(ln)), None)
+        return self._wait_until(first, timeout, what)
 
     def wait_current(self, kind: str, match: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> None:
         """Until the latest `kind` line matches (what the client believes now)."""
+        def latest_matches() -> bool:
+            latest = next((ln for ln in reversed(self.lines) if ln.get("event") == kind), None)
+            return latest is not None and match(latest)
+        self._wait_until(latest_matches, timeout, what)
+
+    def _wait_until(self, found: Callable[[], Any], timeout: float, what: str) -> Any:
+        """`found()`'s first truthy answer, asked under the lock each time a line arrives."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                latest = next((ln for ln in reversed(self.lines) if ln.get("event") == kind), None)
-                if latest is not None and match(latest):
-                    return
+                result = found()
+                if result:
+                    return result
                 if self.proc.poll() is not None and not self._reader.is_alive():
                     raise self._fail(f"exited before: {what}")
                 left = deadline - time.monotonic()
