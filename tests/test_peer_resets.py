@@ -8,9 +8,13 @@ only notes the error. Anything that writes to that connection before the queue
 drains aborts the process (SIGABRT): a ZMTP heartbeat timer of ours (so the
 server sets none), or a ZMTP PING the peer itself sent, which libzmq answers as
 soon as the drained queue lets it decode the kept bytes. That second case no
-socket option prevents (docs/operations.md, *A peer can abort the server*): the
-strict expected failures below say so, and start failing once the bundled libzmq
-no longer aborts. What zns does instead is start a new server (`--supervise`).
+socket option prevents (docs/operations.md, *A peer can abort the server*). What
+zns does instead is start a new server (`--supervise`): the last test provokes the
+abort and shows the new server serving, and fails once the bundled libzmq no longer
+aborts. The attacks before it provoke the abort only most of the time (how the
+peer's bytes and the reset fall against libzmq's reads is the kernel's timing), so
+they accept exactly two outcomes: the server still serving, or dead of libzmq's
+assertion and nothing else.
 
 The server runs in a subprocess (an abort must not take pytest with it). The
 peers speak ZMTP 3.0 over plain sockets, so they can send PINGs and reset
@@ -20,6 +24,7 @@ peers speak ZMTP 3.0 over plain sockets, so they can send PINGs and reset
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -169,19 +174,27 @@ def test_peers_resetting_with_full_queues_do_not_abort_a_busy_server():
     assert code == 0, stderr[-2000:]
 
 
-# Why the next three fail, exactly; each passing means the bundled libzmq no longer aborts:
-# then remove the xfail and the docs' *A peer can abort the server*.
-LIBZMQ_ABORTS = ("libzmq 4.3.5 (and master): stream_engine_base.cpp's restart_input decodes a "
-                 "PING kept behind a full queue after the connection failed; zmtp_engine.cpp's "
-                 "process_heartbeat_message calls out_event, which asserts !_io_error")
+# What the abort is, exactly: libzmq 4.3.5 (and master): stream_engine_base.cpp's restart_input
+# decodes a PING kept behind a full queue after the connection failed; zmtp_engine.cpp's
+# process_heartbeat_message calls out_event, which asserts !_io_error.
+LIBZMQ_ASSERTION = "Assertion failed: !_io_error"
+
+
+def _serving_or_dead_of_libzmqs_assertion(code: int, stderr: str) -> None:
+    """The two outcomes of the attacks below: stopped cleanly by us after it kept serving
+    (`code` 0), or aborted by libzmq's assertion (SIGABRT); any other end fails."""
+    if code == -signal.SIGABRT:
+        assert LIBZMQ_ASSERTION in stderr, stderr[-2000:]
+        print("aborted by libzmq's assertion")
+    else:
+        assert code == 0, stderr[-2000:]
+        print("kept serving")
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=LIBZMQ_ABORTS)
-def test_a_peer_that_queues_its_own_pings_and_resets_does_not_abort_a_busy_server():
+def test_a_peer_that_queues_its_own_pings_and_resets_ends_a_busy_server_only_by_libzmqs_abort():
     proc = _attack(busy_s=1.0, wait_s=6.0, ping_every=10)
-    code, stderr = _stop(proc)
-    assert code == 0, stderr[-2000:]
+    _serving_or_dead_of_libzmqs_assertion(*_stop(proc))
 
 
 def _subscribe_pinging(endpoint: str, subscriptions: int, topic_bytes: int, tag: bytes) -> socket.socket:
@@ -198,49 +211,46 @@ def _subscribe_pinging(endpoint: str, subscriptions: int, topic_bytes: int, tag:
     return sock
 
 
-# How long the events-port cases keep trying (they stop at the abort: 0.2-0.4 s, usually).
-ATTEMPTS_S = 40.0
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=LIBZMQ_ABORTS)
-def test_a_subscriber_that_pings_and_resets_does_not_abort_an_idle_server():
+def _reset_after_pings(pub: str, attempt: int) -> None:
     # The events socket queues 2 subscriptions per connection (subscribers.RCVHWM): the
-    # queue is full as soon as a burst comes, busy loop or not. 0.2 s after the first
-    # reset in every run measured.
-    # At a load average of 41-51 it took up to 13 tries: the test tries for ATTEMPTS_S.
-    proc, _, pub = _busy_server(0.0)
-    code, stderr = _try_until_it_dies(
-        proc, lambda attempt: _reset(_subscribe_pinging(pub, 1_000, 16, b"T%d" % attempt)), 1.0)
-    assert code == 0, stderr[-2000:]
+    # queue is full as soon as a burst comes, busy loop or not. Measured: an abort 0.2 s
+    # after the first reset, or after up to 13 tries at a load average of 41-51.
+    _reset(_subscribe_pinging(pub, 1_000, 16, b"T%d" % attempt))
+
+
+def _pings_past_the_budget(pub: str, attempt: int) -> None:
+    # No reset: the server itself shuts the connection down when its subscriptions cost
+    # more than their budget (zns.drivers.subscribers), which is the same failure.
+    _subscribe_pinging(pub, 20_000, 1_000, b"B%d" % attempt).close()
+
+
+# How long the events-port attacks keep trying while the server lives.
+ATTEMPTS_S = 8.0
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=LIBZMQ_ABORTS)
-def test_a_subscriber_that_pings_past_its_budget_does_not_abort_the_server():
-    # No reset here: the server itself shuts the connection down when its subscriptions
-    # cost more than their budget (zns.drivers.subscribers), which is the same failure.
-    proc, _, pub = _busy_server(0.0)
-    code, stderr = _try_until_it_dies(
-        proc, lambda attempt: _subscribe_pinging(pub, 20_000, 1_000, b"B%d" % attempt).close(), 2.0)
-    assert code == 0, stderr[-2000:]
-
-
-def _try_until_it_dies(proc: subprocess.Popen[str], attack: Callable[[int], None],
-                       wait_s: float) -> tuple[int, str]:
-    """Run `attack(attempt)` and wait `wait_s` for the server to die, for up to ATTEMPTS_S."""
+@pytest.mark.parametrize("attack", [_reset_after_pings, _pings_past_the_budget])
+def test_a_subscriber_that_pings_ends_the_server_only_by_libzmqs_abort(
+        attack: Callable[[str, int], None]) -> None:
+    proc, router, pub = _busy_server(0.0)
     deadline, attempt = time.monotonic() + ATTEMPTS_S, 0
     while time.monotonic() < deadline and proc.poll() is None:
         attempt += 1
         try:
-            attack(attempt)
+            attack(pub, attempt)
         except OSError:  # refused: it died since the check
             pass
         try:
-            proc.wait(wait_s)
+            proc.wait(1.0)
         except subprocess.TimeoutExpired:
             pass
-    return _stop(proc)
+    if proc.poll() is None:
+        ctx = zmq.Context()
+        try:
+            assert _status(ctx, router), "the server is alive but does not answer"
+        finally:
+            ctx.destroy(linger=0)
+    _serving_or_dead_of_libzmqs_assertion(*_stop(proc))
 
 
 def _free_port() -> int:
@@ -283,13 +293,17 @@ def test_a_supervised_server_serves_again_soon_after_the_abort(tmp_path):
             nonlocal attempt
             if "died of SIGABRT" not in log_path.read_text():
                 attempt += 1
+                attack = (_reset_after_pings, _pings_past_the_budget)[attempt % 2]
                 try:
-                    _reset(_subscribe_pinging(pub, 1_000, 16, b"T%d" % attempt))
+                    attack(pub, attempt)
                 except OSError:  # refused: it is down, the log says so in a moment
                     pass
             return "died of SIGABRT" in log_path.read_text()
 
-        wait_for(aborted, timeout=2 * LOADED_DEADLINE, interval=0.5)  # 13 tries at load 41-51
+        # When this fails to provoke the abort, check first whether the bundled libzmq
+        # still aborts (then this test's attack needs more tries) or no longer does (then
+        # remove `--supervise`'s reason in docs/operations.md and this test).
+        wait_for(aborted, timeout=2 * LOADED_DEADLINE, interval=0.5)
         died = time.monotonic()
         second = wait_for(lambda: _ask(ctx, router, "status"))
         back_s = time.monotonic() - died
@@ -302,4 +316,4 @@ def test_a_supervised_server_serves_again_soon_after_the_abort(tmp_path):
         proc.terminate()
         code = proc.wait(30)
     assert code == 0, log_path.read_text()[-2000:]
-    assert "Assertion failed: !_io_error" in log_path.read_text()
+    assert LIBZMQ_ASSERTION in log_path.read_text()

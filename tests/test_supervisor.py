@@ -132,3 +132,37 @@ def test_ctrl_c_stops_a_supervised_server_cleanly(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert "zns stopped" in log_path.read_text() and "died of" not in log_path.read_text()
+
+
+@pytest.mark.timeout(60)
+def test_a_second_stop_signal_while_the_server_closes_is_the_same_stop(caplog):
+    """Ctrl-C under `--supervise`: the server's SIGINT stops its loop, then the supervisor's
+    SIGTERM arrives while it closes. That must not reach the handler the server found at its
+    start (in the supervised child: end at once), or the server ends half closed and without
+    its `zns stopped` line."""
+    from zns.drivers.server import Server
+
+    class EndedAtOnce(Exception):
+        pass
+
+    def found_at_start(signum: int, frame: object) -> None:
+        raise EndedAtOnce
+
+    before = signal.signal(signal.SIGTERM, found_at_start)
+    try:
+        server = Server(ServerConfig(router="tcp://127.0.0.1:0", pub="tcp://127.0.0.1:0",
+                                     kv_path=None))
+        close = server.close
+
+        def close_while_signalled() -> None:
+            signal.raise_signal(signal.SIGTERM)
+            close()
+
+        server.close = close_while_signalled  # type: ignore[method-assign]
+        server.stop()
+        with caplog.at_level(logging.INFO, logger="zns"):
+            server.run()
+        assert caplog.messages[-1] == "zns stopped"
+        assert signal.getsignal(signal.SIGTERM) is found_at_start
+    finally:
+        signal.signal(signal.SIGTERM, before)

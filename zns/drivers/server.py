@@ -173,7 +173,7 @@ class Server:
 
     def run(self) -> None:
         """Serve until `stop()` or SIGTERM/SIGINT (when run in the main thread)."""
-        restore = self._install_signal_handlers()
+        restore_wakeup, restore_handlers = self._install_signal_handlers()
         log.info("zns serving requests on %s, events on %s (epoch %s)",
                  self.router_endpoint, self.pub_endpoint, self.service.epoch)
         log.info("file descriptors: limit %d, room for about %d clients (a client uses two: "
@@ -182,9 +182,16 @@ class Server:
         try:
             self.loop.run(lambda: self._stopping)
         finally:
-            restore()
-            self.close()
-            log.info("zns stopped")
+            # The wake-up descriptor goes before the waker closes; our stop handlers stay
+            # until the end, so a second stop signal while closing (Ctrl-C reaches the
+            # server and `--supervise`, which then sends SIGTERM) is the same stop, not a
+            # previous handler ending the process half closed, without its last line.
+            restore_wakeup()
+            try:
+                self.close()
+                log.info("zns stopped")
+            finally:
+                restore_handlers()
 
     def stop(self) -> None:
         """Thread-safe and signal-safe: the loop ends at its next wake-up."""
@@ -308,9 +315,11 @@ class Server:
             )
         return bound
 
-    def _install_signal_handlers(self) -> Callable[[], None]:
+    def _install_signal_handlers(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        """Stop on SIGTERM/SIGINT, reload keys on SIGHUP; returns the two undos: the
+        wake-up descriptor's (before the waker closes) and the handlers'."""
         if threading.current_thread() is not threading.main_thread():
-            return lambda: None
+            return (lambda: None), (lambda: None)
         previous = {sig: signal.getsignal(sig)
                     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -318,12 +327,14 @@ class Server:
         signal.signal(signal.SIGHUP, lambda *_: self.reload_keys())
         old_fd = signal.set_wakeup_fd(self._waker.fileno())
 
-        def restore() -> None:
+        def restore_wakeup() -> None:
             signal.set_wakeup_fd(old_fd)
+
+        def restore_handlers() -> None:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-        return restore
+        return restore_wakeup, restore_handlers
 
 
 def is_loopback(endpoint: str) -> bool:

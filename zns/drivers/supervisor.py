@@ -119,9 +119,10 @@ def _fork(serve: Callable[[], int], handlers: dict[signal.Signals, Any]) -> int:
     try:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-        # Until the server has its own handlers, and again once it has restored these at
-        # its end, a stop ends the child at once: Ctrl-C reaches both processes, so the
-        # supervisor's SIGTERM comes after the server's own SIGINT, while it closes.
+        # Until the server has its own handlers, and again once it has restored these
+        # after its last line, a stop ends the child at once. Ctrl-C reaches both
+        # processes, so the supervisor's SIGTERM may come while the server closes: its
+        # own handlers are still in place then (Server.run).
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _exit_now)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
