@@ -162,3 +162,21 @@ def test_the_zmq_errno_filter_maps_only_the_listed_errnos() -> None:
     with pytest.raises(zmq.ZMQError):
         with only_reset:
             raise zmq.ZMQError(zmq.EFSM)
+
+
+def test_an_errno_filter_leaves_an_exception_without_an_errno_unchanged() -> None:
+    by_errno = map_exceptions([(ValueError, frozenset({errno.ECONNRESET}), ConnectionLost)])
+    with pytest.raises(ValueError, match="no errno here"):
+        with by_errno:
+            raise ValueError("no errno here")
+
+
+def test_a_mapping_without_what_keeps_the_message_as_it_was() -> None:
+    with pytest.raises(ConnectionLost) as caught:
+        with map_exceptions([(OSError, None, ConnectionLost)]):
+            raise OSError(errno.EPIPE, "Broken pipe")
+    assert str(caught.value) == "[Errno 32] Broken pipe"
+    with pytest.raises(ConnectionLost) as caught:
+        with REMOTING_PEER:
+            raise OSError(errno.EPIPE, "Broken pipe")
+    assert str(caught.value) == "[Errno 32] Broken pipe"

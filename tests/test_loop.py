@@ -295,3 +295,83 @@ def test_cpu_time_is_the_thread_s_in_ms(monkeypatch):
     assert loop_module._cpu_ms() == 2500
     clock = FakeClock()
     assert Loop([], clock=clock, stall=Stall()).cpu_clock is loop_module._cpu_ms
+
+
+def test_the_bug_line_names_the_source_and_nothing_else(caplog):
+    clock = FakeClock()
+    broken = Every(clock, 100)
+
+    def fail(ready: Any, now: int, until: int) -> None:
+        raise RuntimeError("injected")
+
+    broken.run = fail  # type: ignore[method-assign]
+    broken.what = "breaking"
+    loop, _, _ = make_loop(broken, clock=clock)
+    loop.run_pass({}, 100)
+    (record,) = [r for r in caplog.records if r.name == "zns"]
+    assert record.getMessage() == "bug while breaking; the server carries on"
+    assert record.exc_info is not None
+
+
+def test_a_sources_cpu_time_is_what_it_spent_not_the_clock_reading():
+    clock = FakeClock()
+    cpu = iter([1000, 1030, 2000, 2005])
+    hb = Every(clock, 100, work_ms=7)
+    stall = Stall()
+    loop = Loop([hb], clock=clock, stall=stall, poll=PollSet(FakePoller(clock)),  # type: ignore[arg-type]
+                cpu_clock=lambda: next(cpu))
+    clock.now = 100
+    assert loop.run_pass({}, 100) == 107
+    clock.now = 200
+    loop.run_pass({}, 200)
+    assert stall.spans == [(7, 30), (7, 5)]
+
+
+def test_a_source_neither_ready_nor_due_does_not_stop_the_ones_after_it():
+    clock = FakeClock()
+    idle, later, hb = Woken(), Every(clock, 5000), Every(clock, 100)
+    loop = Loop([idle, later, hb], clock=clock, stall=Stall(), poll=PollSet(FakePoller(clock)),  # type: ignore[arg-type]
+                cpu_clock=lambda: 0)
+    clock.now = 100
+    assert loop.run_pass({}, 100) == 100
+    assert idle.runs == [] and later.runs == [] and hb.runs == [(100, 100 + SLICE_MS)]
+    assert loop.last_pass_ms == 100
+    clock.now = 250
+    assert loop.run_pass({}, 250) == 250
+    assert loop.last_pass_ms == 250  # each pass records when it ended (/healthz)
+
+
+class Urgent(Every):
+    """A due-at-a-time source that records what it was handed as ready."""
+
+    def __init__(self, clock: FakeClock, period_ms: int) -> None:
+        super().__init__(clock, period_ms)
+        self.handed: list[Any] = []
+
+    def run(self, ready: Any, now: int, until: int) -> None:
+        self.handed.append(ready)
+        super().run(ready, now, until)
+
+
+def test_an_urgent_source_run_between_others_is_handed_nothing_ready():
+    clock = FakeClock()
+    woken, timer = Woken(), Urgent(clock, 30)
+    poller = FakePoller(clock)
+    loop = Loop([woken, timer], clock=clock, stall=Stall(), poll=PollSet(poller),  # type: ignore[arg-type]
+                cpu_clock=lambda: 0, urgent=[timer])
+    clock.now = 30
+    loop.run_pass({"sock": 1}, 30)
+    assert woken.runs == [{"sock": 1}]
+    # run right after `woken` as urgent (an empty ready map), then not again in its own place
+    assert timer.handed == [{}]
+    assert len(timer.runs) == 1
+
+
+def test_an_urgent_source_run_in_its_own_place_does_not_end_the_pass():
+    clock = FakeClock()
+    timer, hb = Urgent(clock, 30), Every(clock, 30)
+    loop = Loop([timer, hb], clock=clock, stall=Stall(), poll=PollSet(FakePoller(clock)),  # type: ignore[arg-type]
+                cpu_clock=lambda: 0, urgent=[timer])
+    clock.now = 30
+    loop.run_pass({}, 30)
+    assert timer.handed == [{}] and hb.runs == [(30, 30 + SLICE_MS)]

@@ -1,0 +1,287 @@
+"""zns.drivers.subscribers in process: an XPUB bound as the server binds it, SUBs connecting,
+`handle()` called by the test (no server loop): what is counted, who is cut and what the
+log and the `freed` callback say."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from zns.core.subscriptions import SubscriptionBudget, subscription_cost
+from zns.drivers.descriptors import Listener
+from zns.drivers.subscribers import MONITORED, RCVHWM, READ_PER_PASS, Subscribers
+
+from helpers import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Port:
+    """The events port: an XPUB bound through our own listening socket, and its Subscribers."""
+
+    def __init__(self, ctx: zmq.Context, budget: SubscriptionBudget) -> None:
+        self.ctx = ctx
+        self.xpub = ctx.socket(zmq.XPUB)
+        self.xpub.setsockopt(zmq.LINGER, 0)
+        self.freed: list[int] = []
+        self.subscribers = Subscribers(self.xpub, budget, freed=self.freed.append)
+        self.listener = Listener(self.xpub, "tcp://127.0.0.1:0")
+        self.subscribers.bound(self.listener.listening, self.listener.endpoint)
+        self.subs: list[zmq.Socket] = []
+
+    def sub(self) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.listener.endpoint)
+        self.subs.append(sock)
+        return sock
+
+    def pump(self, until) -> None:
+        """handle() until `until()` holds (subscriptions arrive asynchronously)."""
+        def step() -> bool:
+            self.subscribers.handle()
+            return bool(until())
+        wait_for(step, timeout=10)
+
+    def close(self) -> None:
+        for sock in self.subs:
+            sock.close(0)
+        self.listener.close()
+        self.xpub.close(0)
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(0)
+
+
+def _fd_of(budget: SubscriptionBudget) -> int:
+    (fd,) = budget._cost  # the one connection counted
+    return fd
+
+
+def test_the_xpub_reads_at_most_2_subscriptions_ahead(ctx) -> None:
+    port = Port(ctx, SubscriptionBudget())
+    try:
+        assert port.xpub.getsockopt(zmq.RCVHWM) == RCVHWM == 2
+        assert MONITORED == zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+        assert READ_PER_PASS == 10_000
+    finally:
+        port.close()
+
+
+def test_a_subscription_is_counted_and_an_unsubscription_uncounted(ctx) -> None:
+    budget = SubscriptionBudget()
+    port = Port(ctx, budget)
+    try:
+        sub = port.sub()
+        sub.subscribe(b"route/T1")
+        port.pump(lambda: budget.held)
+        fd = _fd_of(budget)
+        assert budget.cost(fd) == subscription_cost(b"route/T1")
+        sub.subscribe(b"route/T2")
+        port.pump(lambda: budget.cost(fd) > subscription_cost(b"route/T1"))
+        assert budget.cost(fd) == subscription_cost(b"route/T1") + subscription_cost(b"route/T2")
+        sub.unsubscribe(b"route/T1")
+        port.pump(lambda: budget.cost(fd) == subscription_cost(b"route/T2"))
+        assert port.freed == []
+    finally:
+        port.close()
+
+
+def test_the_xpub_passes_every_subscription_up_even_a_repeat(ctx) -> None:
+    # XPUB_VERBOSE: a second subscriber's subscription to the same channel is seen too.
+    budget = SubscriptionBudget()
+    port = Port(ctx, budget)
+    try:
+        port.sub().subscribe(b"route/T")
+        port.pump(lambda: len(budget._cost) == 1)
+        port.sub().subscribe(b"route/T")
+        port.pump(lambda: len(budget._cost) == 2)
+        assert budget.held == 2 * subscription_cost(b"route/T")
+    finally:
+        port.close()
+
+
+def test_the_xpub_passes_every_unsubscription_up(ctx) -> None:
+    # XPUB_VERBOSER: an unsubscription from a channel another subscriber still holds.
+    budget = SubscriptionBudget()
+    port = Port(ctx, budget)
+    try:
+        a, b = port.sub(), port.sub()
+        a.subscribe(b"route/T")
+        b.subscribe(b"route/T")
+        port.pump(lambda: budget.held == 2 * subscription_cost(b"route/T"))
+        a.unsubscribe(b"route/T")
+        port.pump(lambda: budget.held == subscription_cost(b"route/T"))
+    finally:
+        port.close()
+
+
+def test_a_connection_over_its_budget_is_cut_logged_and_its_cost_freed(ctx, caplog) -> None:
+    cost = subscription_cost(b"route/T1")
+    budget = SubscriptionBudget(per_peer=cost, total=10**9)
+    port = Port(ctx, budget)
+    try:
+        sub = port.sub()
+        sub.subscribe(b"route/T1")
+        port.pump(lambda: budget.held)
+        fd = _fd_of(budget)
+        sub.subscribe(b"route/T2")  # over: cut
+        port.pump(lambda: budget.cut)
+        assert port.freed == [cost]  # what it held before the one that went over
+        assert fd in port.subscribers._cut_fds
+        (record,) = [r for r in caplog.records if r.name == "zns"]
+        assert record.levelno == logging.WARNING
+        assert re.fullmatch(r"""events subscriber "\('127\.0\.0\.1', \d+\)" disconnected: its """
+                            rf"subscriptions cost more than its budget of {cost} bytes "
+                            r"\(1 cut since start\)", record.getMessage())
+        # what a cut connection still sends is not counted
+        sub.subscribe(b"route/T3")
+        port.subscribers.handle()
+        assert budget.cost(fd) == 0 and budget.held == 0
+        # libzmq reports it closed: the descriptor names nobody any more
+        port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, fd)
+        assert fd not in port.subscribers._cut_fds and port.freed == [cost]
+    finally:
+        port.close()
+
+
+def test_over_the_total_the_largest_holder_is_cut_for_its_share(ctx, caplog) -> None:
+    small, large = subscription_cost(b"a"), subscription_cost(b"b" * 50)
+    budget = SubscriptionBudget(per_peer=10**9, total=large + small)
+    port = Port(ctx, budget)
+    try:
+        first = port.sub()
+        first.subscribe(b"b" * 50)
+        port.pump(lambda: budget.held == large)
+        big_fd = _fd_of(budget)
+        second = port.sub()
+        second.subscribe(b"a")
+        port.pump(lambda: budget.held == large + small)
+        second.subscribe(b"c")  # over the total: the largest holder (the first) goes
+        port.pump(lambda: budget.cut)
+        assert big_fd in port.subscribers._cut_fds
+        assert port.freed == [10**9]  # its budget, not what it held
+        (record,) = [r for r in caplog.records if r.name == "zns"]
+        assert record.getMessage().endswith(
+            f" disconnected: its subscriptions cost more than their share of the total budget of "
+            f"{large + small} bytes (1 cut since start)")
+    finally:
+        port.close()
+
+
+def test_a_connection_accepted_or_closed_is_forgotten_and_its_cost_freed(ctx) -> None:
+    budget = SubscriptionBudget()
+    port = Port(ctx, budget)
+    try:
+        budget.subscribed(7, b"route/T")
+        port.subscribers._cut_fds.add(7)
+        port.subscribers.on_monitor_event(zmq.EVENT_CONNECTED, 7)  # not one of ours: ignored
+        assert budget.cost(7) and 7 in port.subscribers._cut_fds
+        port.subscribers.on_monitor_event(zmq.EVENT_ACCEPTED, 7)  # the number is reused
+        assert budget.cost(7) == 0 and 7 not in port.subscribers._cut_fds
+        assert port.freed == [subscription_cost(b"route/T")]
+        port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, 7)  # nothing held: nothing freed
+        assert port.freed == [subscription_cost(b"route/T")]
+        budget.subscribed(8, b"x")
+        port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, 8)
+        assert port.freed == [subscription_cost(b"route/T"), subscription_cost(b"x")]
+    finally:
+        port.close()
+
+
+def test_a_message_that_is_no_subscription_is_not_counted(ctx) -> None:
+    budget = SubscriptionBudget()
+    port = Port(ctx, budget)
+    try:
+        xsub = ctx.socket(zmq.XSUB)
+        xsub.setsockopt(zmq.LINGER, 0)
+        port.subs.append(xsub)
+        xsub.connect(port.listener.endpoint)
+        xsub.send(b"")            # empty
+        xsub.send(b"\x02abc")     # neither subscribe (1) nor unsubscribe (0)
+        xsub.send(b"\x01abc")     # a subscription: counted
+        port.pump(lambda: budget.held)
+        assert budget.held == subscription_cost(b"abc")
+        xsub.send(b"\x00abc")
+        port.pump(lambda: budget.held == 0)
+    finally:
+        port.close()
+
+
+def test_a_descriptor_not_of_the_events_port_is_never_cut(ctx, caplog) -> None:
+    budget = SubscriptionBudget()
+    port = Port(ctx, budget)
+    other = socket.socket()
+    server = socket.socket()
+    try:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        other.connect(server.getsockname())
+        conn, _ = server.accept()
+        with conn:
+            port.subscribers._cut(conn.fileno(), 5)  # another port's connection: untouched
+            assert port.freed == [] and not port.subscribers._cut_fds
+            conn.setblocking(False)
+            other.send(b"x")
+            wait_for(lambda: _readable(conn), timeout=5)
+            assert conn.recv(1) == b"x"
+            listening = socket.socket()
+            listening.bind(("127.0.0.1", 0))
+            port.subscribers._cut(listening.fileno(), 5)  # not connected: no peer name
+            listening.close()
+        port.subscribers._cut(10**6, 5)  # no such descriptor
+        port.subscribers._local = None
+        budget.subscribed(3, b"x")
+        assert port.freed == [] and not caplog.records
+    finally:
+        other.close()
+        server.close()
+        port.close()
+
+
+def test_an_unbound_port_cuts_nobody(ctx) -> None:
+    xpub = ctx.socket(zmq.XPUB)
+    try:
+        subscribers = Subscribers(xpub, SubscriptionBudget())
+        subscribers.bound(None, "inproc://x")
+        assert subscribers._local is None
+        subscribers.bound(None, "ipc:///tmp/zns-events")
+        assert subscribers._local == (socket.AF_UNIX, "/tmp/zns-events")
+        a, b = socket.socketpair()
+        with a, b:
+            subscribers._local = None
+            subscribers._cut(a.fileno(), 1)  # a pair of ours, but no port known: kept
+            assert not subscribers._cut_fds
+            subscribers._local = (socket.AF_UNIX, "")  # an unnamed unix socket's own "port"
+            subscribers._cut(a.fileno(), 1)
+            assert subscribers._cut_fds == {a.fileno()}
+            assert b.recv(1) == b""  # shut down
+            subscribers._cut(a.fileno(), 1)  # already shut down: ENOTCONN is not an error
+    finally:
+        xpub.close(0)
+
+
+def test_the_default_freed_callback_does_nothing(ctx) -> None:
+    xpub = ctx.socket(zmq.XPUB)
+    try:
+        budget = SubscriptionBudget()
+        subscribers = Subscribers(xpub, budget)
+        budget.subscribed(4, b"x")
+        subscribers.on_monitor_event(zmq.EVENT_ACCEPTED, 4)
+        assert budget.cost(4) == 0
+    finally:
+        xpub.close(0)
+
+
+def _readable(sock: socket.socket) -> bool:
+    import select
+    return bool(select.select([sock], [], [], 0)[0])
