@@ -255,11 +255,69 @@ def test_an_unreadable_reply_is_logged_and_the_agent_goes_on(caplog):
 
 
 def test_wait_registered_waits_five_seconds_by_default():
-    import inspect
+    class Spy(threading.Condition):
+        """Records how long it is asked to wait, and does not wait."""
 
-    assert inspect.signature(BrokerAgent.wait_registered).parameters["timeout"].default == 5.0
+        timeouts: list[float | None] = []
+
+        def wait_for(self, predicate, timeout=None):  # type: ignore[no-untyped-def]
+            self.timeouts.append(timeout)
+            return super().wait_for(predicate, 0)
+
+    agent = agent_for("tcp://127.0.0.1:1", start=False)
+    agent._lock = Spy()
+    assert agent.wait_registered() is False
+    assert Spy.timeouts == [5.0]
+    agent.close()
 
 
 def test_the_agent_clock_is_read_in_milliseconds():
     agent = agent_for("tcp://127.0.0.1:1", clock=lambda: 2.5, start=False)
     assert agent._now() == 2500
+
+
+class CountingNameServer(SlowNameServer):
+    """Answers registrations and heartbeats (known, unchanged), counting each by op."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        super().__init__(time.monotonic, delay=0)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            identity, body = self.sock.recv_multipart()
+            request = msgspec.msgpack.decode(body)
+            self.requests.append(request)
+            reply = {"register_broker": schema.RegisterBrokerReply(id=request["id"]),
+                     "heartbeat": schema.HeartbeatReply(id=request["id"], known=True, changed=False),
+                     "unregister_broker": schema.UnregisterBrokerReply(id=request["id"], removed=True),
+                     }[request["op"]]
+            self.sock.send_multipart([identity, schema.encode(reply)])
+
+    def count(self, op: str) -> int:
+        return sum(r["op"] == op for r in self.requests)
+
+
+@pytest.mark.timeout(60)
+def test_a_topic_change_registers_once_then_heartbeats_take_over():
+    """One registration per change: a "topics changed" flag left set would register again on
+    every turn of the loop (each reply is a turn), and heartbeats would never be needed."""
+    fake = CountingNameServer()
+    try:
+        with agent_for(fake.endpoint) as agent:
+            assert agent.wait_registered(timeout=LOADED_DEADLINE)
+            # Heartbeats every 0.2 s; registrations only every 60 s or on a change.
+            wait_for(lambda: fake.count("heartbeat") >= 3 or fake.count("register_broker") > 1)
+            assert fake.count("register_broker") == 1
+            assert agent.status()[0].registrations == 1
+            agent.add_topic("T2")
+            wait_for(lambda: agent.status()[0].registrations == 2)
+            beats = fake.count("heartbeat")
+            wait_for(lambda: fake.count("heartbeat") >= beats + 3 or fake.count("register_broker") > 2)
+            assert fake.count("register_broker") == 2
+            second = [r for r in fake.requests if r["op"] == "register_broker"][1]
+            assert set(second["topics"]) == {"T1", "T2"}
+    finally:
+        fake.close()

@@ -11,6 +11,7 @@ reply past the high-water mark, and a frame once begun must be complete within
 
 from __future__ import annotations
 
+import logging
 import select
 import socket
 import struct
@@ -145,3 +146,124 @@ def test_one_read_decodes_a_bounded_batch_of_small_requests(monkeypatch):
     finally:
         client.close()
         listener.close()
+
+
+# --- a listener driven by hand: no server, no loop thread; `now` is whatever the test says --
+
+
+class Hand:
+    """A RemotingListener whose turns the test runs, at the `now` it chooses."""
+
+    def __init__(self, endpoint: str = "127.0.0.1:0", properties: dict | None = None,
+                 **kw: object) -> None:
+        self.now = 1_000_000
+        kw.setdefault("max_frame_bytes", 1 << 20)
+        self.listener = RemotingListener(
+            endpoint, RemotingService(new_service(), properties=properties or {}),
+            now=self.now, **kw)  # type: ignore[arg-type]
+        self.clients: list[socket.socket] = []
+
+    def connect(self) -> socket.socket:
+        host, port = self.listener.endpoint.rsplit(":", 1)
+        client = socket.create_connection((host.strip("[]"), int(port)), timeout=30)
+        self.clients.append(client)
+        return client
+
+    def turn(self) -> None:
+        self.listener.run({}, self.now, 1 << 62)
+
+    def until(self, condition, timeout: float = 30.0):  # type: ignore[no-untyped-def]
+        """Run turns until `condition()` holds; between turns wait for the listener's epoll."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.turn()
+            value = condition()
+            if value:
+                return value
+            assert time.monotonic() < deadline, "condition not met"
+            select.select([self.listener._epoll.fileno()], [], [], 0.05)
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.listener.close()
+
+
+@pytest.fixture
+def hand():  # type: ignore[no-untyped-def]
+    made: list[Hand] = []
+
+    def make(**kw: object) -> Hand:
+        made.append(Hand(**kw))  # type: ignore[arg-type]
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.close()
+
+
+def _told(caplog) -> str:  # type: ignore[no-untyped-def]
+    """What the listener logged it answers a ZeroMQ client with."""
+    marker = "its requests are answered with: "
+    lines = [r.getMessage() for r in caplog.records if marker in r.getMessage()]
+    return lines[-1].split(marker, 1)[1] if lines else ""
+
+
+@pytest.mark.parametrize("endpoint, router, told", [
+    # No request endpoint known (a listener made on its own): say where to look.
+    ("127.0.0.1:0", None, "its request endpoint (zns serve --router)"),
+    # A wildcard host becomes the address the client reached, bracketed for IPv6.
+    ("127.0.0.1:0", "tcp://*:5555", "tcp://127.0.0.1:5555 (export ZNS_ADDR=tcp://127.0.0.1:5555)"),
+    ("[::1]:0", "tcp://*:5555", "tcp://[::1]:5555 (export ZNS_ADDR=tcp://[::1]:5555)"),
+])
+def test_a_zeromq_client_is_told_the_request_endpoint_it_can_reach(hand, caplog, endpoint, router,
+                                                                    told):
+    from zns.core.remoting.zmtp import GREETING
+
+    h = hand(endpoint=endpoint, properties={"router": router} if router else {})
+    client = h.connect()
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        client.sendall(GREETING)
+        h.until(lambda: _told(caplog))
+    assert _told(caplog) == ("this is a zns NameServer's RocketMQ remoting port; "
+                             f"ZNS/1 requests go to {told}")
+    host = "::1" if endpoint.startswith("[") else "127.0.0.1"
+    assert caplog.records[-1].getMessage().startswith(
+        f"remoting connection from {host} speaks ZeroMQ, not RocketMQ remoting: its requests ")
+
+
+def test_a_refused_connection_is_logged_with_its_host_and_the_limit_it_hit(hand, caplog):
+    h = hand(max_connections=2, max_per_host=1)
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        h.connect()
+        h.until(lambda: len(h.listener.connections) == 1)
+        h.connect()
+        h.until(lambda: h.listener.refused == 1)
+        assert caplog.records[-1].getMessage() == (
+            "remoting connection from 127.0.0.1 refused: 1 connections already open from it "
+            "(--remoting-max-connections-per-host)")
+        h.listener.max_per_host = 5
+        h.connect()
+        h.until(lambda: len(h.listener.connections) == 2)
+        h.connect()
+        h.until(lambda: h.listener.refused == 2)
+        assert caplog.records[-1].getMessage() == (
+            "remoting connection from 127.0.0.1 refused: 2 connections already open "
+            "(--remoting-max-connections)")
+
+
+def test_shedding_stops_as_soon_as_what_is_left_fits_the_budget_exactly(hand, caplog):
+    # Announced frames count whole: small holds 100,000, the budget; big brings 150,000 more.
+    # Closing big leaves exactly the budget, which fits: small stays.
+    h = hand(max_buffer_bytes=100_000)
+    small, big = h.connect(), h.connect()
+    small.sendall(struct.pack(">ii", 100_000, 100) + b"\0" * 92)
+    h.until(lambda: h.listener.held == 100_000)
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        big.sendall(struct.pack(">ii", 150_000, 100) + b"\0" * 92)
+        h.until(lambda: h.listener.over_budget)
+    assert h.listener.over_budget == 1 and h.listener.held == 100_000
+    assert len(h.listener.connections) == 1
+    assert caplog.records[-1].getMessage() == (
+        "remoting connection from 127.0.0.1 closed: it holds 150000 bytes and all connections "
+        "250000, more than 100000 (--remoting-max-buffer-bytes)")
