@@ -17,10 +17,11 @@ run: $(STAMP)
 
 # Two worker processes, each test file on one worker (module fixtures such as the interop
 # JVMs start once): most of the suite waits on subprocesses, JVMs and timers, so two cores
-# finish it in about half the time. TEST_WORKERS=0 runs it in this process.
+# finish it in about half the time. TEST_WORKERS=0 runs it in this process. Files are handed
+# out longest first (tests/conftest.py's LONGEST_FIRST), not xdist's most-tests-first.
 TEST_WORKERS ?= 2
 test: $(STAMP) rocketmq-jars agent-jar
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The real RocketMQ jars for tests/interop (4.9.7, 5.3.3, 5.5.0: the version matrix), fetched
 # once into a cache outside git (${ZNS_ROCKETMQ_CACHE:-~/.cache/zns}/rocketmq-VERSION, one line

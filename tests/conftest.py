@@ -21,7 +21,38 @@ from helpers import (  # noqa: F401  (re-exported for modules that import them f
 SERVER_FIXTURES = {"server", "make_server", "process_server", "rocketmq_env", "rmq", "rmq_module"}
 
 
+# The test files that take longest (JVMs, subprocesses, fuzz budgets), longest first, as
+# `--durations` measured them. `make test` runs files whole on two workers (--dist loadfile,
+# --no-loadscope-reorder): a long file handed out last keeps one worker busy while the other
+# idles, and xdist's own order (most tests first) handed these out last, since most have one
+# to seven tests. The list only orders the run; a file missing from it runs after these.
+LONGEST_FIRST = [
+    "interop/test_agent.py", "interop/test_zns_nameserver.py", "test_bench_smoke.py",
+    "interop/test_java_nameserver.py", "interop/test_fidelity_brokers.py", "test_peers.py",
+    "test_remoting_live_fuzz.py", "interop/test_version_matrix.py", "test_packaging.py",
+    "test_fuzz.py", "interop/test_differential.py", "test_server_hardening.py",
+    "test_peer_resets.py", "test_kv_crash.py", "test_idle_cpu.py", "test_faults.py",
+    "test_remoting_listener.py", "test_remoting_fuzz.py", "test_types.py",
+]
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """LONGEST_FIRST's files first, then the rest by number of tests (xdist's own order); the
+    sort is stable, so each file's tests keep their order."""
+    tests_dir = Path(__file__).resolve().parent
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    files = [item.path.relative_to(tests_dir).as_posix() if item.path.is_relative_to(tests_dir)
+             else str(item.path) for item in items]
+    count: dict[str, int] = {}
+    for name in files:
+        count[name] = count.get(name, 0) + 1
+    order = {id(item): (rank.get(name, len(rank)), -count[name])
+             for item, name in zip(items, files)}
+    items.sort(key=lambda item: order[id(item)])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    longest_first(items)
     # A module of zns/drivers or zns/cli is mutated with its socket tests (tools/mutate.py).
     if not MUTATION or os.environ.get("ZNS_MUTATION_SOCKETS") == "1":
         return
