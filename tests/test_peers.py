@@ -20,6 +20,10 @@ from zns.core.errors import EndpointError
 from zns.drivers.peers import PeerLinks
 
 ADDR = "10.0.0.1:10911"
+# The timeout the hinted server gives the broker the peer expires. A hint removes it at the
+# later of the grace and a quarter of this timeout (§10): 20 s -> 5 s after the hint, and
+# its own expiry, 20 s after it registered, is far enough away not to come first under load.
+ON_B_TIMEOUT_MS = 20_000
 BROKER = dict(cluster="c1", broker_name="broker-a", broker_id=0, broker_addr=ADDR)
 
 
@@ -73,13 +77,14 @@ def test_a_broker_one_server_expires_leaves_the_other_within_the_grace(make_serv
     on_b = watch(b)
     wait_linked(on_b, a.router)
     a.peer().ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
-    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
+    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=ON_B_TIMEOUT_MS))
     registered = time.monotonic()
 
     event = removal(on_b)
     assert event.reason == "peer_expired"
-    # Far below B's own 60 s timeout: A's 1 s, the 1 s grace, and slack for a loaded machine.
-    assert time.monotonic() - registered < 30
+    # Below B's own timeout: A's 1 s, then a quarter of B's timeout (5 s), and slack for a
+    # loaded machine (B's own expiry would say "expired").
+    assert time.monotonic() - registered < ON_B_TIMEOUT_MS / 1000
     assert on_b.call("get_route", topic="TopicA").code == "not_found"
     assert ADDR not in live_addrs(on_b)
 
@@ -91,7 +96,7 @@ def test_a_broker_that_keeps_heartbeating_stays_although_a_peer_expired_it(make_
     on_a, on_b = watch(a), watch(b)
     wait_linked(on_b, a.router)
     on_a.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
-    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
+    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=12_000))
 
     stop = threading.Event()
     broker = Peer(b.router)
@@ -106,7 +111,8 @@ def test_a_broker_that_keeps_heartbeating_stays_although_a_peer_expired_it(make_
     try:
         assert removal(on_a).reason == "expired"
         # B got the hint at about this moment; its suspicion would expire the broker
-        # 3 s after a heartbeat unless each heartbeat clears it. Watch for longer.
+        # 3 s after the hint (the grace; a quarter of its 12 s timeout) unless each
+        # heartbeat clears it. Watch for longer.
         until = time.monotonic() + 5
         while time.monotonic() < until:
             assert ADDR in live_addrs(on_b)
@@ -134,7 +140,7 @@ def test_three_servers_in_a_mesh_converge_and_a_live_broker_stays(make_server):
 
     alive = "10.0.0.2:10911"
     for name, peer in on.items():
-        timeout = 1000 if name == "a" else 60_000
+        timeout = 1000 if name == "a" else ON_B_TIMEOUT_MS
         peer.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=timeout))
         peer.ok("register_broker", **register_fields(
             broker_name="broker-b", addr=alive, heartbeat_timeout_ms=timeout))
@@ -176,8 +182,8 @@ def test_hints_travel_one_hop_only(make_server):
     wait_linked(on_b, a.router)
     wait_linked(on_c, b.router)
     a.peer().ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
-    for peer in (on_b, on_c):
-        peer.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
+    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=ON_B_TIMEOUT_MS))
+    on_c.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
 
     assert removal(on_b).reason == "peer_expired"
     # The broker is silent since it registered, so an echoed hint would expire it on C
@@ -206,7 +212,7 @@ def test_a_peer_down_at_start_changes_nothing_and_is_linked_later(make_server):
     assert "10.0.0.9:1" in live_addrs(on_b)
 
     a.peer().ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
-    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
+    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=ON_B_TIMEOUT_MS))
     assert removal(on_b).reason == "peer_expired"
 
 
@@ -237,7 +243,7 @@ def test_a_restarted_peer_changes_nothing_and_is_resubscribed(make_server, same_
     assert "10.0.0.9:1" in live_addrs(on_b)
 
     a.peer().ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
-    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
+    on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=ON_B_TIMEOUT_MS))
     assert removal(on_b).reason == "peer_expired"  # hints flow again
 
 
@@ -251,7 +257,7 @@ def test_cli_peer_options_log_the_link_and_each_hint(process_server):
         on_a = Peer(a.router)
         on_a.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
         on_a.close()
-        on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=60_000))
+        on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=ON_B_TIMEOUT_MS))
         wait_for(lambda: ADDR not in live_addrs(on_b), timeout=20)
         log = b.output()
         assert f"peer {a.router} connected" in log
