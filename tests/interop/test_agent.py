@@ -295,16 +295,25 @@ def test_java_nameserver_or_no_events_leave_the_application_as_it_was_at_no_cost
                     if "WARNING" in ln and ("zns.agent" in ln or "zns-agent" in ln)]
         assert not warnings, warnings  # (Netty's own Unsafe warnings on JDK 24+ are the client's)
 
-        idle = {p: zns_agent.thread_cpu_ms(p.pid, "zns-agent") for p in probes}
+        def cpu() -> dict[tuple[Probe, str], float]:  # CPU time: the agent's thread, and with JeroMQ's
+            return {(p, k): zns_agent.thread_cpu_ms(p.pid, prefix) for p in probes
+                    for k, prefix in (("own", "zns-agent$"), ("all", "zns-agent"))}
+
+        idle = cpu()
         time.sleep(IDLE_S)  # a window in which nothing changes: what the agent costs then
-        spent = {p: zns_agent.thread_cpu_ms(p.pid, "zns-agent") - idle[p] for p in probes}
+        spent = {key: ms - idle[key] for key, ms in cpu().items()}
         threads = {p: sorted(n for n in zns_agent.thread_names(p.pid) if n.startswith("zns-agent")) for p in probes}
-        print(f"  agent CPU over {IDLE_S:.0f} s: on the Java NameServer {spent[on_java]:.0f} ms, no events "
-              f"{spent[no_events]:.0f} ms, following zns ({newest}) {spent[following]:.0f} ms; "
-              f"threads {threads[on_java]} / {threads[following]}")
+        print(f"  agent CPU over {IDLE_S:.0f} s, its thread (with JeroMQ's): on the Java NameServer "
+              f"{spent[on_java, 'own']:.1f} ms, no events {spent[no_events, 'own']:.1f} ms "
+              f"({spent[no_events, 'all']:.1f}), following zns ({newest}) {spent[following, 'own']:.1f} ms "
+              f"({spent[following, 'all']:.1f}); threads {threads[on_java]} / {threads[following]}")
         assert threads[on_java] == ["zns-agent"], threads[on_java]  # idle: no JeroMQ context
         assert len(threads[following]) == 3, threads[following]    # + JeroMQ's I/O and reaper threads
-        assert all(ms <= IDLE_S * 10 for ms in spent.values()), spent  # 1 % of a core at most, usually 0-10 ms
+        # Following zns with nothing changing, the agent's thread is within the budget of 0.1 %
+        # of a core (it wakes every third hb and reads the clients' tables every 10 s at most).
+        assert spent[following, "own"] <= IDLE_S * 1.0, spent
+        # Retrying (a dead endpoint every 2 s) or backing off, with JeroMQ's threads: 1 % at most.
+        assert all(ms <= IDLE_S * 10 for ms in spent.values()), spent
 
         for p in (on_java, no_events):
             summary = p.stop()

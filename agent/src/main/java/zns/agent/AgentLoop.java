@@ -1,5 +1,8 @@
 package zns.agent;
 
+import java.io.IOException;
+import java.nio.channels.SelectionKey;
+import java.nio.channels.Selector;
 import java.util.ArrayList;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
@@ -17,13 +20,26 @@ import org.zeromq.ZMQ;
  * refresh what the events name.
  *
  * <p>It sleeps until something is due: an event on a followed stream, the next heartbeat
- * deadline, a follower's next attempt, or the next look at the clients (every second while
- * any client exists, to see new topics and instances). With no RocketMQ client loaded it
- * sleeps until the class is loaded. The JeroMQ context (which adds two daemon I/O threads)
- * exists only while some follower has a socket.
+ * deadline, a follower's next attempt, or the next look at the clients' tables. Those
+ * tables change in two ways: the agent's own refreshes (the follower looks again right
+ * after each, so a broker new to a route is subscribed at once) and the application
+ * starting to use a topic, a client or a NameServer list, which nothing announces. So the
+ * tables are read a second after a change was seen, then at doubling intervals up to
+ * {@link #SYNC_MAX_MS} while nothing changes: an idle agent reads them a few times a
+ * minute, not every second. With no RocketMQ client loaded it sleeps until the class is
+ * loaded. The JeroMQ context (which adds two daemon I/O threads) exists only while some
+ * follower has a socket.
  */
 final class AgentLoop implements Runnable {
-    static final long SYNC_MS = 1000;
+    static final long SYNC_MIN_MS = 1000;
+    /**
+     * The longest wait between two reads of the tables: how late a topic the application
+     * has just started to use can be followed. Its client pulled that topic's route itself
+     * at first use, and the follower pulls it once more when it subscribes (protocol step
+     * 2), so the only cost is that a change within those seconds arrives at that pull
+     * instead of at once: still well ahead of the client's own 30 s poll.
+     */
+    static final long SYNC_MAX_MS = 10_000;
     private static final long NO_CLIENT_SLEEP_MS = 60_000;
 
     private final AgentConfig config;
@@ -31,10 +47,11 @@ final class AgentLoop implements Runnable {
     private final Map<String, Follower> followers = new LinkedHashMap<>();
     private final Map<String, RocketMqClients.Group> groups = new LinkedHashMap<>();
     private ZContext context;
-    private ZMQ.Poller poller;
-    private final List<Follower> polled = new ArrayList<>();
-    private final List<ZMQ.Socket> polledSockets = new ArrayList<>();
+    private Selector selector;
+    private final Map<Follower, SelectionKey> registered = new LinkedHashMap<>();
+    private boolean moreQueued;
     private long nextSyncMs;
+    private long syncIntervalMs = SYNC_MIN_MS;
     private volatile boolean stopped;
 
     AgentLoop(AgentConfig config, RocketMqClients clients) {
@@ -71,12 +88,12 @@ final class AgentLoop implements Runnable {
         closeAll();
     }
 
-    private void step() {
+    private void step() throws IOException {
         long now = nowMs();
         if (now >= nextSyncMs || (clients.scanPending() && !clients.anyManager())) {
-            sync(now);
+            syncIntervalMs = sync(now) ? SYNC_MIN_MS : Math.min(SYNC_MAX_MS, syncIntervalMs * 2);
             // a class load was noted but the class is not defined yet: look again shortly
-            nextSyncMs = now + (clients.anyManager() ? SYNC_MS : clients.scanPending() ? 100 : NO_CLIENT_SLEEP_MS);
+            nextSyncMs = now + (clients.anyManager() ? syncIntervalMs : clients.scanPending() ? 100 : NO_CLIENT_SLEEP_MS);
         }
         long deadline = nextSyncMs;
         for (Follower f : followers.values()) {
@@ -85,23 +102,33 @@ final class AgentLoop implements Runnable {
         }
         releaseContextIfUnused();
         long wait = Math.max(1, deadline - nowMs());
-        if (rebuildPoller()) {
-            poller.poll(wait);
+        if (register()) {
+            if (moreQueued) {
+                selector.selectNow();
+            } else {
+                selector.select(wait);
+            }
+            selector.selectedKeys().clear();
+            // every socket is read whichever woke the loop: one follower is the usual case,
+            // and a read to EAGAIN is what re-arms a socket's descriptor
             long t = nowMs();
-            for (int i = 0; i < polled.size(); i++) {
-                if (poller.pollin(i)) {
-                    polled.get(i).drain(t, Follower.DRAIN_MAX);
-                }
+            moreQueued = false;
+            for (Follower f : registered.keySet()) {
+                moreQueued |= f.drain(t, Follower.DRAIN_MAX) >= Follower.DRAIN_MAX;
             }
         } else {
             LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(wait)); // unparked when RocketMQ loads
         }
         for (Follower f : followers.values()) {
-            f.flush();
+            if (f.flush()) {
+                f.syncSubscriptions(); // the pulls may have put new brokers in the routes
+            }
         }
     }
 
-    private void sync(long now) {
+    /** Reads the clients' tables; false when nothing changed since the last read. */
+    private boolean sync(long now) {
+        boolean changed = false;
         Map<String, List<Object>> found = clients.instancesByNamesrv();
         for (Map.Entry<String, List<Object>> e : found.entrySet()) {
             RocketMqClients.Group g = groups.get(e.getKey());
@@ -109,8 +136,9 @@ final class AgentLoop implements Runnable {
                 g = new RocketMqClients.Group(e.getKey(), e.getValue());
                 groups.put(e.getKey(), g);
                 followers.put(e.getKey(), new Follower(e.getKey(), g, config, this::context, now));
+                changed = true;
             } else {
-                g.update(e.getValue());
+                changed |= g.update(e.getValue());
             }
         }
         for (Iterator<Map.Entry<String, Follower>> it = followers.entrySet().iterator(); it.hasNext(); ) {
@@ -119,10 +147,12 @@ final class AgentLoop implements Runnable {
                 e.getValue().close();
                 groups.remove(e.getKey());
                 it.remove();
+                changed = true;
             } else {
-                e.getValue().syncSubscriptions();
+                changed |= e.getValue().syncSubscriptions();
             }
         }
+        return changed;
     }
 
     private ZContext context() {
@@ -142,44 +172,45 @@ final class AgentLoop implements Runnable {
         return context;
     }
 
-    /** The poller over the current sockets; false when no follower has one. */
-    private boolean rebuildPoller() {
-        List<ZMQ.Socket> now = new ArrayList<>();
-        List<Follower> owners = new ArrayList<>();
-        for (Follower f : followers.values()) {
-            if (f.socket() != null) {
-                now.add(f.socket());
-                owners.add(f);
+    /**
+     * Registers the followers' sockets with the selector (each once, for as long as it
+     * lives); false when no follower has one. The agent waits on the sockets' descriptors
+     * itself rather than with JeroMQ's poller, which rebuilds its registrations and asks
+     * every socket for its events at each call: that was most of an idle agent's CPU, one
+     * wake per hb.
+     */
+    private boolean register() throws IOException {
+        for (Iterator<Map.Entry<Follower, SelectionKey>> it = registered.entrySet().iterator(); it.hasNext(); ) {
+            Map.Entry<Follower, SelectionKey> e = it.next();
+            Follower f = e.getKey();
+            if (followers.get(f.name()) != f || f.socket() == null || e.getValue().attachment() != f.socket()) {
+                e.getValue().cancel();
+                it.remove();
             }
         }
-        if (now.isEmpty()) {
-            closePoller();
-            return false;
+        for (Follower f : followers.values()) {
+            ZMQ.Socket s = f.socket();
+            if (s != null && !registered.containsKey(f)) {
+                if (selector == null) {
+                    selector = Selector.open();
+                }
+                registered.put(f, s.getFD().register(selector, SelectionKey.OP_READ, s));
+            }
         }
-        if (poller != null && now.equals(polledSockets)) {
-            return true;
-        }
-        closePoller();
-        poller = context().createPoller(now.size());
-        for (ZMQ.Socket s : now) {
-            poller.register(s, ZMQ.Poller.POLLIN);
-        }
-        polledSockets.addAll(now);
-        polled.addAll(owners);
-        return true;
+        return !registered.isEmpty();
     }
 
-    private void closePoller() {
-        if (poller != null) {
+    private void closeSelector() {
+        registered.clear();
+        moreQueued = false;
+        if (selector != null) {
             try {
-                poller.close();
-            } catch (RuntimeException e) {
-                // closing with the context
+                selector.close();
+            } catch (IOException | RuntimeException e) {
+                // nothing left to free
             }
         }
-        poller = null;
-        polled.clear();
-        polledSockets.clear();
+        selector = null;
     }
 
     private void releaseContextIfUnused() {
@@ -191,7 +222,7 @@ final class AgentLoop implements Runnable {
                 return;
             }
         }
-        closePoller();
+        closeSelector();
         ZContext c = context;
         context = null;
         try {
@@ -211,7 +242,7 @@ final class AgentLoop implements Runnable {
         }
         followers.clear();
         groups.clear();
-        closePoller();
+        closeSelector();
         if (context != null) {
             try {
                 context.close();

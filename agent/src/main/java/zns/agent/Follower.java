@@ -23,11 +23,19 @@ import org.zeromq.ZMQ;
  * events endpoint (GET_NAMESRV_CONFIG); a NameServer that is not zns or cannot be
  * reached is asked again after a backoff (1 s doubling to {@code maxBackoffMs}, with
  * jitter), and meanwhile the application polls as it always does. <b>Following</b>: a SUB
- * socket subscribed to {@code hb}, to {@code route/<topic>} of every held topic and to
+ * socket subscribed to {@code route/<topic>} of every held topic and to
  * {@code broker/<cluster>/<name>} of every broker in their routes; each event goes through
- * the {@link Recipe} and the topics it names are refreshed by the clients themselves. No
- * hb for three intervals gives the stream up (back to idle, asking again at once, then
- * with backoff).
+ * the {@link Recipe} and the topics it names are refreshed by the clients themselves.
+ *
+ * <p>The {@code hb} comes on a second SUB socket that the loop does not wait on: it is
+ * read whenever the loop wakes anyway and at the silence deadline. An idle agent then
+ * wakes once per three heartbeat intervals instead of at every hb (each wake of a JVM
+ * thread that runs cold code costs a fraction of a millisecond). The events socket
+ * subscribes to {@code hb} only while a new subscription waits for its proof (protocol
+ * step 2: the first hb on that socket after it). No hb for three intervals gives the
+ * stream up (back to idle, asking again at once, then with backoff); since the hb
+ * socket is read at that deadline, a stream that dies is noticed three to six intervals
+ * after its last hb, and meanwhile the application polls as it always does.
  *
  * <p>Logs one line when it starts following (at the first hb, when push is proven to
  * work) and one when it stops or finds no zns, never the same line twice in a row.
@@ -60,6 +68,8 @@ final class Follower {
     private Said said = Said.NOTHING;
 
     private ZMQ.Socket sub;
+    private ZMQ.Socket hbSub;
+    private boolean hbOnSub;
     private String endpoint;
     private String namesrv;
     private Recipe recipe;
@@ -106,7 +116,7 @@ final class Follower {
         return sub == null ? nextAttemptMs : recipe.silentAt();
     }
 
-    /** Periodic work: resolve when idle and due; give up a silent stream; sync subscriptions. */
+    /** Periodic work: resolve when idle and due; read the hb socket; give up a silent stream. */
     void tick(long nowMs) {
         if (sub == null) {
             if (nowMs >= nextAttemptMs) {
@@ -114,7 +124,8 @@ final class Follower {
             }
             return;
         }
-        if (recipe.silent(nowMs)) {
+        drainSocket(hbSub, nowMs, DRAIN_MAX, false);
+        if (sub != null && recipe.silent(nowMs)) {
             stop(nowMs, recipe.sawHb()
                 ? "no heartbeat from " + endpoint + " for " + (3 * hbMs) + " ms"
                 : "no events from " + endpoint + " within " + (3 * hbMs) + " ms", true);
@@ -144,14 +155,22 @@ final class Follower {
         idle(nowMs, why);
     }
 
-    private void follow(String endpoint, long hbMs, String namesrv, long nowMs) {
-        ZMQ.Socket s = zmq.get().createSocket(SocketType.SUB);
+    private static ZMQ.Socket subSocket(ZContext context) {
+        ZMQ.Socket s = context.createSocket(SocketType.SUB);
         s.setLinger(0);
         s.setRcvHWM(RCV_HWM);
         s.setReconnectIVL(200);
         s.setReconnectIVLMax(2000);
-        s.subscribe(HB_CHANNEL);
+        return s;
+    }
+
+    private void follow(String endpoint, long hbMs, String namesrv, long nowMs) {
+        ZMQ.Socket s = subSocket(zmq.get());
+        ZMQ.Socket h = subSocket(zmq.get());
+        h.subscribe(HB_CHANNEL);
         this.sub = s;
+        this.hbSub = h;
+        this.hbOnSub = false;
         this.endpoint = endpoint;
         this.namesrv = namesrv;
         this.hbMs = hbMs;
@@ -159,8 +178,10 @@ final class Follower {
         this.wholesale = false;
         subscribedTopics.clear();
         subscribedBrokers.clear();
+        held = Collections.emptyMap(); // every held topic is new to this socket
         syncSubscriptions();
         try {
+            h.connect(endpoint);
             s.connect(endpoint);
         } catch (RuntimeException e) {
             stop(nowMs, "cannot connect to " + endpoint + ": " + e.getMessage(), false);
@@ -200,24 +221,31 @@ final class Follower {
     }
 
     private void closeSocket() {
-        if (sub != null) {
-            try {
-                sub.close(); // linger 0: queued events are dropped at once
-            } catch (RuntimeException e) {
-                // the context may already be closing; the socket goes with it
+        for (ZMQ.Socket s : new ZMQ.Socket[] {sub, hbSub}) {
+            if (s != null) {
+                try {
+                    s.close(); // linger 0: queued events are dropped at once
+                } catch (RuntimeException e) {
+                    // the context may already be closing; the socket goes with it
+                }
             }
         }
         sub = null;
+        hbSub = null;
         recipe = null;
         dirty.clear();
     }
 
-    /** Brings the subscriptions in line with the topics the clients hold now. */
-    void syncSubscriptions() {
+    /**
+     * Brings the subscriptions in line with the topics the clients hold now; false when
+     * those topics and their brokers are what they were at the last call.
+     */
+    boolean syncSubscriptions() {
         Map<String, Set<String>> now = target.topics();
+        boolean changed = !now.equals(held);
         held = now;
-        if (sub == null) {
-            return;
+        if (sub == null || !changed) {
+            return changed;
         }
         if (wholesale || now.size() > MAX_TOPIC_SUBSCRIPTIONS) {
             if (!wholesale) {
@@ -241,7 +269,8 @@ final class Follower {
             subscribedTopics.retainAll(now.keySet());
             subscribedTopics.addAll(added);
             recipe.subscribed(added);
-            return;
+            awaitProof();
+            return changed;
         }
         List<String> added = new ArrayList<>();
         List<String> removed = new ArrayList<>();
@@ -277,19 +306,38 @@ final class Follower {
         }
         recipe.subscribed(added);
         recipe.unsubscribed(removed);
+        awaitProof();
+        return changed;
     }
 
-    /** Reads every event waiting on the socket (at most `max`); returns how many. */
+    /** New subscriptions are proven by an hb on their own socket: receive hb there until then. */
+    private void awaitProof() {
+        if (recipe.unprovenPending() && !hbOnSub) {
+            sub.subscribe(HB_CHANNEL);
+            hbOnSub = true;
+        }
+    }
+
+    /**
+     * Reads every event waiting (at most `max` on the events socket); returns how many the
+     * events socket had. The hb socket is read first: an hb of an old epoch still queued
+     * there must not come after the new epoch's events.
+     */
     int drain(long nowMs, int max) {
+        drainSocket(hbSub, nowMs, max, false);
+        return drainSocket(sub, nowMs, max, true);
+    }
+
+    private int drainSocket(ZMQ.Socket socket, long nowMs, int max, boolean eventsSocket) {
         int n = 0;
-        while (sub != null && n < max) {
-            byte[] channel = sub.recv(ZMQ.DONTWAIT);
+        while (socket != null && socket == (eventsSocket ? sub : hbSub) && n < max) {
+            byte[] channel = socket.recv(ZMQ.DONTWAIT);
             if (channel == null) {
                 break;
             }
             byte[] body = null;
-            while (sub.hasReceiveMore()) { // an event is [channel, body]; anything more is skipped
-                byte[] part = sub.recv(ZMQ.DONTWAIT);
+            while (socket.hasReceiveMore()) { // an event is [channel, body]; anything more is skipped
+                byte[] part = socket.recv(ZMQ.DONTWAIT);
                 if (body == null) {
                     body = part;
                 }
@@ -309,7 +357,11 @@ final class Follower {
             events++;
             boolean wasProven = recipe.sawHb();
             String oldEpoch = recipe.epoch();
-            Set<String> topics = recipe.onEvent(e, held, nowMs);
+            Set<String> topics = recipe.onEvent(e, held, nowMs, eventsSocket);
+            if (eventsSocket && hbOnSub && e.op.equals("hb") && !recipe.unprovenPending()) {
+                sub.unsubscribe(HB_CHANNEL); // proven: hb only on its own socket again
+                hbOnSub = false;
+            }
             if (!wasProven && recipe.sawHb()) {
                 backoffMs = config.minBackoffMs;
                 if (said != Said.FOLLOWING) {
@@ -345,9 +397,9 @@ final class Follower {
      * and pulled too before any consumer work, so that no producer's topic waits behind a
      * consumer's heartbeat to a new broker (seen: 480 ms).
      */
-    void flush() {
+    boolean flush() {
         if (dirty.isEmpty()) {
-            return;
+            return false;
         }
         for (int round = 0; !dirty.isEmpty() && round < MAX_PULL_ROUNDS; round++) {
             Set<String> topics = inRefreshOrder(dirty);
@@ -369,6 +421,7 @@ final class Follower {
         if (!woken.isEmpty()) {
             Log.debug("consumers woken (" + woken + ")");
         }
+        return true;
     }
 
     /**

@@ -71,13 +71,21 @@ final class Recipe {
         return epoch;
     }
 
+    /** Topics subscribed and not yet proven in force by an hb on their socket. */
+    boolean unprovenPending() {
+        return !unproven.isEmpty();
+    }
+
     /**
      * The held topics to refresh because of `e`.
      *
      * @param held the topics the application holds, each with the brokers of its route
      *             as {@code cluster/brokerName}
+     * @param sameSocket whether `e` came on the socket of the route subscriptions: only an
+     *             hb there proves them in force (step 2); an hb on another socket proves
+     *             the stream alive
      */
-    Set<String> onEvent(Event e, Map<String, Set<String>> held, long nowMs) {
+    Set<String> onEvent(Event e, Map<String, Set<String>> held, long nowMs, boolean sameSocket) {
         Set<String> refresh = new HashSet<>();
         if (epoch != null && !epoch.equals(e.epoch)) { // a new server: every revision is void
             actedOn.clear();
@@ -89,6 +97,9 @@ final class Recipe {
             case "hb":
                 lastHbMs = nowMs;
                 sawHb = true;
+                if (!sameSocket) {
+                    break;
+                }
                 for (String t : unproven) {
                     if (held.containsKey(t)) {
                         refresh.add(t);

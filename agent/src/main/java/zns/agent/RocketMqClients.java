@@ -124,10 +124,8 @@ final class RocketMqClients implements ClassFileTransformer {
 
     private static Collection<?> instancesOf(Class<?> manager) {
         try {
-            Object singleton = manager.getMethod("getInstance").invoke(null);
-            Field f = manager.getDeclaredField("factoryTable");
-            f.setAccessible(true);
-            Object table = f.get(singleton);
+            Object singleton = staticCall(manager, "getInstance");
+            Object table = findField(manager, "factoryTable").get(singleton);
             if (table instanceof Map) {
                 return new ArrayList<>(((Map<?, ?>) table).values());
             }
@@ -195,11 +193,30 @@ final class RocketMqClients implements ClassFileTransformer {
         }
     }
 
+    /**
+     * The methods and fields this agent reads, looked up once per class (each lookup copies a
+     * Method or Field: most of an idle look at the tables was that). A ClassValue keeps them
+     * with the class itself, so an application's class loader that goes away is not held.
+     * Each class's map holds at most the dozen names used here.
+     */
+    private static final ClassValue<Map<String, Object>> MEMBERS = new ClassValue<Map<String, Object>>() {
+        @Override
+        protected Map<String, Object> computeValue(Class<?> type) {
+            return new java.util.concurrent.ConcurrentHashMap<>();
+        }
+    };
+
     private static Field findField(Class<?> c, String name) throws NoSuchFieldException {
+        Map<String, Object> members = MEMBERS.get(c);
+        Object known = members.get("field " + name);
+        if (known instanceof Field) {
+            return (Field) known;
+        }
         for (Class<?> k = c; k != null; k = k.getSuperclass()) {
             try {
                 Field f = k.getDeclaredField(name);
                 f.setAccessible(true);
+                members.put("field " + name, f);
                 return f;
             } catch (NoSuchFieldException e) {
                 // try the superclass
@@ -208,9 +225,23 @@ final class RocketMqClients implements ClassFileTransformer {
         throw new NoSuchFieldException(name);
     }
 
+    private static Method method(Class<?> c, String name) throws NoSuchMethodException {
+        Map<String, Object> members = MEMBERS.get(c);
+        Object known = members.get(name);
+        if (known instanceof Method) {
+            return (Method) known;
+        }
+        Method m = name.equals("updateTopicRouteInfoFromNameServer") ? c.getMethod(name, String.class) : c.getMethod(name);
+        members.put(name, m);
+        return m;
+    }
+
     static Object call(Object target, String method) throws ReflectiveOperationException {
-        Method m = target.getClass().getMethod(method);
-        return m.invoke(target);
+        return method(target.getClass(), method).invoke(target);
+    }
+
+    private static Object staticCall(Class<?> c, String method) throws ReflectiveOperationException {
+        return method(c, method).invoke(null);
     }
 
     private static boolean brokerAdded(Map<String, Set<String>> before, Map<String, Set<String>> after,
@@ -246,8 +277,11 @@ final class RocketMqClients implements ClassFileTransformer {
             this.instances = instances;
         }
 
-        void update(List<Object> instances) {
+        /** False when these are the instances it had (the same objects, in the same order). */
+        boolean update(List<Object> instances) {
+            boolean changed = !instances.equals(this.instances);
             this.instances = instances;
+            return changed;
         }
 
         @Override
@@ -279,7 +313,7 @@ final class RocketMqClients implements ClassFileTransformer {
                     Map<String, Set<String>> before = topicsOf(instance);
                     Set<String> heldHere = before.keySet();
                     boolean any = false;
-                    Method update = instance.getClass().getMethod("updateTopicRouteInfoFromNameServer", String.class);
+                    Method update = method(instance.getClass(), "updateTopicRouteInfoFromNameServer");
                     for (String topic : topics) {
                         if (!heldHere.contains(topic)) {
                             continue;
