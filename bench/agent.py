@@ -23,7 +23,10 @@ without. A ZNS/1 watcher timestamps zns's route events.
 
 from __future__ import annotations
 
+import os
 import re
+import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -130,7 +133,7 @@ def run(config: RunConfig) -> BenchResult:
     out: dict[str, list[float]] = {k: [] for k in (
         "kill_agent", "kill_zns", "kill_plain", "join_agent", "join_plain", "assign_agent", "assign_plain",
         "fail_agent", "fail_plain", "fail_agent_all", "wipe_agent", "unwipe_agent", "kill_agent_after_zns",
-        "drop_agent", "drop_plain")}
+        "drop_agent", "drop_plain", "kill_ended", "ended_zns")}
     with ExitStack() as stack:
         zns = zns_agent.Zns(config.workdir / "zns").start()
         stack.callback(zns.kill)
@@ -157,13 +160,15 @@ def run(config: RunConfig) -> BenchResult:
         for i in range(kills_n):
             victim = ("broker-b", "broker-a")[i % 2]
             reference = i < reference_n
-            killed_at = time.time()
-            brokers[victim].kill()
+            killed_at, ended_at = _kill_timing_its_end(brokers[victim])
+            brokers[victim].kill()  # reaps it
             ev_at = watcher.wait_for(lambda ev: ev["topic"] == topic and victim not in zns_agent.route_brokers(ev),
                                      30, "the route without the killed broker", since=killed_at)
             seen = agent.wait_for("publish", lambda ln: victim not in ln["brokers"], 60, "the agent's producer drops it",
                                   since=killed_at)
             out["kill_zns"].append((ev_at - killed_at) * 1000)
+            out["kill_ended"].append((ended_at - killed_at) * 1000)
+            out["ended_zns"].append((ev_at - ended_at) * 1000)
             out["kill_agent"].append(seen["wall_ms"] - killed_at * 1000)
             out["kill_agent_after_zns"].append(seen["wall_ms"] - ev_at * 1000)
             kill_split = _split(out, "kill", agent, topic, ev_at, seen["wall_ms"])
@@ -246,14 +251,37 @@ def run(config: RunConfig) -> BenchResult:
         idle_probe.wait_agent_line("following zns events", 60)
         time.sleep(2)
         before = zns_agent.thread_cpu_ms(idle_probe.pid, "zns-agent")
+        before_own = zns_agent.thread_cpu_ms(idle_probe.pid, "zns-agent$")
         idle_s = 5.0 if config.quick else IDLE_S
         time.sleep(idle_s)
         idle_cpu = zns_agent.thread_cpu_ms(idle_probe.pid, "zns-agent") - before
+        idle_own = zns_agent.thread_cpu_ms(idle_probe.pid, "zns-agent$") - before_own
         threads = sorted(n for n in zns_agent.thread_names(idle_probe.pid) if n.startswith("zns-agent"))
         heap_kib, heap_classes = _agent_heap(idle_probe.pid)
-        config.log(f"idle: agent threads {threads} used {idle_cpu:.0f} ms CPU in {idle_s:.0f} s; "
+        config.log(f"idle: agent threads {threads} used {idle_cpu:.1f} ms CPU in {idle_s:.0f} s "
+                   f"(its own thread {idle_own:.1f} ms); "
                    f"heap of zns.agent objects {heap_kib:.1f} KiB in {heap_classes} classes")
-    return result(out, kills_n, reference_n, wipes_n, idle_cpu, idle_s, threads, heap_kib, heap_classes)
+    return result(out, kills_n, reference_n, wipes_n, idle_cpu, idle_own, idle_s, threads, heap_kib, heap_classes)
+
+
+def _kill_timing_its_end(broker: rocketmq.Broker) -> tuple[float, float]:
+    """SIGKILL `broker`'s JVM; returns (when it was killed, when its process had ended), both
+    time.time(). The end is read from a pidfd, which the kernel signals after the process's
+    last thread has released its files: its sockets are closed by then (and its address
+    space torn down before them), so zns cannot have learned of the death earlier."""
+    assert broker.proc is not None
+    pid = broker.proc.pid
+    fd = os.pidfd_open(pid)
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        if not poller.poll(30_000):
+            raise BenchError(f"the killed broker {pid} did not end within 30 s")
+        return killed_at, time.time()
+    finally:
+        os.close(fd)
 
 
 def _p99(xs: list[float]) -> list[float]:
@@ -261,7 +289,7 @@ def _p99(xs: list[float]) -> list[float]:
 
 
 def result(out: dict[str, list[float]], kills_n: int, reference_n: int, wipes_n: int, idle_cpu: float,
-           idle_s: float, threads: list[str], heap_kib: float, heap_classes: int) -> BenchResult:
+           idle_own: float, idle_s: float, threads: list[str], heap_kib: float, heap_classes: int) -> BenchResult:
     plain = "the same application without the agent"
 
     def fig(name: str, key: str, budget: float | None, ref_key: str | None, note: str = "") -> list[Figure]:
@@ -277,6 +305,13 @@ def result(out: dict[str, list[float]], kills_n: int, reference_n: int, wipes_n:
     figures += fig("broker SIGKILL → zns publishes the route without it", "kill_zns", None, None,
                    "the kernel closes a killed JVM's sockets while it tears the process down (its large "
                    "mappings first): the floor under every figure that starts at the kill")
+    if out["kill_ended"]:
+        figures += fig("broker SIGKILL, split: the kill → the kernel has ended the process (pidfd)", "kill_ended",
+                       None, None, "the kernel's part: the sockets are closed before the pidfd says the "
+                       "process ended")
+        figures += fig("broker SIGKILL, split: the process ended → zns's event at the watcher", "ended_zns", None,
+                       None, "zns's part (the closed connection noticed, the route rebuilt, the event sent) "
+                       "plus the watcher's receipt; at most this, since the sockets closed a little earlier")
     figures += fig("zns's route event → the producer stops choosing the killed broker's queues",
                    "kill_agent_after_zns", 200.0, None, "what the agent adds: the event, the client's own pull")
     figures += fig("broker SIGKILL → the producer stops choosing its queues", "kill_agent", None, "kill_plain",
@@ -313,8 +348,10 @@ def result(out: dict[str, list[float]], kills_n: int, reference_n: int, wipes_n:
                               out["fail_agent_all"], note="the trials without the reference"))
     figures.append(Figure(f"agent threads' CPU while nothing changes ({idle_s:.0f} s)", "ms", [idle_cpu],
                           target=Target("value", "<=", idle_s * 1000 * 0.001),
-                          note=f"budget 0.1 % of a core; threads {', '.join(threads)}; /proc per-thread user+system "
-                               "time, in 10 ms ticks"))
+                          note=f"budget 0.1 % of a core; threads {', '.join(threads)} (JeroMQ's I/O thread "
+                               "handles each hb as it comes); /proc per-thread schedstat, ns"))
+    figures.append(Figure(f"the agent's own thread's CPU while nothing changes ({idle_s:.0f} s)", "ms", [idle_own],
+                          note="it reads the hb socket every third hb and the clients' tables every 10 s at most"))
     figures.append(Figure("heap held by the agent's objects (live, after a full GC)", "KiB", [heap_kib],
                           note=f"{heap_classes} classes of zns.agent.* (JeroMQ shaded included) have live "
                                "instances; JeroMQ's socket buffers are JDK classes and not counted"))
