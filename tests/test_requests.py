@@ -17,6 +17,8 @@ from zns.core.schema import Error, GetTopics, GetTopicsReply, decode_request, en
 from zns.drivers import requests
 from zns.drivers.requests import call, call_all, call_any
 
+from helpers import wait_for
+
 pytestmark = pytest.mark.timeout(60)
 
 Answer = Callable[[Any], Any]  # request -> reply to send (None: stay silent)
@@ -211,3 +213,66 @@ def test_call_all_uses_the_process_context_by_default(servers) -> None:
     ns = servers(topics("a"))
     results = call_all([ns.endpoint], GetTopics(), timeout=0.1)
     assert isinstance(results[ns.endpoint], NameServerUnavailable)
+
+
+def _another_op(request: Any) -> bytes:
+    return encode({"op": "kv_put", "id": request.id})
+
+
+def test_call_any_and_call_all_refuse_a_reply_of_another_op(ctx, servers) -> None:
+    ns = servers(_another_op)
+    with pytest.raises(msgspec.DecodeError):
+        call_any([ns.endpoint], GetTopics(), context=ctx)
+    with pytest.raises(msgspec.DecodeError):
+        call_all([ns.endpoint], GetTopics(), context=ctx)
+
+
+@pytest.mark.parametrize("which", ["call", "call_any", "call_all"])
+def test_the_default_timeout_is_3_seconds(servers, which, monkeypatch) -> None:
+    ns = servers(silent)
+    waited: list[int] = []
+    real_poll = zmq.Socket.poll
+
+    # The wait is cut short (the timeout asked for is recorded, then 50 ms waited).
+    def poll(self: zmq.Socket, timeout: int | None = None, flags: int = zmq.POLLIN) -> int:
+        waited.append(timeout)  # type: ignore[arg-type]
+        return real_poll(self, 50, flags)
+
+    real_poller_poll = zmq.Poller.poll
+
+    def poller_poll(self: zmq.Poller, timeout: int | None = None) -> list:
+        waited.append(timeout)  # type: ignore[arg-type]
+        return real_poller_poll(self, 50)
+
+    monkeypatch.setattr(zmq.Socket, "poll", poll)
+    monkeypatch.setattr(zmq.Poller, "poll", poller_poll)
+    if which == "call":
+        with pytest.raises(NameServerUnavailable, match="within 3 s"):
+            call(ns.endpoint, GetTopics())
+    elif which == "call_any":
+        with pytest.raises(NameServerUnavailable, match="within 3 s"):
+            call_any([ns.endpoint], GetTopics())
+    else:
+        clock = iter([100.0, 100.0, 200.0])
+        monkeypatch.setattr(requests, "time", type("T", (), {"monotonic": staticmethod(lambda: next(clock))}))
+        results = call_all([ns.endpoint], GetTopics())
+        assert str(results[ns.endpoint]) == f"no answer from {ns.endpoint} within 3 s"
+    assert waited[0] == 3000
+
+
+def test_call_all_with_the_time_exactly_up_asks_nobody_more(ctx, servers, monkeypatch) -> None:
+    ns = servers(topics("a"))
+    real = time.monotonic
+    readings = iter([50.0, 50.5])
+
+    def monotonic() -> float:
+        value = next(readings)
+        if value == 50.5:  # the reply is there by now: only the deadline keeps it out
+            wait_for(lambda: ns.received, timeout=10)
+            time.sleep(0.2)
+        return value
+
+    monkeypatch.setattr(requests, "time", type("T", (), {"monotonic": staticmethod(monotonic)}))
+    results = call_all([ns.endpoint], GetTopics(), timeout=0.5, context=ctx)
+    assert isinstance(results[ns.endpoint], NameServerUnavailable)
+    assert real() > 0

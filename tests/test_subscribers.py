@@ -4,7 +4,9 @@ log and the `freed` callback say."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 import socket
 from collections.abc import Iterator
@@ -13,6 +15,7 @@ import pytest
 import zmq
 
 from zns.core.subscriptions import SubscriptionBudget, subscription_cost
+from zns.drivers import subscribers as subscribers_module
 from zns.drivers.descriptors import Listener
 from zns.drivers.subscribers import MONITORED, RCVHWM, READ_PER_PASS, Subscribers
 
@@ -127,7 +130,7 @@ def test_the_xpub_passes_every_unsubscription_up(ctx) -> None:
 
 def test_a_connection_over_its_budget_is_cut_logged_and_its_cost_freed(ctx, caplog) -> None:
     cost = subscription_cost(b"route/T1")
-    budget = SubscriptionBudget(per_peer=cost, total=10**9)
+    budget = SubscriptionBudget(per_peer=cost + 10, total=10**9)
     port = Port(ctx, budget)
     try:
         sub = port.sub()
@@ -141,11 +144,8 @@ def test_a_connection_over_its_budget_is_cut_logged_and_its_cost_freed(ctx, capl
         (record,) = [r for r in caplog.records if r.name == "zns"]
         assert record.levelno == logging.WARNING
         assert re.fullmatch(r"""events subscriber "\('127\.0\.0\.1', \d+\)" disconnected: its """
-                            rf"subscriptions cost more than its budget of {cost} bytes "
+                            rf"subscriptions cost more than its budget of {cost + 10} bytes "
                             r"\(1 cut since start\)", record.getMessage())
-        # what a cut connection still sends is not counted
-        sub.subscribe(b"route/T3")
-        port.subscribers.handle()
         assert budget.cost(fd) == 0 and budget.held == 0
         # libzmq reports it closed: the descriptor names nobody any more
         port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, fd)
@@ -285,3 +285,122 @@ def test_the_default_freed_callback_does_nothing(ctx) -> None:
 def _readable(sock: socket.socket) -> bool:
     import select
     return bool(select.select([sock], [], [], 0)[0])
+
+
+def test_what_a_connection_being_cut_still_sends_is_not_counted(ctx) -> None:
+    budget = SubscriptionBudget()
+    port = Port(ctx, budget)
+    try:
+        sub = port.sub()
+        sub.subscribe(b"route/T1")
+        port.pump(lambda: budget.held)
+        fd = _fd_of(budget)
+        port.subscribers._cut_fds.add(fd)  # cut, and libzmq has not yet reported it closed
+        sub.subscribe(b"route/T2")
+        wait_for(lambda: port.xpub.poll(0), timeout=10)
+        port.subscribers.handle()
+        assert budget.cost(fd) == subscription_cost(b"route/T1")
+    finally:
+        port.close()
+
+
+def test_a_subscription_whose_connection_has_no_descriptor_is_not_counted(ctx) -> None:
+    budget = SubscriptionBudget()
+    xpub = ctx.socket(zmq.XPUB)
+    sub = ctx.socket(zmq.SUB)
+    try:
+        subscribers = Subscribers(xpub, budget)
+        xpub.bind("inproc://no-descriptor")  # inproc: libzmq names no descriptor (SRCFD fails)
+        sub.connect("inproc://no-descriptor")
+        sub.subscribe(b"route/T")
+        wait_for(lambda: xpub.poll(0), timeout=10)
+        subscribers.handle()
+        assert budget.held == 0 and budget._cost == {}
+        assert xpub.poll(0) == 0  # read, not left waiting
+    finally:
+        sub.close(0)
+        xpub.close(0)
+
+
+class FakeFrame:
+    def __init__(self, data: bytes, fd: int | None) -> None:
+        self.bytes = data
+        self._fd = fd
+
+    def get(self, option: int) -> int:
+        assert option == zmq.SRCFD
+        if self._fd is None:
+            raise zmq.ZMQError(errno.EINVAL)
+        return self._fd
+
+
+class FakeXPub:
+    """Hands `handle()` the frames queued by the test, then zmq.Again."""
+
+    def __init__(self) -> None:
+        self.frames: list[FakeFrame] = []
+        self.options: dict[int, int] = {}
+
+    def setsockopt(self, option: int, value: int) -> None:
+        self.options[option] = value
+
+    def recv(self, flags: int = 0, copy: bool = True) -> FakeFrame:
+        assert flags == zmq.NOBLOCK and copy is False
+        if not self.frames:
+            raise zmq.Again()
+        return self.frames.pop(0)
+
+
+def test_one_pass_reads_every_waiting_message_past_the_ones_it_skips() -> None:
+    xpub, budget = FakeXPub(), SubscriptionBudget()
+    subscribers = Subscribers(xpub, budget)  # type: ignore[arg-type]
+    assert xpub.options == {zmq.XPUB_VERBOSE: 1, zmq.XPUB_VERBOSER: 1, zmq.RCVHWM: 2}
+    subscribers._cut_fds.add(9)
+    xpub.frames = [
+        FakeFrame(b"", 5),            # empty
+        FakeFrame(b"\x02zz", 5),      # not a (un)subscription
+        FakeFrame(b"\x01yy", None),   # no descriptor
+        FakeFrame(b"\x01xx", 9),      # a connection being cut
+        FakeFrame(b"\x01ab", 5),
+        FakeFrame(b"\x00ab", 5),      # unsubscribed at once
+        FakeFrame(b"\x01cd", 5),
+        FakeFrame(b"\x01cd", 0),      # descriptor 0 is a descriptor like any other
+    ]
+    subscribers.handle()
+    assert xpub.frames == []
+    assert budget._channels == {5: {b"cd"}, 0: {b"cd"}}
+
+
+def test_one_pass_reads_at_most_10000_messages() -> None:
+    xpub, budget = FakeXPub(), SubscriptionBudget()
+    subscribers = Subscribers(xpub, budget)  # type: ignore[arg-type]
+    xpub.frames = [FakeFrame(b"\x01%d" % i, 5) for i in range(READ_PER_PASS + 3)]
+    subscribers.handle()
+    assert len(xpub.frames) == 3 and len(budget._channels[5]) == READ_PER_PASS
+
+
+class _Refusing(socket.socket):
+    error = errno.ENOTCONN
+
+    def shutdown(self, how: int) -> None:
+        raise OSError(self.error, os.strerror(self.error))
+
+
+@pytest.mark.parametrize("error, raised", [(errno.ENOTCONN, False), (errno.EBADF, True)])
+def test_a_connection_already_gone_when_cut_is_no_error(monkeypatch, error, raised) -> None:
+    import types
+
+    _Refusing.error = error
+    monkeypatch.setattr(subscribers_module, "socket", types.SimpleNamespace(
+        socket=_Refusing, AF_UNIX=socket.AF_UNIX, SHUT_RDWR=socket.SHUT_RDWR))
+    freed: list[int] = []
+    subs = Subscribers(FakeXPub(), SubscriptionBudget(per_peer=7), freed=freed.append)  # type: ignore[arg-type]
+    a, b = socket.socketpair()
+    with a, b:
+        subs._local = (socket.AF_UNIX, "")
+        if raised:
+            with pytest.raises(OSError):
+                subs._cut(a.fileno(), 3)
+        else:
+            subs._cut(a.fileno(), 3)
+            assert freed == [3]

@@ -122,11 +122,13 @@ MODULES: dict[str, list[str]] = {
     # An XPUB and SUBs in process, handle() called by the test (seconds); tests/test_subscriptions.py
     # runs the same code inside a server, a subscriber of 2,000 KiB subscriptions at a time.
     "drivers/subscribers": ["tests/test_subscribers.py"],
-    "drivers/descriptors": ["tests/test_server_hardening.py", "tests/test_server_wiring.py",
-                            "-k", "not 4_mib_subscription"],
-    "drivers/request_router": ["tests/test_server_wiring.py", "tests/test_server.py",
-                               "tests/test_server_hardening.py", "tests/test_bounds_wire.py",
-                               "-k", "not stall_of_the_process and not 4_mib_subscription"],
+    # The guard in process with `now` passed in, its monitor fed by the test, a real forked
+    # shedding child (seconds). tests/test_server_hardening.py runs a server out of descriptors
+    # in a subprocess, which mutmut cannot see.
+    "drivers/descriptors": ["tests/test_descriptors.py", "tests/test_server_wiring.py"],
+    # The router against DEALERs on inproc, a fake service and clock (seconds); then a Server
+    # made and closed. tests/test_server_hardening.py runs the same bounds against live servers.
+    "drivers/request_router": ["tests/test_request_router.py", "tests/test_server_wiring.py"],
     # One-shot calls against fake NameServers in process (seconds).
     "drivers/requests": ["tests/test_requests.py"],
     # The helpers in process (seconds); then the peer links, which open and read their sockets.
@@ -135,6 +137,8 @@ MODULES: dict[str, list[str]] = {
                             "-k", "not zns_watch and not zns_broker"],
     "drivers/async_client": ["tests/test_async_client.py", "tests/test_background_failure.py"],
     "drivers/io_errors": ["tests/test_io_errors.py"],
+    # The supervisor forks the test process itself: a mutant runs in parent and child alike.
+    "drivers/supervisor": ["tests/test_supervisor.py"],
     "cli/options": ["tests/test_config.py", "tests/test_cli_validation.py", "tests/test_cli_options.py"],
     "cli/tools": ["tests/test_cli_tools.py", "tests/test_cli_output.py",
                   "tests/test_background_failure.py::test_zns_broker_exits_with_one_line_when_its_agent_thread_dies",
@@ -143,8 +147,12 @@ MODULES: dict[str, list[str]] = {
                   "tests/test_background_failure.py::test_zns_watch_exits_with_one_line_when_its_client_thread_dies",
                   "tests/test_relay_watch.py::test_watch_starts_with_every_topics_route_each_line_stamped",
                   "tests/test_relay_watch.py::test_watch_says_gone_for_a_topic_deleted_before_it_was_followed_and_notes_a_new_epoch"],
-    # cli/serve and cli/relay are not here: each function there is a click command, which
-    # mutmut does not mutate (no mutants; their work is in Server, write_keypair and Relay).
+    # A click command is not mutated (mutmut cannot wrap a decorated function): `serve` and
+    # `relay` only name their options and call _serve / _relay, whose tests fake the driver.
+    "cli/serve": ["tests/test_cli_serve_unit.py", "tests/test_cli_serve.py",
+                  "-k", "not real_server and not signals and not loopback_bind and not one_log_line "
+                        "and not in_use"],
+    "cli/relay": ["tests/test_cli_relay.py"],
     "cli/params": ["tests/test_cli_validation.py", "tests/test_cli_commands.py"],
     "cli/app": ["tests/test_cli_serve.py", "tests/test_cli_tools.py", "tests/test_cli_commands.py",
                 "-k", "not real_server and not signals and not loopback_bind and not one_log_line and not in_use and not broker_command_registers"],
@@ -241,6 +249,47 @@ EQUIVALENT: dict[str, str] = {
         "reading 4097 bytes at a time for 4096: the loop reads until nothing is left either way",
     "zns.drivers.sockets.xǁWakerǁwake__mutmut_2":
         "a 5-byte wake-up for 1 byte: any byte wakes the poller, and drain reads them all",
+    "zns.drivers.requests.x_call__mutmut_17":
+        "waiting timeout x 1.001: a millisecond more per second waited, nothing a caller can tell",
+    "zns.drivers.requests.x_call_all__mutmut_32": "as call__mutmut_17",
+    "zns.drivers.requests.x_call__mutmut_25":
+        "close(None) for close(0): the socket's own LINGER is 0 (open_socket)",
+    "zns.drivers.requests.x_call__mutmut_26":
+        "close(1) for close(0): closing may wait 1 ms for an unsent request, nothing a caller can tell",
+    "zns.drivers.requests.x_call_all__mutmut_48": "as call__mutmut_25",
+    "zns.drivers.requests.x_call_all__mutmut_49": "as call__mutmut_26",
+    "zns.drivers.requests.x_call_any__mutmut_39": "as call__mutmut_25",
+    "zns.drivers.requests.x_call_any__mutmut_40": "as call__mutmut_26",
+    "zns.drivers.requests.x_call_all__mutmut_23":
+        "`<=` for `<`: once every NameServer answered, every socket is unregistered, and a "
+        "poller with none returns at once: the loop ends the same",
+    "zns.drivers.subscribers.xǁSubscribersǁ__init____mutmut_10":
+        "XPUB_VERBOSE 2 for 1: libzmq reads the option as a truth value",
+    "zns.drivers.subscribers.xǁSubscribersǁ__init____mutmut_15": "as __init____mutmut_10 (XPUB_VERBOSER)",
+    "zns.drivers.subscribers.xǁSubscribersǁhandle__mutmut_14":
+        "peer -2 for -1 when libzmq names no descriptor: any negative one is skipped",
+    "zns.drivers.subscribers.xǁSubscribersǁhandle__mutmut_5":
+        "recv(copy=None) for copy=False: pyzmq reads copy only as a truth value (a Frame either way)",
+    "zns.drivers.request_router.xǁRequestRouterǁ__init____mutmut_12": "_draining = None for False: only ever read as a truth value",
+    "zns.drivers.request_router.xǁRequestRouterǁ_drain__mutmut_15":
+        "count -= 1: -n % 1024 == 0 exactly when n % 1024 == 0, so the clock is read at the same frames",
+    "zns.drivers.request_router.xǁRequestRouterǁrun__mutmut_96": "served -= 1: as _drain__mutmut_15 (every 16 requests either way)",
+    "zns.drivers.request_router.xǁRequestRouterǁ_drain__mutmut_8":
+        "recv(copy=None) for copy=False: pyzmq reads copy only as a truth value (a Frame either way)",
+    "zns.drivers.request_router.xǁRequestRouterǁrun__mutmut_16": "as _drain__mutmut_8",
+    "zns.drivers.request_router.xǁRequestRouterǁrun__mutmut_40": "as _drain__mutmut_8",
+    "zns.drivers.request_router.xǁRequestRouterǁconfigure__mutmut_5": "ROUTER_MANDATORY 2 for 1: libzmq reads the option as a truth value",
+    "zns.drivers.request_router.xǁRequestRouterǁconfigure__mutmut_10": "ROUTER_HANDOVER 2 for 1: as configure__mutmut_5",
+    "zns.drivers.request_router.xǁRequestRouterǁrun__mutmut_37":
+        "envelope = None for [] after a drop: both falsy, and envelope is then only read as a truth value",
+    "zns.drivers.request_router.xǁRequestRouterǁrun__mutmut_52": "as run__mutmut_37",
+    "zns.drivers.request_router.xǁRequestRouterǁrun__mutmut_79":
+        "_send(copy=None) for copy=False: a frame sent copied or not, the same bytes leave",
+    "zns.drivers.request_router.xǁRequestRouterǁrun__mutmut_83": "as run__mutmut_79 (copy left at its default, True)",
+    "zns.drivers.request_router.xǁRequestRouterǁrun__mutmut_84": "as run__mutmut_79 (copy=True)",
+    "zns.drivers.request_router.xǁRequestRouterǁrun__mutmut_90":
+        "the reply's last frame sent without DONTWAIT: libzmq checks a peer's high-water mark at "
+        "a message's first frame (sent with DONTWAIT); once that is taken the rest of the message is too",
     "zns.cli.options.x__option__mutmut_19":
         "a flag's attribute not named: click derives the same name from `--order-message-enable`",
     "zns.cli.options.x__option__mutmut_22":

@@ -22,6 +22,14 @@ def relay(config: RelayConfig) -> None:
     Every option also reads ZNS_RELAY_<OPTION> (ZNS_RELAY_FROM, ZNS_RELAY_BIND; the log options
     ZNS_LOG_LEVEL and ZNS_LOG_FORMAT) and the --config file's keys.
     """
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    _relay(config, stop)
+
+
+def _relay(config: RelayConfig, stop: threading.Event) -> None:
+    """Relay until `stop` is set (the command sets it on SIGTERM or Ctrl-C)."""
     configure_logging(config.log_level, config.log_format)
     try:
         running = Relay(config.upstream, config.bind, timeout=config.timeout_s)
@@ -32,9 +40,6 @@ def relay(config: RelayConfig) -> None:
     except NameServerUnavailable as exc:
         click.echo(f"zns: {exc}", err=True)
         raise SystemExit(3) from None
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(1.0):
         pass
     running.close()
