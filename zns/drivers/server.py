@@ -52,7 +52,10 @@ SUBSCRIBE_COMMAND_BYTES = 10
 # A connection whose subscriptions freed this much when it closed makes the heap worth trimming.
 FREED_TRIM_BYTES = 1024 * 1024
 __all__ = ["MAX_ENVELOPE_FRAMES", "TCP_TIMEOUT_MS", "Server", "ServerConfig"]
-_DONTWAIT = int(zmq.DONTWAIT)
+# Plain ints and the backend's send, as the request router's (pyzmq's `send_multipart`
+# checks every frame's type and goes through the Python-level `send` for each).
+_DONTWAIT, _SNDMORE_DONTWAIT = int(zmq.DONTWAIT), int(zmq.SNDMORE | zmq.DONTWAIT)
+_send = zmq.backend.Socket.send
 
 
 def _networks_text(networks: tuple | None) -> str:
@@ -282,7 +285,9 @@ class Server:
         return round(self._wall_clock() * 1000)
 
     def _send_event(self, frames: Frames) -> None:
-        self.pub.send_multipart(frames, _DONTWAIT)
+        channel, body = frames
+        _send(self.pub, channel, _SNDMORE_DONTWAIT)
+        _send(self.pub, body, _DONTWAIT)
 
     # --- sockets --------------------------------------------------------
 
