@@ -46,6 +46,8 @@ class FakePoller:
 
 
 class Stall:
+    stall_threshold_ms = 0  # every span is measured
+
     def __init__(self) -> None:
         self.expected: list[int] = []
         self.spans: list[tuple[int, int]] = []  # (wall, cpu) of every source's run
@@ -205,6 +207,90 @@ def test_a_timer_due_during_a_pass_runs_before_the_next_source_not_after_the_pas
     assert published_at == [1]  # its event left before `second` ran
 
 
+class Burst:
+    """A source that hands back early after each unit of work (a request that made events),
+    `units` times, each unit `work_ms` long and putting one event into `outbox`."""
+
+    what = "a burst"
+
+    def __init__(self, clock: FakeClock, outbox: Outbox, units: int, work_ms: int = 0) -> None:
+        self.clock, self.outbox, self.units, self.work = clock, outbox, units, work_ms
+        self.runs: list[tuple[int, int]] = []
+
+    def attach(self, poll: PollSet) -> None:
+        pass
+
+    def next_deadline(self, now: int) -> int | None:
+        return 0 if self.units else None
+
+    def run(self, ready: Any, now: int, until: int) -> bool:
+        self.runs.append((now, until))
+        self.clock.now += self.work
+        self.units -= 1
+        self.outbox.put([(b"event", len(self.runs))])
+        return self.units > 0
+
+
+def test_a_source_that_hands_back_early_runs_again_in_its_slice_after_its_events_left():
+    clock = FakeClock()
+    sent: list[Any] = []
+    outbox = Outbox(sent.append)
+    burst, after = Burst(clock, outbox, units=3), Every(clock, 1)
+    seen: list[int] = []
+    burst_run = burst.run
+
+    def run_and_see(ready: Any, now: int, until: int) -> bool:
+        seen.append(len(sent))
+        return burst_run(ready, now, until)
+
+    burst.run = run_and_see  # type: ignore[method-assign]
+    loop = Loop([burst, after, outbox], clock=clock, stall=Stall(), poll=PollSet(FakePoller(clock)),  # type: ignore[arg-type]
+                cpu_clock=lambda: 0, urgent=[outbox])
+    clock.now = 1
+    loop.run_pass({}, 1)
+    # Three runs in the one pass, each after the previous one's event was sent, all within
+    # the one slice; then the next source.
+    assert seen == [0, 1, 2] and len(sent) == 3
+    assert burst.runs == [(1, 1 + SLICE_MS)] * 3
+    assert after.runs == [(1, 1 + SLICE_MS)]
+
+
+def test_handing_back_early_does_not_stretch_the_slice():
+    clock = FakeClock()
+    outbox = Outbox(lambda frames: None)
+    burst = Burst(clock, outbox, units=100, work_ms=1)
+    loop = Loop([burst, outbox], clock=clock, stall=Stall(), poll=PollSet(FakePoller(clock)),  # type: ignore[arg-type]
+                cpu_clock=lambda: 0, urgent=[outbox])
+    loop.run_pass({}, 0)
+    assert [now for now, _ in burst.runs] == list(range(SLICE_MS))  # none at the slice's end
+    assert {until for _, until in burst.runs} == {SLICE_MS}
+
+
+def test_the_cpu_clock_is_read_only_for_a_span_that_could_hold_a_stall():
+    # The CPU clock is a system call: read once a pass (before the poll), and after a source
+    # only once the span since the last measurement is longer than a stall. The span then
+    # measured starts at the pass (the sources before count), not at the source.
+    clock = FakeClock()
+    cpu_reads: list[int] = []
+    cpu = iter(range(0, 10_000, 7))
+
+    def cpu_clock() -> int:
+        cpu_reads.append(clock.now)
+        return next(cpu)
+
+    short, long = Every(clock, 100, work_ms=40), Every(clock, 100, work_ms=80)
+    stall = Stall()
+    stall.stall_threshold_ms = 100
+    loop = Loop([short, long], clock=clock, stall=stall, poll=PollSet(FakePoller(clock)),  # type: ignore[arg-type]
+                cpu_clock=cpu_clock)
+    made = len(cpu_reads)
+    run_for(loop, clock, 100)
+    # One read before the poll (at 0); `short` (40 ms) alone is no stall; after `long` the
+    # span from the pass's start (100) is 120 ms: measured, against the CPU since the poll.
+    assert cpu_reads[made:] == [0, 220]
+    assert stall.spans == [(120, 7)]
+
+
 # --- pinned by mutation testing (docs/mutation-scores.md) ------------------------------------
 
 
@@ -315,16 +401,14 @@ def test_the_bug_line_names_the_source_and_nothing_else(caplog):
 
 def test_a_sources_cpu_time_is_what_it_spent_not_the_clock_reading():
     clock = FakeClock()
-    cpu = iter([1000, 1030, 2000, 2005])
+    # Read when the loop is made, then before each poll and after each (measured) run.
+    cpu = iter([1000, 1025, 1030, 2000, 2005])
     hb = Every(clock, 100, work_ms=7)
     stall = Stall()
     loop = Loop([hb], clock=clock, stall=stall, poll=PollSet(FakePoller(clock)),  # type: ignore[arg-type]
                 cpu_clock=lambda: next(cpu))
-    clock.now = 100
-    assert loop.run_pass({}, 100) == 107
-    clock.now = 200
-    loop.run_pass({}, 200)
-    assert stall.spans == [(7, 30), (7, 5)]
+    run_for(loop, clock, 200)
+    assert stall.spans == [(7, 5), (7, 5)]
 
 
 def test_a_source_neither_ready_nor_due_does_not_stop_the_ones_after_it():

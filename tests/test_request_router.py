@@ -170,6 +170,23 @@ def test_the_events_of_a_request_go_to_the_outbox(rig: Rig) -> None:
     assert reply_of(peer) == [b"re:ev1"]
 
 
+def test_it_hands_back_after_a_request_that_made_events(rig: Rig) -> None:
+    # So the loop sends them before the next request is read: that read costs a system
+    # call when none waits, which would sit between the reply and its events.
+    peer = rig.peer()
+    for body in (b"ev1", b"plain", b"ev2"):
+        peer.send(body)
+    rig.arrived()  # inproc: the three are in the pipe in order once the first is
+    assert rig.rr.run({}, 1000, 10**9) is True
+    assert [body for body, _, _ in rig.service.calls] == [b"ev1"]
+    assert rig.outbox.put_calls == [[(b"chan", b"ev1")]]
+    assert rig.rr.run({}, 1000, 10**9) is True  # a request without events does not hand back
+    assert [body for body, _, _ in rig.service.calls] == [b"ev1", b"plain", b"ev2"]
+    assert rig.rr.run({}, 1000, 10**9) is False  # none waits
+    assert len(rig.service.calls) == 3
+    assert [reply_of(peer) for _ in range(3)] == [[b"re:ev1"], [b"re:plain"], [b"re:ev2"]]
+
+
 def test_the_peer_key_reaches_the_service_only_with_curve(ctx, monkeypatch) -> None:
     monkeypatch.setattr(request_router, "_user_id", lambda frame: "KEY:" + frame.bytes.decode())
     for with_key, expected in ((True, "KEY:x"), (False, None)):

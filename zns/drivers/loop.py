@@ -9,7 +9,9 @@ the server timers, the heap trim, the outbox): an object that
 - is run when one of its sockets is ready or its deadline is due, with the
   end of a time slice it must stop at (`run(ready, now, until)`): work left
   over is asked for again through its deadline (`now`), never done past the
-  slice,
+  slice; a source may also hand back before its slice ends by returning True
+  (the ZNS/1 router after a request that made events), and is run again
+  within the same slice once the urgent sources below had their turn,
 - says when it next needs to run (`next_deadline(now)`: a time in ms, or
   None for "only when a socket of mine is ready").
 
@@ -18,16 +20,25 @@ deadline of all sources (no fixed-interval wake-up), then run each source
 that is ready or due, in a fixed order -- and after each one, the *urgent*
 sources (the timers, then the outbox) that have come due meanwhile, so an
 expiry waits for at most one source's slice, not for a whole pass of them,
-and its events leave at once -- measuring every source's busy time
-the same way for the §8 stall rule (`StallMeter.ran`) and reading the clock
-again after each, so time spent running is never mistaken for a stall and a
-slow source cannot push the next one's `now` into the past. A bug in a
+and its events leave at once -- reading the clock again after each, so a
+slow source cannot push the next one's `now` into the past. For the §8 stall
+rule (`StallMeter.ran`) the loop compares wall time with the thread's CPU
+time, so time spent running is never mistaken for a stall; the CPU clock is a
+system call (several µs on a VM), so it is read once a pass, before the poll,
+and after a source only once the span since the last reading is longer than a
+stall could be -- never between a request's reply and its events. A bug in a
 source is logged with its traceback and the loop goes on (`NameService.respond`
 is the same boundary for requests). This is Tornado's IOLoop (`add_handler`,
 `call_at`) and aioquic's `get_timer()`/`handle_timer(now)` in one shape.
 
-Events to publish go into one `Outbox` (itself the last source), drained once
-per pass.
+Events to publish go into one `Outbox` (itself the last source, and urgent),
+sent as soon as the source that made them hands back.
+
+What a push costs between a route-changing request's reply and its event
+(bench/results.md, "Changes measured"): reading the next request first costs
+a failing read (a system call) when none waits, hence the router's hand-back;
+the loop's own steps in between are a clock read and the due checks of the
+timers and the outbox, a few µs.
 """
 
 from __future__ import annotations
@@ -58,13 +69,15 @@ class Source(Protocol):
 
     def attach(self, poll: PollSet) -> None: ...
 
-    def run(self, ready: Ready, now: int, until: int) -> None: ...
+    def run(self, ready: Ready, now: int, until: int) -> bool | None: ...
 
     def next_deadline(self, now: int) -> int | None: ...
 
 
 class StallMeter(Protocol):
     """The §8 stall rule's two measurements (`zns.core.timers.ServerTimers`)."""
+
+    stall_threshold_ms: int  # a stand-still no longer than this is not one
 
     def expect(self, wake: int) -> None: ...
 
@@ -119,6 +132,8 @@ class Loop:
         self.poll = poll or PollSet()
         self.wakeups = 0  # polls that returned (tests count them)
         self.last_pass_ms = clock()  # when the last pass completed (/healthz)
+        # Where the stall rule last measured: wall and CPU clock (`_run_one`).
+        self._wall_mark, self._cpu_mark = self.last_pass_ms, self.cpu_clock()
         for source in self.sources:
             source.attach(self.poll)
 
@@ -132,6 +147,9 @@ class Loop:
             deadline = self.next_deadline(now)
             if deadline is not None:
                 self.stall.expect(deadline)
+            # The CPU clock is a system call (µs each on a VM): read here, not between a
+            # request's reply and its events (see `_run_one`).
+            self._cpu_mark = self.cpu_clock()
             ready = dict(self.poll.poller.poll(None if deadline is None else max(0, deadline - now)))
             self.wakeups += 1
             now = self.clock()
@@ -140,31 +158,45 @@ class Loop:
 
     def run_pass(self, ready: Ready, now: int) -> int:
         """Run every source that is ready or due, each followed by the urgent sources due by
-        then; returns the clock after the last one."""
+        then (and run again within its slice while it hands back early); returns the clock
+        after the last one."""
+        self._wall_mark = now
         woken = {self.poll.owners.get(sock) for sock in ready}
+        urgent = self.urgent
         for source in self.sources:
             if source not in woken and not _due(source, now):
                 continue
-            now = self._run_one(source, ready, now)
-            if source in self.urgent:
-                continue
-            for urgent in self.urgent:
-                if _due(urgent, now):
-                    now = self._run_one(urgent, {}, now)
+            until = now + SLICE_MS
+            while True:
+                more, now = self._run_one(source, ready, now, until)
+                if source in urgent:
+                    break
+                for first in urgent:
+                    if _due(first, now):
+                        now = self._run_one(first, {}, now, now + SLICE_MS)[1]
+                if not more or now >= until:
+                    break
         self.last_pass_ms = now
         return now
 
-    def _run_one(self, source: Source, ready: Ready, now: int) -> int:
-        cpu_before = self.cpu_clock()
+    def _run_one(self, source: Source, ready: Ready, now: int, until: int) -> tuple[bool, int]:
+        """Run `source` until `until`; whether it handed back early, and the clock after it."""
+        more = False
         try:
-            source.run(ready, now, now + SLICE_MS)
+            more = bool(source.run(ready, now, until))
         except Exception:
             log.exception("bug while %s; the server carries on", source.what)
         after = self.clock()
-        # A stall can also land while a source works (the process stopped mid-slice):
-        # wall time it did not run. Time it ran is never one.
-        self.stall.ran(after - now, self.cpu_clock() - cpu_before)
-        return after
+        # The §8 stall rule: wall time the loop did not run (the process stopped while a
+        # source worked) is a stall; time it ran is never one. Measured over the span since
+        # the last measurement (the pass's start), and only once that span is longer than a
+        # stall: a shorter one cannot hold one, and the CPU clock is a system call that
+        # would otherwise sit between every reply and its events.
+        if after - self._wall_mark > self.stall.stall_threshold_ms:
+            cpu = self.cpu_clock()
+            self.stall.ran(after - self._wall_mark, cpu - self._cpu_mark)
+            self._wall_mark, self._cpu_mark = after, cpu
+        return more, after
 
 
 def _due(source: Source, now: int) -> bool:

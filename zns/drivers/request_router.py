@@ -92,8 +92,9 @@ class RequestRouter:
         """Whether a request waits (the heap trim runs only when none does)."""
         return self._draining or bool(int(self.router.getsockopt(zmq.EVENTS)) & _POLLIN)
 
-    def run(self, ready: Ready, now: int, until: int) -> None:
-        """Answer waiting requests until `until`.
+    def run(self, ready: Ready, now: int, until: int) -> bool:
+        """Answer waiting requests until `until`; True if it handed back after one that made
+        events, which leave before the next request is read.
 
         Frame by frame with `copy=False`: `recv_multipart` asks the socket for
         RCVMORE after every frame, which costs more than the whole request
@@ -108,13 +109,13 @@ class RequestRouter:
         budget = self.reply_budget
         heavy = budget.heavy_bytes
         if self._draining and not self._drain(until):
-            return
+            return False
         served = 0
         while True:
             try:
                 frame = recv(_NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                return False
             envelope = []
             # The first frame is the routing id the ROUTER itself prepends: the bounds
             # count what the peer sent (a DEALER's request is just its body).
@@ -124,7 +125,7 @@ class RequestRouter:
                 if len(envelope) > MAX_ENVELOPE_FRAMES + 1 or size > max_bytes:
                     self._drop_oversized(len(envelope) - 1, size)
                     if not self._drain(until):
-                        return
+                        return False
                     envelope = []
                     break
                 frame = recv(copy=False)
@@ -148,11 +149,14 @@ class RequestRouter:
                     self.dropped_replies += 1
                 if response.events:
                     put(response.events)
+                    # Hand back so the loop publishes them now: reading the next request
+                    # first would cost a failing read (a system call) when none waits.
+                    return True
             served += 1
             if served % CLOCK_EVERY == 0:
                 now = clock()
                 if now >= until:
-                    return
+                    return False
 
     def _drop_oversized(self, frames: int, size: int) -> None:
         self.dropped_requests += 1
