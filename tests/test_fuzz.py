@@ -235,7 +235,9 @@ def report(capsys, what: str, n: int, counts: Counter, seconds: float) -> None:
 def test_fuzz_respond(capsys):
     service, scratch = seeded_service(), seeded_service()
     before = observable(service)
-    n = 120_000
+    # With the live server's 30,000 and the structured 500: the at least 100,000 inputs a run
+    # that issue 5 asks for (120,000 here until the suite's time asked for less).
+    n = 70_000
     start = time.monotonic()
     counts = run_inputs(Fuzzer(seed=20261130), n, service, scratch)
     assert observable(service) == before
@@ -254,6 +256,9 @@ def msgpack_values() -> st.SearchStrategy[Any]:
 
 
 FIELD_NAMES = sorted({name for seed in SEEDS for name in seed} | {"extra"})
+# Built once: hypothesis validates a recursive strategy when it is first drawn from, and a
+# new one per draw cost ~0.2 s an example (nearly all of this test's time).
+MSGPACK_VALUES = msgpack_values()
 
 
 @st.composite
@@ -261,7 +266,7 @@ def requests(draw: st.DrawFn) -> dict[str, Any]:
     """A seed request with one or two fields (its own or another op's) set to any value."""
     fields = dict(draw(st.sampled_from(SEEDS)))
     for name in draw(st.lists(st.sampled_from(FIELD_NAMES), min_size=1, max_size=2)):
-        fields[name] = draw(msgpack_values())
+        fields[name] = draw(MSGPACK_VALUES)
     return fields
 
 
