@@ -6,10 +6,13 @@ import random
 import subprocess
 import sys
 import threading
+import time
+from typing import Any
 
 import pytest
 
-from helpers import Peer
+from helpers import LOADED_DEADLINE, Peer
+from zns.core import schema
 from zns.drivers.kv_file import KvStore, read_kv_file
 
 NAMESPACE = "crash"
@@ -45,13 +48,11 @@ def test_acknowledged_kv_writes_survive_sigkill(process_server, tmp_path, capsys
                     0, 2000)
                 seq += 1
                 uncertain = (key, model.get(key), value)
-                try:
-                    if value is None:
-                        peer.ok("kv_delete", timeout=3, namespace=NAMESPACE, key=key)
-                    else:
-                        peer.ok("kv_put", timeout=3, namespace=NAMESPACE, key=key, value=value)
-                except AssertionError:
-                    assert srv.proc.poll() is not None, "no reply, yet the server is alive"
+                if value is None:
+                    request = {"op": "kv_delete", "namespace": NAMESPACE, "key": key}
+                else:
+                    request = {"op": "kv_put", "namespace": NAMESPACE, "key": key, "value": value}
+                if not acknowledged_before_death(peer, srv.proc, seq, request):
                     break
                 if value is None:
                     model.pop(key, None)
@@ -74,6 +75,22 @@ def test_acknowledged_kv_writes_survive_sigkill(process_server, tmp_path, capsys
     assert acknowledged > ROUNDS
     with capsys.disabled():
         print(f"\nkv crash: {ROUNDS} SIGKILLs, {acknowledged} acknowledged writes, none lost")
+
+
+def acknowledged_before_death(peer: Peer, proc: subprocess.Popen, seq: int,
+                              request: dict[str, Any]) -> bool:
+    """Send one write: True when it is acknowledged; False as soon as the server has died
+    (the kill cut it short, so it may or may not have landed: the caller's `uncertain`).
+    Watching the process instead of waiting out a reply timeout after each kill."""
+    peer.send_raw(schema.encode({**request, "id": seq}))
+    deadline = time.monotonic() + LOADED_DEADLINE
+    while not peer.dealer.poll(20):
+        if proc.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, "no reply, yet the server is alive"
+    reply = schema.decode_reply(peer.recv_raw()[-1])
+    assert not isinstance(reply, schema.Error) and reply.id == seq, reply
+    return True
 
 
 def assert_matches(entries: dict[str, str], model: dict[str, str], uncertain) -> None:
