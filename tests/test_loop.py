@@ -280,13 +280,14 @@ def test_the_cpu_clock_is_read_only_for_a_span_that_could_hold_a_stall():
 
     short, long = Every(clock, 100, work_ms=40), Every(clock, 100, work_ms=80)
     stall = Stall()
-    stall.stall_threshold_ms = 100
+    stall.stall_threshold_ms = 40
     loop = Loop([short, long], clock=clock, stall=stall, poll=PollSet(FakePoller(clock)),  # type: ignore[arg-type]
                 cpu_clock=cpu_clock)
     made = len(cpu_reads)
     run_for(loop, clock, 100)
-    # One read before the poll (at 0); `short` (40 ms) alone is no stall; after `long` the
-    # span from the pass's start (100) is 120 ms: measured, against the CPU since the poll.
+    # One read before the poll (at 0); `short` (40 ms, the threshold) alone cannot hold a
+    # stall; after `long` the span from the pass's start (100) is 120 ms: measured, against
+    # the CPU since the poll.
     assert cpu_reads[made:] == [0, 220]
     assert stall.spans == [(120, 7)]
 
