@@ -123,6 +123,16 @@ class Phases:
         print(f"  {self.prefix}total {time.monotonic() - self.start:.2f} s")
 
 
+# Sends a producer loop makes after a broker's SIGKILL before a test stops it: enough for
+# check_sends_left_the_killed_broker's 30 after the first half second and its last 20.
+SENDS_AFTER_KILL = 50
+
+
+def sent_after(killed_at: float) -> Callable[[list[dict[str, Any]]], bool]:
+    """For ProduceLoop.wait_until: SENDS_AFTER_KILL sends, ok or not, half a second after the kill."""
+    return lambda sends: sum(s["at"] > killed_at + 0.5 for s in sends) >= SENDS_AFTER_KILL
+
+
 def check_sends_left_the_killed_broker(sends: list[dict[str, Any]], killed_at: float,
                                        survivors: set[str], summary: Any) -> list[dict[str, Any]]:
     """A producer's sends after a broker's SIGKILL: they keep succeeding, on the survivors.
@@ -283,9 +293,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _spawn(cmd: Sequence[str], *, cwd: Path, stdout: Any, stderr: Any, env: dict[str, str] | None = None) -> subprocess.Popen:
+def _spawn(cmd: Sequence[str], *, cwd: Path, stdout: Any, stderr: Any, env: dict[str, str] | None = None,
+           stdin: Any = subprocess.DEVNULL) -> subprocess.Popen:
     proc = subprocess.Popen(
-        list(cmd), cwd=cwd, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+        list(cmd), cwd=cwd, stdout=stdout, stderr=stderr, stdin=stdin,
         env=env, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
     )
     with _live_lock:
@@ -909,7 +920,8 @@ def in_parallel(*calls: Callable[[], Any]) -> list[Any]:
 
 
 class ProduceLoop:
-    """A producer JVM sending at `rate` per second for `duration` seconds, one JSON line per send.
+    """A producer JVM sending at `rate` per second for `duration` seconds (or until :meth:`stop`),
+    one JSON line per send.
 
     ``lines`` fills as the sends happen (each with ``seq``, ``t_ms``, ``ok``, ``broker``,
     ``error``, plus ``at``: the harness's monotonic clock when the line arrived).
@@ -935,7 +947,8 @@ class ProduceLoop:
     def start(self) -> ProduceLoop:
         (self.workdir / "cmdline.txt").write_text(" ".join(self.cmd) + "\n")
         with open(self._stderr, "wb") as err:
-            self.proc = _spawn(self.cmd, cwd=self.workdir, stdout=subprocess.PIPE, stderr=err)
+            self.proc = _spawn(self.cmd, cwd=self.workdir, stdout=subprocess.PIPE, stderr=err,
+                               stdin=subprocess.PIPE)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         return self
@@ -985,16 +998,30 @@ class ProduceLoop:
             raise self._fail("did not finish in time") from None
         if self._reader:
             self._reader.join(timeout=10)
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         _forget(self.proc)
         if self.summary is None:
             raise self._fail(f"no summary line (exit {self.proc.returncode})")
         return self.summary
+
+    def stop(self, timeout: float = 60.0) -> dict[str, Any]:
+        """End the loop now (a "stop" line on its stdin) instead of at its duration; its summary."""
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(b"stop\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it ended by itself: wait() reports how
+        return self.wait(timeout)
 
     def kill(self) -> None:
         if self.proc is not None:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait(timeout=30)
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
             _forget(self.proc)
 
     def _fail(self, what: str) -> InteropError:

@@ -57,10 +57,13 @@ def test_thousand_messages_to_an_auto_created_topic(namesrv: JavaNameServer, bro
     assert sent["sent"] == 1000 and sent["failed"] == 0, sent
     assert sent["brokers"] == {"broker-a": 1000}, sent
 
-    got = rocketmq.consume(namesrv.addr, topic, 1000, timeout=60, run_id=sent["run_id"], group=f"cg_{topic}")
+    # The broker registered the auto-created topic on the first send: its route is read while
+    # the consumer runs (one JVM start less on the critical path).
+    got, route = rocketmq.in_parallel(
+        lambda: rocketmq.consume(namesrv.addr, topic, 1000, timeout=60, run_id=sent["run_id"], group=f"cg_{topic}"),
+        lambda: rocketmq.route(namesrv.addr, topic),
+    )
     assert got["unique"] == 1000 and not got["timed_out"], got
-
-    route = rocketmq.route(namesrv.addr, topic)  # the broker registered the auto-created topic
     assert route["ok"] and [q["brokerName"] for q in route["queueDatas"]] == ["broker-a"], route
 
 
@@ -82,13 +85,16 @@ def test_sigkill_one_broker_producer_keeps_sending_sigterm_unregisters(
         return {q["brokerName"] for q in r["queueDatas"]} if r["ok"] else set()
 
 
-    with rocketmq.ProduceLoop(namesrv.addr, topic, duration=8, rate=25) as loop:
+    # Stopped once it has sent enough after the kill; 60 s only bounds it.
+    with rocketmq.ProduceLoop(namesrv.addr, topic, duration=60, rate=25) as loop:
         loop.wait_until(lambda sends: {s.get("broker") for s in sends if s["ok"]} == everyone,
                         30, "sends reached every broker")
         phase("producer loop reached every broker")
         broker_b.kill()  # SIGKILL: no unregistration, only the closed connection tells
         killed_at = time.monotonic()
-        summary = loop.wait()
+        loop.wait_until(rocketmq.sent_after(killed_at), 60,
+                        f"{rocketmq.SENDS_AFTER_KILL} sends after the kill")
+        summary = loop.stop()
     phase("producer loop ended")
     sends = loop.sends()
     after = rocketmq.check_sends_left_the_killed_broker(sends, killed_at, {"broker-a", "broker-c"},

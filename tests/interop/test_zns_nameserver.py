@@ -200,6 +200,7 @@ def env(rmq_module: ProcessGroup, tmp_path_factory: pytest.TempPathFactory) -> I
     b_router = f"tcp://127.0.0.1:{free_port()}"
     started: list[Zns] = []
     watcher: Watcher | None = None
+    java = rmq_module.namesrv(wait=False)  # its JVM boots while the two zns start
     try:
         zns_a = Zns(root / "zns-a", "--peer", b_router)
         started.append(zns_a)
@@ -208,7 +209,7 @@ def env(rmq_module: ProcessGroup, tmp_path_factory: pytest.TempPathFactory) -> I
         assert zns_b.router == b_router, zns_b.output()
         watcher = Watcher(zns_a)
         phase("zns-a, zns-b and the watcher up")
-        java = rmq_module.namesrv()
+        java.wait_ready()
         phase("Java NameServer up")
         broker = rmq_module.broker(f"{zns_a.addr};{zns_b.addr};{java.addr}", "broker-a",
                                    config={"registerNameServerPeriod": REGISTER_PERIOD_MS})
@@ -522,7 +523,8 @@ def test_3_sigkill_one_broker_producer_keeps_sending_sigterm_unregisters(env: En
         topic, [], [], {})).queues} == everyone, 10, "the topic's route has all three brokers")
     phase("mqadmin updateTopic on the cluster; zns's route lists all three")
 
-    with rocketmq.ProduceLoop(zns.addr, topic, duration=8, rate=25) as loop:
+    # Stopped once it has sent enough after the kill; 60 s only bounds it.
+    with rocketmq.ProduceLoop(zns.addr, topic, duration=60, rate=25) as loop:
         loop.wait_until(lambda sends: {s.get("broker") for s in sends if s["ok"]} == everyone,
                         30, "sends reached every broker")
         phase("producer loop reached every broker")
@@ -531,7 +533,9 @@ def test_3_sigkill_one_broker_producer_keeps_sending_sigterm_unregisters(env: En
         at, ev = watcher.wait_for(broker_event("broker-b", "removed"), 10, "broker-b removed", since=killed_at)
         assert ev.reason == "disconnected" and ev.broker_addr == broker_b.addr, ev
         print(f"  broker-b removed ({ev.reason}) {at - killed_at:.2f} s after SIGKILL")
-        summary = loop.wait()
+        loop.wait_until(rocketmq.sent_after(killed_at), 60,
+                        f"{rocketmq.SENDS_AFTER_KILL} sends after the kill")
+        summary = loop.stop()
     phase("producer loop ended")
     sends = loop.sends()
     after = rocketmq.check_sends_left_the_killed_broker(sends, killed_at, {"broker-a", "broker-c"},

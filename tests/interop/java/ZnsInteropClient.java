@@ -10,7 +10,8 @@
  *
  *   produce      --namesrv A --topic T --count N          one summary line
  *   produce-loop --namesrv A --topic T --duration S --rate R
- *                one line per send, then a summary line
+ *                one line per send, then a summary line; a line "stop" on stdin ends
+ *                it before the duration (the harness stops it once it has what it needs)
  *   consume      --namesrv A --topic T --count N --timeout S   one summary line
  *   route        --namesrv A --topic T                    the TopicRouteData as JSON
  *   watch-route  --namesrv A --topic T --broker NAME [--timeout S] [--every-ms N]
@@ -25,6 +26,10 @@
  * Every mode flushes and leaves through Runtime.halt, for the same reason.
  */
 
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.HashSet;
@@ -36,6 +41,7 @@ import java.util.TreeMap;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
@@ -265,12 +271,27 @@ public final class ZnsInteropClient {
         int sent = 0;
         int failed = 0;
         Map<String, Integer> brokers = new TreeMap<>();
+        AtomicBoolean stop = new AtomicBoolean();
+        Thread stdin = new Thread(() -> {
+            try (BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8))) {
+                for (String line = in.readLine(); line != null; line = in.readLine()) {
+                    if (line.trim().equals("stop")) {
+                        stop.set(true);
+                        return;
+                    }
+                }
+            } catch (IOException e) {
+                // no stdin: the duration ends the loop
+            }
+        }, "produce-loop-stdin");
+        stdin.setDaemon(true);
+        stdin.start();
         System.out.println(json(mapOf("event", "started", "run_id", runId)));
         System.out.flush();
         try {
             long seq = 0;
             long next = started;
-            while (System.nanoTime() < end) {
+            while (!stop.get() && System.nanoTime() < end) {
                 long t0 = System.nanoTime();
                 Map<String, Object> line = new LinkedHashMap<>();
                 line.put("seq", seq);
