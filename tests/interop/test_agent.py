@@ -43,8 +43,9 @@ class Cluster:
         self.root = root
         self.group = group
         self.jar = jar
+        booting = group.namesrv(wait=False)  # its JVM boots while zns starts
         self.zns = Zns(root / "zns").start()
-        self.java: JavaNameServer = group.namesrv()
+        self.java: JavaNameServer = booting.wait_ready()
         self.namesrv = f"{self.zns.addr};{self.java.addr}"
         conf = {"registerNameServerPeriod": REGISTER_PERIOD_MS}
         self.brokers: dict[str, Broker] = {
