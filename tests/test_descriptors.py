@@ -110,13 +110,31 @@ def test_a_named_host_is_resolved_and_an_ipv6_one_taken_as_it_is() -> None:
         port = listening.getsockname()[1]
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             wait_for(lambda: select.select([listening], [], [], 0)[0], timeout=5)
-    if not socket.has_ipv6:
-        return
-    try:
-        with listen_tcp("[::1]", 0) as listening:
-            assert listening.family == socket.AF_INET6 and listening.getsockname()[0] == "::1"
-    except OSError:
+    if not _has_ipv6_loopback():
         pytest.skip("no IPv6 loopback here")
+    with listen_tcp("[::1]", 0) as listening:
+        assert listening.family == socket.AF_INET6 and listening.getsockname()[0] == "::1"
+    with listen_tcp("::1", 0) as listening:
+        assert listening.family == socket.AF_INET6
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_only_brackets_are_taken_off_a_host(monkeypatch) -> None:
+    asked: list[str] = []
+    monkeypatch.setattr(descriptors.socket, "gethostbyname", lambda host: asked.append(host) or "127.0.0.1")
+    with listen_tcp("Xhost", 0):
+        pass
+    with listen_tcp(" [named] ", 0):
+        pass
+    assert asked == ["Xhost", " [named] "]
 
 
 def test_a_port_that_cannot_be_bound_raises_and_leaves_no_descriptor() -> None:
@@ -170,13 +188,11 @@ def test_a_wildcard_port_takes_any_free_one(ctx, port: str) -> None:
 
 
 def test_an_ipv6_endpoint_is_shown_in_brackets(ctx) -> None:
+    if not _has_ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.IPV6, 1)
-    try:
-        listener = Listener(sock, "tcp://[::1]:0")
-    except OSError:
-        sock.close(0)
-        pytest.skip("no IPv6 loopback here")
+    listener = Listener(sock, "tcp://[::1]:0")
     try:
         assert listener.endpoint.startswith("tcp://[::1]:")
     finally:
@@ -569,8 +585,8 @@ def test_a_filter_that_cannot_be_set_is_a_warning(caplog, on: bool, verb: str) -
     sock = socket.socket()
     sock.close()
     descriptors._set_drop_filter(sock, on)
-    (message,) = _warnings(caplog)
-    assert message.startswith(f"could not {verb} the drop filter on a listening socket: ")
+    assert _warnings(caplog) == [
+        f"could not {verb} the drop filter on a listening socket: [Errno 9] Bad file descriptor"]
 
 
 def test_open_descriptors_counts_this_process_and_assumes_full_without_proc(monkeypatch) -> None:
@@ -590,3 +606,98 @@ def test_closing_the_guard_closes_its_listeners_and_its_page(ctx) -> None:
     guard.close()
     assert listener.monitor.closed and guard.listeners == [] and guard._shed_count.closed
     sock.close(0)
+
+
+def test_a_fixed_port_is_the_one_bound(ctx) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sock = ctx.socket(zmq.ROUTER)
+    listener = Listener(sock, f"tcp://127.0.0.1:{port}")
+    try:
+        assert listener.endpoint == f"tcp://127.0.0.1:{port}"
+    finally:
+        listener.close()
+        sock.close(0)
+
+
+def test_the_events_asked_for_reach_the_callback_from_the_real_monitor(ctx) -> None:
+    guard = DescriptorGuard(100)
+    sock = ctx.socket(zmq.ROUTER)
+    events: list[tuple[int, int]] = []
+    listener = guard.bind(sock, "tcp://127.0.0.1:0", lambda e, v: events.append((e, v)),
+                          zmq.EVENT_ACCEPTED)
+    dealer = ctx.socket(zmq.DEALER)
+    try:
+        dealer.connect(listener.endpoint)
+        dealer.send(b"x")
+        assert sock.poll(10_000)
+        wait_for(lambda: (guard.handle({listener.monitor: zmq.POLLIN}, 1000), events)[1], timeout=10)
+        assert events[0][0] == zmq.EVENT_ACCEPTED and events[0][1] > 2
+    finally:
+        dealer.close(0)
+        guard.close()
+        sock.close(0)
+
+
+def test_only_the_ready_monitors_are_read_each_of_them(ctx, rig: Rig) -> None:
+    other = ctx.socket(zmq.ROUTER)
+    got: list[tuple[int, int]] = []
+    second = rig.guard.bind(other, "tcp://127.0.0.1:0", lambda e, v: got.append((e, v)))
+    writer, monitor = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    monitor.bind("inproc://second-monitor")
+    writer.connect("inproc://second-monitor")
+    real = second.monitor
+    second.monitor = monitor
+    try:
+        writer.send_multipart(monitor_message(zmq.EVENT_ACCEPTED, 5))
+        wait_for(lambda: monitor.poll(0), timeout=5)
+        rig.guard.handle({monitor: zmq.POLLIN}, 1000)  # the first listener's is not ready
+        assert got == [(zmq.EVENT_ACCEPTED, 5)] and rig.events == []
+    finally:
+        second.monitor = real
+        writer.close(0)
+        monitor.close(0)
+
+
+def test_what_each_listener_shed_adds_up_and_so_do_exhaustions(rig: Rig, monkeypatch) -> None:
+    monkeypatch.setattr(rig.guard, "_shed", lambda listening: 3)
+    for now in (1000, 1100):
+        rig.send(zmq.EVENT_ACCEPT_FAILED, errno.EMFILE)
+        rig.handle(now=now)
+    assert rig.listener.shed == 6
+    rig.guard.tick(1100 + RETRY_MS)  # free again
+    rig.send(zmq.EVENT_ACCEPT_FAILED, errno.EMFILE)
+    rig.handle(now=5000)
+    assert rig.guard.exhausted == 2
+
+
+def test_the_other_listening_sockets_with_connections_waiting_are_shed_too(rig: Rig) -> None:
+    plain = listen_tcp("127.0.0.1", 0)
+    rig.guard.plain.append(plain)
+    try:
+        for _ in range(2):
+            rig.clients.append(socket.create_connection(plain.getsockname()[:2], timeout=5))
+        wait_for(lambda: select.select([plain], [], [], 0)[0], timeout=5)
+        # accept failed on the ROUTER's socket; the plain one's queue is emptied as well
+        assert rig.guard.out_of_descriptors(rig.listener.listening, 1000) == 2  # type: ignore[arg-type]
+    finally:
+        plain.close()
+
+
+def test_a_killed_shedding_child_is_reaped(rig: Rig, monkeypatch) -> None:
+    forked: list[int] = []
+    real_fork = os.fork
+
+    def fork() -> int:
+        pid = real_fork()
+        if pid:
+            forked.append(pid)
+        return pid
+
+    monkeypatch.setattr(descriptors.os, "fork", fork)
+    monkeypatch.setattr(descriptors, "_accept_and_close", lambda listening: __import__("time").sleep(30))
+    rig.guard._shed([rig.listener.listening])  # type: ignore[list-item]
+    (pid,) = forked
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # already reaped: no zombie left
