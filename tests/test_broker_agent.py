@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from pathlib import Path
@@ -321,3 +322,95 @@ def test_a_topic_change_registers_once_then_heartbeats_take_over():
             assert set(second["topics"]) == {"T1", "T2"}
     finally:
         fake.close()
+
+
+class SecondSocketFails(zmq.Context):
+    """Makes the first socket, then refuses: the agent's thread fails with one socket open."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        object.__setattr__(self, "made", [])  # zmq.Context takes other attributes for options
+
+    def socket(self, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        if self.made:
+            raise RuntimeError("no second socket")
+        self.made.append(super().socket(*args, **kwargs))
+        return self.made[0]
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_thread_says_why_in_one_line_and_closes_the_sockets_it_had(caplog):
+    ctx = SecondSocketFails()
+    with caplog.at_level(logging.DEBUG, logger="zns.drivers.broker_agent"):
+        agent = agent_for("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", context=ctx)
+        agent._thread.join(LOADED_DEADLINE)
+    assert isinstance(agent.failure, RuntimeError)
+    assert ctx.made[0].closed  # the first NameServer's socket, dropped on the way out
+    records = [r for r in caplog.records if r.name == "zns.drivers.broker_agent"]
+    assert [(r.levelname, r.getMessage()) for r in records] == [
+        ("ERROR", "the BrokerAgent's thread failed (every later call raises it): "
+                  "RuntimeError: no second socket"),
+        ("DEBUG", "the failure")]
+    assert records[1].exc_info is not None and records[1].exc_info[1] is agent.failure
+    ctx.term()
+
+
+def test_the_defaults_and_seconds_become_the_sessions_milliseconds():
+    agent = BrokerAgent("tcp://127.0.0.1:1", cluster="c1", broker_name="bk",
+                        broker_addr="127.0.0.1:10911", start=False)
+    session = agent._links[0].session
+    assert agent.register_period == 30.0
+    assert (session.register_period_ms, session.heartbeat_interval_ms,
+            session.request_timeout_ms) == (30_000, 1_000, 3_000)
+    registration = agent._broker.registration()
+    assert (registration.zone, registration.heartbeat_timeout_ms, registration.data_version.state,
+            registration.ha_addr) == ("", 10_000, 0, "")
+    agent.close()
+    assert agent._close_timeout == 3.0  # close()'s default bound
+    assert agent._thread.name == "zns-broker-agent" and agent._thread.daemon
+    timed = agent_for("tcp://127.0.0.1:1", register_period=45, request_timeout=2.5, zone="z1",
+                      heartbeat_interval=0.5, state_version=7, start=False)
+    assert timed.register_period == 45.0 and timed._links[0].session.request_timeout_ms == 2500
+    assert timed._links[0].session.heartbeat_interval_ms == 500
+    registration = timed._broker.registration()
+    assert registration.zone == "z1" and registration.data_version.state == 7
+    assert abs(registration.data_version.timestamp - time.time() * 1000) < 3_600_000
+    timed.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_change_wakes_the_agent_when_nothing_else_would():
+    """The agent's clock stands still: no deadline ever comes, only the waker can make the
+    loop see a topic change (or the close)."""
+    fake = CountingNameServer()
+    try:
+        agent = agent_for(fake.endpoint, clock=lambda: 50.0, heartbeat_interval=600)
+        assert agent.wait_registered(timeout=LOADED_DEADLINE)
+        agent.add_topic("T2")
+        wait_for(lambda: fake.count("register_broker") == 2)
+        assert agent.close(timeout=5) == {fake.endpoint: True}
+    finally:
+        fake.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_request_timed_out_drops_the_connection_during_the_backoff():
+    """A NameServer that accepts the TCP connection but never speaks: the registration times
+    out and the connection is closed at once, not when the backoff ends (the agent's clock
+    then stands still, so it never does)."""
+    mute = socket.create_server(("127.0.0.1", 0))
+    now = [0.0]
+    agent = agent_for(f"tcp://127.0.0.1:{mute.getsockname()[1]}", clock=lambda: now[0])
+    try:
+        mute.settimeout(LOADED_DEADLINE)
+        conn, _ = mute.accept()
+        conn.settimeout(LOADED_DEADLINE)
+        now[0] = 1.5  # past the 1 s request timeout, before any reconnection
+        while conn.recv(4096):  # the DEALER's greeting, then the end of the connection
+            pass
+        assert agent.status()[0].last_error == "no reply to register_broker within 1000 ms"
+        conn.close()
+    finally:
+        now[0] = 1000.0
+        agent.close(timeout=0.1)
+        mute.close()

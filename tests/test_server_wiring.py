@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,6 +78,8 @@ def test_options_reach_the_sockets_and_the_listener(tmp_path, made):
     assert names == ["_Control", "DescriptorGuard", "_Timers", "RequestRouter", "_Subscriptions",
                      "RemotingListener", "PeerLinks", "HeapTrim", "Outbox"]
     assert srv.loop.sources[2].timers is srv.timers
+    # The timers and the outbox also run between the others once due.
+    assert srv.loop.urgent == [srv.loop.sources[2], srv.outbox]
 
 
 def test_the_listener_reads_the_server_clock(tmp_path, made):
@@ -270,3 +273,156 @@ def test_run_says_where_it_serves_and_when_it_stopped(tmp_path, caplog):
                            "clients (a client uses two: requests and events)")
     assert messages[-1] == "zns stopped"
     assert srv.router.closed and srv.pub.closed  # run closes what it served
+
+
+def test_the_heap_trim_waits_while_requests_wait(tmp_path, made):
+    srv = make(made, config(tmp_path))
+    assert srv.heap.busy == srv.requests.waiting
+
+
+def test_a_refused_request_endpoint_leaves_nothing_bound(tmp_path, monkeypatch):
+    # The first bind fails: nothing past it was made (no peers, listener, loop nor metrics),
+    # and closing what was made must not hide the error.
+    closed: list[Server] = []
+    real_close = Server.close
+    monkeypatch.setattr(Server, "close", lambda self: (closed.append(self), real_close(self)))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(EndpointError, match=rf"cannot bind tcp://127\.0\.0\.1:{port}: "):
+            Server(config(tmp_path, router=f"tcp://127.0.0.1:{port}",
+                          metrics="127.0.0.1:0"))
+    assert len(closed) == 1 and closed[0].router.closed and closed[0].pub.closed
+    assert closed[0].peers is None and closed[0].metrics is None
+
+
+def test_the_events_socket_tells_the_subscribers_of_each_connection_and_its_end(
+        tmp_path, made, monkeypatch):
+    from zns.drivers.subscribers import Subscribers
+
+    seen: list[int] = []
+    monkeypatch.setattr(Subscribers, "on_monitor_event", lambda self, event, fd: seen.append(event))
+    srv = make(made, config(tmp_path))
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+
+    def until(event: int) -> None:
+        deadline = time.monotonic() + 30
+        while event not in seen:
+            assert time.monotonic() < deadline, seen
+            srv.descriptors.handle(dict(srv.loop.poll.poller.poll(100)), 0)
+
+    sub.connect(srv.pub_endpoint)
+    until(zmq.EVENT_ACCEPTED)
+    sub.close()
+    until(zmq.EVENT_DISCONNECTED)
+
+
+def test_peers_get_the_configured_endpoints_the_clock_and_the_grace(tmp_path, made):
+    clock = Clock(100.0)
+    srv = make(made, config(tmp_path, peers=["tcp://127.0.0.1:1"], peer_grace_s=2.5),
+               clock=clock)
+    assert list(srv.peers.links) == ["tcp://127.0.0.1:1"]
+    assert srv.peers.next_deadline(0) == 100_000  # the first ask is due when it was made
+    asked: list[tuple] = []
+    srv.service.suspect = lambda *args: asked.append(args)  # type: ignore[method-assign]
+    srv.peers._suspect("c1", "10.0.0.1:10911", 123)
+    assert asked == [("c1", "10.0.0.1:10911", 2500, 123)]
+
+
+def test_more_options_reach_the_timers_the_peers_and_the_subscriptions(tmp_path, made):
+    srv = make(made, config(tmp_path, heartbeat_interval_s=2.0, max_message_bytes=5000,
+                            peers=["tcp://127.0.0.1:1"]))
+    assert srv.timers.interval_ms == 2000
+    assert srv.peers._max_bytes == 5000 and srv.peers._connected is srv.service.peers
+    # The subscriptions source reads what the events socket was sent: a SUB's subscription.
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    try:
+        sub.connect(srv.pub_endpoint)
+        sub.setsockopt(zmq.SUBSCRIBE, b"r.Orders")
+        assert srv.pub.poll(30_000)
+        srv.loop.sources[4].run({}, 0, 5)
+        assert not srv.pub.poll(0)  # read, not left for the next pass
+    finally:
+        sub.close()
+
+
+def test_close_forgets_the_metrics_server(tmp_path):
+    srv = Server(config(tmp_path, metrics="127.0.0.1:0"))
+    assert srv.metrics is not None
+    srv.close()
+    assert srv.metrics is None
+
+
+@pytest.mark.timeout(60)
+def test_run_in_the_main_thread_takes_sighup_and_sigterm_then_gives_them_back(tmp_path, caplog):
+    import os
+    import signal
+    import threading
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    wakeup_before = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup_before)
+    srv = Server(config(tmp_path))
+    problems: list[str] = []
+
+    def ours(sig: int) -> bool:
+        handler = signal.getsignal(sig)
+        return callable(handler) and handler is not before[sig]
+
+    def send() -> None:
+        # A signal is sent only once the server's own handler is in place: the default
+        # action of either would end the test process.
+        deadline = time.monotonic() + 30
+        try:
+            while not all(ours(sig) for sig in before):
+                if time.monotonic() > deadline:
+                    problems.append("the handlers were not installed")
+                    return
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGHUP)
+            while "SIGHUP: CURVE is off, no keys to reload" not in caplog.text:
+                if time.monotonic() > deadline:
+                    problems.append("SIGHUP did not reach the loop")
+                    return
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGTERM)
+        finally:
+            if problems:
+                srv.stop()
+
+    sender = threading.Thread(target=send)
+    with caplog.at_level(logging.INFO, logger="zns"):
+        sender.start()
+        srv.run()
+    sender.join(30)
+    assert problems == []
+    assert caplog.records[-1].getMessage() == "zns stopped"
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    wakeup = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup)
+    assert wakeup == wakeup_before
+
+
+def test_the_service_heap_subscribers_and_metrics_get_what_they_are_given(tmp_path, made):
+    srv = make(made, config(tmp_path, max_brokers=7, metrics="127.0.0.1:0",
+                            heartbeat_interval_s=4.0))
+    assert srv.service.limits.max_brokers == 7
+    assert srv.service.max_reply_bytes == srv.reply_budget.burst
+    assert srv.service.kv.path is not None and srv.service.kv.path.parent == tmp_path
+    assert srv.service.authorize is None  # no CURVE
+    assert srv.heap._trim is not None  # glibc's malloc_trim, found
+    assert srv.subscribers.budget is not None and srv.subscribers._freed == srv._subscriptions_freed
+    assert srv.metrics._server is srv and srv.metrics.stuck_after_s == 8.0
+
+
+def test_a_socket_bound_beyond_loopback_without_curve_is_warned_about(tmp_path, made, caplog):
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        srv = make(made, config(tmp_path, pub="tcp://0.0.0.0:*"))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"{srv.pub_endpoint} is bound to a non-loopback address without CURVE: "
+                        "anyone who can reach it can register brokers and rewrite routes"]
+    # Only the events socket's own port is what its subscribers' connections arrive at.
+    assert srv.subscribers._local[1] == int(srv.pub_endpoint.rsplit(":", 1)[1])

@@ -187,12 +187,52 @@ EQUIVALENT: dict[str, str] = {
         "with nothing to read yields nothing (a cost, not a behaviour)",
     "zns.drivers.server.xǁServerǁ_listen_remoting__mutmut_63":
         "log.warning(narrowed) for log.warning('%s', narrowed): the narrowing text is fixed and holds no '%'",
+    "zns.drivers.server.xǁServerǁ__init____mutmut_90":
+        "loop = '' before it is made: read only by run() and last_pass_ms, after __init__ made it "
+        "(a refused start raises, and close() does not read it)",
     "zns.drivers.server.xǁServerǁ_send_event__mutmut_4":
         "send_multipart without DONTWAIT: an XPUB never blocks on send (past SNDHWM it drops, no XPUB_NODROP)",
     "zns.drivers.remoting_listener.xǁRemotingListenerǁ_where_zns1_is__mutmut_3":
         "properties.get('router', None) for '': `if not router` reads None and '' alike",
     "zns.drivers.remoting_listener.xǁRemotingListenerǁ_where_zns1_is__mutmut_5":
         "as _where_zns1_is__mutmut_3 (no default: None)",
+    # `_close(entry, now)` does not read `now`; _shed and _flush_and_close pass theirs only to it.
+    **{f"zns.drivers.remoting_listener.xǁRemotingListenerǁ{name}":
+       "now=None handed to _close (directly or through _shed/_flush_and_close), which does not read it"
+       for name in ("run__mutmut_43", "_read__mutmut_24", "_read__mutmut_29", "_read__mutmut_69", "_read__mutmut_101", "_answer__mutmut_36", "_answer__mutmut_46", "_write__mutmut_14", "_flush_and_close__mutmut_3", "_close_idle__mutmut_33", "_shed__mutmut_28", "_close_late__mutmut_41")},
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ_run__mutmut_13": "closing = False once closing: as _run__mutmut_12",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ_carry_out__mutmut_16":
+        "send without DONTWAIT: a session has one request in flight and the DEALER queues to a peer "
+        "still connecting (ZMQ_IMMEDIATE off), so a send never meets the high-water mark and never blocks",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ_drop_socket__mutmut_3":
+        "close(1) for close(0): a dropped socket's unsent request may leave within 1 ms; the session "
+        "already counts it lost, and a late reply's id matches nothing",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ__init____mutmut_38": "DataVersion without counter=0: 0 is its default",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ__init____mutmut_60": "_stopping = None for False: only ever read as a truth value",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ__init____mutmut_63": "_changed = None for False: only ever read as a truth value",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ__init____mutmut_65":
+        "initial _close_timeout: read only once stopping, and close() sets it before it stops the loop",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ__init____mutmut_66": "as __init____mutmut_65",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ_run__mutmut_59":
+        "a deadline already due polls for 1 ms instead of 0: the same turn, 1 ms later (a latency)",
+    "zns.drivers.server.xǁServerǁ__init____mutmut_23": "_stopping = None for False: only ever read as a truth value",
+    "zns.drivers.server.xǁServerǁ__init____mutmut_25": "_reload_keys = None for False: only ever read as a truth value",
+    "zns.drivers.server.xǁServerǁ__init____mutmut_169": "Loop(poll=None): the loop makes the same PollSet() itself",
+    "zns.drivers.server.xǁServerǁ__init____mutmut_174": "as __init____mutmut_169 (poll left out)",
+    "zns.drivers.server.x_is_loopback__mutmut_8":
+        "strip(None) for strip('[]'): urlsplit's hostname has no brackets (nor spaces) to strip",
+    "zns.drivers.server.x_is_loopback__mutmut_10":
+        "`or 'XXXX'` for `or ''` when a tcp endpoint has no host: neither is a loopback name",
+    "zns.drivers.server.xǁServerǁclose__mutmut_4":
+        "router.close(linger=None): the socket's own LINGER is the same 500 ms (RequestRouter.configure)",
+    "zns.drivers.server.xǁServerǁclose__mutmut_6": "pub.close(linger=None): as close__mutmut_4 (LINGER 500 set)",
+    "zns.drivers.server.xǁServerǁclose__mutmut_5":
+        "router.close(linger=501): unsent replies may take 1 ms longer to leave at shutdown",
+    "zns.drivers.server.xǁServerǁclose__mutmut_7": "pub.close(linger=501): as close__mutmut_5 (unsent events)",
+    "zns.drivers.server.xǁServerǁclose__mutmut_11":
+        "own context destroyed with linger=None: every socket made in it (router, pub, peers, ZAP) "
+        "is closed before, so the linger applies to none",
+    "zns.drivers.server.xǁServerǁclose__mutmut_12": "as close__mutmut_11 (linger=1)",
     "zns.drivers.peers.xǁPeerLinksǁ_receive__mutmut_4":
         "no max_bytes on the DEALER: the socket's MAXMSGSIZE (the same bound) refuses a frame over it, "
         "and max_frames=1 drops any longer message",
