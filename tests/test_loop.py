@@ -203,7 +203,7 @@ def test_a_timer_due_during_a_pass_runs_before_the_next_source_not_after_the_pas
                 urgent=[timer, outbox])
     clock.now = 10
     loop.run_pass({}, 10)  # first and second due at 10; the timer at 30
-    assert timer.runs[0][0] == 50  # right after `first`, not at 90 after `second`
+    assert timer.runs[0] == (50, 50 + SLICE_MS)  # right after `first`, not at 90; a slice
     assert published_at == [1]  # its event left before `second` ran
 
 

@@ -190,8 +190,8 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.server.xǁServerǁ__init____mutmut_90":
         "loop = '' before it is made: read only by run() and last_pass_ms, after __init__ made it "
         "(a refused start raises, and close() does not read it)",
-    "zns.drivers.server.xǁServerǁ_send_event__mutmut_4":
-        "send_multipart without DONTWAIT: an XPUB never blocks on send (past SNDHWM it drops, no XPUB_NODROP)",
+    "zns.drivers.server.xǁServerǁ_send_event__mutmut_13":
+        "the body's send without DONTWAIT (flags 0): an XPUB never blocks on send (past SNDHWM it drops, no XPUB_NODROP)",
     "zns.drivers.remoting_listener.xǁRemotingListenerǁ_where_zns1_is__mutmut_3":
         "properties.get('router', None) for '': `if not router` reads None and '' alike",
     "zns.drivers.remoting_listener.xǁRemotingListenerǁ_where_zns1_is__mutmut_5":
@@ -312,6 +312,7 @@ EQUIVALENT: dict[str, str] = {
         "peer -2 for -1 when libzmq names no descriptor: any negative one is skipped",
     "zns.drivers.subscribers.xǁSubscribersǁhandle__mutmut_5":
         "recv(copy=None) for copy=False: pyzmq reads copy only as a truth value (a Frame either way)",
+    "zns.drivers.loop.xǁLoopǁ_run_one__mutmut_1": "more = None for False (a source that raised): only ever read as a truth value",
     "zns.drivers.request_router.xǁRequestRouterǁ__init____mutmut_12": "_draining = None for False: only ever read as a truth value",
     "zns.drivers.request_router.xǁRequestRouterǁ_drain__mutmut_15":
         "count -= 1: -n % 1024 == 0 exactly when n % 1024 == 0, so the clock is read at the same frames",
