@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -105,5 +106,36 @@ def test_slow_watcher_gets_the_latest_route_and_forget_ends_it(server):
             with pytest.raises(StopAsyncIteration):
                 await asyncio.wait_for(anext(watching), 5)
             assert "TopicA" not in client.session.cache.topics()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_queues_selection_per_topic_and_a_watch_that_starts_with_the_known_route(server):
+    from zns.core.queues import read_queues, write_queues
+
+    peer = server.peer()
+    topics = {"TopicA": {"write_queues": 2, "read_queues": 3}, "TopicB": {"write_queues": 2}}
+    peer.ok("register_broker", **register_fields(topics=topics))
+    peer.ok("register_broker", **register_fields(broker_name="broker-b", addr="10.0.0.2:10911",
+                                                 topics=topics))
+
+    async def scenario():
+        async with client_for(server.router) as client:
+            route_a = await client.route("TopicA")
+            assert await client.read_queues("TopicA") == read_queues(route_a)
+            assert await client.write_queues("TopicA") == write_queues(route_a)
+            # a send that failed on broker-a: the next queues are on broker-b only
+            for _ in range(3):
+                assert (await client.select_queue("TopicA", avoid_broker="broker-a")).broker_name == "broker-b"
+            # each topic has its own round-robin: TopicB starts at its first queue
+            route_b = await client.route("TopicB")
+            assert await client.select_queue("TopicB") == write_queues(route_b)[0]
+            client.forget("TopicB")  # a topic nobody watched: nothing to end
+            async with contextlib.aclosing(client.watch("TopicA")) as routes:
+                async for route in routes:
+                    assert route == route_a  # the route already known, first
+                    break
+            assert client._watchers["TopicA"] == []  # an ended watch leaves no buffer behind
 
     asyncio.run(scenario())

@@ -422,7 +422,32 @@ def _waiting_clients(rig: Rig, count: int) -> None:
         rig.clients.append(socket.create_connection(("127.0.0.1", rig.port), timeout=5))
 
 
-def test_what_waits_in_the_accept_queue_is_closed_by_a_child(rig: Rig, caplog) -> None:
+@pytest.fixture
+def only_a_child_closes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Closing every descriptor, or os._exit, in the test process itself fails the test; a
+    forked child does them for real (and never returns to the tests)."""
+    parent, real_exit, real_close_all_but = os.getpid(), os._exit, descriptors._close_all_but
+
+    def exit_(code: int) -> None:
+        if os.getpid() == parent:
+            raise AssertionError(f"os._exit({code}) in the parent")
+        real_exit(code)
+
+    def close_all_but(keep: list[int]) -> None:
+        if os.getpid() == parent:
+            raise AssertionError("closing every descriptor in the parent")
+        real_close_all_but(keep)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    monkeypatch.setattr(descriptors, "_close_all_but", close_all_but)
+    try:
+        yield
+    finally:
+        if os.getpid() != parent:
+            real_exit(97)
+
+
+def test_what_waits_in_the_accept_queue_is_closed_by_a_child(rig: Rig, caplog, only_a_child_closes) -> None:
     # libzmq accepts on its own thread; with the filter on and its listening socket taken
     # from it here (plain), the connections made stay in the queue for the child to close.
     plain = listen_tcp("127.0.0.1", 0)
