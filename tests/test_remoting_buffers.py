@@ -228,8 +228,9 @@ def test_a_zeromq_client_is_told_the_request_endpoint_it_can_reach(hand, caplog,
     assert _told(caplog) == ("this is a zns NameServer's RocketMQ remoting port; "
                              f"ZNS/1 requests go to {told}")
     host = "::1" if endpoint.startswith("[") else "127.0.0.1"
-    assert caplog.records[-1].getMessage().startswith(
-        f"remoting connection from {host} speaks ZeroMQ, not RocketMQ remoting: its requests ")
+    assert caplog.records[-1].getMessage() == (
+        f"remoting connection from {host} speaks ZeroMQ, not RocketMQ remoting: its requests "
+        f"are answered with: {_told(caplog)}")
 
 
 def test_a_refused_connection_is_logged_with_its_host_and_the_limit_it_hit(hand, caplog):
@@ -267,3 +268,140 @@ def test_shedding_stops_as_soon_as_what_is_left_fits_the_budget_exactly(hand, ca
     assert caplog.records[-1].getMessage() == (
         "remoting connection from 127.0.0.1 closed: it holds 150000 bytes and all connections "
         "250000, more than 100000 (--remoting-max-buffer-bytes)")
+
+
+def _reply(h: Hand, client: socket.socket) -> RemotingCommand:
+    """The next reply on `client`, running the listener's turns until it is sent."""
+    decoder = FrameDecoder(1 << 20)
+    while True:
+        h.until(lambda: select.select([client], [], [], 0.05)[0])
+        data = client.recv(1 << 16)
+        assert data, "closed"
+        commands = decoder.feed(data)
+        if commands:
+            return commands[0]
+
+
+def test_a_zeromq_client_sending_what_zmtp_refuses_is_told_why_and_closed(hand, caplog):
+    h = hand()
+    client = h.connect()
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        client.sendall(b"\xff" + b"\x00" * 63)  # a first byte of ZeroMQ's, then no greeting
+        h.until(lambda: not h.listener.connections and h.listener._closed == [])
+    assert caplog.records[-1].getMessage().startswith(
+        "remoting connection from 127.0.0.1 closed: not a ZMTP greeting")
+    client.settimeout(30)
+    while client.recv(4096):  # what was answered before the close, then the end
+        pass
+
+
+def test_a_later_read_starting_like_zeromq_is_still_remoting(hand):
+    # Only a connection's first byte tells ZeroMQ from RocketMQ: a read that begins inside
+    # a frame with 0xff is the frame's body.
+    h = hand()
+    client = h.connect()
+    frame = encode_command(RemotingCommand(code=106, version=479, opaque=5, body=b"\xff" * 64))
+    client.sendall(frame[:-64])
+    h.until(lambda: any(e.decoder.buffered for e in h.listener.connections.values()))
+    client.sendall(frame[-64:])
+    h.until(lambda: not any(e.pending or e.unsent for e in h.listener.connections.values())
+            and all(not e.decoder.buffered for e in h.listener.connections.values()))
+    client.settimeout(30)
+    reply = _reply(h, client)
+    assert reply.opaque == 5 and reply.code == 0
+
+
+def test_replies_past_max_unsent_cut_the_connection_off_counted_and_logged(hand, caplog):
+    h = hand()
+    request = encode_command(RemotingCommand(code=106, version=479, opaque=1))
+    first = h.connect()
+    first.sendall(request)
+    first.settimeout(30)
+    size = len(encode_command(_reply(h, first)))
+    h.listener.max_unsent = size  # a reply exactly at the bound is kept
+    first.sendall(request)
+    h.until(lambda: all(not e.pending for e in h.listener.connections.values()))
+    assert h.listener.cut_off == 0 and len(h.listener.connections) == 1
+    h.listener.max_unsent = size - 1
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        for _ in range(2):
+            client = h.connect()
+            client.sendall(request)
+            before = h.listener.cut_off
+            h.until(lambda: h.listener.cut_off == before + 1)
+    assert h.listener.cut_off == 2 and len(h.listener.connections) == 1
+    assert caplog.records[-1].getMessage() == (
+        f"remoting connection from 127.0.0.1 cut off: {size} bytes of replies unread")
+
+
+def test_answering_stops_at_the_high_water_mark_exactly(hand):
+    h = hand()
+    request = encode_command(RemotingCommand(code=106, version=479, opaque=1))
+    client = h.connect()
+    client.settimeout(30)
+    client.sendall(request)
+    h.listener.high_water = len(encode_command(_reply(h, client)))
+    client.sendall(request * 2)  # one read takes both
+    select.select([h.listener._epoll.fileno()], [], [], 30)
+    entry = next(iter(h.listener.connections.values()))
+    h.turn()
+    # The first reply reaches the mark: the second waits for it to drain (the next turn).
+    assert len(entry.pending) == 1
+
+
+def test_a_reset_connection_is_logged_and_closed(hand, caplog):
+    h = hand()
+    client = h.connect()
+    h.until(lambda: h.listener.connections)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()  # a reset, not an orderly close
+    with caplog.at_level(logging.INFO, logger="zns"):
+        h.until(lambda: not h.listener.connections)
+    assert caplog.records[-1].getMessage().startswith(
+        "remoting connection from 127.0.0.1 failed: ")
+    assert "reset" in caplog.records[-1].getMessage().lower()
+
+
+def test_idle_deadlines_with_an_injected_now(hand, caplog):
+    h = hand(idle_timeout_ms=10_000)
+    start = h.now
+    quiet, talker = h.connect(), h.connect()
+    h.until(lambda: len(h.listener.connections) == 2)
+    assert h.listener.next_deadline(start) == start + 10_000
+    h.now = start + 4_000
+    talker.sendall(encode_command(RemotingCommand(code=106, version=479, opaque=1, flag=2)))
+    h.until(lambda: all(e.last_active == start + 4_000 or e.last_active == start
+                        for e in h.listener.connections.values())
+            and any(e.last_active == start + 4_000 for e in h.listener.connections.values()))
+    h.now = start + 10_000
+    with caplog.at_level(logging.INFO, logger="zns"):
+        h.turn()
+    assert len(h.listener.connections) == 1  # the quiet one, at its deadline
+    assert caplog.records[-1].getMessage() == "remoting connection from 127.0.0.1 closed: idle for 10 s"
+    assert h.listener.next_deadline(h.now) == start + 14_000
+    h.now = start + 13_999
+    h.turn()
+    assert len(h.listener.connections) == 1
+    h.now = start + 14_000
+    h.turn()
+    assert not h.listener.connections
+
+
+def test_a_slice_ending_exactly_now_is_over(hand):
+    h = hand(clock=lambda: 500)
+    h.connect()
+    time.sleep(0)  # the connection is in the listen queue; a turn whose slice is over takes nothing
+    select.select([h.listener._epoll.fileno()], [], [], 30)
+    h.listener.run({}, h.now, 500)
+    assert not h.listener.connections
+    h.listener.run({}, h.now, 501)
+    assert len(h.listener.connections) == 1
+
+
+def test_large_frames_are_read_into_a_mapping_from_its_threshold_on():
+    import mmap
+
+    from zns.drivers.remoting_listener import MAPPED_FRAME_BYTES, frame_buffer
+
+    assert isinstance(frame_buffer(MAPPED_FRAME_BYTES), mmap.mmap)
+    assert isinstance(frame_buffer(MAPPED_FRAME_BYTES - 1), bytearray)

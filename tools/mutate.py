@@ -236,6 +236,24 @@ EQUIVALENT: dict[str, str] = {
         "own context destroyed with linger=None: every socket made in it (router, pub, peers, ZAP) "
         "is closed before, so the linger applies to none",
     "zns.drivers.server.xǁServerǁclose__mutmut_12": "as close__mutmut_11 (linger=1)",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_read__mutmut_34":
+        "fresh = None for False: only ever read as a truth value",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_read__mutmut_38":
+        "looks_like_zmtp given 17 bytes for 16: it reads only the first",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_write__mutmut_3":
+        "sent = None for 0 when the socket would block: only ever read as a truth value",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁrun__mutmut_8":
+        "epoll.poll without EVENTS_PER_TURN: more events listed, but the turn still stops at the "
+        "end of its slice and the rest stays ready (level-triggered)",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁrun__mutmut_9":
+        "epoll.poll(1) for poll(0): a turn with nothing ready waits 1 ms (a latency)",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁrun__mutmut_12":
+        "`break` for `continue` after accepting: the events not looked at stay ready "
+        "(level-triggered) and the loop runs the listener again at once (a latency)",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁrun__mutmut_16": "as run__mutmut_12 (after a closed entry)",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_queue__mutmut_2":
+        "queued = None for True: a connection may sit twice in the backlog, and its second turn "
+        "finds nothing more to answer (replies, their order and bounds are the same; a cost)",
     "zns.drivers.peers.xǁPeerLinksǁ_receive__mutmut_4":
         "no max_bytes on the DEALER: the socket's MAXMSGSIZE (the same bound) refuses a frame over it, "
         "and max_frames=1 drops any longer message",
