@@ -139,3 +139,56 @@ def test_queues_selection_per_topic_and_a_watch_that_starts_with_the_known_route
             assert client._watchers["TopicA"] == []  # an ended watch leaves no buffer behind
 
     asyncio.run(scenario())
+
+
+def test_the_defaults_of_an_async_client():
+    async def scenario():
+        client = AsyncRouteClient("tcp://127.0.0.1:1")
+        session = client.session
+        assert client.timeout == 5.0
+        assert session.request_timeout_ms == 3000 and session.heartbeat_interval_ms == 1000
+        assert session.cache.pull_period_ms == 30_000
+        assert client.selector.faults is None  # no latency fault avoidance unless asked
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_a_routes_own_timeout_wins_over_the_clients():
+    async def scenario():
+        client = client_for("tcp://127.0.0.1:1", timeout=30)  # nobody listens there
+        try:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(NameServerUnavailable):
+                await client.route("T", timeout=0.2)
+            assert asyncio.get_running_loop().time() - started < 20
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_ends_at_its_deadline_and_a_silent_socket_is_not_ready():
+    import zmq
+    import zmq.asyncio
+
+    from zns.core.client_session import FollowServer
+
+    async def scenario():
+        ctx = zmq.asyncio.Context()
+        router = ctx.socket(zmq.ROUTER)  # a NameServer that never answers
+        router.bind("inproc://silent-ns")
+        client = AsyncRouteClient("inproc://silent-ns", context=ctx)
+        try:
+            client._sockets.carry_out(FollowServer(endpoint="inproc://silent-ns"))
+            client._sockets.send(b"a request never answered")
+            ready = await asyncio.wait_for(client._wait(client._now() + 100), 20)
+            assert ready == set()  # the DEALER can send, but has nothing to read
+        finally:
+            await client.close()
+            router.close(0)
+            ctx.term()
+
+    asyncio.run(scenario())

@@ -227,11 +227,15 @@ def test_now_is_the_clock_in_whole_milliseconds(driver: Driver) -> None:
 
 
 def test_a_dead_background_loop_is_logged_once_and_raised_by_every_later_call(driver: Driver, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="zns.client")
     cause = ValueError("boom")
     driver._died(cause)
     assert driver.failure is cause
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert errors == ["the Driver's background loop failed (every later call raises it): ValueError: boom"]
+    (debug,) = [r for r in caplog.records if r.levelno == logging.DEBUG and r.name == "zns.client"]
+    assert debug.getMessage() == "the failure" and debug.exc_info is not None
+    assert debug.exc_info[1] is cause  # the traceback, for whoever turns debug on
     for call in (lambda: driver.forget("T"), lambda: driver._track("T"), lambda: driver._answer("T", True),
                  driver._raise_if_failed):
         with pytest.raises(BackgroundFailure) as caught:
@@ -255,9 +259,12 @@ def test_answer_names_the_nameservers_tried_or_the_missing_route(ctx) -> None:
             driver._answer("T", False)
         assert str(caught.value) == "no route for 'T': no NameServer answered (tried tcp://h1:1, tcp://h2:2)"
         driver._track("T")
+        assert "T" in driver.session.cache.take_stale()  # asked for
+        driver.session.cache.apply_pull("e1", {}, {"T": 7}, 1000)  # pulled: no route, at revision 7
         with pytest.raises(NotFound) as missing:
-            driver._answer("T", True)  # known to have no route
+            driver._answer("T", True)
         assert str(missing.value) == "no route for topic 'T'"
+        assert missing.value.revision == 7  # a watch can start from there
     finally:
         driver._sockets.close()
 

@@ -399,6 +399,8 @@ EQUIVALENT: dict[str, str] = {
         "put() writes it first",
     "zns.drivers.async_client.xǁ_Latestǁget__mutmut_3":
         "as _Latest.__init____mutmut_1 (the value after a get: the event is cleared with it)",
+    "zns.drivers.async_client.xǁAsyncRouteClientǁroute__mutmut_12":
+        "known = None for False after a timeout: only ever read as a truth value",
     "zns.cli.options.x__option__mutmut_19":
         "a flag's attribute not named: click derives the same name from `--order-message-enable`",
     "zns.cli.options.x__option__mutmut_22":
