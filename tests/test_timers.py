@@ -147,6 +147,25 @@ def test_a_stall_measured_while_serving_is_not_measured_again_at_the_next_wake_u
     assert [e.broker_name for e in removed(timers.on_timer(35_011, 0))] == ["b1"]
 
 
+def test_after_a_stall_the_hb_is_due_at_once_wherever_the_stall_was_measured():
+    # Subscribers learn the server is back at the first pass after a stand-still, after its
+    # expiry: whether the process stopped in its wait (woke) or while a source ran (ran).
+    for stall_in_the_wait in (True, False):
+        service, timers = make(interval_ms=1_000, now=0)
+        register(service, now=0, timeout_ms=1_000)
+        timers.woke(timers.next_deadline())
+        assert len(hbs(timers.on_timer(0, 0))) == 1  # the next hb is at 1 000
+        if stall_in_the_wait:
+            assert timers.woke(3_500) > 0
+        else:
+            assert timers.ran(wall_ms=3_500, cpu_ms=10) > 0
+            assert timers.woke(timers.next_deadline()) == 0
+        now = max(timers.next_deadline(), 3_000)
+        assert now <= 3_500, stall_in_the_wait
+        batches = timers.on_timer(now, 0)
+        assert removed(batches) == [] and len(hbs(batches)) == 1, stall_in_the_wait
+
+
 def test_a_wake_up_is_measured_once():
     _, timers = make(interval_ms=200, now=0)
     planned = timers.next_deadline()

@@ -86,12 +86,15 @@ class ServerTimers:
     def ran(self, wall_ms: int, cpu_ms: int) -> int:
         """The driver served for `wall_ms`, of which it ran `cpu_ms`; returns the stall measured."""
         stall = self._stalled(wall_ms - cpu_ms)
-        # The stand-still is behind us now, and the timers' own schedule moves by it like
-        # every deadline: a plan made from the time before it (the next `hb` included)
-        # would make the next wake-up late by it again and move every deadline twice.
-        self._now += stall
-        self._planned += stall
-        self._next_hb += stall
+        # The stand-still is behind us now, and the timers' own plan moves by it like every
+        # deadline: a plan made from the time before it would make the next wake-up late
+        # by it again and move every deadline twice. The `hb` is due at once, as after a
+        # stall measured in the wait (`woke`): subscribers learn the server is back at the
+        # next pass, after its expiry, not up to an interval later.
+        if stall:
+            self._now += stall
+            self._planned += stall
+            self._next_hb = self._now
         return stall
 
     def on_timer(self, now: int, wall_ms: int) -> list[Sequence[Frames]]:
