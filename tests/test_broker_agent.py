@@ -255,7 +255,7 @@ def test_an_unreadable_reply_is_logged_and_the_agent_goes_on(caplog):
         garbage.close()
 
 
-def test_wait_registered_waits_five_seconds_by_default():
+def test_wait_registered_asks_its_condition_for_five_seconds_by_default():
     class Spy(threading.Condition):
         """Records how long it is asked to wait, and does not wait."""
 
@@ -369,11 +369,13 @@ def test_the_defaults_and_seconds_become_the_sessions_milliseconds():
     assert agent._close_timeout == 3.0  # close()'s default bound
     assert agent._thread.name == "zns-broker-agent" and agent._thread.daemon
     timed = agent_for("tcp://127.0.0.1:1", register_period=45, request_timeout=2.5, zone="z1",
-                      heartbeat_interval=0.5, state_version=7, start=False)
+                      heartbeat_interval=0.5, state_version=7, ha_addr="127.0.0.1:10912",
+                      start=False)
     assert timed.register_period == 45.0 and timed._links[0].session.request_timeout_ms == 2500
     assert timed._links[0].session.heartbeat_interval_ms == 500
     registration = timed._broker.registration()
     assert registration.zone == "z1" and registration.data_version.state == 7
+    assert registration.ha_addr == "127.0.0.1:10912"
     assert abs(registration.data_version.timestamp - time.time() * 1000) < 3_600_000
     timed.close()
 

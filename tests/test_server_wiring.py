@@ -80,6 +80,12 @@ def test_options_reach_the_sockets_and_the_listener(tmp_path, made):
     assert srv.loop.sources[2].timers is srv.timers
     # The timers and the outbox also run between the others once due.
     assert srv.loop.urgent == [srv.loop.sources[2], srv.outbox]
+    # Each source's sockets are watched for reading, and a ready one wakes its own source.
+    watched = dict(srv.loop.poll.poller.sockets)
+    assert watched[srv.pub] == watched[srv._waker.fd] == zmq.POLLIN
+    assert srv.loop.poll.owners[srv.pub] is srv.loop.sources[4]
+    assert srv.loop.poll.owners[srv._waker.fd] is srv.loop.sources[0]
+    assert srv.requests._clock == srv._now
 
 
 def test_the_listener_reads_the_server_clock(tmp_path, made):
@@ -144,6 +150,9 @@ def test_curve_narrows_the_listener_defaults_and_the_config_shows_it(tmp_path, m
     assert (service.properties["remotingBrokers"], service.properties["remotingClients"]) == \
         (loopback, readers)
     assert service.kv_reads_admin
+    # CURVE reaches the service (who may do what), the router (the User-Id frame) and the keys.
+    assert srv.service.authorize == srv.security.authorize
+    assert srv.requests._with_key is True
     narrowed = [r.getMessage() for r in caplog.records if "CURVE is on" in r.getMessage()]
     reads = " and reads (--remoting-clients CIDR)" if clients == "listed" else ""
     assert narrowed == [f"CURVE is on but the remoting listener has no keys: it accepts broker "
@@ -426,3 +435,14 @@ def test_a_socket_bound_beyond_loopback_without_curve_is_warned_about(tmp_path, 
                         "anyone who can reach it can register brokers and rewrite routes"]
     # Only the events socket's own port is what its subscribers' connections arrive at.
     assert srv.subscribers._local[1] == int(srv.pub_endpoint.rsplit(":", 1)[1])
+
+
+def test_the_key_directories_reach_security(tmp_path, made):
+    secret = write_keypair(tmp_path / "keys", "server")[1]
+    dirs = [tmp_path / name for name in ("brokers", "admins", "clients")]
+    for each in dirs:
+        each.mkdir()
+    srv = make(made, config(tmp_path, curve_secret=secret, brokers_keys=str(dirs[0]),
+                            admins_keys=str(dirs[1]), clients_keys=str(dirs[2]), clients="listed"))
+    assert [str(d) if d is not None else None for d in srv.security._dirs[:3]] == [str(d) for d in dirs]
+    assert srv.security._dirs[3] == "listed"

@@ -254,6 +254,21 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.remoting_listener.xǁRemotingListenerǁ_queue__mutmut_2":
         "queued = None for True: a connection may sit twice in the backlog, and its second turn "
         "finds nothing more to answer (replies, their order and bounds are the same; a cost)",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ__init____mutmut_64":
+        "_changed = True at first: it asks only for the registration start() already sent, whose "
+        "reply sets the next one a period later (the version is current)",
+    "zns.drivers.broker_agent.xǁBrokerAgentǁ_run__mutmut_54":
+        "`if wakes or True`: a started session has a deadline until it is done, and once all are "
+        "done the loop has ended, so wakes is never empty there",
+    "zns.drivers.server.xǁServerǁrun__mutmut_23":
+        "'%d' of descriptor_limit / 2 - 32 for // 2: '%d' truncates, the same integer for any limit "
+        "above 64 (raise_descriptor_limit asks for thousands)",
+    "zns.drivers.server.xǁServerǁ_install_signal_handlers__mutmut_2":
+        "an undo returning 0 for None off the main thread: run() ignores what the undos return",
+    "zns.drivers.server.xǁServerǁ_install_signal_handlers__mutmut_3": "as _install_signal_handlers__mutmut_2",
+    "zns.drivers.server.xǁServerǁ_bind__mutmut_1":
+        "events=1 (EVENT_CONNECTED) by default: a bound socket never connects, and a bind without "
+        "on_event reads no event",
     "zns.drivers.peers.xǁPeerLinksǁ_receive__mutmut_4":
         "no max_bytes on the DEALER: the socket's MAXMSGSIZE (the same bound) refuses a frame over it, "
         "and max_frames=1 drops any longer message",
