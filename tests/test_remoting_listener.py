@@ -293,16 +293,27 @@ def test_max_connections(rserver, caplog):
 
 
 def test_idle_connections_are_closed(rserver):
-    srv, listener, endpoint = rserver()
+    # The server's clock is the test's: a loaded machine can delay a call by seconds, and
+    # then a real 1.5 s timeout would close the busy connection too.
+    now = [time.monotonic()]
+    srv, listener, endpoint = rserver(server_kwargs={"clock": lambda: now[0]})
     listener.idle_timeout_ms = 1500
+
+    def advance(seconds: float) -> None:
+        for _ in range(round(seconds / 0.25)):  # steps shorter than a stall (1 s)
+            now[0] += 0.25
+            srv.server.wake()
+
     idle, busy = Client(endpoint), Client(endpoint)
     assert idle.call(cluster_info()).code == 0
-    started = time.monotonic()
-    while time.monotonic() - started < 3:
+    for _ in range(3):
+        advance(1.0)
         assert busy.call(cluster_info()).code == 0  # traffic keeps it open
-        time.sleep(0.1)
     assert idle.closed_by_server(timeout=10)
+    assert not busy.closed_by_server(timeout=0.2)
     assert busy.call(cluster_info()).code == 0
+    advance(2.0)
+    assert busy.closed_by_server(timeout=10)
 
 
 def test_dribbling_connection_is_bounded_and_blocks_nobody(rserver):
