@@ -192,3 +192,62 @@ def test_a_wait_ends_at_its_deadline_and_a_silent_socket_is_not_ready():
             ctx.term()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_the_task_is_named_ended_by_close_and_close_twice_is_fine():
+    async def scenario():
+        client = client_for("tcp://127.0.0.1:1")
+        await client.start()
+        task = client._task
+        assert task is not None and task.get_name() == "zns-async-route-client"
+        await client.start()  # started once
+        assert client._task is task
+        await client.close()
+        assert task.done() and client._task is None
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_an_unanswered_request_is_timed_out_and_asked_again_without_any_traffic():
+    import zmq
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)  # a NameServer that reads requests and never answers
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    async def scenario():
+        client = client_for(f"tcp://127.0.0.1:{port}", request_timeout=0.2)
+        try:
+            with pytest.raises(NameServerUnavailable):
+                await client.route("T", timeout=5)
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(scenario())
+        asked = 0
+        while router.poll(0):
+            router.recv_multipart()
+            asked += 1
+        assert asked >= 2  # the session's timers ran: the request was sent again
+    finally:
+        router.close(0)
+        ctx.term()
+
+
+def test_the_options_of_an_async_client_reach_its_session():
+    async def scenario():
+        client = AsyncRouteClient("tcp://127.0.0.1:1", zone="z1", fault_tolerance=True,
+                                  events="relay:5", timeout=2, request_timeout=0.5,
+                                  heartbeat_interval=0.25, pull_period=9)
+        session = client.session
+        assert session.cache.zone == "z1" and session.events == "tcp://relay:5"
+        assert client.selector.faults is not None
+        assert client.timeout == 2 and session.request_timeout_ms == 500
+        assert session.heartbeat_interval_ms == 250 and session.cache.pull_period_ms == 9000
+        await client.close()
+
+    asyncio.run(scenario())

@@ -416,6 +416,9 @@ EQUIVALENT: dict[str, str] = {
         "as _Latest.__init____mutmut_1 (the value after a get: the event is cleared with it)",
     "zns.drivers.async_client.xǁAsyncRouteClientǁroute__mutmut_12":
         "known = None for False after a timeout: only ever read as a truth value",
+    "zns.drivers.async_client.xǁAsyncRouteClientǁ_run__mutmut_1":
+        "the first turn's ready set None for empty: no socket is open before the first turn "
+        "carries out the session's actions, so `in ready` is never reached",
     "zns.cli.options.x__option__mutmut_19":
         "a flag's attribute not named: click derives the same name from `--order-message-enable`",
     "zns.cli.options.x__option__mutmut_22":
