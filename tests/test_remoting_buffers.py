@@ -405,3 +405,37 @@ def test_large_frames_are_read_into_a_mapping_from_its_threshold_on():
 
     assert isinstance(frame_buffer(MAPPED_FRAME_BYTES), mmap.mmap)
     assert isinstance(frame_buffer(MAPPED_FRAME_BYTES - 1), bytearray)
+
+
+def test_out_of_descriptors_at_accept_tells_the_guard_and_other_errors_are_raised(hand):
+    import errno
+
+    class Listening:
+        """The listening socket as _accept sees it, failing as told."""
+
+        def __init__(self, code: int) -> None:
+            self.code = code
+
+        def accept(self):  # type: ignore[no-untyped-def]
+            raise OSError(self.code, "refused")
+
+    class Guard:
+        calls: list[tuple] = []
+
+        def out_of_descriptors(self, listening, now):  # type: ignore[no-untyped-def]
+            self.calls.append((listening, now))
+
+    h = hand()
+    real = h.listener.listening
+    try:
+        h.listener.listening = Listening(errno.EMFILE)  # type: ignore[assignment]
+        h.listener.descriptors = Guard()  # type: ignore[assignment]
+        h.listener._accept(1234)
+        assert Guard.calls == [(h.listener.listening, 1234)]
+        h.listener.descriptors = None
+        h.listener._accept(1235)  # no guard: nothing to tell, no error
+        h.listener.listening = Listening(errno.EPERM)  # type: ignore[assignment]
+        with pytest.raises(PermissionError):
+            h.listener._accept(1236)
+    finally:
+        h.listener.listening = real

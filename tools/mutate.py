@@ -269,6 +269,9 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.server.xǁServerǁ_bind__mutmut_1":
         "events=1 (EVENT_CONNECTED) by default: a bound socket never connects, and a bind without "
         "on_event reads no event",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_accept__mutmut_11":
+        "the host taken as address[0] whatever the address: a TCP listener's peer address is always a tuple",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_accept__mutmut_13": "as _accept__mutmut_11 (the other branch is never taken)",
     "zns.drivers.peers.xǁPeerLinksǁ_receive__mutmut_4":
         "no max_bytes on the DEALER: the socket's MAXMSGSIZE (the same bound) refuses a frame over it, "
         "and max_frames=1 drops any longer message",
