@@ -446,3 +446,13 @@ def test_the_key_directories_reach_security(tmp_path, made):
                             admins_keys=str(dirs[1]), clients_keys=str(dirs[2]), clients="listed"))
     assert [str(d) if d is not None else None for d in srv.security._dirs[:3]] == [str(d) for d in dirs]
     assert srv.security._dirs[3] == "listed"
+
+
+def test_events_published_count_toward_the_heap_trim(tmp_path, made):
+    clock = Clock(100.0)
+    srv = make(made, config(tmp_path), clock=clock)
+    srv.outbox._send = lambda frames: None
+    before = srv.heap.pending
+    srv.loop.sources[2].run({}, 100_000, 100_005)  # the timers: an hb into the outbox
+    srv.outbox.run({}, 100_000, 100_005)
+    assert srv.heap.pending == before + 1
