@@ -446,6 +446,9 @@ def test_the_key_directories_reach_security(tmp_path, made):
                             admins_keys=str(dirs[1]), clients_keys=str(dirs[2]), clients="listed"))
     assert [str(d) if d is not None else None for d in srv.security._dirs[:3]] == [str(d) for d in dirs]
     assert srv.security._dirs[3] == "listed"
+    # ZAP answers in the server's own context, the one its sockets were made in.
+    assert srv._own_ctx is not None and srv.security._auth.context is srv._own_ctx
+    assert srv.router.context is srv._own_ctx
 
 
 def test_events_published_count_toward_the_heap_trim(tmp_path, made):
