@@ -422,6 +422,14 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.async_client.xǁAsyncRouteClientǁ_run__mutmut_1":
         "the first turn's ready set None for empty: no socket is open before the first turn "
         "carries out the session's actions, so `in ready` is never reached",
+    "zns.drivers.client_base.xǁSessionSocketsǁ_close__mutmut_4":
+        "pop without a default: every socket closed here was opened by _open, which registered it",
+    "zns.drivers.client_base.xǁSessionSocketsǁ_close__mutmut_5": "close(None) for close(0): the socket's own LINGER is 0 (open_socket)",
+    "zns.drivers.client_base.xǁSessionSocketsǁ_close__mutmut_6":
+        "close(1) for close(0): closing may wait 1 ms for an unsent request the session times out anyway",
+    "zns.drivers.client_base.xǁSessionSocketsǁ_close_sub__mutmut_4": "as _close__mutmut_4 (ConnectEvents registered the monitor)",
+    "zns.drivers.client_base.xǁSessionSocketsǁ_close_sub__mutmut_5": "the monitor's close(None) for 0: an inproc PAIR with nothing unsent",
+    "zns.drivers.client_base.xǁSessionSocketsǁ_close_sub__mutmut_6": "as _close_sub__mutmut_5 (close(1))",
     "zns.cli.options.x__option__mutmut_19":
         "a flag's attribute not named: click derives the same name from `--order-message-enable`",
     "zns.cli.options.x__option__mutmut_22":
