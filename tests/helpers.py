@@ -6,6 +6,7 @@ Fixtures stay in conftest.py; test modules import what they use from here.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -41,6 +42,13 @@ def examples(n: int) -> int:
 # deadline, not a measurement: a test that passes never waits for it, so it can be generous
 # (under load 27, a reply, a subprocess start or a failover took over 10 s).
 LOADED_DEADLINE = 30.0
+
+
+def records_here(caplog: Any, name: str = "zns") -> list[logging.LogRecord]:
+    """`name`'s records logged by this thread: caplog also catches what a thread another
+    test left running logs meanwhile (a server's stall warning under load, say)."""
+    here = threading.get_ident()
+    return [r for r in caplog.records if r.name == name and r.thread == here]
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = LOADED_DEADLINE,

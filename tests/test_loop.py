@@ -9,7 +9,7 @@ import pytest
 
 from zns.drivers.loop import SLICE_MS, Loop, Outbox, PollSet
 
-from helpers import wait_for
+from helpers import records_here, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -395,7 +395,7 @@ def test_the_bug_line_names_the_source_and_nothing_else(caplog):
     broken.what = "breaking"
     loop, _, _ = make_loop(broken, clock=clock)
     loop.run_pass({}, 100)
-    (record,) = [r for r in caplog.records if r.name == "zns"]
+    (record,) = records_here(caplog)
     assert record.getMessage() == "bug while breaking; the server carries on"
     assert record.exc_info is not None
 

@@ -23,7 +23,7 @@ from zns.drivers.request_router import (
     RequestRouter,
 )
 
-from helpers import wait_for
+from helpers import records_here, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -271,7 +271,7 @@ def test_32_envelope_frames_are_answered_and_33_dropped_with_a_log_line(rig: Rig
     assert reply_of(peer) == [b"re:after"]
     assert [body for body, _, _ in rig.service.calls] == [b"ok", b"after"]
     assert rig.rr.dropped_requests == 1
-    (record,) = [r for r in caplog.records if r.name == "zns"]
+    (record,) = records_here(caplog)
     assert record.levelno == logging.WARNING
     assert record.getMessage() == ("dropped a request unanswered: more than 32 envelope frames or "
                                    "1048576 bytes (§1 bounds; at least 33 frames, 33 bytes)")
@@ -292,7 +292,7 @@ def test_a_request_of_max_bytes_is_answered_and_one_byte_more_dropped(ctx, caplo
         wait_for(lambda: (rig.rr.run({}, 1000, 10**9), len(rig.service.calls) == 2)[1], timeout=10)
         assert [body for body, _, _ in rig.service.calls] == [b"a" * fits, b"after"]
         assert rig.rr.dropped_requests == 1
-        (record,) = [r for r in caplog.records if r.name == "zns"]
+        (record,) = records_here(caplog)
         assert record.getMessage().endswith(f"(§1 bounds; at least {envelope} frames, 101 bytes)")
     finally:
         rig.close()
@@ -307,7 +307,7 @@ def test_a_message_over_the_bound_in_its_envelope_is_dropped_as_soon_as_it_is_ov
         rig.arrived()
         wait_for(lambda: (rig.rr.run({}, 1000, 10**9), len(rig.service.calls) == 1)[1], timeout=10)
         assert rig.service.calls == [(b"after", 1000, None)]
-        (record,) = [r for r in caplog.records if r.name == "zns"]
+        (record,) = records_here(caplog)
         assert record.getMessage().endswith("(§1 bounds; at least 1 frames, 101 bytes)")
     finally:
         rig.close()

@@ -291,7 +291,8 @@ class LowLimitServer:
             words = line.split()
             self.router = words[words.index("on") + 1].rstrip(",")
             self.pub = words[words.index("events") + 2]
-            assert f"file descriptors: limit {LOW_LIMIT}" in self.log()
+            # The line after "serving": written a moment later, not always read with it.
+            wait_for(lambda: f"file descriptors: limit {LOW_LIMIT}" in self.log())
         except BaseException:  # the test never gets the object: end the process here
             self.proc.kill()
             self.proc.wait(15)

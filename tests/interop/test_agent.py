@@ -300,9 +300,12 @@ def test_java_nameserver_or_no_events_leave_the_application_as_it_was_at_no_cost
             return {(p, k): zns_agent.thread_cpu_ms(p.pid, prefix) for p in probes
                     for k, prefix in (("own", "zns-agent$"), ("all", "zns-agent"))}
 
-        idle = cpu()
+        idle, runs = cpu(), {p: zns_agent.thread_runs(p.pid, "zns-agent") for p in probes}
         time.sleep(IDLE_S)  # a window in which nothing changes: what the agent costs then
         spent = {key: ms - idle[key] for key, ms in cpu().items()}
+        woke = {p: zns_agent.thread_runs(p.pid, "zns-agent") - runs[p] for p in probes}
+        print(f"  agent thread runs over {IDLE_S:.0f} s: on the Java NameServer {woke[on_java]}, "
+              f"no events {woke[no_events]}, following zns {woke[following]}")
         threads = {p: sorted(n for n in zns_agent.thread_names(p.pid) if n.startswith("zns-agent")) for p in probes}
         print(f"  agent CPU over {IDLE_S:.0f} s, its thread (with JeroMQ's): on the Java NameServer "
               f"{spent[on_java, 'own']:.1f} ms, no events {spent[no_events, 'own']:.1f} ms "
@@ -310,9 +313,12 @@ def test_java_nameserver_or_no_events_leave_the_application_as_it_was_at_no_cost
               f"({spent[following, 'all']:.1f}); threads {threads[on_java]} / {threads[following]}")
         assert threads[on_java] == ["zns-agent"], threads[on_java]  # idle: no JeroMQ context
         assert len(threads[following]) == 3, threads[following]    # + JeroMQ's I/O and reaper threads
-        # Following zns with nothing changing, the agent's thread is within the budget of 0.1 %
-        # of a core (it wakes every third hb and reads the clients' tables every 10 s at most).
-        assert spent[following, "own"] <= IDLE_S * 1.0, spent
+        # Following zns with nothing changing, the agent's thread sleeps until it has something
+        # to do (every third hb, the clients' tables every 10 s at most): at most two runs a
+        # second, preemptions included (3-5 in 5 s here; 19 when it polled every second). Its
+        # CPU time is bench/agent.py's figure against the 0.1 % budget: CPU time itself grows
+        # with the machine's load (22 ms at a load of 17 for 1.7 ms quiet), run counts do not.
+        assert woke[following] <= 2 * IDLE_S, woke[following]
         # Retrying (a dead endpoint every 2 s) or backing off, with JeroMQ's threads: 1 % at most.
         assert all(ms <= IDLE_S * 10 for ms in spent.values()), spent
 
