@@ -272,6 +272,12 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.remoting_listener.xǁRemotingListenerǁ_accept__mutmut_11":
         "the host taken as address[0] whatever the address: a TCP listener's peer address is always a tuple",
     "zns.drivers.remoting_listener.xǁRemotingListenerǁ_accept__mutmut_13": "as _accept__mutmut_11 (the other branch is never taken)",
+    "zns.drivers.server.x_is_loopback__mutmut_11":
+        "strip('XX[]XX') for strip('[]'): urlsplit's hostname is lower case, so it never ends in 'X'",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_close__mutmut_7":
+        "a closed connection's held = None for 0: never read again (it has left `connections`, "
+        "and the backlog skips it)",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_close__mutmut_8": "as _close__mutmut_7 (held = 1)",
     "zns.drivers.peers.xǁPeerLinksǁ_receive__mutmut_4":
         "no max_bytes on the DEALER: the socket's MAXMSGSIZE (the same bound) refuses a frame over it, "
         "and max_frames=1 drops any longer message",
