@@ -23,7 +23,7 @@ from zns.core.subscriptions import (
 )
 from zns.drivers.route_client import RouteClient
 
-from helpers import ThreadedServer, register_fields, wait_for
+from helpers import LOADED_DEADLINE, ThreadedServer, register_fields, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -115,7 +115,10 @@ def test_a_subscriber_of_2000_distinct_kib_subscriptions_is_cut_and_memory_stays
         attacker.close()
     budget = srv.server.subscribers.budget
     assert budget.cut == 1 and budget.held < 1024 * 1024
-    assert _rss_mib() - before < 48, "the trie grew past the budget"
+    # Back within the budget once the cut connection's subscriptions are freed and the heap
+    # trimmed: libzmq may have put more of a fast burst in its trie than the loop had
+    # counted when it cut (docs/operations.md, the events socket's budget).
+    wait_for(lambda: _rss_mib() - before < 48, timeout=LOADED_DEADLINE)
     assert other.next_event(timeout=5)  # everyone else is still served
 
 
