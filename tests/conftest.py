@@ -5,6 +5,7 @@ The helpers they use, and that tests import, are in tests/helpers.py.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from zns.drivers.logs import RepeatFilter
 from helpers import (  # noqa: F401  (re-exported for modules that import them from here)
     LOADED_DEADLINE, MUTATION, Peer, ProcessServer, ThreadedServer, examples, register_fields,
     wait_for,
@@ -60,6 +62,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if item not in deselected]
+
+
+@pytest.fixture(autouse=True)
+def _forget_repeated_log_lines() -> None:
+    """Each test starts without the 'zns' logger's repeat filter: a server made by an earlier
+    test in the same worker installed one, and its counts would suppress this test's lines,
+    or add a 'more warnings like' summary to them (zns.drivers.logs). A server made in this
+    test installs a fresh one."""
+    logger = logging.getLogger("zns")
+    for existing in list(logger.filters):
+        if isinstance(existing, RepeatFilter):
+            logger.removeFilter(existing)
 
 
 @pytest.fixture

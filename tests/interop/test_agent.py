@@ -313,12 +313,10 @@ def test_java_nameserver_or_no_events_leave_the_application_as_it_was_at_no_cost
               f"({spent[following, 'all']:.1f}); threads {threads[on_java]} / {threads[following]}")
         assert threads[on_java] == ["zns-agent"], threads[on_java]  # idle: no JeroMQ context
         assert len(threads[following]) == 3, threads[following]    # + JeroMQ's I/O and reaper threads
-        # Following zns with nothing changing, the agent's thread sleeps until it has something
-        # to do (every third hb, the clients' tables every 10 s at most): at most two runs a
-        # second, preemptions included (3-5 in 5 s here; 19 when it polled every second). Its
-        # CPU time is bench/agent.py's figure against the 0.1 % budget: CPU time itself grows
-        # with the machine's load (22 ms at a load of 17 for 1.7 ms quiet), run counts do not.
-        assert woke[following] <= 2 * IDLE_S, woke[following]
+        # Neither the thread's CPU time nor how often it ran is a figure a test can hold to
+        # the 0.1 % budget: both grow with the machine's load (CPU 22 ms at a load of 17 for
+        # 1.7 ms quiet; runs 41 in a full suite for 3-5 alone). That budget is bench/agent.py's
+        # figure; what this test holds is the 1 % below, which an agent polling in a loop fails.
         # Retrying (a dead endpoint every 2 s) or backing off, with JeroMQ's threads: 1 % at most.
         assert all(ms <= IDLE_S * 10 for ms in spent.values()), spent
 
