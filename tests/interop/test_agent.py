@@ -300,12 +300,9 @@ def test_java_nameserver_or_no_events_leave_the_application_as_it_was_at_no_cost
             return {(p, k): zns_agent.thread_cpu_ms(p.pid, prefix) for p in probes
                     for k, prefix in (("own", "zns-agent$"), ("all", "zns-agent"))}
 
-        idle, runs = cpu(), {p: zns_agent.thread_runs(p.pid, "zns-agent") for p in probes}
+        idle = cpu()
         time.sleep(IDLE_S)  # a window in which nothing changes: what the agent costs then
         spent = {key: ms - idle[key] for key, ms in cpu().items()}
-        woke = {p: zns_agent.thread_runs(p.pid, "zns-agent") - runs[p] for p in probes}
-        print(f"  agent thread runs over {IDLE_S:.0f} s: on the Java NameServer {woke[on_java]}, "
-              f"no events {woke[no_events]}, following zns {woke[following]}")
         threads = {p: sorted(n for n in zns_agent.thread_names(p.pid) if n.startswith("zns-agent")) for p in probes}
         print(f"  agent CPU over {IDLE_S:.0f} s, its thread (with JeroMQ's): on the Java NameServer "
               f"{spent[on_java, 'own']:.1f} ms, no events {spent[no_events, 'own']:.1f} ms "

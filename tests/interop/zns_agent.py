@@ -377,18 +377,6 @@ class Probe:
                             f"{rocketmq._tail(self.stderr_path)}")
 
 
-def thread_runs(pid: int, name: str) -> int:
-    """How many times the scheduler has run the thread of `pid` named `name` (schedstat's
-    third field: each wake-up is one, and so is each return after being preempted)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            if (task / "comm").read_text().strip() == name:
-                return int((task / "schedstat").read_text().split()[2])
-        except (OSError, IndexError, ValueError):
-            continue
-    raise AssertionError(f"no thread {name!r} in process {pid}")
-
-
 def thread_cpu_ms(pid: int, name_prefix: str) -> float:
     """CPU time (ms) of the threads of `pid` whose name starts with `name_prefix` (the whole
     name when it ends with "$"): the scheduler's nanosecond count (schedstat), else
