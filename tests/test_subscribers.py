@@ -9,7 +9,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
@@ -65,161 +65,151 @@ def ctx() -> Iterator[zmq.Context]:
     context.destroy(0)
 
 
+@pytest.fixture
+def port_of(ctx: zmq.Context) -> Iterator[Callable[[SubscriptionBudget], Port]]:
+    """Makes events ports on `ctx`, each closed after the test."""
+    made: list[Port] = []
+
+    def make(budget: SubscriptionBudget) -> Port:
+        made.append(Port(ctx, budget))
+        return made[-1]
+
+    yield make
+    for port in made:
+        port.close()
+
+
 def _fd_of(budget: SubscriptionBudget) -> int:
     (fd,) = budget._cost  # the one connection counted
     return fd
 
 
-def test_the_xpub_reads_at_most_2_subscriptions_ahead(ctx) -> None:
-    port = Port(ctx, SubscriptionBudget())
-    try:
-        assert port.xpub.getsockopt(zmq.RCVHWM) == RCVHWM == 2
-        assert MONITORED == zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-        assert READ_PER_PASS == 10_000
-    finally:
-        port.close()
+def test_the_xpub_reads_at_most_2_subscriptions_ahead(port_of) -> None:
+    port = port_of(SubscriptionBudget())
+    assert port.xpub.getsockopt(zmq.RCVHWM) == RCVHWM == 2
+    assert MONITORED == zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+    assert READ_PER_PASS == 10_000
 
 
-def test_a_subscription_is_counted_and_an_unsubscription_uncounted(ctx) -> None:
+def test_a_subscription_is_counted_and_an_unsubscription_uncounted(port_of) -> None:
     budget = SubscriptionBudget()
-    port = Port(ctx, budget)
-    try:
-        sub = port.sub()
-        sub.subscribe(b"route/T1")
-        port.pump(lambda: budget.held)
-        fd = _fd_of(budget)
-        assert budget.cost(fd) == subscription_cost(b"route/T1")
-        sub.subscribe(b"route/T2")
-        port.pump(lambda: budget.cost(fd) > subscription_cost(b"route/T1"))
-        assert budget.cost(fd) == subscription_cost(b"route/T1") + subscription_cost(b"route/T2")
-        sub.unsubscribe(b"route/T1")
-        port.pump(lambda: budget.cost(fd) == subscription_cost(b"route/T2"))
-        assert port.freed == []
-    finally:
-        port.close()
+    port = port_of(budget)
+    sub = port.sub()
+    sub.subscribe(b"route/T1")
+    port.pump(lambda: budget.held)
+    fd = _fd_of(budget)
+    assert budget.cost(fd) == subscription_cost(b"route/T1")
+    sub.subscribe(b"route/T2")
+    port.pump(lambda: budget.cost(fd) > subscription_cost(b"route/T1"))
+    assert budget.cost(fd) == subscription_cost(b"route/T1") + subscription_cost(b"route/T2")
+    sub.unsubscribe(b"route/T1")
+    port.pump(lambda: budget.cost(fd) == subscription_cost(b"route/T2"))
+    assert port.freed == []
 
 
-def test_the_xpub_passes_every_subscription_up_even_a_repeat(ctx) -> None:
+def test_the_xpub_passes_every_subscription_up_even_a_repeat(port_of) -> None:
     # XPUB_VERBOSE: a second subscriber's subscription to the same channel is seen too.
     budget = SubscriptionBudget()
-    port = Port(ctx, budget)
-    try:
-        port.sub().subscribe(b"route/T")
-        port.pump(lambda: len(budget._cost) == 1)
-        port.sub().subscribe(b"route/T")
-        port.pump(lambda: len(budget._cost) == 2)
-        assert budget.held == 2 * subscription_cost(b"route/T")
-    finally:
-        port.close()
+    port = port_of(budget)
+    port.sub().subscribe(b"route/T")
+    port.pump(lambda: len(budget._cost) == 1)
+    port.sub().subscribe(b"route/T")
+    port.pump(lambda: len(budget._cost) == 2)
+    assert budget.held == 2 * subscription_cost(b"route/T")
 
 
-def test_the_xpub_passes_every_unsubscription_up(ctx) -> None:
+def test_the_xpub_passes_every_unsubscription_up(port_of) -> None:
     # XPUB_VERBOSER: an unsubscription from a channel another subscriber still holds.
     budget = SubscriptionBudget()
-    port = Port(ctx, budget)
-    try:
-        a, b = port.sub(), port.sub()
-        a.subscribe(b"route/T")
-        b.subscribe(b"route/T")
-        port.pump(lambda: budget.held == 2 * subscription_cost(b"route/T"))
-        a.unsubscribe(b"route/T")
-        port.pump(lambda: budget.held == subscription_cost(b"route/T"))
-    finally:
-        port.close()
+    port = port_of(budget)
+    a, b = port.sub(), port.sub()
+    a.subscribe(b"route/T")
+    b.subscribe(b"route/T")
+    port.pump(lambda: budget.held == 2 * subscription_cost(b"route/T"))
+    a.unsubscribe(b"route/T")
+    port.pump(lambda: budget.held == subscription_cost(b"route/T"))
 
 
-def test_a_connection_over_its_budget_is_cut_logged_and_its_cost_freed(ctx, caplog) -> None:
+def test_a_connection_over_its_budget_is_cut_logged_and_its_cost_freed(port_of, caplog) -> None:
     cost = subscription_cost(b"route/T1")
     budget = SubscriptionBudget(per_peer=cost + 10, total=10**9)
-    port = Port(ctx, budget)
-    try:
-        sub = port.sub()
-        sub.subscribe(b"route/T1")
-        port.pump(lambda: budget.held)
-        fd = _fd_of(budget)
-        sub.subscribe(b"route/T2")  # over: cut
-        port.pump(lambda: budget.cut)
-        assert port.freed == [cost]  # what it held before the one that went over
-        assert fd in port.subscribers._cut_fds
-        (record,) = [r for r in caplog.records if r.name == "zns"]
-        assert record.levelno == logging.WARNING
-        assert re.fullmatch(r"""events subscriber "\('127\.0\.0\.1', \d+\)" disconnected: its """
-                            rf"subscriptions cost more than its budget of {cost + 10} bytes "
-                            r"\(1 cut since start\)", record.getMessage())
-        assert budget.cost(fd) == 0 and budget.held == 0
-        # libzmq reports it closed: the descriptor names nobody any more
-        port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, fd)
-        assert fd not in port.subscribers._cut_fds and port.freed == [cost]
-    finally:
-        port.close()
+    port = port_of(budget)
+    sub = port.sub()
+    sub.subscribe(b"route/T1")
+    port.pump(lambda: budget.held)
+    fd = _fd_of(budget)
+    sub.subscribe(b"route/T2")  # over: cut
+    port.pump(lambda: budget.cut)
+    assert port.freed == [cost]  # what it held before the one that went over
+    assert fd in port.subscribers._cut_fds
+    (record,) = [r for r in caplog.records if r.name == "zns"]
+    assert record.levelno == logging.WARNING
+    assert re.fullmatch(r"""events subscriber "\('127\.0\.0\.1', \d+\)" disconnected: its """
+                        rf"subscriptions cost more than its budget of {cost + 10} bytes "
+                        r"\(1 cut since start\)", record.getMessage())
+    assert budget.cost(fd) == 0 and budget.held == 0
+    # libzmq reports it closed: the descriptor names nobody any more
+    port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, fd)
+    assert fd not in port.subscribers._cut_fds and port.freed == [cost]
 
 
-def test_over_the_total_the_largest_holder_is_cut_for_its_share(ctx, caplog) -> None:
+def test_over_the_total_the_largest_holder_is_cut_for_its_share(port_of, caplog) -> None:
     small, large = subscription_cost(b"a"), subscription_cost(b"b" * 50)
     budget = SubscriptionBudget(per_peer=10**9, total=large + small)
-    port = Port(ctx, budget)
-    try:
-        first = port.sub()
-        first.subscribe(b"b" * 50)
-        port.pump(lambda: budget.held == large)
-        big_fd = _fd_of(budget)
-        second = port.sub()
-        second.subscribe(b"a")
-        port.pump(lambda: budget.held == large + small)
-        second.subscribe(b"c")  # over the total: the largest holder (the first) goes
-        port.pump(lambda: budget.cut)
-        assert big_fd in port.subscribers._cut_fds
-        assert port.freed == [10**9]  # its budget, not what it held
-        (record,) = [r for r in caplog.records if r.name == "zns"]
-        assert record.getMessage().endswith(
-            f" disconnected: its subscriptions cost more than their share of the total budget of "
-            f"{large + small} bytes (1 cut since start)")
-    finally:
-        port.close()
+    port = port_of(budget)
+    first = port.sub()
+    first.subscribe(b"b" * 50)
+    port.pump(lambda: budget.held == large)
+    big_fd = _fd_of(budget)
+    second = port.sub()
+    second.subscribe(b"a")
+    port.pump(lambda: budget.held == large + small)
+    second.subscribe(b"c")  # over the total: the largest holder (the first) goes
+    port.pump(lambda: budget.cut)
+    assert big_fd in port.subscribers._cut_fds
+    assert port.freed == [10**9]  # its budget, not what it held
+    (record,) = [r for r in caplog.records if r.name == "zns"]
+    assert record.getMessage().endswith(
+        f" disconnected: its subscriptions cost more than their share of the total budget of "
+        f"{large + small} bytes (1 cut since start)")
 
 
-def test_a_connection_accepted_or_closed_is_forgotten_and_its_cost_freed(ctx) -> None:
+def test_a_connection_accepted_or_closed_is_forgotten_and_its_cost_freed(port_of) -> None:
     budget = SubscriptionBudget()
-    port = Port(ctx, budget)
-    try:
-        budget.subscribed(7, b"route/T")
-        port.subscribers._cut_fds.add(7)
-        port.subscribers.on_monitor_event(zmq.EVENT_CONNECTED, 7)  # not one of ours: ignored
-        assert budget.cost(7) and 7 in port.subscribers._cut_fds
-        port.subscribers.on_monitor_event(zmq.EVENT_ACCEPTED, 7)  # the number is reused
-        assert budget.cost(7) == 0 and 7 not in port.subscribers._cut_fds
-        assert port.freed == [subscription_cost(b"route/T")]
-        port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, 7)  # nothing held: nothing freed
-        assert port.freed == [subscription_cost(b"route/T")]
-        budget.subscribed(8, b"x")
-        port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, 8)
-        assert port.freed == [subscription_cost(b"route/T"), subscription_cost(b"x")]
-    finally:
-        port.close()
+    port = port_of(budget)
+    budget.subscribed(7, b"route/T")
+    port.subscribers._cut_fds.add(7)
+    port.subscribers.on_monitor_event(zmq.EVENT_CONNECTED, 7)  # not one of ours: ignored
+    assert budget.cost(7) and 7 in port.subscribers._cut_fds
+    port.subscribers.on_monitor_event(zmq.EVENT_ACCEPTED, 7)  # the number is reused
+    assert budget.cost(7) == 0 and 7 not in port.subscribers._cut_fds
+    assert port.freed == [subscription_cost(b"route/T")]
+    port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, 7)  # nothing held: nothing freed
+    assert port.freed == [subscription_cost(b"route/T")]
+    budget.subscribed(8, b"x")
+    port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, 8)
+    assert port.freed == [subscription_cost(b"route/T"), subscription_cost(b"x")]
 
 
-def test_a_message_that_is_no_subscription_is_not_counted(ctx) -> None:
+def test_a_message_that_is_no_subscription_is_not_counted(ctx, port_of) -> None:
     budget = SubscriptionBudget()
-    port = Port(ctx, budget)
-    try:
-        xsub = ctx.socket(zmq.XSUB)
-        xsub.setsockopt(zmq.LINGER, 0)
-        port.subs.append(xsub)
-        xsub.connect(port.listener.endpoint)
-        xsub.send(b"")            # empty
-        xsub.send(b"\x02abc")     # neither subscribe (1) nor unsubscribe (0)
-        xsub.send(b"\x01abc")     # a subscription: counted
-        port.pump(lambda: budget.held)
-        assert budget.held == subscription_cost(b"abc")
-        xsub.send(b"\x00abc")
-        port.pump(lambda: budget.held == 0)
-    finally:
-        port.close()
+    port = port_of(budget)
+    xsub = ctx.socket(zmq.XSUB)
+    xsub.setsockopt(zmq.LINGER, 0)
+    port.subs.append(xsub)
+    xsub.connect(port.listener.endpoint)
+    xsub.send(b"")            # empty
+    xsub.send(b"\x02abc")     # neither subscribe (1) nor unsubscribe (0)
+    xsub.send(b"\x01abc")     # a subscription: counted
+    port.pump(lambda: budget.held)
+    assert budget.held == subscription_cost(b"abc")
+    xsub.send(b"\x00abc")
+    port.pump(lambda: budget.held == 0)
 
 
-def test_a_descriptor_not_of_the_events_port_is_never_cut(ctx, caplog) -> None:
+def test_a_descriptor_not_of_the_events_port_is_never_cut(port_of, caplog) -> None:
     budget = SubscriptionBudget()
-    port = Port(ctx, budget)
+    port = port_of(budget)
     other = socket.socket()
     server = socket.socket()
     try:
@@ -245,7 +235,6 @@ def test_a_descriptor_not_of_the_events_port_is_never_cut(ctx, caplog) -> None:
     finally:
         other.close()
         server.close()
-        port.close()
 
 
 def test_an_unbound_port_cuts_nobody(ctx) -> None:
@@ -287,21 +276,18 @@ def _readable(sock: socket.socket) -> bool:
     return bool(select.select([sock], [], [], 0)[0])
 
 
-def test_what_a_connection_being_cut_still_sends_is_not_counted(ctx) -> None:
+def test_what_a_connection_being_cut_still_sends_is_not_counted(port_of) -> None:
     budget = SubscriptionBudget()
-    port = Port(ctx, budget)
-    try:
-        sub = port.sub()
-        sub.subscribe(b"route/T1")
-        port.pump(lambda: budget.held)
-        fd = _fd_of(budget)
-        port.subscribers._cut_fds.add(fd)  # cut, and libzmq has not yet reported it closed
-        sub.subscribe(b"route/T2")
-        wait_for(lambda: port.xpub.poll(0), timeout=10)
-        port.subscribers.handle()
-        assert budget.cost(fd) == subscription_cost(b"route/T1")
-    finally:
-        port.close()
+    port = port_of(budget)
+    sub = port.sub()
+    sub.subscribe(b"route/T1")
+    port.pump(lambda: budget.held)
+    fd = _fd_of(budget)
+    port.subscribers._cut_fds.add(fd)  # cut, and libzmq has not yet reported it closed
+    sub.subscribe(b"route/T2")
+    wait_for(lambda: port.xpub.poll(0), timeout=10)
+    port.subscribers.handle()
+    assert budget.cost(fd) == subscription_cost(b"route/T1")
 
 
 def test_a_subscription_whose_connection_has_no_descriptor_is_not_counted(ctx) -> None:
