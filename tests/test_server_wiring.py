@@ -160,7 +160,10 @@ def test_curve_narrows_the_listener_defaults_and_the_config_shows_it(tmp_path, m
                         f"networks to allow more"]
 
 
-def test_a_bad_remoting_endpoint_is_refused_and_leaves_nothing_bound(tmp_path, monkeypatch):
+def refused_on_a_taken_port(monkeypatch, settings, match: str) -> Server:
+    """Server(settings(port)) with `port` already taken by a listening socket: it must raise
+    EndpointError matching `match` (formatted with the port) and close itself once; returns
+    the server it closed."""
     closed: list[Server] = []
     real_close = Server.close
     monkeypatch.setattr(Server, "close", lambda self: (closed.append(self), real_close(self)))
@@ -168,9 +171,16 @@ def test_a_bad_remoting_endpoint_is_refused_and_leaves_nothing_bound(tmp_path, m
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(EndpointError, match=rf"--remoting 127\.0\.0\.1:{port}: "):
-            Server(config(tmp_path, remoting=f"127.0.0.1:{port}"))
+        with pytest.raises(EndpointError, match=match.format(port=port)):
+            Server(settings(port))
     assert len(closed) == 1 and closed[0].router.closed and closed[0].pub.closed
+    return closed[0]
+
+
+def test_a_bad_remoting_endpoint_is_refused_and_leaves_nothing_bound(tmp_path, monkeypatch):
+    refused_on_a_taken_port(monkeypatch,
+                            lambda port: config(tmp_path, remoting=f"127.0.0.1:{port}"),
+                            r"--remoting 127\.0\.0\.1:{port}: ")
     with pytest.raises(EndpointError, match="--remoting 127.0.0.1:0: .*not a network"):
         Server(config(tmp_path, remoting="127.0.0.1:0", remoting_brokers=["nonsense"]))
 
@@ -292,18 +302,11 @@ def test_the_heap_trim_waits_while_requests_wait(tmp_path, made):
 def test_a_refused_request_endpoint_leaves_nothing_bound(tmp_path, monkeypatch):
     # The first bind fails: nothing past it was made (no peers, listener, loop nor metrics),
     # and closing what was made must not hide the error.
-    closed: list[Server] = []
-    real_close = Server.close
-    monkeypatch.setattr(Server, "close", lambda self: (closed.append(self), real_close(self)))
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(EndpointError, match=rf"cannot bind tcp://127\.0\.0\.1:{port}: "):
-            Server(config(tmp_path, router=f"tcp://127.0.0.1:{port}",
-                          metrics="127.0.0.1:0"))
-    assert len(closed) == 1 and closed[0].router.closed and closed[0].pub.closed
-    assert closed[0].peers is None and closed[0].metrics is None
+    srv = refused_on_a_taken_port(
+        monkeypatch,
+        lambda port: config(tmp_path, router=f"tcp://127.0.0.1:{port}", metrics="127.0.0.1:0"),
+        r"cannot bind tcp://127\.0\.0\.1:{port}: ")
+    assert srv.peers is None and srv.metrics is None
 
 
 def test_the_events_socket_tells_the_subscribers_of_each_connection_and_its_end(
