@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 from zns.drivers.logs import RepeatFilter
 from helpers import (  # noqa: F401  (re-exported for modules that import them from here)
@@ -74,6 +75,14 @@ def _forget_repeated_log_lines() -> None:
     for existing in list(logger.filters):
         if isinstance(existing, RepeatFilter):
             logger.removeFilter(existing)
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    """A ZeroMQ context of the test's own, destroyed after it with whatever sockets it left."""
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
 
 
 @pytest.fixture

@@ -67,13 +67,6 @@ def test_an_event_hook_that_fails_is_logged_not_raised(caplog) -> None:
 # --- SessionSockets ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(0)
-
-
 def test_following_a_nameserver_opens_a_dealer_and_following_none_closes_it(ctx) -> None:
     router = ctx.socket(zmq.ROUTER)
     router.bind("inproc://ns-a")

@@ -152,13 +152,6 @@ def test_a_port_that_cannot_be_bound_raises_and_leaves_no_descriptor() -> None:
 # --- Listener --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(0)
-
-
 def test_a_tcp_endpoint_is_bound_through_a_listening_socket_of_ours(ctx) -> None:
     sock = ctx.socket(zmq.ROUTER)
     listener = Listener(sock, "tcp://127.0.0.1:0")

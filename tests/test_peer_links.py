@@ -87,13 +87,6 @@ class FakePeer:
 
 
 @pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
-@pytest.fixture
 def peer(ctx: zmq.Context) -> Iterator[FakePeer]:
     fake = FakePeer(ctx)
     yield fake

@@ -102,13 +102,6 @@ class Rig:
 
 
 @pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(0)
-
-
-@pytest.fixture
 def rig(ctx: zmq.Context, request: pytest.FixtureRequest) -> Iterator[Rig]:
     made = Rig(ctx, request.node.name)
     yield made

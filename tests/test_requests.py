@@ -60,13 +60,6 @@ class FakeNameServer:
 
 
 @pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(0)
-
-
-@pytest.fixture
 def servers(ctx: zmq.Context) -> Iterator[Callable[..., FakeNameServer]]:
     made: list[FakeNameServer] = []
     count = iter(range(1000))

@@ -99,13 +99,6 @@ class Requester:
         return reply
 
 
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
 def test_every_op_over_dealer_with_envelope_frames(server: ThreadedServer, ctx: zmq.Context):
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(server.router)

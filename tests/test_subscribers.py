@@ -59,13 +59,6 @@ class Port:
 
 
 @pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(0)
-
-
-@pytest.fixture
 def port_of(ctx: zmq.Context) -> Iterator[Callable[[SubscriptionBudget], Port]]:
     """Makes events ports on `ctx`, each closed after the test."""
     made: list[Port] = []
