@@ -167,39 +167,50 @@ def test_registered_everywhere_only_once_every_nameserver_confirmed(server):
         assert not agent.registered_everywhere()
 
 
-class SlowNameServer:
-    """A ROUTER answering nothing but an unregistration, `delay` agent-seconds after it came."""
+class FakeNameServer:
+    """A ROUTER in a thread of its own; `answer()` gets each request, decoded."""
 
-    def __init__(self, clock, delay: float) -> None:
+    def __init__(self) -> None:
         self.sock = zmq.Context.instance().socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind("tcp://127.0.0.1:*")
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.clock, self.delay = clock, delay
-        self.unregistrations = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            if not self.sock.poll(50):
-                continue
-            identity, body = self.sock.recv_multipart()
-            request = msgspec.msgpack.decode(body)
-            if request["op"] != "unregister_broker":
-                continue
-            self.unregistrations += 1
-            answer_at = self.clock() + self.delay
-            while self.clock() < answer_at and not self.stop.is_set():
-                time.sleep(0.01)  # a NameServer slow to answer, not a wait for a condition
-            self.sock.send_multipart([identity, schema.encode(
-                schema.UnregisterBrokerReply(id=request["id"], removed=True))])
+            if self.sock.poll(50):
+                identity, body = self.sock.recv_multipart()
+                self.answer(identity, msgspec.msgpack.decode(body))
+
+    def answer(self, identity: bytes, request: dict) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         self.stop.set()
         self.thread.join(10)
         self.sock.close(0)
+
+
+class SlowNameServer(FakeNameServer):
+    """Answers nothing but an unregistration, `delay` agent-seconds after it came."""
+
+    def __init__(self, clock, delay: float) -> None:
+        self.clock, self.delay = clock, delay
+        self.unregistrations = 0
+        super().__init__()
+
+    def answer(self, identity: bytes, request: dict) -> None:
+        if request["op"] != "unregister_broker":
+            return
+        self.unregistrations += 1
+        answer_at = self.clock() + self.delay
+        while self.clock() < answer_at and not self.stop.is_set():
+            time.sleep(0.01)  # a NameServer slow to answer, not a wait for a condition
+        self.sock.send_multipart([identity, schema.encode(
+            schema.UnregisterBrokerReply(id=request["id"], removed=True))])
 
 
 @pytest.mark.timeout(60)
@@ -277,25 +288,20 @@ def test_the_agent_clock_is_read_in_milliseconds():
     assert agent._now() == 2500
 
 
-class CountingNameServer(SlowNameServer):
+class CountingNameServer(FakeNameServer):
     """Answers registrations and heartbeats (known, unchanged), counting each by op."""
 
     def __init__(self) -> None:
         self.requests: list[dict] = []
-        super().__init__(time.monotonic, delay=0)
+        super().__init__()
 
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            if not self.sock.poll(50):
-                continue
-            identity, body = self.sock.recv_multipart()
-            request = msgspec.msgpack.decode(body)
-            self.requests.append(request)
-            reply = {"register_broker": schema.RegisterBrokerReply(id=request["id"]),
-                     "heartbeat": schema.HeartbeatReply(id=request["id"], known=True, changed=False),
-                     "unregister_broker": schema.UnregisterBrokerReply(id=request["id"], removed=True),
-                     }[request["op"]]
-            self.sock.send_multipart([identity, schema.encode(reply)])
+    def answer(self, identity: bytes, request: dict) -> None:
+        self.requests.append(request)
+        reply = {"register_broker": schema.RegisterBrokerReply(id=request["id"]),
+                 "heartbeat": schema.HeartbeatReply(id=request["id"], known=True, changed=False),
+                 "unregister_broker": schema.UnregisterBrokerReply(id=request["id"], removed=True),
+                 }[request["op"]]
+        self.sock.send_multipart([identity, schema.encode(reply)])
 
     def count(self, op: str) -> int:
         return sum(r["op"] == op for r in self.requests)
