@@ -8,7 +8,9 @@
   periodic registration (same data version) routes every one of its topics again.
 
 Two brokers (`broker-a`, `broker-b`, re-registering every 10 s) and one zns whose
-remoting port stays the same across its restart.
+remoting port stays the same across its restart; the brokers also register with a second
+zns started with ``--order-message-enable`` (the option's half of the ordered-topic test:
+brokers registered with it from the start, no wait for a periodic registration).
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ def free_port() -> int:
 
 
 class Env:
-    def __init__(self, root: Path, port: int, zns: ZnsProcess, brokers: list[Broker]) -> None:
-        self.root, self.port, self.zns, self.brokers = root, port, zns, brokers
+    def __init__(self, root: Path, port: int, zns: ZnsProcess, ordered: ZnsProcess, brokers: list[Broker]) -> None:
+        self.root, self.port, self.zns, self.ordered, self.brokers = root, port, zns, ordered, brokers
 
     @property
     def addr(self) -> str:
@@ -58,13 +60,19 @@ def env(rmq_module: ProcessGroup, tmp_path_factory: pytest.TempPathFactory) -> I
     port = free_port()
     zns = ZnsProcess(root / "zns-0", "--remoting", f"127.0.0.1:{port}",  # the last option wins
                      "--kv-path", str(root / "kv.json"))
-    e = Env(root, port, zns, [])
     try:
-        e.brokers = rmq_module.brokers(e.addr, ["broker-a", "broker-b"],
+        ordered = ZnsProcess(root / "zns-ordered", "--order-message-enable")
+    except BaseException:
+        zns.stop()
+        raise
+    e = Env(root, port, zns, ordered, [])
+    try:
+        e.brokers = rmq_module.brokers(f"{e.addr};{ordered.addr}", ["broker-a", "broker-b"],
                                        config={"registerNameServerPeriod": REGISTER_PERIOD_MS})
         yield e
     finally:
         e.zns.stop()
+        e.ordered.stop()
 
 
 def route(addr: str, topic: str) -> dict | None:
@@ -100,7 +108,8 @@ def test_ordered_topic_after_wipe_write_perm_no_write_reaches_the_wiped_broker(e
     # topic's order flag -- a flip would move its data version and its next periodic
     # registration would apply every topic again, undoing the wipe below. (KV writes and
     # wipes go over remoting here: mqadmin's own are tested in test_zns_nameserver.py.)
-    assert admin(env.addr, 100, {"namespace": "ORDER_TOPIC_CONFIG", "key": topic,
+    for addr in (env.addr, env.ordered.addr):
+        assert admin(addr, 100, {"namespace": "ORDER_TOPIC_CONFIG", "key": topic,
                                  "value": "broker-a:4;broker-b:4"}).code == 0
     res = mqadmin_ok(["updateTopic", "-c", "DefaultCluster", "-t", topic, "-r", "4", "-w", "4", "-o", "true"],
                      env.addr)
@@ -122,19 +131,23 @@ def test_ordered_topic_after_wipe_write_perm_no_write_reaches_the_wiped_broker(e
 
     # The option: with --order-message-enable routes carry orderTopicConf, and the Java producer
     # builds its queues from it, perm or not -- as with a Java NameServer with orderMessageEnable:
-    # what zns did for every ordered topic before.
-    env.restart_zns("--order-message-enable")
-    wait_until(lambda: (r := route(env.addr, topic)) and len(r["queueDatas"]) == 2, 30,
-               "both brokers registered with the restarted zns")
-    assert route(env.addr, topic)["orderTopicConf"] == order_conf
-    assert admin(env.addr, 205, {"brokerName": "broker-a"}).code == 0
-    assert {q["brokerName"]: q["perm"] for q in route(env.addr, topic)["queueDatas"]}["broker-a"] == 4
-    sent = rocketmq.produce(env.addr, topic, 40)
+    # what zns did for every ordered topic before. The brokers registered the topic with the
+    # zns that has the option (env.ordered) as with env.zns.
+    ordered = env.ordered.addr
+    wait_until(lambda: (r := route(ordered, topic)) and len(r["queueDatas"]) == 2, 30,
+               "both brokers registered the topic with the zns with --order-message-enable")
+    # the entry as mqadmin rewrote it on env.zns (its own order of the brokers)
+    assert admin(ordered, 100, {"namespace": "ORDER_TOPIC_CONFIG", "key": topic, "value": order_conf}).code == 0
+    assert route(ordered, topic)["orderTopicConf"] == order_conf
+    assert admin(ordered, 205, {"brokerName": "broker-a"}).code == 0
+    assert {q["brokerName"]: q["perm"] for q in route(ordered, topic)["queueDatas"]}["broker-a"] == 4
+    phase("the zns with --order-message-enable: orderTopicConf in the route, broker-a wiped")
+    sent = rocketmq.produce(ordered, topic, 40)
     phase(f"40 sends with orderTopicConf in the route: {sent['brokers']}")
     assert sent["brokers"].get("broker-a", 0) > 0, sent
-    assert "orderMessageEnable=true" in namesrv_config(env.addr), namesrv_config(env.addr)
-    env.restart_zns()  # forgets the wipe: the brokers register their own perms with it
+    assert "orderMessageEnable=true" in namesrv_config(ordered), namesrv_config(ordered)
     assert "orderMessageEnable=false" in namesrv_config(env.addr)
+    env.restart_zns()  # forgets the wipe: the brokers register their own perms with it
     phase.total()
 
 
