@@ -273,8 +273,10 @@ def test_java_nameserver_or_no_events_leave_the_application_as_it_was_at_no_cost
     and its CPU time is not measurable. The README's recipe (JAVA_TOOL_OPTIONS) attaches it
     to a 5.x lite-pull consumer, on the newest JDK here (Temurin 25) when it is installed,
     where it follows zns and adds no warning of its own."""
+    phase = rocketmq.Phases("no cost")
     cluster.ensure_serving()
     tool_options = readme_recipe()
+    phase("both brokers serving; the README's recipe")
     newest = str(NEWEST_JDK) if NEWEST_JDK.is_file() else "java"
     on_java = probe(cluster, agent=True, namesrv=cluster.java.addr, rate=5, print_sends="true")
     dead_events = f"tcp://127.0.0.1:{zns_agent.free_port()}"
@@ -288,6 +290,7 @@ def test_java_nameserver_or_no_events_leave_the_application_as_it_was_at_no_cost
         for p in probes:
             p.wait_for("publish", lambda ln: set(ln["brokers"]) == both, 60, "publishing to both brokers")
         following.wait_for("assigned", lambda ln: set(ln["brokers"]) == both, 60, "the lite consumer on both brokers")
+        phase("three applications publishing to both brokers")
         on_java.wait_agent_line("not following " + cluster.java.addr, 30)
         no_events.wait_agent_line(f"no events from {dead_events}", 30)
         following.wait_agent_line(f"following zns events at {cluster.zns.pub}", 30)
@@ -300,6 +303,7 @@ def test_java_nameserver_or_no_events_leave_the_application_as_it_was_at_no_cost
             return {(p, k): zns_agent.thread_cpu_ms(p.pid, prefix) for p in probes
                     for k, prefix in (("own", "zns-agent$"), ("all", "zns-agent"))}
 
+        phase("each agent's line")
         idle = cpu()
         time.sleep(IDLE_S)  # a window in which nothing changes: what the agent costs then
         spent = {key: ms - idle[key] for key, ms in cpu().items()}
@@ -316,15 +320,17 @@ def test_java_nameserver_or_no_events_leave_the_application_as_it_was_at_no_cost
         # figure; what this test holds is the 1 % below, which an agent polling in a loop fails.
         # Retrying (a dead endpoint every 2 s) or backing off, with JeroMQ's threads: 1 % at most.
         assert all(ms <= IDLE_S * 10 for ms in spent.values()), spent
+        phase(f"{IDLE_S:.0f} s idle")
 
-        for p in (on_java, no_events):
-            summary = p.stop()
+        # both stop at once (each JVM's shutdown is mostly waiting)
+        for p, summary in zip((on_java, no_events), rocketmq.in_parallel(on_java.stop, no_events.stop)):
             # it sends as it would without the agent: every send of the last 5 s succeeded
             # (a loaded machine can time out the first few sends of any fresh client)
             sends = p.events("send")
             recent = [s for s in sends if s["wall_ms"] > sends[-1]["wall_ms"] - 5000]
             assert summary["sent"] > 0 and len(recent) >= 10 and all(s["ok"] for s in recent), (summary, recent)
             assert len(p.agent_lines()) == 1, p.agent_lines()  # said once, not at every retry
+        phase("two applications stopped")
     finally:
         for p in probes:
             p.kill()
