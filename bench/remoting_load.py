@@ -64,12 +64,17 @@ class Params:
     close_counts: tuple[int, ...]
     idle: int
     probe_s: float
+    victim_timeout_ms: int  # each silent broker's heartbeat timeout
+    settle_s: float  # the fixed pauses (subscriber joining, connections accepted) scale by this
 
 
 FULL = Params(flood_s=20, topics=5000, route_conns=16, list_conns=14, victims=150,
-              close_counts=(500, 2000), idle=4096, probe_s=3.0)
-QUICK = Params(flood_s=5, topics=200, route_conns=4, list_conns=2, victims=4,
-               close_counts=(50, 100), idle=200, probe_s=0.5)
+              close_counts=(500, 2000), idle=4096, probe_s=3.0, victim_timeout_ms=3000,
+              settle_s=1.0)
+# A smoke run: every phase and figure, shorter (1 s victims in a 2.5 s flood, halved pauses).
+QUICK = Params(flood_s=2.5, topics=200, route_conns=4, list_conns=2, victims=4,
+               close_counts=(50, 100), idle=200, probe_s=0.3, victim_timeout_ms=1000,
+               settle_s=0.5)
 
 METHOD = """
 `zns serve --remoting 127.0.0.1:0` in its own process, driven from this one and two
@@ -80,7 +85,7 @@ each, and {lists} pipelining GET_ALL_TOPIC_LIST, 4 in flight each, over {topics:
 registered by one ZNS/1 broker, for {flood:g} s; the listener restricted with
 `--remoting-brokers 10.0.0.0/8 --remoting-admins 10.0.0.0/8`): `hb` gap is the longest
 time between two `hb` events at a subscriber (interval 1 s); expiry lateness is when
-the `removed` event of a silent ZNS/1 broker (3 s timeout, {victims} of them registered
+the `removed` event of a silent ZNS/1 broker ({victim_s:g} s timeout, {victims} of them registered
 evenly during the flood, all due before it ends) arrived after its deadline, p99
 (nearest rank) and max; `get_route` is a ZNS/1 request every
 20 ms; stalls are the server's "stalled" warnings.
@@ -261,7 +266,7 @@ def flood_round(config: RunConfig, p: Params) -> dict[str, float]:
                                                heartbeat_timeout_ms=600_000, id=1))
         hb = Hb(zns.pub, [schema.HB_CHANNEL, schema.BROKER_PREFIX])
         hb.start()
-        time.sleep(0.5)
+        time.sleep(0.5 * p.settle_s)
         route_frame = command(GET_ROUTE, 1, {"topic": topics[0]})
         list_frame = command(GET_ALL_TOPIC_LIST, 2)
         jobs = [(route_frame, 32)] * p.route_conns + [(list_frame, 4)] * p.list_conns
@@ -278,19 +283,21 @@ def flood_round(config: RunConfig, p: Params) -> dict[str, float]:
         started = time.monotonic()
         deadlines: dict[str, float] = {}
         # Silent ZNS/1 brokers registered during the flood, on a fixed schedule, all due
-        # (3 s later) before it ends: enough of them that a p99 is not just the maximum.
-        spacing = (p.flood_s - 4.5) / max(1, p.victims)
+        # (victim_s later) before it ends: enough of them that a p99 is not just the maximum.
+        victim_s = p.victim_timeout_ms / 1000
+        spacing = (p.flood_s - 1.5 - victim_s) / max(1, p.victims)
         for v in range(p.victims):
             time.sleep(max(0.0, started + 0.5 + v * spacing - time.monotonic()))
             victim = f"10.8.0.{v + 1}:10911"
             zns1_call(zns.router, register_request(f"victim-{v}", victim, [f"V{v}"],
-                                                   heartbeat_timeout_ms=3000, id=2))
-            deadlines[victim] = time.monotonic() + 3.0
+                                                   heartbeat_timeout_ms=p.victim_timeout_ms,
+                                                   id=2))
+            deadlines[victim] = time.monotonic() + victim_s
         replies = sum(pipe.recv() for pipe in pipes)
         elapsed = time.monotonic() - started
         for proc in procs:
             proc.join(10)
-        time.sleep(1.0)
+        time.sleep(p.settle_s)
         prober.done.set()
         prober.join(40)
         hb.done.set()
@@ -307,7 +314,7 @@ def flood_round(config: RunConfig, p: Params) -> dict[str, float]:
             "stalls": float(log.count("stalled")), "remoting_rps": replies / elapsed}
 
 
-def closes_round(config: RunConfig, n: int) -> dict[str, float]:
+def closes_round(config: RunConfig, p: Params, n: int) -> dict[str, float]:
     zns, addr = start_zns_remoting(config)
     shared = [f"Shared{i}" for i in range(10)]
     socks: list[socket.socket] = []
@@ -326,7 +333,7 @@ def closes_round(config: RunConfig, n: int) -> dict[str, float]:
             _recv_exactly(sock, size)
         prober = Prober(zns.router, shared[0])
         prober.start()
-        time.sleep(0.5)
+        time.sleep(0.5 * p.settle_s)
         cpu_before = zns.cpu_seconds()
         closed_at = time.monotonic()
         for sock in socks:
@@ -337,7 +344,7 @@ def closes_round(config: RunConfig, n: int) -> dict[str, float]:
         removed = hb.removed()
         all_removed = (max(removed.values()) - closed_at) if len(removed) >= n else float("inf")
         cpu = zns.cpu_seconds() - cpu_before
-        time.sleep(0.2)
+        time.sleep(0.2 * p.settle_s)
         prober.done.set()
         prober.join(40)
         hb.done.set()
@@ -388,7 +395,7 @@ def idle_round(config: RunConfig, p: Params) -> dict[str, float]:
             sock.bind((f"127.0.0.{2 + i % 8}", 0))
             sock.connect((host, port))
             socks.append(sock)
-        time.sleep(2.0)  # accepted
+        time.sleep(2.0 * p.settle_s)  # accepted
         probe = command(GET_ROUTE, 7, {"topic": "IdleTopic"})
         socks[-1].sendall(probe)  # the last one accepted is served (so all were accepted)
         socks[-1].settimeout(30)
@@ -400,7 +407,7 @@ def idle_round(config: RunConfig, p: Params) -> dict[str, float]:
         reply = zns1_call(zns.router, request("status", id=3), timeout_s=60)
         first_answer = time.monotonic() - closed_at
         assert isinstance(reply, schema.StatusReply), reply
-        time.sleep(1.0)
+        time.sleep(p.settle_s)
         after = _throughput(zns.router, "IdleTopic", p.probe_s)  # none open again
     return {"without_rps": (without + after) / 2, "with_rps": with_idle,
             "first_answer_s": first_answer}
@@ -411,7 +418,7 @@ def run(config: RunConfig) -> BenchResult:
     raise_open_files()
     flood = [flood_round(config, p) for _ in range(config.rounds)]
     config.log(f"flood: {flood}")
-    closes = {n: [closes_round(config, n) for _ in range(config.rounds)] for n in p.close_counts}
+    closes = {n: [closes_round(config, p, n) for _ in range(config.rounds)] for n in p.close_counts}
     config.log(f"closes: {closes}")
     idle = [idle_round(config, p) for _ in range(config.rounds)]
     config.log(f"idle: {idle}")
@@ -448,7 +455,8 @@ def run(config: RunConfig) -> BenchResult:
                col(idle, "first_answer_s"), target=Target("value", "<=", 1.0)),
     ]
     method = METHOD.format(route=p.route_conns, lists=p.list_conns, topics=p.topics,
-                           flood=p.flood_s, victims=p.victims, idle=p.idle, probe=p.probe_s)
+                           flood=p.flood_s, victims=p.victims, victim_s=p.victim_timeout_ms / 1000,
+                           idle=p.idle, probe=p.probe_s)
     return BenchResult("remoting_load", "Remoting listener under fleet load (issue 21 items 2, 8, 9)",
                        method, figures)
 
