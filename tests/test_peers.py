@@ -183,16 +183,17 @@ def test_hints_travel_one_hop_only(make_server):
     wait_linked(on_c, b.router)
     a.peer().ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=1000))
     on_b.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=ON_B_TIMEOUT_MS))
-    on_c.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=30_000))
+    on_c.ok("register_broker", **register_fields(addr=ADDR, heartbeat_timeout_ms=20_000))
     registered = time.monotonic()
 
     assert removal(on_b).reason == "peer_expired"
     # The broker is silent since it registered, so B's echoed hint would expire it on C a
-    # quarter of C's timeout later (7.5 s): watched for 9 s, well before C's own 30 s.
+    # quarter of C's timeout later (5 s): watched for 6.5 s (~12.5 s after registering
+    # quiet), before C's own 20 s.
     with pytest.raises(AssertionError, match="did not arrive"):
-        removal(on_c, timeout=9)
+        removal(on_c, timeout=6.5)
     assert ADDR in live_addrs(on_c)
-    assert time.monotonic() - registered < 30  # else C's own expiry could have hidden an echo
+    assert time.monotonic() - registered < 20  # else C's own expiry could have hidden an echo
 
 
 @pytest.mark.timeout(60)
