@@ -21,9 +21,10 @@ from zns.drivers.peers import PeerLinks
 
 ADDR = "10.0.0.1:10911"
 # The timeout the hinted server gives the broker the peer expires. A hint removes it at the
-# later of the grace and a quarter of this timeout (§10): 20 s -> 5 s after the hint, and
-# its own expiry, 20 s after it registered, is far enough away not to come first under load.
-ON_B_TIMEOUT_MS = 20_000
+# later of the grace and a quarter of this timeout (§10): 12 s -> 3 s after the hint (about
+# 4 s after registering, quiet), and its own expiry, 12 s after it registered, is 8 s later:
+# far enough away not to come first under load.
+ON_B_TIMEOUT_MS = 12_000
 BROKER = dict(cluster="c1", broker_name="broker-a", broker_id=0, broker_addr=ADDR)
 
 
