@@ -11,6 +11,7 @@ reply past the high-water mark, and a frame once begun must be complete within
 
 from __future__ import annotations
 
+import errno
 import logging
 import select
 import socket
@@ -439,3 +440,126 @@ def test_out_of_descriptors_at_accept_tells_the_guard_and_other_errors_are_raise
             h.listener._accept(1236)
     finally:
         h.listener.listening = real
+
+
+class _Sending:
+    """A connection's socket whose `send` does what the test says (the real one beneath)."""
+
+    def __init__(self, real: socket.socket, send) -> None:  # type: ignore[no-untyped-def]
+        self.real, self.send = real, send
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def _only(h: Hand):  # type: ignore[no-untyped-def]
+    h.until(lambda: len(h.listener.connections) == 1)
+    return next(iter(h.listener.connections.values()))
+
+
+def test_a_reply_the_kernel_refuses_to_send_closes_its_connection_and_says_why(hand, caplog):
+    h = hand()
+    h.connect()
+    entry = _only(h)
+
+    def reset(data: bytes) -> int:
+        raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+
+    entry.sock = _Sending(entry.sock, reset)
+    entry.unsent += b"a reply"
+    with caplog.at_level(logging.INFO, logger="zns"):
+        h.listener._write(entry, h.now)
+    assert caplog.records[-1].getMessage() == (
+        "remoting connection from 127.0.0.1 failed: [Errno 104] Connection reset by peer")
+    assert not h.listener.connections and not h.listener.per_host
+    assert h.listener._closed == [entry.conn.conn_id]
+
+
+def test_a_send_that_would_block_keeps_every_unsent_byte_and_waits_to_write(hand):
+    h = hand()
+    h.connect()
+    entry = _only(h)
+
+    def blocked(data: bytes) -> int:
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    entry.sock = _Sending(entry.sock, blocked)
+    entry.unsent += b"a reply"
+    h.listener._write(entry, h.now + 5_000)
+    assert entry.unsent == b"a reply" and entry.last_active == h.now
+    assert entry.interest & select.EPOLLOUT
+
+
+def test_requests_waiting_behind_unsent_replies_are_answered_once_below_the_mark(hand):
+    # A connection with requests left (its replies had reached the high-water mark) goes back
+    # to the backlog only once what is unsent drains below the mark, not when it reaches it.
+    h = hand(high_water=100)
+    h.connect()
+    entry = _only(h)
+    entry.pending.append(RemotingCommand(code=106, version=479, opaque=1))
+    entry.unsent += b"\0" * 110
+    sent = [10]
+    entry.sock = _Sending(entry.sock, lambda data: sent.pop())
+    h.listener._write(entry, h.now)
+    assert len(entry.unsent) == 100 and not entry.queued
+    assert h.listener.next_deadline(h.now) != h.now
+    sent.append(1)
+    h.listener._write(entry, h.now)
+    assert entry.queued and h.listener.next_deadline(h.now) == h.now
+
+
+def test_a_connection_closed_twice_is_counted_closed_once(hand):
+    h = hand()
+    h.connect(), h.connect()
+    h.until(lambda: len(h.listener.connections) == 2)
+    entry = next(iter(h.listener.connections.values()))
+    h.listener._close(entry, h.now)
+    h.listener._close(entry, h.now)
+    assert h.listener.per_host == {"127.0.0.1": 1} and len(h.listener.connections) == 1
+    assert h.listener._closed == [entry.conn.conn_id]
+
+
+def test_a_host_with_three_connections_that_closes_one_has_two(hand):
+    h = hand(max_per_host=3)
+    clients = [h.connect() for _ in range(3)]
+    h.until(lambda: len(h.listener.connections) == 3)
+    clients[0].close()
+    h.until(lambda: len(h.listener.connections) == 2)
+    assert h.listener.per_host == {"127.0.0.1": 2}
+    h.connect()
+    h.until(lambda: len(h.listener.connections) == 3)
+    h.connect()
+    h.until(lambda: h.listener.refused == 1)
+    assert h.listener.per_host == {"127.0.0.1": 3}
+
+
+def _queued(listening: socket.socket) -> int:
+    """Connections waiting in a listening socket's accept queue (TCP_INFO's tcpi_unacked)."""
+    return struct.unpack_from("I", listening.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104),
+                              24)[0]
+
+
+@pytest.mark.parametrize("limit", ["max_connections", "max_per_host"])
+def test_a_refused_connection_does_not_end_the_turns_accepting(hand, limit):
+    h = hand(**{limit: 1})
+    h.connect()
+    h.until(lambda: h.listener.connections)
+    h.connect(), h.connect()
+    wait_for(lambda: _queued(h.listener.listening) == 2)
+    h.listener._accept(h.now)  # one turn takes both, refusing each
+    assert h.listener.refused == 2 and _queued(h.listener.listening) == 0
+
+
+def test_a_large_frame_is_read_into_a_mapping(hand):
+    import mmap
+
+    from zns.drivers.remoting_listener import MAPPED_FRAME_BYTES
+
+    h = hand()
+    h.connect().sendall(struct.pack(">ii", MAPPED_FRAME_BYTES, 100))
+    entry = h.until(lambda: next((e for e in h.listener.connections.values()
+                                  if e.decoder.remaining), None))
+    assert isinstance(entry.decoder._frame, mmap.mmap)
