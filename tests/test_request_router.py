@@ -207,7 +207,7 @@ def test_the_clock_is_read_every_16_requests_and_the_slice_ends_there(rig: Rig) 
         peer.send(b"r%d" % i)
     wait_for(lambda: rig.router.getsockopt(zmq.EVENTS) & zmq.POLLIN, timeout=10)
     rig.clock.now = 1005
-    rig.rr.run({}, 1000, 1005)  # the slice is over at the first reading of the clock
+    assert rig.rr.run({}, 1000, 1005) is False  # the slice is over at the first reading of the clock
     assert len(rig.service.calls) == CLOCK_EVERY == 16
     assert rig.clock.reads == 1
     rig.clock.now = 1010
@@ -291,6 +291,20 @@ def test_a_request_of_max_bytes_is_answered_and_one_byte_more_dropped(ctx, caplo
         rig.close()
 
 
+def test_an_envelope_of_exactly_max_bytes_before_an_empty_body_is_answered(ctx, caplog) -> None:
+    # The bound is checked after each envelope frame too: there, as at the end, max_bytes fits.
+    rig = Rig(ctx, "envelope-at-max", max_bytes=100)
+    try:
+        peer = rig.peer()
+        peer.send_multipart([b"e" * 100, b""])
+        rig.arrived()
+        wait_for(lambda: (rig.rr.run({}, 1000, 10**9), len(rig.service.calls) == 1)[1], timeout=10)
+        assert rig.service.calls == [(b"", 1000, None)] and rig.rr.dropped_requests == 0
+        assert records_here(caplog) == []
+    finally:
+        rig.close()
+
+
 def test_a_message_over_the_bound_in_its_envelope_is_dropped_as_soon_as_it_is_over(ctx, caplog) -> None:
     rig = Rig(ctx, "early", max_bytes=100)
     try:
@@ -312,16 +326,17 @@ def test_draining_a_long_message_stops_at_the_slice_and_resumes(rig: Rig) -> Non
     peer.send(b"after")
     rig.arrived()
     rig.clock.now = 2000  # past the slice's end from the start
-    rig.rr.run({}, 1000, 1500)
+    assert rig.rr.run({}, 1000, 1500) is False  # the slice ran out: no hand-back to ask for
     assert rig.rr.dropped_requests == 1 and rig.service.calls == []
     assert rig.rr.next_deadline(77) == 77  # draining: due at once
     assert rig.rr.waiting() is True
     reads = rig.clock.reads
     assert reads == 1  # after 1,024 frames read
     for _ in range(10):
-        rig.rr.run({}, 2000, 1500)  # still no time: 1,024 more frames each time
+        handed_back = rig.rr.run({}, 2000, 1500)  # still no time: 1,024 more frames each time
         if not rig.rr._draining:
             break
+        assert handed_back is False
     # 5,000 frames: three more slices of 1,024, then the rest and the next request
     assert rig.clock.reads - reads == 3
     assert rig.rr.next_deadline(77) is None
