@@ -563,3 +563,161 @@ def test_a_large_frame_is_read_into_a_mapping(hand):
     entry = h.until(lambda: next((e for e in h.listener.connections.values()
                                   if e.decoder.remaining), None))
     assert isinstance(entry.decoder._frame, mmap.mmap)
+
+
+def test_a_bad_frame_is_logged_with_its_host_and_why(hand, caplog):
+    h = hand()
+    client = h.connect()
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        client.sendall(struct.pack(">i", 2 << 20))  # over max_frame_bytes (1 MiB)
+        h.until(lambda: not h.listener.connections)
+    assert caplog.records[-1].getMessage() == (
+        "remoting connection from 127.0.0.1 closed: frame of 2097156 bytes (length field "
+        "included) exceeds the limit of 1048576")
+
+
+def test_a_connection_cut_off_is_not_written_to_after_it_is_closed(hand, caplog):
+    # Its replies stay unsent when it is cut off: nothing may try to send them on the
+    # closed socket afterwards (a spurious "failed: Bad file descriptor" line).
+    h = hand(max_unsent=10)
+    client = h.connect()
+    with caplog.at_level(logging.INFO, logger="zns"):
+        client.sendall(encode_command(RemotingCommand(code=106, version=479, opaque=1)))
+        h.until(lambda: h.listener.cut_off == 1)
+        h.turn()
+    assert caplog.records[-1].getMessage().startswith("remoting connection from 127.0.0.1 cut off:")
+
+
+def _waiting(h: Hand, entry, count: int = 1) -> None:  # type: ignore[no-untyped-def]
+    """`count` decoded requests waiting on `entry`, as a read leaves them, and `entry` queued."""
+    from zns.drivers.remoting_listener import COMMAND_BYTES
+
+    for i in range(count):
+        entry.pending.append(RemotingCommand(code=106, version=479, opaque=i))
+        entry.pending_bytes += COMMAND_BYTES
+    h.listener._queue(entry)
+
+
+def test_the_backlog_answers_and_writes_each_live_connection_in_one_pass(hand, caplog):
+    h = hand()
+    gone, live = h.connect(), h.connect()
+    h.until(lambda: len(h.listener.connections) == 2)
+    first, second = sorted(h.listener.connections.values(), key=lambda e: e.conn.conn_id)
+    _waiting(h, first)
+    _waiting(h, second)
+    h.listener._close(first, h.now)  # closed while queued: skipped, the rest still answered
+    h.now += 7
+    h.listener._now = h.now
+    h.listener._answer_backlog(1 << 62)
+    assert not second.pending and not second.unsent and second.last_active == h.now
+    assert h.listener.next_deadline(h.now) != h.now
+    live.settimeout(30)
+    assert FrameDecoder(1 << 20).feed(live.recv(1 << 16))[0].opaque == 0
+    # One cut off from the backlog is not written to after its close either.
+    h.listener.max_unsent = 10
+    _waiting(h, second)
+    with caplog.at_level(logging.INFO, logger="zns"):
+        h.listener._answer_backlog(1 << 62)
+    assert h.listener.cut_off == 1
+    assert caplog.records[-1].getMessage().startswith("remoting connection from 127.0.0.1 cut off:")
+
+
+def test_a_slice_ending_mid_answer_accounts_and_stops_reading(hand):
+    now = [0]
+    h = hand(clock=lambda: now[0])
+    h.connect()
+    entry = _only(h)
+    _waiting(h, entry, 2)
+    h.listener._backlog.clear()
+    entry.queued = False
+    now[0] = 100  # the slice (until 100) is over after the first answer
+    h.listener._answer(entry, 100)
+    assert len(entry.pending) == 1 and entry.queued
+    assert entry.held == h.listener.held == len(entry.unsent) + entry.pending_bytes > 0
+    assert entry.interest == select.EPOLLOUT  # requests wait: not read; replies: written
+
+
+def test_read_interest_follows_what_waits_and_a_paused_frame_restarts_its_deadline(hand):
+    h = hand(high_water=100, frame_deadline_ms=5_000)
+    h.connect()
+    entry = _only(h)
+    listener = h.listener
+    listener._now = 2_000_000
+    listener._frames.clear()
+    entry.unsent += b"\0" * 100  # at the mark exactly: not read, written
+    listener._update_interest(entry)
+    assert entry.interest == select.EPOLLOUT
+    entry.frame_started = 1_999_000  # a frame begun, its read paused
+    del entry.unsent[:1]  # below the mark: read again, its frame's clock restarts
+    listener._update_interest(entry)
+    assert entry.interest == select.EPOLLIN | select.EPOLLOUT
+    assert entry.frame_started == 2_000_000
+    assert listener._frames == [(2_005_000, entry.conn.conn_id, entry.fd)]
+    entry.unsent.clear()
+    listener._now = 2_000_500
+    listener._update_interest(entry)  # read already: the clock runs on
+    assert entry.interest == select.EPOLLIN and entry.frame_started == 2_000_000
+    assert len(listener._frames) == 1
+
+
+def test_held_bytes_are_unsent_replies_plus_waiting_requests_plus_frames_begun(hand):
+    h = hand()
+    h.connect()
+    entry = _only(h)
+    entry.unsent += b"\0" * 100
+    entry.pending_bytes = 30
+    h.listener._account(entry)
+    assert entry.held == h.listener.held == 130
+    del entry.unsent[:50]
+    h.listener._account(entry)
+    assert entry.held == h.listener.held == 80
+
+
+def test_a_frame_begun_after_a_whole_one_has_its_own_deadline(hand):
+    h = hand(frame_deadline_ms=1_000)
+    client = h.connect()
+    client.settimeout(30)
+    client.sendall(encode_command(RemotingCommand(code=106, version=479, opaque=1)))
+    assert _reply(h, client).opaque == 1
+    client.sendall(struct.pack(">ii", 200, 100))  # the next frame: its head, no more
+    h.until(lambda: any(e.decoder.buffered for e in h.listener.connections.values()))
+    h.now += 1_000
+    h.turn()
+    assert h.listener.too_slow == 1 and not h.listener.connections
+
+
+def test_idle_closes_go_on_past_stale_and_active_entries(hand, caplog):
+    h = hand(idle_timeout_ms=10_000)
+    start = h.now
+    gone, talker, quiet = h.connect(), h.connect(), h.connect()
+    h.until(lambda: len(h.listener.connections) == 3)
+    gone.close()  # closed by the client: its idle entry is stale
+    h.until(lambda: len(h.listener.connections) == 2)
+    h.now = start + 5_000
+    talker.sendall(encode_command(RemotingCommand(code=106, version=479, opaque=1, flag=2)))
+    h.until(lambda: any(e.last_active == h.now for e in h.listener.connections.values()))
+    h.now = start + 10_000
+    h.turn()  # the stale entry, then the talker's (pushed back), then the quiet one's
+    assert [e.last_active for e in h.listener.connections.values()] == [start + 5_000]
+
+
+def test_a_slice_ending_after_a_read_still_closes_what_is_idle(hand):
+    calls = []
+    readings = {"on": False}
+
+    def clock() -> int:  # over from its second reading in a turn on
+        calls.append(1)
+        return 100 if readings["on"] and len(calls) > 1 else 0
+
+    h = hand(idle_timeout_ms=10_000, clock=clock)
+    h.connect()
+    talker = h.connect()
+    h.until(lambda: len(h.listener.connections) == 2)
+    talker.sendall(encode_command(RemotingCommand(code=106, version=479, opaque=1, flag=2)))
+    select.select([h.listener._epoll.fileno()], [], [], 30)
+    h.now += 10_000
+    calls.clear()
+    readings["on"] = True
+    h.listener.run({}, h.now, 100)  # reads the talker, the slice ends, the quiet one is idle
+    assert len(calls) == 2
+    assert [e.last_active for e in h.listener.connections.values()] == [h.now]
