@@ -721,3 +721,77 @@ def test_a_slice_ending_after_a_read_still_closes_what_is_idle(hand):
     h.listener.run({}, h.now, 100)  # reads the talker, the slice ends, the quiet one is idle
     assert len(calls) == 2
     assert [e.last_active for e in h.listener.connections.values()] == [h.now]
+
+
+def test_connections_are_clamped_to_half_the_descriptors_left_after_zns1s_share():
+    from zns.drivers.remoting_listener import DESCRIPTORS_KEPT_FOR_ZNS1 as kept
+    from zns.drivers.remoting_listener import clamp_max_connections
+
+    assert clamp_max_connections(4096, kept + 1) == 1  # never below one
+    assert clamp_max_connections(4096, kept + 3) == 1 and isinstance(
+        clamp_max_connections(4096, kept + 3), int)
+    assert clamp_max_connections(4096, kept + 600) == 300
+    assert clamp_max_connections(200, kept + 600) == 200
+
+
+class _Guard:
+    """What the listener asks of a DescriptorGuard at start."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.plain: list[socket.socket] = []
+
+
+def test_max_connections_lowered_to_the_open_file_limit_says_so_once(hand, caplog):
+    from zns.drivers.remoting_listener import DESCRIPTORS_KEPT_FOR_ZNS1 as kept
+
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        enough = hand(max_connections=300, descriptors=_Guard(kept + 600))
+        assert enough.listener.max_connections == 300 and not caplog.records
+        low = hand(max_connections=4096, descriptors=_Guard(kept + 600))
+    assert low.listener.max_connections == 300
+    assert low.listener.descriptors.plain == [low.listener.listening]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"--remoting-max-connections 4096 lowered to 300: the open-file limit is {kept + 600} "
+        "and ZNS/1 clients need their share (raise it with `ulimit -n`)"]
+
+
+def test_an_accepted_connection_waits_to_be_read_and_is_idle_from_now(hand):
+    h = hand(idle_timeout_ms=10_000)
+    h.connect()
+    wait_for(lambda: _queued(h.listener.listening) == 1)
+    h.listener._accept(h.now)
+    assert h.listener.next_deadline(h.now) == h.now + 10_000
+    # Registered for reading only: a quiet connection does not wake the loop.
+    assert not select.select([h.listener._epoll.fileno()], [], [], 0)[0]
+
+
+def test_late_frames_close_at_their_deadline_exactly_past_entries_that_no_longer_count(hand,
+                                                                                      caplog):
+    h = hand(frame_deadline_ms=1_000)
+    start = h.now
+    clients = [h.connect() for _ in range(6)]
+    h.until(lambda: len(h.listener.connections) == 6)
+    for client in clients:  # each a frame's head, no more
+        client.sendall(struct.pack(">ii", 200, 100))
+    h.until(lambda: all(e.decoder.buffered for e in h.listener.connections.values()))
+    gone, whole, restarted, paused, late, later = sorted(
+        h.listener.connections.values(), key=lambda e: e.conn.conn_id)
+    h.listener._close(gone, h.now)  # its heap entry stays, stale
+    whole.frame_started = None  # that frame completed
+    restarted.frame_started = start + 500  # its clock restarted (its own entry is later)
+    paused.interest = select.EPOLLOUT  # not being read: its clock restarts when it is
+    h.listener._close_late(start + 999)
+    assert h.listener.too_slow == 0
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        h.listener._close_late(start + 1_000)
+    assert h.listener.too_slow == 2
+    assert sorted(h.listener.connections) == sorted(e.fd for e in (whole, restarted, paused))
+    assert caplog.records[-1].getMessage() == (
+        "remoting connection from 127.0.0.1 closed: a frame begun 1 s ago is not complete "
+        f"({later.decoder.buffered} bytes of it read)")
+
+
+def test_an_ipv6_listener_names_its_endpoint_in_brackets(hand):
+    assert hand(endpoint="[::1]:0").listener.endpoint.startswith("[::1]:")
+    assert not hand().listener.endpoint.startswith("[")

@@ -236,6 +236,40 @@ EQUIVALENT: dict[str, str] = {
         "own context destroyed with linger=None: every socket made in it (router, pub, peers, ZAP) "
         "is closed before, so the linger applies to none",
     "zns.drivers.server.xǁServerǁclose__mutmut_12": "as close__mutmut_11 (linger=1)",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁrun__mutmut_17":
+        "a read tried when epoll reports the connection only writable: recv would block and "
+        "_read returns at once (a cost); readable data sets EPOLLIN anyway",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁrun__mutmut_18": "flags | (...) is always true: as run__mutmut_17 (a read that would block)",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁrun__mutmut_19":
+        "EPOLLHUP & EPOLLERR is 0, so only EPOLLIN leads to a read: Linux's tcp_poll sets EPOLLIN "
+        "with every EPOLLHUP (a reset or timed-out connection is shut down both ways, readable at "
+        "EOF), and sets EPOLLERR only then (no IP_RECVERR, no error queue)",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁrun__mutmut_21":
+        "a connection not being read (requests waiting, or replies at the mark) read anyway when "
+        "epoll reports it: without EPOLLIN in its mask that is EPOLLHUP/EPOLLERR, a reset, and the "
+        "read fails as the write would, closing it with the same 'failed' line",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁrun__mutmut_42":
+        "_shed at held == max_buffer_bytes: it returns at once while held <= the budget",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_read__mutmut_100": "as run__mutmut_42 (_shed at the budget exactly returns at once)",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_read__mutmut_86":
+        "pending_bytes = for +=: a connection is read only while no decoded request waits "
+        "(interest has EPOLLIN only then), so pending_bytes is 0 before a read adds to it",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_answer_backlog__mutmut_4": "queued = None for False: only ever read as a truth value",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_close_idle__mutmut_30":
+        "timeout / 1000 for // 1000 in a %d: %d truncates the (positive) float as // does",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_close_late__mutmut_37":
+        "(now - started) / 1000 for // 1000 in a %d: as _close_idle__mutmut_30",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ__init____mutmut_4":
+        "the default Outbox's send None: a listener made without an outbox is never given to a "
+        "loop, so nothing runs that outbox and its send is never called",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ__init____mutmut_5": "as __init____mutmut_4 (a send returning 0, never called)",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ_accept__mutmut_42": "TCP_NODELAY 2 for 1: Linux reads the option as a truth value",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ__init____mutmut_66":
+        "the listening socket registered with epoll's default mask (IN|PRI|OUT): a listening TCP "
+        "socket reports only EPOLLIN (tcp_poll of a LISTEN socket)",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ__init____mutmut_75": "connection ids from 2, not 1: they only need to be distinct",
+    "zns.drivers.remoting_listener.xǁRemotingListenerǁ__init____mutmut_79":
+        "_now = None before the first turn: only what run() calls reads it, after run() set it",
     "zns.drivers.remoting_listener.xǁRemotingListenerǁ_read__mutmut_34":
         "fresh = None for False: only ever read as a truth value",
     "zns.drivers.remoting_listener.xǁRemotingListenerǁ_read__mutmut_38":
