@@ -25,7 +25,9 @@ test: $(STAMP) rocketmq-jars agent-jar
 
 # The real RocketMQ jars for tests/interop (4.9.7, 5.3.3, 5.5.0: the version matrix), fetched
 # once into a cache outside git (${ZNS_ROCKETMQ_CACHE:-~/.cache/zns}/rocketmq-VERSION, one line
-# on stderr while Maven works); a second run only checks a stamp per version.
+# on stderr while Maven works); a second run only checks a stamp per version. Then one
+# class-data sharing archive per JVM kind and version, made by a training run (about half a
+# minute per version, once): the JVMs the tests start load their classes from it.
 # Without java/javac/mvn it does nothing and the interop tests skip; a failed fetch is only
 # a warning unless ZNS_REQUIRE_INTEROP=1.
 rocketmq-jars:
@@ -33,6 +35,8 @@ rocketmq-jars:
 		$(PYTHON) tools/rocketmq/fetch.py >/dev/null || { \
 			if [ "$${ZNS_REQUIRE_INTEROP:-0}" = 1 ]; then exit 1; fi; \
 			echo "rocketmq-jars: fetch failed; the interop tests will skip" >&2; }; \
+		$(PYTHON) tests/interop/rocketmq.py >/dev/null || \
+			echo "rocketmq-jars: no class-data archives; the JVMs start without them" >&2; \
 	else \
 		echo "rocketmq-jars: no JDK/Maven on PATH; the interop tests will skip" >&2; \
 	fi

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -39,6 +40,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -157,11 +159,12 @@ def unique_topic(prefix: str) -> str:
 # ---- prerequisites ----------------------------------------------------------------------
 
 _java_cache: tuple[bool, str] | None = None
+_java_version = ""  # `java -version`'s text: a class-data archive is only valid for the JVM that wrote it
 
 
 def java_available() -> tuple[bool, str]:
     """(True, "") when java and javac (9+) are on PATH, and mvn too unless the jars are cached."""
-    global _java_cache
+    global _java_cache, _java_version
     if _java_cache is not None:
         return _java_cache
     missing = [tool for tool in ("java", "javac") if shutil.which(tool) is None]
@@ -175,6 +178,7 @@ def java_available() -> tuple[bool, str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         _java_cache = (False, f"no JDK/Maven: java -version failed: {exc}")
         return _java_cache
+    _java_version = out
     m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
     major = int(m.group(1)) if m else 0
     if major == 1 and m and m.group(2):
@@ -274,6 +278,168 @@ def client_classes(version: str = DEFAULT_VERSION) -> Path:
     return out
 
 
+def client_jar(version: str = DEFAULT_VERSION) -> Path:
+    """client_classes(version) as a jar: class-data sharing archives classes from jars only.
+
+    Made once, next to the classes folder; a concurrent maker's copy is left alone (its
+    modification time is part of what an archive was built against)."""
+    out = client_classes(version)
+    jar = out.parent / f"{out.name}.jar"
+    if jar.is_file():
+        return jar
+    tmp = out.parent / f".{out.name}.{os.getpid()}.jar"
+    with zipfile.ZipFile(tmp, "w") as zf:
+        for cls in sorted(out.rglob("*.class")):
+            zf.write(cls, cls.relative_to(out).as_posix())
+    try:
+        os.link(tmp, jar)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return jar
+
+
+# ---- class-data sharing -------------------------------------------------------------------
+#
+# Most of a RocketMQ JVM's start-up is reading, parsing and verifying classes from its jars.
+# A dynamic CDS archive (JDK 13+), written at the exit of one run with the same JVM, options
+# and classpath, maps those classes in ready-made: measured on this harness's JVMs (JDK 17),
+# CPU to the ready line or to the end of a one-shot command down by ~20 % (NameServer,
+# broker) to ~30 % (mqadmin, the test client). build_archives makes them (`make
+# rocketmq-jars` calls it) under <cache>/rocketmq-VERSION/cds/, one per process kind, named
+# by a hash of the JVM, the options and every classpath jar's size and time; nothing
+# builds them during a test. A JVM is given its archive only when the stamp next to it
+# names the archive's size (a truncated archive crashes a JDK 17 at start); an archive the
+# JVM still finds unusable is ignored by its default -Xshare:auto, and -Xlog:cds*=off keeps
+# its one-line warning out of the output the harness reads. ZNS_ROCKETMQ_CDS=0 turns them off.
+
+CDS_ENV = "ZNS_ROCKETMQ_CDS"
+CDS_KINDS = ("namesrv", "broker", "client", "tools")
+
+
+def _cds_enabled() -> bool:
+    return os.environ.get(CDS_ENV, "1").strip() not in ("0", "false", "no")
+
+
+_cds_keys: dict[tuple[str, str, str, tuple[str, ...]], Path] = {}
+
+
+def _cds_archive(kind: str, version: str, cp: str, heap: Sequence[str]) -> Path:
+    """Where the archive for this JVM, options and classpath lives (whether or not it exists)."""
+    memo = (kind, version, cp, tuple(heap))
+    if memo not in _cds_keys:
+        java_available()
+        java = shutil.which("java") or "java"
+        parts = [_java_version, os.path.realpath(java), kind, cp, *JVM_BASE, *heap]
+        for entry in cp.split(os.pathsep):
+            paths = sorted(Path(entry[:-1]).iterdir()) if entry.endswith("*") else [Path(entry)]
+            for path in paths:
+                st = path.stat()
+                parts.append(f"{path}:{st.st_size}:{st.st_mtime_ns}")
+        key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+        _cds_keys[memo] = fetch.cache_dir(version) / "cds" / f"{kind}-{key}.jsa"
+    return _cds_keys[memo]
+
+
+def _cds_args(kind: str, version: str, cp: str, heap: Sequence[str]) -> list[str]:
+    if not _cds_enabled():
+        return []
+    try:
+        jsa = _cds_archive(kind, version, cp, heap)
+        if int(jsa.with_suffix(".size").read_text()) != jsa.stat().st_size:
+            return []
+    except (OSError, ValueError):
+        return []
+    return [f"-XX:SharedArchiveFile={jsa}", "-Xlog:cds*=off"]
+
+
+def _cds_plan(version: str) -> dict[str, tuple[str, list[str]]]:
+    """kind -> (classpath, heap), as the launchers above build them."""
+    return {
+        "namesrv": (classpath("namesrv", version), NAMESRV_HEAP),
+        "broker": (classpath("broker", version), BROKER_HEAP),
+        "client": (f"{client_jar(version)}{os.pathsep}{classpath('client', version)}", CLIENT_HEAP),
+        "tools": (classpath("tools", version), CLIENT_HEAP),
+    }
+
+
+def _cds_install(kind: str, dump: Path, jsa: Path, cp: str, heap: Sequence[str]) -> str:
+    """Check a freshly written archive with the JVM itself, then put it in place."""
+    if not dump.is_file():
+        return f"{kind}: no archive written"
+    check = subprocess.run(
+        ["java", *JVM_BASE, *heap, f"-XX:SharedArchiveFile={dump}", "-XX:+PrintSharedArchiveAndExit",
+         "-cp", cp, "-version"], capture_output=True, text=True, timeout=120)
+    if check.returncode != 0 or "archive is valid" not in check.stdout + check.stderr:
+        dump.unlink()
+        return f"{kind}: the JVM rejects its archive"
+    for old in jsa.parent.glob(f"{kind}-*"):  # an older JVM's or jar set's
+        old.unlink()
+    size = dump.stat().st_size
+    os.replace(dump, jsa)
+    stamp = jsa.with_suffix(".size.tmp")
+    stamp.write_text(f"{size}\n")
+    os.replace(stamp, jsa.with_suffix(".size"))
+    return f"{kind}: {size >> 20} MiB"
+
+
+def build_archives(version: str = DEFAULT_VERSION) -> str:
+    """Make the missing class-data archives of one version (a summary line).
+
+    One training run per kind, each with ``-XX:ArchiveClassesAtExit``: a NameServer and a
+    broker up to their ready lines (then SIGTERM, a normal exit), and ``clusterList``
+    against them through the test client and through stock mqadmin. A file lock keeps
+    concurrent builds apart. Failures only leave the archive out."""
+    if not _cds_enabled():
+        return f"{version}: class-data sharing off ({CDS_ENV}=0)"
+    ensure_jars(version)
+    plan = _cds_plan(version)
+    folder = fetch.cache_dir(version) / "cds"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        missing = [kind for kind in CDS_KINDS if not _cds_args(kind, version, *plan[kind])]
+        if not missing:
+            return f"{version}: archives up to date"
+        dumps = {kind: folder / f".{kind}.{os.getpid()}.jsa" for kind in missing}
+
+        def dump(kind: str) -> list[str]:
+            return [f"-XX:ArchiveClassesAtExit={dumps[kind]}"] if kind in dumps else []
+
+        work = Path(tempfile.mkdtemp(prefix="zns-cds-"))
+        group = ProcessGroup(work)
+        notes = []
+        try:
+            old = version.startswith("4.")
+            ns = JavaNameServer(work / "namesrv", version=version, jvm_args=dump("namesrv")).start(wait=False)
+            group.procs.append(ns)
+            ns.wait_for_log(NAMESRV_READY_4X if old else NAMESRV_READY, 120)
+            broker = Broker(work / "broker", ns.addr, version=version, jvm_args=dump("broker"))
+            group.procs.append(broker)
+            broker.start(timeout=120, registered=False)
+            for kind, stock in (("client", False), ("tools", True)):
+                if kind in dumps:
+                    mqadmin(["clusterList"], ns.addr, stock=stock, workdir=work, version=version,
+                            jvm_args=dump(kind), timeout=120)
+            broker.stop(60)
+            ns.stop(60)
+        except (InteropError, OSError, subprocess.SubprocessError) as exc:
+            notes.append(f"training run failed: {str(exc).splitlines()[0]}")
+        finally:
+            group.close()
+        try:
+            for kind in missing:
+                notes.append(_cds_install(kind, dumps[kind], _cds_archive(kind, version, *plan[kind]), *plan[kind]))
+        except (OSError, subprocess.SubprocessError) as exc:
+            notes.append(f"install failed: {exc}")
+        finally:
+            for path in dumps.values():
+                path.unlink(missing_ok=True)
+            shutil.rmtree(work, ignore_errors=True)
+        return f"{version}: " + "; ".join(notes)
+
+
 # ---- processes ---------------------------------------------------------------------------
 
 _live: set[subprocess.Popen] = set()
@@ -337,10 +503,12 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 
 def _java_cmd(kind: str, heap: list[str], home: Path, *, extra_cp: str | None = None, jvm_args: Iterable[str] = (),
-              version: str = DEFAULT_VERSION) -> list[str]:
+              version: str = DEFAULT_VERSION, cds: bool = False) -> list[str]:
+    """The java command line up to the main class; `cds`: with this kind's class-data
+    archive when one was built (see build_archives)."""
     cp = classpath(kind, version) if extra_cp is None else f"{extra_cp}{os.pathsep}{classpath(kind, version)}"
     return [
-        "java", *JVM_BASE, *heap, *jvm_args,
+        "java", *JVM_BASE, *heap, *jvm_args, *(_cds_args(kind, version, cp, heap) if cds else ()),
         f"-Duser.home={home}",
         f"-Drocketmq.home.dir={home}",
         "-cp", cp,
@@ -487,7 +655,7 @@ class JavaNameServer(JavaProcess):
         if old:
             (self.home / "conf").mkdir(parents=True, exist_ok=True)
             (self.home / "conf" / "logback_namesrv.xml").write_text(LOGBACK_4X.format(log="namesrv"))
-        cmd = _java_cmd("namesrv", NAMESRV_HEAP, self.home, jvm_args=self.jvm_args, version=self.version)
+        cmd = _java_cmd("namesrv", NAMESRV_HEAP, self.home, jvm_args=self.jvm_args, version=self.version, cds=True)
         self._launch([*cmd, NAMESRV_MAIN, "-c", str(conf_path)])
         return self.wait_ready(timeout) if wait else self
 
@@ -636,7 +804,8 @@ class Broker(JavaProcess):
             self.workdir.mkdir(parents=True, exist_ok=True)
             conf_path = self.workdir / "broker.conf"
             conf_path.write_text("".join(f"{k}={v}\n" for k, v in self.broker_conf().items()))
-            cmd = _java_cmd("broker", BROKER_HEAP, self.home, jvm_args=self.jvm_args, version=self.version)
+            cmd = _java_cmd("broker", BROKER_HEAP, self.home, jvm_args=self.jvm_args, version=self.version,
+                           cds=True)
             self._launch([*cmd, BROKER_MAIN, "-c", str(conf_path)])
             if not wait:
                 return self
@@ -812,7 +981,7 @@ def _run_oneshot(cmd: list[str], workdir: Path | None, label: str, timeout: floa
 
 def _client_cmd(home: Path, jvm_args: Iterable[str] = (), version: str = DEFAULT_VERSION) -> list[str]:
     return _java_cmd(
-        "client", CLIENT_HEAP, home, extra_cp=str(client_classes(version)), version=version,
+        "client", CLIENT_HEAP, home, extra_cp=str(client_jar(version)), version=version, cds=True,
         jvm_args=[
             # The push consumer rebalances every 20 s by default; tests cannot wait that long.
             "-Drocketmq.client.rebalance.waitInterval=1000",
@@ -823,7 +992,7 @@ def _client_cmd(home: Path, jvm_args: Iterable[str] = (), version: str = DEFAULT
 
 
 def mqadmin(args: Sequence[str], namesrv: str | None, *, timeout: float = 60.0, stock: bool = False,
-            workdir: Path | None = None, version: str = DEFAULT_VERSION) -> Result:
+            workdir: Path | None = None, version: str = DEFAULT_VERSION, jvm_args: Iterable[str] = ()) -> Result:
     """Run an mqadmin subcommand, e.g. ``mqadmin(["clusterList"], ns.addr)``; adds ``-n namesrv``.
 
     By default `version`'s stock MQAdminStartup command runs inside ZnsInteropClient
@@ -843,9 +1012,9 @@ def mqadmin(args: Sequence[str], namesrv: str | None, *, timeout: float = 60.0, 
         (home / "conf").mkdir(parents=True, exist_ok=True)
         (home / "conf" / "logback_tools.xml").write_text(LOGBACK_4X.format(log="tools"))
     if stock:
-        cmd = [*_java_cmd("tools", CLIENT_HEAP, home, version=version), MQADMIN_MAIN, *argv]
+        cmd = [*_java_cmd("tools", CLIENT_HEAP, home, version=version, jvm_args=jvm_args, cds=True), MQADMIN_MAIN, *argv]
     else:  # that version's own command classes (its client classpath holds rocketmq-tools)
-        cmd = [*_client_cmd(home, version=version), CLIENT_MAIN, "mqadmin", *argv]
+        cmd = [*_client_cmd(home, jvm_args, version=version), CLIENT_MAIN, "mqadmin", *argv]
     return _run_oneshot(cmd, workdir, f"mqadmin-{argv[0] if argv else 'help'}", timeout)
 
 
@@ -1034,3 +1203,11 @@ class ProduceLoop:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+if __name__ == "__main__":  # `make rocketmq-jars`: the class-data archives of every version
+    for v in sys.argv[1:] or VERSIONS:
+        try:
+            print(build_archives(v))
+        except InteropUnavailable as exc:
+            print(f"{v}: no archives: {exc}")
