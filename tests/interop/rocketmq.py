@@ -788,6 +788,13 @@ class Broker(JavaProcess):
             "diskSpaceWarningLevelRatio": 95,
             # A busy 2-core machine must not turn sends into "broker busy" rejections.
             "waitTimeMillsInSendQueue": 3000,
+            # The broker's client (5.x) registers only with NameServers a background scan has
+            # connected to, and that scan runs every connectTimeoutMillis (3 s by default),
+            # first before the NameServer list is set: the registration at start then often
+            # finds none, and the first one is the periodic one, 10 s later (2 starts in 3
+            # on a quiet machine). A scan every 0.5 s connects in time (1 s still missed 1 in
+            # 3); a loopback connect needs far less than its timeout.
+            "connectTimeoutMillis": 500,
             **self.config,
         }
 
