@@ -151,11 +151,25 @@ def end_group(pgid: int, grace: float) -> None:
             return  # the group is empty
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
+            if not _group_running(pgid):
                 return
             time.sleep(0.05)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs. A zombie does not count: the leader,
+    our own child, stays one until we read its status, which would make every wait last
+    its whole grace."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def cpu_seconds(pid: int) -> float:
