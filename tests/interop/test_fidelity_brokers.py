@@ -58,12 +58,21 @@ class Env:
 def env(rmq_module: ProcessGroup, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("fidelity-brokers")
     port = free_port()
-    zns = ZnsProcess(root / "zns-0", "--remoting", f"127.0.0.1:{port}",  # the last option wins
-                     "--kv-path", str(root / "kv.json"))
-    try:
-        ordered = ZnsProcess(root / "zns-ordered", "--order-message-enable")
+    started: list[ZnsProcess] = []
+
+    def start(name: str, *args: str) -> ZnsProcess:
+        z = ZnsProcess(root / name, *args)
+        started.append(z)
+        return z
+
+    try:  # both at once
+        zns, ordered = rocketmq.in_parallel(
+            lambda: start("zns-0", "--remoting", f"127.0.0.1:{port}",  # the last option wins
+                          "--kv-path", str(root / "kv.json")),
+            lambda: start("zns-ordered", "--order-message-enable"))
     except BaseException:
-        zns.stop()
+        for z in started:
+            z.stop()
         raise
     e = Env(root, port, zns, ordered, [])
     try:
