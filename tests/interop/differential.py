@@ -60,7 +60,11 @@ if str(REPO) not in sys.path:
 from zns.core.remoting import FrameDecoder, RemotingCommand, encode_command  # noqa: E402
 
 ZNS_VERSION = 479  # the MQVersion ordinal zns announces (a 5.3.3 NameServer's)
-SETTLE_S = 5.0  # how long asynchronous removals may take in the Java NameServer
+# How long asynchronous removals may take in the Java NameServer (a closed connection reaches
+# its route table through Netty's event loop and a batch unregistration thread). A deadline,
+# not a wait: a step that agrees at once costs nothing. 5 s was too short at load 30 (seen
+# once: a closed broker still listed by Java 5.3.3 when zns had already dropped it).
+SETTLE_S = 20.0
 
 
 class RemotingConnection:
