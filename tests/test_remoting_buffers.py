@@ -460,16 +460,22 @@ def _only(h: Hand):  # type: ignore[no-untyped-def]
     return next(iter(h.listener.connections.values()))
 
 
-def test_a_reply_the_kernel_refuses_to_send_closes_its_connection_and_says_why(hand, caplog):
-    h = hand()
+def _reply_whose_send_raises(h: Hand, error: OSError):  # type: ignore[no-untyped-def]
+    """One connection with "a reply" queued, whose socket's send raises `error`."""
     h.connect()
     entry = _only(h)
 
-    def reset(data: bytes) -> int:
-        raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+    def send(data: bytes) -> int:
+        raise error
 
-    entry.sock = _Sending(entry.sock, reset)
+    entry.sock = _Sending(entry.sock, send)
     entry.unsent += b"a reply"
+    return entry
+
+
+def test_a_reply_the_kernel_refuses_to_send_closes_its_connection_and_says_why(hand, caplog):
+    h = hand()
+    entry = _reply_whose_send_raises(h, ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"))
     with caplog.at_level(logging.INFO, logger="zns"):
         h.listener._write(entry, h.now)
     assert caplog.records[-1].getMessage() == (
@@ -480,14 +486,7 @@ def test_a_reply_the_kernel_refuses_to_send_closes_its_connection_and_says_why(h
 
 def test_a_send_that_would_block_keeps_every_unsent_byte_and_waits_to_write(hand):
     h = hand()
-    h.connect()
-    entry = _only(h)
-
-    def blocked(data: bytes) -> int:
-        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
-
-    entry.sock = _Sending(entry.sock, blocked)
-    entry.unsent += b"a reply"
+    entry = _reply_whose_send_raises(h, BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable"))
     h.listener._write(entry, h.now + 5_000)
     assert entry.unsent == b"a reply" and entry.last_active == h.now
     assert entry.interest & select.EPOLLOUT
