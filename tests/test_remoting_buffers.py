@@ -475,7 +475,8 @@ def _reply_whose_send_raises(h: Hand, error: OSError):  # type: ignore[no-untype
 
 def test_a_reply_the_kernel_refuses_to_send_closes_its_connection_and_says_why(hand, caplog):
     h = hand()
-    entry = _reply_whose_send_raises(h, ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"))
+    entry = _reply_whose_send_raises(
+        h, ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"))
     with caplog.at_level(logging.INFO, logger="zns"):
         h.listener._write(entry, h.now)
     assert caplog.records[-1].getMessage() == (
@@ -486,7 +487,8 @@ def test_a_reply_the_kernel_refuses_to_send_closes_its_connection_and_says_why(h
 
 def test_a_send_that_would_block_keeps_every_unsent_byte_and_waits_to_write(hand):
     h = hand()
-    entry = _reply_whose_send_raises(h, BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable"))
+    entry = _reply_whose_send_raises(
+        h, BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable"))
     h.listener._write(entry, h.now + 5_000)
     assert entry.unsent == b"a reply" and entry.last_active == h.now
     assert entry.interest & select.EPOLLOUT
