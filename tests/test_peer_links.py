@@ -147,6 +147,8 @@ def test_a_link_asks_subscribes_and_applies_a_hint(ctx, peer, caplog):
     assert len(h.sockets()) == 1  # the DEALER, registered in the loop's poll set
     peer.answer()
     h.pump(0, lambda: h.links.links[peer.endpoint].pub == peer.pub_endpoint)
+    # The silence clock starts with the subscription, before any hb.
+    assert h.links.next_deadline(0) == h.links.links[peer.endpoint].silence_ms + 1
     # Answered: the DEALER is gone from the poll set, the SUB took its place.
     assert len(h.sockets()) == 1 and h.sockets()[0].type == zmq.SUB
     assert peer.wait_subscribed() == {schema.BROKER_PREFIX, schema.HB_CHANNEL}
@@ -221,7 +223,8 @@ def test_a_bad_events_endpoint_backs_off_and_keeps_no_socket(ctx, caplog):
         gaps = [b - a for a, b in zip(asked, asked[1:])]
         assert gaps == [min(RETRY_MIN_MS << n, RETRY_MAX_MS) for n in range(1, 6)]
         assert f"peer {peer.endpoint} named events endpoint 'tcp://127.0.0.1:not-a-port', " \
-               "which cannot be connected to (" in caplog.text and "Invalid argument" in caplog.text
+               "which cannot be connected to ('tcp://127.0.0.1:not-a-port': Invalid argument" \
+            in caplog.text  # the error says what it refused (pyzmq may add the address)
         assert "); asking again later" in caplog.text
     finally:
         peer.close()
@@ -261,15 +264,67 @@ def test_a_reply_of_more_than_one_frame_or_another_op_is_not_taken(ctx, peer, ca
     reply = schema.encode(schema.StatusReply(
         id=request.id, epoch="e", revision=0, version="0", uptime_ms=0, brokers=0, topics=0,
         pub_endpoint=peer.pub_endpoint))
+    link = h.links.links[peer.endpoint]
+    peer.router.send_multipart([identity, b"extra", reply])  # two frames: not a reply
+    assert dealer.poll(20_000)  # libzmq hands over a message whole: all of it is there
+    h.links.run({dealer: zmq.POLLIN}, 0, 5)
+    assert link.asking and link.pub is None
     with caplog.at_level(logging.WARNING, logger="zns"):
-        peer.router.send_multipart([identity, b"extra", reply])  # two frames: not a reply
         peer.router.send_multipart([identity, schema.encode(schema.GetTopicsReply(
             id=request.id, topics=[]))])  # a reply, but not to `status`
         h.pump(0, lambda: "sent something unreadable" in caplog.text)
-    link = h.links.links[peer.endpoint]
     assert link.asking and link.pub is None
     peer.router.send_multipart([identity, reply])
     h.pump(0, lambda: link.pub == peer.pub_endpoint)
+
+
+def test_an_event_of_one_frame_is_unreadable_and_one_of_three_is_not_taken(ctx, peer, caplog):
+    h = Harness(ctx, [peer.endpoint])
+    link_up(h, peer)
+    sub = h.sockets()[0]
+    assert sub.type == zmq.SUB
+    removed = peer.removed()
+    # Each message is waited for on the SUB, then handed to one pass: nothing races it.
+    peer.pub.send_multipart([schema.event_channel(removed), b"extra", schema.encode(removed)])
+    assert sub.poll(20_000)
+    h.links.run({sub: zmq.POLLIN}, 5, 10)
+    assert h.suspected == []  # three frames: read and dropped
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        peer.pub.send(schema.HB_CHANNEL)  # one frame: no body to read
+        assert sub.poll(20_000)
+        h.links.run({sub: zmq.POLLIN}, 6, 10)
+    assert f"peer {peer.endpoint} sent something unreadable" in caplog.text
+    peer.publish(removed)
+    h.pump(7, lambda: h.suspected)
+    assert h.suspected == [("c1", ADDR, 7)]
+
+
+def test_a_restarted_peer_naming_a_bad_events_endpoint_leaves_no_sub(ctx, peer, caplog):
+    h = Harness(ctx, [peer.endpoint])
+    link_up(h, peer)
+    link = h.links.links[peer.endpoint]
+    (old_sub,) = h.sockets()
+    peer.epoch, peer.pub_endpoint = "epoch-2", "tcp://127.0.0.1:not-a-port"
+    peer.publish(peer.hb())  # a new epoch: the link asks for the endpoints again
+    h.pump(1, lambda: link.asking)
+    h.run(1)
+    peer.answer()
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        h.pump(1, lambda: link._subscribe_failures == 1)
+    # The SUB to the old endpoint is closed with the failure, not kept on the side.
+    assert old_sub.closed and all(s.type == zmq.DEALER for s in h.sockets())
+    assert "which cannot be connected to ('tcp://127.0.0.1:not-a-port': Invalid argument" \
+        in caplog.text
+
+
+def test_links_without_a_poll_set_open_and_close_their_sockets_all_the_same(ctx, peer):
+    links = PeerLinks([peer.endpoint], now=0, suspect=lambda c, a, n: False, connected={},
+                      context=ctx)  # never attached to a loop
+    links.run({}, 0, 5)
+    assert peer.router.poll(20_000) and peer.pending() == 1
+    links.run({}, RETRY_MIN_MS, RETRY_MIN_MS + 5)  # unanswered: asked again, a fresh DEALER
+    assert peer.router.poll(20_000) and peer.pending() == 1
+    links.close()
 
 
 def test_a_message_over_the_bound_is_dropped(ctx, peer):
@@ -316,7 +371,8 @@ def test_peers_are_endpoints_once_each_and_a_bad_one_is_refused(ctx, caplog):
     with caplog.at_level(logging.INFO, logger="zns"):
         h = Harness(ctx, ["127.0.0.1:9876", "tcp://127.0.0.1:9876", "127.0.0.1:9877"])
     assert list(h.links.links) == ["tcp://127.0.0.1:9876", "tcp://127.0.0.1:9877"]
-    assert "taking hints from peers tcp://127.0.0.1:9876, tcp://127.0.0.1:9877" in caplog.text
+    assert "taking hints from peers tcp://127.0.0.1:9876, tcp://127.0.0.1:9877" \
+        in [r.getMessage() for r in caplog.records]
     with pytest.raises(EndpointError, match=r"--peer tcp://-:5: Invalid argument"):
         PeerLinks(["127.0.0.1:5", "tcp://-:5"], now=0, suspect=lambda c, a, n: False,
                   connected={}, context=ctx)

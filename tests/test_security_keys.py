@@ -4,7 +4,10 @@ that land on sockets and contexts. tests/test_security.py runs CURVE between liv
 
 from __future__ import annotations
 
+import locale
 import logging
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,13 +68,57 @@ def test_a_certificate_reads_as_keys_and_only_its_metadata_section(tmp_path):
     assert read_certificate(plain_public)[2] == {}
 
 
+def test_a_hand_written_certificate_s_metadata_is_read_as_zpl(tmp_path):
+    # Written by hand, not by zmq.auth: comments inside the section (one indented and
+    # holding "="), a tab for an indent, a value holding "=", quotes and X at its ends.
+    public = zmq.curve_keypair()[0].decode()
+    cert = tmp_path / "hand.key"
+    cert.write_text("# made by hand\n"
+                    "metadata\n"
+                    "    # note = an indented comment is not metadata\n"
+                    "# a comment does not end the section\n"
+                    "\tbroker_names = 'Xb1, b2X'\n"
+                    "    url = \"http://h/?a=b\"\n"
+                    "curve\n"
+                    f'    public-key = "{public}"\n', encoding="utf-8")
+    assert read_certificate(cert) == (
+        public, None, {"broker_names": "Xb1, b2X", "url": "http://h/?a=b"})
+
+
 def test_a_bad_certificate_is_a_key_file_error(tmp_path):
     with pytest.raises(KeyFileError, match=f"cannot read certificate {tmp_path / 'nope.key'}"):
         read_certificate(tmp_path / "nope.key")
     short = tmp_path / "short.key"
     short.write_text('curve\n    public-key = "abc"\n')
-    with pytest.raises(KeyFileError, match=r"a CURVE key is 40 z85 characters, got 3"):
+    with pytest.raises(KeyFileError,
+                       match=f"certificate {short}: a CURVE key is 40 z85 characters, got 3"):
         read_certificate(short)
+    public = zmq.curve_keypair()[0].decode()
+    short_secret = tmp_path / "short.key_secret"
+    short_secret.write_text(f'curve\n    public-key = "{public}"\n    secret-key = "abcd"\n')
+    with pytest.raises(KeyFileError,
+                       match=f"certificate {short_secret}: a CURVE key is 40 z85 characters, got 4"):
+        read_certificate(short_secret)
+
+
+@pytest.fixture
+def ascii_locale() -> Iterator[None]:
+    """The process's text encoding made ASCII (LANG=C without Python's UTF-8 mode)."""
+    if sys.flags.utf8_mode:
+        pytest.skip("Python's UTF-8 mode ignores the locale's encoding")
+    before = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
+
+
+def test_key_files_are_utf_8_whatever_the_locale(tmp_path, ascii_locale):
+    assert locale.getpreferredencoding(False) != "UTF-8"  # the fixture took effect
+    public_file, secret_file = write_keypair(tmp_path, "b1", "brøker-1")
+    for path in (public_file, secret_file):
+        assert read_certificate(path)[2] == {"broker_names": "brøker-1"}
 
 
 def test_a_key_directory_lists_its_public_certificates(tmp_path):

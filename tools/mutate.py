@@ -319,12 +319,24 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.peers.xǁPeerLinksǁhandle__mutmut_3": "as broker_agent _run__mutmut_24 (recv_all never blocks)",
     "zns.drivers.peers.xǁPeerLinksǁrun__mutmut_11":
         "carry_out's now reaches only a failed FollowEvents, which only a reply (handle) produces, never a timer",
-    "zns.drivers.peers.xǁPeerLinksǁ_do__mutmut_44":
+    "zns.drivers.peers.xǁPeerLinksǁ_do__mutmut_50":
         "`break` for `continue`: every action list holds one action (on_timer: AskStatus, on_reply: FollowEvents)",
     "zns.drivers.peers.xǁPeerLinksǁ_replace__mutmut_8":
         "close(linger=None): the socket's own LINGER is 0 (open_socket)",
     "zns.drivers.peers.xǁPeerLinksǁ_replace__mutmut_9":
         "close(linger=1): closing may wait 1 ms for unsent messages; a dropped status or SUB has none that matter",
+    "zns.drivers.peers.x__checked__mutmut_9":
+        "the probe closed with the context's LINGER (-1) for 0: it only connects and never sends, so "
+        "nothing is left to linger on",
+    "zns.drivers.peers.x__checked__mutmut_10": "the probe closed with linger=1: as _checked__mutmut_9",
+    "zns.drivers.peers.xǁPeerLinksǁ_do__mutmut_22":
+        "the status sent without DONTWAIT: a fresh DEALER connected without ZMQ_IMMEDIATE (open_socket) "
+        "has its pipe at once, so its one message is queued and the send never blocks",
+    "zns.drivers.peers.xǁPeerLinksǁcarry_out__mutmut_2": "as run__mutmut_11, one call further in",
+    "zns.drivers.peers.xǁPeerLinksǁhandle__mutmut_30": "as handle__mutmut_3, for the SUB",
+    "zns.drivers.peers.xǁPeerLinksǁrun__mutmut_6":
+        "on_timer for a link not due: it tests the same conditions as next_deadline, so does nothing; and "
+        "a PeerLink's next_deadline is never None (it is asking, or its silence clock runs)",
     "zns.drivers.kv_file.x__valid_record_after__mutmut_25":
         "searching from at + 2: the marker b'\\xffKV1' cannot start one byte into itself",
     "zns.drivers.kv_file.x__unlink_quietly__mutmut_1":
@@ -336,6 +348,19 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.kv_file.xǁKvStoreǁ_start_compaction__mutmut_1": "`or` in an assert that always holds there",
     "zns.drivers.server.xǁ_Controlǁrun__mutmut_3": "_reload_keys = None for False: only ever read as a truth value",
     "zns.drivers.security.xǁSecurityǁcallback__mutmut_4": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
+    "zns.drivers.security.x__key_text__mutmut_6": "as callback__mutmut_4",
+    "zns.drivers.security.x_read_certificate__mutmut_13": "codec name 'UTF-8' for 'utf-8': as callback__mutmut_4",
+    "zns.drivers.security.x_write_keypair__mutmut_38": "as read_certificate__mutmut_13",
+    "zns.drivers.security.x_read_certificate__mutmut_8":
+        "section = None for '' before the first section: only ever compared with 'metadata'",
+    "zns.drivers.security.x_read_certificate__mutmut_9": "section = 'XXXX': as read_certificate__mutmut_8",
+    "zns.drivers.security.x_write_keypair__mutmut_17":
+        "the public file read in the locale's encoding: zmq.auth writes it ASCII only (banner, date, "
+        "z85 key), which every locale reads alike",
+    "zns.drivers.security.x_write_keypair__mutmut_20": "as write_keypair__mutmut_17",
+    "zns.drivers.security.x_write_keypair__mutmut_32":
+        "every 'metadata\\n' replaced, not the first: the public file zmq.auth writes holds it once",
+    "zns.drivers.security.x_write_keypair__mutmut_40": "as write_keypair__mutmut_32 (2 for 1)",
     "zns.drivers.route_client.xǁRouteClientǁclose__mutmut_3":
         "join(None) for join(5): the thread ends at once once stopping; the bound is for a hang",
     "zns.drivers.route_client.xǁRouteClientǁclose__mutmut_4": "join(6) for join(5): as close__mutmut_3",
