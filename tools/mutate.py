@@ -348,7 +348,7 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.kv_file.xǁKvStoreǁ_start_compaction__mutmut_1": "`or` in an assert that always holds there",
     "zns.drivers.server.xǁ_Controlǁrun__mutmut_3": "_reload_keys = None for False: only ever read as a truth value",
     "zns.drivers.security.xǁSecurityǁcallback__mutmut_4": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
-    "zns.drivers.security.x__key_text__mutmut_6": "as callback__mutmut_4",
+    "zns.drivers.security.x__key_text__mutmut_6": "codec name 'ASCII' for 'ascii': as callback__mutmut_4",
     "zns.drivers.security.x_read_certificate__mutmut_13": "codec name 'UTF-8' for 'utf-8': as callback__mutmut_4",
     "zns.drivers.security.x_write_keypair__mutmut_38": "as read_certificate__mutmut_13",
     "zns.drivers.security.x_read_certificate__mutmut_8":
