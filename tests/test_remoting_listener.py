@@ -548,36 +548,6 @@ def test_a_zeromq_client_at_the_remoting_port_is_told_where_zns1_is(make_server)
     assert call(srv.router, Status(), timeout=10).remoting == wrong.removeprefix("tcp://")
 
 
-def test_the_zmtp_redirect_takes_its_input_in_any_pieces_and_refuses_non_zmtp():
-    import msgspec
-
-    from zns.core.errors import RemotingFrameError
-    from zns.core.remoting.zmtp import GREETING, READY, ZmtpRedirect, looks_like_zmtp
-    from zns.core.schema import encode
-
-    request = encode({"op": "status", "id": 77})
-    big = encode({"op": "get_route", "id": 78, "topic": "T" * 300})
-    client = (GREETING + bytes([0x04, 0x05]) + b"\x05READY"  # a READY without properties
-              + bytes([0x01, 0]) + bytes([0, len(request)]) + request  # [empty, request]
-              + bytes([0x02]) + len(big).to_bytes(8, "big") + big)  # one long frame
-    redirect = ZmtpRedirect("go elsewhere")
-    assert looks_like_zmtp(client) and not looks_like_zmtp(b"\x00\x00\x00\x10")
-    out = redirect.start() + b"".join(redirect.feed(client[i:i + 7])
-                                      for i in range(0, len(client), 7))
-    assert out.startswith(GREETING + READY)
-    replies, rest = [], out[len(GREETING + READY):]
-    while rest:
-        size = rest[1]
-        replies.append(msgspec.msgpack.decode(rest[2:2 + size]))
-        rest = rest[2 + size:]
-    assert replies == [{"op": "error", "id": 77, "code": "bad_request", "message": "go elsewhere"},
-                       {"op": "error", "id": 78, "code": "bad_request", "message": "go elsewhere"}]
-    with pytest.raises(RemotingFrameError, match="not a ZMTP greeting"):
-        ZmtpRedirect("x").feed(b"\xff" + b"\x00" * 63)
-    with pytest.raises(RemotingFrameError, match="ZMTP frame of"):
-        ZmtpRedirect("x").feed(GREETING + bytes([0x02]) + (1 << 40).to_bytes(8, "big"))
-
-
 # --- many connections (issue 21 items 8 and 9) ------------------------------------------------
 
 

@@ -55,6 +55,40 @@ def test_over_the_total_the_largest_holders_are_cut():
     assert budget.held == 0
 
 
+def test_over_the_total_the_costliest_go_first_and_only_until_the_rest_fits():
+    unit = subscription_cost(b"a")
+    budget = SubscriptionBudget(per_peer=10**9, total=3 * unit)
+    assert budget.subscribed(1, b"a") == []
+    assert budget.subscribed(2, b"a") == [] and budget.subscribed(2, b"b") == []
+    assert budget.subscribed(3, b"a") == [2]  # the costliest, though it came after 1
+    assert budget.cut == 1
+    # Three holders of one unit each, room for two: one is cut, and the rest fits exactly.
+    budget = SubscriptionBudget(per_peer=10**9, total=2 * unit)
+    assert budget.subscribed(1, b"a") == [] and budget.subscribed(2, b"a") == []
+    assert budget.subscribed(3, b"a") == [1]
+    assert budget.held == 2 * unit
+    assert budget.subscribed(4, b"a") == [2]
+    assert budget.cut == 2  # counted over every cut, not only the last
+
+
+def test_an_unsubscription_frees_its_cost_and_an_unknown_one_changes_nothing():
+    unit = subscription_cost(b"a")
+    budget = SubscriptionBudget()
+    budget.subscribed(5, b"a")
+    budget.subscribed(5, b"b")
+    budget.unsubscribed(5, b"c")  # never subscribed
+    budget.unsubscribed(6, b"a")  # an unknown connection
+    assert budget.cost(5) == 2 * unit and budget.held == 2 * unit
+    budget.unsubscribed(5, b"a")
+    assert budget.cost(5) == unit and budget.held == unit
+    budget.unsubscribed(5, b"a")  # no longer held: counted once
+    assert budget.cost(5) == unit and budget.held == unit
+    budget.closed(9)  # a connection that never subscribed
+    assert budget.held == unit
+    budget.closed(5)
+    assert budget.held == 0 and budget.cost(5) == 0
+
+
 # --- a live server ------------------------------------------------------------------------
 
 

@@ -58,7 +58,6 @@ class ZmtpRedirect:
         self._buffer = bytearray()
         self._greeted = False
         self._parts: list[bytes] = []  # frames of the message being received
-        self.answered = 0
 
     def start(self) -> bytes:
         return GREETING
@@ -107,7 +106,6 @@ class ZmtpRedirect:
 
     def _reply(self, request: bytes) -> bytes:
         """A ZNS/1 `error` for `request`, with its id when it has one."""
-        self.answered += 1
         try:
             fields = msgspec.msgpack.decode(request)
             request_id = fields.get("id", 0) if isinstance(fields, dict) else 0
