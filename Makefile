@@ -54,9 +54,10 @@ agent-jar:
 		echo "agent-jar: no JDK/Maven on PATH; the agent tests will skip" >&2; \
 	fi
 
-# Mutation testing of zns/core, one module at a time with its own fast tests (tools/mutate.py;
-# see docs/development.md). Installs the `mutate` extra (mutmut) on first use; writes
-# docs/mutation-scores.md. MUTATE_ARGS="routes timers" runs some modules only. Hours for all.
+# Mutation testing of zns/core, zns/drivers and zns/cli, one module at a time with its own
+# fast tests (tools/mutate.py; see docs/development.md). Installs the `mutate` extra (mutmut)
+# on first use; writes docs/mutation-scores.md. MUTATE_ARGS="routes timers" runs some modules
+# only. Hours for all.
 $(VENV)/.mutate-installed: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,mutate]'
 	touch $@
