@@ -106,3 +106,76 @@ def test_order_conf_is_in_the_json_forms_only_when_asked_and_a_change_of_rule_dr
     assert cache.json_bytes == 0
     assert b'"orderTopicConf":"broker-a:4"' in cache.json("O", True)
     assert cache.msgpack_bytes > 0  # the ZNS/1 form does not depend on the rule
+
+
+# --- found by mutation testing (tools/mutate.py) ---------------------------------------------
+
+
+def two_broker_route(topic: str = "T", servers: dict[str, list[str]] | None = None) -> TopicRoute:
+    """broker-a and broker-b, in ZNS/1's sorted order (Java's HashMap puts broker-b first)."""
+    return TopicRoute(
+        topic=topic,
+        queues=[QueueData("broker-a", 4, 4, 6, 0), QueueData("broker-b", 4, 4, 6, 0)],
+        brokers=[BrokerData(cluster="c1", broker_name="broker-a", addrs={0: "10.0.0.1:10911"}),
+                 BrokerData(cluster="c1", broker_name="broker-b", addrs={0: "10.0.0.2:10911"})],
+        filter_servers=servers or {}, order_conf="")
+
+
+def test_two_queues_take_the_java_order_and_without_insertion_order_their_own():
+    route = two_broker_route()
+    in_java = EncodedRoutes(lambda t: route, encode, queue_names=lambda t: ["broker-a", "broker-b"])
+    body = in_java.json("T", False)
+    assert body.index(b'"brokerName":"broker-b"') < body.index(b'"brokerName":"broker-a"')
+    own = EncodedRoutes(lambda t: route, encode)  # no insertion order known
+    assert own.json("T", False) == encode_topic_route(route, False)
+
+
+def test_the_filter_servers_are_sorted_and_rehashed_only_for_a_reparsed_reply():
+    # The HashMap order of the sorted addresses is .1 before .2; the route lists .2 first, and
+    # the legacy form writes the map in its order (the standard form sorts it).
+    servers = {"10.0.0.2:10911": ["10.0.0.2:30000"], "10.0.0.1:10911": ["10.0.0.1:30000"]}
+    route = two_broker_route(servers=servers)
+    cache = EncodedRoutes(lambda t: route, encode)
+    plain = cache.json("T", True)
+    assert plain.index(b'"10.0.0.2:30000"') < plain.index(b'"10.0.0.1:30000"')
+    assert cache.encode_json(route, True) == plain
+    reparsed = cache.encode_json(route, True, reparsed_sorted=True)
+    assert reparsed.index(b'"10.0.0.1:30000"') < reparsed.index(b'"10.0.0.2:30000"')
+
+
+def test_the_bytes_held_add_up_and_a_route_of_exactly_the_bound_is_kept():
+    table = Table(2)
+    cache, _ = new_cache(table)
+    sizes = [len(cache.msgpack(topic)) + ENTRY_OVERHEAD_BYTES for topic in ("T00000", "T00001")]
+    assert cache.msgpack_bytes == sum(sizes)
+    cost = len(encode_topic_route(table.routes["T00000"], True)) + ENTRY_OVERHEAD_BYTES
+    exact, _ = new_cache(table, max_json_bytes=2 * cost)
+    exact.json("T00000", True)
+    exact.json("T00001", True)  # the two together fill the bound exactly: both kept
+    assert len(exact) == 2 and exact.json_bytes == 2 * cost
+    one, _ = new_cache(table, max_json_bytes=cost)
+    one.json("T00000", True)
+    assert len(one) == 1 and one.json_bytes == cost
+
+
+def test_with_as_many_of_each_form_the_legacy_one_goes_first():
+    table = Table(2)
+    cost = len(encode_topic_route(table.routes["T00000"], True)) + ENTRY_OVERHEAD_BYTES
+    cache, _ = new_cache(table, max_json_bytes=3 * cost)
+    legacy = cache.json("T00000", True)
+    cache.json("T00000", False)
+    assert len(cache) == 2
+    cache.json("T00001", False)  # no room for a third: one of each held, the legacy one goes
+    lookups = len(table.lookups)
+    assert cache.json("T00000", False) and len(table.lookups) == lookups  # still held
+    assert cache.json("T00000", True) == legacy and len(table.lookups) == lookups + 1  # made again
+
+
+def test_the_order_conf_rule_starts_off_and_setting_it_off_keeps_what_is_held():
+    table = Table(1)
+    cache, _ = new_cache(table)
+    assert cache.json_order_conf is False
+    cache.json("T00000", True)
+    held = cache.json_bytes
+    cache.json_order_conf = False
+    assert len(cache) == 1 and cache.json_bytes == held

@@ -1015,3 +1015,48 @@ def test_check_invariants_names_the_rule_a_corrupted_table_breaks(corrupt, rule)
     corrupt(table)
     with pytest.raises(AssertionError, match=rule):
         table.check_invariants()
+
+
+# --- the liveness schedule on its own (zns.core.liveness; found by mutation testing) --------
+
+
+def _schedule_of(timeout_ms: int = 4_000):
+    from zns.core.liveness import LivenessSchedule
+
+    schedule = LivenessSchedule()
+    live = schedule.record("c", "10.0.0.1:10911", 0, timeout_ms, V1, "", "broker-a")
+    return schedule, live
+
+
+def test_a_suspicion_before_any_time_was_observed_counts_from_zero():
+    schedule, live = _schedule_of(timeout_ms=40_000)
+    assert schedule.suspect("c", "10.0.0.1:10911", grace_ms=0)  # `now`: none given, none observed
+    assert live.deadline == 10_000  # 0 + a quarter of the timeout
+
+
+def test_a_suspicion_waits_a_whole_quarter_of_an_odd_timeout():
+    schedule, live = _schedule_of(timeout_ms=10_003)
+    assert schedule.suspect("c", "10.0.0.1:10911", grace_ms=0, now=1)
+    assert live.deadline == 1 + 2_500 and isinstance(live.deadline, int)
+
+
+def test_a_suspicion_that_would_not_come_sooner_changes_nothing():
+    schedule, live = _schedule_of(timeout_ms=4_000)
+    assert not schedule.suspect("c", "10.0.0.1:10911", grace_ms=4_000, now=0)  # 4,000: as it was
+    assert live.suspect_deadline is None
+
+
+def test_an_address_taken_off_the_schedule_and_heard_again_is_scheduled_again():
+    schedule, live = _schedule_of(timeout_ms=4_000)
+    assert schedule.pop_due(4_001) is live and live.scheduled is None
+    schedule.heard(live, 5_000)
+    assert schedule.next_deadline() == 9_000
+    schedule.check_invariants()
+
+
+def test_the_invariant_check_finds_a_heap_out_of_order():
+    schedule, _ = _schedule_of(timeout_ms=4_000)
+    schedule.record("c", "10.0.0.2:10911", 0, 1_000, V1, "", "broker-b")
+    schedule._deadlines.sort(reverse=True)  # the later deadline on top
+    with pytest.raises(AssertionError, match="^next_deadline is not the earliest deadline$"):
+        schedule.check_invariants()
