@@ -732,6 +732,21 @@ EQUIVALENT: dict[str, str] = {
         "upper bound 2**64 let through: MessagePack holds no integer above 2**64 - 1, so no decoded id reaches it",
     "zns.core.remoting.zmtp.xǁZmtpRedirectǁ_reply__mutmut_23": "as _reply__mutmut_21 (bound 2**65)",
     "zns.core.remoting.zmtp.xǁZmtpRedirectǁ_reply__mutmut_24": "as _reply__mutmut_21 (bound 2**65)",
+    "zns.core.liveness.xǁLivenessScheduleǁobserve__mutmut_1":
+        "`>=` for `>`: when now equals latest_now it stores the same value again",
+    "zns.core.liveness.xǁLivenessScheduleǁ_schedule__mutmut_4":
+        "an entry pushed again at the deadline it already has: the duplicate is popped as stale "
+        "like any superseded entry (a heap entry more, not a behaviour)",
+    "zns.core.liveness.xǁLivenessScheduleǁ_schedule__mutmut_11":
+        "memory bound only: when the lazy heap is rebuilt; a rebuild holds each address at its "
+        "deadline, which next_deadline would have moved its entry to anyway",
+    "zns.core.liveness.xǁLivenessScheduleǁ_schedule__mutmut_13": "as _schedule__mutmut_11 (5 per address)",
+    "zns.core.liveness.xǁLivenessScheduleǁ_schedule__mutmut_14": "as _schedule__mutmut_11 (65 spare)",
+    "zns.core.encoded_routes.xǁEncodedRoutesǁencode_json__mutmut_13":
+        "a route of one queue and no filter servers put in Java's order too: one queue data and "
+        "its one broker name, which any order leaves as they are",
+    "zns.core.encoded_routes.xǁEncodedRoutesǁencode_json__mutmut_22":
+        "one filter-server address re-sorted for a reparsed reply: a map of one key has one order",
 }
 
 # A test process that aborts or segfaults did not pass: the mutant is caught (mutmut calls
