@@ -747,6 +747,15 @@ EQUIVALENT: dict[str, str] = {
         "its one broker name, which any order leaves as they are",
     "zns.core.encoded_routes.xǁEncodedRoutesǁencode_json__mutmut_22":
         "one filter-server address re-sorted for a reparsed reply: a map of one key has one order",
+    "zns.core.config.x__address__mutmut_3": "bind=None for False: parse_host_port reads it only as a truth value",
+    "zns.core.config.x_load__mutmut_17":
+        "msgspec.convert(strict=None) for strict=False: msgspec takes None as not strict (strings parsed alike)",
+    "zns.core.config.x__naming_the_field__mutmut_15":
+        "strip('XX[]XX') for strip('[]'): strip takes a set of characters, and an index `[1]` holds no X",
+    "zns.core.config.x__naming_the_field__mutmut_18":
+        "the item taken whatever its index: msgspec names an item of the very list it was given, "
+        "so the index is always within it",
+    "zns.core.config.x__naming_the_field__mutmut_19": "as _naming_the_field__mutmut_18 (`<=`)",
 }
 
 # A test process that aborts or segfaults did not pass: the mutant is caught (mutmut calls
