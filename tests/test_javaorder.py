@@ -21,9 +21,12 @@ from zns.core.remoting.javaorder import (
     CLUSTER_TABLE,
     TOPIC_TABLE,
     chm_order,
+    hashmap_capacity,
     hashmap_order,
     hashset_copy_order,
+    route_in_java_order,
     spread,
+    table_size_for,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -96,3 +99,26 @@ def test_orders_match_a_jvm(tmp_path: Path):
         ours = {"chm": lambda: chm_order(keys, tables[initial]), "chmkeyset": lambda: chm_order(keys),
                 "hm": lambda: hashmap_order(keys), "hscopy": lambda: hashset_copy_order(keys)}[kind]()
         assert ours == line.split(" "), (kind, initial, len(keys))
+
+
+# --- found by mutation testing (tools/mutate.py) ---------------------------------------------
+
+
+def test_table_sizes_and_capacities_as_java_computes_them():
+    assert [table_size_for(n) for n in (0, 1, 2, 3, 16, 17)] == [1, 1, 2, 4, 16, 32]
+    assert [hashmap_capacity(n) for n in (0, 12, 13, 24, 25)] == [16, 16, 32, 32, 64]
+    assert hashmap_capacity(3, initial=4) == 4 and hashmap_capacity(4, initial=4) == 8
+
+
+def test_a_routes_filter_servers_take_the_order_of_a_hashmap_filled_broker_by_broker():
+    from zns.core.schema import BrokerData, QueueData, TopicRoute
+
+    addrs = ["10.0.0.1:10911", "10.0.0.2:10911"]
+    assert hashmap_order(addrs) == addrs  # so the route's own order below is not Java's
+    route = TopicRoute(
+        topic="T", queues=[QueueData("broker-a", 4, 4, 6, 0)],
+        brokers=[BrokerData(cluster="c", broker_name="broker-a", addrs={0: addrs[0], 1: addrs[1]})],
+        filter_servers={addrs[1]: ["10.0.0.2:30000"], addrs[0]: ["10.0.0.1:30000"]}, order_conf="")
+    ordered = route_in_java_order(route, ["broker-a"])
+    assert list(ordered.filter_servers) == addrs
+    assert ordered.filter_servers == route.filter_servers
