@@ -8,6 +8,7 @@ import logging
 import os
 import random
 import re
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -344,8 +345,9 @@ def test_a_write_that_cannot_be_cut_back_stops_every_later_write(path, stores, m
     monkeypatch.setattr(os, "ftruncate", no_truncate)
     with caplog.at_level(logging.ERROR, logger="zns"), pytest.raises(Internal, match="no space left"):
         store.put("ns", "b", "2")
-    assert [r.getMessage() for r in caplog.records][0].startswith(
-        "the KV file could not be cut back")  # the operator is told to restart
+    assert [r.getMessage() for r in caplog.records] == [  # the operator is told to restart
+        "the KV file could not be cut back after a failed write ([Errno 28] injected: no space "
+        "left; [Errno 5] injected: cannot truncate); restart the server to read what is on disk"]
     monkeypatch.undo()  # the disk works again, but the torn half record is still in the file
     for write in (lambda: store.put("ns", "c", "3"), lambda: store.delete("ns", "a")):
         with pytest.raises(Internal, match="restart the server"):
@@ -535,6 +537,7 @@ def test_json_with_the_wrong_types_is_corrupt_and_names_the_backup_only_if_there
     path.write_text('{"ns": {"k": 1}}')
     with pytest.raises(KvFileError, match="corrupt") as info:
         KvStore(path)
+    assert str(info.value).startswith(f"KV file {path} is corrupt (")
     assert "previous version" not in str(info.value)
     assert str(info.value).split(". zns will not start")[0].endswith(")")  # no hint at all
     path.with_name(path.name + ".bak").write_text("{}")
@@ -612,6 +615,9 @@ def test_a_rewrite_goes_through_a_temporary_file_and_counts_every_chunk(path, st
 def test_a_namespace_emptied_mid_compaction_is_skipped(path, stores):
     store = open_store(stores, path, compact_min_bytes=3_000, step_bytes=1)
     model: Model = {}
+    for i in range(20):  # "a" first: the copy reaches "b" after all of these
+        store.put("a", f"k{i}", f"{i}" + "w" * 100)
+        apply(model, "a", f"k{i}", f"{i}" + "w" * 100)
     for key in range(5):
         store.put("b", f"k{key}", "v" * 50)
         apply(model, "b", f"k{key}", "v" * 50)
@@ -620,11 +626,11 @@ def test_a_namespace_emptied_mid_compaction_is_skipped(path, stores):
         apply(model, "a", f"k{i % 20}", f"{i}" + "w" * 100)
         if store._compaction is not None:
             break
-    assert store._compaction is not None and not store._compaction.done
-    assert store._compaction.namespaces.index("b") >= store._compaction.cursor[0]
-    for key in range(5):  # "b" goes away before the copy reaches it
+    assert store._compaction is not None
+    for key in range(5):  # "b" goes away before the copy reaches it (one "a" entry a delete)
         store.delete("b", f"k{key}")
         apply(model, "b", f"k{key}", None)
+    assert store._compaction.cursor[0] < store._compaction.namespaces.index("b")
     for i in range(1_000):
         if store._compaction is None:
             break
@@ -646,3 +652,305 @@ def test_a_valid_record_between_false_markers_is_still_found(path, stores):
 def test_chunks_count_from_zero_after_each_chunk():
     parts = [b"aaaa", b"bbb", b"c"]
     assert list(kv_file._chunks(iter(parts), size=4)) == [b"aaaa", b"bbbc"]
+
+
+# --- start: which file, what is refused, and what is said -----------------------------------
+
+
+def test_the_old_default_name_is_used_only_for_the_default_path_when_the_new_one_is_missing(
+        tmp_path, stores, monkeypatch, caplog):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    new, old = tmp_path / ".zns" / "kv.log", tmp_path / ".zns" / "kv.json"
+    old.parent.mkdir()
+    old.write_bytes(MAGIC + encode_record("ns", "k", "old"))
+    with caplog.at_level(logging.INFO, logger="zns"):
+        assert open_store(stores, kv_file.DEFAULT_PATH).path == old
+    assert [r.getMessage() for r in caplog.records] == [
+        f"KV file: using {old} (the default name of earlier versions; kv.log is the new one)"]
+    elsewhere = tmp_path / "elsewhere.log"  # a path of one's own: the old default is not read
+    assert open_store(stores, elsewhere).path == elsewhere and not elsewhere.exists()
+    new.write_bytes(MAGIC + encode_record("ns", "k", "new"))  # once kv.log exists, it wins
+    assert open_store(stores, kv_file.DEFAULT_PATH).get("ns", "k") == "new"
+
+
+def test_a_missing_file_with_a_backup_or_next_file_beside_it_is_refused_by_name(path):
+    for leftover in (".bak", ".next"):
+        other = path.with_name(path.name + leftover)
+        other.write_bytes(MAGIC + encode_record("ns", "k", "v"))
+        with pytest.raises(KvFileError) as info:
+            KvStore(path)
+        assert str(info.value) == (
+            f"KV file {path} is missing but {other} exists; rename it into place to keep its "
+            f"entries, or delete it to start empty")
+        other.unlink()
+    assert not path.exists()
+
+
+def test_paths_that_cannot_hold_the_store_are_refused_with_the_reason(tmp_path, monkeypatch):
+    with pytest.raises(KvFileError) as info:
+        KvStore(tmp_path)
+    assert str(info.value) == f"KV file {tmp_path} is a directory; give a file path (--kv-path)"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(KvFileError) as info:
+        KvStore(blocker / "sub" / "kv.log")
+    assert str(info.value) == (f"KV file {blocker}/sub/kv.log cannot be created: {blocker} is a "
+                               f"file, not a directory (--kv-path)")
+    # The tests may run as root, whom access() never refuses: it answers as for another user.
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+
+    def access(target: object, mode: int) -> bool:
+        if Path(str(target)).name in ("locked", "kv.log") and mode & (os.W_OK | os.R_OK):
+            return False
+        return real_access(target, mode)
+
+    monkeypatch.setattr(os, "access", access)
+    with pytest.raises(KvFileError) as info:
+        KvStore(locked / "kv.log")
+    assert str(info.value) == (f"KV file {locked}/kv.log cannot be created: directory {locked} "
+                               f"is not writable (--kv-path)")
+    existing = tmp_path / "kv.log"
+    existing.write_bytes(MAGIC)
+    with pytest.raises(KvFileError) as info:
+        KvStore(existing)
+    assert str(info.value) == f"KV file {existing} is not readable and writable (--kv-path)"
+
+
+def test_unreadable_corrupt_or_damaged_files_are_named_with_the_backup_only_if_there(tmp_path):
+    with pytest.raises(KvFileError) as info:
+        read_kv_file(tmp_path)
+    assert str(info.value).startswith(f"cannot read KV file {tmp_path}: [Errno 21]")
+    path = tmp_path / "kv.log"
+    damaged = MAGIC + b"\0" * 12 + encode_record("ns", "k", "v")
+    for content, what in ((b"junk", "neither a zns KV log nor the JSON format"),
+                          (damaged, f"a damaged record at offset {len(MAGIC)} with valid records "
+                                    f"after it")):
+        path.write_bytes(content)
+        backup = path.with_name("kv.log.bak")
+        backup.unlink(missing_ok=True)
+        with pytest.raises(KvFileError) as info:
+            read_kv_file(path)
+        assert str(info.value).startswith(f"KV file {path} is corrupt ({what}). zns will not")
+        backup.write_bytes(MAGIC)
+        with pytest.raises(KvFileError) as info:
+            read_kv_file(path)
+        assert str(info.value).startswith(
+            f"KV file {path} is corrupt ({what}); an earlier version is {backup}. zns will not")
+
+
+def test_a_next_file_whose_header_is_torn_holds_nothing_and_is_removed(path, stores, caplog):
+    model = write_entries(path, stores)
+    nxt = path.with_name(path.name + ".next")
+    for torn in (MAGIC[:5], b""):  # created by the write that started a compaction, then a crash
+        nxt.write_bytes(torn)
+        store = open_store(stores, path)
+        assert {ns: store.list(ns) for ns in model} == model and not nxt.exists()
+        store.close()
+
+
+def test_a_clean_start_cuts_nothing_and_a_torn_one_says_how_much_and_where(path, stores, caplog):
+    write_entries(path, stores)
+    good = path.read_bytes()
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        open_store(stores, path).close()
+    assert caplog.records == [] and path.read_bytes() == good
+    tail = encode_record("ns", "c", "3" * 100)[:-7]
+    path.write_bytes(good + tail)
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        open_store(stores, path)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"KV file {path}: cut a torn last record ({len(tail)} bytes at offset {len(good)}): a "
+        f"write that was never acknowledged"]
+
+
+def exactly_twice_live() -> list[str]:
+    """Two values of one key whose log is exactly twice its live record: the second record
+    as long as the header and the first record together."""
+    first = len(encode_record("ns", "k", "x"))
+    return ["x", next("y" * n for n in range(100)
+                      if len(encode_record("ns", "k", "y" * n)) == len(MAGIC) + first)]
+
+
+@pytest.mark.parametrize("values, rewritten", [
+    (["v" * 100], False),  # the file is its one live record: under 2 x live
+    (["v" * 100, "w" * 100], True),  # two records for one live entry: over 2 x live
+    (exactly_twice_live(), False),  # not over it
+], ids=["once", "twice", "exactly-twice-live"])
+def test_a_log_over_twice_its_live_records_is_rewritten_at_start(path, stores, values, rewritten):
+    store = open_store(stores, path)
+    for value in values:
+        store.put("ns", "k", value)
+    store.close()
+    size = path.stat().st_size
+    live = len(encode_record("ns", "k", values[-1]))
+    assert (size > 2 * live) == rewritten
+    store = open_store(stores, path, compact_min_bytes=1)
+    assert path.with_name(path.name + ".bak").exists() == rewritten
+    assert path.stat().st_size == (len(MAGIC) + live if rewritten else size)
+    assert store.get("ns", "k") == values[-1]
+
+
+def test_a_compaction_starts_only_once_the_log_is_over_its_bound(path, stores):
+    record = len(encode_record("ns", "k", "v0"))
+    store = open_store(stores, path, compact_min_bytes=len(MAGIC) + 5 * record)
+    for i in range(6):  # the sixth write finds the log exactly at the bound: not over it
+        store.put("ns", "k", f"v{i % 2}")
+    assert store._compaction is None and path.stat().st_size == len(MAGIC) + 6 * record
+    assert not path.with_name(path.name + ".bak").exists()
+    store.put("ns", "k", "v2")  # over it: one live entry, so compacted at once
+    assert path.with_name(path.name + ".bak").exists()
+    assert path.stat().st_size == len(MAGIC) + 2 * record
+
+
+def test_every_compaction_slice_is_at_least_twice_the_write_and_at_least_a_step(path, stores):
+    record = len(encode_record("ns", "a", "v" * 100))
+    nxt = path.with_name(path.name + ".next")
+
+    def start(step_bytes: int) -> KvStore:
+        for leftover in (path, nxt, path.with_name(path.name + ".bak")):
+            leftover.unlink(missing_ok=True)
+        store = open_store(stores, path, compact_min_bytes=1, step_bytes=step_bytes)
+        for key in "abcdefg":
+            store.put("ns", key, "v" * 100)
+        for i in range(100):
+            if store._compaction is not None:
+                return store
+            store.put("ns", "a", "wx"[i % 2] * 100)  # the same size as every live record
+        raise AssertionError("no compaction")
+
+    # A step of one byte: twice the write's record, in whole entries (2 copied, then the write).
+    store = start(1)
+    assert nxt.stat().st_size == len(MAGIC) + 3 * record
+    store.put("ns", "a", "y" * 100)  # the next slice of a compaction: the same bound
+    assert nxt.stat().st_size == len(MAGIC) + 6 * record
+    store.close()
+    # A step of one byte more than two records: three whole entries reach it, two do not.
+    store = start(2 * record + 1)
+    assert nxt.stat().st_size == len(MAGIC) + 4 * record
+    store.close()
+
+
+def test_a_record_of_the_largest_payload_is_read_back(path, stores):
+    # The payload: a 3-array (1 byte), "ns" (3), "k" (2), then the value behind a 5-byte header.
+    value = "v" * (kv_file.MAX_PAYLOAD - 11)
+    assert len(encode_record("ns", "k", value)) - 12 == kv_file.MAX_PAYLOAD
+    open_store(stores, path).put("ns", "k", value)
+    stores[-1].close()
+    assert open_store(stores, path).get("ns", "k") == value
+
+
+def test_a_record_is_whole_only_with_its_marker_and_every_byte_its_length_names(path):
+    good = encode_record("ns", "a", "1")
+    payload = msgspec.msgpack.encode(("ns", "k", "v"))
+    # Its checksum right, but the marker of another format: not a record of this log.
+    other_marker = b"\xffKV2" + encode_record("ns", "k", "v")[4:]
+    # The length claims more than is there; the checksum covers only what is there.
+    length = (len(payload) + 50).to_bytes(4, "little")
+    short = kv_file.MARKER + length + \
+        zlib.crc32(payload, zlib.crc32(length)).to_bytes(4, "little") + payload
+    for tail in (other_marker, short):
+        path.write_bytes(MAGIC + good + tail)
+        assert read_kv_file(path) == {"ns": {"a": "1"}}  # a torn tail, ignored
+
+
+def test_a_delete_of_a_key_the_file_never_held_is_nothing_to_undo(path):
+    # A compacted log starts mid-history: a delete can follow the copy that skipped its key.
+    path.write_bytes(MAGIC + encode_record("ns", "a", "1") + encode_record("ns", "gone", None))
+    assert read_kv_file(path) == {"ns": {"a": "1"}}
+
+
+def test_the_first_write_creates_missing_directories_and_a_private_file(tmp_path, stores):
+    path = tmp_path / "one" / "two" / "kv.log"
+    old_umask = os.umask(0)  # so the mode is the one the store asks for, whole
+    try:
+        store = open_store(stores, path)
+        store.put("ns", "k", "v")
+    finally:
+        os.umask(old_umask)
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert read_kv_file(path) == {"ns": {"k": "v"}}
+
+
+@pytest.mark.parametrize("fails", ["tmp", "directory"])
+def test_a_first_write_that_cannot_be_made_durable_leaves_no_file(path, stores, monkeypatch, fails):
+    store = open_store(stores, path)
+    spy = Spy(monkeypatch)
+    spy.fail_fsync = lambda name: name == (str(path) + ".tmp" if fails == "tmp" else
+                                           str(path.parent))
+    with pytest.raises(Internal, match="injected"):
+        store.put("ns", "k", "v")
+    assert sorted(p.name for p in path.parent.iterdir()) == [] and store.get("ns", "k") is None
+    spy.fail_fsync = lambda name: False
+    assert store.put("ns", "k", "v") and read_kv_file(path) == {"ns": {"k": "v"}}
+
+
+def test_each_append_is_timed_by_the_clock_around_it(path, stores, monkeypatch):
+    store = open_store(stores, path)
+    ticks = iter([100.0, 100.25])
+    monkeypatch.setattr(kv_file, "time", type("Clock", (), {"perf_counter": lambda: next(ticks)}))
+    store.put("ns", "k", "v")
+    assert store.write_times.total_seconds == 0.25
+    assert store.write_times.counts[kv_file.WriteTimes.BOUNDS.index(0.25)] == 1
+
+
+def compacting_store(stores: list[KvStore], path: Path) -> KvStore:
+    store = open_store(stores, path, compact_min_bytes=2_000, step_bytes=300)
+    for i in range(1_000):
+        store.put("ns", f"k{i % 10}", f"{i}" + "v" * 100)
+        if store._compaction is not None:
+            return store
+    raise AssertionError("no compaction")
+
+
+def finish(store: KvStore) -> int:
+    for i in range(1_000):
+        if store._compaction is None:
+            return i
+        store.put("ns", "k0", f"again{i}")
+    raise AssertionError("the compaction does not finish")
+
+
+def test_a_compaction_that_cannot_be_finished_is_logged_and_finished_by_a_later_write(
+        path, stores, monkeypatch, caplog):
+    store = compacting_store(stores, path)
+    old_size = store._compaction.old_size
+
+    def link(src: object, dst: object) -> None:
+        raise OSError(errno.EPERM, "injected: no link")
+
+    monkeypatch.setattr(os, "link", link)
+    with caplog.at_level(logging.INFO, logger="zns"):
+        for i in range(1_000):
+            store.put("ns", "k1", f"next{i}")
+            if store._compaction.done:
+                break
+    assert store._compaction is not None  # the copy is complete, but `path` is the old log
+    assert [r.getMessage() for r in caplog.records] == [
+        f"could not finish compacting the KV log {path}: [Errno 1] injected: no link"]
+    monkeypatch.undo()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="zns"):
+        store.put("ns", "k1", "last")
+    assert store._compaction is None and not path.with_name(path.name + ".next").exists()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"compacted the KV log {path}: {store._size} bytes (was {old_size})"]
+    assert read_kv_file(path)["ns"]["k1"] == "last"
+
+
+def test_a_directory_fsync_that_fails_after_compacting_is_logged_and_loses_nothing(
+        path, stores, monkeypatch, caplog):
+    store = compacting_store(stores, path)
+    old_size = store._compaction.old_size
+    spy = Spy(monkeypatch)
+    spy.fail_fsync = lambda name: name == str(path.parent)
+    with caplog.at_level(logging.INFO, logger="zns"):
+        assert finish(store) > 0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"could not fsync the directory of {path} after compacting: [Errno 5] injected fsync "
+        f"failure",
+        f"compacted the KV log {path}: {store._size} bytes (was {old_size})"]
+    model = {"ns": {k: store.get("ns", k) for k in store.list("ns")}}
+    store.close()
+    assert read_kv_file(path) == model

@@ -353,6 +353,35 @@ EQUIVALENT: dict[str, str] = {
         "log.error(msg) for log.error('%s', msg): without arguments logging does not format, same text",
     "zns.drivers.kv_file.xǁKvStoreǁ_start_compaction__mutmut_55": "as _cut__mutmut_8",
     "zns.drivers.kv_file.xǁKvStoreǁ_start_compaction__mutmut_1": "`or` in an assert that always holds there",
+    "zns.drivers.kv_file.x__parse_at__mutmut_2":
+        "refusing exactly 12 bytes left: a record needs a payload of length > 0 after its 12-byte "
+        "header, so the length check refuses those 12 bytes anyway",
+    "zns.drivers.kv_file.x__parse_at__mutmut_15":
+        "refusing length 1: one byte is never a msgpack array of three strings, so decoding "
+        "refuses it anyway (None either way)",
+    "zns.drivers.kv_file.x__parse_at__mutmut_16":
+        "accepting length 0: an empty payload fails decoding (DecodeError), so None either way",
+    "zns.drivers.kv_file.x__replay_file__mutmut_27":
+        "(True, 0) for (False, 0) from a continuation: its only caller (_open) ignores what "
+        "replaying `<path>.next` returns",
+    "zns.drivers.kv_file.x__replay_file__mutmut_28": "as _replay_file__mutmut_27 ((False, 1))",
+    "zns.drivers.kv_file.x__replay_file__mutmut_35":
+        "`pos <= len(raw)`: at pos == len(raw) _parse_at finds no record and nothing follows, so "
+        "the loop returns (False, pos) as its end does",
+    "zns.drivers.kv_file.x_encode_record__mutmut_9":
+        "struct '<i' for '<I': the same four bytes for every length below 2**31; payloads are "
+        "bounded far below (values <= 64 KiB)",
+    "zns.drivers.kv_file.x_read_kv_file__mutmut_4": "continuation=None for False: only ever read as a truth value",
+    "zns.drivers.kv_file.xǁKvStoreǁ_open__mutmut_26": "as read_kv_file__mutmut_4",
+    "zns.drivers.kv_file.xǁKvStoreǁ__init____mutmut_18":
+        "_broken = None for '': only ever read as a truth value (`if self._broken`)",
+    "zns.drivers.kv_file.xǁKvStoreǁput__mutmut_35":
+        "record_size None: _account falls back to len(encode_record(...)) of the same entry, "
+        "which is len(record)",
+    "zns.drivers.kv_file.xǁKvStoreǁput__mutmut_40": "as put__mutmut_35 (record_size left out: 0)",
+    "zns.drivers.kv_file.xǁ_Compactionǁtake__mutmut_14":
+        "`key_index == 0 or not keys`: the cursor's key list is empty exactly when its key index "
+        "is 0 (a list is kept only after at least one of its keys was taken)",
     "zns.drivers.server.xǁ_Controlǁrun__mutmut_3": "_reload_keys = None for False: only ever read as a truth value",
     "zns.drivers.security.xǁSecurityǁcallback__mutmut_4": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
     "zns.drivers.security.x__key_text__mutmut_6": "codec name 'ASCII' for 'ascii': as callback__mutmut_4",
