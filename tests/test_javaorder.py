@@ -122,3 +122,14 @@ def test_a_routes_filter_servers_take_the_order_of_a_hashmap_filled_broker_by_br
     ordered = route_in_java_order(route, ["broker-a"])
     assert list(ordered.filter_servers) == addrs
     assert ordered.filter_servers == route.filter_servers
+
+
+def test_spread_of_strings_and_longs_computed_then_cached():
+    from zns.core.remoting import javaorder
+
+    javaorder._spread_cache.clear()  # computed here, not read from what earlier tests cached
+    strings = ("TopicTest", "broker-a", "a")  # String.hashCode 0x8e987641, 0x1636eb6d, 0x61
+    assert [spread(k) for k in strings] == [0x0E98F8D9, 0x1636FD5B, 0x61]
+    assert [spread(k) for k in strings] == [0x0E98F8D9, 0x1636FD5B, 0x61]  # from the cache
+    # Long.hashCode folds the high half in; then h ^ (h >>> 16), 31 bits kept.
+    assert [spread(k) for k in (0x12345678, 1 << 32, 0xFFFF0000)] == [0x1234444C, 1, 0x7FFFFFFF]

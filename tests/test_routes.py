@@ -8,8 +8,10 @@ departs from RocketMQ.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 
+import msgspec
 import pytest
 
 from helpers import table_state
@@ -1060,3 +1062,54 @@ def test_the_invariant_check_finds_a_heap_out_of_order():
     schedule._deadlines.sort(reverse=True)  # the later deadline on top
     with pytest.raises(AssertionError, match="^next_deadline is not the earliest deadline$"):
         schedule.check_invariants()
+
+
+# --- the revisions' and builder's own checks (zns.core.revisions; found by mutation testing) --
+
+
+def _revisions_holding_one_route():
+    from zns.core.revisions import RouteRevisions
+
+    route = TopicRoute(topic="T", queues=[QueueData("broker-a", 4, 4, 6, 0)],
+                       brokers=[BrokerData(cluster="c", broker_name="broker-a", addrs={0: MASTER})],
+                       filter_servers={}, order_conf="")
+    revisions = RouteRevisions(EPOCH)
+    revisions.revision = 1
+    revisions.routes()["T"] = route
+    revisions._topic_revision["T"] = 1
+    revisions.check_invariants()  # consistent as built
+    return revisions, route
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (lambda r, route: r._topic_revision.pop("T"), "a route without a revision"),
+    (lambda r, route: r._topic_revision.update(T=0), "a topic revision outside 1..revision"),
+    (lambda r, route: r._removed_revision.update(T=1), "a held topic also remembered as removed"),
+    (lambda r, route: r.routes().update(T=msgspec.structs.replace(route, queues=[], brokers=[])),
+     "T: queues not one per name"),
+])
+def test_the_revisions_check_names_the_rule_broken(break_it, message):
+    revisions, route = _revisions_holding_one_route()
+    break_it(revisions, route)
+    with pytest.raises(AssertionError, match=f"^{re.escape(message)}$"):
+        revisions.check_invariants()
+
+
+def test_the_revisions_check_allows_exactly_the_removed_topics_remembered():
+    from zns.core.revisions import REMEMBERED_REMOVED_TOPICS
+
+    revisions, _ = _revisions_holding_one_route()
+    revisions._removed_revision.update({f"R{i}": 1 for i in range(REMEMBERED_REMOVED_TOPICS)})
+    revisions.check_invariants()
+    revisions._removed_revision["one more"] = 1
+    with pytest.raises(AssertionError):
+        revisions.check_invariants()
+
+
+def test_the_builder_check_finds_a_route_that_differs_from_its_records(table):
+    register(table)
+    held = table.route("TopicA")
+    table._revisions.routes()["TopicA"] = msgspec.structs.replace(held, order_conf="x")
+    with pytest.raises(AssertionError, match="^a route differs from its records$"):
+        table._builder.check_invariants()
+    table._revisions.routes()["TopicA"] = held  # the fixture checks the table afterwards
