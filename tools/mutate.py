@@ -785,6 +785,26 @@ EQUIVALENT: dict[str, str] = {
         "the item taken whatever its index: msgspec names an item of the very list it was given, "
         "so the index is always within it",
     "zns.core.config.x__naming_the_field__mutmut_19": "as _naming_the_field__mutmut_18 (`<=`)",
+    "zns.core.remoting.javaorder.x__transfer__mutmut_4":
+        "a resized table of 3n buckets for 2n: keys land only in the first 2n (masked by the new "
+        "size), the rest stay empty and are skipped",
+    "zns.core.remoting.javaorder.x__transfer__mutmut_11":
+        "out[i - n] for out[i + n]: in a list of 2n buckets a negative index i - n is bucket i + n",
+    "zns.core.remoting.javaorder.x__transfer__mutmut_54": "as _transfer__mutmut_11 (a list of several keys bound for the high half)",
+    "zns.core.remoting.javaorder.x__transfer__mutmut_48":
+        "a bucket of one key kept as a one-element list, not its bare index: iterated and moved "
+        "alike (the bare index only saves a list)",
+    "zns.core.remoting.javaorder.x__transfer__mutmut_57": "as _transfer__mutmut_48 (the high half)",
+    "zns.core.remoting.javaorder.x_hashmap_capacity__mutmut_4":
+        "`capacity * 3 / 4` for `// 4`: for an integer count, n > x and n > floor(x) agree",
+    "zns.core.remoting.javaorder.x_hashset_copy_capacity__mutmut_10":
+        "int(count / 0.75) + 2 for + 1: int(4c/3) + 1 is never a power of two of 16 or more "
+        "(that needs c in [3*2**k/4 - 3/4, 3*2**k/4), which holds no integer), so table_size_for rounds both alike",
+    "zns.core.remoting.javaorder.x_spread__mutmut_15": "the cache never read (cached = None): computed again, the same hash (a cost)",
+    "zns.core.remoting.javaorder.x_spread__mutmut_16": "as x_spread__mutmut_15 (get(None): never a key)",
+    "zns.core.remoting.javaorder.x_spread__mutmut_27": "None cached for a key: read as a miss, computed again, the same hash (a cost)",
+    "zns.core.remoting.javaorder.x_spread__mutmut_26":
+        "memory bound only: the cache cleared at 2**17 + 1 entries, not 2**17; the hashes are the same",
 }
 
 # A test process that aborts or segfaults did not pass: the mutant is caught (mutmut calls
