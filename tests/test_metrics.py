@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import sys
 import threading
 import urllib.error
@@ -14,10 +15,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from helpers import Peer, ThreadedServer, register_fields, wait_for
+from helpers import Peer, ThreadedServer, records_here, register_fields, wait_for
 from zns.cli import main as zns_main
+from zns.core.errors import ConfigError
+from zns.core.service import NameService
 from zns.drivers.logs import JsonFormatter
-from zns.drivers.metrics import MetricsServer
+from zns.drivers.kv_file import WriteTimes
+from zns.drivers.metrics import MetricsServer, _Collector
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -78,6 +82,7 @@ def test_metrics_count_what_happened(metered: ThreadedServer):
     assert m["zns_kv_writes_total", ()] == 1
     assert m["zns_kv_write_seconds_count", ()] == 1
     assert m["zns_kv_write_seconds_bucket", (("le", "+Inf"),)] == 1
+    assert m["zns_kv_write_seconds_sum", ()] > 0  # the fsync's own time, not a constant
     assert m["zns_dropped_replies_total", ()] == 0
     assert m["zns_stalls_total", ()] == 0
     assert m["zns_remoting_connections", ()] == 0
@@ -86,7 +91,10 @@ def test_metrics_count_what_happened(metered: ThreadedServer):
 
     # Counters only grow, and a second scrape sees the requests made since.
     peer.ok("get_route", topic="T1")
-    assert scrape(metered)["zns_requests_total", (("op", "get_route"), ("outcome", "ok"))] == 4
+    m = scrape(metered)
+    assert m["zns_requests_total", (("op", "get_route"), ("outcome", "ok"))] == 4
+    # Kept until T1's route changes (the unregister above dropped the earlier one).
+    assert m["zns_encoded_route_bytes", (("form", "msgpack"),)] > 0
 
 
 @pytest.mark.timeout(60)
@@ -199,12 +207,13 @@ class AgedLoop:
 @pytest.mark.timeout(60)
 def test_healthz_is_stuck_after_two_heartbeat_intervals_without_a_pass():
     loop = AgedLoop()
-    metrics = MetricsServer(loop, "127.0.0.1:0", heartbeat_interval=1.0)  # type: ignore[arg-type]
+    metrics = MetricsServer(loop, "127.0.0.1:0", heartbeat_interval=1.5)  # type: ignore[arg-type]
     try:
         url = f"http://127.0.0.1:{metrics.port}/healthz"
-        for age, status in ((0.0, 200), (1.9, 200), (2.0, 200), (2.1, 503), (3.9, 503)):
+        for age, status in ((0.0, 200), (2.9, 200), (3.0, 200), (3.1, 503), (5.9, 503)):
             loop.age = age
-            assert get(url)[0] == status, age
+            assert get(url) == ((200, "ok\n") if status == 200 else (503, f"stuck: no loop pass "
+                                                                        f"for {age:.1f} s\n")), age
     finally:
         metrics.close()
 
@@ -300,3 +309,127 @@ def test_healthz_answers_with_the_standard_reason_phrases():
         metrics.close()
     with pytest.raises(urllib.error.URLError):  # closed: the port no longer answers
         urllib.request.urlopen(url, timeout=10)
+
+
+class DictKv:
+    """A KV store that is not zns's durable one: it has measured no write times."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, dict[str, str]] = {}
+
+    def get(self, namespace: str, key: str) -> str | None:
+        return self.entries.get(namespace, {}).get(key)
+
+    def list(self, namespace: str) -> dict[str, str]:
+        return dict(self.entries.get(namespace, {}))
+
+    def count(self, namespace: str | None = None) -> int:
+        return len(self.entries) if namespace is None else len(self.entries.get(namespace, {}))
+
+    def total_bytes(self) -> int:
+        return sum(len(n) + len(k) + len(v) for n, kv in self.entries.items() for k, v in kv.items())
+
+    def put(self, namespace: str, key: str, value: str) -> bool:
+        changed = self.entries.setdefault(namespace, {}).get(key) != value
+        self.entries[namespace][key] = value
+        return changed
+
+    def delete(self, namespace: str, key: str) -> bool:
+        return self.entries.get(namespace, {}).pop(key, None) is not None
+
+
+class Idle:
+    """What the collector reads of a server that has answered nothing yet."""
+
+    def __init__(self) -> None:
+        self.service = NameService(DictKv(), epoch="e" * 16, started_at_ms=0)
+        self.timers = type("Timers", (), {"stalls": 0})()
+        self.remoting = None
+        self.dropped_replies = 0
+
+    def loop_age_s(self) -> float:
+        return 0.0
+
+
+def collected(server: Idle) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample the collector yields, as `scrape` returns them (no HTTP in between)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(_Collector(server))  # type: ignore[arg-type]
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for s in family.samples}
+
+
+def test_a_fresh_server_shows_every_fixed_series_at_zero():
+    # Prometheus' rate() needs a series to exist before its first increment: each event
+    # kind, each form and every histogram bucket is there at 0 from the first scrape.
+    m = collected(Idle())
+    for kind in ("route", "broker", "hb"):
+        assert m["zns_events_published_total", (("channel_kind", kind),)] == 0
+    assert not [key for key in m if key[0] == "zns_broker_removals_total"]  # reasons as seen
+    assert m["zns_encoded_route_bytes", (("form", "msgpack"),)] == 0
+    assert m["zns_encoded_route_bytes", (("form", "json"),)] == 0
+    assert m["zns_remoting_connections", ()] == 0
+    # A store other than zns's durable one has timed no write: an empty histogram.
+    buckets = {labels[0][1]: value for (name, labels), value in m.items()
+               if name == "zns_kv_write_seconds_bucket"}
+    assert buckets == {**{str(b): 0 for b in WriteTimes.BOUNDS}, "+Inf": 0}
+    assert (m["zns_kv_writes_total", ()], m["zns_kv_write_seconds_count", ()],
+            m["zns_kv_write_seconds_sum", ()]) == (0, 0, 0.0)
+
+
+def test_a_response_code_without_a_name_is_counted_by_its_number():
+    server = Idle()
+    server.service.remoting_counts[105, 9999] = 2  # GET_ROUTEINFO_BY_TOPIC, answered 9999
+    m = collected(server)
+    assert m["zns_remoting_requests_total", (("code", "GET_ROUTEINFO_BY_TOPIC"),
+                                             ("outcome", "9999"))] == 2
+
+
+@pytest.mark.timeout(60)
+def test_an_address_that_cannot_be_listened_on_is_the_configurations_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError) as refused:
+            MetricsServer(Idle(), f"127.0.0.1:{port}", heartbeat_interval=1.0)  # type: ignore[arg-type]
+        assert str(refused.value).startswith(f"--metrics 127.0.0.1:{port}: cannot listen: ")
+    with pytest.raises(ConfigError) as refused:
+        MetricsServer(Idle(), "nonsense", heartbeat_interval=1.0)  # type: ignore[arg-type]
+    assert str(refused.value).startswith("--metrics 'nonsense': "), refused.value
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("spec, shown", [("127.0.0.1:0", "127.0.0.1"), ("[::1]:0", "[::1]")])
+def test_the_endpoint_is_logged_once_as_a_url(spec: str, shown: str, caplog):
+    caplog.set_level(logging.INFO, logger="zns")
+    metrics = MetricsServer(Idle(), spec, heartbeat_interval=1.0)  # type: ignore[arg-type]
+    try:
+        assert [r.getMessage() for r in records_here(caplog)] == [
+            f"metrics on http://{shown}:{metrics.port}/metrics, health on /healthz"]
+    finally:
+        metrics.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_scraper_that_sends_nothing_holds_up_no_other_and_no_line_is_printed(capsys):
+    metrics = MetricsServer(Idle(), "127.0.0.1:0", heartbeat_interval=1.0)  # type: ignore[arg-type]
+    try:
+        # Served in threads of its own: a connection that never sends its request does not
+        # hold up the next scrape (one thread for all would wait on it forever).
+        with socket.create_connection(("127.0.0.1", metrics.port), timeout=10):
+            assert get(f"http://127.0.0.1:{metrics.port}/healthz") == (200, "ok\n")
+            assert get(f"http://127.0.0.1:{metrics.port}/metrics")[0] == 200
+        # The threads are daemons and named: a server never closed does not keep its
+        # process alive, and a thread dump says what it is.
+        (serving,) = [t for t in threading.enumerate() if t.name == "zns-metrics"]
+        assert serving.daemon
+        # No access-log line per scrape on stderr (wsgiref's default): once every request's
+        # thread has ended, whatever it would have printed has been printed.
+        wait_for(lambda: not [t for t in threading.enumerate() if "process_request" in t.name])
+        assert capsys.readouterr().err == ""
+    finally:
+        metrics.close()
