@@ -180,9 +180,11 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.metrics.xǁMetricsServerǁclose__mutmut_1":
         "join(None) for join(5): serve_forever returns at once after shutdown(); the bound is for a hang",
     "zns.drivers.metrics.xǁMetricsServerǁclose__mutmut_2": "join(6) for join(5): as close__mutmut_1",
-    "zns.drivers.metrics.xǁ_Collectorǁ_op__mutmut_1":
-        "the op label never read from its memo: computed again, the same label (a cost, not a behaviour)",
-    "zns.drivers.metrics.xǁ_Collectorǁ_op__mutmut_2": "as _op__mutmut_1",
+    "zns.drivers.metrics.xǁMetricsServerǁ_health__mutmut_10":
+        "'content-type' for 'Content-Type': HTTP header names are case-insensitive (RFC 9110 5.1)",
+    "zns.drivers.metrics.xǁMetricsServerǁ_health__mutmut_11": "'CONTENT-TYPE': as _health__mutmut_10",
+    "zns.drivers.metrics.xǁMetricsServerǁ_health__mutmut_24": "the 503's header in lower case: as _health__mutmut_10",
+    "zns.drivers.metrics.xǁMetricsServerǁ_health__mutmut_25": "the 503's header in upper case: as _health__mutmut_10",
     "zns.drivers.broker_agent.xǁBrokerAgentǁclose__mutmut_5":
         "join(None) for join(timeout + 2): the thread ends by the session's own close deadline; the bound is for a hang",
     "zns.drivers.broker_agent.xǁBrokerAgentǁclose__mutmut_7": "join(timeout + 3): as close__mutmut_5",
