@@ -1113,3 +1113,33 @@ def test_the_builder_check_finds_a_route_that_differs_from_its_records(table):
     with pytest.raises(AssertionError, match="^a route differs from its records$"):
         table._builder.check_invariants()
     table._revisions.routes()["TopicA"] = held  # the fixture checks the table afterwards
+
+
+def test_same_route_compares_lists_by_value_when_they_are_not_shared():
+    from zns.core.revisions import same_route
+
+    route = route_for_same_route_test()
+    copy = msgspec.structs.replace(route, queues=list(route.queues), brokers=list(route.brokers))
+    assert same_route(copy, route) and same_route(route, route)
+    assert not same_route(msgspec.structs.replace(route, queues=[]), route)
+    assert not same_route(None, route) and same_route(None, None)
+
+
+def route_for_same_route_test() -> TopicRoute:
+    return TopicRoute(topic="T", queues=[QueueData("broker-a", 4, 4, 6, 0)],
+                      brokers=[BrokerData(cluster="c1", broker_name="broker-a", addrs={0: MASTER})],
+                      filter_servers={}, order_conf="")
+
+
+def test_a_changed_ha_address_is_a_broker_event_and_no_route_event(table):
+    register(table, ha_addr="10.0.0.1:10912")
+    events = register(table, ha_addr="10.0.0.1:10913").events  # BrokerData built again, equal
+    assert [e.change for e in broker_events(events)] == ["updated"]
+    assert route_events(events) == {}
+
+
+def test_every_route_of_a_broker_shares_its_one_broker_data(table):
+    register(table, topics=("TopicA",))
+    data = table.broker_table()["broker-a"]
+    register(table, topics=("TopicA", "TopicB"))
+    assert table.route("TopicA").brokers[0] is data and table.route("TopicB").brokers[0] is data
