@@ -807,6 +807,29 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.javaorder.x_spread__mutmut_27": "None cached for a key: read as a miss, computed again, the same hash (a cost)",
     "zns.core.remoting.javaorder.x_spread__mutmut_26":
         "memory bound only: the cache cleared at 2**17 + 1 entries, not 2**17; the hashes are the same",
+    "zns.core.revisions.xǁChangesǁ__init____mutmut_3": "structural = None for False: only ever read as a truth value",
+    "zns.core.revisions.xǁRouteBuilderǁbuild__mutmut_20":
+        "`old is None and ...`: a topic without a held route is always in ch.reshaped (its first "
+        "queue data went in through _set_queue), so the old route is never read as None; a held "
+        "route's broker list is derived again from the same cached BrokerData, equal (a cost)",
+    "zns.core.revisions.xǁRouteBuilderǁbuild__mutmut_27":
+        "the derived-list cache keyed 'None' for 'brokers': still apart from the 'filter_servers' "
+        "entries of the same queue list, so each kind gets its own list",
+    "zns.core.revisions.xǁRouteBuilderǁbuild__mutmut_33": "as build__mutmut_27 ('XXbrokersXX')",
+    "zns.core.revisions.xǁRouteBuilderǁbuild__mutmut_34": "as build__mutmut_27 ('BROKERS')",
+    "zns.core.revisions.xǁRouteBuilderǁbuild__mutmut_36": "as build__mutmut_27 (None for 'filter_servers')",
+    "zns.core.revisions.xǁRouteBuilderǁbuild__mutmut_42": "as build__mutmut_27 ('XXfilter_serversXX')",
+    "zns.core.revisions.xǁRouteBuilderǁbuild__mutmut_43": "as build__mutmut_27 ('FILTER_SERVERS')",
+    "zns.core.revisions.xǁRouteBuilderǁ_filter_servers_of_route__mutmut_4":
+        "`<=` for `<`: both walks list the route's names that have filter servers in name order "
+        "(a route's queues are sorted by name); the comparison only picks the cheaper walk",
+    "zns.core.revisions.xǁSharedListsǁqueues__mutmut_2":
+        "a topic with a route and no edits gets its queue list built again, equal (a cost: "
+        "same_route compares by value); a topic without a route always has an edit",
+    "zns.core.revisions.xǁSharedListsǁqueues__mutmut_6":
+        "`edited or True`: past the first return, `edited` is never empty (a topic without a "
+        "route always has an edit), so the edits are read either way",
+    "zns.core.revisions.xǁSharedListsǁderived__mutmut_8": "cast(None, ...) for cast(T, ...): typing.cast returns its value unchanged",
 }
 
 # A test process that aborts or segfaults did not pass: the mutant is caught (mutmut calls
