@@ -578,6 +578,84 @@ def test_broker_announces_its_registration_once(server, monkeypatch):
         "broker b unregistered from 1/1 NameServer(s)"]
 
 
+@pytest.mark.timeout(60)
+def test_broker_looks_at_its_agent_several_times_a_second_until_stopped(server, monkeypatch):
+    import os
+    import signal
+    import time
+
+    from zns.drivers.broker_agent import BrokerAgent
+
+    looks: list[float] = []
+
+    class Agent(BrokerAgent):
+        """Stopped as an operator would (SIGTERM) at the sixth look at it once registered."""
+
+        @property
+        def failure(self) -> BaseException | None:
+            if super().registered_everywhere():
+                looks.append(time.monotonic())
+                if len(looks) == 6:
+                    os.kill(os.getpid(), signal.SIGTERM)
+            return super().failure
+
+    monkeypatch.setattr(tools, "BrokerAgent", Agent)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        result = CliRunner().invoke(main, [
+            "broker", "--ns", server.router, "--cluster", "c", "--name", "b",
+            "--addr", "127.0.0.1:10997", "--timeout", "5"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert result.exit_code == 0, result.output
+    assert len(looks) == 6  # a healthy agent: the command went on until it was stopped
+    # It looks every 0.1 s, so a dead agent ends it at once: the shortest of five gaps is far
+    # under a second even when a loaded machine delays some of them.
+    assert min(later - earlier for earlier, later in zip(looks, looks[1:])) < 0.9, looks
+    assert result.stderr.splitlines()[-1] == "broker b unregistered from 1/1 NameServer(s)"
+
+
+@pytest.mark.timeout(60)
+def test_broker_whose_agent_dies_after_it_registered_stops_failed(server, monkeypatch):
+    import signal
+
+    from zns.drivers.broker_agent import BrokerAgent
+
+    class Agent(BrokerAgent):
+        """Its thread fails (for real) once the command has seen it registered: after the
+        announcement only the failure tells the command."""
+
+        dying = False
+
+        def registered_everywhere(self) -> bool:
+            done = super().registered_everywhere()
+            if done:
+                self.dying = True
+                self._waker.wake()
+            return done
+
+        def _now(self) -> int:
+            if self.dying:
+                raise RuntimeError("Boom")
+            return super()._now()
+
+    monkeypatch.setattr(tools, "BrokerAgent", Agent)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        result = CliRunner().invoke(main, [
+            "broker", "--ns", server.router, "--cluster", "c", "--name", "b",
+            "--addr", "127.0.0.1:10996", "--timeout", "5"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)  # no traceback
+    notes = result.stderr.splitlines()
+    assert notes[0] == "broker c/b id 0 at 127.0.0.1:10996 registered with 1 NameServer(s)"
+    assert not any("unregistered" in note for note in notes), notes
+
+
 def test_broker_refused_by_its_agent_is_a_usage_error_in_the_agents_words():
     result = CliRunner().invoke(main, ["broker", "--cluster", "c", "--name", "bad/name",
                                        "--addr", "127.0.0.1:1", "--ns", "tcp://127.0.0.1:1"])

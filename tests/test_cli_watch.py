@@ -390,3 +390,62 @@ def test_a_client_that_dies_while_watching_ends_the_command_with_one_line(server
     assert len(out.stdout.splitlines()) <= 1
     assert out.stderr.splitlines()[-1] == (
         "zns: the route client's thread failed: RuntimeError: Boom")
+
+
+# --- the command's loop against a scripted client (no sockets) --------------------------------
+
+
+def test_watch_says_reconnected_waits_through_a_quiet_spell_and_times_requests_by_timeout(monkeypatch):
+    """A scripted RouteClient: what the session follows changes once per turn of the loop, two
+    broker events are waiting at the start and a third comes only after a quiet spell."""
+    import types
+
+    import zns.cli.watch as watch_module
+
+    def broker_event(revision: int) -> bytes:
+        return schema.encode(BrokerEvent(epoch="e1", revision=revision, cluster="c1",
+                                         broker_name="b1", broker_id=0, broker_addr="h:1",
+                                         change="registered"))
+
+    made: list[dict[str, Any]] = []
+
+    class ScriptedClient:
+        def __init__(self, endpoints: list[str], **kwargs: Any) -> None:
+            made.append(kwargs)
+            self.on_event = kwargs["on_event"]
+            self.followed = [("tcp://a:1", "tcp://a:2"), ("tcp://b:1", None), ("tcp://b:1", "tcp://b:2")]
+            self.quiet_spells = 0
+            self.on_event(broker_event(1))
+            self.on_event(broker_event(2))
+
+        @property
+        def session(self) -> Any:  # read once per turn (nothing prints a route here)
+            endpoint, pub = self.followed.pop(0) if len(self.followed) > 1 else self.followed[0]
+            return types.SimpleNamespace(endpoint=endpoint, pub_endpoint=pub)
+
+        @property
+        def failure(self) -> None:  # read when no line came within a wait: the third comes now
+            self.quiet_spells += 1
+            self.on_event(broker_event(3))
+            return None
+
+        def watch(self, topic: str, callback: Any) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(watch_module, "RouteClient", ScriptedClient)
+    monkeypatch.setattr(watch_module, "ask", lambda target, request: None)
+    out = CliRunner().invoke(main, ["watch", "TA", "--ns", "tcp://127.0.0.1:1", "--count", "3",
+                                    "--timeout", "7"])
+    assert out.exit_code == 0, out.output
+    # The quiet spell did not end the command: it waited for its third line.
+    assert [body(line) for line in out.stdout.splitlines()] == [
+        f"broker registered c1/b1 id 0 at h:1 (rev {n})" for n in (1, 2, 3)]
+    assert [body(note) for note in out.stderr.splitlines()[1:]] == [
+        "following tcp://a:1 (events on tcp://a:2)",
+        "lost tcp://a:1; trying the next NameServer",
+        "reconnected: following tcp://b:1 (events on tcp://b:2)"]
+    [kwargs] = made
+    assert kwargs["request_timeout"] == 7.0  # --timeout bounds each request the client makes

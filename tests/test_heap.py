@@ -127,3 +127,35 @@ def test_glibc_malloc_trim_is_found_by_name_or_not_at_all(monkeypatch) -> None:
     assert asked == ["c"]
     monkeypatch.setattr(platform, "libc_ver", lambda: ("musl", "1.2"))
     assert heap.glibc_malloc_trim() is None
+
+
+def test_a_trim_logs_how_long_it_took_in_milliseconds(monkeypatch, caplog) -> None:
+    import logging
+    import types
+
+    readings = iter([1.0, 1.25])  # the clock before and after the trim
+    monkeypatch.setattr(heap, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
+    heap_trim = HeapTrim(FakeTrim(), now=0, after_events=1)
+    heap_trim.published(1)
+    with caplog.at_level(logging.DEBUG, logger="zns"):
+        heap_trim.calm(1)
+    assert caplog.records[-1].getMessage() == "malloc_trim: memory returned to the OS in 250.0 ms"
+
+
+def test_the_c_library_loaded_is_the_one_find_library_names(monkeypatch) -> None:
+    import ctypes.util
+    import types
+
+    loaded: list[str | None] = []
+
+    def cdll(name: str | None) -> object:
+        loaded.append(name)
+        return types.SimpleNamespace(malloc_trim=types.SimpleNamespace())
+
+    monkeypatch.setattr(heap.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    monkeypatch.setattr(heap.ctypes, "CDLL", cdll)
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: "/opt/libc/libc.so.6")
+    assert heap.glibc_malloc_trim() is not None
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    assert heap.glibc_malloc_trim() is not None
+    assert loaded == ["/opt/libc/libc.so.6", "libc.so.6"]

@@ -413,6 +413,10 @@ EQUIVALENT: dict[str, str] = {
     "zns.drivers.event_relay.xǁRelayǁclose__mutmut_4":
         "join(None) for join(5): the proxy ends at once on TERMINATE; the bound is for a libzmq hang",
     "zns.drivers.event_relay.xǁRelayǁclose__mutmut_5": "join(6) for join(5): as close__mutmut_4",
+    "zns.drivers.event_relay.xǁRelayǁ_close_sockets__mutmut_1":
+        "close(None) for close(0) when __init__ fails: every socket's own LINGER is already 0 (set before the try)",
+    "zns.drivers.event_relay.xǁRelayǁ_close_sockets__mutmut_2":
+        "close(1) for close(0) when __init__ fails: no socket holds a message yet (no subscriber, no steer sent)",
     "zns.drivers.logs.x_configure_logging__mutmut_1":
         "default log format 'XXtextXX' for 'text': every format but 'json' is the plain one",
     "zns.drivers.logs.x_configure_logging__mutmut_2": "as configure_logging__mutmut_1 ('TEXT')",
@@ -577,6 +581,10 @@ EQUIVALENT: dict[str, str] = {
     "zns.cli.tools.x__broker__mutmut_8": "as_json None for False: read only as a truth value",
     "zns.cli.tools.x__broker__mutmut_54": "announced = None for False: read only as a truth value",
     "zns.cli.watch.x__watch__mutmut_51": "connected = None for False: read only as a truth value",
+    "zns.cli.watch.x__watch__mutmut_20":
+        "RouteClient(timeout=None): a client's `timeout` is only route()'s default wait, and "
+        "`zns watch` never calls route() (its requests are bounded by request_timeout)",
+    "zns.cli.watch.x__watch__mutmut_26": "RouteClient's default timeout (5 s): as _watch__mutmut_20",
     "zns.cli.watch.xǁ_Printerǁ__init____mutmut_8":
         "client '' for None: `watch` sets the client before the route client can call back",
     "zns.cli.watch.x_state_json__mutmut_13": "to_builtins(None) is None: the same null",
