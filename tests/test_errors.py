@@ -7,11 +7,13 @@ import pytest
 
 from zns.core.errors import (
     BY_CODE,
+    BackgroundFailure,
     BadRequest,
     Busy,
     Conflict,
     ErrorReply,
     Internal,
+    InvalidSetting,
     NoPermission,
     NotFound,
     UnknownOp,
@@ -53,3 +55,19 @@ def test_not_found_without_a_revision_sends_none_and_reads_back_none():
     assert reply.revision is msgspec.UNSET and b"revision" not in encode(reply)
     raised = from_reply(decode_reply(encode(reply)))
     assert type(raised) is NotFound and raised.revision is None and str(raised) == "no such broker"
+
+
+def test_a_background_failure_names_what_died_and_keeps_the_exception_as_its_cause():
+    cause = ValueError("bad state")
+    failure = BackgroundFailure.of("the route client thread", cause)
+    assert type(failure) is BackgroundFailure
+    assert str(failure) == "the route client thread failed: ValueError: bad state"
+    assert failure.__cause__ is cause
+
+
+def test_an_invalid_setting_names_its_field_when_it_has_one():
+    named = InvalidSetting("max_topics", "must be at least 1")
+    assert (str(named), named.name, named.problem) == (
+        "max_topics: must be at least 1", "max_topics", "must be at least 1")
+    unnamed = InvalidSetting("", "no such file")
+    assert (str(unnamed), unnamed.name, unnamed.problem) == ("no such file", "", "no such file")

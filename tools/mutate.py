@@ -608,7 +608,7 @@ EQUIVALENT: dict[str, str] = {
         "or 0 (click's Exit for --help and --version), both exit status 0",
     "zns.cli.app.xǁ_Groupǁmain__mutmut_46": "as main__mutmut_45 (always 0)",
     "zns.cli.app.xǁ_Groupǁmain__mutmut_47": "as main__mutmut_45 (the code, None or 0, as it is)",
-    "zns.core.timers.xǁServerTimersǁnext_deadline__mutmut_8":
+    "zns.core.timers.xǁServerTimersǁnext_deadline__mutmut_7":
         "`<=` for `<`: at deadline + 1 == wake both branches plan the same time",
     "zns.core.queues.xǁLatencyFaultsǁleast_bad__mutmut_29":
         "`half <= 1`: with half == 1, ranked[turn % 1] is ranked[0] either way",
@@ -699,14 +699,15 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.register.xǁ_Readerǁcount__mutmut_4":
         "`left / 4` for `left // 4`: for an integer count, n > x and n > floor(x) agree",
     "zns.core.remoting.register.x_check_body_crc32__mutmut_4": "required=None for False: read only as a truth value",
-    "zns.core.limits.xǁLimitsǁcheck__mutmut_94":
+    "zns.core.limits.xǁLimitsǁcheck__mutmut_54":
         "`>=` for `>` in the max_topics pre-check: it only decides whether new topics are counted; the count's own `>` refuses",
-    "zns.core.service.xǁNameServiceǁ__init____mutmut_16":
+    "zns.core.service.xǁNameServiceǁ__init____mutmut_26":
         "initial snapshot revision -2 for -1: the table's revision starts at 0, so both differ and the first snapshot builds",
-    "zns.core.service.xǁNameServiceǁ__init____mutmut_18":
+    "zns.core.service.xǁNameServiceǁ__init____mutmut_28":
         "initial snapshot bytes: never served, the initial revision never matches the table's",
-    "zns.core.service.xǁNameServiceǁexecute__mutmut_15":
+    "zns.core.service.xǁNameServiceǁexecute__mutmut_30":
         "publishing an empty event list: an empty EventFrames reads like [] (the test only skips an allocation)",
+    "zns.core.service.xǁNameServiceǁconnections_closed__mutmut_18": "as execute__mutmut_30",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_72":
         "now=None for an op NameService carries out without the time (it reads `now` only for register, heartbeat, cluster info and status)",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_209": "as _dispatch__mutmut_72",
