@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from helpers import Peer, ThreadedServer, records_here, register_fields, wait_for
 from zns.cli import main as zns_main
-from zns.core.errors import ConfigError
+from zns.core.errors import ConfigError, EndpointError
 from zns.core.service import NameService
 from zns.drivers.logs import JsonFormatter
 from zns.drivers.kv_file import WriteTimes
@@ -394,7 +394,7 @@ def test_an_address_that_cannot_be_listened_on_is_the_configurations_error():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(ConfigError) as refused:
+        with pytest.raises(EndpointError) as refused:  # a ConfigError: zns serve exits 1
             MetricsServer(Idle(), f"127.0.0.1:{port}", heartbeat_interval=1.0)  # type: ignore[arg-type]
         assert str(refused.value).startswith(f"--metrics 127.0.0.1:{port}: cannot listen: ")
     with pytest.raises(ConfigError) as refused:

@@ -196,7 +196,7 @@ class MetricsServer:
                 return self._health(start_response)
             return metrics_app(environ, start_response)
 
-        with configured(f"--metrics {spec}: cannot listen: ", ConfigError):
+        with configured(f"--metrics {spec}: cannot listen: "):  # EndpointError, a ConfigError
             kind = _ThreadingServer6 if ":" in host else _ThreadingServer
             self._httpd = make_server(host, port, app, kind, handler_class=_Quiet)
         self.host, self.port = host, self._httpd.server_address[1]
