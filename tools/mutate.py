@@ -1048,6 +1048,39 @@ def write_scores(scores: list[Score]) -> None:
     listed = [line for module in MODULES for line in survivors.get(module, [])]
     lines += listed or ["(none)"]
     SCORES.write_text("\n".join(lines) + "\n")
+    quote_in_readme([rows[module] for module in MODULES if module in rows])
+
+
+README = ROOT / "README.md"
+QUOTE_START, QUOTE_END = "<!-- mutation-summary -->", "<!-- /mutation-summary -->"
+
+
+def summary(rows: list[str]) -> list[str]:
+    """The README's table: per package, the modules scored, their mutants, how many are
+    neither killed nor listed equivalent, and the lowest score."""
+    groups: dict[str, list[list[str]]] = {}
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        package = cells[0].split("/")[0] if cells[0].startswith(("drivers/", "cli/")) else "core"
+        groups.setdefault(package, []).append(cells)
+    lines = ["| package | modules scored | mutants | equivalent | not killed, not equivalent | "
+             "lowest score |", "|---|---:|---:|---:|---:|---|"]
+    for package, cells in groups.items():
+        left = sum(int(c[3]) - int(c[5]) for c in cells)
+        lowest = min(cells, key=lambda c: float(c[6].split(" %")[0]))
+        lines.append(f"| `zns/{package}/` | {len(cells)} | {sum(int(c[1]) for c in cells):,} | "
+                     f"{sum(int(c[5]) for c in cells)} | {left} | {lowest[6]} ({lowest[0]}) |")
+    return lines
+
+
+def quote_in_readme(rows: list[str]) -> None:
+    """Rewrite the README's summary between its markers, so what it quotes is what was recorded."""
+    text = README.read_text()
+    start, end = text.find(QUOTE_START), text.find(QUOTE_END)
+    if start < 0 or end < start:
+        return
+    body = "\n".join([QUOTE_START, *summary(rows), QUOTE_END])
+    README.write_text(text[:start] + body + text[end + len(QUOTE_END):])
 
 
 def main() -> None:
