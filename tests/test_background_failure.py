@@ -57,6 +57,36 @@ def test_route_client_thread_failure_is_raised_by_the_next_calls() -> None:
         ctx.term()
 
 
+@pytest.mark.timeout(60)
+def test_route_client_thread_dying_while_route_waits_wakes_the_wait() -> None:
+    """The thread dies only once route() has tracked its topic (past route()'s own check of
+    the failure): the wait itself must end on the failure, not on its 30 s timeout."""
+    import threading
+
+    armed = threading.Event()
+
+    def clock() -> float:
+        if armed.is_set() and threading.current_thread().name == "zns-route-client":
+            raise Boom("the clock broke")
+        return time.monotonic()
+
+    class Client(RouteClient):
+        def _track(self, topic: str) -> None:
+            super()._track(topic)
+            armed.set()
+            self._wake()  # its next turn reads the clock
+
+    client = Client(NOWHERE, timeout=30, clock=clock)
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackgroundFailure) as info:
+            client.route("Orders")
+        assert time.monotonic() - started < 15
+        assert isinstance(info.value.__cause__, Boom) and "the clock broke" in str(info.value)
+    finally:
+        client.close()
+
+
 def test_async_client_task_failure_is_raised_by_route_and_watch() -> None:
     async def main() -> None:
         ctx = BrokenAsyncContext()

@@ -650,6 +650,31 @@ def test_route_waits_as_long_as_its_own_timeout_says():
         assert time.monotonic() - started < 20  # its own 0.3 s, not the client's 30 s
 
 
+@pytest.mark.timeout(60)
+def test_close_ends_a_waiting_route_and_the_thread_at_once():
+    before = set(threading.enumerate())
+    client = client_for("tcp://127.0.0.1:1", timeout=15)  # nobody answers: route() waits
+    [thread] = list(set(threading.enumerate()) - before)
+    outcome: list[tuple[type, float]] = []
+
+    def wait() -> None:
+        try:
+            client.route("TopicA")
+        except Exception as exc:  # noqa: BLE001 - the test looks at which
+            outcome.append((type(exc), time.monotonic()))
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    started = time.monotonic()
+    client.close()
+    waiter.join(40)
+    # Woken by close() (before or during its wait), not by its 15 s timeout nor by a
+    # failure of the thread (whose join in close() is bounded by 5 s).
+    [(kind, ended)] = outcome
+    assert kind is NameServerUnavailable and ended - started < 4
+    assert not thread.is_alive()
+
+
 @pytest.mark.timeout(120)
 def test_watch_of_a_known_topic_and_the_rest_of_the_api(server, caplog):
     peer = server.peer()
