@@ -675,6 +675,26 @@ def test_close_ends_a_waiting_route_and_the_thread_at_once():
     assert not thread.is_alive()
 
 
+@pytest.mark.timeout(60)
+def test_an_idle_client_s_loop_waits_instead_of_turning():
+    """Its poll waits for readable sockets only (a socket is nearly always writable: asked for
+    that too, the loop would turn tens of thousands of times a second). Counted in turns, not
+    CPU time, so a loaded machine cannot hide a spin; a couple of turns a second is the
+    client retrying a NameServer that never answers."""
+    turns = [0]
+
+    class Counting(RouteClient):
+        def _turn(self, ready: object) -> None:
+            turns[0] += 1
+            super()._turn(ready)
+
+    with Counting("tcp://127.0.0.1:1", request_timeout=1.0):
+        time.sleep(0.3)  # its first request is out
+        before = turns[0]
+        time.sleep(1.0)  # the window measured
+        assert turns[0] - before < 50
+
+
 @pytest.mark.timeout(120)
 def test_watch_of_a_known_topic_and_the_rest_of_the_api(server, caplog):
     peer = server.peer()
