@@ -449,3 +449,39 @@ def test_watch_says_reconnected_waits_through_a_quiet_spell_and_times_requests_b
         "reconnected: following tcp://b:1 (events on tcp://b:2)"]
     [kwargs] = made
     assert kwargs["request_timeout"] == 7.0  # --timeout bounds each request the client makes
+
+
+def test_watch_notices_a_dead_client_within_a_second_of_silence(monkeypatch):
+    """With no line to print, the loop looks at the client's failure every half second: a
+    client whose thread died ends the command about then, not seconds later."""
+    import time
+    import types
+
+    import zns.cli.watch as watch_module
+
+    looks: list[float] = []
+
+    class SilentClient:
+        def __init__(self, endpoints: list[str], **kwargs: Any) -> None:
+            self.session = types.SimpleNamespace(endpoint="tcp://a:1", pub_endpoint="tcp://a:2")
+
+        @property
+        def failure(self) -> BaseException | None:  # dead from the sixth look on
+            if len(looks) < 6:
+                looks.append(time.monotonic())
+            return RuntimeError("Boom") if len(looks) == 6 else None
+
+        def watch(self, topic: str, callback: Any) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(watch_module, "RouteClient", SilentClient)
+    monkeypatch.setattr(watch_module, "ask", lambda target, request: None)
+    out = CliRunner().invoke(main, ["watch", "TA", "--ns", "tcp://127.0.0.1:1"])
+    assert out.exit_code == 1, out.output
+    assert out.stderr.splitlines()[-1] == "zns: the route client's thread failed: RuntimeError: Boom"
+    # Half a second apart; the shortest of five gaps stays far under a second even when a
+    # loaded machine delays some of them.
+    assert min(later - earlier for earlier, later in zip(looks, looks[1:])) < 0.9, looks

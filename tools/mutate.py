@@ -588,9 +588,6 @@ EQUIVALENT: dict[str, str] = {
     "zns.cli.watch.xǁ_Printerǁ__init____mutmut_8":
         "client '' for None: `watch` sets the client before the route client can call back",
     "zns.cli.watch.x_state_json__mutmut_13": "to_builtins(None) is None: the same null",
-    "zns.cli.watch.x__watch__mutmut_87":
-        "waiting 1.5 s for a line instead of 0.5 s: only how soon, with no line, the loop looks "
-        "again at the client's failure and connection (a latency, nothing printed differs)",
     "zns.cli.params.xǁEndpointǁconvert__mutmut_4":
         "fail() without the parameter: click fills in the parameter and context of a "
         "BadParameter raised while it converts (click.core.augment_usage_errors)",
