@@ -129,5 +129,8 @@ def test_parse_host_port_binds_by_default_and_strips_only_the_brackets():
         parse_host_port("tcp://h:1", schemes=("http", "https"))
     with pytest.raises(UsageError, match=r"^'h': has no port \(expected host:port\)$"):
         parse_host_port("h")
+    # The scheme ends at the first `://`: the rest is the address, refused for what it is.
+    with pytest.raises(UsageError, match=r"^'tcp://h://1': port '//1' is not a number"):
+        parse_host_port("tcp://h://1")
     with pytest.raises(UsageError, match=r"^'h:1:2': 'h:1' is not a host name or IP address$"):
         parse_host_port("h:1:2")

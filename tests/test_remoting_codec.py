@@ -1059,3 +1059,39 @@ def test_inflation_stops_at_exactly_the_limit():
     with pytest.raises(RemotingBodyError) as refused:
         inflate_bounded(data[:-3], 1000)
     assert str(refused.value) == "compressed register body is a truncated zlib stream"
+
+
+def test_quote_integer_keys_counts_every_key_against_its_bound():
+    from zns.core.errors import RemotingBodyError
+    from zns.core.remoting.fastjson import quote_integer_keys
+
+    three = b'{0:1,1:2,2:3}'
+    assert quote_integer_keys(three, 3) == b'{"0":1,"1":2,"2":3}'  # exactly the bound
+    with pytest.raises(RemotingBodyError, match=r"^more than 2 unquoted integer map keys$"):
+        quote_integer_keys(three, 2)
+    assert quote_integer_keys(memoryview(b'{"a":1}')) == b'{"a":1}'
+
+
+def test_count_values_is_an_upper_bound_from_commas_brackets_and_quote_pairs():
+    from zns.core.errors import RemotingBodyError
+    from zns.core.remoting.fastjson import check_values, count_values
+
+    body = b'{"a":[1,2],"b":{"c":"d"}}'  # 2 commas, 2 braces, 1 bracket, 8 quotes
+    assert count_values(body) == 2 + 2 + 1 + 4 + 1
+    assert count_values(bytearray(body)) == count_values(memoryview(body)) == 10
+    assert count_values(b'"x"') == 2 and count_values(b'"') == 1 and count_values(b"") == 1
+    check_values(body, 10, "the body", "allowed")  # exactly the bound: accepted
+    with pytest.raises(RemotingBodyError, match=r"^the body holds up to 10 JSON values, more than "
+                                                r"the 9 allowed; refused before decoding$"):
+        check_values(body, 9, "the body", "allowed")
+
+
+def test_loads_lenient_refuses_more_unquoted_keys_than_its_bound(monkeypatch):
+    from zns.core.errors import RemotingBodyError
+    from zns.core.remoting import fastjson
+
+    monkeypatch.setattr(fastjson, "MAX_UNQUOTED_KEYS", 2)
+    assert fastjson.loads_lenient(b'{0:1,1:2}') == {"0": 1, "1": 2}
+    with pytest.raises(RemotingBodyError, match=r"^route: more than 2 unquoted integer map keys; "
+                                                r"refused$"):
+        fastjson.loads_lenient(b'{0:1,1:2,2:3}', what="route")

@@ -965,9 +965,35 @@ def test_a_remoting_heartbeat_refreshes_only_a_tied_broker(svc):
                      broker_addr=OTHER)
     send(svc, REGISTER, now=1_000)
     reply = over_remoting(svc, heartbeat, connection=7, now=5_000)
-    assert (reply.known, reply.changed) == (False, True)
+    assert (reply.id, reply.known, reply.changed) == (REQUEST_ID, False, True)
     assert svc.table.liveness("c2", OTHER).last_heartbeat == 1_000
     over_remoting(svc, REGISTER, connection=7, now=6_000)
     assert over_remoting(svc, heartbeat, connection=8, now=7_000).known
     assert svc.table.liveness("c2", OTHER).last_heartbeat == 7_000
     assert svc.tied_connection("c2", OTHER, "broker-b") == 7  # never moved by a heartbeat
+
+
+def test_status_shows_the_remoting_listener_as_bound(svc):
+    assert call(svc, "status")["remoting"] == ""  # none bound
+    svc.remoting_endpoint = "0.0.0.0:9876"
+    assert call(svc, "status")["remoting"] == "0.0.0.0:9876"
+
+
+def test_the_table_queries_a_driver_makes_pass_through(svc):
+    send(svc, REGISTER, now=1_000)
+    send(svc, dict(REGISTER, cluster="c3", broker_name="broker-c", broker_addr="10.0.0.3:10911",
+                   topics={"TopicC": {"sys_flag": 1}, "TopicB": {}}), now=1_000)
+    assert svc.topics() == ["TopicA", "TopicB", "TopicC"]
+    assert svc.topics("c2") == ["TopicB"]
+    assert svc.topics("c3", 1) == ["TopicC"]
+    assert svc._queue_names("TopicB") == ["broker-b", "broker-c"]
+    assert svc._queue_names("nowhere") == []
+    # A stall gives every broker its time back; a peer's hint then shortens the deadline.
+    deadline = svc.table.next_deadline()
+    svc.shift_deadlines(500)
+    assert svc.table.next_deadline() == deadline + 500
+    assert svc.table.liveness("c2", OTHER).suspect_deadline is None
+    assert svc.suspect("c2", OTHER, 10, now=2_000) is True
+    live = svc.table.liveness("c2", OTHER)
+    assert live.suspect_deadline == max(live.silent_since + 10, 2_000 + live.timeout_ms // 4)
+    assert svc.suspect("c2", "10.9.9.9:1", 10, now=2_000) is False

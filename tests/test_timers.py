@@ -241,3 +241,18 @@ def test_the_loop_expecting_an_earlier_wake_up_measures_lateness_from_it():
     assert timers.next_deadline() == 3_300
     timers.expect(50_000)  # a later wake-up than the timers' own changes nothing
     assert timers.woke(3_300) == 0
+
+
+def test_a_stall_measured_while_serving_moves_the_clock_and_the_plan_by_it():
+    # Started at 10 s: the stall moves the timers' time and plan forward from where they
+    # were, not to the stall's length.
+    for look in ("plan", "wake"):
+        _, timers = make(interval_ms=200, now=10_000)
+        planned = timers.next_deadline()
+        assert planned >= 10_000
+        timers.woke(planned)
+        assert timers.ran(wall_ms=30_010, cpu_ms=10) == 30_000
+        if look == "plan":  # the hb is due at once: at the time the stall moved to
+            assert timers.next_deadline() == planned + 30_000
+        else:  # waking at the plan moved by the stall is not late
+            assert timers.woke(planned + 30_000) == 0

@@ -647,13 +647,14 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.schema.x_read_envelope__mutmut_11": "as x_read_envelope__mutmut_10 (`>= 1`)",
     "zns.core.remoting.command.x_decode_frame__mutmut_10": "unpack_from without its offset: the default offset is 0",
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_12": "as x_decode_frame__mutmut_10",
+    "zns.core.remoting.command.xǁFrameDecoderǁ_consume__mutmut_86": "as x_decode_frame__mutmut_10",
     "zns.core.remoting.command.x_decode_json_header__mutmut_9":
         "cut at 201 for 200: msgspec's messages for this header quote no input and stay far shorter",
-    "zns.core.remoting.command.x_decode_json_header__mutmut_53": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
+    "zns.core.remoting.command.x_decode_json_header__mutmut_51": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_34": "codec name 'UTF-8' for 'utf-8': Python's codec names ignore case",
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_99": "as x_decode_rocketmq_header__mutmut_34",
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_127": "as x_decode_rocketmq_header__mutmut_34",
-    "zns.core.remoting.command.x_decode_json_header__mutmut_73": "serialize_type dropped: SERIALIZE_JSON is the field's default",
+    "zns.core.remoting.command.x_decode_json_header__mutmut_71": "serialize_type dropped: SERIALIZE_JSON is the field's default",
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_51":
         "`ext_len <= 0` for `< 0`: the branch runs only for ext_len != 0",
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_52": "as x_decode_rocketmq_header__mutmut_51 (`< 1`)",
@@ -670,17 +671,14 @@ EQUIVALENT: dict[str, str] = {
         "`or 'XXOTHERXX'`: an unknown name falls back to OTHER's code anyway",
     "zns.core.remoting.command.x_encode_rocketmq_header__mutmut_58": "as x_encode_rocketmq_header__mutmut_57 (`or 'other'`)",
     "zns.core.remoting.command.xǁRemotingCommandǁmake_response__mutmut_12": "language='JAVA' dropped: 'JAVA' is the field's default",
-    "zns.core.remoting.command.xǁFrameDecoderǁfeed__mutmut_61":
-        "compacting whenever anything was consumed: the same commands, still one copy per feed",
-    "zns.core.remoting.command.xǁFrameDecoderǁfeed__mutmut_63":
-        "compacting at a third instead of a half consumed: the same commands, the buffer still bounded",
-    "zns.core.remoting.command.xǁFrameDecoderǁfeed__mutmut_64": "`>` for `>=` at exactly half consumed: compaction one feed later",
     "zns.core.remoting.fastjson.x_java_hashmap_order__mutmut_6":
         "`3 / 4` for `3 // 4`: the capacity is a power of two from 16 up, so both are the same integer",
     "zns.core.remoting.fastjson.x_java_string_hash__mutmut_5": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
     "zns.core.remoting.fastjson.x_java_string_hash__mutmut_18": "as x_java_string_hash__mutmut_5 ('UTF-16-BE')",
     "zns.core.remoting.fastjson.x_to_utf8__mutmut_6": "as x_java_string_hash__mutmut_5 ('UTF-8')",
-    "zns.core.remoting.bodies.x__broker_json__mutmut_18":
+    "zns.core.remoting.fastjson.x_count_values__mutmut_3":
+        "bytes(data) for data already bytes: an equal copy, counted alike",
+    "zns.core.remoting.bodies.x__broker_json__mutmut_24":
         "getattr default None for False: both are falsy, and only a missing attribute reaches it",
     "zns.core.remoting.bodies.x__escaper__mutmut_2":
         "legacy checked with the standard pattern: it matches a superset, and the legacy escaper "
@@ -705,24 +703,25 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.service.xǁNameServiceǁexecute__mutmut_30":
         "publishing an empty event list: an empty EventFrames reads like [] (the test only skips an allocation)",
     "zns.core.service.xǁNameServiceǁconnections_closed__mutmut_18": "as execute__mutmut_30",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_72":
+    "zns.core.service.xǁNameServiceǁ_route_map__mutmut_7":
+        "msgpack(topic, None): it then looks the route up in the table, which returns the same "
+        "route table.routes() just gave (_route_map's one caller passes the table's routes)",
+    "zns.core.service.xǁNameServiceǁ_route_map__mutmut_9": "as _route_map__mutmut_7 (route left out: None)",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_86":
         "now=None for an op NameService carries out without the time (it reads `now` only for register, heartbeat, cluster info and status)",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_209": "as _dispatch__mutmut_72",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_233": "as _dispatch__mutmut_72",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_249": "as _dispatch__mutmut_72",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_276": "as _dispatch__mutmut_72",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_283": "as _dispatch__mutmut_72",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_328": "as _dispatch__mutmut_72",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_352": "as _dispatch__mutmut_72",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_383": "as _dispatch__mutmut_72",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_register_topic__mutmut_24": "as _dispatch__mutmut_72",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_register__mutmut_117":
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_265": "as _dispatch__mutmut_86",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_289": "as _dispatch__mutmut_86",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_305": "as _dispatch__mutmut_86",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_339": "as _dispatch__mutmut_86",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_390": "as _dispatch__mutmut_86",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_428": "as _dispatch__mutmut_86",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_467": "as _dispatch__mutmut_86",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_register_topic__mutmut_27": "as _dispatch__mutmut_86",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_register__mutmut_119":
         "the topic config's `order` under another key: the route table keeps no per-topic order flag",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_register__mutmut_118": "as _register__mutmut_117",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_register__mutmut_120": "as _register__mutmut_119",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_register__mutmut_72": "required=None for False: read only as a truth value",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_heartbeat__mutmut_47": "as _register__mutmut_72",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_route__mutmut_68":
-        "a stale cache entry kept for a vanished topic: its revision never matches again, so it is never served",
     "zns.core.remoting.handler.x_parse_networks__mutmut_4": "strict=None for False: read only as a truth value",
     "zns.core.remoting.handler.x__in_networks__mutmut_3":
         "the host not split at '%': Python parses an IPv6 zone index itself, and an IPv4 host has none",
@@ -731,21 +730,6 @@ EQUIVALENT: dict[str, str] = {
         "default broker id 1 for a 904 without one: the table keys heartbeats by cluster and address, not id",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_heartbeat__mutmut_59":
         "a 904 heartbeat sent with a zero version: its reply ignores `changed`, and the table keeps no heartbeat's version",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_heard__mutmut_3":
-        "memory bound only: when the connection map is pruned; pruning drops only addresses no longer live",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_heard__mutmut_4": "as _heard__mutmut_3",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_heard__mutmut_5": "as _heard__mutmut_3",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_heard__mutmut_6": "as _heard__mutmut_3",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_heard__mutmut_7": "as _heard__mutmut_3",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_route__mutmut_75":
-        "memory bound only: when the route cache is pruned; pruning drops only topics that no longer exist",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_route__mutmut_76": "as _route__mutmut_75",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_route__mutmut_77": "as _route__mutmut_75",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_prune_routes__mutmut_2":
-        "pruning live topics instead of vanished ones: a pruned route is encoded again on its next request",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_prune_routes__mutmut_3": "as _prune_routes__mutmut_2 (every entry pruned)",
-    "zns.core.remoting.handler.xǁRemotingServiceǁ_system_topics__mutmut_7":
-        "the first address for the master's: the table keeps addresses ordered by broker id, master (0) first",
     "zns.core.client_session.xǁClientSessionǁ_fail__mutmut_24":
         "_silence_deadline = '' for None: read only once connected, and _connect sets it to None first",
     "zns.core.client_session.xǁClientSessionǁon_reply__mutmut_39":
