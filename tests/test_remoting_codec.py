@@ -1095,3 +1095,30 @@ def test_loads_lenient_refuses_more_unquoted_keys_than_its_bound(monkeypatch):
     with pytest.raises(RemotingBodyError, match=r"^route: more than 2 unquoted integer map keys; "
                                                 r"refused$"):
         fastjson.loads_lenient(b'{0:1,1:2,2:3}', what="route")
+
+
+def test_register_bodies_are_bounded_per_topic_with_slack():
+    from zns.core.remoting.register import VALUES_PER_TOPIC, VALUES_SLACK, max_body_values
+
+    assert max_body_values(10) == 10 * VALUES_PER_TOPIC + VALUES_SLACK
+    assert max_body_values(0) == VALUES_SLACK
+
+
+def test_a_topic_route_body_is_bounded_by_the_broker_names_a_route_may_hold():
+    from zns.core.errors import RemotingBodyError
+    from zns.core.remoting.bodies import ROUTE_VALUES_PER_BROKER, decode_topic_route_data
+    from zns.core.remoting.fastjson import count_values
+
+    bound = ROUTE_VALUES_PER_BROKER * 2 + 1024
+    filler = b'{"queueDatas":[],"brokerDatas":[],"x":['
+    at_bound = filler + b"1," * (bound - count_values(filler + b"1]}")) + b"1]}"
+    assert count_values(at_bound) == bound
+    decode_topic_route_data(at_bound, max_brokers=2)  # exactly the bound: decoded
+    over = at_bound[:-3] + b",1]}"
+    with pytest.raises(RemotingBodyError, match=rf"^TopicRouteData body holds up to {bound + 1} "
+                                                rf"JSON values, more than the {bound} a route of 2 "
+                                                rf"broker names may hold \(--max-brokers\); "
+                                                rf"refused before decoding$"):
+        decode_topic_route_data(over, max_brokers=2)
+    with pytest.raises(RemotingBodyError, match=r"more than the 321024 a route of 10000 broker"):
+        decode_topic_route_data(b"[" * 321_024 + b"]")

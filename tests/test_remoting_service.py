@@ -1130,3 +1130,28 @@ def test_an_unregistration_is_applied_before_its_reply(rs):
     assert ok(rs, query).ext_fields == {"changed": "false"}
     ok(rs, req(104, unregister))
     assert b"broker-a" not in ok(rs, req(106)).body
+
+
+def test_curve_narrowing_both_defaults_says_both_in_one_line():
+    _, narrowed = remoting_access([], [], [], curve=True, clients_listed=True)
+    assert narrowed == ("CURVE is on but the remoting listener has no keys: it accepts broker "
+                        "requests (--remoting-brokers CIDR) and reads (--remoting-clients CIDR) "
+                        "from loopback only; name the networks to allow more")
+
+
+def test_describe_access_names_each_option_and_its_networks():
+    assert describe_access(None, (), parse_networks(["10.0.0.0/8", "::1"])) == (
+        "reads from 10.0.0.0/8, ::1/128 (--remoting-clients), broker requests from any address "
+        "(--remoting-brokers), admin requests from nowhere (--remoting-admins)")
+    assert describe_access(parse_networks(["10.1.0.0/16"]), parse_networks(["127.0.0.1"]),
+                           None) == (
+        "reads from any address (--remoting-clients), broker requests from 10.1.0.0/16 "
+        "(--remoting-brokers), admin requests from 127.0.0.1/32 (--remoting-admins)")
+
+
+def test_each_request_is_counted_once_by_its_code_and_its_reply_code(rs, svc):
+    ok(rs, req(106))
+    ok(rs, req(106))
+    unknown = call(rs, req(9999))
+    missing = call(rs, req(105, {"topic": "Nowhere"}))
+    assert dict(svc.remoting_counts) == {(106, 0): 2, (-1, unknown.code): 1, (105, missing.code): 1}

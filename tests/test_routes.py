@@ -1143,3 +1143,117 @@ def test_every_route_of_a_broker_shares_its_one_broker_data(table):
     data = table.broker_table()["broker-a"]
     register(table, topics=("TopicA", "TopicB"))
     assert table.route("TopicA").brokers[0] is data and table.route("TopicB").brokers[0] is data
+
+
+def _copy_queue(t: RouteTable, topic: str, name: str, **changes) -> None:
+    t._queues[topic][name] = msgspec.structs.replace(t._queues[topic][name], **changes)
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (lambda t: _copy_queue(t, "TopicA", "broker-a", broker_name="broker-z"), "TopicA: broker-a"),
+    (lambda t: t._broker_topics.__setitem__("ghost", set()), "topic index and brokers differ"),
+    (lambda t: _copy_queue(t, "TopicA", "broker-a"), "a queue value not interned"),
+    (lambda t: t._queue_values.__setitem__(*next(
+        (q, (v, n + 1)) for q, (v, n) in t._queue_values.items())), "interning counts"),
+    (lambda t: setattr(t._weights, "weight", t._weights.weight + 1), "weight ledger"),
+    (lambda t: setattr(t._weights, "count", t._weights.count - 1), "queue entry count"),
+    (lambda t: (t.liveness("c1", MASTER).names.discard("broker-a"),
+                t.liveness("c1", MASTER).names.add("broker-z")), f"{MASTER} of broker-a not live"),
+    (lambda t: t.liveness("c1", MASTER).names.add("broker-z"),
+     "live addresses list names that do not list them"),
+    (lambda t: t._clusters.__setitem__("c9", {}), "empty cluster kept"),
+    (lambda t: t._filter_servers.__setitem__(("c9", OTHER), ["10.9.0.2:1"]),
+     "filter servers of no address"),
+])
+def test_check_invariants_says_exactly_which_rule_is_broken(corrupt, message):
+    table = RouteTable(EPOCH)
+    register(table, topics=("TopicA", "TopicB"), filter_servers=["10.9.0.1:1"])
+    table.check_invariants()
+    corrupt(table)
+    with pytest.raises(AssertionError, match=f"^{re.escape(message)}$"):
+        table.check_invariants()
+
+
+def test_held_counts_each_kind_of_record_under_its_name(table):
+    register(table, topics=("TopicA", "TopicB"))
+    assert table.held() == {"brokers": 1, "addresses": 1, "topics": 2, "queue_entries": 2,
+                            "queue_values": 1, "broker_data": 1, "topic_revisions": 2,
+                            "removed_topic_revisions": 0}
+
+
+def test_register_topic_names_every_unknown_broker(table):
+    register(table, topics=[])
+    queues = [QueueData(broker_name=n, read_queues=1, write_queues=1, perm=6, sys_flag=0)
+              for n in ("broker-y", "broker-a", "broker-x")]
+    with pytest.raises(BadRequest, match=r"^unknown broker name\(s\) broker-x, broker-y - at "
+                                         r"`\$\.queues`$"):
+        table.register_topic("T", queues)
+
+
+def test_a_broker_heard_just_now_was_heard_0_ms_ago(table):
+    register(table, now=5_000, topics=[])
+    assert [b.last_heartbeat_ms for b in table.live_brokers(5_000)] == [0]
+    assert [b.last_heartbeat_ms for b in table.live_brokers(4_000)] == [0]  # never negative
+    assert [b.last_heartbeat_ms for b in table.live_brokers(5_007)] == [7]
+
+
+def test_an_expiry_step_takes_addresses_until_their_work_reaches_its_bound(table):
+    # Three silent brokers with no topics: each costs 1 unit of work.
+    for i in range(3):
+        register(table, name=f"b{i}", addr=f"10.0.1.{i}:1", topics=[], heartbeat_timeout_ms=1_000)
+    now = 10_000
+    assert len(broker_events(table.expire(now, work=2))) == 2
+    assert len(broker_events(table.expire(now, work=2))) == 1
+    assert table.broker_count() == 0
+
+
+def test_a_broker_gone_at_its_own_deadline_exactly_was_expired_by_a_peer_hint(table):
+    register(table, now=0, topics=[], heartbeat_timeout_ms=10_000)
+    live = table.liveness("c1", MASTER)
+    assert table.suspect("c1", MASTER, 100, now=1_000) is True
+    assert live.suspect_deadline == max(live.silent_since + 100, 1_000 + 10_000 // 4)
+    own = live.own_deadline
+    events = table.expire(own)  # past the hint, not past its own deadline
+    assert [e.reason for e in broker_events(events)] == ["peer_expired"]
+
+
+def test_a_restored_topic_takes_its_queue_data_from_the_registration(table):
+    register(table, topics=["TopicA"], incremental=True)
+    cfg = TopicConfig(read_queues=3, write_queues=5, perm=4, sys_flag=1)
+    register(table, topics={"TopicA": TopicConfig(), "TopicB": cfg})  # same V1: restores TopicB
+    assert table.route("TopicB").queues == [QueueData(
+        broker_name="broker-a", read_queues=3, write_queues=5, perm=4, sys_flag=1)]
+
+
+def test_cluster_members_list_names_as_a_set_of_keys(table):
+    register(table, topics=[])
+    assert table.cluster_members() == {"c1": {"broker-a": None}}
+
+
+def test_held_id_refuses_an_address_the_name_does_not_hold(table):
+    register(table, topics=[])
+    rec = table._brokers["broker-a"]
+    assert rec.held_id(MASTER) == 0
+    with pytest.raises(KeyError) as caught:
+        rec.held_id(OTHER)
+    assert caught.value.args == (OTHER,)
+
+
+@pytest.mark.parametrize("slave_cluster", ["c1", "c" * 250])
+def test_queue_weight_after_a_slave_registers_is_the_weight_it_then_has(table, slave_cluster):
+    # The master's filter servers and the name's cluster (its name's length) count in the
+    # slave's prediction.
+    register(table, topics=("TopicA", "TopicB"), filter_servers=["10.9.0.1:1", "10.9.0.2:1"])
+    slave = req(broker_id=1, addr=SLAVE, cluster=slave_cluster, topics=("TopicA", "TopicB"))
+    predicted = table.queue_weight_after(slave)
+    table.register_broker(slave, 0)
+    assert table.queue_weight() == predicted
+
+
+def test_a_name_left_in_another_cluster_is_weighed_there(table):
+    far = "c" * 250  # a long cluster name weighs more in every route entry of the name
+    register(table, cluster="c2", topics=("TopicA", "TopicB"))
+    register(table, cluster=far, broker_id=1, addr=SLAVE, topics=("TopicA", "TopicB"))
+    table.unregister_broker("c2", "broker-a", MASTER)
+    assert table.broker_table()["broker-a"].cluster == far
+    table.check_invariants()  # the weight ledger follows the name to its cluster

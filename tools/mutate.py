@@ -609,6 +609,42 @@ EQUIVALENT: dict[str, str] = {
         "`<=` for `<`: at deadline + 1 == wake both branches plan the same time",
     "zns.core.queues.xǁLatencyFaultsǁleast_bad__mutmut_29":
         "`half <= 1`: with half == 1, ranked[turn % 1] is ranked[0] either way",
+    "zns.core.routes.xǁRouteTableǁ_broker_event__mutmut_2":
+        "an event's first revision: the step's commit (RouteRevisions.commit) stamps every broker "
+        "event with the step's revision before it leaves the table",
+    "zns.core.routes.xǁRouteTableǁ_broker_event__mutmut_17": "as _broker_event__mutmut_2 (revision=1)",
+    "zns.core.routes.xǁRouteTableǁ_join_cluster__mutmut_12":
+        "ch.structural for a new broker name: the same step records its first address "
+        "(_record_address: a `registered` event and _touch_broker(structural=True))",
+    "zns.core.routes.xǁRouteTableǁ_join_cluster__mutmut_13": "as _join_cluster__mutmut_12 (False)",
+    "zns.core.routes.xǁRouteTableǁ_record_address__mutmut_11":
+        "ch.structural for a name new to a cluster: its address is then new to the name (one "
+        "changing cluster was removed first), so the step also emits `registered` and touches it structurally",
+    "zns.core.routes.xǁRouteTableǁ_record_address__mutmut_12": "as _record_address__mutmut_11 (False)",
+    "zns.core.routes.xǁRouteTableǁ_remove_addr__mutmut_59":
+        "ch.structural: _touch_broker(structural=True) at the top of _remove_addr set it already",
+    "zns.core.routes.xǁRouteTableǁ_remove_addr__mutmut_60": "as _remove_addr__mutmut_59",
+    "zns.core.routes.xǁRouteTableǁ_remove_addr__mutmut_69": "as _remove_addr__mutmut_59",
+    "zns.core.routes.xǁRouteTableǁ_remove_addr__mutmut_70": "as _remove_addr__mutmut_59",
+    "zns.core.routes.xǁRouteTableǁ_remove_addr__mutmut_43":
+        "the touch after an address's filter servers go, or not: the first _touch_broker already "
+        "reweighed the name without that address (gone from rec.addrs) and listed its topics; a "
+        "second touch changes nothing",
+    "zns.core.routes.xǁRouteTableǁ_remove_addr__mutmut_52":
+        "members.pop(name) without a default: a name is a member of every cluster it holds an "
+        "address in (check_invariants: cluster membership), so the key is there",
+    "zns.core.routes.xǁRouteTableǁ_drop_liveness__mutmut_10":
+        "the last remove: each _remove_addr removed the liveness once its last name went (a live "
+        "address lists at least one name), and remove() of an absent key does nothing",
+    "zns.core.routes.xǁRouteTableǁ_drop_liveness__mutmut_11": "as _drop_liveness__mutmut_10",
+    "zns.core.routes.xǁRouteTableǁ_master_of__mutmut_13":
+        "master_live is never None: every address a name holds is live (check_invariants: "
+        "'... not live')",
+    "zns.core.routes.xǁRouteTableǁ_master_of__mutmut_14": "as _master_of__mutmut_13 (the '' branch is never taken)",
+    "zns.core.routes.xǁRouteTableǁ_touch_broker__mutmut_9":
+        "_broker_topics.get(name, None): _touch_broker is called only for a held name, and every "
+        "held name has its topic index (check_invariants: topic index and brokers)",
+    "zns.core.routes.xǁRouteTableǁ_touch_broker__mutmut_11": "as _touch_broker__mutmut_9 (no default)",
     "zns.core.peer_link.xǁPeerLinkǁon_subscribe_failed__mutmut_18":
         "shift cap 17 for 16: RETRY_MIN_MS << 16 is already far above RETRY_MAX_MS",
     "zns.core.peer_link.xǁPeerLinkǁ__init____mutmut_12":
@@ -721,6 +757,11 @@ EQUIVALENT: dict[str, str] = {
         "the topic config's `order` under another key: the route table keeps no per-topic order flag",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_register__mutmut_120": "as _register__mutmut_119",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_register__mutmut_72": "required=None for False: read only as a truth value",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_385":
+        "the text of GET_KV_CONFIG's NotFound for a missing namespace or key: caught on the spot, "
+        "and the reply's remark is Java's 'No config item, ...' instead",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_386": "as _dispatch__mutmut_385",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_387": "as _dispatch__mutmut_385",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_heartbeat__mutmut_47": "as _register__mutmut_72",
     "zns.core.remoting.handler.x_parse_networks__mutmut_4": "strict=None for False: read only as a truth value",
     "zns.core.remoting.handler.x__in_networks__mutmut_3":
