@@ -1155,3 +1155,27 @@ def test_each_request_is_counted_once_by_its_code_and_its_reply_code(rs, svc):
     unknown = call(rs, req(9999))
     missing = call(rs, req(105, {"topic": "Nowhere"}))
     assert dict(svc.remoting_counts) == {(106, 0): 2, (-1, unknown.code): 1, (105, missing.code): 1}
+
+
+def test_emptied_namespaces_are_remembered_up_to_the_namespace_bound_latest_kept():
+    rs = RemotingService(new_service(Limits(max_kv_namespaces=2)))
+
+    def empty(namespace: str) -> None:
+        ok(rs, req(100, {"namespace": namespace, "key": "k", "value": "v"}))
+        ok(rs, req(102, {"namespace": namespace, "key": "k"}))
+
+    def remembered() -> set[str]:
+        return {ns for ns in ("a", "b", "c") if call(rs, req(219, {"namespace": ns})).code == 0}
+
+    empty("a")
+    empty("b")
+    assert remembered() == {"a", "b"}
+    empty("a")  # emptied again: now the latest
+    empty("c")  # one over the bound: the oldest, b, is forgotten
+    assert remembered() == {"a", "c"}
+
+
+def test_the_topic_list_asked_first_at_revision_1_is_the_tables(svc, rs):
+    ok(rs, register_cmd())
+    assert svc.revision == 1
+    assert b"TopicTest" in ok(rs, req(206)).body

@@ -1257,3 +1257,24 @@ def test_a_name_left_in_another_cluster_is_weighed_there(table):
     table.unregister_broker("c2", "broker-a", MASTER)
     assert table.broker_table()["broker-a"].cluster == far
     table.check_invariants()  # the weight ledger follows the name to its cluster
+
+
+def test_unregistering_many_at_once_is_one_step_skipping_what_is_not_held(table):
+    register(table, name="broker-b", addr=OTHER, topics=["TopicA"])
+    register(table, topics=["TopicA"])
+    register(table, broker_id=1, addr=SLAVE, topics=["TopicA"])
+    assert table.broker_names() == ["broker-b", "broker-a"]  # in the order first registered
+    before = table.revision
+    events = table.unregister_brokers(
+        [("c1", "broker-a", MASTER), ("c9", "broker-a", SLAVE), ("c1", "broker-z", MASTER),
+         ("c1", "broker-b", OTHER)], reason="disconnected")
+    assert table.revision == before + 1
+    assert sorted((e.broker_name, e.broker_addr, e.change, e.reason)
+                  for e in broker_events(events)) == [
+        ("broker-a", MASTER, "removed", "disconnected"),
+        ("broker-b", OTHER, "removed", "disconnected")]
+    assert {e.revision for e in events} == {before + 1}
+    assert table.broker_names() == ["broker-a"]
+    assert addrs_of(table, "TopicA") == {1: SLAVE}
+    assert table.unregister_brokers([("c1", "broker-a", MASTER)], reason="disconnected") == []
+    assert table.revision == before + 1  # nothing held: no step

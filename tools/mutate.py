@@ -762,6 +762,14 @@ EQUIVALENT: dict[str, str] = {
         "and the reply's remark is Java's 'No config item, ...' instead",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_386": "as _dispatch__mutmut_385",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_387": "as _dispatch__mutmut_385",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ__init____mutmut_27":
+        "initial topic order cache revision -2 for -1: the table's revision starts at 0 and only grows, "
+        "so neither ever matches",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_topic_order__mutmut_2":
+        "the cached list compared with the revision: never equal, so the order is recomputed on "
+        "every call (the same order; a cost)",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_remember_namespace__mutmut_4":
+        "_emptied[namespace] = '' for None: an ordered set, only its keys are ever read",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_heartbeat__mutmut_47": "as _register__mutmut_72",
     "zns.core.remoting.handler.x_parse_networks__mutmut_4": "strict=None for False: read only as a truth value",
     "zns.core.remoting.handler.x__in_networks__mutmut_3":
