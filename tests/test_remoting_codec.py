@@ -1122,3 +1122,71 @@ def test_a_topic_route_body_is_bounded_by_the_broker_names_a_route_may_hold():
         decode_topic_route_data(over, max_brokers=2)
     with pytest.raises(RemotingBodyError, match=r"more than the 321024 a route of 10000 broker"):
         decode_topic_route_data(b"[" * 321_024 + b"]")
+
+
+def test_compressed_register_counts_are_bounded_by_max_topics_exactly():
+    from zns.core.errors import RemotingBodyError
+
+    two = _compress(DV, [b"A 1 1 6 SINGLE_TAG", b"B 1 1 6 SINGLE_TAG"], b"[]", [])
+    body = rm.decode_register_broker_body(two, compressed=True, version=479, max_topics=2)
+    assert len(body.topic_config_serialize_wrapper.topic_config_table) == 2  # exactly the bound
+    with pytest.raises(RemotingBodyError, match=r"^compressed register body: topic count 2 is more "
+                                                r"than the 1 topics --max-topics-per-request "
+                                                r"allows; refused before decoding$"):
+        rm.decode_register_broker_body(two, compressed=True, version=479, max_topics=1)
+    mappings = _compress(DV, [], b"[]", [b"{}", b"{}"])
+    with pytest.raises(RemotingBodyError, match=r"^compressed register body: topic queue mapping "
+                                                r"count 2 is more than the 1 topics "):
+        rm.decode_register_broker_body(mappings, compressed=True, version=479, max_topics=1)
+
+
+def test_the_first_version_sending_the_wrapper_may_compress_it():
+    body = _compress(DV, [b"A 1 1 6 SINGLE_TAG"], b"[]", None)
+    from zns.core.remoting.constants import VERSION_3_0_11
+
+    decoded = rm.decode_register_broker_body(body, compressed=True, version=VERSION_3_0_11)
+    assert list(decoded.topic_config_serialize_wrapper.topic_config_table) == ["A"]
+
+
+@pytest.mark.parametrize("compressed, version, what", [
+    (True, 479, "compressed register body"),
+    (False, 479, "register body"),
+    (False, 36, "register body (topic config wrapper)"),
+])
+def test_a_register_body_with_too_many_values_says_which_and_why(compressed, version, what):
+    from zns.core.errors import RemotingBodyError
+    import re
+
+    from zns.core.remoting.register import VALUES_SLACK
+
+    values = b"[" + b"1," * VALUES_SLACK + b"1]"
+    body = _compress(DV, [], values, None) if compressed else values
+    with pytest.raises(RemotingBodyError, match=rf"^{re.escape(what)} holds up to \d+ JSON values, "
+                                                rf"more than the {VALUES_SLACK} a body of 0 topics "
+                                                rf"may hold \(--max-topics-per-request\); refused "
+                                                rf"before decoding$"):
+        rm.decode_register_broker_body(body, compressed=compressed, version=version, max_topics=0)
+
+
+def test_the_java_string_order_key_takes_a_lone_surrogate():
+    from zns.core.remoting.bodies import _utf16_key
+
+    assert _utf16_key("\ud800") == b"\xd8\x00"  # Java strings may hold one; no error here
+    assert sorted(["\uffff", "\U00010000"], key=_utf16_key) == ["\U00010000", "\uffff"]
+
+
+def test_a_mapping_chunk_is_one_mapping_with_at_most_the_unquoted_key_bound():
+    from zns.core.errors import RemotingBodyError
+    from zns.core.remoting.fastjson import MAX_UNQUOTED_KEYS
+
+    def decode(mappings: list[bytes]) -> None:
+        rm.decode_register_broker_body(_compress(DV, [], b"[]", mappings), compressed=True,
+                                       version=479)
+
+    with pytest.raises(RemotingBodyError, match=r"^TopicQueueMappingInfo: "):
+        decode([b'{"topic":"T"},{"topic":"U"}'])  # two values in one chunk
+    keys = b",".join(b"%d:1" % i for i in range(MAX_UNQUOTED_KEYS + 1))
+    with pytest.raises(RemotingBodyError, match=rf"^TopicQueueMappingInfo: more than "
+                                                rf"{MAX_UNQUOTED_KEYS} unquoted integer map keys; "
+                                                rf"refused$"):
+        decode([b'{"topic":"T","currIdMap":{' + keys + b"}}"])

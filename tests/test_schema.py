@@ -73,3 +73,12 @@ def test_only_an_event_has_a_channel():
     assert event_channel(HbEvent(epoch="e", revision=1, time_ms=2)) == b"hb\0"
     with pytest.raises(TypeError, match="not an event: 'hb'"):
         event_channel("hb")  # type: ignore[arg-type]
+
+
+def test_a_raw_route_where_a_decoded_one_is_expected_is_named_as_the_bug_it_is():
+    from zns.core.schema import Raw, decoded_route
+
+    assert decoded_route(None) is None
+    with pytest.raises(TypeError, match=r"^a pre-encoded \(Raw\) route where a decoded TopicRoute "
+                                        r"was expected$"):
+        decoded_route(Raw(b"\x80"))

@@ -722,6 +722,9 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.bodies.x__escaper__mutmut_6":
         "joining with 'XXXX': the pattern matches single special characters, and X is none",
     "zns.core.remoting.bodies.x__utf16_key__mutmut_6": "codec name 'UTF-16-BE' for 'utf-16-be': Python's codec names ignore case",
+    "zns.core.remoting.bodies.x__broker_json__mutmut_2":
+        "hashmap_order(sorted(ids)) for 0 or 1 broker ids too: the order of one key (or none) is that key",
+    "zns.core.remoting.bodies.x__broker_json__mutmut_4": "as _broker_json__mutmut_2 (one id takes the longer path)",
     "zns.core.remoting.register.x__decode_topic_line__mutmut_8": "codec name 'UTF-8' for 'utf-8': Python's codec names ignore case",
     "zns.core.remoting.register.x__parse_java_int__mutmut_6":
         "lstrip('XX+-XX'): a text with an X left after the sign check still fails int() with the same error",
@@ -730,6 +733,15 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.register.xǁ_Readerǁcount__mutmut_4":
         "`left / 4` for `left // 4`: for an integer count, n > x and n > floor(x) agree",
     "zns.core.remoting.register.x_check_body_crc32__mutmut_4": "required=None for False: read only as a truth value",
+    "zns.core.remoting.register.x__decode_mappings__mutmut_9":
+        "the joined array's fast path made undecodable (b'XX[XX'): it falls back to decoding each "
+        "mapping alone, with the same bound, to the same mappings or the same error (a cost)",
+    "zns.core.remoting.register.x__decode_mappings__mutmut_11": "as _decode_mappings__mutmut_9 (joined with b'XX,XX': one chunk decodes as before)",
+    "zns.core.remoting.register.x__decode_mappings__mutmut_12": "as _decode_mappings__mutmut_9 (b'XX]XX')",
+    "zns.core.remoting.register.x__decode_mappings__mutmut_5": "as _decode_mappings__mutmut_9 (quote_integer_keys(65536) is 65536 zero bytes)",
+    "zns.core.remoting.register.x__decode_mappings__mutmut_19":
+        "the one-chunk decode given 65536 zero bytes: it fails, and loads_lenient decodes the chunk "
+        "with the same key bound, to the same mapping or the same error",
     "zns.core.limits.xǁLimitsǁcheck__mutmut_54":
         "`>=` for `>` in the max_topics pre-check: it only decides whether new topics are counted; the count's own `>` refuses",
     "zns.core.service.xǁNameServiceǁ__init____mutmut_26":
