@@ -410,6 +410,8 @@ def test_past_1000_topics_a_session_subscribes_to_every_route_instead():
     assert actions[0] == Subscribe(ROUTE_PREFIX)  # first: no moment without coverage
     dropped = [a for a in actions if isinstance(a, Unsubscribe)]
     assert len(dropped) == MAX_TOPIC_CHANNELS and Subscribe(route_channel("T1000")) not in actions
+    assert sorted(a.channel for a in dropped) == sorted(
+        route_channel(f"T{i}") for i in range(MAX_TOPIC_CHANNELS))
     session.track("T1001", 0)
     session.forget("T1")
     assert not [a for a in session.actions() if isinstance(a, (Subscribe, Unsubscribe))]
@@ -422,3 +424,15 @@ def test_past_1000_topics_a_session_subscribes_to_every_route_instead():
     fresh.on_reply(status_reply(status.id), 0)
     subscribed = [a for a in fresh.actions() if isinstance(a, Subscribe)]
     assert subscribed == [Subscribe(ROUTE_PREFIX), Subscribe(HB_CHANNEL)]
+
+
+def test_exactly_1000_topics_kept_before_status_are_subscribed_one_by_one():
+    fresh = ClientSession(["tcp://h1:1"])
+    fresh.start(0)
+    (status,) = sent(fresh.actions())
+    for i in range(MAX_TOPIC_CHANNELS):
+        fresh.track(f"T{i}", 0)
+    fresh.on_reply(status_reply(status.id), 0)
+    subscribed = [a for a in fresh.actions() if isinstance(a, Subscribe)]
+    assert Subscribe(ROUTE_PREFIX) not in subscribed
+    assert len(subscribed) == MAX_TOPIC_CHANNELS + 1 and subscribed[-1] == Subscribe(HB_CHANNEL)

@@ -1190,3 +1190,57 @@ def test_a_mapping_chunk_is_one_mapping_with_at_most_the_unquoted_key_bound():
                                                 rf"{MAX_UNQUOTED_KEYS} unquoted integer map keys; "
                                                 rf"refused$"):
         decode([b'{"topic":"T","currIdMap":{' + keys + b"}}"])
+
+
+def test_every_split_of_a_frame_stream_decodes_the_same_commands():
+    stream = frame("GET_ROUTEINFO_BY_TOPIC request JSON") + frame("TOPIC_NOT_EXIST response")
+    whole = [(c.code, c.opaque) for c in FrameDecoder().feed(stream)]
+    assert len(whole) == 2
+    for k in range(1, len(stream)):
+        dec = FrameDecoder()
+        got = dec.feed(stream[:k]) + dec.feed(stream[k:])
+        assert [(c.code, c.opaque) for c in got] == whole, k
+        assert dec.buffered == 0
+
+
+@pytest.mark.parametrize("pieces", [1, 3])  # the head whole in the first piece, or assembled
+def test_a_header_length_over_the_bound_is_refused_before_the_frame_is_waited_for(pieces):
+    from zns.core.remoting.command import MAX_DECODED_HEADER_BYTES
+
+    def start(header_length: int) -> bytes:  # a frame announced long, its header length given
+        return struct.pack(">ii", header_length + 100, header_length)
+
+    for ok_length in (MAX_DECODED_HEADER_BYTES, 5):
+        dec, data = FrameDecoder(), start(ok_length)
+        for i in range(pieces):
+            assert dec.feed(data[i * 8 // pieces:(i + 1) * 8 // pieces]) == []
+    dec, data = FrameDecoder(), start(MAX_DECODED_HEADER_BYTES + 1)
+    with pytest.raises(RemotingFrameError, match=rf"^header of {MAX_DECODED_HEADER_BYTES + 1} bytes "
+                                                 rf"is longer than the {MAX_DECODED_HEADER_BYTES} "
+                                                 rf"bytes any request needs$"):
+        for i in range(pieces):
+            dec.feed(data[i * 8 // pieces:(i + 1) * 8 // pieces])
+
+
+def test_a_large_body_arriving_in_pieces_is_not_taken_for_a_long_header():
+    from zns.core.remoting.command import encode_command
+
+    cmd = RemotingCommand(code=10, opaque=3, body=b"x" * 300_000)
+    data = encode_command(cmd)
+    dec, got = FrameDecoder(), []
+    for i in range(0, len(data), 7):
+        got += dec.feed(data[i:i + 7])
+    assert [(c.code, c.opaque, len(c.body)) for c in got] == [(10, 3, 300_000)]
+
+
+def test_a_frame_completed_in_pieces_keeps_the_ext_field_bound():
+    from zns.core.remoting.command import encode_command
+
+    cmd = RemotingCommand(code=10, opaque=3, ext_fields={"a": "1", "b": "2", "c": "3"})
+    data = encode_command(cmd)
+    with pytest.raises(RemotingFrameError):
+        FrameDecoder(max_ext_fields=2).feed(data)
+    dec = FrameDecoder(max_ext_fields=2)
+    dec.feed(data[:9])
+    with pytest.raises(RemotingFrameError):
+        dec.feed(data[9:])

@@ -684,6 +684,14 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.command.x_decode_frame__mutmut_10": "unpack_from without its offset: the default offset is 0",
     "zns.core.remoting.command.x_decode_rocketmq_header__mutmut_12": "as x_decode_frame__mutmut_10",
     "zns.core.remoting.command.xǁFrameDecoderǁ_consume__mutmut_86": "as x_decode_frame__mutmut_10",
+    "zns.core.remoting.command.xǁFrameDecoderǁ_consume__mutmut_95": "as x_decode_frame__mutmut_10",
+    "zns.core.remoting.command.xǁFrameDecoderǁ_consume__mutmut_114": "head[4:9] for head[4:8]: the head holds exactly 8 bytes there",
+    "zns.core.remoting.command.xǁFrameDecoderǁ__init____mutmut_11":
+        "_filled's value while no frame is begun: every read of it is guarded by `_frame is not "
+        "None`, and _begin sets it to 0 with the frame",
+    "zns.core.remoting.command.xǁFrameDecoderǁ__init____mutmut_12": "as __init____mutmut_11 (1)",
+    "zns.core.remoting.command.xǁFrameDecoderǁfeed__mutmut_12": "as __init____mutmut_11 (reset to 1 after an error)",
+    "zns.core.remoting.command.xǁFrameDecoderǁ_complete__mutmut_6": "as __init____mutmut_11 (1 after a frame completes)",
     "zns.core.remoting.command.x_decode_json_header__mutmut_9":
         "cut at 201 for 200: msgspec's messages for this header quote no input and stay far shorter",
     "zns.core.remoting.command.x_decode_json_header__mutmut_51": "codec name 'ASCII' for 'ascii': Python's codec names ignore case",
@@ -793,6 +801,10 @@ EQUIVALENT: dict[str, str] = {
         "a 904 heartbeat sent with a zero version: its reply ignores `changed`, and the table keeps no heartbeat's version",
     "zns.core.client_session.xǁClientSessionǁ_fail__mutmut_24":
         "_silence_deadline = '' for None: read only once connected, and _connect sets it to None first",
+    "zns.core.client_session.xǁClientSessionǁ__init____mutmut_45":
+        "initial _all_routes None for False: read only once pub_endpoint is set, and the status "
+        "reply that sets pub_endpoint sets _all_routes too",
+    "zns.core.client_session.xǁClientSessionǁ__init____mutmut_46": "as __init____mutmut_45 (True)",
     "zns.core.client_session.xǁClientSessionǁon_reply__mutmut_39":
         "`or 'XXXX'`: a status reply is pending only while an endpoint is followed (never None then)",
     "zns.core.remoting.zmtp.x__command__mutmut_16":
