@@ -1244,3 +1244,22 @@ def test_a_frame_completed_in_pieces_keeps_the_ext_field_bound():
     dec.feed(data[:9])
     with pytest.raises(RemotingFrameError):
         dec.feed(data[9:])
+
+
+def test_a_complete_frame_is_judged_by_decode_frame_and_a_begun_one_by_its_header_length():
+    from zns.core.remoting.command import MAX_DECODED_HEADER_BYTES as MAX
+
+    # Whole in one chunk: decode_frame's own order (the serialize type first).
+    whole = struct.pack(">ii", 4 + MAX + 1, (5 << 24) | (MAX + 1)) + bytes(MAX + 1)
+    with pytest.raises(RemotingFrameError, match=r"^unknown serialize type 5$"):
+        FrameDecoder().feed(whole)
+    # An 8-byte frame (no room for a header) assembled from pieces: decode_frame says so.
+    dec = FrameDecoder()
+    dec.feed(struct.pack(">i", 4))
+    with pytest.raises(RemotingFrameError, match=rf"^header length {MAX + 1} exceeds the 0 bytes"):
+        dec.feed(struct.pack(">i", MAX + 1))
+    # One byte more to come: the long header length is refused at once.
+    dec = FrameDecoder()
+    dec.feed(struct.pack(">i", 5))
+    with pytest.raises(RemotingFrameError, match=rf"^header of {MAX + 1} bytes is longer"):
+        dec.feed(struct.pack(">i", MAX + 1))

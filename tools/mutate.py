@@ -686,6 +686,15 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.command.xǁFrameDecoderǁ_consume__mutmut_86": "as x_decode_frame__mutmut_10",
     "zns.core.remoting.command.xǁFrameDecoderǁ_consume__mutmut_95": "as x_decode_frame__mutmut_10",
     "zns.core.remoting.command.xǁFrameDecoderǁ_consume__mutmut_114": "head[4:9] for head[4:8]: the head holds exactly 8 bytes there",
+    "zns.core.remoting.command.xǁFrameDecoderǁ_consume__mutmut_26":
+        "exactly 8 bytes left taken through the head copy instead: that is a whole frame of length "
+        "4 (no header check on either path) or a frame begun and checked alike; the same commands and errors",
+    "zns.core.remoting.command.xǁFrameDecoderǁ_consume__mutmut_27": "as _consume__mutmut_26",
+    "zns.core.remoting.command.xǁFrameDecoderǁ_consume__mutmut_74":
+        "take past the end of the chunk: the slice stops at its end, and i past n ends the loop as i == n does",
+    "zns.core.remoting.command.xǁFrameDecoderǁ_consume__mutmut_117":
+        "_complete(None) right after the head: a frame completes there only when it is 4 bytes long, "
+        "and no 4-byte frame decodes (decode_frame raises before `out` is used)",
     "zns.core.remoting.command.xǁFrameDecoderǁ__init____mutmut_11":
         "_filled's value while no frame is begun: every read of it is guarded by `_frame is not "
         "None`, and _begin sets it to 0 with the frame",
