@@ -570,6 +570,8 @@ def test_heartbeat_timeout_and_zone(rs, svc):
     blank = ok(rs, req(105, {"topic": "TopicTest", "__ZONE_MODE": "true", "__ZONE_NAME": " "},
                        version=479)).body
     assert b'"0":"127.0.0.1:10911"' in blank  # a blank zone name: no filter, the usual form
+    unnamed = ok(rs, req(105, {"topic": "TopicTest", "__ZONE_MODE": "true"}, version=479)).body
+    assert unnamed == blank  # no zone name at all: no filter either
 
 
 # --- who may write ---------------------------------------------------------------------------
@@ -1179,3 +1181,9 @@ def test_the_topic_list_asked_first_at_revision_1_is_the_tables(svc, rs):
     ok(rs, register_cmd())
     assert svc.revision == 1
     assert b"TopicTest" in ok(rs, req(206)).body
+
+
+def test_deleting_nothing_remembers_no_emptied_namespace_whatever_other_namespaces_hold(rs):
+    ok(rs, req(100, {"namespace": "other", "key": "k", "value": "v"}))
+    ok(rs, req(102, {"namespace": "ns", "key": "k"}))  # ns never held anything
+    assert call(rs, req(219, {"namespace": "ns"})).code == 22

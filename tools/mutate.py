@@ -782,6 +782,23 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_428": "as _dispatch__mutmut_86",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_467": "as _dispatch__mutmut_86",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_register_topic__mutmut_27": "as _dispatch__mutmut_86",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_332": "as _dispatch__mutmut_86 (_register_topic hands `now` only to RegisterTopic)",
+    "zns.core.remoting.handler.xǁRemotingServiceǁconnection_closed__mutmut_2": "connections_closed(..., None): it does not read `now`",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_topic_list__mutmut_8":
+        "the encoded topic lists' cache cleared one entry later: what is kept, never what is replied",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_136":
+        "another cache key for the 'all' topic list: keys are only compared with the other lists' "
+        "keys, which it still differs from",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_140": "as _dispatch__mutmut_136",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_141": "as _dispatch__mutmut_136",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_166": "as _dispatch__mutmut_136",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_167": "as _dispatch__mutmut_136",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_174": "as _dispatch__mutmut_136",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_178": "as _dispatch__mutmut_136",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_179": "as _dispatch__mutmut_136",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_190": "as _dispatch__mutmut_136",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_194": "as _dispatch__mutmut_136",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_195": "as _dispatch__mutmut_136",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_register__mutmut_119":
         "the topic config's `order` under another key: the route table keeps no per-topic order flag",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_register__mutmut_120": "as _register__mutmut_119",
