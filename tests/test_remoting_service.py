@@ -1187,3 +1187,26 @@ def test_deleting_nothing_remembers_no_emptied_namespace_whatever_other_namespac
     ok(rs, req(100, {"namespace": "other", "key": "k", "value": "v"}))
     ok(rs, req(102, {"namespace": "ns", "key": "k"}))  # ns never held anything
     assert call(rs, req(219, {"namespace": "ns"})).code == 22
+
+
+def test_by_default_kv_reads_come_from_anywhere_and_order_conf_is_off(svc):
+    rs = RemotingService(svc)
+    assert (rs.order_message_enable, svc.encoded.json_order_conf) == (False, False)
+    anywhere = Connection(2, "10.1.2.3")
+    assert call(rs, req(101, {"namespace": "ns", "key": "k"}), anywhere).code == 22  # not 16
+    assert RemotingService(svc, order_message_enable=True).order_message_enable is True
+
+
+def test_register_bodies_are_bounded_by_the_services_limits():
+    svc = new_service(Limits(max_topics_per_request=1, max_brokers=1))
+    rs = RemotingService(svc)
+    body = json.dumps({"filterServerList": ["f"] * 20_000, "topicConfigSerializeWrapper": {
+        "dataVersion": {"counter": 1, "stateVersion": 0, "timestamp": 1},
+        "topicConfigTable": {}}}).encode()
+    cmd = register_cmd()
+    cmd = req(103, {**cmd.ext_fields, "bodyCrc32": str(body_crc32(body))}, body)
+    reply = call(rs, cmd)
+    assert reply.code != 0 and "a body of 1 topics may hold" in reply.remark
+    route_body = json.dumps({"queueDatas": [], "brokerDatas": [], "x": [1] * 2_000}).encode()
+    reply = call(rs, req(217, {"topic": "T"}, route_body))
+    assert reply.code != 0 and "a route of 1 broker names may hold" in reply.remark
