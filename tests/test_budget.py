@@ -120,3 +120,21 @@ def test_peers_whose_bucket_refilled_are_forgotten_before_any_in_debt():
     assert budget.allow(b"light", HEAVY_BYTES, now=1)  # full again 1 s later
     assert budget.allow(b"newcomer", HEAVY_BYTES, now=2_500)
     assert sorted(budget._peers) == [b"debtor", b"newcomer"]
+
+
+def test_by_default_a_hundred_thousand_peers_are_kept():
+    budget = ReplyBudget(burst=MiB, rate=0, total_burst=1 << 40, total_rate=0, heavy_bytes=1)
+    for i in range(100_000):
+        assert budget.allow(i.to_bytes(4, "big"), MiB, now=0)  # each one now in debt
+    assert not budget.allow((0).to_bytes(4, "big"), MiB, now=0)  # still remembered
+    assert budget.allow(b"one more", MiB, now=0)  # the bound: the oldest half forgotten
+    assert budget.allow((0).to_bytes(4, "big"), MiB, now=0)  # a fresh burst
+    assert not budget.allow((99_999).to_bytes(4, "big"), MiB, now=0)
+
+
+def test_the_total_bucket_refills_from_time_zero():
+    budget = ReplyBudget(burst=MiB, rate=MiB, total_burst=1000, total_rate=1000, heavy_bytes=1)
+    assert budget.allow(b"a", 1000, now=0)  # the total drained
+    assert not budget.allow(b"b", 1, now=0)
+    assert budget.allow(b"b", 1, now=1)  # 1 ms at 1000 B/s: one byte back
+    assert not budget.allow(b"b", 1, now=1)

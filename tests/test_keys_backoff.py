@@ -51,3 +51,11 @@ def test_the_backoff_starts_at_100_ms_doubles_and_stops_at_10_s():
 def test_without_an_injected_source_the_backoff_still_jitters():
     delays = {Backoff().next_delay() for _ in range(20)}
     assert len(delays) > 1 and all(0.05 <= d <= 0.1 for d in delays)
+
+
+def test_without_a_cap_the_exponent_stops_at_32_doublings():
+    # The exponent is bounded so an endless run of failures never overflows a float.
+    rng, mirror = random.Random(3), random.Random(3)
+    backoff = Backoff(base=1.0, cap=float("inf"), rng=rng)
+    delays = [backoff.next_delay() for _ in range(36)]
+    assert delays == [2.0 ** min(i, 32) * mirror.uniform(0.5, 1.0) for i in range(36)]

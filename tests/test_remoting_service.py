@@ -867,9 +867,11 @@ def test_update_namesrv_config_refusal_word_for_word(rs, caplog, zns_log):
         "refused UPDATE_NAMESRV_CONFIG from 127.0.0.1: zns changes no configuration at run time"]
 
 
-@pytest.mark.parametrize("code, option", [(103, "--remoting-brokers"), (100, "--remoting-admins")])
+@pytest.mark.parametrize("code, option", [(103, "--remoting-brokers"), (100, "--remoting-admins"),
+                                          (106, "--remoting-clients")])
 def test_a_refused_network_is_told_which_option_lists_the_networks(svc, caplog, zns_log, code, option):
-    rs = RemotingService(svc, brokers=parse_networks(["10.0.0.0/8"]), admins=parse_networks(["10.0.0.0/8"]))
+    rs = RemotingService(svc, brokers=parse_networks(["10.0.0.0/8"]), admins=parse_networks(["10.0.0.0/8"]),
+                         readers=parse_networks(["10.0.0.0/8"]))
     reply = call(rs, req(code, {}), Connection(2, "192.0.2.7"))
     assert (reply.code, reply.remark) == (16, f"request code {code} is not allowed from 192.0.2.7: "
                                               f"the server's {option} lists the networks that may send it")
@@ -1022,6 +1024,27 @@ def test_bodies_follow_the_java_nameservers_hash_order(rs):
     assert list(info["clusterAddrTable"]["DefaultCluster"]) == ["broker-d", "broker-b", "broker-c", "broker-a"]
     zns1_route = zns1_map(rs.service, "get_route", topic="TopicTest")["route"]
     assert [q["broker_name"] for q in zns1_route["queues"]] == ["broker-a", "broker-b", "broker-c", "broker-d"]
+
+
+def test_bodies_walk_each_table_with_its_own_java_bucket_count(rs):
+    # RouteInfoManager's maps have 256 buckets for broker names, 64 for clusters, 2048 for
+    # topics: these pairs iterate the other way round in a map of the default 16.
+    ok(rs, register_cmd(addr="127.0.0.1:10911", name="broker-0", cluster="cluster-0",
+                        topics={"Topic10": {}, "Topic8": {}}))
+    ok(rs, register_cmd(addr="127.0.0.1:10921", name="broker-4", cluster="cluster-3", topics={}))
+    info = loads_lenient(ok(rs, req(106)).body, dict)
+    assert list(info["brokerAddrTable"]) == ["broker-0", "broker-4"]
+    assert list(info["clusterAddrTable"]) == ["cluster-3", "cluster-0"]
+    assert topic_list(ok(rs, req(304)))["brokerAddr"] == "127.0.0.1:10911"  # broker-0's
+    assert topic_list(ok(rs, req(206)))["topicList"] == ["Topic8", "Topic10"]
+
+
+def test_flagged_topic_lists_read_the_first_name_of_the_topics_hashmap(rs):
+    # A topic's QueueData HashMap iterates broker-b before broker-a: its flags decide.
+    ok(rs, register_cmd(topics={"U": {"sys_flag": 0}, "V": {"sys_flag": 1}}))
+    ok(rs, register_cmd(addr="127.0.0.1:10931", name="broker-b",
+                        topics={"U": {"sys_flag": 1}, "V": {"sys_flag": 0}}))
+    assert topic_list(ok(rs, req(311)))["topicList"] == ["U"]
 
 
 @pytest.mark.parametrize("ext", [None, {}])

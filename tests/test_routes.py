@@ -415,6 +415,15 @@ def test_filter_servers_replace_and_clear(table):
     assert table.route("TopicA").filter_servers == {}
 
 
+def test_filter_servers_of_a_broker_without_topics_change_no_revision(table):
+    # The list shows only in routes: with none to show it in, nothing visible changed.
+    register(table, topics=())
+    revision = table.revision
+    outcome = register(table, now=30_000, topics=(), filter_servers=["10.1.1.1:1"])
+    assert outcome.events == []
+    assert table.revision == revision
+
+
 def test_filter_servers_only_for_addresses_in_the_route(table):
     register(table, topics=["TopicA"], filter_servers=["10.1.1.1:1"])
     register(table, name="broker-b", addr=OTHER, topics=["TopicB"], filter_servers=["10.1.1.2:1"])

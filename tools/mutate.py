@@ -645,6 +645,9 @@ EQUIVALENT: dict[str, str] = {
         "_broker_topics.get(name, None): _touch_broker is called only for a held name, and every "
         "held name has its topic index (check_invariants: topic index and brokers)",
     "zns.core.routes.xǁRouteTableǁ_touch_broker__mutmut_11": "as _touch_broker__mutmut_9 (no default)",
+    "zns.core.budget.x__refill__mutmut_1":
+        "refill also at now == at: it adds 0 tokens and sets `at` to itself (tokens never exceed "
+        "the burst, so the min changes nothing either)",
     "zns.core.peer_link.xǁPeerLinkǁon_subscribe_failed__mutmut_18":
         "shift cap 17 for 16: RETRY_MIN_MS << 16 is already far above RETRY_MAX_MS",
     "zns.core.peer_link.xǁPeerLinkǁ__init____mutmut_12":
@@ -825,6 +828,11 @@ EQUIVALENT: dict[str, str] = {
         "default broker id 1 for a 904 without one: the table keys heartbeats by cluster and address, not id",
     "zns.core.remoting.handler.xǁRemotingServiceǁ_heartbeat__mutmut_59":
         "a 904 heartbeat sent with a zero version: its reply ignores `changed`, and the table keeps no heartbeat's version",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_flagged_topics__mutmut_5":
+        "a topic of one name also through hashmap_order: the order of one key is that key",
+    "zns.core.remoting.handler.xǁRemotingServiceǁ_dispatch__mutmut_232":
+        "broker_table().get(None) for a 901 without brokerName: the table is keyed by str names, "
+        "so it is None, as the skipped branch",
     "zns.core.client_session.xǁClientSessionǁ_fail__mutmut_24":
         "_silence_deadline = '' for None: read only once connected, and _connect sets it to None first",
     "zns.core.client_session.xǁClientSessionǁ__init____mutmut_45":
