@@ -376,3 +376,59 @@ def test_the_link_logs_connect_restart_refusal_and_silence(caplog):
         f"peer {PEER} connected (epoch 'cccccccccccccccc', events on 'tcp://10.1.2.3:9877')",
     ]
     assert link.connected is True
+
+
+def test_a_fresh_link_whose_first_subscription_fails_backs_off_from_the_first_step():
+    link = PeerLink(PEER, now=0)
+    feed(link.on_timer, 0)
+    feed(link.on_reply, status(), 0)
+    link.on_subscribe_failed(10)  # before any event of the peer arrived
+    assert link.next_deadline() == 10 + 2 * RETRY_MIN_MS
+
+
+def test_connected_is_a_bool_before_the_first_hb_and_after_silence():
+    # The server copies it into its status reply's `peers` map, which carries booleans.
+    link = PeerLink(PEER, now=0)
+    assert link.connected is False
+    link = linked(0)
+    feed(link.on_timer, 5000)  # silent
+    assert link.connected is False
+
+
+def test_a_hint_names_the_peer_it_came_from():
+    link = linked(0)
+    assert feed(link.on_event, broker_event(), 100) == [Hint(PEER, "c1", "broker-a", ADDR, "expired")]
+
+
+def test_a_restart_learned_from_a_status_reply_resets_the_interval_measure():
+    link = linked(0)  # an hb at 0
+    feed(link.on_timer, 5000)  # silent: asks again
+    feed(link.on_reply, status(epoch="b" * 16, rid=2), 5000)
+    feed(link.on_event, hb(1, epoch="b" * 16), 5100)  # 5100 ms after the old process's hb
+    assert link.interval_ms == DEFAULT_PEER_INTERVAL_MS
+    feed(link.on_event, hb(2, epoch="b" * 16), 5300)
+    assert link.interval_ms == 200
+
+
+def test_a_restart_seen_before_any_hb_keeps_the_working_subscription():
+    link = PeerLink(PEER, now=0)
+    feed(link.on_timer, 0)
+    assert feed(link.on_reply, status(), 0) == [FollowEvents("tcp://10.1.2.3:9877")]
+    assert feed(link.on_event, broker_event("registered", "", epoch="b" * 16), 100) == []
+    assert feed(link.on_timer, 100) == [AskStatus(2)]
+    assert feed(link.on_reply, status(epoch="b" * 16, rid=2), 150) == []  # same endpoint
+
+
+def test_the_silence_clock_starts_when_the_link_subscribes():
+    link = PeerLink(PEER, now=0)
+    feed(link.on_timer, 0)
+    feed(link.on_reply, status(), 50)
+    assert link.next_deadline() == 50 + 3 * DEFAULT_PEER_INTERVAL_MS + 1
+    assert feed(link.on_timer, 50 + 3 * DEFAULT_PEER_INTERVAL_MS + 1) == [AskStatus(2)]  # no hb came
+
+
+def test_silence_is_logged_as_the_time_since_the_last_hb(caplog):
+    link = linked(100)
+    with caplog.at_level("WARNING", logger="zns"):
+        feed(link.on_timer, 100 + 3 * DEFAULT_PEER_INTERVAL_MS + 1)
+    assert [r.getMessage() for r in caplog.records] == [f"peer {PEER} disconnected: no hb for 3001 ms"]

@@ -654,6 +654,15 @@ EQUIVALENT: dict[str, str] = {
         "initial _renew_subscription: read only when the reply names the endpoint already "
         "subscribed to, which no reply can before the first subscription (pub starts None)",
     "zns.core.peer_link.xǁPeerLinkǁ__init____mutmut_13": "as __init____mutmut_12",
+    "zns.core.peer_link.xǁPeerLinkǁ_on_hb__mutmut_9":
+        "_renew_subscription = None for False: the flag is only ever read as a truth value",
+    "zns.core.peer_link.xǁPeerLinkǁon_reply__mutmut_45": "as _on_hb__mutmut_9",
+    "zns.core.peer_link.xǁPeerLinkǁon_reply__mutmut_16":
+        "asking = None for False: only ever read as a truth value (here and by PeerLinks.handle)",
+    "zns.core.peer_link.xǁPeerLinkǁnext_deadline__mutmut_10":
+        "min(wakes) without default=None: wakes is never empty, as a link is asking or has "
+        "_last_heard set (a reply that ends asking sets it, or finds it set since that subscription: "
+        "only silence clears it, and silence makes the next reply subscribe afresh)",
     "zns.core.route_cache.xǁRouteCacheǁ_lose_proof__mutmut_1":
         "proven = None for False: the flag is only ever read as a truth value",
     "zns.core.route_cache.xǁRouteCacheǁreset__mutmut_3": "as _lose_proof__mutmut_1",
