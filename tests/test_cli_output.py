@@ -474,6 +474,20 @@ def test_kv_writes_say_what_they_did(fake):
 # --- zns broker, in process ---------------------------------------------------------------------
 
 
+def run_broker(monkeypatch: Any, agent: type, args: list[str]) -> Any:
+    """`zns broker ARGS` in process, with `agent` as its BrokerAgent. The command installs
+    SIGTERM and SIGINT handlers (a test stops it with SIGTERM); they are put back after."""
+    import signal
+
+    monkeypatch.setattr(tools, "BrokerAgent", agent)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return CliRunner().invoke(main, ["broker", *args])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
 @pytest.mark.timeout(60)
 def test_broker_registers_as_configured_says_so_and_unregisters_on_sigterm(server, monkeypatch):
     import os
@@ -497,17 +511,11 @@ def test_broker_registers_as_configured_says_so_and_unregisters_on_sigterm(serve
                 os.kill(os.getpid(), signal.SIGTERM)
             return done
 
-    monkeypatch.setattr(tools, "BrokerAgent", Agent)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        result = CliRunner().invoke(main, [
-            "broker", "--ns", server.router, "--cluster", "c9", "--name", "bk-9",
-            "--addr", "127.0.0.1:10999", "--id", "1", "--zone", "z9", "--topic", "Orders:4:2",
-            "--ha-addr", "127.0.0.1:10912", "--heartbeat-timeout", "20", "--heartbeat-interval",
-            "0.5", "--register-period", "15", "--timeout", "5"])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    result = run_broker(monkeypatch, Agent, [
+        "--ns", server.router, "--cluster", "c9", "--name", "bk-9",
+        "--addr", "127.0.0.1:10999", "--id", "1", "--zone", "z9", "--topic", "Orders:4:2",
+        "--ha-addr", "127.0.0.1:10912", "--heartbeat-timeout", "20", "--heartbeat-interval",
+        "0.5", "--register-period", "15", "--timeout", "5"])
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == [
         "broker c9/bk-9 id 1 at 127.0.0.1:10999 registered with 1 NameServer(s)",
@@ -563,15 +571,9 @@ def test_broker_announces_its_registration_once(server, monkeypatch):
                     os.kill(os.getpid(), signal.SIGTERM)
             return super().failure
 
-    monkeypatch.setattr(tools, "BrokerAgent", Agent)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        result = CliRunner().invoke(main, [
-            "broker", "--ns", server.router, "--cluster", "c", "--name", "b",
-            "--addr", "127.0.0.1:10998", "--timeout", "5"])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    result = run_broker(monkeypatch, Agent, [
+        "--ns", server.router, "--cluster", "c", "--name", "b",
+        "--addr", "127.0.0.1:10998", "--timeout", "5"])
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == [
         "broker c/b id 0 at 127.0.0.1:10998 registered with 1 NameServer(s)",
@@ -599,15 +601,9 @@ def test_broker_looks_at_its_agent_several_times_a_second_until_stopped(server, 
                     os.kill(os.getpid(), signal.SIGTERM)
             return super().failure
 
-    monkeypatch.setattr(tools, "BrokerAgent", Agent)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        result = CliRunner().invoke(main, [
-            "broker", "--ns", server.router, "--cluster", "c", "--name", "b",
-            "--addr", "127.0.0.1:10997", "--timeout", "5"])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    result = run_broker(monkeypatch, Agent, [
+        "--ns", server.router, "--cluster", "c", "--name", "b",
+        "--addr", "127.0.0.1:10997", "--timeout", "5"])
     assert result.exit_code == 0, result.output
     assert len(looks) == 6  # a healthy agent: the command went on until it was stopped
     # It looks every 0.1 s, so a dead agent ends it at once: the shortest of five gaps is far
@@ -618,8 +614,6 @@ def test_broker_looks_at_its_agent_several_times_a_second_until_stopped(server, 
 
 @pytest.mark.timeout(60)
 def test_broker_whose_agent_dies_after_it_registered_stops_failed(server, monkeypatch):
-    import signal
-
     from zns.drivers.broker_agent import BrokerAgent
 
     class Agent(BrokerAgent):
@@ -640,15 +634,9 @@ def test_broker_whose_agent_dies_after_it_registered_stops_failed(server, monkey
                 raise RuntimeError("Boom")
             return super()._now()
 
-    monkeypatch.setattr(tools, "BrokerAgent", Agent)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        result = CliRunner().invoke(main, [
-            "broker", "--ns", server.router, "--cluster", "c", "--name", "b",
-            "--addr", "127.0.0.1:10996", "--timeout", "5"])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    result = run_broker(monkeypatch, Agent, [
+        "--ns", server.router, "--cluster", "c", "--name", "b",
+        "--addr", "127.0.0.1:10996", "--timeout", "5"])
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit)  # no traceback
     notes = result.stderr.splitlines()
