@@ -338,17 +338,14 @@ class DictKv:
         return self.entries.get(namespace, {}).pop(key, None) is not None
 
 
-class Idle:
-    """What the collector reads of a server that has answered nothing yet."""
+class Idle(AgedLoop):
+    """What the collector reads of a server that has answered nothing yet (its loop is live)."""
 
     def __init__(self) -> None:
         self.service = NameService(DictKv(), epoch="e" * 16, started_at_ms=0)
         self.timers = type("Timers", (), {"stalls": 0})()
         self.remoting = None
         self.dropped_replies = 0
-
-    def loop_age_s(self) -> float:
-        return 0.0
 
 
 def collected(server: Idle) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
