@@ -1137,7 +1137,8 @@ def write_scores(scores: list[Score]) -> None:
         "",
         HEADER,
     ]
-    lines += [rows[module] for module in MODULES if module in rows]
+    ordered = [rows[module] for module in MODULES if module in rows]
+    lines += ordered
     lines += ["", "## Equivalent mutants", ""]
     lines += [f"- `{name}`: {reason}" for name, reason in sorted(EQUIVALENT.items())] or ["(none)"]
     lines += ["", "## Surviving mutants (a test is missing, or the mutant is equivalent and not listed yet)",
@@ -1145,7 +1146,7 @@ def write_scores(scores: list[Score]) -> None:
     listed = [line for module in MODULES for line in survivors.get(module, [])]
     lines += listed or ["(none)"]
     SCORES.write_text("\n".join(lines) + "\n")
-    quote_in_readme([rows[module] for module in MODULES if module in rows])
+    quote_in_readme(ordered)
 
 
 README = ROOT / "README.md"
