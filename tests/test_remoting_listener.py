@@ -130,13 +130,13 @@ def register_cmd(name: str = "broker-a", addr: str = "127.0.0.1:10911",
 
 def test_pipelined_requests_answered_in_order_in_few_sends(rserver, monkeypatch):
     sends = []
-    original = RemotingListener._write
+    original = socket.socket.send
 
-    def counting_write(self, entry, now):
-        sends.append(len(entry.unsent))
-        original(self, entry, now)
+    def counting_send(self, data, *flags):  # the client sends with sendall only
+        sends.append(len(data))
+        return original(self, data, *flags)
 
-    monkeypatch.setattr(RemotingListener, "_write", counting_write)
+    monkeypatch.setattr(socket.socket, "send", counting_send)
     srv, listener, endpoint = rserver()
     client = Client(endpoint)
     ops = [RemotingCommand(code=101, version=479, opaque=i,
@@ -215,8 +215,8 @@ def register_many(endpoint: str, count: int = 30) -> Client:
 def test_reader_that_never_reads_is_held_at_the_high_water_mark(rserver):
     srv, listener, endpoint = rserver()
     setup = register_many(endpoint)
-    listener.high_water = 64 << 10
-    listener.max_unsent = 512 << 10
+    listener.policy.high_water = 64 << 10
+    listener.policy.max_unsent = 512 << 10
     hog = Client(endpoint)
     request = encode_command(cluster_info())
     stop = threading.Event()
@@ -230,7 +230,7 @@ def test_reader_that_never_reads_is_held_at_the_high_water_mark(rserver):
 
     def held() -> list[int]:
         return [len(e.unsent) for e in list(listener.connections.values())
-                if len(e.unsent) >= listener.high_water]
+                if len(e.unsent) >= listener.policy.high_water]
 
     sender = threading.Thread(target=flood, daemon=True)
     sender.start()
@@ -240,7 +240,7 @@ def test_reader_that_never_reads_is_held_at_the_high_water_mark(rserver):
         wait_for(lambda: held(), timeout=30)
         for _ in range(10):
             probe(endpoint)  # the loop keeps serving others
-            assert all(size < listener.max_unsent for size in held()), held()
+            assert all(size < listener.policy.max_unsent for size in held()), held()
             time.sleep(0.05)
         assert listener.cut_off == 0
     finally:
@@ -255,8 +255,8 @@ def test_reader_that_never_reads_is_held_at_the_high_water_mark(rserver):
 def test_slow_reader_is_paused_not_cut_off(rserver):
     srv, listener, endpoint = rserver()
     setup = register_many(endpoint)
-    listener.high_water = 16 << 10
-    listener.max_unsent = 1 << 20
+    listener.policy.high_water = 16 << 10
+    listener.policy.max_unsent = 1 << 20
     listener.read_chunk = 4096  # ~40 requests, ~120 KB of replies per pass
     client = Client(endpoint)
     count = 5000  # ~15 MB of replies: far more than max_unsent plus the kernel's buffers
@@ -297,7 +297,7 @@ def test_idle_connections_are_closed(rserver):
     # then a real 1.5 s timeout would close the busy connection too.
     now = [time.monotonic()]
     srv, listener, endpoint = rserver(server_kwargs={"clock": lambda: now[0]})
-    listener.idle_timeout_ms = 1500
+    listener.policy.idle_timeout_ms = 1500
 
     def advance(seconds: float) -> None:
         for _ in range(round(seconds / 0.25)):  # steps shorter than a stall (1 s)
@@ -462,7 +462,7 @@ def test_namesrv_config_shows_the_bound_endpoints(rserver):
 
 def test_a_connection_that_only_sends_one_way_requests_is_not_idle(rserver):
     srv, listener, endpoint = rserver()
-    listener.idle_timeout_ms = 1500
+    listener.policy.idle_timeout_ms = 1500
     quiet, talking = Client(endpoint), Client(endpoint)  # accepted together
     # Until the quiet one is closed as idle, the other only sends (one-way registrations,
     # as a broker's heartbeats can be): it never gets a reply, yet it is not idle.
@@ -598,7 +598,7 @@ def test_idle_connections_cost_no_pass_a_walk_nor_the_loop_a_poll_entry(rserver)
 
 def test_an_idle_connection_is_closed_at_its_deadline_and_one_that_spoke_is_not(rserver):
     srv, listener, endpoint = rserver()
-    listener.idle_timeout_ms = 1500
+    listener.policy.idle_timeout_ms = 1500
     quiet, talker = Client(endpoint), Client(endpoint)
     try:
         wait_for(lambda: len(listener.connections) == 2)
@@ -630,24 +630,28 @@ def test_a_source_address_holds_at_most_its_share_of_connections(rserver):
             client.close()
 
 
-def test_over_the_buffer_budget_the_largest_holder_is_closed_first(rserver, caplog):
+def test_over_the_buffer_budget_a_stalled_frame_goes_before_one_arriving(rserver, caplog):
+    # Issue 32 item 2: the shed closed "the connections holding the most", which is a broker
+    # whose large registration is arriving. Now the bytes that have waited longest go first.
     srv, listener, endpoint = rserver(remoting_max_buffer_bytes=256 << 10)
-    sizes = {"big": 200 << 10, "mid": 40 << 10, "small": 20 << 10}
-    clients = {name: Client(endpoint) for name in sizes}
+    stalled = {"mid": 40 << 10, "small": 20 << 10}
+    clients = {name: Client(endpoint) for name in (*stalled, "big")}
+    big = cluster_info()
+    big.body = b"x" * (200 << 10)
+    arriving = encode_command(big)
     with caplog.at_level(logging.WARNING, logger="zns"):
-        # Each announces a frame 1 KiB longer than it sends: a frame begun counts at its
-        # announced length, so small and mid hold 62 KiB together, big brings 263 KiB.
-        def begin(name: str) -> None:
-            clients[name].sock.sendall(struct.pack(">i", sizes[name] + 1024) + b"\0" * sizes[name])
-
-        for name in ("small", "mid"):  # within the budget together
-            begin(name)
+        # Each stalled one announces a frame 1 KiB longer than it sends: a frame begun counts
+        # at its announced length, so they hold 62 KiB together, big brings 200 KiB more.
+        for name, size in stalled.items():
+            clients[name].sock.sendall(struct.pack(">i", size + 1024) + b"\0" * size)
         wait_for(lambda: listener.held >= (60 << 10))
-        begin("big")
+        clients["big"].sock.sendall(arriving[:-1024])
         wait_for(lambda: listener.over_budget >= 1)
-    assert clients["big"].closed_by_server(timeout=10)
-    wait_for(lambda: listener.held <= listener.max_buffer_bytes)  # read on the loop's thread
-    assert listener.over_budget == 1  # the largest went; the two others fit
+        clients["big"].sock.sendall(arriving[-1024:])
+        assert clients["big"].recv().code == 0  # the frame arriving completes
+    assert sum(clients[name].closed_by_server(timeout=10) for name in stalled) == 1
+    wait_for(lambda: listener.held <= listener.policy.max_buffer_bytes)
+    assert listener.over_budget == 1  # one stalled frame went; the rest fit
     warnings = [r.getMessage() for r in caplog.records if "max-buffer-bytes" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("remoting connection from 127.0.0.1 "
                                                           "closed: it holds ")

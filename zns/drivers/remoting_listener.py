@@ -21,42 +21,29 @@ work is sliced and accounted the same way:
   found stale, the connection having spoken since, is pushed back once with
   its new deadline), so 4,096 idle connections cost nothing per pass.
 
-Bounds:
+Every decision about its connections (admission, the byte budget and what is
+closed past it, back-pressure, idle and frame deadlines) is
+`zns.core.remoting.connections.ConnectionPolicy`'s, which says what the bounds
+are. What this driver adds:
 
-- at most `max_connections` connections, and at most `max_per_host` from one
-  source address; one more is accepted and closed at once (logged), so the
-  backlog never fills with connections nobody serves;
-- a connection's unsent replies are bounded: past `high_water` bytes its
-  requests are not answered, nor is it read from, until they drain (a
-  pipelining client slows down, as TCP would make it; one that never reads
-  holds at most `high_water` plus one reply), and past `max_unsent` bytes
-  (one huge reply) it is cut off;
 - what one connection buffers of an incoming frame is bounded by the frame
-  limit (the decoder refuses a larger length at once), and a frame begun must
-  be complete within `frame_deadline_ms` (30 s) while it is being read, so a
-  byte now and then keeps neither the connection nor its buffer;
-- all connections together hold at most `max_buffer_bytes` (256 MiB,
-  --remoting-max-buffer-bytes) of frames being read, requests waiting and
-  unsent replies: past it, the connections holding the most are closed
-  (logged) until the rest fit. A frame being read counts at its announced
-  length from its first bytes on: its buffer is allocated whole then (an
-  anonymous mmap when large, whose memory goes back to the OS when it
-  goes), and every read lands in one scratch buffer first, so what is
-  counted is what is allocated;
+  limit (the decoder refuses a larger length at once). A frame being read
+  counts at its announced length from its first bytes on: its buffer is
+  allocated whole then (an anonymous mmap when large, whose memory goes back
+  to the OS when it goes), and every read lands in one scratch buffer first,
+  so what is counted is what is allocated;
 - at most `read_chunk` bytes are read from one connection per turn, and at
   most DECODE_CHUNK (32 KiB) unless the rest of a large frame is due: what
   one read decodes (~250 small requests at most) is one unit of the loop's
   work;
-- a connection with no traffic for `idle_timeout_ms` (120 s, as the Java
-  NameServer) is closed;
 - a connection whose first byte is a ZeroMQ greeting's is a ZNS/1 client at the
   wrong port: it is answered by `zns.core.remoting.zmtp` (each request gets an
-  `error` naming the request endpoint) and logged once.
+  `error` naming the request endpoint) and logged once; what the redirect
+  buffers and its replies count like a frame and replies.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import mmap
@@ -73,6 +60,7 @@ from zns.core.remoting import FrameDecoder, RemotingCommand, encode_command
 from zns.core.config import DEFAULT_REMOTING_MAX_BUFFER_BYTES
 from zns.core.config import DEFAULT_REMOTING_MAX_CONNECTIONS as DEFAULT_MAX_CONNECTIONS
 from zns.core.config import DEFAULT_REMOTING_MAX_PER_HOST as DEFAULT_MAX_PER_HOST
+from zns.core.remoting.connections import Account, Close, ConnectionPolicy
 from zns.core.remoting.handler import Connection, RemotingService
 from zns.core.remoting.zmtp import ZmtpRedirect, looks_like_zmtp
 from zns.core.addresses import parse_host_port, resolve_pub_endpoint
@@ -105,7 +93,7 @@ class _Conn:
     fd: int
     conn: Connection
     decoder: FrameDecoder
-    last_active: int
+    account: Account
     unsent: bytearray = field(default_factory=bytearray)
     pending: deque[RemotingCommand] = field(default_factory=deque)  # decoded, not answered
     interest: int = _IN
@@ -114,8 +102,16 @@ class _Conn:
     fresh: bool = True  # nothing read yet: the first byte tells RocketMQ from ZeroMQ
     zmtp: ZmtpRedirect | None = None
     pending_bytes: int = 0  # what `pending` holds
-    frame_started: int | None = None  # when the frame being read began to arrive
-    held: int = 0  # what it counts against max_buffer_bytes
+
+    def holds(self) -> int:
+        """What it counts against max_buffer_bytes: a frame begun whole (its buffer is
+        allocated at its announced length), what the ZMTP redirect buffers, requests
+        waiting and unsent replies."""
+        incoming = self.zmtp.buffered if self.zmtp is not None else self.decoder.allocated
+        return incoming + len(self.unsent) + self.pending_bytes
+
+    def in_frame(self) -> bool:
+        return self.zmtp.receiving if self.zmtp is not None else bool(self.decoder.buffered)
 
 
 def frame_buffer(length: int) -> bytearray | mmap.mmap:
@@ -166,27 +162,20 @@ class RemotingListener:
         """Binds at once; OSError (or ValueError for a malformed endpoint) when it cannot."""
         self.service = service
         self.outbox = outbox or Outbox(lambda frames: None)
-        self._clock = clock
+        self.clock = clock  # what ends a time slice (None: never before the work is done)
         self.max_frame_bytes = max_frame_bytes
-        self.max_connections = max_connections
         if descriptors is not None:
             clamped = clamp_max_connections(max_connections, descriptors.limit)
             if clamped < max_connections:
                 log.warning("--remoting-max-connections %d lowered to %d: the open-file limit "
                             "is %d and ZNS/1 clients need their share (raise it with "
                             "`ulimit -n`)", max_connections, clamped, descriptors.limit)
-            self.max_connections = clamped
-        self.max_per_host = max_per_host
-        self.idle_timeout_ms = idle_timeout_ms
-        self.high_water = high_water
-        self.max_unsent = max_unsent
+            max_connections = clamped
+        self.policy = ConnectionPolicy(
+            max_connections=max_connections, max_per_host=max_per_host,
+            idle_timeout_ms=idle_timeout_ms, high_water=high_water, max_unsent=max_unsent,
+            max_buffer_bytes=max_buffer_bytes, frame_deadline_ms=frame_deadline_ms)
         self.read_chunk = read_chunk
-        self.max_buffer_bytes = max_buffer_bytes
-        self.frame_deadline_ms = frame_deadline_ms
-        self.held = 0  # bytes all connections hold (frames being read, pending, unsent)
-        self.over_budget = 0  # connections closed to bring `held` under max_buffer_bytes
-        self.too_slow = 0  # connections closed for a frame not complete within the deadline
-        self._frames: list[tuple[int, int, int]] = []  # (frame deadline, conn id, fd)
         self.listening = listen_tcp(*parse_host_port(endpoint))
         self.descriptors = descriptors
         if descriptors is not None:
@@ -195,17 +184,48 @@ class RemotingListener:
         self.endpoint = f"{'[' + host + ']' if ':' in host else host}:{port}"
         self._epoll = select.epoll()
         self._epoll.register(self.listening.fileno(), _IN)
-        self.connections: dict[int, _Conn] = {}
-        self.per_host: Counter[str] = Counter()
-        self.refused = 0  # connections closed at once: over max_connections or max_per_host
-        self.cut_off = 0  # connections closed for unsent replies over max_unsent
+        self.connections: dict[int, _Conn] = {}  # by descriptor
+        self._by_id: dict[int, _Conn] = {}
         self._ids = itertools.count(1)
-        self._idle: list[tuple[int, int, int]] = []  # (deadline, conn id, fd): the earliest first
         self._backlog: deque[_Conn] = deque()  # connections with decoded requests to answer
         self._closed: list[int] = []  # connection ids closed this turn, removed together
-        self._now = now
+        self.now = now  # the `now` of the turn being run
         self._scratch = bytearray(read_chunk)  # every read lands here first
         self._scratch_view = memoryview(self._scratch)
+
+    # --- what the policy counts and bounds, for tests, metrics and operators --
+
+    @property
+    def held(self) -> int:
+        return self.policy.held
+
+    @property
+    def per_host(self) -> Counter[str]:
+        return self.policy.per_host
+
+    @property
+    def refused(self) -> int:
+        return self.policy.refused
+
+    @property
+    def over_budget(self) -> int:
+        return self.policy.over_budget
+
+    @property
+    def too_slow(self) -> int:
+        return self.policy.too_slow
+
+    @property
+    def cut_off(self) -> int:
+        return self.policy.cut_off
+
+    @property
+    def max_connections(self) -> int:
+        return self.policy.max_connections
+
+    def fileno(self) -> int:
+        """The listener's own epoll: readable when a connection or the listening socket is."""
+        return self._epoll.fileno()
 
     # --- the loop's side (a `zns.drivers.loop.Source`) --------------------
 
@@ -215,12 +235,13 @@ class RemotingListener:
     def next_deadline(self, now: int) -> int | None:
         if self._backlog:
             return now
-        deadlines = [heap[0][0] for heap in (self._idle, self._frames) if heap]
-        return max(now, min(deadlines)) if deadlines else None
+        deadline = self.policy.next_deadline()
+        return None if deadline is None else max(now, deadline)
 
     def run(self, ready: Ready, now: int, until: int) -> None:
-        """Answer the backlog, then what the epoll says is ready, then idle closes, until `until`."""
-        self._now = now
+        """Answer the backlog, then what the epoll says is ready, then the policy's timers,
+        until `until`."""
+        self.now = now
         self._answer_backlog(until)
         if not self._over(until):
             for fd, flags in self._epoll.poll(0, EVENTS_PER_TURN):
@@ -238,10 +259,7 @@ class RemotingListener:
                     self._write(entry, now)
                 if self._over(until):
                     break  # the rest stays ready: level-triggered, taken next turn
-        self._close_idle(now)
-        self._close_late(now)
-        if self.held > self.max_buffer_bytes:
-            self._shed(now)
+        self._apply(self.policy.on_timer(now), now)
         if self._closed:
             # What the connections that closed this turn registered goes in one step: one
             # revision, each shared route rebuilt once, not once per connection.
@@ -252,13 +270,14 @@ class RemotingListener:
         for entry in list(self.connections.values()):
             entry.sock.close()
         self.connections.clear()
+        self._by_id.clear()
         self._epoll.close()
         self.listening.close()
 
     # --- internals ------------------------------------------------------
 
     def _over(self, until: int) -> bool:
-        return self._clock is not None and self._clock() >= until
+        return self.clock is not None and self.clock() >= until
 
     def _accept(self, now: int) -> None:
         for _ in range(ACCEPTS_PER_TURN):
@@ -273,29 +292,20 @@ class RemotingListener:
                     return
                 raise
             host = address[0] if isinstance(address, tuple) else str(address)
-            if len(self.connections) >= self.max_connections:
-                self._refuse(sock, host, f"{len(self.connections)} connections already open "
-                             "(--remoting-max-connections)")
-                continue
-            if self.per_host[host] >= self.max_per_host:
-                self._refuse(sock, host, f"{self.per_host[host]} connections already open from "
-                             "it (--remoting-max-connections-per-host)")
+            conn_id = next(self._ids)
+            account = self.policy.admit(conn_id, host, now)
+            if isinstance(account, str):
+                log.warning("remoting connection from %s refused: %s", host, account)
+                sock.close()
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             fd = sock.fileno()
-            entry = _Conn(sock=sock, fd=fd, conn=Connection(next(self._ids), host),
+            entry = _Conn(sock=sock, fd=fd, conn=Connection(conn_id, host),
                           decoder=FrameDecoder(self.max_frame_bytes, allocate=frame_buffer),
-                          last_active=now)
-            self.connections[fd] = entry
-            self.per_host[host] += 1
+                          account=account)
+            self.connections[fd] = self._by_id[conn_id] = entry
             self._epoll.register(fd, _IN)
-            heapq.heappush(self._idle, (now + self.idle_timeout_ms, entry.conn.conn_id, fd))
-
-    def _refuse(self, sock: socket.socket, host: str, why: str) -> None:
-        self.refused += 1
-        log.warning("remoting connection from %s refused: %s", host, why)
-        sock.close()
 
     def _read(self, entry: _Conn, now: int) -> None:
         try:
@@ -317,7 +327,6 @@ class RemotingListener:
             self._close(entry, now)
             return
         data = self._scratch_view[:size]
-        entry.last_active = now
         if entry.fresh:
             entry.fresh = False
             if looks_like_zmtp(bytes(data[:16])):
@@ -332,25 +341,24 @@ class RemotingListener:
             except RemotingFrameError as exc:
                 log.warning("remoting connection from %s closed: %s", entry.conn.host, exc)
                 self._flush_and_close(entry, now)
-            return
-        try:
-            commands = entry.decoder.feed(data)
-        except RemotingFrameError as exc:
-            # The commands before the bad frame are answered, then the connection goes.
-            commands = exc.commands
-            entry.closing = True
-            log.warning("remoting connection from %s closed: %s", entry.conn.host, exc)
-        entry.pending.extend(commands)
-        entry.pending_bytes += sum(len(c.body) + COMMAND_BYTES for c in commands)
-        if not entry.decoder.buffered:
-            entry.frame_started = None
-        elif entry.frame_started is None:
-            entry.frame_started = now
-            heapq.heappush(self._frames, (now + self.frame_deadline_ms, entry.conn.conn_id,
-                                          entry.fd))
-        self._account(entry)
-        if self.held > self.max_buffer_bytes:
-            self._shed(now)  # at once: a turn reads many connections
+                return
+            cut = self.policy.reply_queued(entry.account, len(entry.unsent))
+            if cut is not None:
+                self._apply([cut], now)
+                return
+        else:
+            try:
+                commands = entry.decoder.feed(data)
+            except RemotingFrameError as exc:
+                # The commands before the bad frame are answered, then the connection goes.
+                commands = exc.commands
+                entry.closing = True
+                log.warning("remoting connection from %s closed: %s", entry.conn.host, exc)
+            entry.pending.extend(commands)
+            entry.pending_bytes += sum(len(c.body) + COMMAND_BYTES for c in commands)
+        # Over the budget: closed at once, as a turn reads many connections.
+        self._apply(self.policy.read(entry.account, now, held=entry.holds(),
+                                     frame_in_progress=entry.in_frame()), now)
 
     def _where_zns1_is(self, entry: _Conn) -> str:
         """What a ZeroMQ client at this port is told: the request endpoint, its wildcard
@@ -375,25 +383,23 @@ class RemotingListener:
                 continue  # closed meanwhile
             self._answer(entry, until)
             if self.connections.get(entry.fd) is entry and entry.unsent:
-                self._write(entry, self._now)
+                self._write(entry, self.now)
 
     def _answer(self, entry: _Conn, until: int) -> None:
         """Answer `entry`'s decoded requests in order until the slice ends (then: backlog) or
-        its unsent replies reach `high_water` (then: when they drain below it)."""
-        handle, now = self.service.handle, self._now
-        pending, high_water = entry.pending, self.high_water
-        while pending and len(entry.unsent) < high_water:
+        the policy says its unsent replies are enough (then: when they drain)."""
+        handle, now, policy = self.service.handle, self.now, self.policy
+        pending = entry.pending
+        while pending and policy.may_answer(len(entry.unsent)):
             command = pending.popleft()
             entry.pending_bytes -= len(command.body) + COMMAND_BYTES
             reply, events = handle(command, entry.conn, now)
             self.outbox.put(events)
             if reply is not None:
                 entry.unsent += encode_command(reply)
-                if len(entry.unsent) > self.max_unsent:
-                    self.cut_off += 1
-                    log.warning("remoting connection from %s cut off: %d bytes of replies "
-                                "unread", entry.conn.host, len(entry.unsent))
-                    self._close(entry, now)
+                cut = policy.reply_queued(entry.account, len(entry.unsent))
+                if cut is not None:
+                    self._apply([cut], now)
                     return
             if pending and self._over(until):
                 self._queue(entry)
@@ -401,8 +407,9 @@ class RemotingListener:
         if entry.closing and not pending:
             self._flush_and_close(entry, now)
             return
-        self._account(entry)
-        self._update_interest(entry)
+        self._apply(policy.account(entry.account, entry.holds()), now)
+        if entry.account.open:
+            self._update_interest(entry)
 
     def _write(self, entry: _Conn, now: int) -> None:
         try:
@@ -416,10 +423,9 @@ class RemotingListener:
             return
         if sent:
             del entry.unsent[:sent]
-            entry.last_active = now
-            if entry.pending and len(entry.unsent) < self.high_water:
+            if entry.pending and self.policy.may_answer(len(entry.unsent)):
                 self._queue(entry)  # drained enough: answer the rest
-            self._account(entry)
+            self.policy.sent(entry.account, now, entry.holds())
         self._update_interest(entry)
 
     def _queue(self, entry: _Conn) -> None:
@@ -436,78 +442,32 @@ class RemotingListener:
         self._close(entry, now)
 
     def _update_interest(self, entry: _Conn) -> None:
-        # Not read while it has requests to answer or too much unsent: a pipelining
-        # client waits in TCP's buffers, not in ours.
-        reading = not entry.pending and len(entry.unsent) < self.high_water
-        if reading and not entry.interest & _IN and entry.frame_started is not None:
-            # Its frame was not being read: the deadline counts from now again.
-            entry.frame_started = self._now
-            heapq.heappush(self._frames, (self._now + self.frame_deadline_ms,
-                                          entry.conn.conn_id, entry.fd))
+        reading = self.policy.wants_read(entry.account, self.now, pending=bool(entry.pending),
+                                         unsent=len(entry.unsent))
         interest = (_IN if reading else 0) | (_OUT if entry.unsent else 0)
         if interest != entry.interest:
             entry.interest = interest
             self._epoll.modify(entry.fd, interest)
 
-    def _close_idle(self, now: int) -> None:
-        idle, timeout = self._idle, self.idle_timeout_ms
-        while idle and idle[0][0] <= now:
-            _, conn_id, fd = heapq.heappop(idle)
-            entry = self.connections.get(fd)
-            if entry is None or entry.conn.conn_id != conn_id:
-                continue  # closed already (the descriptor may be another connection's now)
-            if entry.last_active + timeout > now:
-                heapq.heappush(idle, (entry.last_active + timeout, conn_id, fd))
+    def _apply(self, closes: list[Close], now: int) -> None:
+        """Close what the policy says, each logged once with its reason."""
+        for close in closes:
+            entry = self._by_id.get(close.account.conn_id)
+            if entry is None:
                 continue
-            log.info("remoting connection from %s closed: idle for %d s", entry.conn.host,
-                     timeout // 1000)
-            self._close(entry, now)
-
-    def _account(self, entry: _Conn) -> None:
-        # A frame begun counts whole (its buffer is allocated at its announced length), not
-        # what has arrived of it.
-        held = entry.decoder.allocated + len(entry.unsent) + entry.pending_bytes
-        self.held += held - entry.held
-        entry.held = held
-
-    def _shed(self, now: int) -> None:
-        """Over `max_buffer_bytes`: close the connections holding the most until the rest fit
-        (a sort, but only when over: an attack, not a pass)."""
-        for entry in sorted(self.connections.values(), key=lambda e: e.held, reverse=True):
-            if self.held <= self.max_buffer_bytes:
-                return
-            self.over_budget += 1
-            log.warning("remoting connection from %s closed: it holds %d bytes and all "
-                        "connections %d, more than %d (--remoting-max-buffer-bytes)",
-                        entry.conn.host, entry.held, self.held, self.max_buffer_bytes)
-            self._close(entry, now)
-
-    def _close_late(self, now: int) -> None:
-        frames = self._frames
-        while frames and frames[0][0] <= now:
-            _, conn_id, fd = heapq.heappop(frames)
-            entry = self.connections.get(fd)
-            if entry is None or entry.conn.conn_id != conn_id or entry.frame_started is None:
-                continue  # closed, or that frame is complete
-            if entry.frame_started + self.frame_deadline_ms > now:
-                continue  # a later frame, or its clock restarted: its own entry is in the heap
-            if not entry.interest & _IN:
-                continue  # not being read: its clock restarts when it is
-            self.too_slow += 1
-            log.warning("remoting connection from %s closed: a frame begun %d s ago is not "
-                        "complete (%d bytes of it read)", entry.conn.host,
-                        (now - entry.frame_started) // 1000, entry.decoder.buffered)
+            why = close.why
+            if close.kind == "late":
+                why += f" ({entry.zmtp.buffered if entry.zmtp else entry.decoder.buffered} " \
+                       "bytes of it read)"
+            log.log(logging.INFO if close.kind == "idle" else logging.WARNING,
+                    "remoting connection from %s %s", entry.conn.host, why)
             self._close(entry, now)
 
     def _close(self, entry: _Conn, now: int) -> None:
-        if self.connections.pop(entry.fd, None) is None:
+        if not self.policy.closed(entry.account):
             return
-        self.held -= entry.held
-        entry.held = 0
-        host = entry.conn.host
-        self.per_host[host] -= 1
-        if not self.per_host[host]:
-            del self.per_host[host]
+        del self.connections[entry.fd]
+        del self._by_id[entry.conn.conn_id]
         try:
             self._epoll.unregister(entry.fd)
         except OSError:

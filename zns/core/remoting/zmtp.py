@@ -8,6 +8,13 @@ there. Instead of a frame error and the client's timeout, the listener speaks
 just enough ZMTP 3.0 (RFC 23: greeting, NULL mechanism, READY as a ROUTER) to
 answer every request with a ZNS/1 `bad_request` error that names the request
 endpoint to use. Sans-I/O: bytes in, bytes out.
+
+What it holds is bounded and known (`buffered`, which the listener counts in
+its byte budget with the replies it has not sent): one frame of at most
+MAX_FRAME_BYTES being received, and the parts of one message, at most
+MAX_MESSAGE_FRAMES frames of MAX_MESSAGE_BYTES together (a ZNS/1 request is one
+or two frames); a peer that sends more is refused (`RemotingFrameError`), and
+the listener closes it.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ GREETING_BYTES = 64
 GREETING = (b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00")
             + b"\x00" + b"\x00" * 31)
 MAX_FRAME_BYTES = 64 << 10  # far above any ZNS/1 request a lost client sends first
+MAX_MESSAGE_BYTES = 64 << 10  # the frames of one message together
+MAX_MESSAGE_FRAMES = 32  # as a ZNS/1 envelope (zns.drivers.server.MAX_ENVELOPE_FRAMES)
 _COMMAND, _LONG, _MORE = 0x04, 0x02, 0x01
 
 
@@ -57,7 +66,20 @@ class ZmtpRedirect:
         self.message = message
         self._buffer = bytearray()
         self._greeted = False
-        self._parts: list[bytes] = []  # frames of the message being received
+        # The frames of the message being received before its last: only counted, never
+        # kept (the last frame is the request; what comes before is its envelope).
+        self._parts = 0
+        self._parts_bytes = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held: received and not yet part of an answered message."""
+        return len(self._buffer)
+
+    @property
+    def receiving(self) -> bool:
+        """Is a frame or a message begun and not complete (what the frame deadline times)?"""
+        return bool(self._buffer) or self._parts > 0
 
     def start(self) -> bytes:
         return GREETING
@@ -79,10 +101,15 @@ class ZmtpRedirect:
             flags, body = frame
             if flags & _COMMAND:
                 continue  # READY (and PING, ...): nothing to answer but the request
-            self._parts.append(body)
+            self._parts += 1
+            self._parts_bytes += len(body)
+            if self._parts > MAX_MESSAGE_FRAMES or self._parts_bytes > MAX_MESSAGE_BYTES:
+                raise RemotingFrameError(
+                    f"ZMTP message of more than {MAX_MESSAGE_FRAMES} frames or "
+                    f"{MAX_MESSAGE_BYTES} bytes on the remoting port")
             if not flags & _MORE:
-                request, self._parts = self._parts[-1], []
-                out += _message(self._reply(request))
+                self._parts = self._parts_bytes = 0
+                out += _message(self._reply(body))
         return bytes(out)
 
     def _next_frame(self) -> tuple[int, bytes] | None:
