@@ -128,3 +128,31 @@ def test_a_greeting_is_refused_with_what_is_wrong_in_it():
     with pytest.raises(RemotingFrameError, match="^ZMTP version 2 is too old$"):
         ZmtpRedirect("x").feed(GREETING[:10] + b"\x02\x01" + GREETING[12:])
     assert ZmtpRedirect("x").feed(GREETING[:-1]) == b""  # not all of it yet
+
+
+def test_a_message_of_32_frames_and_64_kib_is_answered_and_one_more_is_refused():
+    from zns.core.remoting.zmtp import MAX_MESSAGE_BYTES, MAX_MESSAGE_FRAMES
+
+    part = bytes(MAX_MESSAGE_BYTES // MAX_MESSAGE_FRAMES)
+    more = bytes([0x03]) + len(part).to_bytes(8, "big") + part  # LONG | MORE
+    last = bytes([0x02]) + len(part).to_bytes(8, "big") + part
+    redirect = _greeted()
+    out = redirect.feed(more * (MAX_MESSAGE_FRAMES - 1) + last)
+    assert len(_frames(out)) == 1 and redirect.buffered == 0 and not redirect.receiving
+    with pytest.raises(RemotingFrameError, match=rf"^ZMTP message of more than "
+                                                 rf"{MAX_MESSAGE_FRAMES} frames or "
+                                                 rf"{MAX_MESSAGE_BYTES} bytes"):
+        _greeted().feed(bytes([0x01, 0]) * MAX_MESSAGE_FRAMES + bytes([0, 0]))  # 33 frames
+    with pytest.raises(RemotingFrameError, match="^ZMTP message of more than"):
+        _greeted().feed(more * MAX_MESSAGE_FRAMES + bytes([0, 1]) + b"x")  # 64 KiB + 1
+
+
+def test_what_the_redirect_holds_is_its_unparsed_input_only():
+    # The parts of a message before its last were kept whole (issue 32 item 1: +2.1 GiB from
+    # one connection sending 60 KB MORE frames); now they are counted, never kept.
+    redirect = _greeted()
+    part = bytes(1000)
+    redirect.feed(bytes([0x03]) + len(part).to_bytes(8, "big") + part)
+    assert redirect.buffered == 0 and redirect.receiving
+    redirect.feed(bytes([0x02]) + len(part).to_bytes(8, "big") + part[:10])
+    assert redirect.buffered == 9 + 10 and redirect.receiving
