@@ -114,3 +114,25 @@ def test_a_broker_registers_3500_topics_next_to_stalled_frames_over_the_budget(
         for sock in attackers:
             sock.close()
     wait_for(lambda: not listener.connections, timeout=60)
+
+
+def test_four_hosts_at_the_per_host_cap_leave_room_for_a_fifth(rserver):
+    # Issue 32 item 9: four source addresses at the per-host cap filled every slot and a
+    # fifth host was refused. The last 1/8 of the slots are for addresses holding fewer than 4.
+    srv, listener, endpoint = rserver(remoting_max_connections=32,
+                                      remoting_max_connections_per_host=8)
+    made: list[socket.socket] = []
+    try:
+        for host in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"):
+            made += [_connect_from(host, endpoint) for _ in range(8)]
+        wait_for(lambda: len(listener.connections) + listener.refused == 32)
+        assert dict(listener.per_host) == {"127.0.0.2": 8, "127.0.0.3": 8, "127.0.0.4": 8,
+                                           "127.0.0.5": 4}
+        fifth = [Client(endpoint) for _ in range(4)]  # from 127.0.0.1
+        for client in fifth:
+            assert client.call(cluster_info()).code == 0
+            client.close()
+    finally:
+        for sock in made:
+            sock.close()
+    wait_for(lambda: not listener.connections)

@@ -8,10 +8,12 @@ request before anything is applied.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from zns.core.errors import NoPermission
 from zns.core.schema import (
-    ADMIN_OPS, BROKER_OPS, AnyRequest, Heartbeat, RegisterBroker, UnregisterBroker, request_op,
+    ADMIN_OPS, BROKER_OPS, AddWritePerm, AnyRequest, Heartbeat, RegisterBroker, RegisterTopic,
+    UnregisterBroker, WipeWritePerm, request_op,
 )
 
 BROKER_NAMES = "broker_names"  # certificate metadata binding a broker key to names
@@ -51,3 +53,28 @@ class KeyPolicy:
                 raise NoPermission(f"{op} is an admin op and this key is not an admin key")
         elif not self.accepts(key):  # a key removed by a reload, on a connection made before
             raise NoPermission(f"{op}: this key is no longer listed")
+
+    @cached_property
+    def bound_names(self) -> frozenset[str]:
+        """Every broker name some broker key is bound to."""
+        return frozenset(name for names in self.brokers.values() if names for name in names)
+
+    def check_keyless(self, request: AnyRequest) -> None:
+        """Raise NoPermission when `request`, which came with no key at all (a RocketMQ
+        remoting connection), changes a broker name bound to a key: such a name changes
+        only through its key, whatever network the request came from."""
+        bound = sorted(broker_names_written(request) & self.bound_names)
+        if bound:
+            raise NoPermission(
+                f"{request_op(request)} for {bound[0]!r} without a CURVE key: that broker "
+                f"name is bound to a broker key and changes only through it")
+
+
+def broker_names_written(request: AnyRequest) -> frozenset[str]:
+    """The broker names whose registration, routes or permissions `request` changes."""
+    if isinstance(request, (RegisterBroker, Heartbeat, UnregisterBroker, WipeWritePerm,
+                            AddWritePerm)):
+        return frozenset((request.broker_name,))
+    if isinstance(request, RegisterTopic):
+        return frozenset(queue.broker_name for queue in request.queues)
+    return frozenset()

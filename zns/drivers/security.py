@@ -166,6 +166,14 @@ class Security:
             log.warning("no_permission for key %s: %s", peer_key, exc)
             raise
 
+    def check_keyless(self, request: AnyRequest) -> None:
+        """The RocketMQ remoting listener's hook: its requests carry no key."""
+        try:
+            self.policy.check_keyless(request)
+        except NoPermission as exc:
+            log.warning("no_permission for a request without a key: %s", exc)
+            raise
+
     def _log_policy(self, verb: str) -> None:
         p = self.policy
         log.info(

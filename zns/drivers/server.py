@@ -240,6 +240,7 @@ class Server:
             service = RemotingService(
                 self.service, **access, properties=config.properties(),
                 order_message_enable=config.order_message_enable,
+                keyless=self.security.check_keyless if self.security is not None else None,
             )
             listener = RemotingListener(
                 endpoint, service, now=self._now(), descriptors=self.descriptors,

@@ -117,6 +117,7 @@ class RemotingService:
         kv_reads_admin: bool = False,
         properties: Mapping[str, str] | None = None,
         order_message_enable: bool = False,
+        keyless: Callable[[AnyRequest], None] | None = None,
     ) -> None:
         """`brokers` None: broker codes from any address; `readers` None: every other code from
         any address; `kv_reads_admin`: KV reads are admin codes (as ZNS/1's under CURVE);
@@ -126,8 +127,12 @@ class RemotingService:
         route carry ``orderTopicConf`` (the topic's ORDER_TOPIC_CONFIG KV entry): Java and Go
         producers build an ordered topic's queues from it alone, ignoring perm, so a server that
         sends it unasked keeps them writing to a broker whose writes were wiped.
+
+        `keyless`: under CURVE, raises NoPermission for a request that may not come with no
+        key (`zns.core.keys.KeyPolicy.check_keyless`); every request built here has none.
         """
         self.service = service
+        self.keyless = keyless
         self.order_message_enable = order_message_enable
         service.encoded.json_order_conf = order_message_enable  # one cache, one rule
         self.brokers = None if brokers is None else tuple(brokers)
@@ -390,6 +395,8 @@ class RemotingService:
         """Build the ZNS/1 request (the schema's bounds apply) and execute it; `conn`, for
         broker requests, ties them to the connection (NameService.execute)."""
         request = _convert(fields, kind, tag_of(kind))
+        if self.keyless is not None:
+            self.keyless(request)
         reply, events = self.service.execute(request, now,
                                              None if conn is None else conn.conn_id)
         frames.extend(events)
