@@ -131,3 +131,31 @@ def test_the_cycle_check_can_fail(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
     with pytest.raises(pytest.fail.Exception, match="import cycle"):
         test_no_import_cycles()
+
+
+# Decisions a driver must leave to a core object (issue 31 item 1): the driver -> the module
+# it may not import, because deadlines and orderings are the core object's to keep.
+DECISIONS_IN_THE_CORE = {"zns.drivers.remoting_listener": ("heapq",)}
+
+
+@pytest.mark.timeout(60)
+def test_drivers_leave_their_decisions_to_the_core():
+    modules = all_modules()
+    for name, banned in DECISIONS_IN_THE_CORE.items():
+        tree = ast.parse(modules[name].read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and node.module}
+        assert not imported & set(banned), f"{name} imports {sorted(imported & set(banned))}"
+    assert "zns.core.remoting.connections" in imports_of(
+        modules["zns.drivers.remoting_listener"], modules)
+
+
+@pytest.mark.timeout(60)
+def test_no_test_reaches_into_the_remoting_listener():
+    # Its decisions are tested on zns.core.remoting.connections; the listener by its surface.
+    tests, private = Path(__file__).resolve().parent, "listener." + "_"
+    for path in sorted(tests.glob("test_*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            assert private not in line, f"{path.name}:{number}: {line.strip()}"
