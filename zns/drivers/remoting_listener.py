@@ -16,10 +16,7 @@ work is sliced and accounted the same way:
 - its connections live in an epoll of its own, registered in the loop's
   poller as one descriptor: adding or removing one costs O(log n) (pyzmq's
   `Poller.unregister` is O(n), which made n closes cost n²), and a pass costs
-  what is ready, not what is open;
-- idle deadlines sit in a heap: a pass looks at the earliest only (an entry
-  found stale, the connection having spoken since, is pushed back once with
-  its new deadline), so 4,096 idle connections cost nothing per pass.
+  what is ready, not what is open.
 
 Every decision about its connections (admission, the byte budget and what is
 closed past it, back-pressure, idle and frame deadlines) is
@@ -389,15 +386,16 @@ class RemotingListener:
         """Answer `entry`'s decoded requests in order until the slice ends (then: backlog) or
         the policy says its unsent replies are enough (then: when they drain)."""
         handle, now, policy = self.service.handle, self.now, self.policy
-        pending = entry.pending
-        while pending and policy.may_answer(len(entry.unsent)):
+        may_answer, reply_queued = policy.may_answer, policy.reply_queued
+        pending, unsent = entry.pending, entry.unsent
+        while pending and may_answer(len(unsent)):
             command = pending.popleft()
             entry.pending_bytes -= len(command.body) + COMMAND_BYTES
             reply, events = handle(command, entry.conn, now)
             self.outbox.put(events)
             if reply is not None:
-                entry.unsent += encode_command(reply)
-                cut = policy.reply_queued(entry.account, len(entry.unsent))
+                unsent += encode_command(reply)
+                cut = reply_queued(entry.account, len(unsent))
                 if cut is not None:
                     self._apply([cut], now)
                     return
