@@ -695,3 +695,23 @@ def test_an_accepted_connection_waits_to_be_read_and_is_idle_from_now(hand):
 def test_an_ipv6_listener_names_its_endpoint_in_brackets(hand):
     assert hand(endpoint="[::1]:0").listener.endpoint.startswith("[::1]:")
     assert not hand().listener.endpoint.startswith("[")
+
+
+def test_a_zeromq_clients_partial_frame_counts_in_the_budget_and_has_a_deadline(hand, caplog):
+    # Issue 32 item 1: what the ZMTP redirect holds was outside the byte total, with no deadline.
+    from zns.core.remoting.zmtp import GREETING
+
+    h = hand(frame_deadline_ms=1_000)
+    client = h.connect()
+    client.sendall(GREETING + bytes([0x02]) + (60_000).to_bytes(8, "big") + b"\0" * 1_000)
+    h.until(lambda: h.listener.held == 9 + 1_000)  # the greeting and READY sent: the frame held
+    h.now += 999
+    h.turn()
+    assert h.listener.too_slow == 0 and h.listener.connections
+    h.now += 1
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        h.turn()
+    assert h.listener.too_slow == 1 and not h.listener.connections and h.listener.held == 0
+    assert caplog.records[-1].getMessage() == (
+        "remoting connection from 127.0.0.1 closed: a frame begun 1 s ago is not complete "
+        "(1009 bytes of it read)")
