@@ -80,7 +80,7 @@ Modules, by role (a flat package on purpose: docs/development.md says why):
 | server | `kv` | what the core needs of the KV store (the file lives in `zns.drivers.kv_file`) |
 | server | `keys` | the CURVE key policy (§9): who may do what |
 | server | `peer_link` | one peer NameServer (§10): when to ask, what its events hint |
-| remoting | `remoting` | RocketMQ's remoting protocol: codec and translation to ZNS/1 ops |
+| remoting | `remoting` | RocketMQ's remoting protocol: codec and translation to ZNS/1 ops; the listener's connection policy |
 | broker | `broker_session` | a broker's side of §4: when to register, heartbeat, reconnect, unregister |
 | client | `client_session` | the client following one NameServer (§10): connect, subscribe, time out, move on |
 | client | `route_cache` | the client's cache (§7): which events apply, when to pull again |
