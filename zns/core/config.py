@@ -205,15 +205,17 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         "default: any, or loopback only under CURVE with --clients listed).", metavar="CIDR",
         check="networks")] = field(default_factory=list)
     remoting_max_connections: Annotated[Count, _doc(
-        "Remoting connections open at once; more are refused. Lowered at start to what the "
-        "open-file limit leaves for ZNS/1 clients (logged).")] = (
+        "Remoting connections open at once; more are refused, and the last eighth only go to "
+        "addresses holding fewer than 4. Lowered at start to what the open-file limit leaves "
+        "for ZNS/1 clients (logged).")] = (
         DEFAULT_REMOTING_MAX_CONNECTIONS)
     remoting_max_connections_per_host: Annotated[Count, _doc(
         "Remoting connections open at once from one source address; more are refused.")] = (
         DEFAULT_REMOTING_MAX_PER_HOST)
     remoting_max_buffer_bytes: Annotated[int, Meta(ge=1 << 20), _doc(
         "Bytes all remoting connections may hold together (frames being read, requests "
-        "waiting, unsent replies); past it the connections holding the most are closed.")] = (
+        "waiting, unsent replies); past it connections of the address holding the most are "
+        "closed, those whose bytes have waited longest first.")] = (
         DEFAULT_REMOTING_MAX_BUFFER_BYTES)
     order_message_enable: Annotated[bool, _doc(
         "Remoting routes carry an ordered topic's orderTopicConf (its ORDER_TOPIC_CONFIG KV "
