@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zns.core.addresses import parse_addresses, parse_host_port, resolve_pub_endpoint
+from zns.core.addresses import parse_addresses, parse_host_port, resolve_pub_endpoint, url_host
 from zns.core.errors import UsageError
 from zns.core.text import QUOTE_LIMIT, quote
 
@@ -42,6 +42,11 @@ def test_a_bad_address_list_is_the_callers_error():
 def test_the_events_endpoint_takes_the_request_host_for_a_wildcard(pub, request_endpoint,
                                                                    expected):
     assert resolve_pub_endpoint(pub, request_endpoint) == expected
+
+
+def test_url_host_brackets_an_ipv6_address_and_nothing_else():
+    assert [url_host(h) for h in ("::1", "fe80::1%eth0", "127.0.0.1", "ns1", "*")] == [
+        "[::1]", "[fe80::1%eth0]", "127.0.0.1", "ns1", "*"]
 
 
 def test_quote_shows_a_literal_cut_to_its_limit():

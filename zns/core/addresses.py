@@ -24,6 +24,12 @@ _HOST = re.compile(r"^(?:[A-Za-z0-9_.*%-]+|\[[0-9A-Fa-f:.%A-Za-z_-]+\])$")
 _MAX_PORT = 65535
 
 
+def url_host(host: str) -> str:
+    """`host` as it is written before `:port` in an endpoint or URL: an IPv6 address
+    (it has colons of its own) in brackets, anything else as it is."""
+    return f"[{host}]" if ":" in host else host
+
+
 def _check_port(port: str, *, bind: bool) -> int:
     """The port of a TCP address; `*` and 0 (any free port) only where one binds."""
     if bind and port == "*":

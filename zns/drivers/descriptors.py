@@ -45,6 +45,7 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from zns.core.addresses import url_host
 from zns.drivers.loop import PollSet, Ready
 
 log = logging.getLogger("zns")
@@ -89,7 +90,7 @@ class Listener:
             self.listening = listen_tcp(host, 0 if port in ("*", "0") else int(port))
             sock.setsockopt(zmq.USE_FD, self.listening.fileno())
             host, port = self.listening.getsockname()[:2]
-            shown = f"[{host}]" if ":" in host else host
+            shown = url_host(host)
             endpoint = f"tcp://{shown}:{port}"
         try:
             sock.bind(endpoint)

@@ -205,7 +205,8 @@ def _due(source: Source, now: int) -> bool:
 
 
 class Outbox:
-    """Events to publish, collected from every source and sent once per pass (the last source)."""
+    """Events to publish, collected from every source; an urgent source, so they are sent
+    as soon as the source that made them hands back (after every source, not once a pass)."""
 
     what = "publishing events"
 

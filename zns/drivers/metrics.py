@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from zns import __version__
-from zns.core.addresses import parse_host_port
+from zns.core.addresses import parse_host_port, url_host
 from zns.core.errors import ConfigError, UsageError
 from zns.core.remoting.constants import RequestCode, ResponseCode
 from zns.core.schema import tag_of
@@ -204,7 +204,7 @@ class MetricsServer:
                                         daemon=True)
         self._thread.start()
         log.info("metrics on http://%s:%d/metrics, health on /healthz",
-                 f"[{host}]" if ":" in host else host, self.port)
+                 url_host(host), self.port)
 
     def _health(self, start_response: Callable[..., Any]) -> list[bytes]:
         age = self._server.loop_age_s()

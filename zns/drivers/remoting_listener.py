@@ -60,7 +60,7 @@ from zns.core.config import DEFAULT_REMOTING_MAX_PER_HOST as DEFAULT_MAX_PER_HOS
 from zns.core.remoting.connections import Account, Close, ConnectionPolicy
 from zns.core.remoting.handler import Connection, RemotingService
 from zns.core.remoting.zmtp import ZmtpRedirect, looks_like_zmtp
-from zns.core.addresses import parse_host_port, resolve_pub_endpoint
+from zns.core.addresses import parse_host_port, resolve_pub_endpoint, url_host
 from zns.drivers.descriptors import OUT_OF_FDS, DescriptorGuard, listen_tcp
 from zns.drivers.io_errors import REMOTING_PEER
 from zns.drivers.loop import Outbox, PollSet, Ready
@@ -365,7 +365,7 @@ class RemotingListener:
             return ("this is a zns NameServer's RocketMQ remoting port; ZNS/1 requests go to "
                     "its request endpoint (zns serve --router)")
         host = entry.sock.getsockname()[0]
-        reached = f"tcp://[{host}]:1" if ":" in host else f"tcp://{host}:1"
+        reached = f"tcp://{url_host(host)}:1"
         router = resolve_pub_endpoint(router, reached)
         return (f"this is a zns NameServer's RocketMQ remoting port; ZNS/1 requests go to "
                 f"{router} (export ZNS_ADDR={router})")
