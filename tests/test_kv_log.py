@@ -17,6 +17,7 @@ import pytest
 
 from zns.core.errors import Internal, KvFileError
 from zns.drivers import kv_file
+from zns.core.kv_log import compacted_bytes
 from zns.drivers.kv_file import MAGIC, KvStore, encode_record, read_kv_file
 
 Model = dict[str, dict[str, str]]
@@ -26,14 +27,22 @@ def fd_path(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
+def open_files(path: Path) -> list[str]:
+    """The files beside `path` this process holds open."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            name = fd_path(int(fd))
+        except OSError:  # the descriptor listdir itself used, closed since
+            continue
+        if name.startswith(str(path)):
+            names.append(name)
+    return names
+
+
 def on_disk(path: Path) -> Model:
     """What a restart would read: `path`, then `<path>.next` while a compaction runs."""
-    data: Model = {}
-    kv_file._replay_file(path, data, continuation=False)
-    nxt = path.with_name(path.name + ".next")
-    if nxt.exists():
-        kv_file._replay_file(nxt, data, continuation=True)
-    return data
+    return read_kv_file(path)
 
 
 def apply(model: Model, ns: str, key: str, value: str | None) -> None:
@@ -222,13 +231,13 @@ def test_compaction_keeps_every_entry_and_bounds_the_file(path, stores):
         else:
             store.put(ns, key, value)
         apply(model, ns, key, value)
-        compacting = store._compaction is not None
+        compacting = store.compaction is not None
         compactions += was_compacting and not compacting
         was_compacting = compacting
         if i % 50 == 0 or compacting:
             assert on_disk(path) == model, i
         assert {ns: store.list(ns) for ns in model} == model
-        live = len(b"".join(kv_file._live_records(model)))
+        live = compacted_bytes(model)
         # `path` stays within 2x live (or the minimum) plus what one compaction writes.
         assert store.file_bytes() <= 3 * max(2 * live, 4_000) + 2_000, i
     assert compactions >= 5
@@ -245,12 +254,12 @@ def test_compaction_orders_fsync_rename_and_directory_fsync(path, stores, monkey
     spy = Spy(monkeypatch)
     for i in range(1_000):
         store.put("ns", "k", f"{i:04}" + "v" * 200)
-        if store._compaction is not None:
+        if store.compaction is not None:
             break
     # The write that started it: .next fsynced, then its directory, before the reply.
     assert spy.calls[-3:] == [("write", nxt), ("fsync", nxt), ("fsync", str(path.parent))]
     for j in range(1_000):
-        if store._compaction is None:
+        if store.compaction is None:
             break
         store.put("ns", "k", f"again{j}")
     index = spy.calls.index(("replace", f"{nxt} -> {path}"))
@@ -274,9 +283,9 @@ def test_a_crash_mid_compaction_is_recovered_at_start(path, stores):
         key = f"k{i % 30}"
         store.put("ns", key, f"{i}" + "x" * 100)
         apply(model, "ns", key, f"{i}" + "x" * 100)
-        if store._compaction is not None and not store._compaction.done and i > 100:
+        if store.compaction is not None and not store.compaction.done and i > 100:
             break
-    assert store._compaction is not None, "the test wants a compaction in progress"
+    assert store.compaction is not None, "the test wants a compaction in progress"
     nxt = path.with_name("kv.json.next")
     nxt.write_bytes(nxt.read_bytes() + encode_record("ns", "torn", "t")[:-2])  # and a torn tail
     stores.remove(store)
@@ -291,8 +300,9 @@ def test_a_crash_mid_compaction_is_recovered_at_start(path, stores):
 
 PHASES: dict[str, Callable[[KvStore], bool]] = {
     "append": lambda s: s.count("ns") >= 5,
-    "start-compaction": lambda s: s._compaction is None and s._size > max(2 * s._live, 2_000),
-    "compaction-step": lambda s: s._compaction is not None and not s._compaction.done,
+    "start-compaction": lambda s: s.compaction is None and s.policy.over_bound(
+        s.log_bytes, s.live_record_bytes),
+    "compaction-step": lambda s: s.compaction is not None and not s.compaction.done,
 }
 
 
@@ -429,24 +439,22 @@ def test_deleting_what_is_not_there_writes_nothing_and_accounting_follows(path, 
     assert store.total_bytes() == (2 + 1 + 1) + (2 + 2 + 2)
     assert store.delete("ns", "a")
     assert store.total_bytes() == 2 + 2 + 2
-    assert store._live == len(encode_record("ns", "bb", "22"))  # what compaction would copy
+    assert store.live_record_bytes == len(encode_record("ns", "bb", "22"))  # what compaction would copy
     assert store.put("ns", "bb", "333")  # an update counts the new value, not both
     assert store.total_bytes() == 2 + 2 + 3
-    assert store._live == len(encode_record("ns", "bb", "333"))
+    assert store.live_record_bytes == len(encode_record("ns", "bb", "333"))
 
 
 def test_close_mid_compaction_closes_both_files(path, stores):
     store = open_store(stores, path, compact_min_bytes=2_000, step_bytes=100)
     for i in range(1_000):
         store.put("ns", f"k{i % 30}", f"{i}" + "v" * 150)
-        if store._compaction is not None and not store._compaction.done:
+        if store.compaction is not None and not store.compaction.done:
             break
-    fds = [store._fd, store._compaction.old_fd]
+    assert sorted(open_files(path)) == [str(path), str(path) + ".next"]
     store.close()
-    for fd in fds:
-        with pytest.raises(OSError):
-            os.fstat(fd)
-    assert store.file_bytes() == store._size  # no compaction left behind
+    assert open_files(path) == []
+    assert store.file_bytes() == store.log_bytes  # no compaction left behind
 
 
 def test_a_compaction_slice_is_twice_the_write_when_that_is_more_than_a_step(path, stores):
@@ -455,11 +463,11 @@ def test_a_compaction_slice_is_twice_the_write_when_that_is_more_than_a_step(pat
     for key in ("a", "b", "c", "d", "e"):
         store.put("ns", key, "v" * 100)
     for i in range(100):
-        if store._compaction is not None:
+        if store.compaction is not None:
             break
         store.put("ns", "a", "wx"[i % 2] * 100)  # the same size as every live record
     nxt = path.with_name(path.name + ".next")
-    copied = kv_file._replay_file(nxt, {}, continuation=True)[1]
+    copied = nxt.stat().st_size
     record = len(encode_record("ns", "a", "v" * 100))
     assert copied == len(MAGIC) + 3 * record  # two copied entries, then the write itself
 
@@ -469,7 +477,7 @@ def test_a_rewrite_at_start_is_a_private_whole_file_and_is_counted(path, stores,
     with caplog.at_level(logging.INFO, logger="zns"):
         store = open_store(stores, path)
     size = path.stat().st_size
-    assert store.file_bytes() == size == len(b"".join(kv_file._live_records(read_kv_file(path))))
+    assert store.file_bytes() == size == compacted_bytes(read_kv_file(path))
     assert (path.stat().st_mode & 0o777) == 0o600
     assert f"KV file {path} converted from the JSON format (kept as .bak): 2 entries, " \
            f"{size} bytes" in caplog.text
@@ -487,16 +495,22 @@ def test_a_leftover_temporary_file_is_not_kept_in_a_rewrite(path, stores):
     assert read_kv_file(path) == {"ns": {"k": "w"}}
 
 
-def test_a_leftover_next_file_is_rewritten_and_logged_so(path, stores, caplog):
+def test_a_leftover_next_file_is_finished_copying_only_what_it_lacks(path, stores, caplog):
     store = open_store(stores, path)
     store.put("ns", "a", "1")
+    store.put("ns", "b", "1")
     store.close()
     nxt = path.with_name(path.name + ".next")
-    nxt.write_bytes(MAGIC + encode_record("ns", "b", "2"))
+    in_next = MAGIC + encode_record("ns", "b", "2")  # b's latest record: not copied again
+    nxt.write_bytes(in_next)
     with caplog.at_level(logging.INFO, logger="zns"):
         again = open_store(stores, path)
     assert again.list("ns") == {"a": "1", "b": "2"} and not nxt.exists()
-    assert f"KV file {path} rewritten: 2 entries" in caplog.text
+    assert path.read_bytes() == in_next + encode_record("ns", "a", "1")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"KV file {path}: carrying on the compaction into {nxt} that a crash interrupted",
+        f"compacted the KV log {path}: {len(in_next) + len(encode_record('ns', 'a', '1'))} "
+        f"bytes (was {len(MAGIC) + 2 * len(encode_record('ns', 'a', '1'))})"]
 
 
 def test_a_rewrite_that_cannot_be_made_durable_is_a_kv_file_error(path, monkeypatch):
@@ -545,34 +559,27 @@ def test_json_with_the_wrong_types_is_corrupt_and_names_the_backup_only_if_there
         KvStore(path)
 
 
-def test_chunks_join_parts_up_to_the_size():
-    parts = [b"aaa", b"bbb", b"c"]
-    assert list(kv_file._chunks(iter(parts), size=4)) == [b"aaabbb", b"c"]
-    assert list(kv_file._chunks(iter(parts), size=3)) == [b"aaa", b"bbb", b"c"]
-    assert list(kv_file._chunks(iter([]), size=3)) == []
-
-
 def test_compaction_start_is_logged_with_its_sizes(path, stores, caplog):
     store = open_store(stores, path, compact_min_bytes=2_000, step_bytes=300)
     with caplog.at_level(logging.INFO, logger="zns"):
         for i in range(1_000):
             store.put("ns", f"k{i % 10}", f"{i}" + "v" * 100)
-            if store._compaction is not None:
+            if store.compaction is not None:
                 break
     nxt = path.with_name(path.name + ".next")
     pattern = rf"compacting the KV log {re.escape(str(path))} \((\d+) bytes, (\d+) live\) into " \
               rf"{re.escape(str(nxt))}"
     found = [re.fullmatch(pattern, r.getMessage()) for r in caplog.records]
     match = next(m for m in found if m)
-    assert int(match.group(1)) == store._compaction.old_size
-    assert 0 < int(match.group(2)) <= store._live + 200
+    assert int(match.group(1)) == store.compaction.old_size
+    assert 0 < int(match.group(2)) <= store.live_record_bytes + 200
 
 
 def test_a_next_file_that_cannot_be_removed_after_a_failed_write_stops_writes(
         path, stores, monkeypatch, caplog):
     store = open_store(stores, path, compact_min_bytes=2_000, step_bytes=300)
     for i in range(1_000):
-        if store._size > max(2 * store._live, 2_000):
+        if store.log_bytes > max(2 * store.live_record_bytes, 2_000):
             break
         store.put("ns", f"k{i % 10}", f"{i}" + "v" * 100)
     nxt = str(path) + ".next"
@@ -624,19 +631,19 @@ def test_a_namespace_emptied_mid_compaction_is_skipped(path, stores):
     for i in range(1_000):
         store.put("a", f"k{i % 20}", f"{i}" + "w" * 100)
         apply(model, "a", f"k{i % 20}", f"{i}" + "w" * 100)
-        if store._compaction is not None:
+        if store.compaction is not None:
             break
-    assert store._compaction is not None
+    assert store.compaction is not None
     for key in range(5):  # "b" goes away before the copy reaches it (one "a" entry a delete)
         store.delete("b", f"k{key}")
         apply(model, "b", f"k{key}", None)
-    assert store._compaction.cursor[0] < store._compaction.namespaces.index("b")
+    assert store.compaction.cursor[0] < store.compaction.namespaces.index("b")
     for i in range(1_000):
-        if store._compaction is None:
+        if store.compaction is None:
             break
         store.put("a", "k0", f"again{i}")
         apply(model, "a", "k0", f"again{i}")
-    assert store._compaction is None and on_disk(path) == model
+    assert store.compaction is None and on_disk(path) == model
 
 
 def test_a_valid_record_between_false_markers_is_still_found(path, stores):
@@ -647,11 +654,6 @@ def test_a_valid_record_between_false_markers_is_still_found(path, stores):
     path.write_bytes(damaged)
     with pytest.raises(KvFileError, match="valid records after it"):
         KvStore(path)
-
-
-def test_chunks_count_from_zero_after_each_chunk():
-    parts = [b"aaaa", b"bbb", b"c"]
-    assert list(kv_file._chunks(iter(parts), size=4)) == [b"aaaa", b"bbbc"]
 
 
 # --- start: which file, what is refused, and what is said -----------------------------------
@@ -797,7 +799,7 @@ def test_a_compaction_starts_only_once_the_log_is_over_its_bound(path, stores):
     store = open_store(stores, path, compact_min_bytes=len(MAGIC) + 5 * record)
     for i in range(6):  # the sixth write finds the log exactly at the bound: not over it
         store.put("ns", "k", f"v{i % 2}")
-    assert store._compaction is None and path.stat().st_size == len(MAGIC) + 6 * record
+    assert store.compaction is None and path.stat().st_size == len(MAGIC) + 6 * record
     assert not path.with_name(path.name + ".bak").exists()
     store.put("ns", "k", "v2")  # over it: one live entry, so compacted at once
     assert path.with_name(path.name + ".bak").exists()
@@ -815,7 +817,7 @@ def test_every_compaction_slice_is_at_least_twice_the_write_and_at_least_a_step(
         for key in "abcdefg":
             store.put("ns", key, "v" * 100)
         for i in range(100):
-            if store._compaction is not None:
+            if store.compaction is not None:
                 return store
             store.put("ns", "a", "wx"[i % 2] * 100)  # the same size as every live record
         raise AssertionError("no compaction")
@@ -886,10 +888,10 @@ def test_a_first_write_that_cannot_be_made_durable_leaves_no_file(path, stores, 
     assert store.put("ns", "k", "v") and read_kv_file(path) == {"ns": {"k": "v"}}
 
 
-def test_each_append_is_timed_by_the_clock_around_it(path, stores, monkeypatch):
-    store = open_store(stores, path)
+def test_each_append_is_timed_by_the_clock_around_it(path, stores):
     ticks = iter([100.0, 100.25])
-    monkeypatch.setattr(kv_file, "time", type("Clock", (), {"perf_counter": lambda: next(ticks)}))
+    store = KvStore(path, clock=lambda: next(ticks))
+    stores.append(store)
     store.put("ns", "k", "v")
     assert store.write_times.total_seconds == 0.25
     assert store.write_times.counts[kv_file.WriteTimes.BOUNDS.index(0.25)] == 1
@@ -899,14 +901,14 @@ def compacting_store(stores: list[KvStore], path: Path) -> KvStore:
     store = open_store(stores, path, compact_min_bytes=2_000, step_bytes=300)
     for i in range(1_000):
         store.put("ns", f"k{i % 10}", f"{i}" + "v" * 100)
-        if store._compaction is not None:
+        if store.compaction is not None:
             return store
     raise AssertionError("no compaction")
 
 
 def finish(store: KvStore) -> int:
     for i in range(1_000):
-        if store._compaction is None:
+        if store.compaction is None:
             return i
         store.put("ns", "k0", f"again{i}")
     raise AssertionError("the compaction does not finish")
@@ -915,7 +917,7 @@ def finish(store: KvStore) -> int:
 def test_a_compaction_that_cannot_be_finished_is_logged_and_finished_by_a_later_write(
         path, stores, monkeypatch, caplog):
     store = compacting_store(stores, path)
-    old_size = store._compaction.old_size
+    old_size = store.compaction.old_size
 
     def link(src: object, dst: object) -> None:
         raise OSError(errno.EPERM, "injected: no link")
@@ -924,25 +926,25 @@ def test_a_compaction_that_cannot_be_finished_is_logged_and_finished_by_a_later_
     with caplog.at_level(logging.INFO, logger="zns"):
         for i in range(1_000):
             store.put("ns", "k1", f"next{i}")
-            if store._compaction.done:
+            if store.compaction.done:
                 break
-    assert store._compaction is not None  # the copy is complete, but `path` is the old log
+    assert store.compaction is not None  # the copy is complete, but `path` is the old log
     assert [r.getMessage() for r in caplog.records] == [
         f"could not finish compacting the KV log {path}: [Errno 1] injected: no link"]
     monkeypatch.undo()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="zns"):
         store.put("ns", "k1", "last")
-    assert store._compaction is None and not path.with_name(path.name + ".next").exists()
+    assert store.compaction is None and not path.with_name(path.name + ".next").exists()
     assert [r.getMessage() for r in caplog.records] == [
-        f"compacted the KV log {path}: {store._size} bytes (was {old_size})"]
+        f"compacted the KV log {path}: {store.log_bytes} bytes (was {old_size})"]
     assert read_kv_file(path)["ns"]["k1"] == "last"
 
 
 def test_a_directory_fsync_that_fails_after_compacting_is_logged_and_loses_nothing(
         path, stores, monkeypatch, caplog):
     store = compacting_store(stores, path)
-    old_size = store._compaction.old_size
+    old_size = store.compaction.old_size
     spy = Spy(monkeypatch)
     spy.fail_fsync = lambda name: name == str(path.parent)
     with caplog.at_level(logging.INFO, logger="zns"):
@@ -950,7 +952,7 @@ def test_a_directory_fsync_that_fails_after_compacting_is_logged_and_loses_nothi
     assert [r.getMessage() for r in caplog.records] == [
         f"could not fsync the directory of {path} after compacting: [Errno 5] injected fsync "
         f"failure",
-        f"compacted the KV log {path}: {store._size} bytes (was {old_size})"]
+        f"compacted the KV log {path}: {store.log_bytes} bytes (was {old_size})"]
     model = {"ns": {k: store.get("ns", k) for k in store.list("ns")}}
     store.close()
     assert read_kv_file(path) == model

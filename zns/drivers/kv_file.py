@@ -34,9 +34,21 @@ entry has been copied, `<path>.next` holds the whole store: the old log is
 kept as `<path>.bak` (a hard link) and `<path>.next` is renamed over `path`,
 then the directory is fsynced. The write that creates `<path>.next` also
 fsyncs the directory before it is acknowledged, so the new name is durable.
+The decisions (when to compact, what a slice holds, when a full disk refuses a
+put) are `zns.core.kv_log`'s; this module reads and writes the files.
+
 At start, a leftover `<path>.next` (a crash mid-compaction) is replayed after
-`path`, and the result is written afresh (temporary file, fsync, rename,
-directory fsync).
+`path`, and the copy is carried on where it stopped: only the entries whose
+latest record is not in `<path>.next` yet are copied, as running would have,
+so a start needs no more space than the compaction it finishes. A log over its
+bound at start is compacted the same way. Nobody is waiting at start, so the
+whole copy is made then; if it cannot be (a full disk), what was appended is
+cut again, a WARNING says so, and the server starts with the compaction still
+running: later writes carry it on, as they would have.
+
+A put is refused (`internal`, saying why) while the file system holding the
+log has less free space than writing every live record once more needs, so a
+compaction, and a start after a crash in one, can always finish.
 
 A write that cannot be made durable (write or fsync fails) is cut from the
 file again and raises OSError; nothing changes in memory. If even the cut
@@ -48,10 +60,9 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import struct
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -59,6 +70,17 @@ import msgspec
 from zns.core.config import DEFAULT_KV_PATH
 from zns.core.errors import Internal, KvFileError
 from zns.core.kv import entry_bytes
+from zns.core.kv_log import (
+    COMPACT_MIN_BYTES,
+    HEAD,
+    MAGIC,
+    MARKER,
+    MAX_PAYLOAD,
+    STEP_BYTES,
+    CompactionCopy,
+    KvLogPolicy,
+    encode_record,
+)
 from zns.drivers.io_errors import map_exceptions
 
 log = logging.getLogger("zns")
@@ -68,18 +90,16 @@ _FileFormat = dict[str, dict[str, str]]
 DEFAULT_PATH = DEFAULT_KV_PATH  # `zns serve --kv-path`'s default (zns.core.config)
 LEGACY_DEFAULT_PATH = "~/.zns/kv.json"  # the default of earlier versions (a log all the same)
 
-MAGIC = b"ZNS KV log 1\n"
-MARKER = b"\xffKV1"  # 0xff never occurs in UTF-8, so rarely inside a record
-_HEAD = struct.Struct("<4sII")  # marker, payload length, crc
-MAX_PAYLOAD = 1 << 20  # far above the largest entry (§3: names <= 255 chars, values <= 64 KiB)
-COMPACT_MIN_BYTES = 4 << 20
-STEP_BYTES = 256 << 10
+# The record format and the compaction's sizes are the core's (zns.core.kv_log); named here too
+# because tools and tests read files through this module.
+__all__ = ["COMPACT_MIN_BYTES", "DEFAULT_PATH", "MAGIC", "MARKER", "MAX_PAYLOAD", "STEP_BYTES",
+           "KvStore", "WriteTimes", "encode_record", "read_kv_file"]
+REWRITE_CHUNK_BYTES = 1 << 20  # what a rewrite at start writes per call
 # A write the file system refused (a failed fsync, a full disk) is the server's own
 # `internal` error: the request that asked for it is answered so and changes nothing.
 NOT_DURABLE = map_exceptions([(OSError, None, Internal)], "the KV store could not be written durably: ")
 
 _Record = tuple[str, str, "str | None"]
-_encode_payload = msgspec.msgpack.Encoder().encode
 _decode_payload = msgspec.msgpack.Decoder(tuple[str, str, str | None]).decode
 
 
@@ -101,22 +121,26 @@ class WriteTimes:
         self.total_seconds += seconds
 
 
-def encode_record(namespace: str, key: str, value: str | None) -> bytes:
-    """One log record: header and payload (a None value is a delete)."""
-    payload = _encode_payload((namespace, key, value))
-    length = struct.pack("<I", len(payload))
-    return MARKER + length + struct.pack("<I", zlib.crc32(payload, zlib.crc32(length))) + payload
-
-
 def read_kv_file(path: str | os.PathLike[str]) -> _FileFormat:
-    """The entries a file holds (log or earlier JSON format), without changing it.
+    """The entries a restart would read from `path` (the log, or the earlier JSON format),
+    then `<path>.next` when a compaction was running, without changing either file.
 
     A torn last record is ignored, as at start; a damaged file is a KvFileError.
     For tools and tests: the server reads its file through `KvStore`.
     """
     data: _FileFormat = {}
-    _replay_file(Path(path), data, continuation=False)
+    path = Path(path)
+    _replay_file(path, data, continuation=False)
+    nxt = _sibling(path, ".next")
+    if nxt.exists():
+        _replay_file(nxt, data, continuation=True)
     return data
+
+
+def free_disk_bytes(directory: Path) -> int:
+    """Bytes an unprivileged user may still write on the file system holding `directory`."""
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
 
 
 class KvStore:
@@ -126,20 +150,26 @@ class KvStore:
         *,
         compact_min_bytes: int = COMPACT_MIN_BYTES,
         step_bytes: int = STEP_BYTES,
+        free_bytes: Callable[[Path], int] = free_disk_bytes,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        """`path` None keeps the store in memory only (for tests and tools).
+        """`path` None keeps the store in memory only (for tests and tools). `free_bytes`
+        says how much the file system of a directory has free (the space rule's input);
+        `clock` times each durable append (`write_times`).
 
         KvFileError at once when `path` cannot hold the store (its directory is a
         file or not writable), not at the first write."""
         self.path = _default_or_legacy(Path(path)) if path is not None else None
-        self.compact_min_bytes = compact_min_bytes
-        self.step_bytes = step_bytes
+        self.policy = KvLogPolicy(compact_min_bytes, step_bytes)
+        self._free_bytes = free_bytes
+        self._clock = clock
         self._data: _FileFormat = {}
         self._bytes = 0  # UTF-8 bytes of the live entries (`entry_bytes`)
         self._live = 0  # bytes the live entries take as records: what compaction writes
         self._fd: int | None = None  # the log being appended to (None: not created yet)
         self._size = 0  # its length
-        self._compaction: _Compaction | None = None
+        self._compaction: CompactionCopy | None = None
+        self._old_fd: int | None = None  # the log being compacted, while `_compaction` runs
         self._broken = ""  # why writes are refused, after a write that could not be undone
         self.write_times = WriteTimes()  # durable appends and their seconds, for metrics
         if self.path is not None:
@@ -166,6 +196,21 @@ class KvStore:
         old = self._compaction.old_size if self._compaction is not None else 0
         return self._size + old
 
+    @property
+    def log_bytes(self) -> int:
+        """The length of the log being appended to (`<path>.next` while compacting)."""
+        return self._size
+
+    @property
+    def live_record_bytes(self) -> int:
+        """Bytes the live entries take as records: what a compaction copies."""
+        return self._live
+
+    @property
+    def compaction(self) -> CompactionCopy | None:
+        """The running compaction's copy, or None."""
+        return self._compaction
+
     # --- writes -------------------------------------------------------------
 
     def put(self, namespace: str, key: str, value: str) -> bool:
@@ -176,6 +221,7 @@ class KvStore:
             return False
         record = encode_record(namespace, key, value)
         with NOT_DURABLE:
+            self._check_space(record)
             self._append(record)
         if entries is None:
             entries = self._data[namespace] = {}
@@ -200,10 +246,10 @@ class KvStore:
         return True
 
     def close(self) -> None:
-        for fd in (self._fd, self._compaction.old_fd if self._compaction else None):
+        for fd in (self._fd, self._old_fd):
             if fd is not None:
                 os.close(fd)
-        self._fd = None
+        self._fd = self._old_fd = None
         self._compaction = None
 
     # --- internals: accounting ------------------------------------------------
@@ -215,15 +261,25 @@ class KvStore:
         self._bytes += sign * entry_bytes(namespace, key, value)
         self._live += sign * (record_size or len(encode_record(namespace, key, value)))
 
+    def _check_space(self, record: bytes) -> None:
+        """The space rule (zns.core.kv_log): refuse a put that would leave too little room
+        to compact. Raises Internal; nothing is written."""
+        if self.path is None:
+            return
+        existing = next(d for d in (self.path.parent, *self.path.parent.parents) if d.exists())
+        refusal = self.policy.put_refusal(self._free_bytes(existing), self._live, len(record))
+        if refusal is not None:
+            raise Internal(refusal)
+
     # --- internals: the durable append ----------------------------------------
 
     def _append(self, record: bytes) -> None:
         """Make `record` durable, with the next compaction slice; raises OSError, undone."""
         if self.path is None:  # an in-memory store: nothing to make durable
             return
-        started = time.perf_counter()
+        started = self._clock()
         self._append_durably(record)
-        self.write_times.add(time.perf_counter() - started)
+        self.write_times.add(self._clock() - started)
 
     def _append_durably(self, record: bytes) -> None:
         if self._broken:
@@ -231,13 +287,14 @@ class KvStore:
         if self._fd is None:
             self._create(record)
             return
-        if self._compaction is None and self._size > max(2 * self._live, self.compact_min_bytes):
+        if self._compaction is None and self.policy.over_bound(self._size, self._live):
             self._start_compaction(record)
             return
         if self._compaction is not None:
-            chunk, cursor = self._compaction.take(self._data, max(2 * len(record), self.step_bytes))
+            budget = self.policy.slice_bytes(len(record))
+            chunk, cursor = self._compaction.take(self._data, budget)
             self._write_synced(self._fd, chunk + record)
-            self._compaction.cursor = cursor
+            self._compaction.advance(cursor)
         else:
             self._write_synced(self._fd, record)
 
@@ -291,8 +348,8 @@ class KvStore:
         """Create `<path>.next` with the first slice and `record`; durable with its name."""
         assert self.path is not None and self._fd is not None
         nxt = _sibling(self.path, ".next")
-        compaction = _Compaction(list(self._data), self._fd, self._size)
-        chunk, cursor = compaction.take(self._data, max(2 * len(record), self.step_bytes))
+        compaction = CompactionCopy(list(self._data), self._size)
+        chunk, cursor = compaction.take(self._data, self.policy.slice_bytes(len(record)))
         data = MAGIC + chunk + record
         fd = os.open(nxt, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         try:
@@ -308,8 +365,8 @@ class KvStore:
                                 f"the server to read what is on disk")
                 log.error("%s", self._broken)
             raise
-        compaction.cursor = cursor
-        self._compaction = compaction
+        compaction.advance(cursor)
+        self._compaction, self._old_fd = compaction, self._fd
         self._fd = fd
         self._size = len(data)
         log.info("compacting the KV log %s (%d bytes, %d live) into %s",
@@ -320,7 +377,7 @@ class KvStore:
         compaction = self._compaction
         if compaction is None or not compaction.done:
             return
-        assert self.path is not None
+        assert self.path is not None and self._old_fd is not None
         path, nxt = self.path, _sibling(self.path, ".next")
         try:
             _keep_backup(path)
@@ -328,8 +385,8 @@ class KvStore:
         except OSError as exc:  # nothing is lost: the next write tries again
             log.error("could not finish compacting the KV log %s: %s", path, exc)
             return
-        os.close(compaction.old_fd)
-        self._compaction = None
+        os.close(self._old_fd)
+        self._compaction = self._old_fd = None
         try:
             _fsync_dir(path.parent)
         except OSError as exc:  # both names on disk replay to the same store
@@ -344,6 +401,7 @@ class KvStore:
         path, nxt = self.path, _sibling(self.path, ".next")
         backup = _sibling(path, ".bak")
         _check_writable(path)
+        _unlink_quietly(_sibling(path, ".tmp"))  # a first write or conversion cut short: never read
         if not path.exists():
             if backup.exists() or nxt.exists():
                 other = backup if backup.exists() else nxt
@@ -353,34 +411,71 @@ class KvStore:
                 )
             return
         legacy, end = _replay_file(path, self._data, continuation=False)
-        rewrite = legacy
-        if nxt.exists():
-            _replay_file(nxt, self._data, continuation=True)
-            rewrite = True
+        copied: set[tuple[str, str]] = set()
+        next_end = _replay_file(nxt, self._data, continuation=True, touched=copied)[1] \
+            if nxt.exists() else None
         for namespace, entries in self._data.items():
             for key, value in entries.items():
                 self._account(namespace, key, value, +1)
-        size = path.stat().st_size
-        if not rewrite and end < size:
-            log.warning("KV file %s: cut a torn last record (%d bytes at offset %d): a write "
-                        "that was never acknowledged", path, size - end, end)
-            _truncate(path, end)
-        if rewrite or end > max(2 * self._live, self.compact_min_bytes):
-            self._rewrite(legacy)
-        else:
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-            self._size = end
+        if legacy:
+            self._convert()
+            return
+        _cut_torn_tail(path, end)
+        if next_end == 0:  # created, then the crash before its first record: nothing in it
+            try:
+                nxt.unlink()
+                _fsync_dir(path.parent)
+            except OSError as exc:
+                raise KvFileError(f"cannot remove the empty {nxt}: {exc}") from exc
+            next_end = None
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self._size = end
+        if next_end is not None:  # a compaction a crash interrupted: carry on from there
+            _cut_torn_tail(nxt, next_end)
+            self._compaction = CompactionCopy(list(self._data), end, skip=copied)
+            self._old_fd, self._fd = self._fd, os.open(nxt, os.O_WRONLY | os.O_APPEND)
+            self._size = next_end
+            log.info("KV file %s: carrying on the compaction into %s that a crash interrupted",
+                     path, nxt)
+        elif self.policy.over_bound(end, self._live):
+            try:
+                self._start_compaction(b"")
+            except OSError as exc:  # nothing changed: the old log serves as it is
+                log.warning("KV file %s is over its bound but could not be compacted at start "
+                            "(%s); a later write tries again", path, exc)
+                return
+        self._finish_compaction_at_start()
 
-    def _rewrite(self, legacy: bool) -> None:
-        """Write the whole store as a fresh log (start only: nobody is waiting yet)."""
+    def _finish_compaction_at_start(self) -> None:
+        """Copy the rest now, while nobody waits; on a full disk leave it to later writes."""
+        compaction = self._compaction
+        while compaction is not None and not compaction.done:
+            assert self._fd is not None
+            chunk, cursor = compaction.take(self._data, REWRITE_CHUNK_BYTES)
+            try:
+                self._write_synced(self._fd, chunk)
+            except OSError as exc:  # cut again by _write_synced; .next replays as before
+                log.warning("KV file %s: could not finish compacting at start (%s); the "
+                            "compaction goes on with later writes", self.path, exc)
+                return
+            compaction.advance(cursor)
+        self._after_write()
+
+    def _convert(self) -> None:
+        """Write the store read from the JSON format as a fresh log (at start, once)."""
         assert self.path is not None
         path, nxt, tmp = self.path, _sibling(self.path, ".next"), _sibling(self.path, ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        copy = CompactionCopy(list(self._data), 0)
         size = 0
         try:
-            for chunk in _chunks(_live_records(self._data)):
+            _write_all(fd, MAGIC)
+            size = len(MAGIC)
+            while not copy.done:
+                chunk, cursor = copy.take(self._data, REWRITE_CHUNK_BYTES)
                 _write_all(fd, chunk)
                 size += len(chunk)
+                copy.advance(cursor)
             os.fsync(fd)
             _keep_backup(path)
             os.replace(tmp, path)
@@ -390,55 +485,21 @@ class KvStore:
                 _fsync_dir(path.parent)
         except OSError as exc:
             os.close(fd)
+            _unlink_quietly(tmp)
             raise KvFileError(f"cannot rewrite KV file {path}: {exc}") from exc
         self._fd, self._size = fd, size
-        what = "converted from the JSON format (kept as .bak)" if legacy else "rewritten"
-        log.info("KV file %s %s: %d entries, %d bytes", path, what,
+        log.info("KV file %s converted from the JSON format (kept as .bak): %d entries, %d bytes",
+                 path,
                  sum(len(e) for e in self._data.values()), size)
-
-
-class _Compaction:
-    """Where the copy of the live entries into `<path>.next` stands."""
-
-    def __init__(self, namespaces: list[str], old_fd: int, old_size: int) -> None:
-        self.namespaces = namespaces  # as at the start; keys are listed per namespace
-        self.old_fd = old_fd
-        self.old_size = old_size
-        # (namespace index, that namespace's keys when reached, key index)
-        self.cursor: tuple[int, list[str], int] = (0, [], 0)
-
-    @property
-    def done(self) -> bool:
-        return self.cursor[0] >= len(self.namespaces)
-
-    def take(self, data: _FileFormat, budget: int) -> tuple[bytes, tuple[int, list[str], int]]:
-        """Records of the next live entries (whole ones, about `budget` bytes) and the
-        cursor after them; the cursor moves only once they are durable."""
-        ns_index, keys, key_index = self.cursor
-        out: list[bytes] = []
-        size = 0
-        while ns_index < len(self.namespaces) and size < budget:
-            namespace = self.namespaces[ns_index]
-            entries = data.get(namespace, {})
-            if key_index == 0 and not keys:
-                keys = list(entries)
-            while key_index < len(keys) and size < budget:
-                value = entries.get(keys[key_index])
-                key_index += 1
-                if value is not None:  # gone since: its delete is in this file already
-                    record = encode_record(namespace, keys[key_index - 1], value)
-                    out.append(record)
-                    size += len(record)
-            if key_index >= len(keys):
-                ns_index, keys, key_index = ns_index + 1, [], 0
-        return b"".join(out), (ns_index, keys, key_index)
 
 
 # --- reading a file -------------------------------------------------------------
 
 
-def _replay_file(path: Path, data: _FileFormat, *, continuation: bool) -> tuple[bool, int]:
-    """Apply the file's records to `data`: (was it the JSON format, end of the valid records)."""
+def _replay_file(path: Path, data: _FileFormat, *, continuation: bool,
+                 touched: set[tuple[str, str]] | None = None) -> tuple[bool, int]:
+    """Apply the file's records to `data`: (was it the JSON format, end of the valid records).
+    `touched` collects the (namespace, key) of every record read."""
     backup = _sibling(path, ".bak")
     try:
         raw = path.read_bytes()
@@ -469,6 +530,8 @@ def _replay_file(path: Path, data: _FileFormat, *, continuation: bool) -> tuple[
                 )
             return False, pos  # the torn tail: a write that was never acknowledged
         pos, (namespace, key, value) = parsed
+        if touched is not None:
+            touched.add((namespace, key))
         if value is None:
             entries = data.get(namespace)
             if entries is not None:
@@ -482,13 +545,13 @@ def _replay_file(path: Path, data: _FileFormat, *, continuation: bool) -> tuple[
 
 def _parse_at(raw: bytes, pos: int) -> tuple[int, _Record] | None:
     """The record at `pos` and the offset after it, or None when it is not a whole, valid one."""
-    if len(raw) - pos < _HEAD.size:
+    if len(raw) - pos < HEAD.size:
         return None
-    marker, length, crc = _HEAD.unpack_from(raw, pos)
-    end = pos + _HEAD.size + length
+    marker, length, crc = HEAD.unpack_from(raw, pos)
+    end = pos + HEAD.size + length
     if marker != MARKER or not 0 < length <= MAX_PAYLOAD or end > len(raw):
         return None
-    payload = raw[pos + _HEAD.size:end]
+    payload = raw[pos + HEAD.size:end]
     if zlib.crc32(payload, zlib.crc32(raw[pos + 4:pos + 8])) != crc:
         return None
     try:
@@ -521,26 +584,6 @@ def _decode_json(path: Path, raw: bytes, backup: Path) -> _FileFormat:
 # --- small file helpers -----------------------------------------------------------
 
 
-def _live_records(data: _FileFormat) -> Iterator[bytes]:
-    yield MAGIC
-    for namespace, entries in data.items():
-        for key, value in entries.items():
-            yield encode_record(namespace, key, value)
-
-
-def _chunks(parts: Iterator[bytes], size: int = 1 << 20) -> Iterator[bytes]:
-    buf: list[bytes] = []
-    held = 0
-    for part in parts:
-        buf.append(part)
-        held += len(part)
-        if held >= size:
-            yield b"".join(buf)
-            buf, held = [], 0
-    if buf:
-        yield b"".join(buf)
-
-
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -555,6 +598,15 @@ def _keep_backup(path: Path) -> None:
     bak_tmp.unlink(missing_ok=True)
     os.link(path, bak_tmp)
     os.replace(bak_tmp, _sibling(path, ".bak"))
+
+
+def _cut_torn_tail(path: Path, end: int) -> None:
+    """Cut what follows the valid records at `end`: a write that was never acknowledged."""
+    size = path.stat().st_size
+    if end < size:
+        log.warning("KV file %s: cut a torn last record (%d bytes at offset %d): a write "
+                    "that was never acknowledged", path, size - end, end)
+        _truncate(path, end)
 
 
 def _truncate(path: Path, size: int) -> None:
