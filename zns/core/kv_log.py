@@ -9,10 +9,12 @@ policy needs no clock: every decision follows from sizes, so the store asks at e
 write and never between writes.
 
 The space rule: a compaction, and a start after a crash in the middle of one, writes at
-most the live records once more. A put is refused while the file system has less free
-space than that plus twice the put's own record (`KvLogPolicy.put_refusal`), so a
-disk filled by puts can always still compact and restart; a delete is never refused
-by this rule (it is how an operator makes room).
+most the live records once more. A compaction starts only when that much is free
+(`KvLogPolicy.room_to_compact`; until then writes go on appending to the log), and a
+put is refused while the file system has less free space than that plus twice the
+put's own record (`KvLogPolicy.put_refusal`), so a compaction that started can always
+finish, running or at the next start; a delete is never refused by this rule (it is
+how an operator makes room).
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ class KvLogPolicy:
         """Is a log of `log_bytes` holding `live_bytes` of live records due for compaction?
         Over twice its live records, and over the minimum (small logs are left alone)."""
         return log_bytes > max(2 * live_bytes, self.compact_min_bytes)
+
+    def room_to_compact(self, free_bytes: int, live_bytes: int, record_bytes: int) -> bool:
+        """May a compaction start now, with a write of `record_bytes`? Only when the whole
+        copy fits in what is free (a new log's header, every live record, the write), so a
+        compaction that starts can finish; until then the write goes to the log as before."""
+        return free_bytes >= len(MAGIC) + live_bytes + record_bytes
 
     def slice_bytes(self, record_bytes: int) -> int:
         """How much a write of `record_bytes` copies ahead of its own record while a

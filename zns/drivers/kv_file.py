@@ -171,6 +171,7 @@ class KvStore:
         self._compaction: CompactionCopy | None = None
         self._old_fd: int | None = None  # the log being compacted, while `_compaction` runs
         self._broken = ""  # why writes are refused, after a write that could not be undone
+        self._put_off = False  # a compaction is due but does not fit (said once)
         self.write_times = WriteTimes()  # durable appends and their seconds, for metrics
         if self.path is not None:
             self._open()
@@ -261,6 +262,18 @@ class KvStore:
         self._bytes += sign * entry_bytes(namespace, key, value)
         self._live += sign * (record_size or len(encode_record(namespace, key, value)))
 
+    def _room_to_compact(self, record_bytes: int) -> bool:
+        """Does the whole copy of a compaction fit now? Said once when it does not."""
+        assert self.path is not None
+        room = self.policy.room_to_compact(self._free_bytes(self.path.parent), self._live,
+                                           record_bytes)
+        if not room and not self._put_off:
+            log.warning("KV log %s is due for compaction, but its %d bytes of live entries do "
+                        "not fit in the free disk space: put off until they do", self.path,
+                        self._live)
+        self._put_off = not room
+        return room
+
     def _check_space(self, record: bytes) -> None:
         """The space rule (zns.core.kv_log): refuse a put that would leave too little room
         to compact. Raises Internal; nothing is written."""
@@ -288,8 +301,9 @@ class KvStore:
             self._create(record)
             return
         if self._compaction is None and self.policy.over_bound(self._size, self._live):
-            self._start_compaction(record)
-            return
+            if self._room_to_compact(len(record)):
+                self._start_compaction(record)
+                return
         if self._compaction is not None:
             budget = self.policy.slice_bytes(len(record))
             chunk, cursor = self._compaction.take(self._data, budget)
@@ -437,7 +451,7 @@ class KvStore:
             self._size = next_end
             log.info("KV file %s: carrying on the compaction into %s that a crash interrupted",
                      path, nxt)
-        elif self.policy.over_bound(end, self._live):
+        elif self.policy.over_bound(end, self._live) and self._room_to_compact(0):
             try:
                 self._start_compaction(b"")
             except OSError as exc:  # nothing changed: the old log serves as it is
