@@ -1,17 +1,24 @@
-"""KV crash safety: SIGKILL the server mid-stream; every acknowledged write survives."""
+"""KV crash safety: SIGKILL the server mid-stream; every acknowledged write survives, and a
+crash mid-compaction on a nearly full disk restarts into a serving server."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import LOADED_DEADLINE, Peer
+from helpers import LOADED_DEADLINE, Peer, ProcessServer, wait_for
+from rocketmq import REQUIRE_ENV, interop_required
 from zns.core import schema
 from zns.drivers.kv_file import KvStore, read_kv_file
 
@@ -170,3 +177,120 @@ def test_sigkill_mid_compaction_loses_nothing(tmp_path):
         assert not nxt.exists()
         model = entries
     assert mid_compaction >= 3
+
+
+# --- a full disk: a crash mid-compaction must not turn into an outage ------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 24 MiB tmpfs of our own (root only); skipped, with the reason, where it cannot be
+    mounted, and failed then under ZNS_REQUIRE_INTEROP=1 like the other prerequisites."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs",
+                               str(mount)], capture_output=True, text=True, timeout=30)
+        why = done.stderr.strip() or f"mount exited {done.returncode}"
+    except OSError as exc:
+        done, why = None, str(exc)
+    if done is None or done.returncode != 0:
+        reason = f"cannot mount a small tmpfs for the full-disk test (needs root): {why}"
+        if interop_required():
+            pytest.fail(f"{reason} ({REQUIRE_ENV}=1 makes this a failure)", pytrace=False)
+        pytest.skip(reason)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=30)
+
+
+def free_bytes(directory: Path) -> int:
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
+
+
+def free_port() -> int:
+    """A port the system just handed out: a supervised server needs fixed ones."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serving_lines(srv: ProcessServer) -> list[str]:
+    return [line for line in srv.output().splitlines() if "serving requests on" in line]
+
+
+def router_of(line: str) -> str:
+    words = line.split()
+    return words[words.index("on") + 1].rstrip(",")
+
+
+def supervised_child(srv: ProcessServer) -> int:
+    children = Path(f"/proc/{srv.proc.pid}/task/{srv.proc.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+@pytest.mark.timeout(180)
+def test_a_crash_mid_compaction_on_a_nearly_full_disk_restarts_serving(
+        process_server, small_disk):
+    """Issue 32 item 8: 5.1 MiB of live entries, a compaction running, the disk filled to
+    2 MiB free, the server SIGKILLed. The supervisor's next server must serve every entry;
+    a put is refused saying why while a delete goes through; once space is back the
+    compaction finishes. Before: the start rewrote the whole store, failed with ENOSPC,
+    left kv.log.tmp behind and `--supervise` exited 1."""
+    kv_path = small_disk / "kv.log"
+    nxt = small_disk / "kv.log.next"
+    router, pub = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    srv = process_server("--supervise", "--router", router, "--pub", pub, kv_path=kv_path)
+    peer = Peer(srv.router)
+    model: dict[str, str] = {}
+    value = "v" * 64_000
+    for round_no in range(3):  # the store, then overwrites until a compaction starts
+        for i in range(84):
+            model[f"k{i}"] = f"{round_no}-{value}"
+            peer.ok("kv_put", namespace="big", key=f"k{i}", value=model[f"k{i}"])
+            if nxt.exists():
+                break
+        if nxt.exists():
+            break
+    assert nxt.exists(), "no compaction started"
+    assert len("".join(model.values())) > 5 << 20
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (free_bytes(small_disk) - (2 << 20)))
+    assert (2 << 20) - 65_536 <= free_bytes(small_disk) <= 2 << 20
+    peer.close()
+    os.kill(supervised_child(srv), signal.SIGKILL)  # mid-compaction, 2 MiB free
+
+    def restarted() -> bool:
+        if srv.proc.poll() is not None:
+            raise AssertionError(f"--supervise exited {srv.proc.returncode}: {srv.output()}; "
+                                 f"left on disk: {sorted(p.name for p in small_disk.iterdir())}")
+        return len(serving_lines(srv)) == 2
+
+    wait_for(restarted, timeout=3 * LOADED_DEADLINE)
+    assert router_of(serving_lines(srv)[1]) == router
+    peer = Peer(router)
+    try:
+        assert peer.ok("kv_list", namespace="big").entries == model
+        assert sorted(p.name for p in small_disk.iterdir()) == [
+            "filler", "kv.log", "kv.log.next"]  # no kv.log.tmp; the compaction goes on
+        assert "could not finish compacting at start" in srv.output()
+        refused = peer.call("kv_put", namespace="big", key="k0", value="new")
+        assert refused.code == "internal" and "too full for a put" in refused.message
+        peer.ok("kv_delete", namespace="big", key="k1")
+        del model["k1"]
+        assert peer.ok("kv_list", namespace="big").entries == model
+        filler.unlink()  # space is back: puts are accepted and carry the compaction to its end
+        for i in range(200):
+            if not nxt.exists():
+                break
+            model["k0"] = f"again{i}"
+            peer.ok("kv_put", namespace="big", key="k0", value=model["k0"])
+        assert not nxt.exists()
+        assert peer.ok("kv_list", namespace="big").entries == model
+    finally:
+        peer.close()
+    assert srv.stop() == 0
+    assert read_kv_file(kv_path) == {"big": model}

@@ -490,6 +490,7 @@ def test_a_leftover_temporary_file_is_not_kept_in_a_rewrite(path, stores):
     path.with_name(path.name + ".tmp").write_bytes(b"junk" * 10_000)  # a crash's leftover
     store = open_store(stores, path)
     assert path.stat().st_size == len(MAGIC) + len(encode_record("ns", "k", "v"))
+    assert not path.with_name(path.name + ".tmp").exists()
     store.put("ns", "k", "w")
     store.close()
     assert read_kv_file(path) == {"ns": {"k": "w"}}
@@ -523,6 +524,7 @@ def test_a_rewrite_that_cannot_be_made_durable_is_a_kv_file_error(path, monkeypa
     with pytest.raises(KvFileError, match=f"cannot rewrite KV file {path}: .*injected"):
         KvStore(path)
     assert path.read_text() == '{"ns": {"k": "v"}}'
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no .tmp left
 
 
 @pytest.mark.parametrize("tail", [
