@@ -958,3 +958,111 @@ def test_a_directory_fsync_that_fails_after_compacting_is_logged_and_loses_nothi
     model = {"ns": {k: store.get("ns", k) for k in store.list("ns")}}
     store.close()
     assert read_kv_file(path) == model
+
+
+# --- the space rule (zns.core.kv_log), with the free space handed in ----------------------------
+
+
+class FreeSpace:
+    """What the store is told is free on its disk; `asked` counts the questions."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+        self.asked = 0
+
+    def __call__(self, directory: Path) -> int:
+        self.asked += 1
+        assert directory.is_dir()
+        return self.free
+
+
+def test_a_put_is_refused_for_space_and_a_delete_is_not(path, stores, caplog):
+    disk = FreeSpace(1 << 30)
+    store = KvStore(path, free_bytes=disk)
+    stores.append(store)
+    store.put("ns", "a", "x" * 1_000)
+    store.put("ns", "b", "y")
+    before = path.read_bytes()
+    record = len(encode_record("ns", "c", "z" * 100))
+    disk.free = store.policy.space_needed(store.live_record_bytes, record) - 1
+    with pytest.raises(Internal) as info:
+        store.put("ns", "c", "z" * 100)
+    assert str(info.value) == store.policy.put_refusal(disk.free, store.live_record_bytes, record)
+    assert path.read_bytes() == before and store.get("ns", "c") is None
+    assert store.delete("ns", "a")  # how room is made: never refused by the rule
+    disk.free += 1
+    assert store.put("ns", "c", "z" * 100)  # exactly what it needs: accepted
+    assert read_kv_file(path) == {"ns": {"b": "y", "c": "z" * 100}}
+
+
+def test_the_first_put_asks_about_the_nearest_directory_that_exists(tmp_path, stores):
+    disk = FreeSpace(1 << 30)
+    store = KvStore(tmp_path / "not" / "yet" / "kv.log", free_bytes=disk)
+    stores.append(store)
+    assert store.put("ns", "k", "v") and disk.asked == 1
+
+
+def test_a_compaction_without_room_for_its_copy_is_put_off_and_said_once(path, stores, caplog):
+    # A put that passes the put rule leaves room for a copy; deletes are not checked, so a
+    # delete can find a compaction due and no room for it.
+    disk = FreeSpace(1 << 30)
+    store = KvStore(path, compact_min_bytes=1, free_bytes=disk)
+    stores.append(store)
+    for i in range(10):
+        store.put("ns", f"k{i}", "v" * 100)
+    record, delete = len(encode_record("ns", "k0", "v" * 100)), len(encode_record("ns", "k0", None))
+    disk.free = len(MAGIC) + 2 * record + delete  # a copy fits only while 2 entries are left
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        for i in range(8):  # the log goes over twice the live records: the delete appends
+            size = store.log_bytes
+            assert store.delete("ns", f"k{i}") and store.compaction is None
+            assert store.log_bytes == size + len(encode_record("ns", f"k{i}", None))
+    assert store.policy.over_bound(store.log_bytes, store.live_record_bytes)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and re.fullmatch(
+        rf"KV log {re.escape(str(path))} is due for compaction, but its \d+ bytes of live "
+        rf"entries do not fit in the free disk space: put off until they do", said[0])
+    assert store.delete("ns", "k8")  # now the copy fits: both entries copied, then the delete
+    assert store.compaction is None and path.stat().st_size == len(MAGIC) + 2 * record + delete
+    assert read_kv_file(path) == {"ns": {"k9": "v" * 100}}
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_a_start_compacts_an_over_bound_log_only_when_the_copy_fits(path, stores, caplog, room):
+    store = open_store(stores, path)
+    for i in range(30):
+        store.put("ns", "k", f"{i}" + "v" * 100)
+    store.close()
+    size = path.stat().st_size
+    live = len(encode_record("ns", "k", "29" + "v" * 100))
+    disk = FreeSpace(len(MAGIC) + live if room else len(MAGIC) + live - 1)
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        store = KvStore(path, compact_min_bytes=1, free_bytes=disk)
+    stores.append(store)
+    assert store.get("ns", "k") == "29" + "v" * 100 and store.compaction is None
+    assert path.stat().st_size == (len(MAGIC) + live if room else size)
+    assert path.with_name(path.name + ".bak").exists() == room
+    assert ("put off until they do" in caplog.text) == (not room)
+
+
+def test_a_start_that_cannot_finish_a_compaction_cuts_back_and_writes_carry_it_on(
+        path, stores, monkeypatch, caplog):
+    store = compacting_store(stores, path)
+    model = {"ns": store.list("ns")}
+    stores.remove(store)
+    store.close()  # the crash
+    nxt = path.with_name(path.name + ".next")
+    next_before = nxt.read_bytes()
+    spy = Spy(monkeypatch)
+    spy.fail_fsync = lambda name: name == str(nxt)  # the disk refuses the rest of the copy
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        store = open_store(stores, path, compact_min_bytes=2_000, step_bytes=300)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"KV file {path}: could not finish compacting at start ([Errno 5] injected fsync "
+        f"failure); the compaction goes on with later writes"]
+    assert nxt.read_bytes() == next_before and store.compaction is not None
+    assert {"ns": store.list("ns")} == model == read_kv_file(path)
+    spy.fail_fsync = lambda name: False
+    assert finish(store) > 0 and not nxt.exists()
+    model["ns"]["k0"] = store.get("ns", "k0")
+    assert read_kv_file(path) == model
