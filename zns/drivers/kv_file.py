@@ -34,6 +34,9 @@ entry has been copied, `<path>.next` holds the whole store: the old log is
 kept as `<path>.bak` (a hard link) and `<path>.next` is renamed over `path`,
 then the directory is fsynced. The write that creates `<path>.next` also
 fsyncs the directory before it is acknowledged, so the new name is durable.
+A compaction starts only when its whole copy fits in the free disk space;
+until then writes go on appending to the log.
+
 The decisions (when to compact, what a slice holds, when a full disk refuses a
 put) are `zns.core.kv_log`'s; this module reads and writes the files.
 
@@ -41,14 +44,15 @@ At start, a leftover `<path>.next` (a crash mid-compaction) is replayed after
 `path`, and the copy is carried on where it stopped: only the entries whose
 latest record is not in `<path>.next` yet are copied, as running would have,
 so a start needs no more space than the compaction it finishes. A log over its
-bound at start is compacted the same way. Nobody is waiting at start, so the
-whole copy is made then; if it cannot be (a full disk), what was appended is
-cut again, a WARNING says so, and the server starts with the compaction still
-running: later writes carry it on, as they would have.
+bound at start is compacted the same way, when its copy fits. Nobody is
+waiting at start, so the whole copy is made then; if an append fails (a disk
+filled by something else), it is cut again, a WARNING says so, and the server
+starts with the compaction still running: later writes carry it on, as they
+would have.
 
 A put is refused (`internal`, saying why) while the file system holding the
 log has less free space than writing every live record once more needs, so a
-compaction, and a start after a crash in one, can always finish.
+compaction that started, running or at the next start, can always finish.
 
 A write that cannot be made durable (write or fsync fails) is cut from the
 file again and raises OSError; nothing changes in memory. If even the cut
