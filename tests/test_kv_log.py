@@ -782,7 +782,7 @@ def exactly_twice_live() -> list[str]:
     (["v" * 100, "w" * 100], True),  # two records for one live entry: over 2 x live
     (exactly_twice_live(), False),  # not over it
 ], ids=["once", "twice", "exactly-twice-live"])
-def test_a_log_over_twice_its_live_records_is_rewritten_at_start(path, stores, values, rewritten):
+def test_a_log_over_twice_its_live_records_is_compacted_at_start(path, stores, values, rewritten):
     store = open_store(stores, path)
     for value in values:
         store.put("ns", "k", value)

@@ -98,7 +98,7 @@ LEGACY_DEFAULT_PATH = "~/.zns/kv.json"  # the default of earlier versions (a log
 # because tools and tests read files through this module.
 __all__ = ["COMPACT_MIN_BYTES", "DEFAULT_PATH", "MAGIC", "MARKER", "MAX_PAYLOAD", "STEP_BYTES",
            "KvStore", "WriteTimes", "encode_record", "read_kv_file"]
-REWRITE_CHUNK_BYTES = 1 << 20  # what a rewrite at start writes per call
+REWRITE_CHUNK_BYTES = 1 << 20  # what a start writes per append (a conversion, the rest of a copy)
 # A write the file system refused (a failed fsync, a full disk) is the server's own
 # `internal` error: the request that asked for it is answered so and changes nothing.
 NOT_DURABLE = map_exceptions([(OSError, None, Internal)], "the KV store could not be written durably: ")
