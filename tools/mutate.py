@@ -88,6 +88,10 @@ MODULES: dict[str, list[str]] = {
                            "tests/test_encoded_routes.py", "tests/test_remoting_service.py"],
     # Bytes in and out; tests/test_remoting_listener.py runs it live (sockets: not here).
     "remoting/zmtp": ["tests/test_zmtp.py"],
+    # The listener's decisions (admission, byte budget, shed, deadlines), with `now` injected.
+    "remoting/connections": ["tests/test_remoting_policy.py", "tests/test_zmtp.py"],
+    # The KV log's record format, compaction and space rules, without files.
+    "kv_log": ["tests/test_kv_policy.py"],
     # The drivers and the CLI: in-process socket tests (seconds each; see the module docstring).
     # The 3,000-write compaction walk (about 45 s) is left out: the other compaction tests kill
     # what it would, at a fraction of the time per surviving mutant.
