@@ -320,7 +320,8 @@ def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: in
     if pid == 0:
         code = 1
         try:
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            for sig in (signal.SIGINT, signal.SIGTERM):  # not the state process's handlers
+                signal.signal(sig, signal.SIG_DFL)
             ours.close()
             for channel in link.channels.values():
                 channel.sock.close()
