@@ -100,12 +100,12 @@ class Channel:
         return True
 
     def receive(self, budget: int = READ_BUDGET) -> list[bytes]:
-        """The whole frames readable now (reading at most about `budget` bytes)."""
+        """The whole frames readable now (reading at most `budget` bytes)."""
         read = 0
         while read < budget:
             try:
                 with WORKER_CHANNEL:
-                    data = self.sock.recv(CHUNK)
+                    data = self.sock.recv(min(CHUNK, budget - read))
             except (BlockingIOError, InterruptedError):
                 break
             if not data:
