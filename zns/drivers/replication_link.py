@@ -270,7 +270,8 @@ class ReplicaLink:
     ) -> None:
         self.channel = Channel(sock)
         self.replica = replica
-        self._apply, self._load, self._publish, self._reply = apply, load, publish, reply
+        self._apply_command, self._load_state = apply, load
+        self._publish_events, self._answer = publish, reply
 
     def run(self) -> None:
         """Apply what arrived, publish what the fence released, acknowledge (once for
@@ -296,13 +297,13 @@ class ReplicaLink:
         for action in self.replica.actions():
             match action:
                 case ApplyCommand(seq=seq, command=command):
-                    self.replica.produced(seq, self._apply(seq, command))
+                    self.replica.produced(seq, self._apply_command(seq, command))
                 case LoadState(seq=seq, dump=dump):
-                    self._load(seq, dump)
+                    self._load_state(seq, dump)
                 case Publish(seq=seq, events=events):
-                    self._publish(seq, events)
+                    self._publish_events(seq, events)
                 case Reply(token=token, reply=reply):
-                    self._reply(token, reply)
+                    self._answer(token, reply)
                 case SendToPrimary(message=message):
                     self.channel.send(encode(message))
 
