@@ -230,6 +230,7 @@ def test_a_frame_over_the_bound_ends_the_channel() -> None:
     sender, receiver = Channel(left), Channel(right, max_frame_bytes=10)
     try:
         sender.send(b"x" * 11)
+        sender.flush()
         with pytest.raises(ConnectionLost):
             receiver.receive()
     finally:
@@ -244,6 +245,7 @@ def test_a_channel_refuses_to_hold_more_than_its_bound() -> None:
         with pytest.raises(ConnectionLost):
             for _ in range(10_000):  # nobody reads `right`
                 sender.send(b"x" * 1024)
+                sender.flush()
         assert sender.pending <= 1 << 20
     finally:
         sender.close()
@@ -259,6 +261,7 @@ def test_frames_survive_being_split_and_batched() -> None:
         for body in bodies:
             sender.send(body)
         got: list[bytes] = []
+        sender.flush()
         first = receiver.receive(budget=5000)
         assert sum(len(b) + 4 for b in first) <= 5000  # one pass reads no more than its budget
         got += first

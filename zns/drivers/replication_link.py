@@ -81,12 +81,11 @@ class Channel:
         return len(self._out)
 
     def send(self, body: bytes) -> None:
-        """Queue one frame and write what the socket takes now."""
+        """Queue one frame; `flush` writes it (one system call for a whole batch)."""
         if len(self._out) + len(body) > self.max_pending_bytes:
             raise ConnectionLost(f"the other end reads nothing: {len(self._out)} bytes pending")
         self._out += HEADER.pack(len(body))
         self._out += body
-        self.flush()
 
     def flush(self) -> bool:
         """Write what the socket takes; True when nothing is left pending."""
@@ -163,7 +162,8 @@ class PrimaryLink:
         return worker
 
     def append(self, command: bytes, now: int) -> int:
-        """The state machine applied `command`: replicate it; returns its seq."""
+        """The state machine applied `command`: replicate it; returns its seq. What it
+        sends is queued: the next `run` (or `flush`) writes it."""
         seq = self.primary.append(command, now)
         self._carry_out(now)
         return seq
@@ -188,6 +188,10 @@ class PrimaryLink:
         if deadline is not None and deadline <= now:
             self.primary.on_timer(now)
             self._carry_out(now)
+        self.flush(now)
+
+    def flush(self, now: int) -> None:
+        """Write what is queued for every worker (what its socket takes now)."""
         for worker, channel in list(self.channels.items()):
             try:
                 channel.flush()
@@ -285,6 +289,7 @@ class ReplicaLink:
         """Send a write to the state process; `reply` gets its answer with this token."""
         token = self.replica.forward(request)
         self._carry_out()
+        self.channel.flush()
         return token
 
     def wait(self, timeout_ms: int | None) -> None:
