@@ -46,7 +46,8 @@ event (held for the fence, then counted as published). Commands are {size} bytes
   commands are uncommitted, so every command travels: no state transfer besides the
   joins); commands/s = commands / the time from the
   first append until the fence reached the last. CPU per command: the benchmark
-  process's user+system CPU over that span (the primary side only) / commands.
+  process's user+system CPU over that span (the primary side only) / commands, and
+  each worker's (from /proc) / commands.
 - **Commit latency** (the lag `Primary.take_lags` reports, here in µs): from `append`
   of a command to the primary seeing the fence pass it, i.e. both workers acknowledged
   it; the workers learn the fence one more hop later, and publish its events then.
@@ -106,10 +107,10 @@ class Cluster:
         if len(primary.workers) != WORKERS:
             raise BenchError("a worker was dropped")
 
-    def throughput(self, commands: int) -> tuple[float, float]:
-        """(commands/s, primary CPU µs per command)."""
+    def throughput(self, commands: int) -> tuple[float, float, float]:
+        """(commands/s, primary CPU µs per command, a worker's CPU µs per command)."""
         self.run_until(self.link.primary.seq)
-        cpu0, t0 = _cpu(), time.perf_counter()
+        cpu0, t0, workers0 = _cpu(), time.perf_counter(), self._workers_cpu()
         primary = self.link.primary
         for i in range(commands):
             self.link.append(self.command, clock_ms())
@@ -124,7 +125,18 @@ class Cluster:
         if primary.transfers != WORKERS:
             raise BenchError(f"{primary.transfers - WORKERS} state transfer(s) besides the joins")
         elapsed, cpu = time.perf_counter() - t0, _cpu() - cpu0
-        return commands / elapsed, cpu / commands * 1e6
+        workers = (self._workers_cpu() - workers0) / WORKERS
+        return commands / elapsed, cpu / commands * 1e6, workers / commands * 1e6
+
+    def _workers_cpu(self) -> float:
+        """The workers' user+system CPU seconds so far, from /proc."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in self.pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / ticks
 
     def idle_latency(self, samples: int) -> list[float]:
         lat = []
@@ -171,15 +183,17 @@ def _cpu() -> float:
 
 def run(config: RunConfig) -> BenchResult:
     p = QUICK if config.quick else FULL
-    rates, cpus = [], []
+    rates, cpus, worker_cpus = [], [], []
+    load = os.getloadavg()[0]
     idle50, idle99, paced50, paced99 = [], [], [], []
     for r in range(config.rounds):
         with Cluster() as cluster:
-            rate, cpu = cluster.throughput(p.commands)
+            rate, cpu, worker_cpu = cluster.throughput(p.commands)
             idle = cluster.idle_latency(p.idle_samples)
             paced = cluster.paced_latency(p.paced_s)
         rates.append(rate)
         cpus.append(cpu)
+        worker_cpus.append(worker_cpu)
         idle50.append(percentile(idle, 50))
         idle99.append(percentile(idle, 99))
         paced50.append(percentile(paced, 50))
@@ -191,10 +205,14 @@ def run(config: RunConfig) -> BenchResult:
         Figure(f"commands/s, primary → {WORKERS} replicas", "commands/s", rates,
                note=f"{p.commands:,} commands of {COMMAND_BYTES} bytes"),
         Figure("primary CPU per command", "µs", cpus),
+        Figure("worker CPU per command", "µs", worker_cpus,
+               note="each worker's, from /proc (clock-tick resolution)"),
         Figure("commit latency p50, idle", "µs", idle50),
         Figure("commit latency p99, idle", "µs", idle99),
         Figure("commit latency p50, 1,000 commands/s", "µs", paced50),
-        Figure("commit latency p99, 1,000 commands/s", "µs", paced99),
+        Figure("commit latency p99, 1,000 commands/s", "µs", paced99,
+               note=f"load average {load:.1f} on {os.cpu_count()} CPUs when the run began: "
+                    "a p99 here measures waits for a core as much as the path"),
     ]
     method = METHOD.format(workers=WORKERS, event=len(EVENT), size=COMMAND_BYTES,
                            commands=p.commands, idle=p.idle_samples, paced=p.paced_s)
