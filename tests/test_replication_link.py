@@ -274,3 +274,16 @@ def test_frames_survive_being_split_and_batched() -> None:
             receiver.receive()
     finally:
         receiver.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_sees_its_channel_close_whatever_was_forked_after_it(harness) -> None:
+    a = harness.fork("a")
+    harness.fork("b")  # b must not hold a copy of the state process's end of a's channel
+    harness.serve_until(lambda: len(harness.lines("a")) > 0 and len(harness.lines("b")) > 0)
+    harness.link.channels.pop(a).close()  # as when the state process dies
+    pid = harness.pids.pop(a)
+    started = time.monotonic()
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        assert time.monotonic() - started < 10, "worker a never saw its channel close"
+        time.sleep(0.02)

@@ -259,7 +259,9 @@ class ReplicaLink:
     `apply(seq, command)` applies a command to the worker's state machine and returns
     the events it made; `load(seq, dump)` replaces its state; `publish(seq, events)`
     hands events to the worker's subscribers; `reply(token, reply)` answers a
-    forwarded write. `run()` raises `ConnectionLost` when the state process is gone.
+    forwarded write. `run()` raises `ConnectionLost` when the state process is gone,
+    and msgspec.DecodeError on a message it cannot read (the state process's bug): either
+    way the worker exits, and the state process starts another.
     """
 
     def __init__(
