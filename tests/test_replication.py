@@ -422,3 +422,17 @@ def test_messages_are_strictly_typed() -> None:
 def test_bad_bounds_are_refused() -> None:
     with pytest.raises(ValueError):
         Primary(now=0, window=0)
+
+
+def test_a_state_sent_to_a_silent_worker_does_not_extend_its_ack_timeout() -> None:
+    primary = Primary(now=0, window=2, max_tail_commands=2, ack_timeout_ms=1000)
+    a, b = primary.join(0), primary.join(0)
+    primary.append(b"c1", 0)  # b is sent c1 at 0 and never acknowledges anything
+    for seq in range(2, 10):  # a keeps up; b's next command leaves the tail
+        primary.append(b"c%d" % seq, 900)
+        primary.on_message(a, Ack(seq), 900)
+    primary.on_message(b, Resync(0), 900)  # b asks for a state: sent at 900
+    assert any(isinstance(x, SendState) and x.worker == b for x in primary.actions())
+    assert primary.next_deadline() == 1001
+    primary.on_timer(1001)
+    assert primary.workers == [a]

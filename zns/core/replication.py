@@ -349,8 +349,8 @@ class Primary:
         follower = self._workers[worker]
         self.transfers += 1
         self._actions.append(SendState(worker, self.seq))
-        if follower.applied < self.seq:
-            follower.waiting_since = self._now
+        if follower.applied < self.seq and follower.waiting_since is None:
+            follower.waiting_since = self._now  # a state does not restart a running clock
         follower.sent = self.seq
 
     def _trim(self) -> None:
