@@ -18,7 +18,8 @@ from hypothesis import given, settings, strategies as st
 from helpers import examples
 from zns.core.replication import (
     Ack, Answer, Apply, ApplyCommand, Deliver, Drop, Execute, Fence, Forward, LoadState, Primary,
-    Publish, Replica, Reply, Resync, SendState, SendToPrimary, State, decode_to_primary,
+    MAX_LAG_SAMPLES, Publish, Replica, Reply, Resync, SendState, SendToPrimary, State,
+    decode_to_primary,
     decode_to_worker, encode,
 )
 
@@ -436,3 +437,24 @@ def test_a_state_sent_to_a_silent_worker_does_not_extend_its_ack_timeout() -> No
     assert primary.next_deadline() == 1001
     primary.on_timer(1001)
     assert primary.workers == [a]
+
+
+def test_the_tail_is_held_to_its_byte_bound() -> None:
+    primary = Primary(now=0, window=1, max_tail_commands=1000, max_tail_bytes=1000)
+    primary.join(0)  # never acknowledges: everything past its window stays in the tail
+    for _ in range(50):
+        primary.append(b"x" * 100, 0)
+        assert primary.tail[1] <= 1000
+    assert primary.tail == (10, 1000)
+
+
+def test_lag_samples_are_bounded() -> None:
+    primary = Primary(now=0, window=MAX_LAG_SAMPLES + 10, max_tail_commands=1)
+    worker = primary.join(0)
+    for _ in range(MAX_LAG_SAMPLES + 10):
+        primary.append(b"c", 0)
+    primary.actions()
+    primary.on_message(worker, Ack(primary.seq), 5)
+    primary.actions()
+    lags = primary.take_lags()
+    assert len(lags) == MAX_LAG_SAMPLES and set(lags) == {5}
