@@ -449,12 +449,17 @@ def test_the_tail_is_held_to_its_byte_bound() -> None:
 
 
 def test_lag_samples_are_bounded() -> None:
-    primary = Primary(now=0, window=MAX_LAG_SAMPLES + 10, max_tail_commands=1)
+    primary = Primary(now=0, window=2 * MAX_LAG_SAMPLES + 10, max_tail_commands=1)
     worker = primary.join(0)
-    for _ in range(MAX_LAG_SAMPLES + 10):
+    for _ in range(10):  # the oldest: their append times are forgotten past the bound
         primary.append(b"c", 0)
-    primary.actions()
+    for _ in range(MAX_LAG_SAMPLES):
+        primary.append(b"c", 1)
     primary.on_message(worker, Ack(primary.seq), 5)
     primary.actions()
+    for _ in range(MAX_LAG_SAMPLES):  # a second batch, not taken in between
+        primary.append(b"c", 5)
+    primary.on_message(worker, Ack(primary.seq), 6)
+    primary.actions()
     lags = primary.take_lags()
-    assert len(lags) == MAX_LAG_SAMPLES and set(lags) == {5}
+    assert len(lags) == MAX_LAG_SAMPLES and set(lags) == {4}
