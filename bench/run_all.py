@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from bench import (
     agent, expiry, flood, kv, memory, ops, partition, push_latency, registration, remoting,
-    remoting_load, scale, throughput,
+    remoting_load, replication, scale, throughput,
 )
 from bench.report import BENCH_DIR, BenchFn, cli
 
@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, BenchFn] = {
     "ops": ops.run,
     "remoting": remoting.run,
     "remoting_load": remoting_load.run,
+    "replication": replication.run,
     "memory": memory.run,
     "agent": agent.run,
 }

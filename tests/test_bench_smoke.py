@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.harness import run_in_group  # noqa: E402
 SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv", "partition",
-           "flood", "ops", "remoting", "remoting_load"]
+           "flood", "ops", "remoting", "remoting_load", "replication"]
 # Registered in run_all but without a smoke run here: memory's quick variant starts five
 # servers and takes ~10 s on a loaded 2-core machine; agent's starts real RocketMQ brokers
 # and applications (a minute or more), whose behaviour tests/interop/test_agent.py covers.

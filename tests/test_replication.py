@@ -1,0 +1,465 @@
+"""zns.core.replication without sockets: a primary, replicas and the channels between them
+simulated in one process, driven by random schedules (hypothesis) with an injected clock.
+
+Commands and states are opaque to the objects under test; here command `seq` is
+b"c<seq>" and a state dump is b"s<seq>", so a replica's content is checked by its seq.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import msgspec
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from helpers import examples
+from zns.core.replication import (
+    Ack, Answer, Apply, ApplyCommand, Deliver, Drop, Execute, Fence, Forward, LoadState, Primary,
+    MAX_LAG_SAMPLES, Publish, Replica, Reply, Resync, SendState, SendToPrimary, State,
+    decode_to_primary,
+    decode_to_worker, encode,
+)
+
+
+@dataclass
+class Node:
+    """One worker: its replica, the model of its state machine and its two channels."""
+
+    replica: Replica
+    inbox: deque = field(default_factory=deque)  # primary -> worker, in order
+    outbox: deque = field(default_factory=deque)  # worker -> primary, in order
+    state: int = 0  # the seq its state machine is at
+    loaded: bool = False
+    published: list[int] = field(default_factory=list)
+    replies: dict[int, bytes] = field(default_factory=dict)
+    expected: dict[int, int] = field(default_factory=dict)  # token -> seq its write made
+
+
+class Cluster:
+    """A primary and its workers, with checks after every step."""
+
+    def __init__(self, rng: random.Random, *, window: int = 4, tail: int = 8,
+                 ack_timeout_ms: int = 1000, lossy: bool = False) -> None:
+        self.rng = rng
+        self.now = 0
+        self.primary = Primary(now=0, window=window, max_tail_commands=tail,
+                               max_tail_bytes=10_000, ack_timeout_ms=ack_timeout_ms)
+        self.window = window
+        self.lossy = lossy
+        self.nodes: dict[int, Node] = {}
+        self.dead: set[int] = set()
+        self.fences: list[int] = [0]
+
+    # --- steps ------------------------------------------------------------------
+
+    def append(self) -> int:
+        seq = self.primary.append(b"c%d" % (self.primary.seq + 1), self.now)
+        self.carry_out()
+        return seq
+
+    def join(self) -> int:
+        worker = self.primary.join(self.now)
+        self.nodes[worker] = Node(Replica(max_held_bytes=1_000_000))
+        self.carry_out()
+        return worker
+
+    def kill(self, worker: int) -> None:
+        self.nodes.pop(worker)
+        self.dead.add(worker)
+        self.primary.leave(worker)
+        self.carry_out()
+
+    def to_worker(self, worker: int) -> None:
+        node = self.nodes[worker]
+        batch = [node.inbox.popleft() for _ in range(self.rng.randint(1, len(node.inbox)))]
+        for body in batch:
+            if self.lossy and self.rng.random() < 0.05:
+                continue  # a lost message: the replica must notice the gap
+            node.replica.on_message(decode_to_worker(body))
+        self.run_replica(worker)
+
+    def to_primary(self, worker: int) -> None:
+        node = self.nodes[worker]
+        for _ in range(self.rng.randint(1, len(node.outbox))):
+            self.primary.on_message(worker, decode_to_primary(node.outbox.popleft()), self.now)
+        self.carry_out()
+
+    def forward(self, worker: int) -> None:
+        node = self.nodes[worker]
+        node.replica.forward(b"w")
+        self.run_replica(worker)
+
+    def tick(self, ms: int) -> None:
+        self.now += ms
+        self.primary.on_timer(self.now)
+        self.carry_out()
+
+    # --- the drivers' part --------------------------------------------------------
+
+    def carry_out(self) -> None:
+        for action in self.primary.actions():
+            match action:
+                case Deliver(worker=w, message=message):
+                    if isinstance(message, Apply):
+                        in_flight = sum(1 for b in self.nodes[w].inbox
+                                        if isinstance(decode_to_worker(b), Apply))
+                        assert in_flight < self.window, "a window holds at most `window` commands"
+                    self.nodes[w].inbox.append(encode(message))
+                case SendState(worker=w, seq=seq):
+                    assert seq == self.primary.seq, "a state is always the current one"
+                    self.nodes[w].inbox.append(encode(State(seq, b"s%d" % seq)))
+                case Execute(worker=w, token=token):
+                    seq = self.primary.append(b"c%d" % (self.primary.seq + 1), self.now)
+                    self.nodes[w].expected[token] = seq
+                    self.primary.answer(w, token, seq, b"r%d" % seq)
+                    self.carry_out()
+                case Drop(worker=w):
+                    self.nodes.pop(w)
+                    self.dead.add(w)
+        self.check_fence()
+
+    def run_replica(self, worker: int) -> None:
+        node = self.nodes[worker]
+        for action in node.replica.actions():
+            match action:
+                case ApplyCommand(seq=seq, command=command):
+                    assert node.loaded, "nothing is applied before the first state"
+                    assert seq == node.state + 1, "commands are applied in order, none twice"
+                    assert command == b"c%d" % seq
+                    node.state = seq
+                    node.replica.produced(seq, [b"e%d" % seq])
+                case LoadState(seq=seq, dump=dump):
+                    assert dump == b"s%d" % seq and seq >= node.state
+                    node.state, node.loaded = seq, True
+                case Publish(seq=seq, events=events):
+                    assert events == [b"e%d" % seq]
+                    for other in self.nodes.values():
+                        if other.loaded:
+                            assert other.state >= seq, \
+                                "an event is published only once every live worker applied it"
+                    node.published.append(seq)
+                case Reply(token=token, reply=reply):
+                    seq = node.expected[token]
+                    assert reply == b"r%d" % seq
+                    assert node.state >= seq, "a write is answered once its worker can read it"
+                    node.replies[token] = reply
+                case SendToPrimary(message=message):
+                    node.outbox.append(encode(message))
+
+    def check_fence(self) -> None:
+        fence = self.primary.fence
+        assert fence >= self.fences[-1], "the fence never moves back"
+        assert fence <= self.primary.seq
+        self.fences.append(fence)
+        for worker in self.primary.workers:
+            node = self.nodes[worker]
+            if node.loaded:
+                assert node.state >= fence, "the fence never passes a live worker"
+
+    def settle(self) -> None:
+        """Deliver everything, losslessly, until nothing moves."""
+        self.lossy = False
+        for _ in range(10_000):
+            busy = [w for w, n in self.nodes.items() if n.inbox or n.outbox]
+            if not busy:
+                return
+            for worker in busy:
+                if worker in self.nodes and self.nodes[worker].inbox:
+                    self.to_worker(worker)
+                if worker in self.nodes and self.nodes[worker].outbox:
+                    self.to_primary(worker)
+        raise AssertionError("the cluster never settled")
+
+
+def run_schedule(seed: int, steps: int, *, lossy: bool = False) -> Cluster:
+    rng = random.Random(seed)
+    cluster = Cluster(rng, window=rng.randint(1, 6), tail=rng.randint(1, 10), lossy=lossy)
+    for _ in range(rng.randint(0, 3)):
+        cluster.join()
+    for _ in range(steps):
+        roll = rng.random()
+        alive = list(cluster.nodes)
+        if roll < 0.3:
+            cluster.append()
+        elif roll < 0.55 and alive:
+            worker = rng.choice(alive)
+            if cluster.nodes[worker].inbox:
+                cluster.to_worker(worker)
+        elif roll < 0.75 and alive:
+            worker = rng.choice(alive)
+            if cluster.nodes[worker].outbox:
+                cluster.to_primary(worker)
+        elif roll < 0.82 and alive:
+            worker = rng.choice(alive)
+            if cluster.nodes[worker].loaded:
+                cluster.forward(worker)
+        elif roll < 0.86 and alive:
+            cluster.kill(rng.choice(alive))
+        elif roll < 0.91 and len(alive) < 4:
+            cluster.join()
+        else:
+            cluster.tick(rng.randint(1, 400))
+    return cluster
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 300))
+def test_random_schedules_keep_the_fence_and_order(seed: int, steps: int) -> None:
+    cluster = run_schedule(seed, steps)
+    cluster.settle()
+    # Liveness once everything is delivered: every live worker is at the head, the fence
+    # too (the dead never held it back), every event was published, every write answered.
+    primary = cluster.primary
+    assert primary.fence == primary.seq
+    for worker, node in cluster.nodes.items():
+        assert node.state == primary.seq and primary.applied(worker) == primary.seq
+        assert node.replica.held == (0, 0)
+        assert set(node.replies) == set(node.expected)
+        assert node.published == sorted(node.published)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 300))
+def test_lost_messages_are_noticed_and_repaired_by_a_state(seed: int, steps: int) -> None:
+    cluster = run_schedule(seed, steps, lossy=True)
+    cluster.settle()
+    for _ in range(3):  # new commands reach every survivor; a survivor with a gap resyncs
+        cluster.append()
+        cluster.settle()
+    cluster.tick(cluster.primary.ack_timeout_ms + 1)  # a worker whose state was lost is dropped
+    cluster.settle()
+    primary = cluster.primary
+    assert primary.fence == primary.seq
+    for node in cluster.nodes.values():
+        assert node.state == primary.seq
+
+
+# --- single behaviours, by hand ------------------------------------------------------------
+
+
+def test_the_fence_waits_for_the_slowest_worker_and_events_wait_for_the_fence() -> None:
+    cluster = Cluster(random.Random(1), window=10, tail=10)
+    a, b = cluster.join(), cluster.join()
+    cluster.settle()
+    seq = cluster.append()
+    cluster.to_worker(a)  # a applies it and holds its event
+    cluster.to_primary(a)
+    assert cluster.primary.fence == seq - 1 and cluster.nodes[a].published == []
+    assert cluster.nodes[a].replica.held == (1, len(b"e%d" % seq))
+    cluster.to_worker(b)
+    cluster.to_primary(b)
+    assert cluster.primary.fence == seq
+    cluster.settle()
+    assert cluster.nodes[a].published == [seq] and cluster.nodes[b].published == [seq]
+
+
+def test_a_dead_worker_leaves_the_fence_at_once() -> None:
+    cluster = Cluster(random.Random(2), window=10, tail=10)
+    a, b = cluster.join(), cluster.join()
+    cluster.settle()
+    seq = cluster.append()
+    cluster.to_worker(a)
+    cluster.to_primary(a)
+    assert cluster.primary.fence == seq - 1
+    cluster.kill(b)
+    assert cluster.primary.fence == seq
+    cluster.settle()
+    assert cluster.nodes[a].published == [seq]
+
+
+def test_a_silent_worker_is_dropped_after_the_ack_timeout_and_not_before() -> None:
+    cluster = Cluster(random.Random(3), window=10, tail=10, ack_timeout_ms=1000)
+    a, b = cluster.join(), cluster.join()
+    cluster.settle()
+    cluster.append()
+    cluster.to_worker(a)
+    cluster.to_primary(a)  # b never reads
+    assert cluster.primary.next_deadline() == 1001
+    cluster.tick(1000)
+    assert b in cluster.primary.workers
+    cluster.tick(1)
+    assert cluster.primary.workers == [a] and cluster.primary.fence == cluster.primary.seq
+    assert cluster.primary.dropped == 1 and cluster.primary.next_deadline() is None
+
+
+def test_an_idle_primary_wants_no_timer() -> None:
+    cluster = Cluster(random.Random(4))
+    cluster.join()
+    cluster.settle()
+    assert cluster.primary.next_deadline() is None
+    cluster.append()
+    cluster.settle()
+    assert cluster.primary.next_deadline() is None
+
+
+def test_a_worker_past_the_tail_gets_a_state_instead() -> None:
+    cluster = Cluster(random.Random(5), window=2, tail=3)
+    a, b = cluster.join(), cluster.join()
+    cluster.settle()
+    transfers = cluster.primary.transfers
+    for _ in range(10):
+        cluster.append()
+        cluster.to_worker(a)
+        cluster.to_primary(a)
+    # b read nothing: 2 commands sent (its window), the rest held until the tail bound...
+    assert sum(isinstance(decode_to_worker(m), Apply) for m in cluster.nodes[b].inbox) == 2
+    assert cluster.primary.tail == (3, sum(len(b"c%d" % s) for s in (8, 9, 10)))
+    cluster.settle()
+    # ... and when b caught up with its window, the command it needed next was gone.
+    assert cluster.primary.transfers == transfers + 1
+    assert cluster.nodes[b].state == 10 and cluster.primary.fence == 10
+
+
+def test_a_gap_makes_the_replica_ask_for_a_state_and_ignore_commands_until_then() -> None:
+    replica = Replica()
+    replica.on_message(State(5, b"s5"))
+    replica.on_message(Apply(6, b"c6"))
+    replica.on_message(Apply(8, b"c8"))  # 7 is missing
+    replica.on_message(Apply(9, b"c9"))
+    assert replica.actions() == [LoadState(5, b"s5"), ApplyCommand(6, b"c6"),
+                                 SendToPrimary(Resync(6))]
+    replica.on_message(State(9, b"s9"))
+    replica.on_message(Apply(10, b"c10"))
+    assert replica.actions() == [LoadState(9, b"s9"), ApplyCommand(10, b"c10"),
+                                 SendToPrimary(Ack(10))]
+    assert replica.resyncs == 1
+
+
+def test_a_duplicate_command_makes_the_replica_ask_for_a_state() -> None:
+    replica = Replica()
+    replica.on_message(State(1, b"s1"))
+    replica.on_message(Apply(2, b"c2"))
+    replica.actions()
+    replica.on_message(Apply(2, b"c2"))
+    assert replica.actions() == [SendToPrimary(Resync(2))]
+
+
+def test_a_replica_applies_nothing_before_its_first_state() -> None:
+    replica = Replica()
+    replica.on_message(Apply(1, b"c1"))
+    replica.on_message(Fence(1))
+    assert replica.actions() == [] and not replica.loaded
+
+
+def test_a_forwarded_reply_waits_for_its_seq() -> None:
+    replica = Replica()
+    replica.on_message(State(3, b"s3"))
+    token = replica.forward(b"write")
+    assert replica.actions() == [LoadState(3, b"s3"), SendToPrimary(Forward(token, b"write")),
+                                 SendToPrimary(Ack(3))]
+    replica.on_message(Answer(token, 5, b"ok"))
+    replica.on_message(Apply(4, b"c4"))
+    assert replica.actions() == [ApplyCommand(4, b"c4"), SendToPrimary(Ack(4))]
+    replica.on_message(Apply(5, b"c5"))
+    assert replica.actions() == [ApplyCommand(5, b"c5"), Reply(token, b"ok"),
+                                 SendToPrimary(Ack(5))]
+
+
+def test_acks_are_one_per_batch() -> None:
+    replica = Replica()
+    replica.on_message(State(0, b"s0"))
+    for seq in range(1, 101):
+        replica.on_message(Apply(seq, b"c"))
+    acks = [a for a in replica.actions() if isinstance(a, SendToPrimary)]
+    assert acks == [SendToPrimary(Ack(100))]
+    assert replica.actions() == []
+
+
+def test_held_events_are_bounded_and_the_oldest_dropped() -> None:
+    replica = Replica(max_held_bytes=10)
+    replica.on_message(State(0, b"s0"))
+    for seq in range(1, 5):
+        replica.on_message(Apply(seq, b"c"))
+        replica.produced(seq, [b"eeee"])
+    assert replica.held == (2, 8) and replica.dropped_events == 2
+    replica.on_message(Fence(4))
+    assert [a for a in replica.actions() if isinstance(a, Publish)] == [
+        Publish(3, [b"eeee"]), Publish(4, [b"eeee"])]
+
+
+def test_an_ack_outside_what_was_sent_drops_the_worker() -> None:
+    primary = Primary(now=0)
+    worker = primary.join(0)
+    primary.actions()
+    primary.on_message(worker, Ack(1), 0)  # nothing past 0 was ever sent
+    assert primary.actions() == [Drop(worker, "acknowledged seq 1 outside 0..0")]
+    assert primary.workers == [] and primary.fence == primary.seq
+
+
+def test_the_lag_is_measured_from_append_to_commit() -> None:
+    primary = Primary(now=0)
+    worker = primary.join(0)
+    primary.append(b"c1", 10)
+    primary.append(b"c2", 12)
+    primary.actions()
+    primary.on_message(worker, Ack(2), 15)
+    primary.actions()
+    assert primary.take_lags() == [5, 3] and primary.take_lags() == []
+
+
+def test_a_join_counts_at_the_current_seq_and_the_fence_never_moves_back() -> None:
+    primary = Primary(now=0)
+    a = primary.join(0)
+    for seq in range(1, 4):
+        primary.append(b"c%d" % seq, 0)
+    primary.on_message(a, Ack(3), 0)
+    assert primary.fence == 3
+    b = primary.join(0)
+    assert primary.fence == 3
+    assert SendState(b, 3) in primary.actions()
+
+
+def test_messages_are_strictly_typed() -> None:
+    with pytest.raises(msgspec.DecodeError):
+        decode_to_primary(encode(Apply(1, b"x")))
+    with pytest.raises(msgspec.DecodeError):
+        decode_to_worker(b"\x00garbage")
+    assert decode_to_worker(encode(Fence(7))) == Fence(7)
+
+
+def test_bad_bounds_are_refused() -> None:
+    with pytest.raises(ValueError):
+        Primary(now=0, window=0)
+
+
+def test_a_state_sent_to_a_silent_worker_does_not_extend_its_ack_timeout() -> None:
+    primary = Primary(now=0, window=2, max_tail_commands=2, ack_timeout_ms=1000)
+    a, b = primary.join(0), primary.join(0)
+    primary.append(b"c1", 0)  # b is sent c1 at 0 and never acknowledges anything
+    for seq in range(2, 10):  # a keeps up; b's next command leaves the tail
+        primary.append(b"c%d" % seq, 900)
+        primary.on_message(a, Ack(seq), 900)
+    primary.on_message(b, Resync(0), 900)  # b asks for a state: sent at 900
+    assert any(isinstance(x, SendState) and x.worker == b for x in primary.actions())
+    assert primary.next_deadline() == 1001
+    primary.on_timer(1001)
+    assert primary.workers == [a]
+
+
+def test_the_tail_is_held_to_its_byte_bound() -> None:
+    primary = Primary(now=0, window=1, max_tail_commands=1000, max_tail_bytes=1000)
+    primary.join(0)  # never acknowledges: everything past its window stays in the tail
+    for _ in range(50):
+        primary.append(b"x" * 100, 0)
+        assert primary.tail[1] <= 1000
+    assert primary.tail == (10, 1000)
+
+
+def test_lag_samples_are_bounded() -> None:
+    primary = Primary(now=0, window=2 * MAX_LAG_SAMPLES + 10, max_tail_commands=1)
+    worker = primary.join(0)
+    for _ in range(10):  # the oldest: their append times are forgotten past the bound
+        primary.append(b"c", 0)
+    for _ in range(MAX_LAG_SAMPLES):
+        primary.append(b"c", 1)
+    primary.on_message(worker, Ack(primary.seq), 5)
+    primary.actions()
+    for _ in range(MAX_LAG_SAMPLES):  # a second batch, not taken in between
+        primary.append(b"c", 5)
+    primary.on_message(worker, Ack(primary.seq), 6)
+    primary.actions()
+    lags = primary.take_lags()
+    assert len(lags) == MAX_LAG_SAMPLES and set(lags) == {4}

@@ -1,0 +1,289 @@
+"""zns.drivers.replication_link with real processes: a primary here, forked workers, opaque
+commands and dumps. Each worker writes what it did, one line each, into its own file."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import socket
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from zns.core.errors import ConnectionLost
+from zns.core.replication import Primary, Replica
+from zns.drivers.replication_link import Channel, PrimaryLink, ReplicaLink, fork_worker
+
+from helpers import LOADED_DEADLINE
+
+
+def clock() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def worker_main(path: Path, forward: bool = False) -> Callable[[socket.socket], int]:
+    def main(sock: socket.socket) -> int:
+        faulthandler.disable()  # pytest's, inherited by the fork
+        out = open(path, "a", buffering=1)
+        link = ReplicaLink(
+            sock, Replica(),
+            apply=lambda seq, command: (out.write(f"apply {seq} {command.decode()}\n"),
+                                        [b"e%d" % seq])[1],
+            load=lambda seq, dump: out.write(f"load {seq} {dump.decode()}\n") and None,
+            publish=lambda seq, events: out.write(f"publish {seq}\n") and None,
+            reply=lambda token, reply: out.write(f"reply {token} {reply.decode()}\n") and None,
+        )
+        forwarded = not forward
+        while True:
+            link.wait(1000)
+            try:
+                link.run()
+                if not forwarded and link.replica.loaded:
+                    link.forward(b"write")
+                    forwarded = True
+            except ConnectionLost:
+                return 0
+
+    return main
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, **primary: int) -> None:
+        self.tmp_path = tmp_path
+        self.state = 0  # the opaque state machine: how many commands it applied
+        self.dropped: list[tuple[int, str]] = []
+        self.link = PrimaryLink(
+            Primary(now=clock(), **primary),
+            dump=lambda: b"dump-at-%d" % self.state,
+            execute=self.execute,
+            dropped=lambda worker, reason: self.dropped.append((worker, reason)),
+        )
+        self.pids: dict[int, int] = {}  # worker -> pid
+
+    def execute(self, worker: int, request: bytes) -> tuple[bytes | None, bytes]:
+        self.state += 1
+        return b"c%d-%s" % (self.state, request), b"done-%d" % self.state
+
+    def fork(self, name: str, forward: bool = False) -> int:
+        pid, worker = fork_worker(self.link, worker_main(self.tmp_path / name, forward), clock())
+        self.pids[worker] = pid
+        return worker
+
+    def append(self) -> int:
+        self.state += 1
+        return self.link.append(b"c%d" % self.state, clock())
+
+    def serve_until(self, done: Callable[[], bool], deadline_s: float = LOADED_DEADLINE) -> float:
+        started = time.monotonic()
+        while not done():
+            assert time.monotonic() - started < deadline_s, "not within the deadline"
+            self.link.wait(20)
+            self.link.run(clock())
+        return time.monotonic() - started
+
+    def lines(self, name: str) -> list[str]:
+        path = self.tmp_path / name
+        return path.read_text().splitlines() if path.exists() else []
+
+    def close(self) -> None:
+        self.link.close()  # each worker reads EOF and exits
+        for pid in self.pids.values():
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+@pytest.fixture
+def harness(tmp_path: Path):
+    h = Harness(tmp_path, ack_timeout_ms=60_000)
+    yield h
+    for pid in h.pids.values():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    h.close()
+
+
+@pytest.mark.timeout(120)
+def test_commands_reach_every_worker_in_order_and_events_wait_for_the_fence(harness) -> None:
+    a, b = harness.fork("a"), harness.fork("b")
+    for _ in range(2000):
+        harness.append()
+    primary = harness.link.primary
+    harness.serve_until(lambda: primary.fence == 2000)
+    harness.serve_until(lambda: all(
+        harness.lines(n)[-1:] == ["publish 2000"] for n in ("a", "b")))
+    for name in ("a", "b"):
+        lines = harness.lines(name)
+        assert lines[0] == "load 0 dump-at-0"
+        assert [x for x in lines if x.startswith("apply")] == [
+            f"apply {s} c{s}" for s in range(1, 2001)]
+        published = [int(x.split()[1]) for x in lines if x.startswith("publish")]
+        assert published == list(range(1, 2001))
+        # Each event was published after its own command was applied, never before.
+        assert lines.index("publish 1") > lines.index("apply 1 c1")
+    assert primary.workers == [a, b] and harness.dropped == []
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_with_sigkill_leaves_the_fence_at_once(harness) -> None:
+    a, b = harness.fork("a"), harness.fork("b")
+    primary = harness.link.primary
+    harness.serve_until(lambda: primary.applied(a) == 0 and len(harness.lines("b")) > 0)
+    os.kill(harness.pids[b], signal.SIGSTOP)  # b applies nothing more: the fence waits
+    for _ in range(100):
+        harness.append()
+    harness.serve_until(lambda: primary.applied(a) == 100)
+    assert primary.fence == 0
+    killed = time.monotonic()
+    os.kill(harness.pids[b], signal.SIGKILL)
+    # Seen by the channel's EOF, not the ack timeout (60 s here).
+    took = harness.serve_until(lambda: primary.fence == 100, deadline_s=10)
+    assert primary.workers == [a] and harness.dropped[0][0] == b
+    harness.serve_until(lambda: harness.lines("a")[-1:] == ["publish 100"])
+    assert time.monotonic() - killed < 10 and took < 10
+
+
+@pytest.mark.timeout(120)
+def test_a_new_worker_joins_by_a_state_transfer_and_follows(harness) -> None:
+    harness.fork("a")
+    for _ in range(50):
+        harness.append()
+    primary = harness.link.primary
+    harness.serve_until(lambda: primary.fence == 50)
+    c = harness.fork("c")
+    assert primary.fence == 50  # a new worker counts at the seq of its state
+    for _ in range(10):
+        harness.append()
+    harness.serve_until(lambda: primary.applied(c) == 60 and primary.fence == 60)
+    lines = harness.lines("c")
+    assert lines[0] == "load 50 dump-at-50"
+    assert [x for x in lines if x.startswith("apply")] == [
+        f"apply {s} c{s}" for s in range(51, 61)]
+
+
+@pytest.mark.timeout(120)
+def test_a_forwarded_write_is_answered_after_its_worker_applied_it(harness) -> None:
+    harness.fork("a")
+    harness.fork("w", forward=True)
+    harness.serve_until(lambda: any(x.startswith("reply") for x in harness.lines("w")))
+    lines = harness.lines("w")
+    assert lines.index("reply 1 done-1") > lines.index("apply 1 c1-write")
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_never_reads_holds_a_bounded_buffer_then_is_dropped(tmp_path) -> None:
+    h = Harness(tmp_path, ack_timeout_ms=500, window=16)
+    try:
+        a, b = h.fork("a"), h.fork("b")
+        primary = h.link.primary
+        h.serve_until(lambda: primary.applied(a) == 0 and len(h.lines("b")) > 0)
+        os.kill(h.pids[b], signal.SIGSTOP)
+        for _ in range(5000):
+            h.append()
+            h.link.run(clock())
+            # At most a window of commands and the small fence messages are in its channel.
+            assert h.link.channels[b].pending < 16 * 64 + 4096 if b in h.link.channels else True
+        h.serve_until(lambda: b not in primary.workers and primary.fence == 5000)
+        assert "no acknowledgement" in h.dropped[0][1]
+        assert primary.tail[0] <= primary.max_tail_commands
+    finally:
+        for pid in h.pids.values():
+            os.kill(pid, signal.SIGKILL)
+        h.close()
+
+
+def test_the_state_process_has_no_named_endpoint(harness) -> None:
+    harness.fork("a")
+    for channel in harness.link.channels.values():
+        sock = channel.sock
+        assert sock.family == socket.AF_UNIX
+        # An unnamed socketpair: no path, no abstract name; nothing else can connect to it.
+        assert sock.getsockname() in ("", b"") and sock.getpeername() in ("", b"")
+        assert stat.S_ISSOCK(os.fstat(sock.fileno()).st_mode)
+    listening = [name for name in os.listdir(f"/proc/{os.getpid()}/fd")
+                 if _is_listening(int(name))]
+    assert listening == []
+
+
+def _is_listening(fd: int) -> bool:
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return False
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return False
+    try:
+        return bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+    finally:
+        sock.close()
+
+
+def test_a_frame_over_the_bound_ends_the_channel() -> None:
+    left, right = socket.socketpair()
+    sender, receiver = Channel(left), Channel(right, max_frame_bytes=10)
+    try:
+        sender.send(b"x" * 11)
+        sender.flush()
+        with pytest.raises(ConnectionLost):
+            receiver.receive()
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_a_channel_refuses_to_hold_more_than_its_bound() -> None:
+    left, right = socket.socketpair()
+    sender = Channel(left, max_pending_bytes=1 << 20)
+    try:
+        with pytest.raises(ConnectionLost):
+            for _ in range(10_000):  # nobody reads `right`
+                sender.send(b"x" * 1024)
+                sender.flush()
+        assert sender.pending <= 1 << 20
+    finally:
+        sender.close()
+        right.close()
+
+
+@pytest.mark.timeout(30)
+def test_frames_survive_being_split_and_batched() -> None:
+    left, right = socket.socketpair()
+    sender, receiver = Channel(left), Channel(right)
+    try:
+        bodies = [bytes([i]) * (i * 997) for i in range(40)]
+        for body in bodies:
+            sender.send(body)
+        got: list[bytes] = []
+        sender.flush()
+        first = receiver.receive(budget=5000)
+        assert sum(len(b) + 4 for b in first) <= 5000  # one pass reads no more than its budget
+        got += first
+        while len(got) < len(bodies):
+            sender.flush()  # more than the socket's buffer holds
+            got += receiver.receive(budget=5000)  # frames cut across reads
+        assert got == bodies
+        sender.close()
+        with pytest.raises(ConnectionLost):
+            receiver.receive()
+    finally:
+        receiver.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_sees_its_channel_close_whatever_was_forked_after_it(harness) -> None:
+    a = harness.fork("a")
+    harness.fork("b")  # b must not hold a copy of the state process's end of a's channel
+    harness.serve_until(lambda: len(harness.lines("a")) > 0 and len(harness.lines("b")) > 0)
+    harness.link.channels.pop(a).close()  # as when the state process dies
+    pid = harness.pids.pop(a)
+    started = time.monotonic()
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        assert time.monotonic() - started < 10, "worker a never saw its channel close"
+        time.sleep(0.02)

@@ -1,0 +1,151 @@
+"""zns.core.workers: the supervision policy alone, with an injected clock and random source."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from helpers import examples
+from zns.core.workers import StartWorker, StopWorker, WorkerPool
+
+
+def pool(desired: int = 2, **kwargs: int) -> WorkerPool:
+    return WorkerPool(desired, now=0, rng=random.Random(0), **kwargs)
+
+
+def start_all(p: WorkerPool, now: int, first_pid: int) -> list[int]:
+    pids = []
+    for action in p.actions():
+        assert isinstance(action, StartWorker)
+        pids.append(first_pid + len(pids))
+        p.started(action.slot, pids[-1], now)
+    return pids
+
+
+def test_it_starts_n_workers_at_once() -> None:
+    p = pool(3)
+    assert p.actions() == [StartWorker(0), StartWorker(1), StartWorker(2)]
+    assert p.next_deadline() is None
+
+
+def test_a_worker_that_dies_is_replaced_at_once() -> None:
+    p = pool(2)
+    start_all(p, 0, 100)
+    p.exited(101, 50_000)
+    assert p.actions() == [StartWorker(1)] and p.restarts == 1
+    p.started(1, 102, 50_000)
+    assert sorted(p.alive) == [100, 102]
+
+
+def test_a_worker_that_keeps_dying_waits_a_growing_backoff() -> None:
+    p = pool(1, first_delay_ms=100, max_delay_ms=1000, stable_ms=10_000)
+    start_all(p, 0, 1)
+    now, pid, delays = 0, 1, []
+    for _ in range(8):
+        now += 10  # dies 10 ms after its start
+        p.exited(pid, now)
+        actions = p.actions()
+        if actions:  # the first quick death: at once
+            delays.append(0)
+        else:
+            due = p.next_deadline()
+            assert due is not None and due > now
+            delays.append(due - now)
+            p.on_timer(due - 1)
+            assert p.actions() == []
+            now = due
+            p.on_timer(now)
+            actions = p.actions()
+        assert actions == [StartWorker(0)]
+        pid += 1
+        p.started(0, pid, now)
+    assert delays[0] == 0 and 50 <= delays[1] <= 100
+    assert max(delays) <= 1000 and delays[-1] >= 500  # doubled up to the cap (jitter: ×0.5–1)
+
+
+def test_a_worker_that_lived_long_is_replaced_at_once_again() -> None:
+    p = pool(1, first_delay_ms=100, stable_ms=1000)
+    start_all(p, 0, 1)
+    p.exited(1, 10)
+    p.actions()
+    p.started(0, 2, 10)
+    p.exited(2, 20)  # quick again: backoff
+    assert p.actions() == []
+    due = p.next_deadline()
+    assert due is not None
+    p.on_timer(due)
+    p.started(0, 3, due)
+    p.actions()
+    p.exited(3, due + 1000)  # lived stable_ms: at once, and the backoff starts over
+    assert p.actions() == [StartWorker(0)]
+
+
+def test_stop_stops_every_worker_and_starts_none() -> None:
+    p = pool(2)
+    pids = start_all(p, 0, 10)
+    p.stop()
+    assert p.actions() == [StopWorker(pids[0]), StopWorker(pids[1])]
+    p.exited(pids[0], 5)
+    p.on_timer(100_000)
+    assert p.actions() == [] and p.next_deadline() is None
+
+
+def test_a_failed_start_is_tried_again_later() -> None:
+    p = pool(1, first_delay_ms=100)
+    p.actions()
+    p.start_failed(0, 0)
+    due = p.next_deadline()
+    assert due is not None and 50 <= due <= 100
+    p.on_timer(due)
+    assert p.actions() == [StartWorker(0)]
+
+
+def test_an_unknown_pid_changes_nothing() -> None:
+    p = pool(1)
+    start_all(p, 0, 1)
+    p.exited(999, 5)
+    assert p.actions() == [] and p.alive == [1]
+
+
+def test_a_pool_needs_a_worker() -> None:
+    with pytest.raises(ValueError):
+        WorkerPool(0, now=0)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.integers(1, 4), st.lists(st.tuples(st.integers(0, 3), st.integers(1, 20_000)),
+                                   max_size=60))
+def test_never_more_than_n_alive_and_every_slot_is_refilled(
+        desired: int, deaths: list[tuple[int, int]]) -> None:
+    p = pool(desired)
+    now, next_pid = 0, 1
+    starts: list[StartWorker] = []
+
+    def carry_out() -> None:
+        nonlocal next_pid
+        for action in p.actions():
+            assert isinstance(action, StartWorker)
+            p.started(action.slot, next_pid, now)
+            next_pid += 1
+            assert len(p.alive) <= desired
+            starts.append(action)
+
+    carry_out()
+    for victim, after in deaths:
+        now += after
+        p.on_timer(now)
+        carry_out()
+        alive = p.alive
+        if alive:
+            p.exited(alive[victim % len(alive)], now)
+            carry_out()
+    for _ in range(10):  # every delayed start comes due
+        due = p.next_deadline()
+        if due is None:
+            break
+        now = max(now, due)
+        p.on_timer(now)
+        carry_out()
+    assert len(p.alive) == desired

@@ -1,0 +1,527 @@
+"""Replication, sans-I/O: one writer's numbered commands carried to N read replicas, and
+the commit fence that keeps every client from going back in time.
+
+The state process (the only writer) numbers each state-changing command it
+applies (`Primary.append` returns its `seq`); every worker process holds a
+replica fed those commands in order (`Replica`). Commands and state dumps are
+opaque bytes here: what they mean is the state machine's business, and these
+objects are tested without one. Neither object touches a socket or a clock:
+inputs come in with a `now` (integer ms), `actions()` hands out what to do, and
+the primary's `next_deadline()` says when `on_timer` is due. The channel that
+carries the messages is `zns.drivers.replication_link`.
+
+The primary, per worker:
+
+- sends each command once, in seq order, keeping at most `window` commands
+  sent and not acknowledged (the channel to a worker therefore holds at most
+  `window` commands, plus one state transfer and the small fence and answer
+  messages: a worker that never reads cannot make the state process hold more);
+- keeps the *tail*, the commands some worker has not been sent yet, bounded by
+  `max_tail_commands` and `max_tail_bytes`. A worker whose next command has
+  left the tail gets a state transfer instead (`SendState`: a dump at the
+  current seq), once its window opens;
+- drops a worker that left (`leave`), and one that holds an unacknowledged
+  command for longer than `ack_timeout_ms` (`Drop`): neither holds the fence
+  back a moment longer;
+- admits a new worker (`join`) with a state transfer at the current seq.
+
+The commit fence is the lowest seq every live worker has applied (the current
+seq when there is none). Whenever it moves, it is announced to every worker.
+A worker holds the events its replica produced for seq S until the fence
+reaches S, and only then publishes them. So when any client has seen the event
+of S, every live worker has applied S, and a pull made afterwards, on whatever
+worker, answers at S or later. A worker joins at the current seq (which the
+fence never exceeds) and must answer nothing before its first state is
+loaded, so the fence never passes a worker that can answer reads. The fence
+never moves back.
+
+Read-your-writes: a worker forwards a write (`Replica.forward`); the primary
+executes it (`Execute`) and returns the reply with the seq of the command it
+made (`Primary.answer`); the replica hands the reply out only once it has
+applied that seq.
+
+Acknowledgements are batched: the replica acknowledges once per `actions()`
+call (the driver calls it once per batch of messages it drained), with the
+highest seq applied, never on a timer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import msgspec
+
+# Defaults, sized for route-table commands of at most a few KiB.
+DEFAULT_WINDOW = 1024  # commands sent to one worker and not yet acknowledged
+DEFAULT_MAX_TAIL_COMMANDS = 65_536  # commands held for workers not yet sent them
+DEFAULT_MAX_TAIL_BYTES = 64 * 1024 * 1024
+DEFAULT_ACK_TIMEOUT_MS = 10_000  # a worker silent this long with a command unacknowledged is dead
+DEFAULT_MAX_HELD_BYTES = 64 * 1024 * 1024  # events a replica holds for the fence
+MAX_LAG_SAMPLES = 65_536  # append times kept for the lag measurement
+
+
+# --- the channel's messages ---------------------------------------------------------------
+
+
+class Apply(msgspec.Struct, tag="apply", frozen=True):
+    """Primary -> worker: the command numbered `seq`."""
+
+    seq: int
+    command: bytes
+
+
+class State(msgspec.Struct, tag="state", frozen=True):
+    """Primary -> worker: the whole state as of `seq` (a state transfer)."""
+
+    seq: int
+    dump: bytes
+
+
+class Fence(msgspec.Struct, tag="fence", frozen=True):
+    """Primary -> worker: every live worker has applied `seq`; publish events up to it."""
+
+    seq: int
+
+
+class Answer(msgspec.Struct, tag="answer", frozen=True):
+    """Primary -> worker: the reply to forwarded write `token`, readable once `seq` is applied."""
+
+    token: int
+    seq: int
+    reply: bytes
+
+
+class Ack(msgspec.Struct, tag="ack", frozen=True):
+    """Worker -> primary: my replica has applied every command up to `seq`."""
+
+    seq: int
+
+
+class Forward(msgspec.Struct, tag="forward", frozen=True):
+    """Worker -> primary: execute this write and answer `token`."""
+
+    token: int
+    request: bytes
+
+
+class Resync(msgspec.Struct, tag="resync", frozen=True):
+    """Worker -> primary: my replica saw a gap or a duplicate after `applied`; send a state."""
+
+    applied: int
+
+
+ToWorker = Apply | State | Fence | Answer
+ToPrimary = Ack | Forward | Resync
+
+_encoder = msgspec.msgpack.Encoder()
+_to_worker = msgspec.msgpack.Decoder(ToWorker)
+_to_primary = msgspec.msgpack.Decoder(ToPrimary)
+
+
+def encode(message: ToWorker | ToPrimary) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_to_worker(body: bytes) -> ToWorker:
+    """A primary's message; raises msgspec.DecodeError on anything else."""
+    return _to_worker.decode(body)
+
+
+def decode_to_primary(body: bytes) -> ToPrimary:
+    """A worker's message; raises msgspec.DecodeError on anything else."""
+    return _to_primary.decode(body)
+
+
+# --- the primary's actions ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Deliver:
+    """Send `message` to worker `worker`."""
+
+    worker: int
+    message: ToWorker
+
+
+@dataclass(frozen=True)
+class SendState:
+    """Send worker `worker` a `State` holding the state as of `seq` (the current seq: dump
+    it before the next `append`)."""
+
+    worker: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class Execute:
+    """Execute the write worker `worker` forwarded, then call `Primary.answer` with `token`."""
+
+    worker: int
+    token: int
+    request: bytes
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Worker `worker` is out of the fence for good (`reason`): close its channel, stop it."""
+
+    worker: int
+    reason: str
+
+
+PrimaryAction = Deliver | SendState | Execute | Drop
+
+
+@dataclass
+class _Follower:
+    applied: int  # the highest seq it acknowledged (its transfer's seq when it joined)
+    sent: int  # the highest seq handed out for it (as a command or a state)
+    waiting_since: int | None = None  # when it last had nothing unacknowledged, or last acked
+
+
+class Primary:
+    """The state process's side: numbers commands, feeds workers, computes the fence."""
+
+    def __init__(
+        self,
+        *,
+        now: int,
+        window: int = DEFAULT_WINDOW,
+        max_tail_commands: int = DEFAULT_MAX_TAIL_COMMANDS,
+        max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES,
+        ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS,
+        seq: int = 0,
+    ) -> None:
+        if window < 1 or max_tail_commands < 1 or max_tail_bytes < 1 or ack_timeout_ms < 1:
+            raise ValueError("window, tail bounds and ack timeout must be positive")
+        self.window = window
+        self.max_tail_commands = max_tail_commands
+        self.max_tail_bytes = max_tail_bytes
+        self.ack_timeout_ms = ack_timeout_ms
+        self.seq = seq
+        self.transfers = 0  # states sent (joins, resyncs, workers past the tail)
+        self.dropped = 0  # workers dropped for silence or a protocol violation
+        self._now = now
+        self._workers: dict[int, _Follower] = {}
+        self._next_id = 1
+        self._tail: deque[tuple[int, bytes]] = deque()  # (seq, command), seqs consecutive
+        self._tail_bytes = 0
+        self._announced = seq  # the fence last announced
+        self._appended_at: deque[tuple[int, int]] = deque()  # (seq, now) not yet committed
+        self._lags: list[int] = []
+        self._actions: list[PrimaryAction] = []
+        self._executes: list[PrimaryAction] = []  # handed out last: see `actions`
+
+    # --- inputs ---------------------------------------------------------
+
+    def append(self, command: bytes, now: int) -> int:
+        """The state machine applied `command`: number it and send it on; returns its seq."""
+        self._now = max(self._now, now)
+        self.seq += 1
+        self._tail.append((self.seq, command))
+        self._tail_bytes += len(command)
+        if len(self._appended_at) >= MAX_LAG_SAMPLES:
+            self._appended_at.popleft()
+        self._appended_at.append((self.seq, self._now))
+        for worker in self._workers:
+            self._pump(worker)
+        self._trim()
+        return self.seq
+
+    def join(self, now: int) -> int:
+        """Admit a new worker; returns its id. It is sent the state at the current seq and
+        counts in the fence at once, as having applied that seq: it must answer nothing
+        before that state is loaded."""
+        self._now = max(self._now, now)
+        worker = self._next_id
+        self._next_id += 1
+        self._workers[worker] = _Follower(applied=self.seq, sent=self.seq)
+        self._transfer(worker)
+        return worker
+
+    def leave(self, worker: int) -> None:
+        """Worker `worker`'s channel closed (it died): out of the fence at once."""
+        self._workers.pop(worker, None)
+        self._trim()
+
+    def on_message(self, worker: int, message: ToPrimary, now: int) -> None:
+        """A decoded message from `worker`."""
+        self._now = max(self._now, now)
+        follower = self._workers.get(worker)
+        if follower is None:
+            return  # from a worker already dropped: its channel is closing
+        match message:
+            case Ack(seq=seq):
+                if seq < follower.applied or seq > follower.sent:
+                    self._drop(worker, f"acknowledged seq {seq} outside "
+                                       f"{follower.applied}..{follower.sent}")
+                    return
+                follower.applied = seq
+                follower.waiting_since = self._now if seq < follower.sent else None
+                self._pump(worker)
+                self._trim()
+            case Resync():
+                self._transfer(worker)
+            case Forward(token=token, request=request):
+                self._executes.append(Execute(worker, token, request))
+
+    def answer(self, worker: int, token: int, seq: int, reply: bytes) -> None:
+        """The reply to `worker`'s forwarded write `token`, whose command got `seq` (the
+        current seq if the write changed nothing)."""
+        if worker in self._workers:
+            self._actions.append(Deliver(worker, Answer(token, seq, reply)))
+
+    def on_timer(self, now: int) -> None:
+        """Drop every worker that held a command unacknowledged past the ack timeout."""
+        self._now = max(self._now, now)
+        for worker, follower in list(self._workers.items()):
+            since = follower.waiting_since
+            if since is not None and now - since > self.ack_timeout_ms:
+                self._drop(worker, f"no acknowledgement for {now - since} ms")
+
+    # --- outputs --------------------------------------------------------
+
+    @property
+    def fence(self) -> int:
+        """The lowest seq every live worker has applied (the current seq with no worker)."""
+        return min((f.applied for f in self._workers.values()), default=self.seq)
+
+    def applied(self, worker: int) -> int | None:
+        follower = self._workers.get(worker)
+        return None if follower is None else follower.applied
+
+    @property
+    def workers(self) -> list[int]:
+        return list(self._workers)
+
+    @property
+    def tail(self) -> tuple[int, int]:
+        """The tail held: (commands, bytes)."""
+        return len(self._tail), self._tail_bytes
+
+    def actions(self) -> list[PrimaryAction]:
+        """What to do now, in order; each action is handed out once. A fence that moved
+        since the last call is announced to every worker; `Execute`s come last, so every
+        `SendState` of the batch is carried out (dumped at its seq) before an executed
+        write appends a command."""
+        fence = self.fence
+        if fence > self._announced:
+            self._announced = fence
+            while self._appended_at and self._appended_at[0][0] <= fence:
+                _, at = self._appended_at.popleft()
+                if len(self._lags) < MAX_LAG_SAMPLES:
+                    self._lags.append(self._now - at)
+            self._actions.extend(Deliver(w, Fence(fence)) for w in self._workers)
+        actions, self._actions, self._executes = self._actions + self._executes, [], []
+        return actions
+
+    def take_lags(self) -> list[int]:
+        """Replication lag of each command committed since the last call, in ms: from its
+        `append` to the fence passing it (every live worker applied it), as `now` saw it
+        (at most MAX_LAG_SAMPLES kept between calls)."""
+        lags, self._lags = self._lags, []
+        return lags
+
+    def next_deadline(self) -> int | None:
+        """When `on_timer` must next run (None: only an input can change anything)."""
+        waits = [f.waiting_since for f in self._workers.values() if f.waiting_since is not None]
+        return min(waits) + self.ack_timeout_ms + 1 if waits else None
+
+    # --- internals ------------------------------------------------------
+
+    def _pump(self, worker: int) -> None:
+        """Hand out the commands `worker`'s window has room for (a state if the tail lost
+        the next one)."""
+        follower = self._workers[worker]
+        while follower.sent < self.seq and follower.sent - follower.applied < self.window:
+            first = self._tail[0][0] if self._tail else self.seq + 1
+            if follower.sent + 1 < first:
+                self._transfer(worker)
+                return
+            seq, command = self._tail[follower.sent + 1 - first]
+            self._actions.append(Deliver(worker, Apply(seq, command)))
+            if follower.sent == follower.applied:
+                follower.waiting_since = self._now
+            follower.sent = seq
+
+    def _transfer(self, worker: int) -> None:
+        follower = self._workers[worker]
+        self.transfers += 1
+        self._actions.append(SendState(worker, self.seq))
+        if follower.applied < self.seq and follower.waiting_since is None:
+            follower.waiting_since = self._now  # a state does not restart a running clock
+        follower.sent = self.seq
+
+    def _trim(self) -> None:
+        """Forget commands every worker was sent; then hold the tail to its bounds (a worker
+        that needed what is forgotten gets a state instead)."""
+        lowest = min((f.sent for f in self._workers.values()), default=self.seq)
+        while self._tail and self._tail[0][0] <= lowest:
+            self._tail_bytes -= len(self._tail.popleft()[1])
+        while self._tail and (len(self._tail) > self.max_tail_commands
+                              or self._tail_bytes > self.max_tail_bytes):
+            self._tail_bytes -= len(self._tail.popleft()[1])
+
+    def _drop(self, worker: int, reason: str) -> None:
+        self.dropped += 1
+        self._workers.pop(worker, None)
+        self._actions.append(Drop(worker, reason))
+        self._trim()
+
+
+# --- the replica ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApplyCommand:
+    """Apply `command` (seq `seq`) to the replica's state machine, then call
+    `Replica.produced(seq, events)` with the events it made."""
+
+    seq: int
+    command: bytes
+
+
+@dataclass(frozen=True)
+class LoadState:
+    """Replace the replica's state with `dump`, the state as of `seq`."""
+
+    seq: int
+    dump: bytes
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Publish these events (made by the command `seq`) to this worker's subscribers."""
+
+    seq: int
+    events: list[bytes]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Answer the forwarded write `token` with `reply`: the replica can read it now."""
+
+    token: int
+    reply: bytes
+
+
+@dataclass(frozen=True)
+class SendToPrimary:
+    message: ToPrimary
+
+
+ReplicaAction = ApplyCommand | LoadState | Publish | Reply | SendToPrimary
+
+
+class Replica:
+    """A worker's side: applies in order, holds events for the fence and replies for its
+    replica. Until its first state arrives it applies nothing (and its worker answers
+    nothing); a gap or a duplicate makes it ask for a state and ignore commands until
+    one arrives.
+
+    Events held for the fence are bounded by `max_held_bytes`: past it the oldest are
+    dropped (counted in `dropped_events`); their subscribers see a gap in revisions
+    and pull, as after any lost event.
+    """
+
+    def __init__(self, *, max_held_bytes: int = DEFAULT_MAX_HELD_BYTES) -> None:
+        self.applied = 0
+        self.fence = 0
+        self.loaded = False  # a state arrived: the worker may answer reads
+        self.awaiting_state = True
+        self.resyncs = 0
+        self.dropped_events = 0
+        self.max_held_bytes = max_held_bytes
+        self._acked = 0
+        self._held: deque[tuple[int, list[bytes]]] = deque()
+        self._held_bytes = 0
+        self._answers: deque[tuple[int, int, bytes]] = deque()  # (seq, token, reply)
+        self._next_token = 1
+        self._actions: list[ReplicaAction] = []
+
+    # --- inputs ---------------------------------------------------------
+
+    def on_message(self, message: ToWorker) -> None:
+        match message:
+            case Apply(seq=seq, command=command):
+                if self.awaiting_state:
+                    return  # stale: a state is on its way
+                if seq != self.applied + 1:
+                    self._ask_state()
+                    return
+                self.applied = seq
+                self._actions.append(ApplyCommand(seq, command))
+                self._release_answers()
+            case State(seq=seq, dump=dump):
+                if seq < self.applied:
+                    self._ask_state()
+                    return
+                self.applied = seq
+                self.loaded = True
+                self.awaiting_state = False
+                self._actions.append(LoadState(seq, dump))
+                self._release_answers()
+            case Fence(seq=seq):
+                if seq > self.fence:
+                    self.fence = seq
+                    self._release_events()
+            case Answer(token=token, seq=seq, reply=reply):
+                self._answers.append((seq, token, reply))
+                self._release_answers()
+
+    def produced(self, seq: int, events: list[bytes]) -> None:
+        """The command `seq` (just applied) made `events`: held until the fence passes it."""
+        if not events:
+            return
+        if seq <= self.fence:
+            self._actions.append(Publish(seq, events))
+            return
+        self._held.append((seq, events))
+        self._held_bytes += sum(len(e) for e in events)
+        while self._held_bytes > self.max_held_bytes and self._held:
+            _, dropped = self._held.popleft()
+            self._held_bytes -= sum(len(e) for e in dropped)
+            self.dropped_events += len(dropped)
+
+    def forward(self, request: bytes) -> int:
+        """Send a write to the primary; returns the token its `Reply` will carry."""
+        token = self._next_token
+        self._next_token += 1
+        self._actions.append(SendToPrimary(Forward(token, request)))
+        return token
+
+    # --- outputs --------------------------------------------------------
+
+    @property
+    def held(self) -> tuple[int, int]:
+        """Events held for the fence: (commands, bytes)."""
+        return len(self._held), self._held_bytes
+
+    def actions(self) -> list[ReplicaAction]:
+        """What to do now, in order; each action is handed out once. It ends with one
+        acknowledgement of the highest seq applied, if that moved: call it once per batch
+        of messages, after feeding them all."""
+        if self.applied > self._acked and not self.awaiting_state:
+            self._acked = self.applied
+            self._actions.append(SendToPrimary(Ack(self.applied)))
+        actions, self._actions = self._actions, []
+        return actions
+
+    # --- internals ------------------------------------------------------
+
+    def _ask_state(self) -> None:
+        self.awaiting_state = True
+        self.resyncs += 1
+        self._actions.append(SendToPrimary(Resync(self.applied)))
+
+    def _release_events(self) -> None:
+        while self._held and self._held[0][0] <= self.fence:
+            seq, events = self._held.popleft()
+            self._held_bytes -= sum(len(e) for e in events)
+            self._actions.append(Publish(seq, events))
+
+    def _release_answers(self) -> None:
+        while self._answers and self._answers[0][0] <= self.applied and not self.awaiting_state:
+            _, token, reply = self._answers.popleft()
+            self._actions.append(Reply(token, reply))

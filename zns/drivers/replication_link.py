@@ -1,0 +1,344 @@
+"""The state process <-> worker channel: a socketpair per worker, made before the fork.
+
+What to send and when is decided by `zns.core.replication` (`Primary` in the
+state process, `Replica` in a worker); this module moves its messages. Each
+worker gets one end of a `socket.socketpair()` (AF_UNIX, SOCK_STREAM) created
+by the state process just before it forks the worker (`fork_worker`). The pair
+has no name in any namespace: nothing outside these two processes can connect
+to it, so the state process has no endpoint an outside peer can reach, and no
+ZMTP (hence none of libzmq's aborts) between them. A message is a 4-byte
+big-endian length and a msgpack body (`zns.core.replication.encode`).
+
+What each end does when the other end misbehaves:
+
+- **dies** (SIGKILL, an abort): the kernel closes its end; the other end reads
+  EOF (or gets ECONNRESET/EPIPE) at once and drops the channel: the state
+  process calls `Primary.leave`, so the fence moves on; a worker whose state
+  process died exits (it has nothing to follow).
+- **never reads**: the core keeps at most `window` commands unacknowledged
+  per worker and drops a worker that acknowledges nothing for
+  `ack_timeout_ms`; on top of that, a channel refuses to buffer more than
+  `max_pending_bytes` (`ConnectionLost`: the worker is dropped).
+- **floods**: one `run` reads at most `read_budget` bytes per channel, and a
+  frame longer than `max_frame_bytes` ends the channel.
+
+Every socket error of the channel becomes `ConnectionLost` here
+(`WORKER_CHANNEL`): the other process is gone or broken, never the caller's bug.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import traceback
+from collections.abc import Callable
+
+import msgspec
+
+from zns.core.errors import ConnectionLost
+from zns.core.replication import (
+    ApplyCommand, Deliver, Drop, Execute, LoadState, Primary, Publish, Replica, Reply, SendState,
+    SendToPrimary, State, decode_to_primary, decode_to_worker, encode,
+)
+from zns.drivers.io_errors import map_exceptions
+
+log = logging.getLogger("zns")
+
+HEADER = struct.Struct(">I")
+MAX_FRAME_BYTES = 256 * 1024 * 1024  # the largest message (a state transfer of a big table)
+MAX_PENDING_BYTES = 512 * 1024 * 1024  # written to a channel and not yet read by the other end
+READ_BUDGET = 4 * 1024 * 1024  # bytes read from one channel per `run`
+CHUNK = 256 * 1024
+
+# A read from or a write to the other process's end: whatever the kernel refuses (reset,
+# broken pipe) means that process is gone.
+WORKER_CHANNEL = map_exceptions([(OSError, None, ConnectionLost)])
+
+
+class Channel:
+    """One end of a socketpair: non-blocking, length-prefixed frames, bounded buffers."""
+
+    def __init__(self, sock: socket.socket, *, max_frame_bytes: int = MAX_FRAME_BYTES,
+                 max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.max_frame_bytes = max_frame_bytes
+        self.max_pending_bytes = max_pending_bytes
+        self._in = bytearray()
+        self._out = bytearray()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    @property
+    def pending(self) -> int:
+        """Bytes written and not yet taken by the kernel."""
+        return len(self._out)
+
+    def send(self, body: bytes) -> None:
+        """Queue one frame; `flush` writes it (one system call for a whole batch)."""
+        if len(self._out) + len(body) > self.max_pending_bytes:
+            raise ConnectionLost(f"the other end reads nothing: {len(self._out)} bytes pending")
+        self._out += HEADER.pack(len(body))
+        self._out += body
+
+    def flush(self) -> bool:
+        """Write what the socket takes; True when nothing is left pending."""
+        while self._out:
+            try:
+                with WORKER_CHANNEL:
+                    sent = self.sock.send(self._out)
+            except (BlockingIOError, InterruptedError):
+                return False
+            del self._out[:sent]
+        return True
+
+    def receive(self, budget: int = READ_BUDGET) -> list[bytes]:
+        """The whole frames readable now (reading at most `budget` bytes)."""
+        read = 0
+        while read < budget:
+            try:
+                with WORKER_CHANNEL:
+                    data = self.sock.recv(min(CHUNK, budget - read))
+            except (BlockingIOError, InterruptedError):
+                break
+            if not data:
+                raise ConnectionLost("the other end closed the channel")
+            self._in += data
+            read += len(data)
+        frames = []
+        start = 0
+        while len(self._in) - start >= HEADER.size:
+            (size,) = HEADER.unpack_from(self._in, start)
+            if size > self.max_frame_bytes:
+                raise ConnectionLost(f"a frame of {size} bytes (the bound is "
+                                     f"{self.max_frame_bytes})")
+            if len(self._in) - start - HEADER.size < size:
+                break
+            frames.append(bytes(self._in[start + HEADER.size:start + HEADER.size + size]))
+            start += HEADER.size + size
+        del self._in[:start]
+        return frames
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class PrimaryLink:
+    """The state process's side: a `Primary` and one `Channel` per worker.
+
+    `dump()` returns the state as of the current seq (a `SendState`);
+    `execute(worker, request)` executes a forwarded write and returns the command it
+    made (None: it changed nothing) and its reply bytes. `dropped(worker, reason)` is
+    told of each worker that left the fence (its channel is already closed).
+    """
+
+    def __init__(
+        self,
+        primary: Primary,
+        *,
+        dump: Callable[[], bytes],
+        execute: Callable[[int, bytes], tuple[bytes | None, bytes]],
+        dropped: Callable[[int, str], None] = lambda worker, reason: None,
+        max_pending_bytes: int = MAX_PENDING_BYTES,
+    ) -> None:
+        self.primary = primary
+        self._dump = dump
+        self._execute = execute
+        self._dropped = dropped
+        self._max_pending = max_pending_bytes
+        self.channels: dict[int, Channel] = {}
+
+    def add(self, sock: socket.socket, now: int) -> int:
+        """A new worker at the other end of `sock`: it joins by a state transfer."""
+        worker = self.primary.join(now)
+        self.channels[worker] = Channel(sock, max_pending_bytes=self._max_pending)
+        self._carry_out(now)
+        return worker
+
+    def append(self, command: bytes, now: int) -> int:
+        """The state machine applied `command`: replicate it; returns its seq. What it
+        sends is queued: the next `run` (or `flush`) writes it."""
+        seq = self.primary.append(command, now)
+        self._carry_out(now)
+        return seq
+
+    def run(self, now: int) -> None:
+        """Read what every worker sent, act on it, write what is pending, run the timer."""
+        for worker, channel in list(self.channels.items()):
+            try:
+                frames = channel.receive()
+            except ConnectionLost as exc:
+                self._lose(worker, str(exc), now)
+                continue
+            for body in frames:
+                try:
+                    message = decode_to_primary(body)
+                except msgspec.DecodeError as exc:
+                    self._lose(worker, f"sent something unreadable: {exc}", now)
+                    break
+                self.primary.on_message(worker, message, now)
+            self._carry_out(now)
+        deadline = self.primary.next_deadline()
+        if deadline is not None and deadline <= now:
+            self.primary.on_timer(now)
+            self._carry_out(now)
+        self.flush(now)
+
+    def flush(self, now: int) -> None:
+        """Write what is queued for every worker (what its socket takes now)."""
+        for worker, channel in list(self.channels.items()):
+            try:
+                channel.flush()
+            except ConnectionLost as exc:
+                self._lose(worker, str(exc), now)
+
+    def wait(self, timeout_ms: int | None) -> None:
+        """Block until a channel is readable (or writable with bytes pending), or the timeout."""
+        poller = select.poll()
+        for channel in self.channels.values():
+            poller.register(channel.fileno(),
+                            select.POLLIN | (select.POLLOUT if channel.pending else 0))
+        poller.poll(timeout_ms)
+
+    def next_deadline(self) -> int | None:
+        return self.primary.next_deadline()
+
+    def close(self) -> None:
+        for channel in self.channels.values():
+            channel.close()
+        self.channels.clear()
+
+    def _lose(self, worker: int, reason: str, now: int) -> None:
+        channel = self.channels.pop(worker, None)
+        if channel is None:
+            return
+        channel.close()
+        self.primary.leave(worker)
+        log.warning("worker channel %d closed (%s): out of the fence", worker, reason)
+        self._dropped(worker, reason)
+        self._carry_out(now)
+
+    def _carry_out(self, now: int) -> None:
+        for action in self.primary.actions():
+            match action:
+                case Deliver(worker=worker, message=message):
+                    self._send(worker, encode(message), now)
+                case SendState(worker=worker, seq=seq):
+                    self._send(worker, encode(State(seq, self._dump())), now)
+                case Execute(worker=worker, token=token, request=request):
+                    command, reply = self._execute(worker, request)
+                    seq = self.primary.seq if command is None else self.primary.append(command, now)
+                    self.primary.answer(worker, token, seq, reply)
+                    self._carry_out(now)
+                case Drop(worker=worker, reason=reason):
+                    channel = self.channels.pop(worker, None)
+                    if channel is not None:
+                        channel.close()
+                        log.warning("worker channel %d dropped: %s", worker, reason)
+                        self._dropped(worker, reason)
+
+    def _send(self, worker: int, body: bytes, now: int) -> None:
+        channel = self.channels.get(worker)
+        if channel is None:
+            return
+        try:
+            channel.send(body)
+        except ConnectionLost as exc:
+            self._lose(worker, str(exc), now)
+
+
+class ReplicaLink:
+    """A worker's side: a `Replica` fed from its channel.
+
+    `apply(seq, command)` applies a command to the worker's state machine and returns
+    the events it made; `load(seq, dump)` replaces its state; `publish(seq, events)`
+    hands events to the worker's subscribers; `reply(token, reply)` answers a
+    forwarded write. `run()` raises `ConnectionLost` when the state process is gone,
+    and msgspec.DecodeError on a message it cannot read (the state process's bug): either
+    way the worker exits, and the state process starts another.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        replica: Replica,
+        *,
+        apply: Callable[[int, bytes], list[bytes]],
+        load: Callable[[int, bytes], None],
+        publish: Callable[[int, list[bytes]], None],
+        reply: Callable[[int, bytes], None] = lambda token, reply: None,
+    ) -> None:
+        self.channel = Channel(sock)
+        self.replica = replica
+        self._apply_command, self._load_state = apply, load
+        self._publish_events, self._answer = publish, reply
+
+    def run(self) -> None:
+        """Apply what arrived, publish what the fence released, acknowledge (once for
+        the whole batch read), write."""
+        for body in self.channel.receive():
+            self.replica.on_message(decode_to_worker(body))
+        self._carry_out()
+        self.channel.flush()
+
+    def forward(self, request: bytes) -> int:
+        """Send a write to the state process; `reply` gets its answer with this token."""
+        token = self.replica.forward(request)
+        self._carry_out()
+        self.channel.flush()
+        return token
+
+    def wait(self, timeout_ms: int | None) -> None:
+        poller = select.poll()
+        poller.register(self.channel.fileno(),
+                        select.POLLIN | (select.POLLOUT if self.channel.pending else 0))
+        poller.poll(timeout_ms)
+
+    def _carry_out(self) -> None:
+        for action in self.replica.actions():
+            match action:
+                case ApplyCommand(seq=seq, command=command):
+                    self.replica.produced(seq, self._apply_command(seq, command))
+                case LoadState(seq=seq, dump=dump):
+                    self._load_state(seq, dump)
+                case Publish(seq=seq, events=events):
+                    self._publish_events(seq, events)
+                case Reply(token=token, reply=reply):
+                    self._answer(token, reply)
+                case SendToPrimary(message=message):
+                    self.channel.send(encode(message))
+
+
+def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: int) -> tuple[int, int]:
+    """Fork a worker that runs `main(its end of a new socketpair)` and exits with what it
+    returns; returns (pid, worker id). The child first closes the state process's end of
+    every other worker's channel, so that each worker reads EOF as soon as the state
+    process dies (not only once every worker forked after it died too). The caller must
+    have no threads."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):  # not the state process's handlers
+                signal.signal(sig, signal.SIG_DFL)
+            ours.close()
+            for channel in link.channels.values():
+                channel.sock.close()
+            code = main(theirs)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    theirs.close()
+    return pid, link.add(ours, now)
