@@ -92,6 +92,9 @@ MODULES: dict[str, list[str]] = {
     "remoting/connections": ["tests/test_remoting_policy.py", "tests/test_zmtp.py"],
     # The KV log's record format, compaction and space rules, without files.
     "kv_log": ["tests/test_kv_policy.py"],
+    # The split's log, fences and worker supervision, under random schedules (no processes).
+    "replication": ["tests/test_replication.py"],
+    "workers": ["tests/test_workers.py"],
     # The drivers and the CLI: in-process socket tests (seconds each; see the module docstring).
     # The 3,000-write compaction walk (about 45 s) is left out: the other compaction tests kill
     # what it would, at a fraction of the time per surviving mutant.
