@@ -342,8 +342,7 @@ def test_the_state_path_defaults_beside_the_kv_file(tmp_path):
 def test_an_unusable_state_path_is_refused_in_one_line(tmp_path):
     (tmp_path / "file").write_text("")
     for path, words in [(tmp_path, "is a directory"),
-                        (tmp_path / "file" / "state.dump", "is not a directory"),
-                        (tmp_path / "missing" / "state.dump", "is not a directory")]:
+                        (tmp_path / "file" / "state.dump", "is a file, not a directory")]:
         with pytest.raises(ConfigError, match=words) as exc:
             state_file.check_writable(path)
         assert "\n" not in str(exc.value) and "--state-path" in str(exc.value)
@@ -376,11 +375,12 @@ def test_load_ignores_a_corrupt_file_in_one_log_line_and_refuses_a_newer_one(tmp
     assert "\n" not in str(exc.value)
 
 
-def test_write_file_replaces_the_file_whole(tmp_path):
-    path = tmp_path / "state.dump"
+def test_write_file_replaces_the_file_whole_and_makes_missing_directories(tmp_path):
+    path = tmp_path / "new" / "state.dump"
+    state_file.check_writable(path)
     state_file.write_file(path, b"one")
     state_file.write_file(path, b"two")
-    assert path.read_bytes() == b"two" and sorted(p.name for p in tmp_path.iterdir()) == [
+    assert path.read_bytes() == b"two" and sorted(p.name for p in path.parent.iterdir()) == [
         "state.dump"]
 
 

@@ -47,14 +47,16 @@ def state_path_for(state_path: str, kv_path: str | None) -> Path | None:
 
 
 def check_writable(path: Path) -> None:
-    """Refuse at start a path the first write would fail on (one line: ConfigError)."""
+    """Refuse at start a path the first write would fail on (one line: ConfigError). Missing
+    directories are made at the first write, as the KV file's are."""
     if path.is_dir():
         raise ConfigError(f"state dump {path} is a directory; give a file path (--state-path)")
-    if not path.parent.is_dir():
-        raise ConfigError(f"state dump {path} cannot be written: {path.parent} is not a "
+    existing = next(d for d in (path.parent, *path.parent.parents) if d.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"state dump {path} cannot be written: {existing} is a file, not a "
                           "directory (--state-path)")
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"state dump {path} cannot be written: directory {path.parent} is "
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"state dump {path} cannot be written: directory {existing} is "
                           "not writable (--state-path)")
     if path.exists() and not os.access(path, os.R_OK):
         raise ConfigError(f"state dump {path} is not readable (--state-path)")
@@ -81,6 +83,7 @@ def load(path: Path) -> warm.StateDump | None:
 
 def write_file(path: Path, data: bytes) -> None:
     """Replace `path` with `data` atomically and durably."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
     with open(temporary, "wb") as file:
         file.write(data)
