@@ -476,9 +476,14 @@ def test_a_bug_in_the_writer_thread_reaches_the_loop_as_itself(tmp_path):
     assert writer._thread is None  # not left waiting on a dead thread
 
 
-def test_write_now_writes_the_table_as_it_is(tmp_path):
+def test_write_now_writes_the_table_as_it_is_unless_the_file_holds_it(tmp_path):
     service, _ = random_service(10, steps=80)
     writer = writer_for(service, tmp_path / "state.dump")
     writer.write_now()
+    assert writer.written == 0 and not writer.path.exists()  # nothing changed since made
+    zns1_ok(service, "register_broker", 2000, id=1, **register_fields("late", 0, "10.7.0.1:1"))
+    writer.write_now()
+    writer.write_now()
+    assert writer.written == 1
     assert warm.decode_dump(writer.path.read_bytes()).table == service.table.dump()
     assert isinstance(warm.decode_dump(writer.path.read_bytes()).table, TableState)

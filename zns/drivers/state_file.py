@@ -154,10 +154,13 @@ class StateWriter:
         self._thread.start()
 
     def write_now(self) -> None:
-        """Write the dump as the table is now, after any write under way (a clean stop)."""
+        """Write the dump as the table is now, after any write under way (a clean stop);
+        nothing when the file already holds it."""
         if self._thread is not None:
             self._thread.join()
             self._finish()
+        if self.schedule.written == self._service.table.changes:
+            return
         dump = warm.dump(self._service, self._wall_ms())
         self.schedule.started(self._service.table.changes, 0)
         try:
