@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from test_remoting_service import register_cmd, req
 from zns.core import warm
@@ -25,7 +27,7 @@ from zns.core.table_state import TableState
 from zns.drivers import state_file
 from zns.drivers.kv_file import KvStore
 
-from helpers import records_here, register_fields, zns1, zns1_events, zns1_ok
+from helpers import examples, records_here, register_fields, zns1, zns1_events, zns1_ok
 
 EPOCH = "0123456789abcdef"
 GET_ROUTEINFO_BY_TOPIC, GET_BROKER_CLUSTER_INFO = 105, 106
@@ -141,6 +143,17 @@ def test_a_restored_table_is_the_dumped_one_field_by_field_and_byte_by_byte(seed
         assert held.ha_addr == service.table.liveness(live.cluster, live.broker_addr).ha_addr
     assert remoting_bodies(restored) == remoting_bodies(service)
     assert restored.epoch != service.epoch and restored.revision == 1
+
+
+@settings(max_examples=examples(25), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1), st.integers(1, 250))
+def test_any_table_survives_the_round_trip(seed, steps):
+    service, kv = random_service(seed, steps)
+    restored = round_trip(service, kv)
+    restored.table.check_invariants()
+    assert restored.table.dump() == service.table.dump()
+    assert restored.table.routes() == service.table.routes()
 
 
 def test_the_order_configurations_restored_are_the_kv_stores():

@@ -197,9 +197,11 @@ class Server:
             # previous handler ending the process half closed, without its last line.
             restore_wakeup()
             try:
-                if self.state is not None:
-                    self.state.write_now()
-                self.close()
+                try:
+                    if self.state is not None:
+                        self.state.write_now()
+                finally:
+                    self.close()
                 log.info("zns stopped")
             finally:
                 restore_handlers()
