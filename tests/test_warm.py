@@ -418,7 +418,7 @@ def drive(writer: state_file.StateWriter, now: int = 0, until: int = 10**9) -> N
     """Run the writer as the loop does until it has nothing due, waiting for its thread."""
     for _ in range(10_000):
         due = writer.next_deadline(now)
-        if due is None and writer._thread is not None:
+        if due is None and writer.writing:
             writer.woken.wait(10)  # type: ignore[attr-defined]
             writer.woken.clear()  # type: ignore[attr-defined]
             continue
@@ -448,7 +448,7 @@ def test_a_dump_made_in_steps_starts_over_when_the_table_changes_between_them(tm
     zns1_ok(service, "register_broker", 2000, id=1, **register_fields("late", 0, "10.7.0.1:1"))
     clock.now = 5  # past `until` after the first step: one step per run
     writer.run({}, 0, until=1)
-    assert writer._steps is not None  # a dump under way
+    assert writer.reading and not writer.writing  # a dump under way
     zns1_ok(service, "register_broker", 2001, id=1, **register_fields("later", 0, "10.7.0.2:1"))
     drive(writer)
     assert writer.written == 1
@@ -486,7 +486,7 @@ def test_a_bug_in_the_writer_thread_reaches_the_loop_as_itself(tmp_path):
     zns1_ok(service, "register_broker", 2000, id=1, **register_fields("late", 0, "10.7.0.1:1"))
     with pytest.raises(KeyError, match="a bug"):
         drive(writer)
-    assert writer._thread is None  # not left waiting on a dead thread
+    assert not writer.writing  # not left waiting on a dead thread
 
 
 def test_write_now_writes_the_table_as_it_is_unless_the_file_holds_it(tmp_path):

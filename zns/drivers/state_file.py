@@ -120,6 +120,16 @@ class StateWriter:
         self.written = 0  # dumps written (metrics, tests)
         self.last_bytes = 0  # the size of the last dump written
 
+    @property
+    def reading(self) -> bool:
+        """A dump is being read from the table, in steps."""
+        return self._steps is not None
+
+    @property
+    def writing(self) -> bool:
+        """A dump is being written by the thread (or its end not yet taken by the loop)."""
+        return self._thread is not None
+
     def attach(self, poll: PollSet) -> None:
         pass
 
