@@ -395,6 +395,7 @@ def test_write_file_replaces_the_file_whole_and_makes_missing_directories(tmp_pa
     state_file.write_file(path, b"two")
     assert path.read_bytes() == b"two" and sorted(p.name for p in path.parent.iterdir()) == [
         "state.dump"]
+    assert path.stat().st_mode & 0o777 == 0o600
 
 
 class Clock:

@@ -85,7 +85,8 @@ def write_file(path: Path, data: bytes) -> None:
     """Replace `path` with `data` atomically and durably."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as file:
+    # Readable by its owner only, as the KV file: it lists every broker and topic.
+    with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
         file.write(data)
         file.flush()
         os.fsync(file.fileno())
