@@ -25,7 +25,8 @@ def main() -> int:
     kv_dir = tempfile.TemporaryDirectory()
     server = Server(ServerConfig(router="tcp://127.0.0.1:*", pub="tcp://127.0.0.1:*",
                                  kv_path=os.path.join(kv_dir.name, "kv.json")))
-    threading.Thread(target=server.run, daemon=True).start()
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
     ns = server.router_endpoint
     say(f"NameServer serving on {ns}, events on {server.pub_endpoint}")
 
@@ -76,6 +77,7 @@ def main() -> int:
         client.close()
         agents[0].close()
         server.stop()
+        serving.join(10)  # it writes its state dump into kv_dir as it stops
         kv_dir.cleanup()
 
 

@@ -69,7 +69,8 @@ def test_reregisters_after_nameserver_restart_by_heartbeat(make_server, tmp_path
     with agent_for(first.router) as agent:
         wait_for(lambda: route_of(first.peer(), "T1"))
         first.stop()
-        second = make_server(**endpoints)
+        # A cold restart (no state dump: a warm one knows the broker, test_warm_restart.py).
+        second = make_server(**endpoints, state_path=str(tmp_path / "none" / "state.dump"))
         # register_period is 60 s: only a heartbeat answered `known: false` re-registers this fast.
         wait_for(lambda: route_of(second.peer(), "T1"), timeout=10)
         assert agent.status()[0].registrations >= 2

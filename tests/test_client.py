@@ -505,7 +505,10 @@ def test_nameserver_restart_is_resynced(make_server, tmp_path: Path):
         epoch = client.route("TopicA") and client.session.cache.epoch
         first.stop()
         second = make_server(**endpoints)
-        second.peer().ok("register_broker", **register_fields(topics={"TopicA": {"read_queues": 7}}))
+        # A new DataVersion: the second server restored the first's table (its state dump),
+        # and a registration of an unchanged version keeps the topics it holds (§4).
+        second.peer().ok("register_broker", **register_fields(
+            topics={"TopicA": {"read_queues": 7}}, data_version={"counter": 1}))
         wait_for(lambda: client.route("TopicA").queues[0].read_queues == 7)
         assert client.session.cache.epoch not in (None, epoch)
 

@@ -223,7 +223,7 @@ def test_namesrv_config_shows_every_field_but_paths_and_keys():
     config = ServerConfig(peers=["tcp://a:1", "tcp://b:2"], curve_secret="/s",
                           brokers_keys="/b")
     shown = config.properties()
-    hidden = {"kvPath", "curveSecret", "brokersKeys", "adminsKeys", "clientsKeys"}
+    hidden = {"kvPath", "statePath", "curveSecret", "brokersKeys", "adminsKeys", "clientsKeys"}
     assert set(shown) == {s.camel_name for s in settings(ServerConfig)} - hidden | {"curve"}
     assert shown["heartbeatInterval"] == "1.0" and shown["maxQueues"] == "1000000"
     assert shown["peers"] == "tcp://a:1,tcp://b:2" and shown["curve"] == "true"

@@ -76,7 +76,7 @@ def test_options_reach_the_sockets_and_the_listener(tmp_path, made):
     # The loop's sources, in the order each pass runs them.
     names = [type(s).__name__ for s in srv.loop.sources]
     assert names == ["_Control", "DescriptorGuard", "_Timers", "RequestRouter", "_Subscriptions",
-                     "RemotingListener", "PeerLinks", "HeapTrim", "Outbox"]
+                     "RemotingListener", "StateWriter", "PeerLinks", "HeapTrim", "Outbox"]
     assert srv.loop.sources[2].timers is srv.timers
     # The timers and the outbox also run between the others once due.
     assert srv.loop.urgent == [srv.loop.sources[2], srv.outbox]

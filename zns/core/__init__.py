@@ -79,6 +79,8 @@ Modules, by role (a flat package on purpose: docs/development.md says why):
 | server | `timers` | the server's `hb` schedule, expiry wake-ups, the §8 stall rule |
 | server | `kv` | what the core needs of the KV store (the file lives in `zns.drivers.kv_file`) |
 | server | `kv_log` | the KV log's record format, when it is compacted, what each write copies, the full-disk rule |
+| server | `table_state` | the route table's state as plain values, checked whole before a restore |
+| server | `warm` | warm restarts: the state dump's format, restored brokers' confirmation period, when to write |
 | server | `keys` | the CURVE key policy (§9): who may do what |
 | server | `peer_link` | one peer NameServer (§10): when to ask, what its events hint |
 | server | `replication` | numbered commands to read replicas: windows, tail, state transfers, the commit fence |

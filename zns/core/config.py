@@ -144,6 +144,10 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         "File that holds the KV store (an append-only log; an existing ~/.zns/kv.json, the old "
         "default name, is used when the default is absent).", metavar="PATH",
         shown=False)] = DEFAULT_KV_PATH
+    state_path: Annotated[str, _doc(
+        "File the route table is dumped to after changes and at stop, and restored from at "
+        "start (default: state.dump beside the KV file; none when the KV store is in memory).",
+        metavar="PATH", shown=False)] = ""
     heartbeat_interval_s: Annotated[float, Meta(ge=0.01), _doc(
         "Seconds between `hb` events.", metavar="SECONDS")] = field(
         default=1.0, name="heartbeat_interval")

@@ -31,6 +31,9 @@ class Liveness:
     suspect_deadline: int | None = None  # set by a peer hint (§10)
     stall_credit: int = 0  # time the server itself stalled since the last heartbeat (§8)
     scheduled: int | None = None  # deadline of its entry in the deadline heap
+    # Restored from a state dump and not heard since (zns.core.warm): removed as
+    # `not_confirmed` after this unless it registers or heartbeats first.
+    confirm_by: int | None = None
 
     @property
     def silent_since(self) -> int:
@@ -43,16 +46,19 @@ class Liveness:
 
     @property
     def deadline(self) -> int:
-        own = self.own_deadline
-        if self.suspect_deadline is not None and self.suspect_deadline < own:
-            return self.suspect_deadline
-        return own
+        deadline = self.own_deadline
+        if self.suspect_deadline is not None and self.suspect_deadline < deadline:
+            deadline = self.suspect_deadline
+        if self.confirm_by is not None and self.confirm_by < deadline:
+            deadline = self.confirm_by
+        return deadline
 
     def heard(self, now: int) -> None:
-        """A registration or heartbeat: alive now, any suspicion cleared."""
+        """A registration or heartbeat: alive now, any suspicion cleared, confirmed."""
         self.last_heartbeat = now
         self.stall_credit = 0
         self.suspect_deadline = None
+        self.confirm_by = None
 
 
 class LivenessSchedule:
@@ -94,6 +100,16 @@ class LivenessSchedule:
         live.names.add(name)
         self._schedule(live)
         return live
+
+    def restore(self, cluster: str, addr: str, now: int, timeout_ms: int,
+                data_version: DataVersion, ha_addr: str, names: list[str],
+                confirm_within_ms: int) -> None:
+        """An address from a state dump (zns.core.warm): as if registered at `now`, and
+        removed `confirm_within_ms` after it unless it registers or heartbeats first."""
+        live = self._live[(cluster, addr)] = Liveness(
+            cluster, addr, now, timeout_ms, data_version, ha_addr, set(names),
+            confirm_by=now + confirm_within_ms)
+        self._schedule(live)
 
     def heard(self, live: Liveness, now: int) -> None:
         """A heartbeat of a held address."""
@@ -138,6 +154,8 @@ class LivenessSchedule:
             live.stall_credit += stall_ms
             if live.suspect_deadline is not None:
                 live.suspect_deadline += stall_ms
+            if live.confirm_by is not None:
+                live.confirm_by += stall_ms
         self._rebuild()
 
     # --- the schedule -------------------------------------------------------

@@ -20,12 +20,13 @@ rather than reading the records.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from zns.core.errors import BadRequest, Conflict
+from zns.core.errors import BadRequest, Conflict, UsageError
 from zns.core.liveness import LiveKey, Liveness, LivenessSchedule
 from zns.core.revisions import Changes, RouteBuilder, RouteRevisions, SharedLists
+from zns.core.table_state import AddressState, BrokerState, TableState, check_state
 from zns.core.weights import WeightLedger, entry_weight
 from zns.core.schema import (
     MASTER_ID,
@@ -47,6 +48,9 @@ Event = RouteEvent | BrokerEvent
 # (address, topic) pairs, so a partition is expired in slices between which the
 # loop serves requests (§8); the next step is due at once.
 EXPIRY_STEP_WORK = 2_000
+# One step of a dump (zns.core.warm) takes this many queue entries: about 1 ms on the
+# machine of bench/results.md, well inside the loop's 5 ms slice.
+DUMP_STEP_WORK = 2_000
 
 
 @dataclass
@@ -100,6 +104,10 @@ class RouteTable:
         self._revisions = RouteRevisions(epoch)
         self._builder = RouteBuilder(self._queues, self._brokers, self._filter_servers,
                                      self._order_conf, self._weights.extra, self._revisions)
+        # Moves with every change of what `dump` holds (a revision, a timeout, a
+        # DataVersion or HA address, filter servers, an order configuration), and only
+        # then: a broker's periodic registration that changes nothing leaves it alone.
+        self.changes = 0
 
     # --- broker ops (§4) --------------------------------------------------
 
@@ -196,6 +204,10 @@ class RouteTable:
 
     def _record_liveness(self, req: RegisterBroker, now: int) -> Liveness:
         """Step 5: alive now, with the broker's timeout, DataVersion and HA address."""
+        held = self._live.get(req.cluster, req.broker_addr)
+        if held is None or (held.timeout_ms, held.data_version, held.ha_addr) != (
+                req.heartbeat_timeout_ms, req.data_version, req.ha_addr):
+            self.changes += 1
         return self._live.record(req.cluster, req.broker_addr, now, req.heartbeat_timeout_ms,
                                  req.data_version, req.ha_addr, req.broker_name)
 
@@ -209,6 +221,7 @@ class RouteTable:
         """Step 6: the address's filter servers are replaced (an empty list removes them)."""
         if self._filter_servers.get(key, []) == servers:
             return
+        self.changes += 1
         if servers:
             self._filter_servers[key] = list(servers)
         else:
@@ -283,7 +296,12 @@ class RouteTable:
         ch = Changes()
         done = 0
         while done < work and (live := self._live.pop_due(now)) is not None:
-            reason = "expired" if now > live.own_deadline else "peer_expired"
+            if live.confirm_by is not None and now > live.confirm_by:
+                reason = "not_confirmed"  # restored from a dump, never heard since
+            elif now > live.own_deadline:
+                reason = "expired"
+            else:
+                reason = "peer_expired"
             done += 1 + sum(len(self._broker_topics.get(n, ())) for n in live.names)
             self._drop_liveness(live, reason, ch)
         return self._commit(ch)
@@ -337,6 +355,8 @@ class RouteTable:
 
     def set_order_conf(self, topic: str, value: str | None) -> list[Event]:
         """The ORDER_TOPIC_CONFIG KV entry of `topic` changed (None: deleted)."""
+        if self._order_conf.get(topic) != value:
+            self.changes += 1
         if value is None:
             self._order_conf.pop(topic, None)
         else:
@@ -409,6 +429,100 @@ class RouteTable:
             out.append(topic)
         out.sort()
         return out
+
+    # --- the state across restarts (zns.core.warm) --------------------------
+
+    def dump(self) -> TableState:
+        """Everything the table decides from, in its own orders (zns.core.table_state)."""
+        for state in self.dump_in_steps():
+            if state is not None:
+                return state
+        raise AssertionError("dump_in_steps ended without a state")  # pragma: no cover
+
+    def dump_in_steps(self, work: int = DUMP_STEP_WORK) -> Iterator[TableState | None]:
+        """`dump()` made in steps, so the loop serves between them: None after each `work`
+        queue entries, then the state.
+
+        The steps read the table as it is when each runs: the state is the table's
+        only if `changes` is the same after the last step as before the first (the
+        caller checks before each step, and drops the steps when it moved). The queue
+        data are interned (`_intern`): equal values are one object, numbered once.
+        """
+        changes = self.changes
+        index: dict[int, int] = {}
+        values: list[tuple[str, int, int, int, int]] = []
+        topics = []
+        done = 0
+        for topic, by_broker in self._queues.items():
+            numbers = []
+            for queue in by_broker.values():
+                number = index.get(id(queue))
+                if number is None:
+                    number = index[id(queue)] = len(values)
+                    values.append((queue.broker_name, queue.read_queues, queue.write_queues,
+                                   queue.perm, queue.sys_flag))
+                numbers.append(number)
+            topics.append((topic, numbers))
+            done += len(numbers)
+            if done >= work:
+                done = 0
+                yield None
+                if self.changes != changes:
+                    raise RuntimeError("the table changed during a dump")
+        filter_servers = self._filter_servers
+        yield TableState(
+            clusters=[(cluster, list(names)) for cluster, names in self._clusters.items()],
+            brokers=[BrokerState(rec.name, rec.cluster, rec.zone,
+                                 [(i, a, rec.addr_cluster[a]) for i, a in rec.addrs.items()])
+                     for rec in self._brokers.values()],
+            addresses=[AddressState(live.cluster, live.addr, live.timeout_ms, live.data_version,
+                                    live.ha_addr, sorted(live.names),
+                                    list(filter_servers.get((live.cluster, live.addr), ())))
+                       for live in self._live],
+            queue_values=values, topics=topics, order_conf=list(self._order_conf.items()),
+        )
+
+    def restore(self, state: TableState, now: int, confirm_within_ms: Callable[[str, str, int], int],
+                order_conf: Mapping[str, str] | None = None) -> None:
+        """Take a dumped state into this empty table as one revision (no events: nobody
+        can be listening yet).
+
+        Each address is alive from `now` but not yet confirmed: it is removed as
+        `not_confirmed` `confirm_within_ms(cluster, addr, its timeout)` after `now` unless
+        it registers or heartbeats first. `order_conf`: the order configurations to hold
+        instead of the dump's (the KV store's, which is written before any dump).
+        Checked whole first (`check_state`: ValueError), so a dump that does not hold
+        together changes nothing.
+        """
+        if self._brokers or self._queues or self._revisions.revision:
+            raise UsageError("restore() takes an empty table")
+        check_state(state)
+        for cluster, names in state.clusters:
+            self._clusters[cluster] = dict.fromkeys(names)
+        for broker in state.brokers:
+            rec = self._brokers[broker.name] = BrokerRecord(broker.cluster, broker.name, broker.zone)
+            for broker_id, addr, cluster in broker.addrs:
+                rec.addrs[broker_id] = addr
+                rec.addr_cluster[addr] = cluster
+            self._broker_topics[broker.name] = set()
+        for a in state.addresses:
+            self._live.restore(a.cluster, a.addr, now, a.timeout_ms, a.data_version, a.ha_addr,
+                               a.names, confirm_within_ms(a.cluster, a.addr, a.timeout_ms))
+            if a.filter_servers:
+                self._filter_servers[(a.cluster, a.addr)] = list(a.filter_servers)
+        self._order_conf.clear()
+        self._order_conf.update(state.order_conf if order_conf is None else order_conf)
+        self.observe(now)
+        for name in self._brokers:
+            self._reweigh(name)
+        ch = Changes()
+        ch.structural = True
+        ch.stale_brokers.update(self._brokers)
+        queues = [QueueData(*value) for value in state.queue_values]
+        for topic, numbers in state.topics:
+            for number in numbers:
+                self._set_queue(topic, queues[number], ch)
+        self._commit(ch)
 
     def check_invariants(self) -> None:
         """Raise AssertionError naming the first rule the table's records break.
@@ -705,7 +819,10 @@ class RouteTable:
     def _commit(self, ch: Changes) -> list[Event]:
         """Number the changes with one new revision and turn them into events."""
         self._builder.refresh(ch.stale_brokers)
-        return self._revisions.commit(ch, self._build_route)
+        events = self._revisions.commit(ch, self._build_route)
+        if events or ch.structural:
+            self.changes += 1
+        return events
 
 
 def filter_zone(route: TopicRoute, zone: str) -> TopicRoute:

@@ -378,7 +378,7 @@ class BrokerEvent(Event, tag="broker"):
     broker_id: int
     broker_addr: str
     change: str  # registered | updated | removed
-    reason: str = ""  # "" | unregistered | expired | displaced | peer_expired
+    reason: str = ""  # "" for registered and updated; a removal reason (protocol §7) else
 
 
 class HbEvent(Event, tag="hb"):

@@ -25,6 +25,8 @@ from zns.core.config import (  # DEFAULT_*: re-exported for the relay and the be
     DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PUB_HWM, ServerConfig,
 )
 from zns.drivers.kv_file import KvStore
+from zns.drivers import state_file
+from zns.core import warm
 from zns.drivers.peers import PeerLinks
 from zns.drivers.security import Security
 from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
@@ -103,6 +105,7 @@ class Server:
             authorize=self.security.authorize if self.security else None, limits=config.limits,
             max_reply_bytes=self.reply_budget.burst,
         )
+        self.state: state_file.StateWriter | None = None
         self.router = self._ctx.socket(zmq.ROUTER)
         # An XPUB, not a PUB: it hands every subscription to the loop, which counts what
         # each connection holds (zns.drivers.subscribers); it publishes as a PUB does.
@@ -120,6 +123,7 @@ class Server:
         self.metrics: MetricsServer | None = None
         self.loop: Loop | None = None
         try:
+            self.state = self._restore_state(config)  # before anything is served
             self._configure_sockets()
             self.router_endpoint = self._bind(self.router, config.router)
             self.pub_endpoint = self._bind(self.pub, config.pub, self.subscribers.on_monitor_event,
@@ -148,6 +152,8 @@ class Server:
                                      self.requests, _Subscriptions(self.pub, self.subscribers)]
             if self.remoting is not None:
                 sources.append(self.remoting)
+            if self.state is not None:
+                sources.append(self.state)
             sources += [self.peers, self.heap, self.outbox]
             self.loop = Loop(sources, clock=self._now, stall=self.timers, poll=PollSet(),
                              urgent=[timers, self.outbox])
@@ -191,7 +197,11 @@ class Server:
             # previous handler ending the process half closed, without its last line.
             restore_wakeup()
             try:
-                self.close()
+                try:
+                    if self.state is not None:
+                        self.state.write_now()
+                finally:
+                    self.close()
                 log.info("zns stopped")
             finally:
                 restore_handlers()
@@ -267,6 +277,27 @@ class Server:
         log.info("RocketMQ remoting listener on %s", listener.endpoint)
         self.service.remoting_endpoint = listener.endpoint
         return listener
+
+    def _restore_state(self, config: ServerConfig) -> state_file.StateWriter | None:
+        """Load the state dump, if any, into the fresh service; the writer of the next ones."""
+        path = state_file.state_path_for(config.state_path, config.kv_path)
+        if path is None:
+            return None
+        state_file.check_writable(path)
+        dump = state_file.load(path)
+        if dump is not None:
+            try:
+                warm.restore(self.service, dump, self._now())
+            except warm.CorruptDump as exc:
+                log.error("state dump %s ignored, starting with no routes: %s", path, exc)
+            else:
+                table = self.service.table
+                age_s = max(0, self._wall_ms() - dump.written_ms) / 1000
+                log.info("restored %d broker names and %d topics from %s (written %.1f s ago); "
+                         "each broker is removed unless it registers again (reason "
+                         "not_confirmed)", table.broker_count(), table.topic_count(), path, age_s)
+        return state_file.StateWriter(path, self.service, wake=self.wake, clock=self._now,
+                                      wall_ms=self._wall_ms)
 
     def _subscriptions_freed(self, cost: int) -> None:
         # Freed trie nodes stay in glibc's heap; a large release is worth a trim.

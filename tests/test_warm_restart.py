@@ -1,0 +1,125 @@
+"""Warm restarts of real `zns serve` processes: a server killed with SIGKILL or stopped
+serves its routes again at once after a restart, with a new epoch; a restored broker
+that does not register again is removed as `not_confirmed`; an unusable dump never stops
+a start, a newer one does, in one line."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from zns.cli import main
+from zns.core import schema, warm
+
+from helpers import LOADED_DEADLINE, Peer, register_fields, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def dump_holds(path: Path, topic: str) -> bool:
+    try:
+        state = warm.decode_dump(path.read_bytes())
+    except (FileNotFoundError, warm.CorruptDump):
+        return False
+    return any(t == topic for t, _ in state.table.topics)
+
+
+def register(srv, name: str, addr: str, topic: str, timeout_ms: int = 120_000) -> None:
+    peer = Peer(srv.router)
+    try:
+        peer.ok("register_broker", heartbeat_timeout_ms=timeout_ms,
+                **register_fields(name, 0, addr, topics={topic: {}}))
+    finally:
+        peer.close()
+
+
+def test_a_server_killed_with_sigkill_serves_its_routes_at_once_after_a_restart(
+        process_server, tmp_path: Path):
+    kv_path = tmp_path / "kv.log"
+    srv = process_server(kv_path=kv_path)
+    register(srv, "broker-a", "10.0.0.1:10911", "TopicA")
+    peer = Peer(srv.router)
+    old_epoch = peer.ok("status").epoch
+    peer.close()
+    wait_for(lambda: dump_holds(tmp_path / "state.dump", "TopicA"))  # debounced: ≤ 1 s
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.proc.wait(15)
+
+    again = process_server(kv_path=kv_path)
+    peer = Peer(again.router)
+    try:
+        route = peer.ok("get_route", topic="TopicA")  # the first request: no registration
+        assert [b.broker_name for b in route.route.brokers] == ["broker-a"]
+        assert route.epoch != old_epoch  # clients resync, as after any restart (§7)
+        assert "restored 1 broker names and 1 topics" in again.output()
+    finally:
+        peer.close()
+
+
+def test_a_restored_broker_that_does_not_register_again_is_removed_as_not_confirmed(
+        process_server, tmp_path: Path):
+    kv_path = tmp_path / "kv.log"
+    srv = process_server(kv_path=kv_path)
+    register(srv, "broker-a", "10.0.0.1:10911", "TopicA", timeout_ms=2_000)
+    register(srv, "broker-b", "10.0.0.2:10911", "TopicB")
+    assert srv.stop() == 0  # a clean stop writes the dump too
+    assert dump_holds(tmp_path / "state.dump", "TopicB")
+
+    again = process_server(kv_path=kv_path)
+    peer = Peer(again.router, again.pub)
+    try:
+        peer.subscribe(schema.HB_CHANNEL, schema.BROKER_PREFIX)
+        peer.wait_subscribed()
+        assert peer.ok("get_route", topic="TopicA").route.brokers[0].broker_name == "broker-a"
+        register(again, "broker-b", "10.0.0.2:10911", "TopicB")  # confirmed
+        _, event = peer.next_event(lambda ch, ev: ch.startswith(schema.BROKER_PREFIX),
+                                   timeout=LOADED_DEADLINE + 2)
+        assert (event.broker_name, event.change, event.reason) == (
+            "broker-a", "removed", "not_confirmed")
+        assert peer.call("get_route", topic="TopicA").code == "not_found"
+        assert peer.ok("get_route", topic="TopicB").route.brokers[0].broker_name == "broker-b"
+        wait_for(lambda: "(not_confirmed)" in again.output())
+    finally:
+        peer.close()
+
+
+def test_a_corrupt_dump_is_logged_and_the_server_starts_empty(process_server, tmp_path: Path):
+    path = tmp_path / "state.dump"
+    path.write_bytes(warm.MAGIC + b"\x00\x01" + b"\x00" * 4 + b"not msgpack")
+    srv = process_server("--state-path", str(path))
+    peer = Peer(srv.router)
+    try:
+        assert peer.ok("status").brokers == 0
+    finally:
+        peer.close()
+    lines = [line for line in srv.output().splitlines() if "state dump" in line]
+    assert len(lines) == 1 and "ignored, starting with no routes" in lines[0]
+
+
+def test_a_dump_of_a_newer_zns_stops_the_start_in_one_line(tmp_path: Path):
+    path = tmp_path / "state.dump"
+    path.write_bytes(warm.MAGIC + (warm.FORMAT + 1).to_bytes(2, "big") + b"\x00" * 4 + b"x")
+    result = CliRunner().invoke(main, ["serve", "--router", "tcp://127.0.0.1:*", "--pub",
+                                       "tcp://127.0.0.1:*", "--kv-path", str(tmp_path / "kv.log"),
+                                       "--state-path", str(path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"Error: state dump {path} was written by a newer zns (state format "
+                           f"{warm.FORMAT + 1}")
+    assert path.read_bytes().endswith(b"x")  # left as it was
+
+
+def test_an_unusable_state_path_stops_the_start_in_one_line(tmp_path: Path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = CliRunner().invoke(main, ["serve", "--router", "tcp://127.0.0.1:*", "--pub",
+                                       "tcp://127.0.0.1:*", "--kv-path", str(tmp_path / "kv.log"),
+                                       "--state-path", str(blocker / "state.dump")])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        f"Error: state dump {blocker}/state.dump cannot be written: {blocker} is a file, not a "
+        "directory (--state-path)"]
+

@@ -1,0 +1,210 @@
+"""The state dump's file (`--state-path`): loaded at start, written after changes and at stop.
+
+What is in a dump and what a restore does is decided in zns.core.warm; this module
+moves its bytes. The file is replaced atomically (a temporary file beside it,
+fsynced, renamed over it, the directory fsynced), so a crash at any point leaves
+the previous dump or the new one, never a mix.
+
+`StateWriter` is a source of the server's loop. When the core's `DumpSchedule` says a
+dump is due, it reads the table in steps of DUMP_STEP_WORK queue entries, each inside
+the loop's slice, and starts over later if the table changed between two steps; the
+finished state (a copy: nothing in it is the table's) is encoded and written by a
+thread. The thread's end wakes the loop; what it raised is raised again in the loop,
+as itself: an OSError (a full disk, a removed directory) is logged in one line and the
+dump is tried again after the next interval; anything else is a bug and reaches the
+loop's boundary with its traceback. At a clean stop the server writes one last dump
+in full (`write_now`), after any write under way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from zns.core import warm
+from zns.core.errors import ConfigError
+from zns.core.routes import DUMP_STEP_WORK
+from zns.core.service import NameService
+from zns.core.table_state import TableState
+from zns.drivers.loop import PollSet, Ready
+
+log = logging.getLogger("zns")
+
+DEFAULT_NAME = "state.dump"  # beside the KV file when --state-path is not given
+
+
+def state_path_for(state_path: str, kv_path: str | None) -> Path | None:
+    """The dump's path: `state_path`, or DEFAULT_NAME beside the KV file when it is "";
+    None (no dump) when the KV store is held in memory and no path is given."""
+    if state_path:
+        return Path(state_path).expanduser()
+    if kv_path is None:
+        return None
+    return Path(kv_path).expanduser().with_name(DEFAULT_NAME)
+
+
+def check_writable(path: Path) -> None:
+    """Refuse at start a path the first write would fail on (one line: ConfigError). Missing
+    directories are made at the first write, as the KV file's are."""
+    if path.is_dir():
+        raise ConfigError(f"state dump {path} is a directory; give a file path (--state-path)")
+    existing = next(d for d in (path.parent, *path.parent.parents) if d.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"state dump {path} cannot be written: {existing} is a file, not a "
+                          "directory (--state-path)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"state dump {path} cannot be written: directory {existing} is "
+                          "not writable (--state-path)")
+    if path.exists() and not os.access(path, os.R_OK):
+        raise ConfigError(f"state dump {path} is not readable (--state-path)")
+
+
+def load(path: Path) -> warm.StateDump | None:
+    """The dump at `path`; None when there is none or it cannot be used (logged in one line).
+    A dump of a newer format stops the start (ConfigError): starting empty would replace it."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"state dump {path} cannot be read: {exc.strerror} (--state-path)")
+    try:
+        return warm.decode_dump(data)
+    except warm.NewerDump as exc:
+        raise ConfigError(f"state dump {path} was {exc}; run that zns, or delete the file to "
+                          "start with no routes (--state-path)") from None
+    except warm.CorruptDump as exc:
+        log.error("state dump %s ignored, starting with no routes: %s", path, exc)
+        return None
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically and durably."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    # Readable by its owner only, as the KV file: it lists every broker and topic.
+    with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+class StateWriter:
+    """The loop's source that keeps the dump file up to date (see the module docstring)."""
+
+    what = "writing the state dump"
+
+    def __init__(self, path: Path, service: NameService, *, wake: Callable[[], None],
+                 clock: Callable[[], int], wall_ms: Callable[[], int],
+                 interval_ms: int = warm.DEFAULT_DUMP_INTERVAL_MS,
+                 write: Callable[[Path, bytes], None] = write_file,
+                 step_work: int = DUMP_STEP_WORK) -> None:
+        """`clock`: the loop's (monotonic ms); `wake`: wakes the loop (from the thread);
+        `step_work`: queue entries per step (RouteTable.dump_in_steps)."""
+        self.path, self._service, self._wake, self._wall_ms = path, service, wake, wall_ms
+        self._clock, self._step_work = clock, step_work
+        self._write = write
+        self.schedule = warm.DumpSchedule(interval_ms, written=service.table.changes)
+        self._steps: Iterator[TableState | None] | None = None
+        self._steps_of = 0  # the table's change count when the steps began
+        self._thread: threading.Thread | None = None
+        self._outcome: BaseException | None = None
+        self.written = 0  # dumps written (metrics, tests)
+        self.last_bytes = 0  # the size of the last dump written
+
+    @property
+    def reading(self) -> bool:
+        """A dump is being read from the table, in steps."""
+        return self._steps is not None
+
+    @property
+    def writing(self) -> bool:
+        """A dump is being written by the thread (or its end not yet taken by the loop)."""
+        return self._thread is not None
+
+    def attach(self, poll: PollSet) -> None:
+        pass
+
+    def next_deadline(self, now: int) -> int | None:
+        if self._thread is not None:
+            return now if not self._thread.is_alive() else None
+        if self._steps is not None:
+            return now
+        return self.schedule.next_deadline(self._service.table.changes, now)
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        if self._thread is not None:
+            if not self._thread.is_alive():
+                self._finish()
+            return
+        table = self._service.table
+        if self._steps is None:
+            self._steps, self._steps_of = table.dump_in_steps(self._step_work), table.changes
+        while True:
+            if table.changes != self._steps_of:  # changed between two steps: start over
+                self._steps, self._steps_of = table.dump_in_steps(self._step_work), table.changes
+            state = next(self._steps)
+            if state is not None:
+                break
+            if self._clock() >= until:
+                return
+        self._steps = None
+        dump = warm.dump(self._service, self._wall_ms(), state)
+        self.schedule.started(self._steps_of, now)
+        self._thread = threading.Thread(target=self._write_in_thread, args=(dump,),
+                                        name="zns-state-dump", daemon=True)
+        self._thread.start()
+
+    def write_now(self) -> None:
+        """Write the dump as the table is now, after any write under way (a clean stop);
+        nothing when the file already holds it."""
+        if self._thread is not None:
+            self._thread.join()
+            self._finish()
+        if self.schedule.written == self._service.table.changes:
+            return
+        dump = warm.dump(self._service, self._wall_ms())
+        self.schedule.started(self._service.table.changes, 0)
+        try:
+            data = warm.encode_dump(dump)
+            self._write(self.path, data)
+        except OSError as exc:
+            self.schedule.finished(False)
+            log.error("cannot write the state dump %s at stop: %s", self.path, exc)
+            return
+        self.schedule.finished(True)
+        self.written += 1
+        self.last_bytes = len(data)
+
+    def _write_in_thread(self, dump: warm.StateDump) -> None:
+        try:
+            data = warm.encode_dump(dump)
+            self._write(self.path, data)
+            self.last_bytes = len(data)
+        except BaseException as exc:  # handed to the loop, raised there as itself
+            self._outcome = exc
+        finally:
+            self._wake()
+
+    def _finish(self) -> None:
+        assert self._thread is not None
+        self._thread.join()
+        self._thread = None
+        outcome, self._outcome = self._outcome, None
+        self.schedule.finished(outcome is None)
+        if outcome is None:
+            self.written += 1
+        elif isinstance(outcome, OSError):
+            log.error("cannot write the state dump %s (tried again in %d ms): %s", self.path,
+                      self.schedule.interval_ms, outcome)
+        else:
+            raise outcome
