@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,9 +56,11 @@ def check_writable(path: Path) -> None:
     if not existing.is_dir():
         raise ConfigError(f"state dump {path} cannot be written: {existing} is a file, not a "
                           "directory (--state-path)")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"state dump {path} cannot be written: directory {existing} is "
-                          "not writable (--state-path)")
+    try:  # a real file, not os.access: root passes that everywhere, /proc included
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as exc:
+        raise ConfigError(f"state dump {path} cannot be written: directory {existing} does "
+                          f"not take new files ({exc.strerror}) (--state-path)") from None
     if path.exists() and not os.access(path, os.R_OK):
         raise ConfigError(f"state dump {path} is not readable (--state-path)")
 
