@@ -190,8 +190,6 @@ DRIVER_POKES_LEFT: dict[tuple[str, str], str] = {
         "_answer", "_carry_out", "_died", "_forget_watchers", "_notify", "_now", "_on_event",
         "_plain", "_raise_if_failed", "_select", "_session", "_sockets", "_track", "_turn",
         "_wait_ms", "_wake")},
-    **{("test_descriptors.py", name): "unassigned" for name in (
-        "_retry_at", "_shed", "_shed_count", "_waiting")},
     ("test_logs.py", "_windows"): "unassigned",
     ("test_request_router.py", "_draining"): "unassigned",
     ("test_request_router.py", "_send"): "unassigned",

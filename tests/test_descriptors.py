@@ -17,12 +17,11 @@ from typing import Any
 import pytest
 import zmq
 
+from zns.core.accept_pause import HEADROOM, RETRY_MS
 from zns.drivers import descriptors
 from zns.drivers.descriptors import (
-    HEADROOM,
     MONITOR_EVENTS_PER_PASS,
     OUT_OF_FDS,
-    RETRY_MS,
     SHED_PER_PASS,
     SHED_WAIT_MS,
     DescriptorGuard,
@@ -308,7 +307,7 @@ def test_bind_keeps_the_listener_and_attach_registers_its_monitor(ctx) -> None:
     try:
         listener = guard.bind(sock, "tcp://127.0.0.1:0")
         assert guard.listeners == [listener] and guard.limit == 100
-        assert guard.exhausted == 0 and guard.paused_since is None and guard.plain == []
+        assert guard.pause.exhausted == 0 and guard.pause.paused_since is None and guard.plain == []
 
         class Poller:
             registered: list[tuple[Any, int]] = []
@@ -333,7 +332,7 @@ def test_monitor_events_other_than_accept_failed_go_to_the_listeners_callback(ri
     rig.send(zmq.EVENT_DISCONNECTED, 18)
     rig.handle()
     assert rig.events == [(zmq.EVENT_ACCEPTED, 17), (zmq.EVENT_DISCONNECTED, 18)]
-    assert rig.guard.paused_since is None
+    assert rig.guard.pause.paused_since is None
 
 
 def test_a_monitor_not_ready_is_not_read(rig: Rig) -> None:
@@ -378,7 +377,7 @@ def test_the_monitor_is_read_1024_events_per_pass(rig: Rig) -> None:
 def test_accept_failing_for_lack_of_descriptors_stops_new_connections(rig: Rig, caplog, code: int) -> None:
     rig.send(zmq.EVENT_ACCEPT_FAILED, code)
     rig.handle(now=5000)
-    assert rig.guard.exhausted == 1 and rig.guard.paused_since == 5000
+    assert rig.guard.pause.exhausted == 1 and rig.guard.pause.paused_since == 5000
     assert rig.filters == [(rig.listener.listening.fileno(), True)]  # type: ignore[union-attr]
     assert rig.guard.next_deadline(5000) == 5000 + RETRY_MS
     assert rig.guard.next_deadline(9000) == 9000  # late: due now
@@ -391,7 +390,7 @@ def test_accept_failing_for_lack_of_descriptors_stops_new_connections(rig: Rig, 
 def test_accept_failing_for_another_reason_changes_nothing(rig: Rig, caplog) -> None:
     rig.send(zmq.EVENT_ACCEPT_FAILED, errno.ECONNABORTED)
     rig.handle()
-    assert rig.guard.paused_since is None and rig.filters == [] and rig.events == []
+    assert rig.guard.pause.paused_since is None and rig.filters == [] and rig.events == []
     assert _warnings(caplog) == []
 
 
@@ -399,7 +398,7 @@ def test_one_failure_among_many_events_is_enough(rig: Rig) -> None:
     rig.send(zmq.EVENT_ACCEPT_FAILED, errno.EMFILE)
     rig.send(zmq.EVENT_ACCEPT_FAILED, errno.ECONNABORTED)
     rig.handle()
-    assert rig.guard.exhausted == 1
+    assert rig.guard.pause.exhausted == 1
 
 
 def test_a_second_failure_while_stopped_sheds_again_without_a_second_warning(rig: Rig, caplog) -> None:
@@ -407,7 +406,7 @@ def test_a_second_failure_while_stopped_sheds_again_without_a_second_warning(rig
     rig.handle(now=1000)
     rig.send(zmq.EVENT_ACCEPT_FAILED, errno.EMFILE)
     rig.handle(now=1500)
-    assert rig.guard.exhausted == 1 and rig.guard.paused_since == 1000
+    assert rig.guard.pause.exhausted == 1 and rig.guard.pause.paused_since == 1000
     assert len(rig.filters) == 1
     assert len(_warnings(caplog)) == 1
     assert rig.guard.next_deadline(1500) == 2500
@@ -452,13 +451,13 @@ def test_what_waits_in_the_accept_queue_is_closed_by_a_child(rig: Rig, caplog) -
         for _ in range(3):
             rig.clients.append(socket.create_connection(plain.getsockname()[:2], timeout=5))
         wait_for(lambda: select.select([plain], [], [], 0)[0], timeout=5)
-        assert rig.guard._waiting() == [plain]
+        assert descriptors.waiting([rig.listener.listening, plain]) == [plain]  # type: ignore[list-item]
         shed = rig.guard.out_of_descriptors(plain, 1000)
         assert shed == 3
         for client in rig.clients:
             client.settimeout(5)
             assert client.recv(1) == b""  # closed by the child
-        assert rig.guard._waiting() == []
+        assert descriptors.waiting([rig.listener.listening, plain]) == []  # type: ignore[list-item]
         assert "(3 waiting closed)" in _warnings(caplog)[0]
         assert sorted(fd for fd, _ in rig.filters) == sorted(
             [rig.listener.listening.fileno(), plain.fileno()])  # type: ignore[union-attr]
@@ -472,14 +471,14 @@ def test_a_tick_before_the_retry_time_does_nothing(rig: Rig) -> None:
     rig.send(zmq.EVENT_ACCEPT_FAILED, errno.EMFILE)
     rig.handle(now=1000)
     rig.guard.tick(1000 + RETRY_MS - 1)
-    assert rig.guard.paused_since == 1000 and len(rig.filters) == 1
+    assert rig.guard.pause.paused_since == 1000 and len(rig.filters) == 1
 
 
 def test_with_descriptors_free_again_new_connections_are_let_in(rig: Rig, caplog) -> None:
     rig.send(zmq.EVENT_ACCEPT_FAILED, errno.EMFILE)
     rig.handle(now=1000)
     rig.guard.tick(1000 + RETRY_MS)
-    assert rig.guard.paused_since is None
+    assert rig.guard.pause.paused_since is None
     assert rig.filters[-1] == (rig.listener.listening.fileno(), False)  # type: ignore[union-attr]
     assert _warnings(caplog)[-1] == ("file descriptors free again: accepting new connections "
                                      f"(stopped for {RETRY_MS} ms)")
@@ -488,30 +487,29 @@ def test_with_descriptors_free_again_new_connections_are_let_in(rig: Rig, caplog
 
 def test_without_headroom_the_guard_stays_paused_and_retries_a_second_later(
         rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-    rig.guard.limit = 1000
+    rig.guard.pause.limit = 1000
     monkeypatch.setattr(descriptors, "_open_descriptors", lambda: 1000 - HEADROOM + 1)
     rig.send(zmq.EVENT_ACCEPT_FAILED, errno.EMFILE)
     rig.handle(now=1000)
     rig.guard.tick(2000)
-    assert rig.guard.paused_since == 1000 and len(rig.filters) == 1
+    assert rig.guard.pause.paused_since == 1000 and len(rig.filters) == 1
     assert rig.guard.next_deadline(2000) == 3000
     monkeypatch.setattr(descriptors, "_open_descriptors", lambda: 1000 - HEADROOM)  # exactly enough
     rig.guard.tick(3000)
-    assert rig.guard.paused_since is None and rig.filters[-1][1] is False
+    assert rig.guard.pause.paused_since is None and rig.filters[-1][1] is False
 
 
 def test_a_tick_sheds_what_got_into_a_queue_before_the_filter(rig: Rig, monkeypatch) -> None:
     shed: list[list[socket.socket]] = []
     rig.send(zmq.EVENT_ACCEPT_FAILED, errno.EMFILE)
     rig.handle(now=1000)
-    monkeypatch.setattr(rig.guard, "_shed", lambda listening: shed.append(listening) or 0)
-    monkeypatch.setattr(rig.guard, "_waiting", lambda: [])
-    rig.guard.paused_since, rig.guard._retry_at = 1000, 2000
+    monkeypatch.setattr(rig.guard.shedder, "shed", lambda listening: shed.append(listening) or 0)
+    monkeypatch.setattr(descriptors, "waiting", lambda listening: [])
     monkeypatch.setattr(descriptors, "_open_descriptors", lambda: 1 << 30)
     rig.guard.tick(2000)
     assert shed == []  # nothing waiting: no child forked
     marker = socket.socket()
-    monkeypatch.setattr(rig.guard, "_waiting", lambda: [marker])
+    monkeypatch.setattr(descriptors, "waiting", lambda listening: [marker])
     rig.guard.tick(3000)
     marker.close()
     assert shed == [[marker]]
@@ -521,9 +519,9 @@ def test_run_reads_the_monitors_then_ticks(rig: Rig) -> None:
     rig.send(zmq.EVENT_ACCEPT_FAILED, errno.EMFILE)
     wait_for(lambda: rig.monitor.poll(0), timeout=5)
     rig.guard.run({rig.monitor: zmq.POLLIN}, 1000, 1010)
-    assert rig.guard.paused_since == 1000
+    assert rig.guard.pause.paused_since == 1000
     rig.guard.run({}, 1000 + RETRY_MS, 1000 + RETRY_MS + 10)
-    assert rig.guard.paused_since is None
+    assert rig.guard.pause.paused_since is None
 
 
 def test_a_failed_fork_sheds_nothing_with_a_warning(rig: Rig, monkeypatch, caplog) -> None:
@@ -531,7 +529,7 @@ def test_a_failed_fork_sheds_nothing_with_a_warning(rig: Rig, monkeypatch, caplo
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
     monkeypatch.setattr(descriptors.os, "fork", no_fork)
-    assert rig.guard._shed([rig.listener.listening]) == 0  # type: ignore[list-item]
+    assert rig.guard.shedder.shed([rig.listener.listening]) == 0  # type: ignore[list-item]
     assert _warnings(caplog) == [
         "could not fork to close waiting connections: [Errno 11] Resource temporarily unavailable"]
 
@@ -540,7 +538,7 @@ def test_a_child_that_takes_too_long_is_killed(rig: Rig, monkeypatch, caplog) ->
     monkeypatch.setattr(descriptors, "_accept_and_close", lambda listening: __import__("time").sleep(30))
     import time
     started = time.monotonic()
-    assert rig.guard._shed([rig.listener.listening]) == 0  # type: ignore[list-item]
+    assert rig.guard.shedder.shed([rig.listener.listening]) == 0  # type: ignore[list-item]
     assert time.monotonic() - started < 20
     assert _warnings(caplog) == [f"a child closing waiting connections took over {SHED_WAIT_MS} ms: killed"]
     assert SHED_WAIT_MS == 500
@@ -625,7 +623,7 @@ def test_closing_the_guard_closes_its_listeners_and_its_page(ctx) -> None:
     sock = ctx.socket(zmq.ROUTER)
     listener = guard.bind(sock, "tcp://127.0.0.1:0")
     guard.close()
-    assert listener.monitor.closed and guard.listeners == [] and guard._shed_count.closed
+    assert listener.monitor.closed and guard.listeners == [] and guard.shedder.closed
     sock.close(0)
 
 
@@ -682,7 +680,7 @@ def test_only_the_ready_monitors_are_read_each_of_them(ctx, rig: Rig) -> None:
 
 
 def test_what_each_listener_shed_adds_up_and_so_do_exhaustions(rig: Rig, monkeypatch) -> None:
-    monkeypatch.setattr(rig.guard, "_shed", lambda listening: 3)
+    monkeypatch.setattr(rig.guard.shedder, "shed", lambda listening: 3)
     for now in (1000, 1100):
         rig.send(zmq.EVENT_ACCEPT_FAILED, errno.EMFILE)
         rig.handle(now=now)
@@ -690,7 +688,7 @@ def test_what_each_listener_shed_adds_up_and_so_do_exhaustions(rig: Rig, monkeyp
     rig.guard.tick(1100 + RETRY_MS)  # free again
     rig.send(zmq.EVENT_ACCEPT_FAILED, errno.EMFILE)
     rig.handle(now=5000)
-    assert rig.guard.exhausted == 2
+    assert rig.guard.pause.exhausted == 2
 
 
 def test_the_other_listening_sockets_with_connections_waiting_are_shed_too(rig: Rig) -> None:
@@ -718,7 +716,7 @@ def test_a_killed_shedding_child_is_reaped(rig: Rig, monkeypatch) -> None:
 
     monkeypatch.setattr(descriptors.os, "fork", fork)
     monkeypatch.setattr(descriptors, "_accept_and_close", lambda listening: __import__("time").sleep(30))
-    rig.guard._shed([rig.listener.listening])  # type: ignore[list-item]
+    rig.guard.shedder.shed([rig.listener.listening])  # type: ignore[list-item]
     (pid,) = forked
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # already reaped: no zombie left

@@ -45,6 +45,7 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from zns.core.accept_pause import AcceptPause
 from zns.core.addresses import url_host
 from zns.drivers.loop import PollSet, Ready
 
@@ -55,8 +56,6 @@ log = logging.getLogger("zns")
 SO_ATTACH_FILTER, SO_DETACH_FILTER = 26, 27
 _DROP_ALL = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))
 _DROP_ALL_PROG = struct.pack("HxxxxxxQ", 1, ctypes.addressof(_DROP_ALL))
-RETRY_MS = 1000  # how often a paused guard checks for free descriptors
-HEADROOM = 64  # descriptors that must be free before new connections are let in again
 MONITOR_EVENTS_PER_PASS = 1024
 SHED_PER_PASS = 4096  # connections one shedding child closes, at most (SOMAXCONN's default)
 SHED_WAIT_MS = 500  # how long the loop waits for a shedding child before killing it
@@ -115,18 +114,19 @@ class Listener:
 
 
 class DescriptorGuard:
-    """Stops new connections and sheds waiting ones when accept runs out of descriptors."""
+    """Stops new connections and sheds waiting ones when accept runs out of descriptors;
+    what it does when is `pause`'s (zns.core.accept_pause)."""
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
+        self.pause = AcceptPause(limit)
         self.listeners: list[Listener] = []
         self.plain: list[socket.socket] = []  # listening sockets accepted from by zns itself
-        self.exhausted = 0  # times new connections were stopped for lack of descriptors
-        self.paused_since: int | None = None
-        self._retry_at = 0
-        # Where a shedding child writes how many it closed: an anonymous shared page
-        # needs no descriptor, so it is made now and used when none is free.
-        self._shed_count = mmap.mmap(-1, 8)
+        self.shedder = Shedder()
+
+    @property
+    def limit(self) -> int:
+        """The open-file limit in force."""
+        return self.pause.limit
 
     def bind(self, sock: zmq.Socket, endpoint: str,
              on_event: Callable[[int, int], None] | None = None, events: int = 0) -> Listener:
@@ -147,7 +147,7 @@ class DescriptorGuard:
             poll.register(listener.monitor, zmq.POLLIN, self)
 
     def next_deadline(self, now: int) -> int | None:
-        return None if self.paused_since is None else max(now, self._retry_at)
+        return self.pause.next_deadline(now)
 
     def run(self, ready: Ready, now: int, until: int) -> None:
         self.handle(ready, now)
@@ -174,59 +174,74 @@ class DescriptorGuard:
     def out_of_descriptors(self, listening: socket.socket, now: int) -> int:
         """Accept failed on `listening` for lack of descriptors: stop new connections on
         every listening socket, then close what waits on them. Returns how many."""
-        starting = self.paused_since is None
+        starting = self.pause.out_of_descriptors(now)
         if starting:
-            self.exhausted += 1
-            self.paused_since = now
             for sock in self._listening():
                 _set_drop_filter(sock, True)
-        shed = self._shed([listening, *(s for s in self._waiting() if s is not listening)])
+        others = [s for s in waiting(self._listening()) if s is not listening]
+        shed = self.shedder.shed([listening, *others])
         if starting:
             log.warning("out of file descriptors (limit %d): new connections are dropped until "
                         "some close; existing ones are served (%d waiting closed). Raise the "
                         "limit with `ulimit -n`", self.limit, shed)
-        self._retry_at = now + RETRY_MS
         return shed
 
     def tick(self, now: int) -> None:
         """While paused, once a second: shed what waits, and let new connections in again
         when descriptors are free."""
-        if self.paused_since is None or now < self._retry_at:
+        if not self.pause.due(now):
             return
-        self._retry_at = now + RETRY_MS
-        waiting = self._waiting()
-        if waiting:  # anything that got into a queue before the filter
-            self._shed(waiting)
-        if _open_descriptors() + HEADROOM > self.limit:
+        queued = waiting(self._listening())
+        if queued:  # anything that got into a queue before the filter
+            self.shedder.shed(queued)
+        stopped = self.pause.free_again(_open_descriptors(), now)
+        if stopped is None:
             return
         for sock in self._listening():
             _set_drop_filter(sock, False)
         log.warning("file descriptors free again: accepting new connections (stopped for %d ms)",
-                    now - self.paused_since)
-        self.paused_since = None
+                    stopped)
 
     def _listening(self) -> list[socket.socket]:
         return [l.listening for l in self.listeners if l.listening is not None] + self.plain
-
-    def _waiting(self) -> list[socket.socket]:
-        """The listening sockets with connections waiting in their accept queues."""
-        poller = select.poll()  # unlike epoll, poll needs no descriptor of its own
-        sockets = {sock.fileno(): sock for sock in self._listening()}
-        for fd in sockets:
-            poller.register(fd, select.POLLIN)
-        return [sockets[fd] for fd, _ in poller.poll(0)]
 
     def close(self) -> None:
         for listener in self.listeners:
             listener.close()
         self.listeners.clear()
-        self._shed_count.close()
+        self.shedder.close()
 
-    def _shed(self, listening: list[socket.socket]) -> int:
-        """Accept every connection waiting on `listening` and close it, in a forked child
-        (see the module's docstring for why). Returns how many were closed."""
+
+def waiting(listening: list[socket.socket]) -> list[socket.socket]:
+    """Those of `listening` with connections waiting in their accept queues."""
+    poller = select.poll()  # unlike epoll, poll needs no descriptor of its own
+    sockets = {sock.fileno(): sock for sock in listening}
+    for fd in sockets:
+        poller.register(fd, select.POLLIN)
+    return [sockets[fd] for fd, _ in poller.poll(0)]
+
+
+class Shedder:
+    """Accepts and closes what waits on listening sockets, in a forked child (see the
+    module's docstring for why)."""
+
+    def __init__(self) -> None:
+        # Where the child writes how many it closed: an anonymous shared page needs no
+        # descriptor, so it is made now and used when none is free.
+        self._count = mmap.mmap(-1, 8)
+
+    @property
+    def closed(self) -> bool:
+        return self._count.closed
+
+    def close(self) -> None:
+        self._count.close()
+
+    def shed(self, listening: list[socket.socket]) -> int:
+        """Accept every connection waiting on `listening` and close it, in a forked child.
+        Returns how many were closed."""
         keep = sorted({sock.fileno() for sock in listening})
-        self._shed_count[:] = bytes(8)
+        self._count[:] = bytes(8)
         with warnings.catch_warnings():  # Python 3.12+ warns of fork with threads running
             warnings.simplefilter("ignore", DeprecationWarning)
             try:
@@ -237,7 +252,7 @@ class DescriptorGuard:
         if pid == 0:  # the child: only this thread runs here
             try:
                 _close_all_but(keep)
-                self._shed_count[:] = struct.pack("Q", _accept_and_close(listening))
+                self._count[:] = struct.pack("Q", _accept_and_close(listening))
             finally:
                 os._exit(0)
         deadline = time.monotonic() + SHED_WAIT_MS / 1000
@@ -249,7 +264,7 @@ class DescriptorGuard:
                 os.waitpid(pid, 0)
                 break
             time.sleep(0.001)
-        return struct.unpack("Q", self._shed_count[:])[0]
+        return struct.unpack("Q", self._count[:])[0]
 
 
 def _close_all_but(keep: list[int]) -> None:
