@@ -179,17 +179,7 @@ DRIVER_POKES_LEFT: dict[tuple[str, str], str] = {
     ("test_server_wiring.py", "_suspect"): "peers",
     # Not in any engineer's brief yet (issue 31 item 1 names only the listener, the KV
     # store and the subscribers): the clients, the broker agent and the server's wiring.
-    **{("test_async_client.py", name): "unassigned" for name in (
-        "_now", "_sockets", "_task", "_wait", "_watchers")},
-    **{("test_background_failure.py", name): "unassigned" for name in ("_track", "_turn", "_wake")},
-    **{("test_broker_agent.py", name): "unassigned" for name in (
-        "_broker", "_close_timeout", "_links", "_lock", "_now", "_thread")},
     ("test_cli_output.py", "_now"): "unassigned",
-    ("test_client.py", "_turn"): "unassigned",
-    **{("test_client_base.py", name): "unassigned" for name in (
-        "_answer", "_carry_out", "_died", "_forget_watchers", "_notify", "_now", "_on_event",
-        "_plain", "_raise_if_failed", "_select", "_session", "_sockets", "_track", "_turn",
-        "_wait_ms", "_wake")},
     ("test_logs.py", "_windows"): "unassigned",
     ("test_request_router.py", "_draining"): "unassigned",
     ("test_request_router.py", "_send"): "unassigned",

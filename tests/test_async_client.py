@@ -8,8 +8,13 @@ import contextlib
 import pytest
 
 from helpers import LOADED_DEADLINE, register_fields
-from zns.drivers.async_client import AsyncRouteClient
+from zns.drivers.async_client import AsyncRouteClient, wait_readable
 from zns.core.errors import NameServerUnavailable, NotFound
+
+
+def client_tasks() -> list[asyncio.Task]:
+    """The running clients' tasks (each is named)."""
+    return [t for t in asyncio.all_tasks() if t.get_name() == "zns-async-route-client"]
 
 
 def client_for(*endpoints: str, **kw) -> AsyncRouteClient:
@@ -136,7 +141,7 @@ def test_queues_selection_per_topic_and_a_watch_that_starts_with_the_known_route
                 async for route in routes:
                     assert route == route_a  # the route already known, first
                     break
-            assert client._watchers["TopicA"] == []  # an ended watch leaves no buffer behind
+            assert client.watching("TopicA") == 0  # an ended watch leaves no buffer behind
 
     asyncio.run(scenario())
 
@@ -182,9 +187,11 @@ def test_a_wait_ends_at_its_deadline_and_a_silent_socket_is_not_ready():
         router.bind("inproc://silent-ns")
         client = AsyncRouteClient("inproc://silent-ns", context=ctx)
         try:
-            client._sockets.carry_out(FollowServer(endpoint="inproc://silent-ns"))
-            client._sockets.send(b"a request never answered")
-            ready = await asyncio.wait_for(client._wait(client._now() + 100), 20)
+            sockets = client.driver.sockets
+            sockets.carry_out(FollowServer(endpoint="inproc://silent-ns"))
+            sockets.send(b"a request never answered")
+            ready = await asyncio.wait_for(
+                wait_readable(sockets.readable(), asyncio.Event(), client.driver.wait_ms(client.driver.now() + 100)), 20)
             assert ready == set()  # the DEALER can send, but has nothing to read
         finally:
             await client.close()
@@ -199,12 +206,12 @@ def test_the_task_is_named_ended_by_close_and_close_twice_is_fine():
     async def scenario():
         client = client_for("tcp://127.0.0.1:1")
         await client.start()
-        task = client._task
-        assert task is not None and task.get_name() == "zns-async-route-client"
+        (task,) = client_tasks()
+        assert task.get_name() == "zns-async-route-client"
         await client.start()  # started once
-        assert client._task is task
+        assert client_tasks() == [task]
         await client.close()
-        assert task.done() and client._task is None
+        assert task.done() and client_tasks() == []
         await client.close()
 
     asyncio.run(scenario())

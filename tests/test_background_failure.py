@@ -63,20 +63,18 @@ def test_route_client_thread_dying_while_route_waits_wakes_the_wait() -> None:
     the failure): the wait itself must end on the failure, not on its 30 s timeout."""
     import threading
 
-    armed = threading.Event()
+    made, armed = threading.Event(), threading.Event()
 
     def clock() -> float:
-        if armed.is_set() and threading.current_thread().name == "zns-route-client":
-            raise Boom("the clock broke")
+        if threading.current_thread().name == "zns-route-client":
+            if armed.is_set():
+                raise Boom("the clock broke")
+        elif made.is_set():  # route() tracking its topic, which then wakes the thread
+            armed.set()
         return time.monotonic()
 
-    class Client(RouteClient):
-        def _track(self, topic: str) -> None:
-            super()._track(topic)
-            armed.set()
-            self._wake()  # its next turn reads the clock
-
-    client = Client(NOWHERE, timeout=30, clock=clock)
+    client = RouteClient(NOWHERE, timeout=30, clock=clock)
+    made.set()
     try:
         started = time.monotonic()
         with pytest.raises(BackgroundFailure) as info:
@@ -105,8 +103,15 @@ def test_async_client_task_failure_is_raised_by_route_and_watch() -> None:
 
 
 def test_async_watch_in_progress_ends_with_the_failure() -> None:
+    broken = [False]
+
+    def clock() -> float:
+        if broken[0]:
+            raise Boom("no sockets today")
+        return time.monotonic()
+
     async def main() -> None:
-        async with AsyncRouteClient(NOWHERE, timeout=60) as client:
+        async with AsyncRouteClient(NOWHERE, timeout=60, clock=clock) as client:
             async def follow() -> None:
                 async for _ in client.watch("Orders"):
                     pass
@@ -114,11 +119,8 @@ def test_async_watch_in_progress_ends_with_the_failure() -> None:
             watching = asyncio.create_task(follow())
             await asyncio.sleep(0.05)
 
-            def broken_turn(_ready: object) -> None:
-                raise Boom("no sockets today")
-
-            client._turn = broken_turn  # type: ignore[method-assign]
-            client._wake()
+            broken[0] = True  # the task's next turn reads the clock
+            client.forget("Unwatched")  # which wakes it
             with pytest.raises(BackgroundFailure) as info:
                 await asyncio.wait_for(watching, 30)
             assert_is_the_failure(info)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import socket
 import threading
@@ -13,9 +14,10 @@ import pytest
 import zmq
 
 from helpers import LOADED_DEADLINE, register_fields, wait_for
+from zns.drivers import broker_agent
 from zns.drivers.broker_agent import BrokerAgent
 from zns.core import schema
-from zns.core.errors import UsageError
+from zns.core.errors import BackgroundFailure, UsageError
 from zns.core.schema import Error
 
 
@@ -267,7 +269,7 @@ def test_an_unreadable_reply_is_logged_and_the_agent_goes_on(caplog):
         garbage.close()
 
 
-def test_wait_registered_asks_its_condition_for_five_seconds_by_default():
+def test_wait_registered_asks_its_condition_for_five_seconds_by_default(monkeypatch):
     class Spy(threading.Condition):
         """Records how long it is asked to wait, and does not wait."""
 
@@ -277,16 +279,24 @@ def test_wait_registered_asks_its_condition_for_five_seconds_by_default():
             self.timeouts.append(timeout)
             return super().wait_for(predicate, 0)
 
+    monkeypatch.setattr(broker_agent.threading, "Condition", Spy)  # the agent's lock is one
     agent = agent_for("tcp://127.0.0.1:1", start=False)
-    agent._lock = Spy()
     assert agent.wait_registered() is False
     assert Spy.timeouts == [5.0]
     agent.close()
 
 
+@pytest.mark.timeout(60)
 def test_the_agent_clock_is_read_in_milliseconds():
-    agent = agent_for("tcp://127.0.0.1:1", clock=lambda: 2.5, start=False)
-    assert agent._now() == 2500
+    clock = [lambda: 2.5]
+    agent = agent_for("tcp://127.0.0.1:1", clock=lambda: clock[0]())  # nobody answers there
+    try:
+        session = agent.sessions[0]
+        wait_for(lambda: session.in_flight is not None)  # its registration, sent at 2.5 s
+        assert session.next_deadline() == 2500 + 1000  # unanswered within request_timeout 1 s
+    finally:
+        clock[0] = time.monotonic  # the close's own deadline passes
+        agent.close(timeout=0.2)
 
 
 class CountingNameServer(FakeNameServer):
@@ -316,6 +326,8 @@ def test_a_topic_change_registers_once_then_heartbeats_take_over():
     try:
         with agent_for(fake.endpoint) as agent:
             assert agent.wait_registered(timeout=LOADED_DEADLINE)
+            threads = [t for t in threading.enumerate() if t.name == "zns-broker-agent"]
+            assert threads and all(t.daemon for t in threads)
             # Heartbeats every 0.2 s; registrations only every 60 s or on a change.
             wait_for(lambda: fake.count("heartbeat") >= 3 or fake.count("register_broker") > 1)
             assert fake.count("register_broker") == 1
@@ -350,7 +362,8 @@ def test_a_failed_thread_says_why_in_one_line_and_closes_the_sockets_it_had(capl
     ctx = SecondSocketFails()
     with caplog.at_level(logging.DEBUG, logger="zns.drivers.broker_agent"):
         agent = agent_for("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", context=ctx)
-        agent._thread.join(LOADED_DEADLINE)
+        with pytest.raises(BackgroundFailure):
+            agent.close()  # which waits for the thread to end
     assert isinstance(agent.failure, RuntimeError)
     assert ctx.made[0].closed  # the first NameServer's socket, dropped on the way out
     records = [r for r in caplog.records if r.name == "zns.drivers.broker_agent"]
@@ -365,22 +378,21 @@ def test_a_failed_thread_says_why_in_one_line_and_closes_the_sockets_it_had(capl
 def test_the_defaults_and_seconds_become_the_sessions_milliseconds():
     agent = BrokerAgent("tcp://127.0.0.1:1", cluster="c1", broker_name="bk",
                         broker_addr="127.0.0.1:10911", start=False)
-    session = agent._links[0].session
+    session = agent.sessions[0]
     assert agent.register_period == 30.0
     assert (session.register_period_ms, session.heartbeat_interval_ms,
             session.request_timeout_ms) == (30_000, 1_000, 3_000)
-    registration = agent._broker.registration()
+    registration = session.broker.registration()
     assert (registration.zone, registration.heartbeat_timeout_ms, registration.data_version.state,
             registration.ha_addr) == ("", 10_000, 0, "")
     agent.close()
-    assert agent._close_timeout == 3.0  # close()'s default bound
-    assert agent._thread.name == "zns-broker-agent" and agent._thread.daemon
+    assert inspect.signature(BrokerAgent.close).parameters["timeout"].default == 3.0
     timed = agent_for("tcp://127.0.0.1:1", register_period=45, request_timeout=2.5, zone="z1",
                       heartbeat_interval=0.5, state_version=7, ha_addr="127.0.0.1:10912",
                       start=False)
-    assert timed.register_period == 45.0 and timed._links[0].session.request_timeout_ms == 2500
-    assert timed._links[0].session.heartbeat_interval_ms == 500
-    registration = timed._broker.registration()
+    assert timed.register_period == 45.0 and timed.sessions[0].request_timeout_ms == 2500
+    assert timed.sessions[0].heartbeat_interval_ms == 500
+    registration = timed.sessions[0].broker.registration()
     assert registration.zone == "z1" and registration.data_version.state == 7
     assert registration.ha_addr == "127.0.0.1:10912"
     assert abs(registration.data_version.timestamp - time.time() * 1000) < 3_600_000

@@ -98,7 +98,7 @@ def test_a_request_that_cannot_be_queued_is_left_to_time_out(ctx, caplog) -> Non
     sockets = SessionSockets(ctx)
     try:
         sockets.carry_out(FollowServer(endpoint="inproc://nobody-bound"))
-        sockets._plain[sockets.dealer].setsockopt(zmq.SNDHWM, 1)
+        sockets.dealer.setsockopt(zmq.SNDHWM, 1)  # the plain view's socket: the same one
         with caplog.at_level(logging.DEBUG, logger="zns.client"):
             for _ in range(5000):  # nobody reads: the DEALER's queue fills, never blocks
                 sockets.send(b"x")
@@ -138,7 +138,7 @@ def test_connecting_events_opens_a_sub_with_a_monitor_and_subscriptions_reach_it
         if not pub.closed:
             pub.close(0)
     assert sockets.sub is None and sockets.monitor is None and sockets.dealer is None
-    assert sockets._plain == {}
+    assert sockets.viewed == set()
     assert sockets.disconnected() is False
 
 
@@ -149,7 +149,7 @@ def test_following_another_nameserver_closes_the_events_socket_too(ctx) -> None:
     sub, dealer = sockets.sub, sockets.dealer
     sockets.carry_out(FollowServer(endpoint="inproc://y"))
     assert sub.closed and dealer.closed and sockets.sub is None and sockets.monitor is None
-    assert set(sockets._plain) == {sockets.dealer}
+    assert sockets.viewed == {sockets.dealer}
     sockets.close()
 
 
@@ -165,34 +165,31 @@ class Clock:
 
 
 class Driver(ClientDriver):
-    """The smallest client: the test runs its turns."""
+    """The smallest client: its hooks record, the test runs its turns."""
 
     def __init__(self, ctx: zmq.Context, **kwargs: Any) -> None:
         self.clock = Clock()
-        options: dict[str, Any] = dict(
-            zone="", timeout=1.0, request_timeout=0.5, heartbeat_interval=1.0, pull_period=30.0,
-            fault_tolerance=False, context=ctx, clock=self.clock, lock=contextlib.nullcontext())
-        options.update(kwargs)
-        super().__init__(options.pop("addrs", "inproc://ns-driver"), **options)
         self.woken = 0
         self.notified: list[tuple[str, Any]] = []
         self.forgotten: list[str] = []
+        options: dict[str, Any] = dict(
+            name="Driver", zone="", timeout=1.0, request_timeout=0.5, heartbeat_interval=1.0,
+            pull_period=30.0, fault_tolerance=False, context=ctx, clock=self.clock,
+            lock=contextlib.nullcontext(), wake=self.count_wake,
+            notify=lambda topic, route: self.notified.append((topic, route)),
+            forget_watchers=self.forgotten.append)
+        options.update(kwargs)
+        super().__init__(options.pop("addrs", "inproc://ns-driver"), **options)
 
-    def _wake(self) -> None:
+    def count_wake(self) -> None:
         self.woken += 1
-
-    def _notify(self, topic: str, route: Any) -> None:
-        self.notified.append((topic, route))
-
-    def _forget_watchers(self, topic: str) -> None:
-        self.forgotten.append(topic)
 
 
 @pytest.fixture
 def driver(ctx) -> Iterator[Driver]:
     made = Driver(ctx)
     yield made
-    made._sockets.close()
+    made.sockets.close()
 
 
 def test_the_session_is_made_of_the_options(ctx) -> None:
@@ -201,36 +198,35 @@ def test_the_session_is_made_of_the_options(ctx) -> None:
     try:
         session = driver.session
         assert session.endpoints == ["tcp://h1:1", "tcp://h2:2"]
-        assert session is driver._session
         assert driver.timeout == 1.0 and driver.selector.faults is not None
         assert driver.failure is None
         assert session.events == "tcp://relay:9" and session.channels == (b"c1",)
         assert session.heartbeat_interval_ms == 2500 and session.request_timeout_ms == 250
         assert session.cache.zone == "z1" and session.cache.pull_period_ms == 7000
     finally:
-        driver._sockets.close()
+        driver.sockets.close()
 
 
 def test_now_is_the_clock_in_whole_milliseconds(driver: Driver) -> None:
     driver.clock.now = 12.3456
-    assert driver._now() == 12345
-    assert driver._wait_ms(None) is None
-    assert driver._wait_ms(12400) == 55
-    assert driver._wait_ms(12000) == 0
+    assert driver.now() == 12345
+    assert driver.wait_ms(None) is None
+    assert driver.wait_ms(12400) == 55
+    assert driver.wait_ms(12000) == 0
 
 
 def test_a_dead_background_loop_is_logged_once_and_raised_by_every_later_call(driver: Driver, caplog) -> None:
     caplog.set_level(logging.DEBUG, logger="zns.client")
     cause = ValueError("boom")
-    driver._died(cause)
+    driver.died(cause)
     assert driver.failure is cause
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert errors == ["the Driver's background loop failed (every later call raises it): ValueError: boom"]
     (debug,) = [r for r in caplog.records if r.levelno == logging.DEBUG and r.name == "zns.client"]
     assert debug.getMessage() == "the failure" and debug.exc_info is not None
     assert debug.exc_info[1] is cause  # the traceback, for whoever turns debug on
-    for call in (lambda: driver.forget("T"), lambda: driver._track("T"), lambda: driver._answer("T", True),
-                 driver._raise_if_failed):
+    for call in (lambda: driver.forget("T"), lambda: driver.track("T"), lambda: driver.answer("T", True),
+                 driver.raise_if_failed):
         with pytest.raises(BackgroundFailure) as caught:
             call()
         assert caught.value.__cause__ is cause
@@ -239,7 +235,7 @@ def test_a_dead_background_loop_is_logged_once_and_raised_by_every_later_call(dr
 
 
 def test_forget_stops_following_ends_the_watchers_and_wakes_the_loop(driver: Driver) -> None:
-    driver._track("T")
+    driver.track("T")
     assert driver.woken == 1
     driver.forget("T")
     assert driver.forgotten == ["T"] and driver.woken == 2
@@ -249,17 +245,17 @@ def test_answer_names_the_nameservers_tried_or_the_missing_route(ctx) -> None:
     driver = Driver(ctx, addrs="h1:1;h2:2")
     try:
         with pytest.raises(NameServerUnavailable) as caught:
-            driver._answer("T", False)
+            driver.answer("T", False)
         assert str(caught.value) == "no route for 'T': no NameServer answered (tried tcp://h1:1, tcp://h2:2)"
-        driver._track("T")
+        driver.track("T")
         assert "T" in driver.session.cache.take_stale()  # asked for
         driver.session.cache.apply_pull("e1", {}, {"T": 7}, 1000)  # pulled: no route, at revision 7
         with pytest.raises(NotFound) as missing:
-            driver._answer("T", True)
+            driver.answer("T", True)
         assert str(missing.value) == "no route for topic 'T'"
         assert missing.value.revision == 7  # a watch can start from there
     finally:
-        driver._sockets.close()
+        driver.sockets.close()
 
 
 def test_report_latency_and_select_use_the_clock(driver: Driver, monkeypatch) -> None:
@@ -271,17 +267,17 @@ def test_report_latency_and_select_use_the_clock(driver: Driver, monkeypatch) ->
     driver.report_latency("b1", 12.5)
     driver.report_latency("b2", 3.0, failed=True)
     assert reported == [("b1", 12.5, 2000, False), ("b2", 3.0, 2000, True)]
-    assert driver._select("T", [], "b1") == "q"
+    assert driver.select("T", [], "b1") == "q"
     assert selected == [("T", [], 2000, "b1")]
 
 
 def test_actions_are_carried_out_in_order(driver: Driver, monkeypatch) -> None:
     done: list[Any] = []
-    monkeypatch.setattr(driver._sockets, "carry_out", done.append)
-    monkeypatch.setattr(driver._sockets, "send", lambda body: done.append(("send", body)))
+    monkeypatch.setattr(driver.sockets, "carry_out", done.append)
+    monkeypatch.setattr(driver.sockets, "send", lambda body: done.append(("send", body)))
     actions = [FollowServer(endpoint="inproc://a"), SendBytes(body=b"x"), Notify(topic="T", route=None),
                ConnectEvents(endpoint="tcp://e:1"), Subscribe(channel=b"c"), Unsubscribe(channel=b"c")]
-    driver._carry_out(actions)  # type: ignore[arg-type]
+    driver.carry_out(actions)  # type: ignore[arg-type]
     assert done == [actions[0], ("send", b"x"), actions[3], actions[4], actions[5]]
     assert driver.notified == [("T", None)]
 
@@ -294,29 +290,29 @@ def test_a_turn_reads_the_ready_sockets_then_the_timers(driver: Driver, monkeypa
     monkeypatch.setattr(session, "on_events_disconnected", lambda now: seen.append(("gone", now)))
     monkeypatch.setattr(session, "on_timer", lambda now: seen.append(("timer", now)))
     monkeypatch.setattr(session, "actions", lambda: [])
-    sockets = driver._sockets
+    sockets = driver.sockets
     sockets.dealer, sockets.sub, sockets.monitor = "D", "S", "M"
     monkeypatch.setattr(sockets, "receive", lambda sock: [b"from " + sock.encode()])
     gone = [True]
     monkeypatch.setattr(sockets, "disconnected", lambda: gone[0])
     hooked: list[bytes] = []
-    driver._on_event = hooked.append
+    driver.on_event = hooked.append
     driver.clock.now = 3.0
     try:
-        driver._turn({"D", "S", "M"})
+        driver.turn({"D", "S", "M"})
         assert seen == [("reply", b"from D", 3000), ("event", b"from S", 3000), ("gone", 3000),
                         ("timer", 3000)]
         assert hooked == [b"from S"]
         seen.clear()
-        driver._turn(set())
+        driver.turn(set())
         assert seen == [("timer", 3000)]
         seen.clear()
         gone[0] = False
-        driver._turn({"M"})
+        driver.turn({"M"})
         assert seen == [("timer", 3000)]
         seen.clear()
-        driver._on_event = None
-        driver._turn({"S"})
+        driver.on_event = None
+        driver.turn({"S"})
         assert seen == [("event", b"from S", 3000), ("timer", 3000)]
     finally:
         sockets.dealer = sockets.sub = sockets.monitor = None
@@ -326,14 +322,5 @@ def test_a_turn_with_no_sockets_open_only_runs_the_timers(driver: Driver, monkey
     seen: list[Any] = []
     monkeypatch.setattr(driver.session, "on_timer", lambda now: seen.append(now))
     monkeypatch.setattr(driver.session, "actions", lambda: [])
-    driver._turn({None})
+    driver.turn({None})
     assert seen == [100000]
-
-
-def test_the_subclass_hooks_must_be_given(ctx) -> None:
-    plain = ClientDriver("inproc://x", zone="", timeout=1, request_timeout=1, heartbeat_interval=1,
-                         pull_period=1, fault_tolerance=False, context=ctx, clock=lambda: 0.0,
-                         lock=contextlib.nullcontext())
-    for hook in (plain._wake, lambda: plain._notify("T", None), lambda: plain._forget_watchers("T")):
-        with pytest.raises(NotImplementedError):
-            hook()

@@ -17,7 +17,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from zns.core.queues import MessageQueue, read_queues, write_queues
+from zns.core.client_session import ClientSession
+from zns.core.queues import MessageQueue, QueueSelector, read_queues, write_queues
 from zns.core.schema import TopicRoute
 from zns.drivers.client_base import ClientDriver
 
@@ -48,7 +49,7 @@ class _Latest:
         return value
 
 
-class AsyncRouteClient(ClientDriver):
+class AsyncRouteClient:
     """`async with AsyncRouteClient(addrs) as client:` then `await client.route(topic)`
     or `async for route in client.watch(topic)` (the current route, then changes;
     None when the topic has no route). Durations are in seconds. `events` (or
@@ -68,49 +69,82 @@ class AsyncRouteClient(ClientDriver):
         clock: Callable[[], float] = time.monotonic,
         events: str | None = None,
     ) -> None:
-        super().__init__(
-            addrs, zone=zone, timeout=timeout, request_timeout=request_timeout,
-            heartbeat_interval=heartbeat_interval, pull_period=pull_period,
-            fault_tolerance=fault_tolerance, context=context or zmq.asyncio.Context.instance(),
-            clock=clock, events=events, lock=contextlib.nullcontext(),  # one task, one thread
+        # The session, sockets, clock and action loop (shared with RouteClient).
+        self.driver = ClientDriver(
+            addrs, name=type(self).__name__, zone=zone, timeout=timeout,
+            request_timeout=request_timeout, heartbeat_interval=heartbeat_interval,
+            pull_period=pull_period, fault_tolerance=fault_tolerance,
+            context=context or zmq.asyncio.Context.instance(), clock=clock, events=events,
+            lock=contextlib.nullcontext(),  # one task, one thread
+            wake=self._wake, notify=self._notify, forget_watchers=self._forget_watchers,
         )
+        self._session = self.driver.session
         self._watchers: dict[str, list[_Latest]] = {}
         self._wakeup = asyncio.Event()
         self._changed = asyncio.Event()  # set (and replaced) after every pass of the loop
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def session(self) -> ClientSession:
+        return self._session
+
+    @property
+    def selector(self) -> QueueSelector:
+        return self.driver.selector
+
+    @property
+    def timeout(self) -> float:
+        return self.driver.timeout
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The exception that ended the background task (None while it runs)."""
+        return self.driver.failure
+
+    def forget(self, topic: str) -> None:
+        """Stop following `topic`: no more pulls or events of it; its watches end."""
+        self.driver.forget(topic)
+
+    def report_latency(self, broker_name: str, latency_ms: float, failed: bool = False) -> None:
+        """Feed the latency fault avoidance (used when `fault_tolerance=True`)."""
+        self.driver.report_latency(broker_name, latency_ms, failed)
+
+    def watching(self, topic: str) -> int:
+        """How many `watch` iterators follow `topic` now."""
+        return len(self._watchers.get(topic, ()))
+
     async def start(self) -> None:
         if self._task is None:
-            self._session.start(self._now())
+            self._session.start(self.driver.now())
             self._task = asyncio.create_task(self._run(), name="zns-async-route-client")
 
     async def route(self, topic: str, timeout: float | None = None) -> TopicRoute:
         """The route of `topic`; raises NotFound when it has none, NameServerUnavailable."""
         await self.start()
-        self._track(topic)
+        self.driver.track(topic)
         cache, known = self._session.cache, True
         try:
             async with asyncio.timeout(self.timeout if timeout is None else timeout):
-                while not cache.known(topic) and self._failure is None:
+                while not cache.known(topic) and self.driver.failure is None:
                     await self._changed.wait()
         except TimeoutError:
             known = False
-        return self._answer(topic, known)
+        return self.driver.answer(topic, known)
 
     async def watch(self, topic: str) -> AsyncIterator[TopicRoute | None]:
         """The route of `topic` once known, then its changes, until the loop is left
         or `forget(topic)`. A consumer that falls behind gets the latest route next."""
         await self.start()
-        self._raise_if_failed()
+        self.driver.raise_if_failed()
         latest = _Latest()
         self._watchers.setdefault(topic, []).append(latest)
-        self._track(topic)
+        self.driver.track(topic)
         if self._session.cache.known(topic):
             latest.put(self._session.cache.view(topic))
         try:
             while (route := await latest.get()) is not _FORGOTTEN:
                 if route is _FAILED:
-                    self._raise_if_failed()
+                    self.driver.raise_if_failed()
                 yield route
         finally:
             with contextlib.suppress(ValueError):
@@ -124,7 +158,7 @@ class AsyncRouteClient(ClientDriver):
 
     async def select_queue(self, topic: str, avoid_broker: str | None = None) -> MessageQueue:
         """The next writable queue, round-robin, not on `avoid_broker` when possible."""
-        return self._select(topic, await self.write_queues(topic), avoid_broker)
+        return self.driver.select(topic, await self.write_queues(topic), avoid_broker)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -132,7 +166,7 @@ class AsyncRouteClient(ClientDriver):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        self._sockets.close()
+        self.driver.sockets.close()
 
     async def __aenter__(self) -> AsyncRouteClient:
         await self.start()
@@ -147,33 +181,19 @@ class AsyncRouteClient(ClientDriver):
         ready: set[Any] = set()
         try:
             while True:
-                self._turn(ready)
+                self.driver.turn(ready)
                 self._changed.set()
                 self._changed = asyncio.Event()
-                ready = await self._wait(self._session.next_deadline())
+                ready = await wait_readable(self.driver.sockets.readable(), self._wakeup,
+                                            self.driver.wait_ms(self._session.next_deadline()))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, not lost in a task
-            self._died(exc)
+            self.driver.died(exc)
             self._changed.set()
             for watchers in self._watchers.values():
                 for latest in watchers:
                     latest.put(_FAILED)
-
-    async def _wait(self, deadline: int | None) -> set[Any]:
-        """Until a socket is readable, `_wake` is called, or `deadline` passes."""
-        poller = zmq.asyncio.Poller()
-        for sock in self._sockets.readable():
-            poller.register(sock, zmq.POLLIN)
-        poll = asyncio.ensure_future(poller.poll(self._wait_ms(deadline)))
-        woken = asyncio.ensure_future(self._wakeup.wait())
-        try:
-            await asyncio.wait({poll, woken}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for fut in (poll, woken):
-                fut.cancel()
-        self._wakeup.clear()
-        return {sock for sock, _ in poll.result()} if poll.done() and not poll.cancelled() else set()
 
     def _wake(self) -> None:
         self._wakeup.set()
@@ -185,3 +205,21 @@ class AsyncRouteClient(ClientDriver):
     def _forget_watchers(self, topic: str) -> None:
         for latest in self._watchers.pop(topic, ()):
             latest.put(_FORGOTTEN)
+
+
+async def wait_readable(sockets: list[Any], wakeup: asyncio.Event,
+                        timeout_ms: int | None) -> set[Any]:
+    """Those of `sockets` readable once one is, `wakeup` is set (and cleared here), or
+    `timeout_ms` passes (None: no timeout)."""
+    poller = zmq.asyncio.Poller()
+    for sock in sockets:
+        poller.register(sock, zmq.POLLIN)
+    poll = asyncio.ensure_future(poller.poll(timeout_ms))
+    woken = asyncio.ensure_future(wakeup.wait())
+    try:
+        await asyncio.wait({poll, woken}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for fut in (poll, woken):
+            fut.cancel()
+    wakeup.clear()
+    return {sock for sock, _ in poll.result()} if poll.done() and not poll.cancelled() else set()

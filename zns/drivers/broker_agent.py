@@ -124,6 +124,12 @@ class BrokerAgent:
         return self._links[0].session.register_period_ms / 1000 if self._links else 0.0
 
     @property
+    def sessions(self) -> list[BrokerSession]:
+        """Each NameServer's session, in the order given: what the core knows of that link
+        (its timings, its registration). To look at; the agent's thread drives them."""
+        return [link.session for link in self._links]
+
+    @property
     def failure(self) -> BaseException | None:
         """The exception that ended the agent's thread (None while it runs)."""
         return self._failure

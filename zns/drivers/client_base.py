@@ -2,11 +2,11 @@
 
 `ClientDriver` owns the session, the queue selector, the sockets and the
 clock. It turns the clock into the core's integer milliseconds, feeds the
-session what the sockets received (`_turn`), carries out the session's
-actions and turns a finished wait into a route or the right error. A
-subclass supplies only how to wait and whom to tell: `RouteClient` (one
-thread, one `zmq.Poller`, callbacks) and `AsyncRouteClient` (one asyncio
-task, iterators).
+session what the sockets received (`turn`), carries out the session's
+actions and turns a finished wait into a route or the right error. Each
+client holds one and supplies only how to wait and whom to tell:
+`RouteClient` (one thread, one `zmq.Poller`, callbacks) and
+`AsyncRouteClient` (one asyncio task, iterators).
 """
 
 from __future__ import annotations
@@ -114,6 +114,11 @@ class SessionSockets:
         """The bodies waiting on `sock` (`dealer` or `sub`; the body is the last frame)."""
         return [frames[-1] for frames in recv_all(self._plain[sock])]
 
+    @property
+    def viewed(self) -> set[Any]:
+        """The sockets that have a plain view: exactly the open ones."""
+        return set(self._plain)
+
     def readable(self) -> list[Any]:
         """The open sockets, for the driver's poller."""
         return [sock for sock in (self.dealer, self.sub, self.monitor) if sock is not None]
@@ -148,18 +153,21 @@ class SessionSockets:
 
 
 class ClientDriver:
-    """The constructor, the error path, the queue helpers and the action loop of both clients.
+    """The session, the queue selector, the sockets and the clock of one client, and the
+    action loop both clients run.
 
-    Every access to the session happens inside `self._lock` (a real lock in
-    the threaded client, a no-op under asyncio); a subclass defines
-    `_wake` (make its loop run a turn now), `_notify` (a watched route
-    changed) and `_forget_watchers` (a topic is no longer followed).
+    A client holds one as `driver` and hands it three hooks: `wake()` (make the
+    client's loop run a turn now), `notify(topic, route)` (a watched route changed)
+    and `forget_watchers(topic)` (a topic is no longer followed). Every access to
+    the session happens inside `lock` (a real lock in the threaded client, a no-op
+    under asyncio); `name` is the client's, for its failure.
     """
 
     def __init__(
         self,
         addrs: str | Iterable[str] | None,
         *,
+        name: str,
         zone: str,
         timeout: float,
         request_timeout: float,
@@ -169,130 +177,122 @@ class ClientDriver:
         context: zmq.Context,
         clock: Callable[[], float],
         lock: contextlib.AbstractContextManager[Any],
+        wake: Callable[[], None],
+        notify: Callable[[str, TopicRoute | None], None],
+        forget_watchers: Callable[[str], None],
         events: str | None = None,
         channels: Iterable[bytes] = (),
         on_event: Callable[[bytes], None] | None = None,
     ) -> None:
+        self.name = name
         self.timeout = timeout
         self._clock = clock  # seconds, monotonic
-        self._on_event = on_event
-        self._session = ClientSession(
+        self.on_event = on_event  # sees every event body received, on the loop's side
+        self.session = ClientSession(
             parse_addresses(addrs), zone=zone, heartbeat_interval_ms=to_ms(heartbeat_interval),
             request_timeout_ms=to_ms(request_timeout), pull_period_ms=to_ms(pull_period),
             events=events_endpoint(events), channels=tuple(channels),
         )
         self.selector = QueueSelector(fault_tolerance=fault_tolerance)
         self._selector_lock = threading.Lock()  # select_queue/report_latency from any thread
-        self._sockets = SessionSockets(context)
-        self._lock = lock
+        self.sockets = SessionSockets(context)
+        self.lock = lock
+        self.wake, self._notify, self._forget_watchers = wake, notify, forget_watchers
         # What killed the background thread or task: every later call raises it (chained),
         # so a bug is never mistaken for an outage nor left as a hang.
         self._failure: BaseException | None = None
 
-    # --- the shared API ------------------------------------------------------
-
-    @property
-    def session(self) -> ClientSession:
-        return self._session
+    # --- what the clients publish as they are ------------------------------------
 
     def forget(self, topic: str) -> None:
         """Stop following `topic`: no more pulls or events of it; its watchers end."""
-        self._raise_if_failed()
-        with self._lock:
-            self._session.forget(topic)
+        self.raise_if_failed()
+        with self.lock:
+            self.session.forget(topic)
             self._forget_watchers(topic)
-        self._wake()
+        self.wake()
 
     def report_latency(self, broker_name: str, latency_ms: float, failed: bool = False) -> None:
         """Feed the latency fault avoidance (used when `fault_tolerance=True`)."""
         with self._selector_lock:
-            self.selector.report(broker_name, latency_ms, self._now(), failed)
+            self.selector.report(broker_name, latency_ms, self.now(), failed)
 
     @property
     def failure(self) -> BaseException | None:
         """The exception that ended the background thread or task (None while it runs)."""
         return self._failure
 
-    # --- for the subclasses ------------------------------------------------------
+    # --- what the clients build on ---------------------------------------------
 
-    def _raise_if_failed(self) -> None:
+    def raise_if_failed(self) -> None:
         if self._failure is not None:
-            raise BackgroundFailure.of(f"the {type(self).__name__}'s background loop",
-                                       self._failure)
+            raise BackgroundFailure.of(f"the {self.name}'s background loop", self._failure)
 
-    def _died(self, exc: BaseException) -> None:
+    def died(self, exc: BaseException) -> None:
         """Record what ended the loop (the caller holds the lock) and say so once."""
         self._failure = exc
         log.error("the %s's background loop failed (every later call raises it): %s: %s",
-                  type(self).__name__, type(exc).__name__, exc)
+                  self.name, type(exc).__name__, exc)
         log.debug("the failure", exc_info=exc)
 
-    def _now(self) -> int:
+    def now(self) -> int:
+        """The clock in the core's unit: whole milliseconds."""
         return int(self._clock() * 1000)
 
-    def _track(self, topic: str) -> None:
-        self._raise_if_failed()
-        with self._lock:
-            self._session.track(topic, self._now())
-        self._wake()
+    def track(self, topic: str) -> None:
+        """Follow `topic` (a `route()` or `watch()` starting) and wake the loop."""
+        self.raise_if_failed()
+        with self.lock:
+            self.session.track(topic, self.now())
+        self.wake()
 
-    def _answer(self, topic: str, known: bool) -> TopicRoute:
+    def answer(self, topic: str, known: bool) -> TopicRoute:
         """The end of a `route()` wait: the route, or why there is none."""
-        self._raise_if_failed()
+        self.raise_if_failed()
         if not known:
             raise NameServerUnavailable(
                 f"no route for {topic!r}: no NameServer answered "
-                f"(tried {', '.join(self._session.endpoints)})"
+                f"(tried {', '.join(self.session.endpoints)})"
             )
-        cache = self._session.cache
+        cache = self.session.cache
         route = cache.view(topic)
         if route is None:
             raise NotFound(f"no route for topic {topic!r}", cache.revision(topic))
         return route
 
-    def _select(self, topic: str, queues: list[MessageQueue],
-                avoid_broker: str | None) -> MessageQueue:
+    def select(self, topic: str, queues: list[MessageQueue],
+               avoid_broker: str | None) -> MessageQueue:
         with self._selector_lock:
-            return self.selector.select_queue(topic, queues, self._now(), avoid_broker)
+            return self.selector.select_queue(topic, queues, self.now(), avoid_broker)
 
-    def _turn(self, ready: Collection[Any]) -> None:
+    def turn(self, ready: Collection[Any]) -> None:
         """One pass of the loop (inside the lock): what `ready` sockets hold, the timers,
         then the session's actions."""
-        now = self._now()
-        sockets, session = self._sockets, self._session
+        now = self.now()
+        sockets, session = self.sockets, self.session
         if sockets.dealer is not None and sockets.dealer in ready:
             for body in sockets.receive(sockets.dealer):
                 session.on_reply(body, now)
         if sockets.sub is not None and sockets.sub in ready:
             for body in sockets.receive(sockets.sub):
-                if self._on_event is not None:
-                    _safely(self._on_event, body)
+                if self.on_event is not None:
+                    _safely(self.on_event, body)
                 session.on_event(body, now)
         if sockets.monitor is not None and sockets.monitor in ready and sockets.disconnected():
             session.on_events_disconnected(now)
         session.on_timer(now)
-        self._carry_out(session.actions())
+        self.carry_out(session.actions())
 
-    def _wait_ms(self, deadline: int | None) -> int | None:
+    def wait_ms(self, deadline: int | None) -> int | None:
         """How long the loop may block before `deadline` (None: until a socket or a wake)."""
-        return None if deadline is None else max(0, deadline - self._now())
+        return None if deadline is None else max(0, deadline - self.now())
 
-    def _carry_out(self, actions: list[ClientAction]) -> None:
+    def carry_out(self, actions: list[ClientAction]) -> None:
         for action in actions:
             match action:
                 case FollowServer() | ConnectEvents() | Subscribe() | Unsubscribe():
-                    self._sockets.carry_out(action)
+                    self.sockets.carry_out(action)
                 case SendBytes(body=body):
-                    self._sockets.send(body)
+                    self.sockets.send(body)
                 case Notify(topic=topic, route=route):
                     self._notify(topic, route)
-
-    def _wake(self) -> None:
-        raise NotImplementedError
-
-    def _notify(self, topic: str, route: TopicRoute | None) -> None:
-        raise NotImplementedError
-
-    def _forget_watchers(self, topic: str) -> None:
-        raise NotImplementedError
-

@@ -16,13 +16,14 @@ from typing import Any
 
 import zmq
 
-from zns.core.queues import MessageQueue, read_queues, write_queues
+from zns.core.client_session import ClientSession
+from zns.core.queues import MessageQueue, QueueSelector, read_queues, write_queues
 from zns.core.schema import TopicRoute
 from zns.drivers.client_base import ClientDriver, RouteCallback, log
 from zns.drivers.sockets import Waker
 
 
-class RouteClient(ClientDriver):
+class RouteClient:
     """Routes of topics from a list of NameServers, kept current by pushed events.
 
     `route(topic)` answers from the local cache and pulls on a miss;
@@ -54,35 +55,63 @@ class RouteClient(ClientDriver):
         on_event: Callable[[bytes], None] | None = None,
     ) -> None:
         self._changed = threading.Condition()
-        super().__init__(
-            addrs, zone=zone, timeout=timeout, request_timeout=request_timeout,
-            heartbeat_interval=heartbeat_interval, pull_period=pull_period,
-            fault_tolerance=fault_tolerance, context=context or zmq.Context.instance(),
-            clock=clock, events=events, channels=channels, on_event=on_event,
-            lock=self._changed,
+        # The session, sockets, clock and action loop (shared with AsyncRouteClient).
+        self.driver = ClientDriver(
+            addrs, name=type(self).__name__, zone=zone, timeout=timeout,
+            request_timeout=request_timeout, heartbeat_interval=heartbeat_interval,
+            pull_period=pull_period, fault_tolerance=fault_tolerance,
+            context=context or zmq.Context.instance(), clock=clock, events=events,
+            channels=channels, on_event=on_event, lock=self._changed, wake=self._wake,
+            notify=self._notify, forget_watchers=self._forget_watchers,
         )
+        self._session = self.driver.session
         self._watchers: dict[str, list[RouteCallback]] = {}
         # Callbacks to run on the thread, outside the lock, in order.
         self._calls: list[tuple[RouteCallback, str, TopicRoute | None]] = []
         self._stopping = False
         self._waker = Waker()
         with self._changed:
-            self._session.start(self._now())
+            self._session.start(self.driver.now())
         self._thread = threading.Thread(target=self._run, name="zns-route-client", daemon=True)
         self._thread.start()
 
     # --- the API ---------------------------------------------------------
 
+    @property
+    def session(self) -> ClientSession:
+        return self._session
+
+    @property
+    def selector(self) -> QueueSelector:
+        return self.driver.selector
+
+    @property
+    def timeout(self) -> float:
+        return self.driver.timeout
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The exception that ended the background thread (None while it runs)."""
+        return self.driver.failure
+
+    def forget(self, topic: str) -> None:
+        """Stop following `topic`: no more pulls or events of it; its watchers end."""
+        self.driver.forget(topic)
+
+    def report_latency(self, broker_name: str, latency_ms: float, failed: bool = False) -> None:
+        """Feed the latency fault avoidance (used when `fault_tolerance=True`)."""
+        self.driver.report_latency(broker_name, latency_ms, failed)
+
     def route(self, topic: str, timeout: float | None = None) -> TopicRoute:
         """The route of `topic`; raises NotFound when it has none, NameServerUnavailable."""
-        self._track(topic)
+        self.driver.track(topic)
         with self._changed:
             known = self._changed.wait_for(
                 lambda: self._session.cache.known(topic) or self._stopping
-                or self._failure is not None,
+                or self.driver.failure is not None,
                 self.timeout if timeout is None else timeout,
             )
-            return self._answer(topic, known and not self._stopping)
+            return self.driver.answer(topic, known and not self._stopping)
 
     def watch(self, topic: str, callback: RouteCallback) -> Callable[[], None]:
         """Call `callback(topic, route)` now (once known) and on every change.
@@ -90,9 +119,9 @@ class RouteClient(ClientDriver):
         Returns a function that removes this callback (the topic stays
         followed: `forget` stops that).
         """
-        self._raise_if_failed()
+        self.driver.raise_if_failed()
         with self._changed:
-            self._session.track(topic, self._now())
+            self._session.track(topic, self.driver.now())
             self._watchers.setdefault(topic, []).append(callback)
             if self._session.cache.known(topic):
                 self._calls.append((callback, topic, self._session.cache.view(topic)))
@@ -114,7 +143,7 @@ class RouteClient(ClientDriver):
 
     def select_queue(self, topic: str, avoid_broker: str | None = None) -> MessageQueue:
         """The next writable queue, round-robin, not on `avoid_broker` when possible."""
-        return self._select(topic, self.write_queues(topic), avoid_broker)
+        return self.driver.select(topic, self.write_queues(topic), avoid_broker)
 
     def close(self) -> None:
         with self._changed:
@@ -140,23 +169,23 @@ class RouteClient(ClientDriver):
                     if self._stopping:
                         return
                     self._waker.drain_if_woken(ready)
-                    self._turn(ready)
+                    self.driver.turn(ready)
                     calls, self._calls = self._calls, []
                     self._changed.notify_all()
                     poller = zmq.Poller()
-                    for sock in [self._waker.fd, *self._sockets.readable()]:
+                    for sock in [self._waker.fd, *self.driver.sockets.readable()]:
                         poller.register(sock, zmq.POLLIN)
                     deadline = self._session.next_deadline()
                 for callback, topic, route in calls:
                     _safely(callback, topic, route)
-                ready = {sock for sock, _ in poller.poll(self._wait_ms(deadline))}
+                ready = {sock for sock, _ in poller.poll(self.driver.wait_ms(deadline))}
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, not lost in a thread
             with self._changed:
-                self._died(exc)
+                self.driver.died(exc)
                 self._changed.notify_all()
         finally:
             with self._changed:
-                self._sockets.close()
+                self.driver.sockets.close()
 
     def _wake(self) -> None:
         self._waker.wake()
