@@ -181,8 +181,6 @@ DRIVER_POKES_LEFT: dict[tuple[str, str], str] = {
     # store and the subscribers): the clients, the broker agent and the server's wiring.
     ("test_cli_output.py", "_now"): "unassigned",
     ("test_logs.py", "_windows"): "unassigned",
-    ("test_request_router.py", "_draining"): "unassigned",
-    ("test_request_router.py", "_send"): "unassigned",
     ("test_security_keys.py", "_auth"): "unassigned",
     ("test_security_keys.py", "_secret_key"): "unassigned",
     ("test_sockets.py", "_writer"): "unassigned",

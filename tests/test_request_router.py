@@ -334,7 +334,7 @@ def test_draining_a_long_message_stops_at_the_slice_and_resumes(rig: Rig) -> Non
     assert reads == 1  # after 1,024 frames read
     for _ in range(10):
         handed_back = rig.rr.run({}, 2000, 1500)  # still no time: 1,024 more frames each time
-        if not rig.rr._draining:
+        if rig.rr.next_deadline(77) is None:  # drained
             break
         assert handed_back is False
     # 5,000 frames: three more slices of 1,024, then the rest and the next request
@@ -351,7 +351,7 @@ def test_draining_with_time_left_reads_the_whole_message_in_one_run(rig: Rig) ->
     rig.arrived()
     rig.clock.now = 1000
     rig.rr.run({}, 1000, 1500)
-    assert rig.rr._draining is False
+    assert rig.rr.next_deadline(77) is None  # not draining
     assert [body for body, _, _ in rig.service.calls] == [b"after"]
     assert rig.clock.reads == 2  # at 1,024 and 2,048 frames
 
@@ -383,18 +383,18 @@ def test_a_reply_that_cannot_be_sent_now_is_dropped_and_the_next_one_served(ctx,
         peer.send(b"x")
         peer.send(b"ev2")
         rig.arrived()
-        real_send = request_router._send
+        real_send = request_router.backend_send
         refused: list[bytes] = []
 
         def refuse(sock: Any, data: Any, flags: int, copy: bool = True) -> Any:
             refused.append(bytes(data))
             raise error
 
-        monkeypatch.setattr(request_router, "_send", refuse)
+        monkeypatch.setattr(request_router, "backend_send", refuse)
         wait_for(lambda: (rig.rr.run({}, 1000, 10**9), len(rig.service.calls) == 2)[1], timeout=10)
         assert rig.rr.dropped_replies == 2
         assert rig.outbox.put_calls == [[(b"chan", b"ev2")]]  # its events are published anyway
-        monkeypatch.setattr(request_router, "_send", real_send)
+        monkeypatch.setattr(request_router, "backend_send", real_send)
         peer.send(b"y")
         rig.arrived()
         rig.rr.run({}, 1000, 10**9)
@@ -419,10 +419,10 @@ def test_the_clock_is_read_every_1024_frames_drained(rig: Rig, frames: int, drai
     rig.arrived()
     rig.clock.now = 1500  # exactly the slice's end: over
     rig.rr.run({}, 1000, 1500)
-    assert rig.rr._draining is draining
+    assert (rig.rr.next_deadline(77) == 77) is draining  # draining: due at once
     assert rig.clock.reads == (1 if draining else 0)
     rig.rr.run({}, 1500, 10**9)
-    assert rig.rr._draining is False
+    assert rig.rr.next_deadline(77) is None  # not draining
 
 
 def test_every_oversized_request_is_counted(rig: Rig) -> None:

@@ -36,7 +36,7 @@ TCP_TIMEOUT_MS = 10_000
 _NOBLOCK, _DONTWAIT = int(zmq.NOBLOCK), int(zmq.DONTWAIT)
 _SNDMORE_DONTWAIT = int(zmq.SNDMORE | zmq.DONTWAIT)
 _POLLIN = int(zmq.POLLIN)
-_send = zmq.backend.Socket.send
+backend_send = zmq.backend.Socket.send
 
 
 class RequestRouter:
@@ -141,8 +141,8 @@ class RequestRouter:
                 try:
                     with ZNS1_PEER:
                         for part in envelope:
-                            _send(router, part, _SNDMORE_DONTWAIT, False)
-                        _send(router, reply, _DONTWAIT)
+                            backend_send(router, part, _SNDMORE_DONTWAIT, False)
+                        backend_send(router, reply, _DONTWAIT)
                 except (zmq.Again, ConnectionLost):
                     # A peer at its high-water mark, or one gone (EHOSTUNREACH): the loop
                     # must never block on one peer.
