@@ -179,12 +179,6 @@ DRIVER_POKES_LEFT: dict[tuple[str, str], str] = {
     ("test_server_wiring.py", "_suspect"): "peers",
     # Not in any engineer's brief yet (issue 31 item 1 names only the listener, the KV
     # store and the subscribers): the clients, the broker agent and the server's wiring.
-    ("test_cli_output.py", "_now"): "unassigned",
-    ("test_logs.py", "_windows"): "unassigned",
-    ("test_security_keys.py", "_auth"): "unassigned",
-    ("test_security_keys.py", "_secret_key"): "unassigned",
-    ("test_sockets.py", "_writer"): "unassigned",
-    ("test_supervisor_unit.py", "_send"): "unassigned",
     **{("test_server_wiring.py", name): "unassigned" for name in (
         "_auth", "_clock", "_dirs", "_now", "_own_ctx", "_reader", "_send", "_server",
         "_stopping", "_trim", "_waker", "_with_key")},

@@ -6,6 +6,7 @@ which stream each line goes to, and the exit status — against NameServers fake
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -622,17 +623,19 @@ def test_broker_whose_agent_dies_after_it_registered_stops_failed(server, monkey
 
         dying = False
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, clock=self.clock, **kwargs)
+
         def registered_everywhere(self) -> bool:
             done = super().registered_everywhere()
             if done:
-                self.dying = True
-                self._waker.wake()
+                self.dying = True  # its next turn (a heartbeat, a second away) reads the clock
             return done
 
-        def _now(self) -> int:
+        def clock(self) -> float:
             if self.dying:
                 raise RuntimeError("Boom")
-            return super()._now()
+            return time.monotonic()
 
     result = run_broker(monkeypatch, Agent, [
         "--ns", server.router, "--cluster", "c", "--name", "b",

@@ -138,10 +138,10 @@ def test_the_window_map_is_bounded_at_10000_templates(kept) -> None:
     logger.addFilter(repeat)
     for i in range(10_000):
         assert repeat.filter(_record(logger, 1000.0, f"t{i} %s"))
-    assert len(repeat._windows) == 10_000
+    assert repeat.remembered == 10_000
     assert repeat.filter(_record(logger, 1000.0, "t0 %s")) is False  # still remembered
     assert repeat.filter(_record(logger, 1000.0, "new %s"))
-    assert len(repeat._windows) == 1  # cleared, then the new one
+    assert repeat.remembered == 1  # cleared, then the new one
     assert repeat.filter(_record(logger, 1000.0, "t1 %s"))  # forgotten: passes again
 
 

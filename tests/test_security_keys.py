@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from helpers import register_fields
 from zns.core import schema
 from zns.core.errors import KeyFileError, NoPermission
+from zns.drivers import security as security_module
 from zns.drivers.security import (
     ZAP_DOMAIN, Security, _public_keys, client_keys, curve_client,
     curve_context, load_policy, read_certificate, write_keypair,
@@ -159,12 +161,13 @@ def test_security_needs_a_secret_and_counts_its_own_key_as_a_client(tmp_path):
 
 
 def test_apply_makes_a_curve_server_checked_by_zap(tmp_path):
-    security = Security(write_keypair(tmp_path, "server")[1])
+    secret_file = write_keypair(tmp_path, "server")[1]
+    security = Security(secret_file)
     sock = Recorder()
     security.apply(sock)
     assert sock.curve_server is True
     assert sock.curve_publickey == security.public_key.encode()
-    assert sock.curve_secretkey == security._secret_key.encode()
+    assert sock.curve_secretkey == read_certificate(secret_file)[1].encode()
     assert sock.zap_domain == ZAP_DOMAIN.encode()
 
 
@@ -215,27 +218,39 @@ def test_zap_refuses_unknown_keys_and_authorize_logs_a_refusal(tmp_path, caplog)
         f"no_permission for key {broker}: {info.value}"]
 
 
-def test_start_runs_zap_and_stop_ends_it(tmp_path, ctx, caplog):
+def test_start_runs_zap_and_stop_ends_it(tmp_path, ctx, caplog, monkeypatch):
+    made: list[ThreadAuthenticator] = []
+
+    class Recorded(ThreadAuthenticator):
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(security_module, "ThreadAuthenticator", Recorded)
     security = Security(write_keypair(tmp_path, "server")[1], clients="listed")
     security.stop()  # never started: nothing to stop
     with caplog.at_level(logging.INFO, logger="zns"):
         security.start(ctx)
-    assert security._auth is not None and security._auth.is_alive()
-    assert security._auth.log.name == "zns.zap"  # ZAP's own log lines, under zns
+    (auth,) = made
+    assert auth.is_alive()
+    assert auth.log.name == "zns.zap"  # ZAP's own log lines, under zns
     assert f"CURVE on (server key {security.public_key}): loaded 0 broker, 0 admin, 1 client " \
            "keys; clients: listed keys only" in [r.getMessage() for r in caplog.records]
-    auth = security._auth
+    stopped: list[object] = []
+    monkeypatch.setattr(auth, "stop", lambda real=auth.stop: stopped.append(real()))
     security.stop()
-    assert security._auth is None and not auth.is_alive()
+    assert not auth.is_alive() and len(stopped) == 1
     security.stop()  # twice: nothing left to stop
+    assert len(stopped) == 1 and len(made) == 1
 
 
 def test_peer_client_makes_the_context_s_sockets_clients_of_the_same_key(tmp_path):
-    security = Security(write_keypair(tmp_path, "server")[1])
+    secret_file = write_keypair(tmp_path, "server")[1]
+    security = Security(secret_file)
     ctx = Recorder()
     security.peer_client(ctx)
     public = security.public_key.encode()
-    assert ctx.keys() == (public, public, security._secret_key.encode())
+    assert ctx.keys() == (public, public, read_certificate(secret_file)[1].encode())
 
 
 def test_client_keys_from_text_a_file_or_a_fresh_pair(tmp_path):

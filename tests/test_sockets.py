@@ -205,7 +205,8 @@ def test_a_waker_wakes_a_poller_and_is_drained_once_woken() -> None:
 
 def test_a_waker_wakes_many_times_without_blocking() -> None:
     waker = Waker()
-    waker._writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)
+    with socket.fromfd(waker.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as writer:  # a dup
+        writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)  # of the writing end
     poller = zmq.Poller()
     poller.register(waker.fd, zmq.POLLIN)
     try:

@@ -1,5 +1,5 @@
 """zns.drivers.supervisor's decisions with the fork and the clock faked: restarts, delays, stops,
-SIGHUP, exit codes and the log line; then `pause`, `_send`, `_exit_now` and `_fork` itself (a
+SIGHUP, exit codes and the log line; then `pause`, `send_signal`, `_exit_now` and `_fork` itself (a
 real fork whose child exits with what `serve` gave). tests/test_supervisor.py runs real
 children that abort; tests/test_peer_resets.py the live case."""
 
@@ -43,7 +43,7 @@ class FakeTime:
 
 
 class Children:
-    """Stands in for _fork, os.waitpid and _send: child `i` lives `lives[i]` s and ends with
+    """Stands in for _fork, os.waitpid and send_signal: child `i` lives `lives[i]` s and ends with
     `statuses[i]`; `during[i]` runs while the supervisor waits for it."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, statuses: list[int],
@@ -57,7 +57,7 @@ class Children:
         self.on_fork: dict[int, Callable[[], None]] = {}
         monkeypatch.setattr(supervisor, "time", self.clock)
         monkeypatch.setattr(supervisor, "_fork", self.fork)
-        monkeypatch.setattr(supervisor, "_send", lambda pid, sig: self.sent.append((pid, sig)))
+        monkeypatch.setattr(supervisor, "send_signal", lambda pid, sig: self.sent.append((pid, sig)))
         monkeypatch.setattr(supervisor.os, "waitpid", self.waitpid)
 
     def fork(self, serve: Callable[[], int], handlers: dict[Any, Any]) -> int:
@@ -230,18 +230,18 @@ def test_pause_never_sleeps_past_its_end(clock: FakeTime, monkeypatch) -> None:
     assert clock.slept == [0.0]
 
 
-# --- _send, _exit_now, _name -------------------------------------------------------------------
+# --- send_signal, _exit_now, _name -------------------------------------------------------------------
 
 
 def test_send_signals_a_process_and_ignores_one_that_is_gone() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        supervisor._send(child.pid, signal.SIGUSR1)
+        supervisor.send_signal(child.pid, signal.SIGUSR1)
         assert child.wait(20) == -signal.SIGUSR1
     finally:
         child.kill()
         child.wait()
-    supervisor._send(child.pid, signal.SIGTERM)  # reaped: ProcessLookupError, ignored
+    supervisor.send_signal(child.pid, signal.SIGTERM)  # reaped: ProcessLookupError, ignored
 
 
 def test_exit_now_is_a_clean_exit() -> None:

@@ -28,6 +28,11 @@ class RepeatFilter(logging.Filter):
         # template key -> [window start, records let through, records suppressed]
         self._windows: dict[tuple[str, int, str], list[float]] = {}
 
+    @property
+    def remembered(self) -> int:
+        """How many message templates have a window now (never over 10,000)."""
+        return len(self._windows)
+
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING or getattr(record, "zns_summary", False):
             return True

@@ -64,11 +64,11 @@ def supervise(serve: Callable[[], int], *,
         nonlocal stopping
         stopping = True
         if pid:
-            _send(pid, signal.SIGTERM)  # SIGINT from a terminal reached it already
+            send_signal(pid, signal.SIGTERM)  # SIGINT from a terminal reached it already
 
     def reload(signum: int, _frame: FrameType | None) -> None:
         if pid:
-            _send(pid, signal.SIGHUP)
+            send_signal(pid, signal.SIGHUP)
 
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     for sig, ours in zip(SIGNALS, (stop, stop, reload)):
@@ -79,7 +79,7 @@ def supervise(serve: Callable[[], int], *,
             started = time.monotonic()
             pid = _fork(serve, previous)
             if stopping:  # a stop that came before `pid` was set
-                _send(pid, signal.SIGTERM)
+                send_signal(pid, signal.SIGTERM)
             status = os.waitpid(pid, 0)[1]
             died, pid = pid, 0
             code = os.waitstatus_to_exitcode(status)
@@ -143,7 +143,8 @@ def _exit_now(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def _send(pid: int, signum: int) -> None:
+def send_signal(pid: int, signum: int) -> None:
+    """Signal `pid`; one already gone is not an error."""
     try:
         os.kill(pid, signum)
     except ProcessLookupError:
