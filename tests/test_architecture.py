@@ -177,11 +177,6 @@ DRIVER_POKES_LEFT: dict[tuple[str, str], str] = {
     ("test_server_wiring.py", "_connected"): "peers",
     ("test_server_wiring.py", "_max_bytes"): "peers",
     ("test_server_wiring.py", "_suspect"): "peers",
-    # Not in any engineer's brief yet (issue 31 item 1 names only the listener, the KV
-    # store and the subscribers): the clients, the broker agent and the server's wiring.
-    **{("test_server_wiring.py", name): "unassigned" for name in (
-        "_auth", "_clock", "_dirs", "_now", "_own_ctx", "_reader", "_send", "_server",
-        "_stopping", "_trim", "_waker", "_with_key")},
 }
 # Reached on core objects, which a driver class happens to name too: not a driver's.
 CORE_NOT_DRIVER = {("test_routes.py", "_live")}  # RouteTable's liveness, corrupted on purpose

@@ -9,17 +9,21 @@ from __future__ import annotations
 import logging
 import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from zns.core.config import ServerConfig
 from zns.core.errors import EndpointError
 from zns.drivers import server as server_module
 from zns.drivers.heap import TRIM_AFTER_EVENTS
-from zns.drivers.security import write_keypair
+from zns.drivers import security as security_module
+from zns.drivers.security import read_certificate, write_keypair
 from zns.drivers.server import FREED_TRIM_BYTES, MAX_SUBSCRIPTION_BYTES, Server, is_loopback
 
 pytestmark = pytest.mark.timeout(60)
@@ -82,10 +86,9 @@ def test_options_reach_the_sockets_and_the_listener(tmp_path, made):
     assert srv.loop.urgent == [srv.loop.sources[2], srv.outbox]
     # Each source's sockets are watched for reading, and a ready one wakes its own source.
     watched = dict(srv.loop.poll.poller.sockets)
-    assert watched[srv.pub] == watched[srv._waker.fd] == zmq.POLLIN
+    assert watched[srv.pub] == watched[srv.waker.fd] == zmq.POLLIN
     assert srv.loop.poll.owners[srv.pub] is srv.loop.sources[4]
-    assert srv.loop.poll.owners[srv._waker.fd] is srv.loop.sources[0]
-    assert srv.requests._clock == srv._now
+    assert srv.loop.poll.owners[srv.waker.fd] is srv.loop.sources[0]
 
 
 def test_the_listener_reads_the_server_clock(tmp_path, made):
@@ -93,6 +96,7 @@ def test_the_listener_reads_the_server_clock(tmp_path, made):
     srv = make(made, config(tmp_path, remoting="127.0.0.1:0"), clock=clock)
     listener = srv.remoting
     assert listener.now == 100_000
+    assert srv.requests.clock() == 100_000  # the router's too
     clock.seconds = 100.25
     assert listener.clock is not None and listener.clock() == 100_250  # what ends its slice
 
@@ -151,7 +155,7 @@ def test_curve_narrows_the_listener_defaults_and_the_config_shows_it(tmp_path, m
     assert service.kv_reads_admin
     # CURVE reaches the service (who may do what), the router (the User-Id frame) and the keys.
     assert srv.service.authorize == srv.security.authorize
-    assert srv.requests._with_key is True
+    assert srv.requests.with_key is True
     narrowed = [r.getMessage() for r in caplog.records if "CURVE is on" in r.getMessage()]
     reads = " and reads (--remoting-clients CIDR)" if clients == "listed" else ""
     assert narrowed == [f"CURVE is on but the remoting listener has no keys: it accepts broker "
@@ -187,11 +191,11 @@ def test_a_bad_remoting_endpoint_is_refused_and_leaves_nothing_bound(tmp_path, m
 def test_close_releases_the_sockets_the_listener_and_the_waker(tmp_path):
     srv = Server(config(tmp_path, remoting="127.0.0.1:0"))
     listening = srv.remoting.listening
-    waker = srv._waker
+    waker = srv.waker
     srv.close()
     assert srv.router.closed and srv.pub.closed
     assert listening.fileno() == -1
-    assert waker._reader.fileno() == -1
+    assert waker.closed
 
 
 def test_loop_age_is_read_from_the_injected_clock(tmp_path, made):
@@ -206,7 +210,22 @@ def test_loop_age_is_read_from_the_injected_clock(tmp_path, made):
     assert srv.last_pass_ms == 99_000
 
 
-def test_hb_carries_the_wall_clock_in_ms(tmp_path, made):
+def published(monkeypatch: pytest.MonkeyPatch) -> list[list[bytes]]:
+    """What the server publishes from now on, as frame lists, caught at the backend's send."""
+    sent: list[list[bytes]] = []
+    frames: list[bytes] = []
+
+    def send(sock: object, data: bytes, flags: int = 0, *args: object) -> None:
+        frames.append(bytes(data))
+        if not flags & zmq.SNDMORE:
+            sent.append(frames[:])
+            frames.clear()
+
+    monkeypatch.setattr(server_module, "backend_send", send)
+    return sent
+
+
+def test_hb_carries_the_wall_clock_in_ms(tmp_path, made, monkeypatch):
     clock = Clock(100.0)
     srv = make(made, config(tmp_path, heartbeat_interval_s=0.5), clock=clock,
                wall_clock=lambda: 1234.5678)
@@ -214,8 +233,7 @@ def test_hb_carries_the_wall_clock_in_ms(tmp_path, made):
     assert srv.timers.interval_ms == 500
     assert timers.next_deadline(100_000) == srv.timers.next_deadline()
     timers.run({}, 100_000, 100_005)
-    sent: list[list[bytes]] = []
-    srv.outbox._send = sent.append
+    sent = published(monkeypatch)
     srv.outbox.run({}, 100_000, 100_005)
     from zns.core import schema
     hbs = [schema.decode_event(frames[-1]) for frames in sent if frames[0] == schema.HB_CHANNEL]
@@ -231,7 +249,7 @@ def test_a_key_reload_runs_on_the_loop_and_says_curve_is_off(tmp_path, made, cap
         assert "SIGHUP" not in caplog.text  # nothing asked yet
         srv.reload_keys()
         ready = dict(srv.loop.poll.poller.poll(5000))
-        assert srv._waker.fd in ready  # the reload woke the loop
+        assert srv.waker.fd in ready  # the reload woke the loop
         control.run(ready, 0, 5)
     assert [r.getMessage() for r in caplog.records if "SIGHUP" in r.getMessage()] == [
         "SIGHUP: CURVE is off, no keys to reload"]
@@ -245,8 +263,9 @@ def test_a_key_reload_runs_on_the_loop_and_says_curve_is_off(tmp_path, made, cap
 def test_stop_wakes_the_loop(tmp_path, made):
     srv = make(made, config(tmp_path))
     srv.stop()
-    assert srv._stopping
-    assert srv._waker.fd in dict(srv.loop.poll.poller.poll(5000))
+    assert srv.waker.fd in dict(srv.loop.poll.poller.poll(5000))
+    srv.run()  # stopped before it ran: the loop ends before its first pass, and closes
+    assert srv.router.closed
 
 
 def test_freeing_a_megabyte_of_subscriptions_asks_for_a_heap_trim(tmp_path, made):
@@ -418,15 +437,23 @@ def test_run_in_the_main_thread_takes_sighup_and_sigterm_then_gives_them_back(tm
 
 
 def test_the_service_heap_subscribers_and_metrics_get_what_they_are_given(tmp_path, made):
+    clock = Clock(100.0)
     srv = make(made, config(tmp_path, max_brokers=7, metrics="127.0.0.1:0",
-                            heartbeat_interval_s=4.0))
+                            heartbeat_interval_s=4.0), clock=clock)
     assert srv.service.limits.max_brokers == 7
     assert srv.service.max_reply_bytes == srv.reply_budget.burst
     assert srv.service.kv.path is not None and srv.service.kv.path.parent == tmp_path
     assert srv.service.authorize is None  # no CURVE
-    assert srv.heap._trim is not None  # glibc's malloc_trim, found
+    srv.heap.published(TRIM_AFTER_EVENTS)
+    assert srv.heap.next_deadline(0) is not None  # glibc's malloc_trim, found: a trim is due
     assert srv.subscribers.budget is not None and srv.subscribers._freed == srv._subscriptions_freed
-    assert srv.metrics._server is srv and srv.metrics.stuck_after_s == 8.0
+    assert srv.metrics.stuck_after_s == 8.0
+    # /healthz reads this server's loop age, from the clock it was given.
+    clock.seconds = 109.0
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with pytest.raises(urllib.error.HTTPError) as stuck:
+        direct.open(f"http://127.0.0.1:{srv.metrics.port}/healthz", timeout=10)
+    assert stuck.value.code == 503 and stuck.value.read() == b"stuck: no loop pass for 9.0 s\n"
 
 
 def test_a_socket_bound_beyond_loopback_without_curve_is_warned_about(tmp_path, made, caplog):
@@ -439,24 +466,36 @@ def test_a_socket_bound_beyond_loopback_without_curve_is_warned_about(tmp_path, 
     assert srv.subscribers._local[1] == int(srv.pub_endpoint.rsplit(":", 1)[1])
 
 
-def test_the_key_directories_reach_security(tmp_path, made):
+def test_the_key_directories_reach_security(tmp_path, made, monkeypatch):
     secret = write_keypair(tmp_path / "keys", "server")[1]
     dirs = [tmp_path / name for name in ("brokers", "admins", "clients")]
-    for each in dirs:
-        each.mkdir()
+    keys = [read_certificate(write_keypair(d, name)[0])[0] for d, name in zip(dirs, ("b", "a", "c"))]
+    started: list[ThreadAuthenticator] = []
+
+    class Recorded(ThreadAuthenticator):
+        def start(self) -> None:
+            started.append(self)
+            super().start()
+
+    monkeypatch.setattr(security_module, "ThreadAuthenticator", Recorded)
     srv = make(made, config(tmp_path, curve_secret=secret, brokers_keys=str(dirs[0]),
                             admins_keys=str(dirs[1]), clients_keys=str(dirs[2]), clients="listed"))
-    assert [str(d) if d is not None else None for d in srv.security._dirs[:3]] == [str(d) for d in dirs]
-    assert srv.security._dirs[3] == "listed"
+    policy = srv.security.policy
+    assert (set(policy.brokers), policy.admins, policy.clients) == \
+        ({keys[0]}, {keys[1]}, {keys[2], srv.security.public_key})  # peers use its own key
+    assert not policy.clients_any  # "listed"
+    later = read_certificate(write_keypair(dirs[2], "c2")[0])[0]
+    srv.security.reload()  # the directories are kept: a reload reads them again
+    assert srv.security.policy.clients == {keys[2], later, srv.security.public_key}
     # ZAP answers in the server's own context, the one its sockets were made in.
-    assert srv._own_ctx is not None and srv.security._auth.context is srv._own_ctx
-    assert srv.router.context is srv._own_ctx
+    (auth,) = started
+    assert auth.context is srv.router.context and srv.router.context is not zmq.Context.instance()
 
 
-def test_events_published_count_toward_the_heap_trim(tmp_path, made):
+def test_events_published_count_toward_the_heap_trim(tmp_path, made, monkeypatch):
     clock = Clock(100.0)
     srv = make(made, config(tmp_path), clock=clock)
-    srv.outbox._send = lambda frames: None
+    published(monkeypatch)
     before = srv.heap.pending
     srv.loop.sources[2].run({}, 100_000, 100_005)  # the timers: an hb into the outbox
     srv.outbox.run({}, 100_000, 100_005)

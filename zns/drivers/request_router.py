@@ -58,10 +58,10 @@ class RequestRouter:
         self.router = router
         self.service = service
         self.outbox = outbox
-        self._clock = clock
+        self.clock = clock
         self.max_message_bytes = max_message_bytes
         self.reply_budget = reply_budget
-        self._with_key = with_key  # the body frame carries the ZAP User-Id (CURVE on)
+        self.with_key = with_key  # the body frame carries the ZAP User-Id (CURVE on)
         self.dropped_replies = 0
         self.dropped_requests = 0  # over §1's envelope or total-size bound
         self._draining = False  # in the middle of dropping an oversized message
@@ -103,8 +103,8 @@ class RequestRouter:
         """
         router, respond, put = self.router, self.service.respond, self.outbox.put
         recv = router.recv
-        with_key = self._with_key
-        clock = self._clock
+        with_key = self.with_key
+        clock = self.clock
         max_bytes = self.max_message_bytes
         budget = self.reply_budget
         heavy = budget.heavy_bytes
@@ -166,7 +166,7 @@ class RequestRouter:
 
     def _drain(self, until: int) -> bool:
         """Read and discard the rest of the current message; False if the slice ran out first."""
-        recv, clock = self.router.recv, self._clock
+        recv, clock = self.router.recv, self.clock
         self._draining = True
         count = 0
         while True:

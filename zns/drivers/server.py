@@ -57,7 +57,7 @@ __all__ = ["MAX_ENVELOPE_FRAMES", "TCP_TIMEOUT_MS", "Server", "ServerConfig"]
 # Plain ints and the backend's send, as the request router's (pyzmq's `send_multipart`
 # checks every frame's type and goes through the Python-level `send` for each).
 _DONTWAIT, _SNDMORE_DONTWAIT = int(zmq.DONTWAIT), int(zmq.SNDMORE | zmq.DONTWAIT)
-_send = zmq.backend.Socket.send
+backend_send = zmq.backend.Socket.send
 
 
 def _networks_text(networks: tuple | None) -> str:
@@ -94,7 +94,7 @@ class Server:
         self._ctx = context or zmq.Context.instance()
         self._stopping = False
         self._reload_keys = False
-        self._waker = Waker()
+        self.waker = Waker()
         self.reply_budget = ReplyBudget()
         self.heap = HeapTrim(glibc_malloc_trim(), self._now())
         self.descriptor_limit = raise_descriptor_limit()
@@ -217,7 +217,7 @@ class Server:
         self.wake()
 
     def wake(self) -> None:
-        self._waker.wake()
+        self.waker.wake()
 
     def loop_age_s(self) -> float:
         """Seconds since the loop last completed a pass (thread-safe: one int read)."""
@@ -234,7 +234,7 @@ class Server:
         self.pub.close(linger=500)
         if self.peers is not None:
             self.peers.close()
-        self._waker.close()
+        self.waker.close()
         if self.security is not None:
             self.security.stop()
         if self._own_ctx is not None:
@@ -318,8 +318,8 @@ class Server:
 
     def _send_event(self, frames: Frames) -> None:
         channel, body = frames
-        _send(self.pub, channel, _SNDMORE_DONTWAIT)
-        _send(self.pub, body, _DONTWAIT)
+        backend_send(self.pub, channel, _SNDMORE_DONTWAIT)
+        backend_send(self.pub, body, _DONTWAIT)
 
     # --- sockets --------------------------------------------------------
 
@@ -362,7 +362,7 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
         signal.signal(signal.SIGHUP, lambda *_: self.reload_keys())
-        old_fd = signal.set_wakeup_fd(self._waker.fileno())
+        old_fd = signal.set_wakeup_fd(self.waker.fileno())
 
         def restore_wakeup() -> None:
             signal.set_wakeup_fd(old_fd)
@@ -392,14 +392,14 @@ class _Control:
         self._server = server
 
     def attach(self, poll: PollSet) -> None:
-        poll.register(self._server._waker.fd, zmq.POLLIN, self)
+        poll.register(self._server.waker.fd, zmq.POLLIN, self)
 
     def next_deadline(self, now: int) -> int | None:
         return None
 
     def run(self, ready: Ready, now: int, until: int) -> None:
         server = self._server
-        server._waker.drain_if_woken(ready)
+        server.waker.drain_if_woken(ready)
         if server._reload_keys:
             server._reload_keys = False
             server._reload()

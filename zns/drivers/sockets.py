@@ -151,6 +151,10 @@ class Waker:
             pass
         return True
 
+    @property
+    def closed(self) -> bool:
+        return self._reader.fileno() == -1
+
     def close(self) -> None:
         self._reader.close()
         self._writer.close()
