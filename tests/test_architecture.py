@@ -150,6 +150,7 @@ def test_drivers_leave_their_decisions_to_the_core():
         assert not imported & set(banned), f"{name} imports {sorted(imported & set(banned))}"
     assert "zns.core.remoting.connections" in imports_of(
         modules["zns.drivers.remoting_listener"], modules)
+    assert "zns.core.accept_pause" in imports_of(modules["zns.drivers.descriptors"], modules)
 
 
 @pytest.mark.timeout(60)
