@@ -95,6 +95,8 @@ MODULES: dict[str, list[str]] = {
     # The split's log, fences and worker supervision, under random schedules (no processes).
     "replication": ["tests/test_replication.py"],
     "workers": ["tests/test_workers.py"],
+    # The descriptor guard's pause and its retry, without sockets.
+    "accept_pause": ["tests/test_accept_pause.py"],
     # The drivers and the CLI: in-process socket tests (seconds each; see the module docstring).
     # The 3,000-write compaction walk (about 45 s) is left out: the other compaction tests kill
     # what it would, at a fraction of the time per surviving mutant.
