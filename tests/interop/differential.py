@@ -36,8 +36,9 @@ Normalized, with the reason (docs/protocol.md §15 pins each with a test):
 Nothing else is normalized. Timing: a Java 5.x NameServer applies UNREGISTER_BROKER
 and a closed connection's removal on a background thread (BatchUnregistrationService),
 so after those steps the reads are repeated until both servers agree or a deadline
-passes; after an expiry step nothing is sent until neither lists the address; every
-other step is compared once.
+passes (and so after the step that follows them: both servers may agree at once on
+what they held before, then apply it); after an expiry step nothing is sent until
+neither lists the address; every other step is compared once.
 
 Differences zns keeps (docs/protocol.md §15, each pinned by
 test_known_differences_are_as_documented) are generated only with ``explore``
@@ -351,6 +352,10 @@ class Generator:
         # Addresses another address took the (name, id) of: Java keeps their liveness (their
         # 322 and a same-version registration answer from it), zns forgets them (§15).
         self.lingering: set[str] = set()
+        # Addresses closed, unregistered or expiring since they last registered: `seen` may
+        # still list them (both servers remove them a moment later), so no single-topic
+        # registration for them (Java refuses one from an id the name does not hold).
+        self.leaving: set[str] = set()
         ts = 1_700_000_000_000 + rng.randrange(1_000_000)
         base = f"127.{net // 250}.{net % 250}"
         for i, name in enumerate(self.names):
@@ -403,7 +408,7 @@ class Generator:
         if kind == "incremental":
             # What `updateTopic -b` makes a broker send: one topic, a new data version. Only
             # for an id the name holds already (otherwise Java refuses it; see the docstring).
-            if seen.holder(slot.name, slot.broker_id) != slot.addr:
+            if seen.holder(slot.name, slot.broker_id) != slot.addr or slot.addr in self.leaving:
                 return self.step(seen)
             topic = r.choice(self.topics)
             slot.topics[topic] = self.topic_config()
@@ -423,6 +428,7 @@ class Generator:
                             self._made("close an older connection"), slot, key, close=True, settle=True)
             key = self.conn_key(slot)
             self.current[slot.addr] = self.current.get(slot.addr, 0) + 1
+            self.leaving.add(slot.addr)
             return Step(f"close the connection of {slot.addr}", self._made("close"), slot, key,
                         close=True, settle=True)
         if kind in ("heartbeat", "query") and slot.addr in self.lingering and not self.explore:
@@ -476,7 +482,7 @@ class Generator:
         if r.random() < 0.05 or (zone and r.random() < 0.05):
             zone = slot.zone = r.choice(self.zones)
         holder = seen.holder(slot.name, slot.broker_id)
-        held = holder == slot.addr
+        held = holder == slot.addr and slot.addr not in self.leaving
         # A 4.x NameServer applies no topic of a registration whose data version it holds;
         # 5.x (and zns) restore the topics it lacks of that broker (docs/protocol.md §15). Java
         # remembers a displaced address's data version, zns does not (§15): a new one then.
@@ -502,7 +508,7 @@ class Generator:
             self.expiries_left -= 1
         what = (f"{slot.name}/{slot.broker_id} {slot.addr} in {cluster} zone={zone!r} v{slot.counter} "
                 f"topics={sorted(slot.topics)} fs={fs} {h}")
-        if kind == "bad_crc":
+        if kind == "bad_crc":  # refused: changes nothing (`leaving` included)
             return Step(f"register with a wrong bodyCrc32 {what}", self._made("wrong crc"), slot,
                         self.conn_key(slot), [register_request(slot, slot.topics, cluster, zone, fs,
                                                                self.version, h)])
@@ -514,6 +520,7 @@ class Generator:
         if slot.addr in self.lingering:
             self._made("a displaced address registers again")
         self.lingering.discard(slot.addr)
+        self.leaving.discard(slot.addr)
         if any(s.addr == slot.addr and s.name != slot.name for s in self.slots):
             self._made("one address under two names")
         if r.random() < 0.1:  # over a new connection; the old one stays open
@@ -527,6 +534,7 @@ class Generator:
             step.what = f"register (expiring in {SHORT_TIMEOUT_MS} ms) {what}"
             step.kind = self._made("expiry")
             step.expires = slot.addr
+            self.leaving.add(slot.addr)
             # Java closes an expired broker's connection: the next request opens a new one.
             self.current[slot.addr] = self.current.get(slot.addr, 0) + 1
         return step
@@ -547,8 +555,11 @@ class Generator:
                 name = next(n for n in self.names if n != slot.name)
             else:
                 addr = next(s.addr for s in self.slots if s.addr != slot.addr)
-        if kind == "unregister" and seen.holder(slot.name, slot.broker_id) != slot.addr:
+        if kind == "unregister" and (seen.holder(slot.name, slot.broker_id) != slot.addr
+                                     or slot.addr in self.leaving):
             return self.step(seen)
+        if kind == "unregister":
+            self.leaving.add(slot.addr)
         return Step(f"{kind} {name}/{slot.broker_id} {addr} in {cluster}", self._made(kind), slot,
                     self.conn_key(slot), [request(104, {
                         "brokerName": name, "brokerAddr": addr, "clusterName": cluster,
@@ -836,6 +847,7 @@ class Differential:
         history: list[str] = []
         diff: Difference | None = None
         seen = Observed()
+        lagging = False  # the last step was applied asynchronously (both may still show it)
         try:
             for n in range(1, steps + 1):
                 step = gen.step(seen)
@@ -866,8 +878,11 @@ class Differential:
                         assert step.conn is not None
                         side.drop(step.conn)
                 stats.settle_waits += step.settle or bool(step.expires)
-                diff = self._compare(gen, reads, seed, n, step.what, history,
-                                     step.settle or bool(step.expires))
+                # After an asynchronous step both servers may agree at once on what they held
+                # before it, and differ a moment later: the next step settles too.
+                settle = step.settle or bool(step.expires)
+                diff = self._compare(gen, reads, seed, n, step.what, history, settle or lagging)
+                lagging = settle
                 stats.reads += 2 * len(reads)
                 if diff is not None:
                     break

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.interop
 
 DEEP_VERSION = rocketmq.DEFAULT_VERSION
 STEPS = {DEEP_VERSION: int(os.environ.get("ZNS_DIFFERENTIAL_STEPS", "2000"))}
-OTHER_STEPS = 200
+OTHER_STEPS = 400
 PER_SEQUENCE = 200
 
 
