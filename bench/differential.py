@@ -32,8 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="the first sequence's seed (then +1, +2, ...)")
     parser.add_argument("--version", default=rocketmq.DEFAULT_VERSION, choices=rocketmq.VERSIONS,
                         help="the Java NameServer's RocketMQ version (the oracle)")
-    parser.add_argument("--cross-cluster", type=float, default=0.0,
-                        help="share of registrations into another cluster (a known difference; 0: none)")
+    parser.add_argument("--explore", action="store_true",
+                        help="also generate the differences docs/protocol.md §15 keeps (to find them again)")
+    parser.add_argument("--no-expiry", action="store_true",
+                        help="no expiry steps (5.x: a 1 s heartbeat timeout, then a wait for both to drop it)")
     parser.add_argument("--max-differences", type=int, default=20, help="stop after this many")
     args = parser.parse_args(argv)
 
@@ -43,13 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     zns = differential.ZnsProcess(work / "zns")
     procs = [zns]
     try:
-        java = group.namesrv(version=args.version)
+        java = group.namesrv(version=args.version, config=differential.JAVA_CONFIG)
 
         def restart() -> tuple[str, str]:
             nonlocal java, zns
             java.kill()
             zns.stop()
-            java = group.namesrv(version=args.version)
+            java = group.namesrv(version=args.version, config=differential.JAVA_CONFIG)
             zns = differential.ZnsProcess(work / f"zns{len(procs)}")
             procs.append(zns)
             return java.addr, zns.addr
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         diff = differential.Differential(
             java.addr, zns.addr, java_version=rocketmq.version_ordinal(args.version),
             v4=args.version.startswith("4."),
-            restart=restart, cross_cluster=args.cross_cluster)
+            restart=restart, explore=args.explore, expiry=not args.no_expiry)
         stats = differential.RunStats()
         started = time.monotonic()
         seed = args.seed
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.seed}..{seed - 1}), {stats.reads} reads compared, {stats.settle_waits} asynchronous "
               f"steps, {len(stats.differences)} differences, {diff.restarts} restarts, {took:.0f} s "
               f"({stats.steps / max(took, 1e-9):.0f} steps/s)")
+        print("step kinds written: " + ", ".join(f"{k} {n}" for k, n in sorted(stats.made.items())))
         return 1 if stats.differences else 0
     finally:
         for p in procs:

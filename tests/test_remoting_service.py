@@ -496,9 +496,29 @@ def test_wrong_crc_applies_nothing(rs, svc):
     cmd.ext_fields["bodyCrc32"] = "12345"
     reply = call(rs, cmd)
     assert (reply.code, reply.remark) == (1, "crc32 not match")
+    assert reply.ext_fields == {}  # Java's reply carries its empty response header (issue 33)
     assert observable(svc) == before
     cmd.ext_fields["bodyCrc32"] = "0"  # 0: not checked
     ok(rs, cmd)
+
+
+@pytest.mark.parametrize("header, serves", [(None, False), ("false", True), ("true", True)])
+def test_a_slave_serves_topics_only_when_it_sends_enable_acting_master(rs, header, serves):
+    # Issue 33 item 1: Java takes a registration without enableActingMaster for a 4.x broker,
+    # whose slaves never serve topics, even with no master registered; a 5.x broker's slave
+    # with the lowest id does. A master's topics count either way.
+    slave = register_cmd(1, SLAVE, {"TopicSlave": {}})
+    if header is None:
+        del slave.ext_fields["enableActingMaster"]
+        slave.ext_fields["bodyCrc32"] = "0"
+    else:
+        slave.ext_fields["enableActingMaster"] = header
+    ok(rs, slave)
+    assert call(rs, req(105, {"topic": "TopicSlave"})).code == (0 if serves else 17)
+    master = register_cmd(0, MASTER, {"TopicMaster": {}})
+    del master.ext_fields["enableActingMaster"]
+    ok(rs, master)
+    assert call(rs, req(105, {"topic": "TopicMaster"})).code == 0
 
 
 def zns1_error(svc: NameService, **fields: Any) -> str:

@@ -209,6 +209,33 @@ def test_master_change_from_slave_displaces_old_master(table):
     assert [lb.broker_addr for lb in table.live_brokers(0)] == [SLAVE]
 
 
+def test_an_address_taking_the_only_address_s_id_keeps_the_names_topics(table):
+    # Issue 33 item 2: a broker replaced by a new host while the old host's registration
+    # lingers. The old address goes (displaced); the name's queue data stays, now served by
+    # the new address, as in Java. Before, the name went with its only address and kept only
+    # what the new registration listed.
+    register(table, topics=["T1", "T5", "T7"])
+    outcome = register(table, addr=OTHER, topics=["T2", "T7"], incremental=True)
+    for topic in ("T1", "T2", "T5", "T7"):
+        assert addrs_of(table, topic) == {0: OTHER}, topic
+    events = broker_events(outcome.events)
+    assert [(e.change, e.reason, e.broker_addr) for e in events] == [
+        ("removed", "displaced", MASTER), ("registered", "", OTHER)]
+    assert set(route_events(outcome.events)) == {"T1", "T2", "T5", "T7"}
+    assert table.heartbeat("c1", "broker-a", MASTER, V1, 1) == (False, True)
+
+
+def test_an_address_moving_cluster_keeps_the_names_topics(table):
+    # The same rule when the name's only address registers in another cluster: the name
+    # moves with it (BrokerData.cluster too: the first cluster no longer lists it).
+    register(table, topics=["T1", "T2"])
+    register(table, cluster="c2", topics=["T3"], incremental=True)
+    route = table.route("T1")
+    assert route is not None and [(b.cluster, b.addrs) for b in route.brokers] == [("c2", {0: MASTER})]
+    assert table.has_topic("T2") and table.has_topic("T3")
+    assert table.cluster_table() == {"c2": ["broker-a"]}
+
+
 @pytest.mark.parametrize("new_state", [5, 6])
 def test_id_taken_over_when_state_not_older(table, new_state):
     register(table, version=DataVersion(state=5))
@@ -645,6 +672,27 @@ def test_zone_filter_case_insensitive_and_keeps_masterless(table):
     assert [q.broker_name for q in route.queues] == ["a", "c"]
     assert route.filter_servers == {"h:1": ["f:1"], "h:3": ["f:3"]}
     assert (route.topic, route.order_conf) == ("T", "a:4")
+
+
+@pytest.mark.parametrize(("zone", "asked", "kept"), [
+    # What Java 17's String.equalsIgnoreCase answers for each pair (checked with a JVM;
+    # tests/interop/test_differential.py asks the Java NameServer itself).
+    ("Straße", "STRASSE", False),  # ß has no one-character upper case (casefold: equal)
+    ("Straße", "strasse", False),
+    ("Straße", "STRAßE", True),
+    ("ı", "I", True), ("ı", "i", True), ("İ", "i", True),  # Turkish dotless and dotted i
+    ("\U00010400", "\U00010428", True),  # Deseret 𐐀/𐐨, outside the BMP: one character each
+    ("\U00010400", "\U00010401", False),
+    ("ᾳ", "ᾼ", True),  # a simple upper case that is not the full one (ΑΙ)
+    ("ﬀ", "FF", False),  # a ligature: no one-character upper case
+    ("\u212a", "k", True),  # the Kelvin sign lower-cases to k
+    ("Zone-1", "ZONE-1", True), ("zone-1", "zone-12", False),
+])
+def test_zone_filter_compares_as_java_equals_ignore_case(zone, asked, kept):
+    route = _zoned_route()
+    route.brokers[0].zone = zone
+    assert [b.broker_name for b in filter_zone(route, asked).brokers][:1] == (
+        ["a"] if kept else ["c"])
 
 
 def test_zone_filter_with_no_broker_in_zone_leaves_empty_lists():

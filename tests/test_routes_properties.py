@@ -115,16 +115,19 @@ class Model:
         if name in self.addrs:
             self.zone[name] = req.zone
         entry = self.addrs.get(name, {}).get(addr)
-        if entry is not None and entry[0] != cluster:  # moved to another cluster: afresh
-            self.remove_addr(name, addr)
+        # Neither removal takes the name's queue data: this address serves them now.
+        if entry is not None and entry[0] != cluster:  # moved to another cluster
+            self.remove_addr(name, addr, keep_name=True)
         elif entry is not None and entry[1] != broker_id:  # a promotion or demotion
             self.addrs[name][addr] = (cluster, None)
         for other, (_, held_id) in list(self.addrs.get(name, {}).items()):
             if held_id == broker_id and other != addr:  # the id's holder is displaced
-                self.remove_addr(name, other)
-        if name not in self.addrs:  # new, or its last address was just removed
+                self.remove_addr(name, other, keep_name=True)
+        if name not in self.addrs:  # new
             self.addrs[name], self.home[name], self.zone[name] = {}, cluster, req.zone
             self.queues[name] = {}
+        elif all(i is None for _, i in self.addrs[name].values()):  # no address held now
+            self.home[name] = cluster
         self.addrs[name][addr] = (cluster, broker_id)
         self.live[key] = {"last": now, "stall": 0, "suspect": None,
                           "timeout": req.heartbeat_timeout_ms, "version": req.data_version}
@@ -145,7 +148,7 @@ class Model:
         else:
             self.filter_servers.pop(key, None)
 
-    def remove_addr(self, name: str, addr: str) -> None:
+    def remove_addr(self, name: str, addr: str, keep_name: bool = False) -> None:
         cluster, _ = self.addrs[name].pop(addr)
         key = (cluster, addr)
         if not self.listing(key):  # no name lists it any more: it is not alive either
@@ -154,7 +157,7 @@ class Model:
         clusters = {c for c, _ in self.addrs[name].values()}
         if cluster not in clusters and self.home[name] == cluster and clusters:
             self.home[name] = min(clusters)
-        if all(i is None for _, i in self.addrs[name].values()):  # no id left: gone
+        if not keep_name and all(i is None for _, i in self.addrs[name].values()):  # gone
             del self.addrs[name], self.home[name], self.zone[name], self.queues[name]
 
     def heard(self, cluster: str, name: str, addr: str, now: int) -> bool:

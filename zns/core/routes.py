@@ -167,20 +167,22 @@ class RouteTable:
         """Steps 2 and 3: free the id and the address; returns the id the address had (None: new)."""
         name, cluster, addr, broker_id = req.broker_name, req.cluster, req.broker_addr, req.broker_id
         # Step 2: the same address under another id (a promotion or demotion).
+        # Neither removal below drops the name's queue data, even when it takes the name's
+        # only address: this registration's address serves them from now on (as in Java,
+        # which replaces the address in place and keeps the name's topics).
         old_id = rec.id_of(addr)
         if old_id is not None and rec.addr_cluster[addr] != cluster:
-            self._remove_addr(rec, addr, "displaced", ch)  # moved cluster: re-join afresh
+            self._remove_addr(rec, addr, "displaced", ch, keep_name=True)  # moved cluster
             old_id = None
         if old_id is not None and old_id != broker_id:
             del rec.addrs[old_id]
         # Step 3: another address holding this id (the conflict check passed already).
         holder = rec.addrs.get(broker_id)
         if holder is not None and holder != addr:
-            self._remove_addr(rec, holder, "displaced", ch)
-        if name not in self._brokers:  # a removal above took the broker's last address
+            self._remove_addr(rec, holder, "displaced", ch, keep_name=True)
+        if not rec.addrs:  # BrokerData.cluster: the cluster the name is now in
             rec.cluster = cluster
-            self._brokers[name] = rec
-            self._broker_topics[name] = set()
+            self._reweigh(name)
         return old_id
 
     def _record_address(self, rec: BrokerRecord, req: RegisterBroker, old_id: int | None,
@@ -759,8 +761,11 @@ class RouteTable:
                 ), ch)
         return len(ch.topics), self._commit(ch)
 
-    def _remove_addr(self, rec: BrokerRecord, addr: str, reason: str, ch: Changes) -> None:
-        """Take one address off one broker name, as `unregister_broker` does."""
+    def _remove_addr(self, rec: BrokerRecord, addr: str, reason: str, ch: Changes,
+                     keep_name: bool = False) -> None:
+        """Take one address off one broker name, as `unregister_broker` does; `keep_name`:
+        a name left with no address keeps its record and queue data (another address is
+        about to take the id: step 3)."""
         broker_id = rec.held_id(addr)
         cluster = rec.addr_cluster.pop(addr)
         del rec.addrs[broker_id]
@@ -784,7 +789,7 @@ class RouteTable:
                 rec.cluster = min(rec.addr_cluster.values())
                 self._reweigh(rec.name)  # its name weight changed with it
             ch.structural = True
-        if not rec.addrs:
+        if not rec.addrs and not keep_name:
             for topic in list(self._broker_topics[rec.name]):
                 self._remove_queue(topic, rec.name, ch)
             del self._brokers[rec.name], self._broker_topics[rec.name]
@@ -826,10 +831,11 @@ class RouteTable:
 
 
 def filter_zone(route: TopicRoute, zone: str) -> TopicRoute:
-    """RocketMQ's zone mode (§5): brokers of `zone` (any case) and brokers with no master."""
-    zone = zone.casefold()
+    """RocketMQ's zone mode (§5): brokers of `zone` (any case, as Java compares it:
+    `java_equals_ignore_case`) and brokers with no master."""
     brokers = [
-        b for b in route.brokers if b.zone.casefold() == zone or MASTER_ID not in b.addrs
+        b for b in route.brokers
+        if java_equals_ignore_case(b.zone, zone) or MASTER_ID not in b.addrs
     ]
     names = {b.broker_name for b in brokers}
     addrs = {a for b in brokers for a in b.addrs.values()}
@@ -840,3 +846,39 @@ def filter_zone(route: TopicRoute, zone: str) -> TopicRoute:
         filter_servers={a: s for a, s in route.filter_servers.items() if a in addrs},
         order_conf=route.order_conf,
     )
+
+
+def java_equals_ignore_case(a: str, b: str) -> bool:
+    """Java's `String.equalsIgnoreCase` (commons-lang's `StringUtils.equalsIgnoreCase`, which
+    Java's zone filter calls, hands two Strings to it): as many UTF-16 chars, then character
+    by character (Java 16 and later take a surrogate pair as its one character) each pair
+    equal, or equal once both are upper-cased, or once those are lower-cased again -- with
+    Java's one-character case mappings. So `Straße` is not `STRASSE` (ß has no one-character
+    upper case), the Turkish dotless ı equals `I` and `i`, and Deseret 𐐀 equals 𐐨. Python's
+    `casefold` compares whole strings with multi-character mappings and says otherwise."""
+    if len(a.encode("utf-16-le")) != len(b.encode("utf-16-le")) or len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x == y:
+            continue
+        upper_x, upper_y = _java_upper(x), _java_upper(y)
+        if upper_x != upper_y and _java_lower(upper_x) != _java_lower(upper_y):
+            return False
+    return True
+
+
+def _java_upper(char: str) -> str:
+    """`Character.toUpperCase`: the one-character (simple) upper case, else the character.
+    Python's `upper` is the full mapping; where that is longer than one character, the
+    simple one is the title case when that is one character (the Greek letters with iota
+    subscript: ᾳ -> ᾼ), otherwise there is none (ß, ŉ, ǰ, the ligatures ﬀ-ﬆ)."""
+    for mapped in (char.upper(), char.title()):
+        if len(mapped) == 1:
+            return mapped
+    return char
+
+
+def _java_lower(char: str) -> str:
+    """`Character.toLowerCase`: the simple lower case. Only İ (U+0130) has a full lower
+    case longer than one character (i and a combining dot); its simple one is `i`."""
+    return char.lower()[0]

@@ -80,7 +80,7 @@ from .javaorder import BROKER_TABLE, CLUSTER_TABLE, TOPIC_TABLE, chm_order, hash
 from .constants import NAMESERVER_REQUEST_CODES, SERIALIZE_JSON, RequestCode, ResponseCode
 from zns.core.errors import RemotingBodyError
 from .ext import optional, parse_bool, parse_long, require
-from .register import check_body_crc32, decode_register_broker_body
+from .register import check_body_crc32, decode_register_broker_body, may_serve_topics
 
 log = logging.getLogger("zns")
 
@@ -328,7 +328,10 @@ class RemotingService:
                                             default=120_000),
             incremental=True,
         )
-        check_body_crc32(cmd.body, ext)
+        try:
+            check_body_crc32(cmd.body, ext)
+        except RemotingBodyError as exc:  # Java's reply has its (empty) response header
+            return _error(cmd, ResponseCode.SYSTEM_ERROR, str(exc), ext_fields={})
         body = decode_register_broker_body(
             cmd.body, compressed=parse_bool(ext, "compressed"), version=cmd.version,
             max_topics=self.service.limits.max_topics_per_request)
@@ -338,7 +341,7 @@ class RemotingService:
             name: {"read_queues": t.read_queue_nums, "write_queues": t.write_queue_nums,
                    "perm": t.perm, "sys_flag": t.topic_sys_flag, "order": t.order}
             for name, t in wrapper.topic_config_table.items()
-        }
+        } if may_serve_topics(ext, fields["broker_id"]) else {}
         fields["filter_servers"] = body.filter_server_list
         reply = self._run(RegisterBroker, now, frames, conn, **fields)
         reply_ext: dict[str, str] = {}

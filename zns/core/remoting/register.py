@@ -122,6 +122,14 @@ def check_body_crc32(body: bytes, ext: ExtFields) -> None:
         raise RemotingBodyError("crc32 not match")
 
 
+def may_serve_topics(ext: ExtFields, broker_id: int) -> bool:
+    """Whether this registration's topics may reach the routes: a master's may, and a
+    slave's only from a broker that sends ``enableActingMaster`` (any value: 5.x). Java
+    takes a broker without that field for a 4.x one, whose slaves never serve topics,
+    while a 5.x slave with the lowest id serves them when no master is registered (§4)."""
+    return broker_id == 0 or "enableActingMaster" in (ext or {})
+
+
 # --- compressed form -------------------------------------------------------------------
 
 _INT32 = struct.Struct(">i")
