@@ -8,6 +8,7 @@ import logging
 import socket
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -199,9 +200,13 @@ class AgedLoop:
     """A server whose loop last completed a pass `age` seconds ago (what /healthz reads)."""
 
     age = 0.0
+    readiness = (True, "ready")
 
     def loop_age_s(self) -> float:
         return self.age
+
+    def ready(self) -> tuple[bool, str]:
+        return self.readiness
 
 
 @pytest.mark.timeout(60)
@@ -426,7 +431,116 @@ def test_a_scraper_that_sends_nothing_holds_up_no_other_and_no_line_is_printed(c
         assert serving.daemon
         # No access-log line per scrape on stderr (wsgiref's default): once every request's
         # thread has ended, whatever it would have printed has been printed.
-        wait_for(lambda: not [t for t in threading.enumerate() if "process_request" in t.name])
+        wait_for(lambda: metrics.connections() == 0)
         assert capsys.readouterr().err == ""
     finally:
         metrics.close()
+
+
+@pytest.mark.timeout(60)
+def test_only_metrics_healthz_and_readyz_answer():
+    server = Idle()
+    metrics = MetricsServer(server, "127.0.0.1:0", heartbeat_interval=1.0)  # type: ignore[arg-type]
+    try:
+        base = f"http://127.0.0.1:{metrics.port}"
+        assert get(base + "/")[0] == 404
+        assert get(base + "/metricsx")[0] == 404
+        assert get(base + "/metrics?name[]=zns_stalls_total")[0] == 200
+        request = urllib.request.Request(base + "/metrics", data=b"x", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 405
+        assert get(base + "/readyz") == (200, "ready\n")
+        server.readiness = (False, "warming: 1 of 2 brokers")
+        assert get(base + "/readyz") == (503, "warming: 1 of 2 brokers\n")
+    finally:
+        metrics.close()
+
+
+def _open_idle(port: int, count: int) -> list[socket.socket]:
+    """`count` connections that never send a request (those the kernel does not queue fail)."""
+    opened = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.settimeout(0.2)
+        try:
+            sock.connect(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            continue
+        opened.append(sock)
+    return opened
+
+
+@pytest.mark.timeout(120)
+def test_idle_connections_hold_at_most_sixteen_threads_and_time_out():
+    # Issue 32 item 6: 3,000 idle connections made 3,004 threads. Now at most MAX_CONNECTIONS
+    # are served at once, and each is closed when its request has not come within the read
+    # timeout; then a scrape gets in.
+    from zns.drivers.metrics import MAX_CONNECTIONS
+
+    before = threading.active_count()
+    metrics = MetricsServer(Idle(), "127.0.0.1:0", heartbeat_interval=1.0,  # type: ignore[arg-type]
+                            read_timeout_s=1.0)
+    idle = _open_idle(metrics.port, 200)
+    try:
+        assert len(idle) >= MAX_CONNECTIONS  # the test did reach the bound
+        wait_for(lambda: metrics.connections() == MAX_CONNECTIONS)
+        peak = threading.active_count()
+        assert peak <= before + 1 + MAX_CONNECTIONS
+        # The idle ones are answered 408 and closed after the read timeout; a scrape gets in.
+        wait_for(lambda: get(f"http://127.0.0.1:{metrics.port}/healthz") == (200, "ok\n"))
+        timed_out = idle[0]
+        timed_out.settimeout(10)
+        assert timed_out.recv(100).startswith(b"HTTP/1.1 408 Request Timeout")
+    finally:
+        for sock in idle:
+            sock.close()
+        metrics.close()
+    wait_for(lambda: threading.active_count() <= before)
+
+
+@pytest.mark.timeout(60)
+def test_a_request_trickled_byte_by_byte_is_cut_at_the_read_timeout():
+    metrics = MetricsServer(Idle(), "127.0.0.1:0", heartbeat_interval=1.0,  # type: ignore[arg-type]
+                            read_timeout_s=1.0)
+    try:
+        with socket.create_connection(("127.0.0.1", metrics.port), timeout=10) as sock:
+            answer = b""
+            for byte in b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 100:
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:
+                    break
+                time.sleep(0.05)
+                sock.setblocking(False)
+                try:
+                    answer += sock.recv(100)
+                except BlockingIOError:
+                    pass
+                sock.setblocking(True)
+                if answer:
+                    break
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+    finally:
+        metrics.close()
+
+
+@pytest.mark.timeout(60)
+def test_out_of_descriptors_the_metrics_port_drops_new_connections_too():
+    from zns.drivers.descriptors import DescriptorGuard, RETRY_MS
+
+    guard = DescriptorGuard(1 << 20)
+    metrics = MetricsServer(Idle(), "127.0.0.1:0", heartbeat_interval=1.0,  # type: ignore[arg-type]
+                            descriptors=guard)
+    try:
+        assert metrics._listening in guard._listening()
+        guard.out_of_descriptors(metrics._listening, now=0)
+        with pytest.raises(OSError):  # the kernel drops the SYN: no answer
+            socket.create_connection(("127.0.0.1", metrics.port), timeout=0.5).close()
+        guard.tick(RETRY_MS)  # descriptors free again: the filter comes off
+        assert get(f"http://127.0.0.1:{metrics.port}/healthz") == (200, "ok\n")
+    finally:
+        metrics.close()
+        guard.close()
+    assert not guard.plain  # closed: no longer guarded

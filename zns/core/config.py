@@ -226,9 +226,13 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         "entry), as RocketMQ's orderMessageEnable. Off by default, as in RocketMQ: producers "
         "given it write to its queues whatever their perm.")] = False
     metrics: Annotated[str | None, _doc(
-        "Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9878) and liveness "
-        "at /healthz (needs prometheus_client: pip install prometheus_client). Off by default; "
-        "plain HTTP.", metavar="HOST:PORT", check="http_listen")] = None
+        "Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9878), liveness "
+        "at /healthz and readiness at /readyz (needs prometheus_client: pip install "
+        "prometheus_client). Off by default; plain HTTP.", metavar="HOST:PORT", check="http_listen")] = None
+    ready_grace_s: Annotated[float, Meta(ge=0), _doc(
+        "Seconds after start at most before /readyz says ready while brokers known before a "
+        "restart have not registered again (two of RocketMQ's 30 s registration periods).",
+        metavar="SECONDS")] = field(default=60.0, name="ready_grace")
     supervise: Annotated[bool, _doc(
         "Run the server in a child process and start a new one when it dies of a signal: "
         "libzmq 4.3.5 can be made to abort it (docs/operations.md). Needs fixed ports.")] = False

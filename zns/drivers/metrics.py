@@ -1,4 +1,5 @@
-"""`zns serve --metrics HOST:PORT`: Prometheus text at `/metrics`, liveness at `/healthz`.
+"""`zns serve --metrics HOST:PORT`: Prometheus text at `/metrics`, liveness at `/healthz`,
+readiness at `/readyz`; any other path is 404.
 
 The loop pays nothing for it: the core and the server keep plain integer counts
 (`NameService.ok_counts`, `error_counts`, `published`, `removals`; the server's
@@ -17,11 +18,10 @@ from __future__ import annotations
 
 import logging
 import socket
-import socketserver
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from zns import __version__
 from zns.core.addresses import parse_host_port, url_host
@@ -29,6 +29,7 @@ from zns.core.errors import ConfigError, UsageError
 from zns.core.remoting.constants import RequestCode, ResponseCode
 from zns.core.schema import tag_of
 from zns.core.service import NameService
+from zns.drivers.descriptors import DescriptorGuard, listen_tcp
 from zns.drivers.io_errors import configured
 from zns.drivers.kv_file import WriteTimes
 
@@ -52,6 +53,10 @@ class Observed(Protocol):
 
     def loop_age_s(self) -> float:
         """Seconds since the loop last completed a pass."""
+        ...
+
+    def ready(self) -> tuple[bool, str]:
+        """/readyz: (ready, why), zns.core.readiness."""
         ...
 
 
@@ -157,29 +162,32 @@ def _counter_by(family: Callable[..., Any], name: str, text: str, label: str,
     return metric
 
 
-class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a slow scraper never holds up shutdown
-
-
-class _ThreadingServer6(_ThreadingServer):
-    address_family = socket.AF_INET6  # socketserver's family is per class: IPv4 otherwise
-
-
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # one line per scrape: too many
-        pass
+# The budget of the HTTP endpoint (docs/operations.md, "Metrics"): at most MAX_CONNECTIONS
+# connections are served at once, each by a thread of its own that ends with it; while all
+# are busy no more are accepted (the kernel queues up to MAX_CONNECTIONS more, then drops
+# SYNs and the scraper retries). A request must arrive whole, head within MAX_HEAD_BYTES,
+# within READ_TIMEOUT_S of the connection being accepted; one reply per connection.
+MAX_CONNECTIONS = 16
+READ_TIMEOUT_S = 5.0
+MAX_HEAD_BYTES = 8192
+PATHS = ("/metrics", "/healthz", "/readyz")
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            408: "Request Timeout", 503: "Service Unavailable"}
 
 
 class MetricsServer:
-    """The HTTP endpoint, in threads of its own (`close()` stops them)."""
+    """The HTTP endpoint, in threads of its own (`close()` stops them): `/metrics`, `/healthz`
+    and `/readyz`, nothing else."""
 
-    def __init__(self, server: Observed, spec: str, *, heartbeat_interval: float) -> None:
+    def __init__(self, server: Observed, spec: str, *, heartbeat_interval: float,
+                 descriptors: DescriptorGuard | None = None,
+                 read_timeout_s: float = READ_TIMEOUT_S) -> None:
         try:
             host, port = parse_host_port(spec, schemes=("http",))
         except UsageError as exc:
             raise ConfigError(f"--metrics {exc}") from None
         try:
-            from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+            from prometheus_client import CollectorRegistry, ProcessCollector
         except ImportError:
             raise ConfigError(MISSING_LIBRARY) from None
         self.registry = CollectorRegistry()
@@ -189,32 +197,109 @@ class MetricsServer:
         # §healthz: a loop that has not completed a pass for two heartbeat intervals is
         # stuck (it passes at least once per interval to publish `hb`).
         self.stuck_after_s = 2 * heartbeat_interval
-        metrics_app = make_wsgi_app(self.registry)
-
-        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-            if environ.get("PATH_INFO") == "/healthz":
-                return self._health(start_response)
-            return metrics_app(environ, start_response)
-
+        self.read_timeout_s = read_timeout_s
         with configured(f"--metrics {spec}: cannot listen: "):  # EndpointError, a ConfigError
-            kind = _ThreadingServer6 if ":" in host else _ThreadingServer
-            self._httpd = make_server(host, port, app, kind, handler_class=_Quiet)
-        self.host, self.port = host, self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="zns-metrics",
+            self._listening = listen_tcp(host, port)
+        self._listening.listen(MAX_CONNECTIONS)
+        self._listening.setblocking(True)
+        # Inside the descriptor guard: when the process runs out of descriptors, new
+        # connections here are dropped by the kernel as on the ZNS/1 and remoting ports.
+        self._descriptors = descriptors
+        if descriptors is not None:
+            descriptors.plain.append(self._listening)
+        self.host, self.port = host, self._listening.getsockname()[1]
+        self._slots = threading.Semaphore(MAX_CONNECTIONS)
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, name="zns-metrics",
                                         daemon=True)
         self._thread.start()
         log.info("metrics on http://%s:%d/metrics, health on /healthz",
                  url_host(host), self.port)
 
-    def _health(self, start_response: Callable[..., Any]) -> list[bytes]:
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            self._slots.acquire()  # all busy: accept nothing more until one ends
+            try:
+                conn, _ = self._listening.accept()
+            except OSError as exc:
+                self._slots.release()
+                if self._closing.is_set():
+                    return
+                # EMFILE and the like: the descriptor guard sheds; do not spin meanwhile.
+                log.warning("--metrics: accept failed: %s", exc)
+                self._closing.wait(1.0)
+                continue
+            threading.Thread(target=self._serve_one, args=(conn,), name="zns-metrics-conn",
+                             daemon=True).start()
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                status, content_type, body = self._answer(self._read_head(conn))
+                head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}"
+                        f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+                conn.settimeout(self.read_timeout_s)
+                conn.sendall(head.encode() + body)
+        except OSError:
+            pass  # the scraper went away or stopped reading: nothing to tell it
+        finally:
+            self._slots.release()
+
+    def _read_head(self, conn: socket.socket) -> bytes | None:
+        """The request's head, or None when it did not arrive whole in time and in size."""
+        deadline = time.monotonic() + self.read_timeout_s
+        head = b""
+        while b"\r\n\r\n" not in head and b"\n\n" not in head:
+            left = deadline - time.monotonic()
+            if left <= 0 or len(head) > MAX_HEAD_BYTES:
+                return None
+            conn.settimeout(left)
+            try:
+                chunk = conn.recv(4096)
+            except TimeoutError:
+                return None
+            if not chunk:
+                return None
+            head += chunk
+        return head
+
+    def _answer(self, head: bytes | None) -> tuple[int, str, bytes]:
+        if head is None:
+            return 408, "text/plain", b"the request did not arrive whole in time\n"
+        parts = head.split(b"\r\n", 1)[0].split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return 400, "text/plain", b"not an HTTP request\n"
+        method, path = parts[0], parts[1].split(b"?", 1)[0].decode("latin-1")
+        if path not in PATHS:
+            return 404, "text/plain", f"not found: this server answers {', '.join(PATHS)}\n".encode()
+        if method != b"GET":
+            return 405, "text/plain", b"only GET\n"
+        if path == "/healthz":
+            return self._health()
+        if path == "/readyz":
+            ready, why = self._server.ready()
+            return (200 if ready else 503), "text/plain", why.encode() + b"\n"
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+
+    def _health(self) -> tuple[int, str, bytes]:
         age = self._server.loop_age_s()
         if age <= self.stuck_after_s:
-            start_response("200 OK", [("Content-Type", "text/plain")])
-            return [b"ok\n"]
-        start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
-        return [b"stuck: no loop pass for %.1f s\n" % age]
+            return 200, "text/plain", b"ok\n"
+        return 503, "text/plain", b"stuck: no loop pass for %.1f s\n" % age
+
+    def connections(self) -> int:
+        """Connections being served now (tests, diagnostics)."""
+        return sum(1 for t in threading.enumerate() if t.name == "zns-metrics-conn")
 
     def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._closing.set()
+        try:
+            self._listening.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        except OSError:
+            pass
+        self._slots.release()  # wakes an accept loop waiting for a free slot
         self._thread.join(5)
+        if self._descriptors is not None and self._listening in self._descriptors.plain:
+            self._descriptors.plain.remove(self._listening)
+        self._listening.close()

@@ -33,6 +33,7 @@ from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
 from zns.drivers.io_errors import configured
 from zns.drivers.heap import TRIM_AFTER_EVENTS, HeapTrim, glibc_malloc_trim
 from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
+from zns.core.readiness import Readiness
 from zns.core.subscriptions import SubscriptionBudget
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.metrics import MetricsServer
@@ -106,6 +107,8 @@ class Server:
             max_reply_bytes=self.reply_budget.burst,
         )
         self.state: state_file.StateWriter | None = None
+        # /readyz: no broker is expected until a restart's state hands some in (`expected`).
+        self.readiness = Readiness((), self._now(), round(config.ready_grace_s * 1000))
         self.router = self._ctx.socket(zmq.ROUTER)
         # An XPUB, not a PUB: it hands every subscription to the loop, which counts what
         # each connection holds (zns.drivers.subscribers); it publishes as a PUB does.
@@ -159,7 +162,8 @@ class Server:
                              urgent=[timers, self.outbox])
             if config.metrics:
                 self.metrics = MetricsServer(self, config.metrics,
-                                             heartbeat_interval=config.heartbeat_interval_s)
+                                             heartbeat_interval=config.heartbeat_interval_s,
+                                             descriptors=self.descriptors)
         except BaseException:
             self.close()  # a refused start (port in use, bad --peer) leaves nothing bound
             raise
@@ -218,6 +222,10 @@ class Server:
 
     def wake(self) -> None:
         self._waker.wake()
+
+    def ready(self) -> tuple[bool, str]:
+        """/readyz (thread-safe: membership tests of the route table's dicts)."""
+        return self.readiness.check(self._now(), self.service.table.has_address)
 
     def loop_age_s(self) -> float:
         """Seconds since the loop last completed a pass (thread-safe: one int read)."""
