@@ -25,9 +25,11 @@ from click.core import ParameterSource
 
 from zns.core.config import REQUIRED, Setting, load, settings
 from zns.core.errors import InvalidSetting
+from zns.core.namesrv_properties import parse_properties, translate
 
 C = TypeVar("C", bound=msgspec.Struct)
 FILE_OPTION = "config_file"
+NAMESRV_OPTION = "namesrv_config_file"
 
 
 class SettingError(click.ClickException):
@@ -36,10 +38,11 @@ class SettingError(click.ClickException):
     exit_code = 2
 
 
-def config_options(config: type[C], *, config_file: bool = True
+def config_options(config: type[C], *, config_file: bool = True, namesrv_file: bool = False
                    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a command `f(config, **rest)`: an option per field of `config` (and `--config
-    FILE` when `config_file`); `f` gets the validated `config` and the command's other options."""
+    FILE` when `config_file`, `--namesrv-config FILE` when `namesrv_file`); `f` gets the
+    validated `config` and the command's other options."""
     fields = settings(config)
     file_env = getattr(config, "ENV_PREFIX", "ZNS_") + "CONFIG"
 
@@ -49,6 +52,9 @@ def config_options(config: type[C], *, config_file: bool = True
             ctx = click.get_current_context()
             path = kwargs.pop(FILE_OPTION, None)
             from_file = _read_toml(path, fields) if path else {}
+            java_path = kwargs.pop(NAMESRV_OPTION, None)
+            if java_path:  # the TOML file's keys win over the Java file's
+                from_file = {**_read_namesrv_properties(java_path), **from_file}
             given: dict[str, Any] = {}
             origin: dict[str, str] = {}
             for setting in fields:
@@ -77,6 +83,14 @@ def config_options(config: type[C], *, config_file: bool = True
                 "--config", FILE_OPTION, type=click.Path(dir_okay=False), envvar=file_env,
                 help="TOML file with any of these options as keys (name = value; "
                      "kv_path or kv-path).",
+            )(decorated)
+        if namesrv_file:
+            decorated = click.option(
+                "--namesrv-config", NAMESRV_OPTION, type=click.Path(dir_okay=False),
+                envvar=file_env.replace("CONFIG", "NAMESRV_CONFIG"),
+                help="The Java NameServer's properties file (mqnamesrv -c FILE): implies "
+                     "--rocketmq; listenPort, bindAddress, kvConfigPath and orderMessageEnable "
+                     "are served, every other key is named as ignored or refused.",
             )(decorated)
         return decorated
 
@@ -138,3 +152,20 @@ def _read_toml(path: str, fields: list[Setting]) -> dict[str, tuple[Any, str]]:
             value = [value]  # `peer = "tcp://..."`: one
         found[setting.name] = (value, f"{path}: {key}")
     return found
+
+
+def _read_namesrv_properties(path: str) -> dict[str, tuple[Any, str]]:
+    """(value, origin) by field name from the Java NameServer's properties file; a line on
+    stderr for each key not served as such; a key refused: one line, exit 2."""
+    try:
+        with open(path, encoding="latin-1") as f:  # Java's Properties.load reads ISO-8859-1
+            properties = parse_properties(f.read())
+    except OSError as exc:
+        raise SettingError(f"cannot read {path}: {exc}") from None
+    try:
+        found = translate(properties, warn=lambda line: click.echo(f"{path}: {line}", err=True))
+    except InvalidSetting as exc:
+        raise SettingError(f"{path}: {exc.problem}") from None
+    origin = {"remoting": "listenPort", "kv_path": "kvConfigPath",
+              "order_message_enable": "orderMessageEnable", "rocketmq": "listenPort"}
+    return {name: (value, f"{path}: {origin[name]}") for name, value in found.items()}

@@ -19,7 +19,7 @@ from zns.drivers.supervisor import supervise
 
 
 @click.command()
-@config_options(ServerConfig)
+@config_options(ServerConfig, namesrv_file=True)
 def serve(config: ServerConfig) -> None:
     """Run a NameServer until SIGTERM or Ctrl-C.
 

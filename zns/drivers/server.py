@@ -33,9 +33,11 @@ from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
 from zns.drivers.io_errors import configured
 from zns.drivers.heap import TRIM_AFTER_EVENTS, HeapTrim, glibc_malloc_trim
 from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
+from zns.core.handshakes import HandshakeWatch
 from zns.core.readiness import Readiness
 from zns.core.subscriptions import SubscriptionBudget
 from zns.drivers.logs import install_repeat_filter
+from zns.drivers.handshakes import HANDSHAKE_EVENTS, HandshakeLog
 from zns.drivers.metrics import MetricsServer
 from zns.drivers.loop import Loop, Outbox, PollSet, Ready, Source
 from zns.drivers.remoting_listener import RemotingListener
@@ -107,6 +109,9 @@ class Server:
             max_reply_bytes=self.reply_budget.burst,
         )
         self.state: state_file.StateWriter | None = None
+        # A RocketMQ client or a mismatched ZeroMQ client at the request port: one warning.
+        self.handshakes = HandshakeLog(
+            HandshakeWatch(config.router, curve=self.security is not None), self._now)
         # /readyz: no broker is expected until a restart's state hands some in (`expected`).
         self.readiness = Readiness((), self._now(), round(config.ready_grace_s * 1000))
         self.router = self._ctx.socket(zmq.ROUTER)
@@ -128,7 +133,9 @@ class Server:
         try:
             self.state = self._restore_state(config)  # before anything is served
             self._configure_sockets()
-            self.router_endpoint = self._bind(self.router, config.router)
+            self.router_endpoint = self._bind(self.router, config.router,
+                                              self.handshakes.on_event, HANDSHAKE_EVENTS)
+            self.handshakes.watch.port = self.router_endpoint
             self.pub_endpoint = self._bind(self.pub, config.pub, self.subscribers.on_monitor_event,
                                            SUBSCRIBER_EVENTS)
             if self.security is not None:
