@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from helpers import Peer, ThreadedServer, records_here, register_fields, wait_for
+from helpers import Peer, ThreadedServer, records_here, register_fields, wait_for, zns1_ok
 from zns.cli import main as zns_main
 from zns.core.errors import ConfigError, EndpointError
 from zns.core.service import NameService
 from zns.drivers.logs import JsonFormatter
+from zns.core.latency import LatencyHistogram
 from zns.drivers.kv_file import WriteTimes
 from zns.drivers.metrics import MetricsServer, _Collector
 
@@ -273,6 +274,13 @@ HELP = {
     "zns_kv_writes": "Durable KV writes (append and fsync)",
     "zns_kv_write_seconds": "Seconds one durable KV write (append and fsync) took",
     "zns_peer_connected": "1 while the peer NameServer answers",
+    "zns_request_seconds": "Seconds the loop took to answer one request, by protocol (zns1, "
+                           "remoting) and op (ZNS/1 op or remoting request code name)",
+    **{name: "Seconds since each live broker address was last heard, as a distribution"
+       for name in ("zns_broker_heartbeat_age_seconds", "zns_broker_heartbeat_age_seconds_gcount",
+                    "zns_broker_heartbeat_age_seconds_gsum")},
+    "zns_broker_heartbeat_age_max_seconds": "Seconds since the longest-silent live broker "
+                                            "address was last heard (0 with none)",
 }
 
 
@@ -351,6 +359,11 @@ class Idle(AgedLoop):
         self.timers = type("Timers", (), {"stalls": 0})()
         self.remoting = None
         self.dropped_replies = 0
+        self.request_times = LatencyHistogram()
+        self.clock_ms = 0
+
+    def now_ms(self) -> int:
+        return self.clock_ms
 
 
 def collected(server: Idle) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -544,3 +557,50 @@ def test_out_of_descriptors_the_metrics_port_drops_new_connections_too():
         metrics.close()
         guard.close()
     assert not guard.plain  # closed: no longer guarded
+
+
+@pytest.mark.timeout(60)
+def test_request_latency_is_a_histogram_by_protocol_and_op(make_server):
+    from test_remoting_listener import Client
+    from zns.core.remoting import RemotingCommand
+
+    srv = make_server(metrics="http://127.0.0.1:0", remoting="127.0.0.1:0")
+    peer = srv.peer()
+    for _ in range(3):
+        peer.ok("status")
+    peer.call("no_such_op")  # an op no one knows: one label, "unknown"
+    client = Client(srv.server.remoting.endpoint)
+    try:
+        client.call(RemotingCommand(code=106))  # GET_BROKER_CLUSTER_INFO
+        m = wait_for(lambda: (m := scrape(srv)).get(
+            ("zns_request_seconds_count", (("op", "GET_BROKER_CLUSTER_INFO"),
+                                           ("protocol", "remoting")))) and m)
+        assert m["zns_request_seconds_count", (("op", "status"), ("protocol", "zns1"))] == 3
+        assert m["zns_request_seconds_bucket", (("le", "+Inf"), ("op", "status"),
+                                                ("protocol", "zns1"))] == 3
+        assert ("zns_request_seconds_count", (("op", "unknown"), ("protocol", "zns1"))) in m
+    finally:
+        client.close()
+
+
+def test_request_labels_are_bounded():
+    from zns.core.latency import MAX_LABELS
+
+    times = LatencyHistogram()
+    for n in range(MAX_LABELS + 50):
+        times.observe(f"zns1:op{n}", 0.001)
+    assert len(times.counts) == MAX_LABELS + 1 and sum(times.counts["other"]) == 50
+
+
+def test_heartbeat_ages_are_a_distribution_and_a_maximum_without_a_label_per_broker():
+    server = Idle()
+    for n, heard_at in enumerate((1_000, 5_000, 9_500)):
+        zns1_ok(server.service, "register_broker", now=heard_at,
+                **register_fields(broker_name=f"b{n}", addr=f"10.0.0.{n}:10911"))
+    server.clock_ms = 10_000
+    m = collected(server)
+    buckets = {labels[0][1]: value for (name, labels), value in m.items()
+               if name == "zns_broker_heartbeat_age_seconds_bucket"}
+    assert (buckets["1.0"], buckets["5.0"], buckets["10.0"], buckets["+Inf"]) == (1, 2, 3, 3)
+    assert m["zns_broker_heartbeat_age_max_seconds", ()] == 9.0
+    assert m["zns_broker_heartbeat_age_seconds_gsum", ()] == 9.0 + 5.0 + 0.5

@@ -95,7 +95,7 @@ class TextFormatter(logging.Formatter):
     """PLAIN_FORMAT with the time in UTC, ISO 8601 with milliseconds and a `Z`, as the JSON
     format's: lines from hosts in several zones (or across a DST change) sort and compare."""
 
-    converter = time.gmtime
+    converter = staticmethod(time.gmtime)
     default_time_format = "%Y-%m-%dT%H:%M:%S"
     default_msec_format = "%s.%03dZ"
 

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from zns import __version__
 from zns.core.addresses import parse_host_port, url_host
 from zns.core.errors import ConfigError, UsageError
+from zns.core.latency import AGE_BOUNDS, BOUNDS, LatencyHistogram, age_buckets
 from zns.core.remoting.constants import RequestCode, ResponseCode
 from zns.core.schema import tag_of
 from zns.core.service import NameService
@@ -59,6 +60,15 @@ class Observed(Protocol):
         """/readyz: (ready, why), zns.core.readiness."""
         ...
 
+    def now_ms(self) -> int:
+        """The server's clock, in ms (the heartbeats' ages are measured with it)."""
+        ...
+
+    @property
+    def request_times(self) -> LatencyHistogram:
+        """How long the core took to answer each request, by kind."""
+        ...
+
 
 class _Collector:
     """Builds every zns metric family from the server's counts at scrape time."""
@@ -72,6 +82,7 @@ class _Collector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import (
             CounterMetricFamily,
+            GaugeHistogramMetricFamily,
             GaugeMetricFamily,
             HistogramMetricFamily,
             InfoMetricFamily,
@@ -126,11 +137,45 @@ class _Collector:
         yield HistogramMetricFamily(
             "zns_kv_write_seconds", "Seconds one durable KV write (append and fsync) took",
             buckets=buckets, sum_value=times.total_seconds)
+        yield _request_seconds(HistogramMetricFamily, server.request_times)
+        yield from _heartbeat_ages(server, GaugeHistogramMetricFamily, GaugeMetricFamily)
         peers = GaugeMetricFamily("zns_peer_connected", "1 while the peer NameServer answers",
                                   labels=["peer"])
         for peer, up in dict(service.peers).items():
             peers.add_metric([peer], 1 if up else 0)
         yield peers
+
+
+def _request_seconds(family: Callable[..., Any], times: LatencyHistogram) -> Any:
+    """`zns_request_seconds{protocol, op}`: how long the loop took to answer one request."""
+    metric = family("zns_request_seconds", "Seconds the loop took to answer one request, by "
+                    "protocol (zns1, remoting) and op (ZNS/1 op or remoting request code name)",
+                    labels=["protocol", "op"])
+    bounds = [*map(str, BOUNDS), "+Inf"]
+    for label, counts in sorted(dict(times.counts).items()):
+        running, buckets = 0, []
+        for bound, count in zip(bounds, list(counts)):
+            running += count
+            buckets.append((bound, running))
+        protocol, _, op = label.partition(":")
+        metric.add_metric([protocol, op or protocol], buckets, times.sums.get(label, 0.0))
+    return metric
+
+
+def _heartbeat_ages(server: Observed, histogram: Callable[..., Any],
+                    gauge: Callable[..., Any]) -> Iterator[Any]:
+    """The age of every live broker address's last heartbeat, as a distribution (no label per
+    broker: its size is fixed whatever the number of brokers) and its largest value."""
+    counts, total, largest = age_buckets(server.service.table.last_heartbeats(), server.now_ms())
+    running, buckets = 0, []
+    for bound, count in zip([*map(str, AGE_BOUNDS), "+Inf"], counts):
+        running += count
+        buckets.append((bound, running))
+    yield histogram("zns_broker_heartbeat_age_seconds", "Seconds since each live broker "
+                    "address was last heard, as a distribution", buckets=buckets,
+                    gsum_value=total)
+    yield gauge("zns_broker_heartbeat_age_max_seconds", "Seconds since the longest-silent live "
+                "broker address was last heard (0 with none)", value=largest)
 
 
 REQUEST_NAMES = {int(c): c.name for c in RequestCode}

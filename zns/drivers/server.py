@@ -34,11 +34,13 @@ from zns.drivers.io_errors import configured
 from zns.drivers.heap import TRIM_AFTER_EVENTS, HeapTrim, glibc_malloc_trim
 from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
 from zns.core.handshakes import HandshakeWatch
+from zns.core.latency import LatencyHistogram
 from zns.core.readiness import Readiness
 from zns.core.subscriptions import SubscriptionBudget
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.handshakes import HANDSHAKE_EVENTS, HandshakeLog
 from zns.drivers.metrics import MetricsServer
+from zns.drivers.request_times import timed_remoting, timed_service
 from zns.drivers.loop import Loop, Outbox, PollSet, Ready, Source
 from zns.drivers.remoting_listener import RemotingListener
 from zns.drivers.request_router import MAX_ENVELOPE_FRAMES, TCP_TIMEOUT_MS, RequestRouter
@@ -120,8 +122,10 @@ class Server:
         self.pub = self._ctx.socket(zmq.XPUB)
         self.subscribers = Subscribers(self.pub, SubscriptionBudget(), freed=self._subscriptions_freed)
         self.outbox = Outbox(self._send_event, self.heap.published)
+        self.request_times = LatencyHistogram()  # zns_request_seconds
         self.requests = RequestRouter(
-            self.router, self.service, self.outbox, clock=self._now,
+            self.router, timed_service(self.service, self.request_times), self.outbox,
+            clock=self._now,
             max_message_bytes=config.max_message_bytes, reply_budget=self.reply_budget,
             with_key=self.security is not None,
         )
@@ -234,6 +238,10 @@ class Server:
         """/readyz (thread-safe: membership tests of the route table's dicts)."""
         return self.readiness.check(self._now(), self.service.table.has_address)
 
+    def now_ms(self) -> int:
+        """The server's clock (thread-safe)."""
+        return self._now()
+
     def loop_age_s(self) -> float:
         """Seconds since the loop last completed a pass (thread-safe: one int read)."""
         return max(0, self._now() - self.last_pass_ms) / 1000
@@ -268,7 +276,7 @@ class Server:
                 keyless=self.security.check_keyless if self.security is not None else None,
             )
             listener = RemotingListener(
-                endpoint, service, now=self._now(), descriptors=self.descriptors,
+                endpoint, timed_remoting(service, self.request_times), now=self._now(), descriptors=self.descriptors,
                 outbox=self.outbox, clock=self._now,
                 max_frame_bytes=config.max_message_bytes,
                 max_connections=config.remoting_max_connections,
