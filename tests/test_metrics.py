@@ -281,6 +281,12 @@ HELP = {
                     "zns_broker_heartbeat_age_seconds_gsum")},
     "zns_broker_heartbeat_age_max_seconds": "Seconds since the longest-silent live broker "
                                             "address was last heard (0 with none)",
+    "zns_healthy": "1 while /healthz answers 200 (the loop completes passes), else 0",
+    "zns_ready": "1 once /readyz answers 200 (routes warm), else 0",
+    "zns_remoting_max_connections": "Remoting connections allowed at once (after the "
+                                    "open-file limit's clamp; 0 with no listener)",
+    "zns_event_subscribers_cut": "Events subscribers disconnected for what their "
+                                 "subscriptions cost",
 }
 
 
@@ -361,6 +367,7 @@ class Idle(AgedLoop):
         self.dropped_replies = 0
         self.request_times = LatencyHistogram()
         self.clock_ms = 0
+        self.subscribers = type("Subscribers", (), {"budget": type("Budget", (), {"cut": 0})()})()
 
     def now_ms(self) -> int:
         return self.clock_ms
@@ -604,3 +611,15 @@ def test_heartbeat_ages_are_a_distribution_and_a_maximum_without_a_label_per_bro
     assert (buckets["1.0"], buckets["5.0"], buckets["10.0"], buckets["+Inf"]) == (1, 2, 3, 3)
     assert m["zns_broker_heartbeat_age_max_seconds", ()] == 9.0
     assert m["zns_broker_heartbeat_age_seconds_gsum", ()] == 9.0 + 5.0 + 0.5
+
+
+def test_health_readiness_and_the_remoting_limit_are_series_for_alerts():
+    server = Idle()
+    m = collected(server)
+    assert (m["zns_healthy", ()], m["zns_ready", ()]) == (1, 1)
+    assert m["zns_remoting_max_connections", ()] == 0  # no listener
+    assert m["zns_event_subscribers_cut_total", ()] == 0
+    server.readiness = (False, "warming")
+    server.remoting = type("Listener", (), {"connections": {}, "max_connections": 77})()
+    m = collected(server)
+    assert (m["zns_ready", ()], m["zns_remoting_max_connections", ()]) == (0, 77)

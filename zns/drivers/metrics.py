@@ -45,7 +45,8 @@ class Observed(Protocol):
 
     service: NameService
     timers: Any  # .stalls
-    remoting: Any  # None, or .connections
+    remoting: Any  # None, or .connections and .max_connections
+    subscribers: Any  # .budget.cut
 
     @property
     def dropped_replies(self) -> int:
@@ -73,8 +74,13 @@ class Observed(Protocol):
 class _Collector:
     """Builds every zns metric family from the server's counts at scrape time."""
 
-    def __init__(self, server: Observed) -> None:
+    def __init__(self, server: Observed, stuck_after_s: float = float("inf")) -> None:
         self.server = server
+        self.stuck_after_s = stuck_after_s
+
+    def healthy(self) -> bool:
+        """What /healthz says: a loop pass within `stuck_after_s`."""
+        return self.server.loop_age_s() <= self.stuck_after_s
 
     def describe(self) -> Iterable[Any]:
         return []  # no description pass: collect() is cheap and always right
@@ -137,6 +143,17 @@ class _Collector:
         yield HistogramMetricFamily(
             "zns_kv_write_seconds", "Seconds one durable KV write (append and fsync) took",
             buckets=buckets, sum_value=times.total_seconds)
+        yield GaugeMetricFamily("zns_healthy", "1 while /healthz answers 200 (the loop completes "
+                                "passes), else 0", value=1 if self.healthy() else 0)
+        yield GaugeMetricFamily("zns_ready", "1 once /readyz answers 200 (routes warm), else 0",
+                                value=1 if server.ready()[0] else 0)
+        listener = server.remoting
+        yield GaugeMetricFamily("zns_remoting_max_connections", "Remoting connections allowed "
+                                "at once (after the open-file limit's clamp; 0 with no listener)",
+                                value=listener.max_connections if listener is not None else 0)
+        yield CounterMetricFamily("zns_event_subscribers_cut", "Events subscribers disconnected "
+                                  "for what their subscriptions cost", value=server.subscribers
+                                  .budget.cut)
         yield _request_seconds(HistogramMetricFamily, server.request_times)
         yield from _heartbeat_ages(server, GaugeHistogramMetricFamily, GaugeMetricFamily)
         peers = GaugeMetricFamily("zns_peer_connected", "1 while the peer NameServer answers",
@@ -237,11 +254,11 @@ class MetricsServer:
             raise ConfigError(MISSING_LIBRARY) from None
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
-        self.registry.register(_Collector(server))
-        self._server = server
         # §healthz: a loop that has not completed a pass for two heartbeat intervals is
         # stuck (it passes at least once per interval to publish `hb`).
         self.stuck_after_s = 2 * heartbeat_interval
+        self.registry.register(_Collector(server, self.stuck_after_s))
+        self._server = server
         self.read_timeout_s = read_timeout_s
         with configured(f"--metrics {spec}: cannot listen: "):  # EndpointError, a ConfigError
             self._listening = listen_tcp(host, port)
