@@ -107,7 +107,10 @@ def _invalid(exc: InvalidSetting, fields: list[Setting], origin: dict[str, str])
         return f"Missing option '{setting.option}' (or {setting.env}, or the config key {setting.name})"
     where = origin.get(exc.name, setting.option)
     source = "" if where == setting.option else f" (from {where})"
-    return f"Invalid value for '{setting.option}'{source}: {exc.problem}"
+    problem = exc.problem
+    if setting.choices and problem.startswith("Invalid enum value"):
+        problem += f"; one of {', '.join(setting.choices)} (any case)"
+    return f"Invalid value for '{setting.option}'{source}: {problem}"
 
 
 def _option(setting: Setting) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
