@@ -105,3 +105,33 @@ def test_a_kv_path_in_a_missing_directory_says_it_will_create_it(tmp_path: Path,
             "creates it"]
     finally:
         srv.stop()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("doc", ["README.md", "docs/security.md"])
+def test_the_curve_recipe_runs_as_pasted(doc: str, tmp_path: Path):
+    # Issue 34 item 5: step 3 failed as pasted (keys/admins was never created).
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / doc).read_text()
+    block = next(m[1] for m in re.finditer(r"```sh\n(.*?)```", text, re.S)
+                 if "zns keygen keys/server ns" in m[1])
+    script = block.replace("\\\n", " ")
+    keygen = [line for line in script.splitlines() if line.startswith("zns keygen")]
+    (serve,) = [line for line in script.splitlines() if line.startswith("zns serve")]
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    for line in keygen:
+        subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, check=True, timeout=60,
+                       capture_output=True)
+    ports = "--router tcp://127.0.0.1:* --pub tcp://127.0.0.1:* --kv-path kv.log"
+    server = subprocess.Popen(["bash", "-c", f"exec {serve.split('#')[0]} {ports}"],
+                              cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr is not None
+        for line in server.stderr:
+            assert "Error" not in line, line
+            if "serving requests on" in line:
+                break
+    finally:
+        server.terminate()
+        assert server.wait(30) == 0
