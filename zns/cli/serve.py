@@ -7,6 +7,8 @@ by `--config`; the command line wins over the environment, which wins over the f
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from zns.cli.options import config_options
@@ -16,6 +18,8 @@ from zns.drivers.logs import configure_logging
 from zns.drivers.security import write_keypair
 from zns.drivers.server import Server
 from zns.drivers.supervisor import supervise
+
+log = logging.getLogger("zns")
 
 
 @click.command()
@@ -33,6 +37,8 @@ def serve(config: ServerConfig) -> None:
 
 
 def _serve(config: ServerConfig) -> None:
+    if config.kv_path:  # `make run` keeps ~/.zns/kv.log from one experiment to the next
+        log.info("KV store in %s, kept across restarts (--kv-path for another)", config.kv_path)
     try:
         server = Server(config)
     except ConfigError as exc:
