@@ -84,3 +84,17 @@ def test_a_refused_key_is_one_line_exit_2_and_an_unreadable_file_too(tmp_path: P
     result = CliRunner().invoke(zns_main, ["serve", "--namesrv-config", str(tmp_path / "no")])
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert "cannot read" in result.output
+
+
+def test_the_java_file_given_as_the_toml_config_is_recognised(tmp_path: Path):
+    # Issue 34 item 1: `zns serve --config namesrv.properties` said only "Invalid value (at
+    # line 2, column 14)".
+    java = tmp_path / "namesrv.properties"
+    java.write_text("listenPort=9876\nkvConfigPath=/x/kv.json\n")
+    result = CliRunner().invoke(zns_main, ["serve", "--config", str(java)])
+    assert result.exit_code == 2
+    assert result.output.endswith("(it looks like the Java NameServer's properties file: give "
+                                  "it with --namesrv-config)\n")
+    other = tmp_path / "broken.toml"
+    other.write_text("router = \n")
+    assert "namesrv" not in CliRunner().invoke(zns_main, ["serve", "--config", str(other)]).output

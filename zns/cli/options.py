@@ -25,7 +25,7 @@ from click.core import ParameterSource
 
 from zns.core.config import REQUIRED, Setting, load, settings
 from zns.core.errors import InvalidSetting
-from zns.core.namesrv_properties import parse_properties, translate
+from zns.core.namesrv_properties import KEYS, parse_properties, translate
 
 C = TypeVar("C", bound=msgspec.Struct)
 FILE_OPTION = "config_file"
@@ -139,8 +139,14 @@ def _read_toml(path: str, fields: list[Setting]) -> dict[str, tuple[Any, str]]:
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
         raise SettingError(f"cannot read {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        hint = ""
+        if _looks_like_namesrv_properties(path):
+            hint = (" (it looks like the Java NameServer's properties file: give it with "
+                    "--namesrv-config)")
+        raise SettingError(f"cannot read {path}: {exc}{hint}") from None
     spelled: dict[str, Setting] = {}
     for each in fields:
         spelled[each.name] = spelled[each.option[2:].replace("-", "_")] = each
@@ -172,3 +178,13 @@ def _read_namesrv_properties(path: str) -> dict[str, tuple[Any, str]]:
     origin = {"remoting": "listenPort", "kv_path": "kvConfigPath",
               "order_message_enable": "orderMessageEnable", "rocketmq": "listenPort"}
     return {name: (value, f"{path}: {origin[name]}") for name, value in found.items()}
+
+
+def _looks_like_namesrv_properties(path: str) -> bool:
+    """A file that is not TOML but whose keys are NamesrvConfig/NettyServerConfig keys."""
+    try:
+        with open(path, encoding="latin-1") as f:
+            keys = parse_properties(f.read())
+    except OSError:
+        return False
+    return bool(keys) and any(key in KEYS for key in keys)
