@@ -554,8 +554,8 @@ def test_out_of_descriptors_the_metrics_port_drops_new_connections_too():
     metrics = MetricsServer(Idle(), "127.0.0.1:0", heartbeat_interval=1.0,  # type: ignore[arg-type]
                             descriptors=guard)
     try:
-        assert metrics._listening in guard._listening()
-        guard.out_of_descriptors(metrics._listening, now=0)
+        assert metrics.listening in guard.plain
+        guard.out_of_descriptors(metrics.listening, now=0)
         with pytest.raises(OSError):  # the kernel drops the SYN: no answer
             socket.create_connection(("127.0.0.1", metrics.port), timeout=0.5).close()
         guard.tick(RETRY_MS)  # descriptors free again: the filter comes off

@@ -37,12 +37,12 @@ def serve(config: ServerConfig) -> None:
 
 
 def _serve(config: ServerConfig) -> None:
-    if config.kv_path:  # `make run` keeps ~/.zns/kv.log from one experiment to the next
-        log.info("KV store in %s, kept across restarts (--kv-path for another)", config.kv_path)
     try:
         server = Server(config)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    if config.kv_path:  # `make run` keeps ~/.zns/kv.log from one experiment to the next
+        log.info("KV store in %s, kept across restarts (--kv-path for another)", config.kv_path)
     server.run()
 
 

@@ -261,15 +261,15 @@ class MetricsServer:
         self._server = server
         self.read_timeout_s = read_timeout_s
         with configured(f"--metrics {spec}: cannot listen: "):  # EndpointError, a ConfigError
-            self._listening = listen_tcp(host, port)
-        self._listening.listen(MAX_CONNECTIONS)
-        self._listening.setblocking(True)
+            self.listening = listen_tcp(host, port)
+        self.listening.listen(MAX_CONNECTIONS)
+        self.listening.setblocking(True)
         # Inside the descriptor guard: when the process runs out of descriptors, new
         # connections here are dropped by the kernel as on the ZNS/1 and remoting ports.
         self._descriptors = descriptors
         if descriptors is not None:
-            descriptors.plain.append(self._listening)
-        self.host, self.port = host, self._listening.getsockname()[1]
+            descriptors.plain.append(self.listening)
+        self.host, self.port = host, self.listening.getsockname()[1]
         self._slots = threading.Semaphore(MAX_CONNECTIONS)
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name="zns-metrics",
@@ -282,7 +282,7 @@ class MetricsServer:
         while not self._closing.is_set():
             self._slots.acquire()  # all busy: accept nothing more until one ends
             try:
-                conn, _ = self._listening.accept()
+                conn, _ = self.listening.accept()
             except OSError as exc:
                 self._slots.release()
                 if self._closing.is_set():
@@ -357,11 +357,11 @@ class MetricsServer:
     def close(self) -> None:
         self._closing.set()
         try:
-            self._listening.shutdown(socket.SHUT_RDWR)  # wakes the accept
+            self.listening.shutdown(socket.SHUT_RDWR)  # wakes the accept
         except OSError:
             pass
         self._slots.release()  # wakes an accept loop waiting for a free slot
         self._thread.join(5)
-        if self._descriptors is not None and self._listening in self._descriptors.plain:
-            self._descriptors.plain.remove(self._listening)
-        self._listening.close()
+        if self._descriptors is not None and self.listening in self._descriptors.plain:
+            self._descriptors.plain.remove(self.listening)
+        self.listening.close()
