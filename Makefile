@@ -81,8 +81,8 @@ $(VENV)/.mutate-installed: $(STAMP)
 mutate: $(VENV)/.mutate-installed
 	nice -n 19 $(BIN)/python tools/mutate.py $(MUTATE_ARGS)
 
-# Every benchmark (about 10 minutes): prints a table, writes bench/results.md and .json.
-# BENCH_ARGS="--quick" for a smoke run, or names to run only some (e.g. "scale").
+# Every benchmark: prints a table, writes bench/results.md and .json. BENCH_ARGS="--quick"
+# for a smoke run (under 4 minutes on 2 cores), or names to run only some (e.g. "scale").
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
