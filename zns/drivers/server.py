@@ -114,7 +114,7 @@ class Server:
         # A RocketMQ client or a mismatched ZeroMQ client at the request port: one warning.
         self.handshakes = HandshakeLog(
             HandshakeWatch(config.router, curve=self.security is not None), self._now)
-        # /readyz: no broker is expected until a restart's state hands some in (`expected`).
+        # /readyz: no broker is expected unless a state dump is restored (_restore_state).
         self.readiness = Readiness((), self._now(), round(config.ready_grace_s * 1000))
         self.router = self._ctx.socket(zmq.ROUTER)
         # An XPUB, not a PUB: it hands every subscription to the loop, which counts what
@@ -235,8 +235,14 @@ class Server:
         self._waker.wake()
 
     def ready(self) -> tuple[bool, str]:
-        """/readyz (thread-safe: membership tests of the route table's dicts)."""
-        return self.readiness.check(self._now(), self.service.table.has_address)
+        """/readyz (thread-safe: lookups in the route table's dicts)."""
+        return self.readiness.check(self._now(), self._settled)
+
+    def _settled(self, cluster: str, addr: str) -> bool:
+        """A broker address restored from the state dump has registered or heartbeated since
+        (confirmed), or is gone (it did not, and was removed as not_confirmed)."""
+        live = self.service.table.liveness(cluster, addr)
+        return live is None or live.confirm_by is None
 
     def now_ms(self) -> int:
         """The server's clock (thread-safe)."""
@@ -315,6 +321,10 @@ class Server:
                 log.error("state dump %s ignored, starting with no routes: %s", path, exc)
             else:
                 table = self.service.table
+                # /readyz waits for each restored address to register again (or go).
+                self.readiness = Readiness(
+                    [(a.cluster, a.addr) for a in dump.table.addresses], self._now(),
+                    round(config.ready_grace_s * 1000))
                 age_s = max(0, self._wall_ms() - dump.written_ms) / 1000
                 log.info("restored %d broker names and %d topics from %s (written %.1f s ago); "
                          "each broker is removed unless it registers again (reason "
