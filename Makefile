@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test mutate rocketmq-jars agent-jar bench demo demo-peers clean
+.PHONY: run test mutate rocketmq-jars agent-jar monitoring-tools bench demo demo-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ run: $(STAMP)
 # finish it in about half the time. TEST_WORKERS=0 runs it in this process. Files are handed
 # out longest first (tests/conftest.py's LONGEST_FIRST), not xdist's most-tests-first.
 TEST_WORKERS ?= 2
-test: $(STAMP) rocketmq-jars agent-jar
+test: $(STAMP) rocketmq-jars agent-jar monitoring-tools
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The real RocketMQ jars for tests/interop (4.9.7, 5.3.3, 5.5.0: the version matrix), fetched
@@ -39,6 +39,22 @@ rocketmq-jars:
 			echo "rocketmq-jars: no class-data archives; the JVMs start without them" >&2; \
 	else \
 		echo "rocketmq-jars: no JDK/Maven on PATH; the interop tests will skip" >&2; \
+	fi
+
+# promtool, for tests/test_monitoring.py (the alert rules and the dashboard's queries): from
+# Debian's prometheus package, installed here when it is missing and this is root on a system
+# with apt-get (a minute, once; nothing when present). Otherwise those tests skip, unless
+# ZNS_REQUIRE_INTEROP=1.
+monitoring-tools:
+	@if ! command -v promtool >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "monitoring-tools: installing Debian's prometheus package for promtool" >&2; \
+			{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+				--no-install-recommends prometheus; } >/dev/null 2>&1 || \
+				echo "monitoring-tools: could not install prometheus; the promtool tests will skip" >&2; \
+		else \
+			echo "monitoring-tools: no promtool; the promtool tests will skip" >&2; \
+		fi; \
 	fi
 
 # zns-agent.jar (agent/, README "Pushed routes for existing Java applications"), built by
@@ -65,8 +81,8 @@ $(VENV)/.mutate-installed: $(STAMP)
 mutate: $(VENV)/.mutate-installed
 	nice -n 19 $(BIN)/python tools/mutate.py $(MUTATE_ARGS)
 
-# Every benchmark (about 10 minutes): prints a table, writes bench/results.md and .json.
-# BENCH_ARGS="--quick" for a smoke run, or names to run only some (e.g. "scale").
+# Every benchmark: prints a table, writes bench/results.md and .json. BENCH_ARGS="--quick"
+# for a smoke run (under 4 minutes on 2 cores), or names to run only some (e.g. "scale").
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 

@@ -266,6 +266,7 @@ class _Measured:
 
     def __init__(self, config: RunConfig, tag: str, limits: Limits, probe: bool = True) -> None:
         self.server: ServerProcess = start_zns(config.workdir / tag, *_server_args(limits))
+        self.limits = limits
         self.session = Session(self.server.router)
         # These requests are heavy by design: on a loaded machine one may take longer than
         # the harness's usual reply timeout, which would end the run rather than measure it.
@@ -298,11 +299,13 @@ class _Measured:
         self.session.call("status")
         self.out.registered_mib = _mib(self.server.rss_kib() - self.rss0)
         sent = time.monotonic()
-        for first in range(0, len(topics), READ_PART):
+        # Never more topics than one request may list (--quick's limit is 200).
+        part = min(READ_PART, self.limits.max_topics_per_request)
+        for first in range(0, len(topics), part):
             # A reply the peer's byte budget cannot afford now is `busy`, but the routes
             # were read (and their bytes kept) all the same: that is what is measured.
             reply = schema.decode_reply(self.session.call_raw(request(
-                "get_routes", id=8, topics=list(topics[first:first + READ_PART]))))
+                "get_routes", id=8, topics=list(topics[first:first + part]))))
             if isinstance(reply, schema.Error) and reply.code != "busy":
                 raise BenchError(f"get_routes: {reply.code}: {reply.message}")
         reply = schema.decode_reply(self.session.call_raw(request("snapshot", id=7)))

@@ -19,23 +19,36 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.harness import run_in_group  # noqa: E402
 SCRIPTS = ["throughput", "registration", "push_latency", "expiry", "scale", "kv", "partition",
-           "flood", "ops", "remoting", "remoting_load", "replication"]
-# Registered in run_all but without a smoke run here: memory's quick variant starts five
-# servers and takes ~10 s on a loaded 2-core machine; agent's starts real RocketMQ brokers
-# and applications (a minute or more), whose behaviour tests/interop/test_agent.py covers.
-NOT_SMOKED = ["memory", "agent"]
+           "flood", "ops", "remoting", "remoting_load", "replication", "memory"]
+# Smoked on its own below: it starts real RocketMQ brokers and Java applications (2.5 min
+# --quick on a 2-core machine), so it needs the interop environment.
+JAVA_SCRIPTS = ["agent"]
 
 
 # A deadline for the script to finish (a --quick run is ~5-15 s quiet; under load 27 some took
 # over 55 s), inside the test's own timeout so a slow run fails as a slow run, killed.
 SCRIPT_DEADLINE = 200
+JAVA_DEADLINE = 480
 
 
 @pytest.mark.timeout(SCRIPT_DEADLINE + 40)
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_runs_and_writes_results(name: str, tmp_path: Path) -> None:
+    check_script(name, tmp_path, SCRIPT_DEADLINE)
+
+
+@pytest.mark.interop
+@pytest.mark.timeout(JAVA_DEADLINE + 40)
+@pytest.mark.parametrize("name", JAVA_SCRIPTS)
+def test_java_script_runs_and_writes_results(name: str, rocketmq_env: None,
+                                             tmp_path: Path) -> None:
+    check_script(name, tmp_path, JAVA_DEADLINE)
+
+
+def check_script(name: str, tmp_path: Path, deadline: float) -> None:
+    """`python -m bench.NAME --quick` exits 0 and writes every figure it printed."""
     proc = run_in_group([sys.executable, "-m", f"bench.{name}", "--quick", "--out",
-                         str(tmp_path)], cwd=REPO, timeout=SCRIPT_DEADLINE)
+                         str(tmp_path)], cwd=REPO, timeout=deadline)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["machine"]["libzmq"] and doc["quick"] is True
@@ -75,7 +88,7 @@ def test_run_all_runs_every_script() -> None:
         [sys.executable, "-c", "from bench.run_all import BENCHMARKS; print(*BENCHMARKS)"],
         cwd=REPO, capture_output=True, text=True, timeout=30,
     )
-    assert proc.stdout.split() == SCRIPTS + NOT_SMOKED, proc.stderr
+    assert proc.stdout.split() == SCRIPTS + JAVA_SCRIPTS, proc.stderr
 
 
 def test_ratios_and_targets(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -42,6 +42,13 @@ A, B, C, D = "tcp://a:1", "tcp://b:2", "tcp://c:3", "tcp://d:4"
 Answer = Callable[[Request], Any]
 
 
+@pytest.fixture(autouse=True)
+def fake_names_resolve(monkeypatch):
+    """a, b, c, d are names only the fake NameServers below answer to: they resolve here (the
+    check of names that do not is tested on its own, in test_cli_tools.py)."""
+    monkeypatch.setattr(tools, "_resolvable", lambda endpoints: endpoints)
+
+
 class FakeNameServers:
     """NameServers by endpoint: each a function from a request to its reply, or to the exception
     the request functions raise (an ErrorReply, NameServerUnavailable)."""
@@ -161,15 +168,15 @@ def test_json_is_the_replys_fields_in_their_order_indented_without_the_envelope(
 
 
 def test_the_words_for_no_answer_and_for_an_error_reply():
-    assert tools.unreachable([A, B], 0.5) == f"no answer from {A}, {B} within 0.5 s"
-    assert tools.unreachable([A], 3.0) == f"no answer from {A} within 3 s"
+    assert tools.unreachable([A, B], 0.5) == f"no answer from {A}, {B} within 0.5 s (a CURVE server needs --server-key)"
+    assert tools.unreachable([A], 3.0) == f"no answer from {A} within 3 s (a CURVE server needs --server-key)"
     gone = NameServerUnavailable("x")
     refused = NoPermission("not yours")
     assert tools._error_json(A, refused, 2) == {"error": "no_permission", "message": "not yours"}
     assert tools._error_json(A, gone, 2) == {"error": "unreachable",
-                                             "message": f"no answer from {A} within 2 s"}
+                                             "message": f"no answer from {A} within 2 s (a CURVE server needs --server-key)"}
     assert tools._error_line(A, refused, 2) == f"zns: {A}: error no_permission: not yours"
-    assert tools._error_line(A, gone, 0.25) == f"zns: no answer from {A} within 0.25 s"
+    assert tools._error_line(A, gone, 0.25) == f"zns: no answer from {A} within 0.25 s (a CURVE server needs --server-key)"
     assert (tools._exit_code(refused), tools._exit_code(gone)) == (1, 3)
 
 
@@ -246,7 +253,7 @@ def test_status_shows_every_nameserver_and_exits_with_the_worst(fake):
         f"  -             -",
     ]
     assert out.stderr.splitlines() == [f"zns: {B}: error no_permission: no",
-                                       f"zns: no answer from {C} within 0.5 s"]
+                                       f"zns: no answer from {C} within 0.5 s (a CURVE server needs --server-key)"]
     assert {timeout for *_, timeout in fake.asked} == {0.5}
     # An error reply and no unreachable one: 1. All answered: 0.
     assert zns("status", ns=f"{A};{B}").exit_code == 1
@@ -261,7 +268,7 @@ def test_status_as_json_is_one_entry_per_nameserver(fake):
     answer = json.loads(out.stdout)
     assert answer[A]["uptime_ms"] == 3_600_000 and "op" not in answer[A] and "id" not in answer[A]
     assert answer[B] == {"error": "no_permission", "message": "no"}
-    assert answer[C] == {"error": "unreachable", "message": f"no answer from {C} within 2 s"}
+    assert answer[C] == {"error": "unreachable", "message": f"no answer from {C} within 2 s (a CURVE server needs --server-key)"}
 
 
 def route_reply() -> GetRouteReply:
@@ -290,10 +297,10 @@ def test_a_command_that_ends_in_an_error_says_it_once_in_text_or_json(fake):
     assert json.loads(out.stdout) == {"error": "not_found", "message": "no route for topic 'T'"}
     out = zns("route", "T", ns=B, timeout="0.3")
     assert (out.exit_code, out.stdout) == (3, "")
-    assert out.stderr == f"zns: no answer from {B} within 0.3 s\n"
+    assert out.stderr == f"zns: no answer from {B} within 0.3 s (a CURVE server needs --server-key)\n"
     out = zns("route", "T", "--json", ns=B, timeout="0.3")
     assert json.loads(out.stdout) == {"error": "unreachable",
-                                      "message": f"no answer from {B} within 0.3 s"}
+                                      "message": f"no answer from {B} within 0.3 s (a CURVE server needs --server-key)"}
 
 
 def test_route_zone_names_the_zones_there_are(fake):
@@ -360,11 +367,14 @@ def test_topics_of_an_unknown_cluster_names_the_clusters_there_are(fake):
     fake.answers[A] = lambda r: (GetTopicsReply(topics=[]) if not isinstance(r, GetClusterInfo)
                                  else cluster_info("b1"))
     assert (zns("topics", "--cluster", "c1").exit_code, zns("topics").exit_code) == (0, 0)
+    # None is said on stderr (stdout stays a list, empty), not silence (issue 34 item 5).
+    out = zns("topics")
+    assert (out.stdout, out.stderr) == ("", "no topics\n")
     # The cluster list cannot be read: the (empty) answer stands.
     fake.answers[A] = lambda r: (GetTopicsReply(topics=[]) if not isinstance(r, GetClusterInfo)
                                  else NoPermission("no"))
     out = zns("topics", "--cluster", "nope")
-    assert (out.exit_code, out.output) == (0, "")
+    assert (out.exit_code, out.stdout, out.stderr) == (0, "", "no topics in cluster nope\n")
 
 
 def test_clusters_shows_each_address_with_its_last_heartbeat(fake):
@@ -397,7 +407,7 @@ def test_a_write_reports_each_nameserver_on_its_stream_and_exits_with_the_worst(
     assert out.exit_code == 3
     assert out.stdout == f"{A}: 2 queue data changed\n"
     assert out.stderr.splitlines() == [f"zns: {B}: error no_permission: admins only",
-                                       f"zns: no answer from {C} within 0.5 s"]
+                                       f"zns: no answer from {C} within 0.5 s (a CURVE server needs --server-key)"]
     assert {timeout for *_, timeout in fake.asked} == {0.5}
     assert zns("wipe-write-perm", "b1", ns=f"{A};{B}").exit_code == 1
     assert zns("wipe-write-perm", "b1", ns=A).exit_code == 0
@@ -411,7 +421,7 @@ def test_a_write_as_json_is_one_entry_per_nameserver_and_nothing_on_stderr(fake)
     assert json.loads(out.stdout) == {
         A: {"changed": 3},
         B: {"error": "no_permission", "message": "admins only"},
-        C: {"error": "unreachable", "message": f"no answer from {C} within 2 s"},
+        C: {"error": "unreachable", "message": f"no answer from {C} within 2 s (a CURVE server needs --server-key)"},
     }
 
 
@@ -651,7 +661,6 @@ def test_broker_refused_by_its_agent_is_a_usage_error_in_the_agents_words():
     result = CliRunner().invoke(main, ["broker", "--cluster", "c", "--name", "bad/name",
                                        "--addr", "127.0.0.1:1", "--ns", "tcp://127.0.0.1:1"])
     assert result.exit_code == 2
-    assert result.stderr.splitlines()[0] == "Usage: main broker [OPTIONS]"
-    assert result.stderr.splitlines()[-1] == (
+    assert result.stderr.splitlines() == [
         "Error: Expected a name: 1-255 characters, no control characters, no '/' - at "
-        "`$.broker_name`")
+        "`$.broker_name` (see 'main broker --help')"]

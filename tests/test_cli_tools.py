@@ -103,7 +103,7 @@ def test_json_is_json_for_errors_too_and_one_shape_per_kind_of_answer(loaded):
     code, answer = as_json("status", ns=f"{ns};{DEAD}", timeout="0.5")
     assert code == 3 and "op" not in answer[ns] and answer[ns]["topics"] == 2
     assert answer[DEAD] == {"error": "unreachable",
-                            "message": f"no answer from {DEAD} within 0.5 s"}
+                            "message": f"no answer from {DEAD} within 0.5 s (a CURVE server needs --server-key)"}
     assert as_json("add-write-perm", "broker-a")[1] == {ns: {"changed": 0}}
     # A command that ends in an error: {"error", "message"}.
     assert as_json("route", "NoSuchTopic") == (1, {"error": "not_found",
@@ -111,7 +111,7 @@ def test_json_is_json_for_errors_too_and_one_shape_per_kind_of_answer(loaded):
     assert as_json("topics", "--cluster", "Nope") == (1, {
         "error": "not_found", "message": "no cluster named 'Nope' (clusters: c1, c2)"})
     assert as_json("clusters", ns=DEAD, timeout="0.2") == (3, {
-        "error": "unreachable", "message": f"no answer from {DEAD} within 0.2 s"})
+        "error": "unreachable", "message": f"no answer from {DEAD} within 0.2 s (a CURVE server needs --server-key)"})
     code, answer = as_json("route")  # a usage error
     assert code == 2 and answer == {"error": "usage", "message": "Missing argument 'TOPIC'."}
 
@@ -120,7 +120,7 @@ def test_one_wording_for_an_unreachable_nameserver():
     for args in (["status"], ["route", "T"], ["kv", "put", "n", "k", "v"]):
         out = CliRunner().invoke(main, [*args, "--ns", DEAD, "--timeout", "0.2"])
         assert out.exit_code == 3
-        assert out.stderr.strip().splitlines() == [f"zns: no answer from {DEAD} within 0.2 s"]
+        assert out.stderr.strip().splitlines() == [f"zns: no answer from {DEAD} within 0.2 s (a CURVE server needs --server-key)"]
 
 
 def peer_topics(server) -> list[str]:

@@ -278,10 +278,12 @@ def test_option_tables_match_the_definition(doc, heading):
         assert options, row
         listed.update(options)
         for option in options:
-            assert option in fields or option == "--config", f"{doc}: {option} is no option"
+            assert option in fields or option in ("--config", "--namesrv-config"), (
+                f"{doc}: {option} is no option")
         if len(options) == 1 and options[0] in fields:
             default = documented_default(row[1])
             if default is not None:
                 assert fields[options[0]].default == default, (doc, row)
     if doc == "README.md":  # the full table: every option of `zns serve`
-        assert listed == set(fields) | {"--config"}, set(fields) ^ (listed - {"--config"})
+        files = {"--config", "--namesrv-config"}
+        assert listed == set(fields) | files, set(fields) ^ (listed - files)

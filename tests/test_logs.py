@@ -223,6 +223,10 @@ def test_configure_logging_writes_plain_lines_to_stderr_at_the_level() -> None:
     assert handler.formatter is not None and handler.formatter._fmt == PLAIN_FORMAT
     assert not isinstance(handler.formatter, JsonFormatter)
     assert PLAIN_FORMAT == "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    # UTC, with its zone said (issue 34 item 4: local time without a zone before).
+    record = logging.LogRecord("zns", logging.INFO, __file__, 1, "started", None, None)
+    record.created, record.msecs = 1_800_000_000.25, 250.0
+    assert handler.formatter.format(record) == "2027-01-15T08:00:00.250Z INFO zns: started"
     level, handler = _configured("info", "text")
     assert level == logging.INFO and not isinstance(handler.formatter, JsonFormatter)
 

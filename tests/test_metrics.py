@@ -8,6 +8,7 @@ import logging
 import socket
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,11 +16,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from helpers import Peer, ThreadedServer, records_here, register_fields, wait_for
+from helpers import Peer, ThreadedServer, records_here, register_fields, wait_for, zns1_ok
 from zns.cli import main as zns_main
 from zns.core.errors import ConfigError, EndpointError
 from zns.core.service import NameService
 from zns.drivers.logs import JsonFormatter
+from zns.core.latency import LatencyHistogram
 from zns.drivers.kv_file import WriteTimes
 from zns.drivers.metrics import MetricsServer, _Collector
 
@@ -199,9 +201,13 @@ class AgedLoop:
     """A server whose loop last completed a pass `age` seconds ago (what /healthz reads)."""
 
     age = 0.0
+    readiness = (True, "ready")
 
     def loop_age_s(self) -> float:
         return self.age
+
+    def ready(self) -> tuple[bool, str]:
+        return self.readiness
 
 
 @pytest.mark.timeout(60)
@@ -268,6 +274,19 @@ HELP = {
     "zns_kv_writes": "Durable KV writes (append and fsync)",
     "zns_kv_write_seconds": "Seconds one durable KV write (append and fsync) took",
     "zns_peer_connected": "1 while the peer NameServer answers",
+    "zns_request_seconds": "Seconds the loop took to answer one request, by protocol (zns1, "
+                           "remoting) and op (ZNS/1 op or remoting request code name)",
+    **{name: "Seconds since each live broker address was last heard, as a distribution"
+       for name in ("zns_broker_heartbeat_age_seconds", "zns_broker_heartbeat_age_seconds_gcount",
+                    "zns_broker_heartbeat_age_seconds_gsum")},
+    "zns_broker_heartbeat_age_max_seconds": "Seconds since the longest-silent live broker "
+                                            "address was last heard (0 with none)",
+    "zns_healthy": "1 while /healthz answers 200 (the loop completes passes), else 0",
+    "zns_ready": "1 once /readyz answers 200 (routes warm), else 0",
+    "zns_remoting_max_connections": "Remoting connections allowed at once (after the "
+                                    "open-file limit's clamp; 0 with no listener)",
+    "zns_event_subscribers_cut": "Events subscribers disconnected for what their "
+                                 "subscriptions cost",
 }
 
 
@@ -346,6 +365,12 @@ class Idle(AgedLoop):
         self.timers = type("Timers", (), {"stalls": 0})()
         self.remoting = None
         self.dropped_replies = 0
+        self.request_times = LatencyHistogram()
+        self.clock_ms = 0
+        self.subscribers = type("Subscribers", (), {"budget": type("Budget", (), {"cut": 0})()})()
+
+    def now_ms(self) -> int:
+        return self.clock_ms
 
 
 def collected(server: Idle) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -426,7 +451,175 @@ def test_a_scraper_that_sends_nothing_holds_up_no_other_and_no_line_is_printed(c
         assert serving.daemon
         # No access-log line per scrape on stderr (wsgiref's default): once every request's
         # thread has ended, whatever it would have printed has been printed.
-        wait_for(lambda: not [t for t in threading.enumerate() if "process_request" in t.name])
+        wait_for(lambda: metrics.connections() == 0)
         assert capsys.readouterr().err == ""
     finally:
         metrics.close()
+
+
+@pytest.mark.timeout(60)
+def test_only_metrics_healthz_and_readyz_answer():
+    server = Idle()
+    metrics = MetricsServer(server, "127.0.0.1:0", heartbeat_interval=1.0)  # type: ignore[arg-type]
+    try:
+        base = f"http://127.0.0.1:{metrics.port}"
+        assert get(base + "/")[0] == 404
+        assert get(base + "/metricsx")[0] == 404
+        assert get(base + "/metrics?name[]=zns_stalls_total")[0] == 200
+        request = urllib.request.Request(base + "/metrics", data=b"x", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 405
+        assert get(base + "/readyz") == (200, "ready\n")
+        server.readiness = (False, "warming: 1 of 2 brokers")
+        assert get(base + "/readyz") == (503, "warming: 1 of 2 brokers\n")
+    finally:
+        metrics.close()
+
+
+def _open_idle(port: int, count: int) -> list[socket.socket]:
+    """`count` connections that never send a request (those the kernel does not queue fail)."""
+    opened = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.settimeout(0.2)
+        try:
+            sock.connect(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            continue
+        opened.append(sock)
+    return opened
+
+
+@pytest.mark.timeout(120)
+def test_idle_connections_hold_at_most_sixteen_threads_and_time_out():
+    # Issue 32 item 6: 3,000 idle connections made 3,004 threads. Now at most MAX_CONNECTIONS
+    # are served at once, and each is closed when its request has not come within the read
+    # timeout; then a scrape gets in.
+    from zns.drivers.metrics import MAX_CONNECTIONS
+
+    before = threading.active_count()
+    metrics = MetricsServer(Idle(), "127.0.0.1:0", heartbeat_interval=1.0,  # type: ignore[arg-type]
+                            read_timeout_s=1.0)
+    idle = _open_idle(metrics.port, 200)
+    try:
+        assert len(idle) >= MAX_CONNECTIONS  # the test did reach the bound
+        wait_for(lambda: metrics.connections() == MAX_CONNECTIONS)
+        peak = threading.active_count()
+        assert peak <= before + 1 + MAX_CONNECTIONS
+        # The idle ones are answered 408 and closed after the read timeout; a scrape gets in.
+        wait_for(lambda: get(f"http://127.0.0.1:{metrics.port}/healthz") == (200, "ok\n"))
+        timed_out = idle[0]
+        timed_out.settimeout(10)
+        assert timed_out.recv(100).startswith(b"HTTP/1.1 408 Request Timeout")
+    finally:
+        for sock in idle:
+            sock.close()
+        metrics.close()
+    wait_for(lambda: threading.active_count() <= before)
+
+
+@pytest.mark.timeout(60)
+def test_a_request_trickled_byte_by_byte_is_cut_at_the_read_timeout():
+    metrics = MetricsServer(Idle(), "127.0.0.1:0", heartbeat_interval=1.0,  # type: ignore[arg-type]
+                            read_timeout_s=1.0)
+    try:
+        with socket.create_connection(("127.0.0.1", metrics.port), timeout=10) as sock:
+            answer = b""
+            for byte in b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 100:
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:
+                    break
+                time.sleep(0.05)
+                sock.setblocking(False)
+                try:
+                    answer += sock.recv(100)
+                except BlockingIOError:
+                    pass
+                sock.setblocking(True)
+                if answer:
+                    break
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+    finally:
+        metrics.close()
+
+
+@pytest.mark.timeout(60)
+def test_out_of_descriptors_the_metrics_port_drops_new_connections_too():
+    from zns.drivers.descriptors import DescriptorGuard, RETRY_MS
+
+    guard = DescriptorGuard(1 << 20)
+    metrics = MetricsServer(Idle(), "127.0.0.1:0", heartbeat_interval=1.0,  # type: ignore[arg-type]
+                            descriptors=guard)
+    try:
+        assert metrics.listening in guard.plain
+        guard.out_of_descriptors(metrics.listening, now=0)
+        with pytest.raises(OSError):  # the kernel drops the SYN: no answer
+            socket.create_connection(("127.0.0.1", metrics.port), timeout=0.5).close()
+        guard.tick(RETRY_MS)  # descriptors free again: the filter comes off
+        assert get(f"http://127.0.0.1:{metrics.port}/healthz") == (200, "ok\n")
+    finally:
+        metrics.close()
+        guard.close()
+    assert not guard.plain  # closed: no longer guarded
+
+
+@pytest.mark.timeout(60)
+def test_request_latency_is_a_histogram_by_protocol_and_op(make_server):
+    from test_remoting_listener import Client
+    from zns.core.remoting import RemotingCommand
+
+    srv = make_server(metrics="http://127.0.0.1:0", remoting="127.0.0.1:0")
+    peer = srv.peer()
+    for _ in range(3):
+        peer.ok("status")
+    peer.call("no_such_op")  # an op no one knows: one label, "unknown"
+    client = Client(srv.server.remoting.endpoint)
+    try:
+        client.call(RemotingCommand(code=106))  # GET_BROKER_CLUSTER_INFO
+        m = wait_for(lambda: (m := scrape(srv)).get(
+            ("zns_request_seconds_count", (("op", "GET_BROKER_CLUSTER_INFO"),
+                                           ("protocol", "remoting")))) and m)
+        assert m["zns_request_seconds_count", (("op", "status"), ("protocol", "zns1"))] == 3
+        assert m["zns_request_seconds_bucket", (("le", "+Inf"), ("op", "status"),
+                                                ("protocol", "zns1"))] == 3
+        assert ("zns_request_seconds_count", (("op", "unknown"), ("protocol", "zns1"))) in m
+    finally:
+        client.close()
+
+
+def test_request_labels_are_bounded():
+    from zns.core.latency import MAX_LABELS
+
+    times = LatencyHistogram()
+    for n in range(MAX_LABELS + 50):
+        times.observe(f"zns1:op{n}", 0.001)
+    assert len(times.counts) == MAX_LABELS + 1 and sum(times.counts["other"]) == 50
+
+
+def test_heartbeat_ages_are_a_distribution_and_a_maximum_without_a_label_per_broker():
+    server = Idle()
+    for n, heard_at in enumerate((1_000, 5_000, 9_500)):
+        zns1_ok(server.service, "register_broker", now=heard_at,
+                **register_fields(broker_name=f"b{n}", addr=f"10.0.0.{n}:10911"))
+    server.clock_ms = 10_000
+    m = collected(server)
+    buckets = {labels[0][1]: value for (name, labels), value in m.items()
+               if name == "zns_broker_heartbeat_age_seconds_bucket"}
+    assert (buckets["1.0"], buckets["5.0"], buckets["10.0"], buckets["+Inf"]) == (1, 2, 3, 3)
+    assert m["zns_broker_heartbeat_age_max_seconds", ()] == 9.0
+    assert m["zns_broker_heartbeat_age_seconds_gsum", ()] == 9.0 + 5.0 + 0.5
+
+
+def test_health_readiness_and_the_remoting_limit_are_series_for_alerts():
+    server = Idle()
+    m = collected(server)
+    assert (m["zns_healthy", ()], m["zns_ready", ()]) == (1, 1)
+    assert m["zns_remoting_max_connections", ()] == 0  # no listener
+    assert m["zns_event_subscribers_cut_total", ()] == 0
+    server.readiness = (False, "warming")
+    server.remoting = type("Listener", (), {"connections": {}, "max_connections": 77})()
+    m = collected(server)
+    assert (m["zns_ready", ()], m["zns_remoting_max_connections", ()]) == (0, 77)

@@ -403,6 +403,10 @@ def build_archives(version: str = DEFAULT_VERSION) -> str:
         if not missing:
             return f"{version}: archives up to date"
         dumps = {kind: folder / f".{kind}.{os.getpid()}.jsa" for kind in missing}
+        # On stderr (`make rocketmq-jars` hides stdout): the first run is minutes of silence.
+        print(f"rocketmq-jars: building class-data archives for RocketMQ {version} "
+              f"({', '.join(missing)}): a training run, about half a minute, once",
+              file=sys.stderr, flush=True)
 
         def dump(kind: str) -> list[str]:
             return [f"-XX:ArchiveClassesAtExit={dumps[kind]}"] if kind in dumps else []

@@ -50,8 +50,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 class _Group(click.Group):
-    """Commands loaded on use; with `--json` anywhere on the command line, a usage error is
-    JSON on stdout too."""
+    """Commands loaded on use; a usage error is one line on stderr (with `--json` anywhere on
+    the command line, JSON on stdout)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -69,19 +69,32 @@ class _Group(click.Group):
             formatter.write_dl(rows)
 
     def main(self, args: Sequence[str] | None = None, *pos: Any, **kwargs: Any) -> Any:
-        argv = list(sys.argv[1:] if args is None else args)
-        if "--json" not in argv or kwargs.get("standalone_mode") is False:
+        if kwargs.get("standalone_mode") is False:
             return super().main(args, *pos, **kwargs)
+        argv = list(sys.argv[1:] if args is None else args)
+        as_json = "--json" in argv
         kwargs["standalone_mode"] = False
         try:
             code = super().main(argv, *pos, **kwargs)
         except click.ClickException as exc:
-            kind = "usage" if isinstance(exc, click.UsageError) else "failed"
-            click.echo(json.dumps({"error": kind, "message": exc.format_message()}))
+            if as_json:
+                kind = "usage" if isinstance(exc, click.UsageError) else "failed"
+                click.echo(json.dumps({"error": kind, "message": exc.format_message()}))
+            elif isinstance(exc, click.UsageError):
+                click.echo(usage_line(exc), err=True)
+            else:
+                exc.show()
             sys.exit(exc.exit_code)
         except click.Abort:
+            click.echo("Aborted!", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def usage_line(exc: click.UsageError) -> str:
+    """A usage error in one line: what is wrong, then where the usage is."""
+    where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+    return f"Error: {exc.format_message()}{where}"
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

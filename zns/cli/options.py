@@ -25,9 +25,11 @@ from click.core import ParameterSource
 
 from zns.core.config import REQUIRED, Setting, load, settings
 from zns.core.errors import InvalidSetting
+from zns.core.namesrv_properties import KEYS, parse_properties, translate
 
 C = TypeVar("C", bound=msgspec.Struct)
 FILE_OPTION = "config_file"
+NAMESRV_OPTION = "namesrv_config_file"
 
 
 class SettingError(click.ClickException):
@@ -36,10 +38,11 @@ class SettingError(click.ClickException):
     exit_code = 2
 
 
-def config_options(config: type[C], *, config_file: bool = True
+def config_options(config: type[C], *, config_file: bool = True, namesrv_file: bool = False
                    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a command `f(config, **rest)`: an option per field of `config` (and `--config
-    FILE` when `config_file`); `f` gets the validated `config` and the command's other options."""
+    FILE` when `config_file`, `--namesrv-config FILE` when `namesrv_file`); `f` gets the
+    validated `config` and the command's other options."""
     fields = settings(config)
     file_env = getattr(config, "ENV_PREFIX", "ZNS_") + "CONFIG"
 
@@ -49,6 +52,9 @@ def config_options(config: type[C], *, config_file: bool = True
             ctx = click.get_current_context()
             path = kwargs.pop(FILE_OPTION, None)
             from_file = _read_toml(path, fields) if path else {}
+            java_path = kwargs.pop(NAMESRV_OPTION, None)
+            if java_path:  # the TOML file's keys win over the Java file's
+                from_file = {**_read_namesrv_properties(java_path), **from_file}
             given: dict[str, Any] = {}
             origin: dict[str, str] = {}
             for setting in fields:
@@ -78,6 +84,14 @@ def config_options(config: type[C], *, config_file: bool = True
                 help="TOML file with any of these options as keys (name = value; "
                      "kv_path or kv-path).",
             )(decorated)
+        if namesrv_file:
+            decorated = click.option(
+                "--namesrv-config", NAMESRV_OPTION, type=click.Path(dir_okay=False),
+                envvar=file_env.replace("CONFIG", "NAMESRV_CONFIG"),
+                help="The Java NameServer's properties file (mqnamesrv -c FILE): implies "
+                     "--rocketmq; listenPort, bindAddress, kvConfigPath and orderMessageEnable "
+                     "are served, every other key is named as ignored or refused.",
+            )(decorated)
         return decorated
 
     return decorate
@@ -93,7 +107,10 @@ def _invalid(exc: InvalidSetting, fields: list[Setting], origin: dict[str, str])
         return f"Missing option '{setting.option}' (or {setting.env}, or the config key {setting.name})"
     where = origin.get(exc.name, setting.option)
     source = "" if where == setting.option else f" (from {where})"
-    return f"Invalid value for '{setting.option}'{source}: {exc.problem}"
+    problem = exc.problem
+    if setting.choices and problem.startswith("Invalid enum value"):
+        problem += f"; one of {', '.join(setting.choices)} (any case)"
+    return f"Invalid value for '{setting.option}'{source}: {problem}"
 
 
 def _option(setting: Setting) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -122,8 +139,14 @@ def _read_toml(path: str, fields: list[Setting]) -> dict[str, tuple[Any, str]]:
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
         raise SettingError(f"cannot read {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        hint = ""
+        if _looks_like_namesrv_properties(path):
+            hint = (" (it looks like the Java NameServer's properties file: give it with "
+                    "--namesrv-config)")
+        raise SettingError(f"cannot read {path}: {exc}{hint}") from None
     spelled: dict[str, Setting] = {}
     for each in fields:
         spelled[each.name] = spelled[each.option[2:].replace("-", "_")] = each
@@ -138,3 +161,30 @@ def _read_toml(path: str, fields: list[Setting]) -> dict[str, tuple[Any, str]]:
             value = [value]  # `peer = "tcp://..."`: one
         found[setting.name] = (value, f"{path}: {key}")
     return found
+
+
+def _read_namesrv_properties(path: str) -> dict[str, tuple[Any, str]]:
+    """(value, origin) by field name from the Java NameServer's properties file; a line on
+    stderr for each key not served as such; a key refused: one line, exit 2."""
+    try:
+        with open(path, encoding="latin-1") as f:  # Java's Properties.load reads ISO-8859-1
+            properties = parse_properties(f.read())
+    except OSError as exc:
+        raise SettingError(f"cannot read {path}: {exc}") from None
+    try:
+        found = translate(properties, warn=lambda line: click.echo(f"{path}: {line}", err=True))
+    except InvalidSetting as exc:
+        raise SettingError(f"{path}: {exc.problem}") from None
+    origin = {"remoting": "listenPort", "kv_path": "kvConfigPath",
+              "order_message_enable": "orderMessageEnable", "rocketmq": "listenPort"}
+    return {name: (value, f"{path}: {origin[name]}") for name, value in found.items()}
+
+
+def _looks_like_namesrv_properties(path: str) -> bool:
+    """A file that is not TOML but whose keys are NamesrvConfig/NettyServerConfig keys."""
+    try:
+        with open(path, encoding="latin-1") as f:
+            keys = parse_properties(f.read())
+    except OSError:
+        return False
+    return bool(keys) and any(key in KEYS for key in keys)

@@ -7,6 +7,8 @@ by `--config`; the command line wins over the environment, which wins over the f
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from zns.cli.options import config_options
@@ -17,9 +19,11 @@ from zns.drivers.security import write_keypair
 from zns.drivers.server import Server
 from zns.drivers.supervisor import supervise
 
+log = logging.getLogger("zns")
+
 
 @click.command()
-@config_options(ServerConfig)
+@config_options(ServerConfig, namesrv_file=True)
 def serve(config: ServerConfig) -> None:
     """Run a NameServer until SIGTERM or Ctrl-C.
 
@@ -37,6 +41,8 @@ def _serve(config: ServerConfig) -> None:
         server = Server(config)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    if config.kv_path:  # `make run` keeps ~/.zns/kv.log from one experiment to the next
+        log.info("KV store in %s, kept across restarts (--kv-path for another)", config.kv_path)
     server.run()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -43,6 +44,7 @@ from zns.core.errors import (
 from zns.drivers.requests import call, call_all, call_any
 from zns.drivers.security import apply_client_keys, client_keys
 from zns.core.schema import (
+    MAX_KV_VALUE_BYTES,
     AddWritePerm,
     DeleteTopic,
     GetClusterInfo,
@@ -65,11 +67,16 @@ EXIT_UNREACHABLE = 3
 
 
 JSON_META = "zns.json"  # click context meta: --json was given
+CURVE_META = "zns.curve"  # click context meta: --server-key was given
 
 
 def unreachable(endpoints: Iterable[str], timeout: float) -> str:
-    """The one wording for NameServers that did not answer."""
-    return f"no answer from {', '.join(endpoints)} within {timeout:g} s"
+    """The one wording for NameServers that did not answer, with what to check about CURVE: a
+    CURVE server gives a client without its key (or with another) no answer at all."""
+    ctx = click.get_current_context(silent=True)
+    curve = ctx is not None and ctx.meta.get(CURVE_META)
+    hint = "is --server-key its public key?" if curve else "a CURVE server needs --server-key"
+    return f"no answer from {', '.join(endpoints)} within {timeout:g} s ({hint})"
 
 
 @dataclass
@@ -110,8 +117,33 @@ def make_target(ns: list[str] | str | None, timeout: float, as_json: bool,
             apply_client_keys(zmq.Context.instance(), client_keys(server_key, keypair))
         except KeyFileError as exc:
             raise click.BadParameter(str(exc), param_hint="--server-key") from None
-    click.get_current_context().meta[JSON_META] = as_json  # errors come as JSON too
-    return Target(endpoints, timeout, as_json)
+    ctx = click.get_current_context()
+    ctx.meta[JSON_META] = as_json  # errors come as JSON too
+    ctx.meta[CURVE_META] = bool(server_key)
+    return Target(_resolvable(endpoints), timeout, as_json)
+
+
+def _resolvable(endpoints: list[str]) -> list[str]:
+    """The endpoints whose host name resolves: one that does not is said at once (libzmq would
+    only wait for the timeout); none resolving ends the command (exit 3)."""
+    found, unresolved = [], []
+    for endpoint in endpoints:
+        scheme, _, address = endpoint.partition("://")
+        host = address.rpartition(":")[0].strip("[]")
+        if scheme != "tcp" or host in ("", "*"):
+            found.append(endpoint)
+            continue
+        try:
+            socket.getaddrinfo(host, None)
+        except (socket.gaierror, UnicodeError) as exc:
+            unresolved.append(f"{endpoint}: the name {host!r} does not resolve ({exc})")
+            continue
+        found.append(endpoint)
+    if not found:
+        fail("; ".join(unresolved), EXIT_UNREACHABLE, "unreachable")
+    for line in unresolved:
+        click.echo(f"zns: {line}; asking the others", err=True)
+    return found
 
 
 # --- talking to NameServers ------------------------------------------------------
@@ -377,6 +409,8 @@ def _topics(target: Target, cluster: str) -> None:
         fail(why, EXIT_ERROR_REPLY, "not_found")
     if target.as_json:
         _print_json(reply)
+    elif not reply.topics:
+        click.echo(f"no topics{' in cluster ' + cluster if cluster else ''}", err=True)
     else:
         for topic in reply.topics:
             click.echo(topic)
@@ -419,7 +453,13 @@ def kv_list(target: Target, namespace: str) -> None:
 @ns_options
 def kv_put(target: Target, namespace: str, key: str, value: str) -> None:
     """Store VALUE on every NameServer."""
-    tell_all(target, KvPut(namespace=namespace, key=key, value=value), lambda r: "stored")
+    try:
+        request = KvPut(namespace=namespace, key=key, value=value)
+    except ValueError:  # over the protocol's size: a usage error, not a traceback
+        raise click.BadParameter(f"{len(value.encode())} UTF-8 bytes, over the "
+                                 f"{MAX_KV_VALUE_BYTES} a KV value may have",
+                                 param_hint="VALUE") from None
+    tell_all(target, request, lambda r: "stored")
 
 
 @kv.command("delete")

@@ -25,14 +25,24 @@ import datetime
 import json
 import logging
 import queue
+import threading
 from typing import Any
 
 import click
 import msgspec
 
 from zns.cli.params import Endpoint
-from zns.cli.tools import EXIT_FAILED, Target, ask, fail, ns_options, perm_text
-from zns.core.errors import BackgroundFailure
+from zns.cli.tools import (
+    EXIT_FAILED,
+    EXIT_UNREACHABLE,
+    Target,
+    ask,
+    fail,
+    ns_options,
+    perm_text,
+)
+from zns.core.client_session import check_topic
+from zns.core.errors import BackgroundFailure, UsageError
 from zns.core.schema import (
     BROKER_PREFIX,
     ROUTE_PREFIX,
@@ -46,6 +56,11 @@ from zns.core.schema import (
     decode_event,
 )
 from zns.drivers.route_client import RouteClient
+
+
+# How long past --timeout to wait for the first hb at --events: a NameServer publishes one
+# every heartbeat interval (1 s by default).
+HB_WAIT_S = 2.0
 
 
 def _stamp() -> str:
@@ -115,6 +130,7 @@ class _Printer:
         self.deleted_unfollowed: set[str] = set()  # first seen deleted: its None is `gone`
         self.epoch: str | None = None
         self.client: RouteClient | None = None
+        self.heard = threading.Event()  # an `hb` came through the events endpoint
 
     def on_event(self, body: bytes) -> None:
         """Every event body the client receives (on its thread)."""
@@ -128,6 +144,7 @@ class _Printer:
                                     f"re-synced"))
         self.epoch = event.epoch
         if isinstance(event, HbEvent):
+            self.heard.set()  # the events endpoint works
             return
         if self.as_json:
             data = {"time": _stamp(), **msgspec.to_builtins(event)}
@@ -168,14 +185,18 @@ def state_json(topic: str, route: TopicRoute | None, revision: int) -> dict[str,
 
 
 def connection_note(last: tuple[str | None, str | None], now: tuple[str | None, str | None],
-                    connected_before: bool) -> str | None:
-    """A line when the (NameServer, events endpoint) followed changed, else None."""
+                    connected_before: bool, events: str | None = None) -> str | None:
+    """A line when the (NameServer, events endpoint) followed changed, else None; `events`:
+    the events endpoint given (--events), the first suspect when events stop."""
     if now == last:
         return None
     endpoint, pub = now
     if pub is not None:
         verb = "reconnected: following" if connected_before else "following"
         return f"{_stamp()} {verb} {endpoint} (events on {pub})"
+    if last[1] is not None and events is not None:
+        return (f"{_stamp()} no hb from the events endpoint {events} (is it running?); "
+                f"trying the next NameServer")
     if last[1] is not None:
         return f"{_stamp()} lost {last[0]}; trying the next NameServer"
     return None
@@ -196,6 +217,11 @@ def watch(target: Target, topics: tuple[str, ...], count: int | None,
 
 def _watch(target: Target, topics: tuple[str, ...], count: int | None, events: str | None) -> None:
     """`zns watch` (a plain function, as the commands of zns.cli.tools)."""
+    for topic in topics:  # before any socket: a usage error, one line, exit 2
+        try:
+            check_topic(topic)
+        except UsageError as exc:
+            raise click.BadParameter(str(exc), param_hint="TOPICS") from None
     ask(target, Status())  # fail plainly (exit 3) when no NameServer answers at all
     # The client's own log lines would be a second account of what this command reports.
     logging.getLogger("zns").addHandler(logging.NullHandler())
@@ -216,10 +242,16 @@ def _watch(target: Target, topics: tuple[str, ...], count: int | None, events: s
         for topic in topics or ask(target, GetTopics())[1].topics:
             printer.start(topic)  # every topic starts with its whole route
             client.watch(topic, printer.on_route)
+        # A relay named with --events must be heard (its first hb) before any line counts: a
+        # wrong endpoint is an error, not a watch that prints the starting routes and exits 0.
+        if events is not None and not printer.heard.wait(target.timeout + HB_WAIT_S):
+            fail(f"no events from {events} within {target.timeout + HB_WAIT_S:g} s (no hb): "
+                 "is a relay (zns relay) or a NameServer's events socket there?",
+                 EXIT_UNREACHABLE, "unreachable")
         while count is None or seen < count:
             session = client.session  # read without its lock: only for a line to people
             now = (session.endpoint, session.pub_endpoint)
-            if note := connection_note(following, now, connected):
+            if note := connection_note(following, now, connected, events):
                 click.echo(note, err=True)
             connected = connected or now[1] is not None
             following = now

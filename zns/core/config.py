@@ -53,6 +53,11 @@ DEFAULT_REMOTING_MAX_PER_HOST = 1024
 # unsent replies): with overheads and decoding's copies the listener stays within 512 MiB.
 DEFAULT_REMOTING_MAX_BUFFER_BYTES = 256 << 20
 
+# `--rocketmq`: the Java NameServer's port and address for RocketMQ's protocol; ZNS/1 beside it.
+ROCKETMQ_REMOTING = "0.0.0.0:9876"
+ROCKETMQ_ROUTER = "tcp://127.0.0.1:9886"
+ROCKETMQ_PUB = "tcp://127.0.0.1:9887"
+
 REQUIRED = "required, and not given"
 NEEDS_CURVE = "needs curve_secret (--curve-secret): CURVE is off without it"
 
@@ -226,14 +231,26 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         "entry), as RocketMQ's orderMessageEnable. Off by default, as in RocketMQ: producers "
         "given it write to its queues whatever their perm.")] = False
     metrics: Annotated[str | None, _doc(
-        "Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9878) and liveness "
-        "at /healthz (needs prometheus_client: pip install prometheus_client). Off by default; "
-        "plain HTTP.", metavar="HOST:PORT", check="http_listen")] = None
+        "Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9878), liveness "
+        "at /healthz and readiness at /readyz (needs prometheus_client: pip install "
+        "prometheus_client). Off by default; plain HTTP.", metavar="HOST:PORT", check="http_listen")] = None
+    ready_grace_s: Annotated[float, Meta(ge=0), _doc(
+        "Seconds after start at most before /readyz says ready while brokers known before a "
+        "restart have not registered again (two of RocketMQ's 30 s registration periods).",
+        metavar="SECONDS")] = field(default=60.0, name="ready_grace")
+    rocketmq: Annotated[bool, _doc(
+        "RocketMQ mode, for a NameServer that replaces the Java one: RocketMQ's remoting "
+        f"protocol on {ROCKETMQ_REMOTING} (unless --remoting is given) and ZNS/1 beside it on "
+        f"{ROCKETMQ_ROUTER} and {ROCKETMQ_PUB} (unless --router, --pub are given).")] = False
     supervise: Annotated[bool, _doc(
         "Run the server in a child process and start a new one when it dies of a signal: "
         "libzmq 4.3.5 can be made to abort it (docs/operations.md). Needs fixed ports.")] = False
 
     def __post_init__(self) -> None:
+        if self.rocketmq:  # before the checks: the values they check are these
+            self.remoting = self.remoting or ROCKETMQ_REMOTING
+            self.router = ROCKETMQ_ROUTER if self.router == DEFAULT_ROUTER else self.router
+            self.pub = ROCKETMQ_PUB if self.pub == DEFAULT_PUB else self.pub
         super().__post_init__()
         if self.curve_secret is None:
             for name in ("brokers_keys", "admins_keys", "clients_keys"):

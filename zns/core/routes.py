@@ -604,6 +604,11 @@ class RouteTable:
     def has_topic(self, topic: str) -> bool:
         return topic in self._queues
 
+    def last_heartbeats(self) -> list[int]:
+        """When each live address was last heard (ms), for /metrics: `list()` of a dict's
+        values runs in one C call, so another thread reads it whole while the loop runs."""
+        return [live.last_heartbeat for live in list(self._live)]
+
     def queue_count(self) -> int:
         """QueueData held, all topics: what memory grows with."""
         return self._weights.count

@@ -668,6 +668,18 @@ def _check_writable(path: Path) -> None:
                           f"writable (--kv-path)")
     if path.exists() and not os.access(path, os.R_OK | os.W_OK):
         raise KvFileError(f"KV file {path} is not readable and writable (--kv-path)")
+    # access() answers yes to root everywhere, and to anyone on /proc or /sys: create a file
+    # there once, so a directory that cannot hold one is refused now, not at the first put.
+    probe = existing / f".{path.name}.probe-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        raise KvFileError(f"KV file {path} cannot be created: no file can be created in "
+                          f"{existing} ({exc.strerror}) (--kv-path)") from None
+    if existing != path.parent:
+        log.warning("KV file %s: directory %s does not exist; the first KV write creates it",
+                    path, path.parent)
 
 
 def _sibling(path: Path, suffix: str) -> Path:

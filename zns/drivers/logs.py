@@ -13,6 +13,7 @@ import datetime
 import json
 import logging
 import sys
+import time
 
 WINDOW_S = 10.0
 BURST = 20
@@ -95,9 +96,18 @@ class JsonFormatter(logging.Formatter):
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class TextFormatter(logging.Formatter):
+    """PLAIN_FORMAT with the time in UTC, ISO 8601 with milliseconds and a `Z`, as the JSON
+    format's: lines from hosts in several zones (or across a DST change) sort and compare."""
+
+    converter = staticmethod(time.gmtime)
+    default_time_format = "%Y-%m-%dT%H:%M:%S"
+    default_msec_format = "%s.%03dZ"
+
+
 def configure_logging(level: str, log_format: str = "text") -> None:
     """Log to stderr at `level`, as plain lines (`text`) or JSON objects (`json`)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else
-                         logging.Formatter(PLAIN_FORMAT))
+                         TextFormatter(PLAIN_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler])

@@ -1,4 +1,5 @@
-"""`zns serve --metrics HOST:PORT`: Prometheus text at `/metrics`, liveness at `/healthz`.
+"""`zns serve --metrics HOST:PORT`: Prometheus text at `/metrics`, liveness at `/healthz`,
+readiness at `/readyz`; any other path is 404.
 
 The loop pays nothing for it: the core and the server keep plain integer counts
 (`NameService.ok_counts`, `error_counts`, `published`, `removals`; the server's
@@ -17,18 +18,19 @@ from __future__ import annotations
 
 import logging
 import socket
-import socketserver
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from zns import __version__
 from zns.core.addresses import parse_host_port, url_host
 from zns.core.errors import ConfigError, UsageError
+from zns.core.latency import AGE_BOUNDS, BOUNDS, LatencyHistogram, age_buckets
 from zns.core.remoting.constants import RequestCode, ResponseCode
 from zns.core.schema import tag_of
 from zns.core.service import NameService
+from zns.drivers.descriptors import DescriptorGuard, listen_tcp
 from zns.drivers.io_errors import configured
 from zns.drivers.kv_file import WriteTimes
 
@@ -43,7 +45,8 @@ class Observed(Protocol):
 
     service: NameService
     timers: Any  # .stalls
-    remoting: Any  # None, or .connections
+    remoting: Any  # None, or .connections and .max_connections
+    subscribers: Any  # .budget.cut
 
     @property
     def dropped_replies(self) -> int:
@@ -54,12 +57,30 @@ class Observed(Protocol):
         """Seconds since the loop last completed a pass."""
         ...
 
+    def ready(self) -> tuple[bool, str]:
+        """/readyz: (ready, why), zns.core.readiness."""
+        ...
+
+    def now_ms(self) -> int:
+        """The server's clock, in ms (the heartbeats' ages are measured with it)."""
+        ...
+
+    @property
+    def request_times(self) -> LatencyHistogram:
+        """How long the core took to answer each request, by kind."""
+        ...
+
 
 class _Collector:
     """Builds every zns metric family from the server's counts at scrape time."""
 
-    def __init__(self, server: Observed) -> None:
+    def __init__(self, server: Observed, stuck_after_s: float = float("inf")) -> None:
         self.server = server
+        self.stuck_after_s = stuck_after_s
+
+    def healthy(self) -> bool:
+        """What /healthz says: a loop pass within `stuck_after_s`."""
+        return self.server.loop_age_s() <= self.stuck_after_s
 
     def describe(self) -> Iterable[Any]:
         return []  # no description pass: collect() is cheap and always right
@@ -67,6 +88,7 @@ class _Collector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import (
             CounterMetricFamily,
+            GaugeHistogramMetricFamily,
             GaugeMetricFamily,
             HistogramMetricFamily,
             InfoMetricFamily,
@@ -121,11 +143,56 @@ class _Collector:
         yield HistogramMetricFamily(
             "zns_kv_write_seconds", "Seconds one durable KV write (append and fsync) took",
             buckets=buckets, sum_value=times.total_seconds)
+        yield GaugeMetricFamily("zns_healthy", "1 while /healthz answers 200 (the loop completes "
+                                "passes), else 0", value=1 if self.healthy() else 0)
+        yield GaugeMetricFamily("zns_ready", "1 once /readyz answers 200 (routes warm), else 0",
+                                value=1 if server.ready()[0] else 0)
+        listener = server.remoting
+        yield GaugeMetricFamily("zns_remoting_max_connections", "Remoting connections allowed "
+                                "at once (after the open-file limit's clamp; 0 with no listener)",
+                                value=listener.max_connections if listener is not None else 0)
+        yield CounterMetricFamily("zns_event_subscribers_cut", "Events subscribers disconnected "
+                                  "for what their subscriptions cost", value=server.subscribers
+                                  .budget.cut)
+        yield _request_seconds(HistogramMetricFamily, server.request_times)
+        yield from _heartbeat_ages(server, GaugeHistogramMetricFamily, GaugeMetricFamily)
         peers = GaugeMetricFamily("zns_peer_connected", "1 while the peer NameServer answers",
                                   labels=["peer"])
         for peer, up in dict(service.peers).items():
             peers.add_metric([peer], 1 if up else 0)
         yield peers
+
+
+def _request_seconds(family: Callable[..., Any], times: LatencyHistogram) -> Any:
+    """`zns_request_seconds{protocol, op}`: how long the loop took to answer one request."""
+    metric = family("zns_request_seconds", "Seconds the loop took to answer one request, by "
+                    "protocol (zns1, remoting) and op (ZNS/1 op or remoting request code name)",
+                    labels=["protocol", "op"])
+    bounds = [*map(str, BOUNDS), "+Inf"]
+    for label, counts in sorted(dict(times.counts).items()):
+        running, buckets = 0, []
+        for bound, count in zip(bounds, list(counts)):
+            running += count
+            buckets.append((bound, running))
+        protocol, _, op = label.partition(":")
+        metric.add_metric([protocol, op or protocol], buckets, times.sums.get(label, 0.0))
+    return metric
+
+
+def _heartbeat_ages(server: Observed, histogram: Callable[..., Any],
+                    gauge: Callable[..., Any]) -> Iterator[Any]:
+    """The age of every live broker address's last heartbeat, as a distribution (no label per
+    broker: its size is fixed whatever the number of brokers) and its largest value."""
+    counts, total, largest = age_buckets(server.service.table.last_heartbeats(), server.now_ms())
+    running, buckets = 0, []
+    for bound, count in zip([*map(str, AGE_BOUNDS), "+Inf"], counts):
+        running += count
+        buckets.append((bound, running))
+    yield histogram("zns_broker_heartbeat_age_seconds", "Seconds since each live broker "
+                    "address was last heard, as a distribution", buckets=buckets,
+                    gsum_value=total)
+    yield gauge("zns_broker_heartbeat_age_max_seconds", "Seconds since the longest-silent live "
+                "broker address was last heard (0 with none)", value=largest)
 
 
 REQUEST_NAMES = {int(c): c.name for c in RequestCode}
@@ -157,64 +224,144 @@ def _counter_by(family: Callable[..., Any], name: str, text: str, label: str,
     return metric
 
 
-class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a slow scraper never holds up shutdown
-
-
-class _ThreadingServer6(_ThreadingServer):
-    address_family = socket.AF_INET6  # socketserver's family is per class: IPv4 otherwise
-
-
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # one line per scrape: too many
-        pass
+# The budget of the HTTP endpoint (docs/operations.md, "Metrics"): at most MAX_CONNECTIONS
+# connections are served at once, each by a thread of its own that ends with it; while all
+# are busy no more are accepted (the kernel queues up to MAX_CONNECTIONS more, then drops
+# SYNs and the scraper retries). A request must arrive whole, head within MAX_HEAD_BYTES,
+# within READ_TIMEOUT_S of the connection being accepted; one reply per connection.
+MAX_CONNECTIONS = 16
+READ_TIMEOUT_S = 5.0
+MAX_HEAD_BYTES = 8192
+PATHS = ("/metrics", "/healthz", "/readyz")
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            408: "Request Timeout", 503: "Service Unavailable"}
 
 
 class MetricsServer:
-    """The HTTP endpoint, in threads of its own (`close()` stops them)."""
+    """The HTTP endpoint, in threads of its own (`close()` stops them): `/metrics`, `/healthz`
+    and `/readyz`, nothing else."""
 
-    def __init__(self, server: Observed, spec: str, *, heartbeat_interval: float) -> None:
+    def __init__(self, server: Observed, spec: str, *, heartbeat_interval: float,
+                 descriptors: DescriptorGuard | None = None,
+                 read_timeout_s: float = READ_TIMEOUT_S) -> None:
         try:
             host, port = parse_host_port(spec, schemes=("http",))
         except UsageError as exc:
             raise ConfigError(f"--metrics {exc}") from None
         try:
-            from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+            from prometheus_client import CollectorRegistry, ProcessCollector
         except ImportError:
             raise ConfigError(MISSING_LIBRARY) from None
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
-        self.registry.register(_Collector(server))
-        self._server = server
         # §healthz: a loop that has not completed a pass for two heartbeat intervals is
         # stuck (it passes at least once per interval to publish `hb`).
         self.stuck_after_s = 2 * heartbeat_interval
-        metrics_app = make_wsgi_app(self.registry)
-
-        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-            if environ.get("PATH_INFO") == "/healthz":
-                return self._health(start_response)
-            return metrics_app(environ, start_response)
-
+        self.registry.register(_Collector(server, self.stuck_after_s))
+        self._server = server
+        self.read_timeout_s = read_timeout_s
         with configured(f"--metrics {spec}: cannot listen: "):  # EndpointError, a ConfigError
-            kind = _ThreadingServer6 if ":" in host else _ThreadingServer
-            self._httpd = make_server(host, port, app, kind, handler_class=_Quiet)
-        self.host, self.port = host, self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="zns-metrics",
+            self.listening = listen_tcp(host, port)
+        self.listening.listen(MAX_CONNECTIONS)
+        self.listening.setblocking(True)
+        # Inside the descriptor guard: when the process runs out of descriptors, new
+        # connections here are dropped by the kernel as on the ZNS/1 and remoting ports.
+        self._descriptors = descriptors
+        if descriptors is not None:
+            descriptors.plain.append(self.listening)
+        self.host, self.port = host, self.listening.getsockname()[1]
+        self._slots = threading.Semaphore(MAX_CONNECTIONS)
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, name="zns-metrics",
                                         daemon=True)
         self._thread.start()
         log.info("metrics on http://%s:%d/metrics, health on /healthz",
                  url_host(host), self.port)
 
-    def _health(self, start_response: Callable[..., Any]) -> list[bytes]:
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            self._slots.acquire()  # all busy: accept nothing more until one ends
+            try:
+                conn, _ = self.listening.accept()
+            except OSError as exc:
+                self._slots.release()
+                if self._closing.is_set():
+                    return
+                # EMFILE and the like: the descriptor guard sheds; do not spin meanwhile.
+                log.warning("--metrics: accept failed: %s", exc)
+                self._closing.wait(1.0)
+                continue
+            threading.Thread(target=self._serve_one, args=(conn,), name="zns-metrics-conn",
+                             daemon=True).start()
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                status, content_type, body = self._answer(self._read_head(conn))
+                head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}"
+                        f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+                conn.settimeout(self.read_timeout_s)
+                conn.sendall(head.encode() + body)
+        except OSError:
+            pass  # the scraper went away or stopped reading: nothing to tell it
+        finally:
+            self._slots.release()
+
+    def _read_head(self, conn: socket.socket) -> bytes | None:
+        """The request's head, or None when it did not arrive whole in time and in size."""
+        deadline = time.monotonic() + self.read_timeout_s
+        head = b""
+        while b"\r\n\r\n" not in head and b"\n\n" not in head:
+            left = deadline - time.monotonic()
+            if left <= 0 or len(head) > MAX_HEAD_BYTES:
+                return None
+            conn.settimeout(left)
+            try:
+                chunk = conn.recv(4096)
+            except TimeoutError:
+                return None
+            if not chunk:
+                return None
+            head += chunk
+        return head
+
+    def _answer(self, head: bytes | None) -> tuple[int, str, bytes]:
+        if head is None:
+            return 408, "text/plain", b"the request did not arrive whole in time\n"
+        parts = head.split(b"\r\n", 1)[0].split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return 400, "text/plain", b"not an HTTP request\n"
+        method, path = parts[0], parts[1].split(b"?", 1)[0].decode("latin-1")
+        if path not in PATHS:
+            return 404, "text/plain", f"not found: this server answers {', '.join(PATHS)}\n".encode()
+        if method != b"GET":
+            return 405, "text/plain", b"only GET\n"
+        if path == "/healthz":
+            return self._health()
+        if path == "/readyz":
+            ready, why = self._server.ready()
+            return (200 if ready else 503), "text/plain", why.encode() + b"\n"
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+
+    def _health(self) -> tuple[int, str, bytes]:
         age = self._server.loop_age_s()
         if age <= self.stuck_after_s:
-            start_response("200 OK", [("Content-Type", "text/plain")])
-            return [b"ok\n"]
-        start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
-        return [b"stuck: no loop pass for %.1f s\n" % age]
+            return 200, "text/plain", b"ok\n"
+        return 503, "text/plain", b"stuck: no loop pass for %.1f s\n" % age
+
+    def connections(self) -> int:
+        """Connections being served now (tests, diagnostics)."""
+        return sum(1 for t in threading.enumerate() if t.name == "zns-metrics-conn")
 
     def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._closing.set()
+        try:
+            self.listening.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        except OSError:
+            pass
+        self._slots.release()  # wakes an accept loop waiting for a free slot
         self._thread.join(5)
+        if self._descriptors is not None and self.listening in self._descriptors.plain:
+            self._descriptors.plain.remove(self.listening)
+        self.listening.close()

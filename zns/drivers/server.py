@@ -33,9 +33,14 @@ from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
 from zns.drivers.io_errors import configured
 from zns.drivers.heap import TRIM_AFTER_EVENTS, HeapTrim, glibc_malloc_trim
 from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
+from zns.core.handshakes import HandshakeWatch
+from zns.core.latency import LatencyHistogram
+from zns.core.readiness import Readiness
 from zns.core.subscriptions import SubscriptionBudget
 from zns.drivers.logs import install_repeat_filter
+from zns.drivers.handshakes import HANDSHAKE_EVENTS, HandshakeLog
 from zns.drivers.metrics import MetricsServer
+from zns.drivers.request_times import timed_remoting, timed_service
 from zns.drivers.loop import Loop, Outbox, PollSet, Ready, Source
 from zns.drivers.remoting_listener import RemotingListener
 from zns.drivers.request_router import MAX_ENVELOPE_FRAMES, TCP_TIMEOUT_MS, RequestRouter
@@ -106,14 +111,21 @@ class Server:
             max_reply_bytes=self.reply_budget.burst,
         )
         self.state: state_file.StateWriter | None = None
+        # A RocketMQ client or a mismatched ZeroMQ client at the request port: one warning.
+        self.handshakes = HandshakeLog(
+            HandshakeWatch(config.router, curve=self.security is not None), self._now)
+        # /readyz: no broker is expected unless a state dump is restored (_restore_state).
+        self.readiness = Readiness((), self._now(), round(config.ready_grace_s * 1000))
         self.router = self._ctx.socket(zmq.ROUTER)
         # An XPUB, not a PUB: it hands every subscription to the loop, which counts what
         # each connection holds (zns.drivers.subscribers); it publishes as a PUB does.
         self.pub = self._ctx.socket(zmq.XPUB)
         self.subscribers = Subscribers(self.pub, SubscriptionBudget(), freed=self._subscriptions_freed)
         self.outbox = Outbox(self._send_event, self.heap.published)
+        self.request_times = LatencyHistogram()  # zns_request_seconds
         self.requests = RequestRouter(
-            self.router, self.service, self.outbox, clock=self._now,
+            self.router, timed_service(self.service, self.request_times), self.outbox,
+            clock=self._now,
             max_message_bytes=config.max_message_bytes, reply_budget=self.reply_budget,
             with_key=self.security is not None,
         )
@@ -125,7 +137,9 @@ class Server:
         try:
             self.state = self._restore_state(config)  # before anything is served
             self._configure_sockets()
-            self.router_endpoint = self._bind(self.router, config.router)
+            self.router_endpoint = self._bind(self.router, config.router,
+                                              self.handshakes.on_event, HANDSHAKE_EVENTS)
+            self.handshakes.watch.port = self.router_endpoint
             self.pub_endpoint = self._bind(self.pub, config.pub, self.subscribers.on_monitor_event,
                                            SUBSCRIBER_EVENTS)
             if self.security is not None:
@@ -159,7 +173,8 @@ class Server:
                              urgent=[timers, self.outbox])
             if config.metrics:
                 self.metrics = MetricsServer(self, config.metrics,
-                                             heartbeat_interval=config.heartbeat_interval_s)
+                                             heartbeat_interval=config.heartbeat_interval_s,
+                                             descriptors=self.descriptors)
         except BaseException:
             self.close()  # a refused start (port in use, bad --peer) leaves nothing bound
             raise
@@ -219,6 +234,20 @@ class Server:
     def wake(self) -> None:
         self.waker.wake()
 
+    def ready(self) -> tuple[bool, str]:
+        """/readyz (thread-safe: lookups in the route table's dicts)."""
+        return self.readiness.check(self._now(), self._settled)
+
+    def _settled(self, cluster: str, addr: str) -> bool:
+        """A broker address restored from the state dump has registered or heartbeated since
+        (confirmed), or is gone (it did not, and was removed as not_confirmed)."""
+        live = self.service.table.liveness(cluster, addr)
+        return live is None or live.confirm_by is None
+
+    def now_ms(self) -> int:
+        """The server's clock (thread-safe)."""
+        return self._now()
+
     def loop_age_s(self) -> float:
         """Seconds since the loop last completed a pass (thread-safe: one int read)."""
         return max(0, self._now() - self.last_pass_ms) / 1000
@@ -253,7 +282,7 @@ class Server:
                 keyless=self.security.check_keyless if self.security is not None else None,
             )
             listener = RemotingListener(
-                endpoint, service, now=self._now(), descriptors=self.descriptors,
+                endpoint, timed_remoting(service, self.request_times), now=self._now(), descriptors=self.descriptors,
                 outbox=self.outbox, clock=self._now,
                 max_frame_bytes=config.max_message_bytes,
                 max_connections=config.remoting_max_connections,
@@ -292,6 +321,10 @@ class Server:
                 log.error("state dump %s ignored, starting with no routes: %s", path, exc)
             else:
                 table = self.service.table
+                # /readyz waits for each restored address to register again (or go).
+                self.readiness = Readiness(
+                    [(a.cluster, a.addr) for a in dump.table.addresses], self._now(),
+                    round(config.ready_grace_s * 1000))
                 age_s = max(0, self._wall_ms() - dump.written_ms) / 1000
                 log.info("restored %d broker names and %d topics from %s (written %.1f s ago); "
                          "each broker is removed unless it registers again (reason "
