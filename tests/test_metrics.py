@@ -548,7 +548,8 @@ def test_a_request_trickled_byte_by_byte_is_cut_at_the_read_timeout():
 
 @pytest.mark.timeout(60)
 def test_out_of_descriptors_the_metrics_port_drops_new_connections_too():
-    from zns.drivers.descriptors import DescriptorGuard, RETRY_MS
+    from zns.core.accept_pause import RETRY_MS
+    from zns.drivers.descriptors import DescriptorGuard
 
     guard = DescriptorGuard(1 << 20)
     metrics = MetricsServer(Idle(), "127.0.0.1:0", heartbeat_interval=1.0,  # type: ignore[arg-type]
