@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from zns.core.encoded_routes import ENTRY_OVERHEAD_BYTES, EncodedRoutes
-from zns.core.remoting.bodies import encode_topic_route
+from zns.core.remoting.bodies import JavaRouteJson, encode_topic_route
 from zns.core.schema import BrokerData, QueueData, TopicRoute, encode
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,7 +38,7 @@ def new_cache(table: Table, max_json_bytes: int = 1 << 20) -> tuple[EncodedRoute
         made.append(value)
         return encode(value)
 
-    return EncodedRoutes(table.route, msgpack, max_json_bytes), made
+    return EncodedRoutes(table.route, msgpack, max_json_bytes, JavaRouteJson()), made
 
 
 def test_each_form_is_made_when_first_asked_for_and_once_per_change():
@@ -102,7 +102,7 @@ def test_order_conf_is_in_the_json_forms_only_when_asked_and_a_change_of_rule_dr
     cache, _ = new_cache(table)
     assert b"orderTopicConf" not in cache.json("O", True)
     assert msgspec.msgpack.decode(cache.msgpack("O"))["order_conf"] == "broker-a:4"
-    cache.json_order_conf = True
+    cache.json_encoder = JavaRouteJson(order_conf=True)
     assert cache.json_bytes == 0
     assert b'"orderTopicConf":"broker-a:4"' in cache.json("O", True)
     assert cache.msgpack_bytes > 0  # the ZNS/1 form does not depend on the rule
@@ -123,10 +123,11 @@ def two_broker_route(topic: str = "T", servers: dict[str, list[str]] | None = No
 
 def test_two_queues_take_the_java_order_and_without_insertion_order_their_own():
     route = two_broker_route()
-    in_java = EncodedRoutes(lambda t: route, encode, queue_names=lambda t: ["broker-a", "broker-b"])
+    in_java = EncodedRoutes(lambda t: route, encode,
+                            json_encoder=JavaRouteJson(lambda t: ["broker-a", "broker-b"]))
     body = in_java.json("T", False)
     assert body.index(b'"brokerName":"broker-b"') < body.index(b'"brokerName":"broker-a"')
-    own = EncodedRoutes(lambda t: route, encode)  # no insertion order known
+    own = EncodedRoutes(lambda t: route, encode, json_encoder=JavaRouteJson())  # no order known
     assert own.json("T", False) == encode_topic_route(route, False)
 
 
@@ -135,11 +136,12 @@ def test_the_filter_servers_are_sorted_and_rehashed_only_for_a_reparsed_reply():
     # the legacy form writes the map in its order (the standard form sorts it).
     servers = {"10.0.0.2:10911": ["10.0.0.2:30000"], "10.0.0.1:10911": ["10.0.0.1:30000"]}
     route = two_broker_route(servers=servers)
-    cache = EncodedRoutes(lambda t: route, encode)
+    java = JavaRouteJson()
+    cache = EncodedRoutes(lambda t: route, encode, json_encoder=java)
     plain = cache.json("T", True)
     assert plain.index(b'"10.0.0.2:30000"') < plain.index(b'"10.0.0.1:30000"')
-    assert cache.encode_json(route, True) == plain
-    reparsed = cache.encode_json(route, True, reparsed_sorted=True)
+    assert java(route, True) == plain
+    reparsed = java(route, True, reparsed_sorted=True)
     assert reparsed.index(b'"10.0.0.1:30000"') < reparsed.index(b'"10.0.0.2:30000"')
 
 
@@ -171,11 +173,14 @@ def test_with_as_many_of_each_form_the_legacy_one_goes_first():
     assert cache.json("T00000", True) == legacy and len(table.lookups) == lookups + 1  # made again
 
 
-def test_the_order_conf_rule_starts_off_and_setting_it_off_keeps_what_is_held():
+def test_the_order_conf_rule_starts_off_and_a_cache_has_no_json_form_until_given_an_encoder():
+    assert JavaRouteJson().order_conf is False
     table = Table(1)
+    bare = EncodedRoutes(table.route, encode)  # the core knows no JSON form of its own
+    with pytest.raises(RuntimeError, match="no JSON encoder"):
+        bare.json("T00000", True)
     cache, _ = new_cache(table)
-    assert cache.json_order_conf is False
     cache.json("T00000", True)
-    held = cache.json_bytes
-    cache.json_order_conf = False
-    assert len(cache) == 1 and cache.json_bytes == held
+    assert len(cache) == 1 and cache.json_bytes > 0
+    cache.json_encoder = JavaRouteJson()  # another encoder: what the old one made goes
+    assert len(cache) == 0 and cache.json_bytes == 0

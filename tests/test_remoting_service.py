@@ -28,12 +28,12 @@ from zns.core.remoting import (
     encode_json_header,
     loads_lenient,
 )
-from zns.core.remoting.handler import LOOPBACK as LOOPBACK_NETWORKS
+from zns.core.addresses import LOOPBACK as LOOPBACK_NETWORKS
+from zns.core.addresses import parse_networks
 from zns.core.remoting.handler import (
     Connection,
     RemotingService,
     describe_access,
-    parse_networks,
     remoting_access,
 )
 from zns.core.schema import ORDER_TOPIC_CONFIG, encode
@@ -978,16 +978,16 @@ def test_system_topics_name_the_master_address_or_none(rs):
 
 
 def test_routes_are_encoded_once_per_change(rs, monkeypatch):
-    from zns.core import encoded_routes
+    from zns.core.remoting import bodies
 
     encoded = []
-    real = encoded_routes.encode_topic_route
+    real = bodies.encode_topic_route
 
     def counting(route, legacy):
         encoded.append(legacy)
         return real(route, legacy)
 
-    monkeypatch.setattr(encoded_routes, "encode_topic_route", counting)
+    monkeypatch.setattr(bodies, "encode_topic_route", counting)
     ok(rs, register_cmd())
     for version in (479, 300, 479):  # standard, legacy, standard: both forms made once
         ok(rs, req(105, {"topic": "TopicTest"}, version=version))
@@ -1234,10 +1234,10 @@ def test_deleting_nothing_remembers_no_emptied_namespace_whatever_other_namespac
 
 def test_by_default_kv_reads_come_from_anywhere_and_order_conf_is_off(svc):
     rs = RemotingService(svc)
-    assert (rs.order_message_enable, svc.encoded.json_order_conf) == (False, False)
+    assert (rs.route_json.order_conf, svc.encoded.json_encoder.order_conf) == (False, False)
     anywhere = Connection(2, "10.1.2.3")
     assert call(rs, req(101, {"namespace": "ns", "key": "k"}), anywhere).code == 22  # not 16
-    assert RemotingService(svc, order_message_enable=True).order_message_enable is True
+    assert RemotingService(svc, order_message_enable=True).route_json.order_conf is True
 
 
 def test_register_bodies_are_bounded_by_the_services_limits():

@@ -360,7 +360,7 @@ def test_peer_nameservers_hint_each_other_over_curve(make_server, keys):
 @pytest.mark.timeout(60)
 def test_curve_narrows_the_remoting_listener_and_says_so(make_server, keys, caplog):
     # Issue 21 item 6: a keyless remoting connection must not get what ZNS/1 keeps for keys.
-    from zns.core.remoting.handler import LOOPBACK
+    from zns.core.addresses import LOOPBACK
 
     with caplog.at_level(logging.WARNING, logger="zns"):
         srv = make_server(remoting="127.0.0.1:0", **keys.server_options(clients="listed"))

@@ -30,7 +30,8 @@ REQUEST_ID = 42
 
 @pytest.fixture
 def svc() -> NameService:
-    service = NameService(KvStore(None), epoch=EPOCH, started_at_ms=0, pub_endpoint="tcp://x:1")
+    service = NameService(KvStore(None), epoch=EPOCH, started_at_ms=0, pub_endpoint="tcp://x:1",
+                          version="1.2.3")
     call(service, "register_broker", cluster="c1", broker_name="broker-a", broker_id=0,
          broker_addr=MASTER, topics={"TopicA": {}})
     call(service, "kv_put", namespace="ns", key="k", value="v")
@@ -986,8 +987,8 @@ def test_the_table_queries_a_driver_makes_pass_through(svc):
     assert svc.topics() == ["TopicA", "TopicB", "TopicC"]
     assert svc.topics("c2") == ["TopicB"]
     assert svc.topics("c3", 1) == ["TopicC"]
-    assert svc._queue_names("TopicB") == ["broker-b", "broker-c"]
-    assert svc._queue_names("nowhere") == []
+    assert list(svc.topic_queue_table()["TopicB"]) == ["broker-b", "broker-c"]
+    assert list(svc.topic_queue_table().get("nowhere", ())) == []
     # A stall gives every broker its time back; a peer's hint then shortens the deadline.
     deadline = svc.table.next_deadline()
     svc.shift_deadlines(500)

@@ -50,8 +50,11 @@ them is a design change: discuss it first.
    everything, then mutate.
 
 7. **Imports point one way.** `zns.drivers` and `zns.cli` import the core;
-   the core never imports them. No module imports another that imports it
-   back (checked by the same test).
+   the core never imports them, nor the `zns` package above it (what it
+   needs of it, the version, is handed in as the epoch is). Within the core,
+   `remoting` is built on the rest and nothing outside `remoting` imports
+   it: the route cache is handed its JSON encoder. No module imports another
+   that imports it back (checked by the same test).
 
 8. **Everything a peer can make the server hold has a bound** (`limits.py`
    and the schema's `Meta` bounds), and the bound is checked before the state
@@ -64,7 +67,7 @@ Modules, by role (a flat package on purpose: docs/development.md says why):
 | shared | `schema` | every ZNS/1 message, bound and default; encode/decode |
 | shared | `errors` | the error tree and its wire codes |
 | shared | `config` | every setting of `zns serve`, `zns relay`, `zns broker`: type, bound, default |
-| shared | `addresses` | NameServer address lists, the events endpoint a client connects to |
+| shared | `addresses` | NameServer address lists, the events endpoint a client connects to, the remoting listener's networks |
 | shared | `backoff` | exponential backoff with jitter |
 | shared | `text` | text from the network made safe for a log line or an error message |
 | server | `service` | `NameService`: every request, either listener's, in; replies and events out |

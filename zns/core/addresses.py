@@ -1,6 +1,7 @@
 """Endpoints and addresses as text: NameServer address lists (§10), one ZeroMQ endpoint
-to bind or connect, a `HOST:PORT` to listen on (remoting, metrics), and the events
-endpoint a client connects to (§5).
+to bind or connect, a `HOST:PORT` to listen on (remoting, metrics), the events
+endpoint a client connects to (§5), and the networks (CIDRs) the remoting
+listener's `--remoting-brokers/-admins/-clients` name (§12).
 
 Plain string work, shared by the clients, the broker agent, the tools, the peer
 links and the command line (zns.cli.params turns these into option types), so
@@ -9,11 +10,17 @@ every endpoint is checked by the same rules and refused with the same words.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from zns.core.errors import UsageError
+from zns.core.text import quote
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+LOOPBACK: tuple[Network, ...] = (ipaddress.ip_network("127.0.0.0/8"),
+                                 ipaddress.ip_network("::1/128"))
 
 WILDCARD_HOSTS = {"*", "0.0.0.0", "::", "[::]", ""}
 _SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
@@ -125,3 +132,26 @@ def resolve_pub_endpoint(pub_endpoint: str, request_endpoint: str) -> str:
     except ValueError:
         return pub_endpoint
     return f"tcp://{request_host}:{port}"
+
+
+def parse_networks(specs: Iterable[str]) -> tuple[Network, ...]:
+    """CIDRs (or bare addresses) of --remoting-brokers / --remoting-admins; ValueError names a bad one."""
+    networks = []
+    for spec in specs:
+        try:
+            networks.append(ipaddress.ip_network(spec.strip(), strict=False))
+        except ValueError as exc:
+            raise ValueError(f"{quote(spec)} is not a network (CIDR like 10.0.0.0/8): {exc}") from None
+    return tuple(networks)
+
+
+def in_networks(host: str, networks: tuple[Network, ...]) -> bool:
+    """Whether the address `host` (an IPv4-mapped IPv6 address as its IPv4 one; a zone
+    suffix ignored) is in one of `networks`; False for a host that is not an address."""
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in networks)

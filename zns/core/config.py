@@ -32,7 +32,7 @@ import msgspec
 from msgspec import Meta, field
 from msgspec import inspect as msgspec_inspect
 
-from zns.core.addresses import check_endpoint, parse_addresses, parse_host_port
+from zns.core.addresses import check_endpoint, parse_addresses, parse_host_port, parse_networks
 from zns.core.errors import InvalidSetting
 from zns.core.limits import Limits
 from zns.core.peer_link import MIN_PEER_GRACE_MS
@@ -90,9 +90,6 @@ def _nameservers(value: str) -> str:
 
 
 def _network(value: str) -> str:
-    # The lazy import keeps `zns --help` from loading the remoting code.
-    from zns.core.remoting.handler import parse_networks
-
     parse_networks([value])
     return value
 

@@ -16,10 +16,11 @@ One cache, so one rule decides when an encoding is made and when it goes:
   more); with it, a hot set larger than the bound costs re-encoding, never
   memory.
 
-The JSON forms list queues and brokers in the Java NameServer's HashMap order
-(zns.core.remoting.javaorder), not ZNS/1's sorted order. They carry `orderTopicConf` only when `json_order_conf` is set (Java's
-``orderMessageEnable``, the remoting listener's setting; see
-zns.core.remoting.handler).
+The cache knows no wire format but its own: it is handed its encoders. The
+JSON one (`json_encoder`) is the remoting listener's
+(zns.core.remoting.bodies.JavaRouteJson: the Java NameServer's HashMap order,
+``orderTopicConf`` only with Java's ``orderMessageEnable``), set when the
+listener is made; so imports point from remoting to the core, never back.
 
 Sans-I/O; counts are plain ints a metrics scrape may read from another thread.
 """
@@ -28,41 +29,42 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import msgspec
 from msgspec import Raw
 
-from zns.core.remoting.bodies import encode_topic_route
-from zns.core.remoting.javaorder import hashmap_order, route_in_java_order
 from zns.core.schema import TopicRoute
 
 # What one cached encoding costs beyond its bytes: the bytes object's header and its
 # slot in the dict (the topic string is the route table's own).
 ENTRY_OVERHEAD_BYTES = 100
 DEFAULT_MAX_JSON_BYTES = 64 << 20
+# A route in RocketMQ's legacy (True) or standard (False) JSON form.
+JsonEncoder = Callable[[TopicRoute, bool], bytes]
+
+
+def _no_json_encoder(route: TopicRoute, legacy: bool) -> bytes:
+    raise RuntimeError("no JSON encoder: the remoting listener sets one (EncodedRoutes.json_encoder)")
 
 
 class EncodedRoutes:
     __slots__ = ("_route", "_msgpack", "_encode", "_json", "max_json_bytes", "msgpack_bytes",
-                 "json_bytes", "_json_order_conf", "_queue_names")
+                 "json_bytes", "_json_encoder")
 
     def __init__(self, route: Callable[[str], TopicRoute | None],
                  encode_msgpack: Callable[[object], bytes],
                  max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
-                 queue_names: Callable[[str], list[str]] | None = None) -> None:
+                 json_encoder: JsonEncoder = _no_json_encoder) -> None:
         """`route`: the route table's current route of a topic; `encode_msgpack`: ZNS/1's
-        encoder (bytes of exactly the encoding's size); `queue_names`: a topic's broker
-        names in the order their queue data went in, for the JSON forms' Java order
-        (None: the route's own order)."""
+        encoder (bytes of exactly the encoding's size); `json_encoder`: the JSON forms'
+        (settable later, see `json_encoder`)."""
         self._route = route
-        self._queue_names = queue_names
         self._encode = encode_msgpack
+        self._json_encoder = json_encoder
         self._msgpack: dict[str, Raw] = {}
         # legacy (True) and standard (False) JSON, each oldest first
         self._json: dict[bool, dict[str, bytes]] = {True: {}, False: {}}
         self.max_json_bytes = max_json_bytes
         self.msgpack_bytes = 0  # what the MessagePack encodings held weigh
         self.json_bytes = 0  # ... and the JSON ones (never above max_json_bytes)
-        self._json_order_conf = False
 
     def msgpack(self, topic: str, route: TopicRoute | None = None) -> Raw | None:
         """The topic's route as ZNS/1 MessagePack; None if it has none. `route`: the
@@ -83,7 +85,7 @@ class EncodedRoutes:
         if body is None:
             if (route := self._route(topic)) is None:
                 return None
-            body = self.encode_json(route, legacy)
+            body = self._json_encoder(route, legacy)
             cost = len(body) + ENTRY_OVERHEAD_BYTES
             if cost > self.max_json_bytes:
                 return body  # larger than the whole bound: served, never kept
@@ -94,33 +96,16 @@ class EncodedRoutes:
         return body
 
     @property
-    def json_order_conf(self) -> bool:
-        return self._json_order_conf
+    def json_encoder(self) -> JsonEncoder:
+        return self._json_encoder
 
-    @json_order_conf.setter
-    def json_order_conf(self, value: bool) -> None:
-        """Set once, at start; a change drops the JSON forms made under the other rule."""
-        if value != self._json_order_conf:
-            self._json_order_conf = value
-            for held in self._json.values():
-                held.clear()
-            self.json_bytes = 0
-
-    def encode_json(self, route: TopicRoute, legacy: bool, *, reparsed_sorted: bool = False) -> bytes:
-        """`route` (of the table, or zone-filtered) as TopicRouteData, as every JSON form is made.
-
-        `reparsed_sorted`: the filter servers in the order of a HashMap filled from the sorted
-        map of the standard form -- what Java's zone filter writes for a requester of version
-        4.9.4 or later: it parses the reply it made (maps sorted) and encodes it again."""
-        if route.order_conf and not self._json_order_conf:
-            route = msgspec.structs.replace(route, order_conf="")
-        if self._queue_names is not None and (len(route.queues) > 1 or route.filter_servers):
-            route = route_in_java_order(route, self._queue_names(route.topic))
-        if reparsed_sorted and len(route.filter_servers) > 1:
-            servers = route.filter_servers
-            route = msgspec.structs.replace(
-                route, filter_servers={a: servers[a] for a in hashmap_order(sorted(servers))})
-        return encode_topic_route(route, legacy)
+    @json_encoder.setter
+    def json_encoder(self, encoder: JsonEncoder) -> None:
+        """Set once, at start; the JSON forms made by the encoder before are dropped."""
+        self._json_encoder = encoder
+        for held in self._json.values():
+            held.clear()
+        self.json_bytes = 0
 
     def forget(self, topic: str) -> None:
         """The topic's route changed or went: its encodings are stale."""

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 from msgspec import Raw
 
-from zns import __version__
 from zns.core.encoded_routes import EncodedRoutes
 from zns.core.errors import BadRequest, Busy, ErrorReply, Internal, NotFound, UnknownOp
 from zns.core.kv import KvBackend
@@ -133,17 +132,20 @@ class NameService:
         *,
         epoch: str,
         started_at_ms: int,
+        version: str = "",
         pub_endpoint: str = "",
         authorize: Authorizer | None = None,
         limits: Limits | None = None,
         max_reply_bytes: int | None = None,
     ) -> None:
-        """`max_reply_bytes`: the largest reply the server ever sends (its reply byte
+        """`version`: the server's release, which `status` shows (the core does not import
+        the package above it to learn it). `max_reply_bytes`: the largest reply the server ever sends (its reply byte
         budget's per-peer burst). A `snapshot` or `get_routes` whose routes alone exceed
         it is refused `busy` as soon as that is known, before its reply is built."""
         self.table = RouteTable(epoch)
         self.kv = kv
         self.epoch = epoch
+        self.version = version  # the server's release, shown by `status`
         self.started_at_ms = started_at_ms
         self.pub_endpoint = pub_endpoint
         self.remoting_endpoint = ""  # the remoting listener as bound, shown by `status`
@@ -153,8 +155,7 @@ class NameService:
         self.peers: dict[str, bool] = {}  # peer endpoint -> connected (§10, set by the server)
         # Each route encoded once per change, in each form when first asked for (a restart
         # storm changes shared routes faster than anyone can ask; the events carry them anyway).
-        self.encoded = EncodedRoutes(self.table.route, lambda route: self._exact(route),
-                                     queue_names=self._queue_names)
+        self.encoded = EncodedRoutes(self.table.route, lambda route: self._exact(route))
         self._snapshot_routes: tuple[int, Raw] = (-1, Raw(b""))  # (revision, encoded map)
         self._scratch = bytearray()  # see _exact
         # Plain counts for metrics, read (never reset) by a scrape in another thread: an
@@ -303,9 +304,6 @@ class NameService:
     def cluster_members(self) -> dict[str, dict[str, None]]:
         """cluster -> broker names, in the order they joined (read only)."""
         return self.table.cluster_members()
-
-    def _queue_names(self, topic: str) -> list[str]:
-        return list(self.table.topic_queue_table().get(topic, ()))
 
     def cluster_table(self) -> dict[str, list[str]]:
         return self.table.cluster_table()
@@ -491,7 +489,7 @@ class NameService:
     def _status(self, rid: int, now: int) -> StatusReply:
         table = self.table
         return StatusReply(
-            id=rid, epoch=self.epoch, revision=table.revision, version=__version__,
+            id=rid, epoch=self.epoch, revision=table.revision, version=self.version,
             uptime_ms=max(0, now - self.started_at_ms), brokers=table.broker_count(),
             topics=table.topic_count(), pub_endpoint=self.pub_endpoint, peers=dict(self.peers),
             remoting=self.remoting_endpoint,

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import zmq
 
+from zns import __version__
 from zns.core.config import (  # DEFAULT_*: re-exported for the relay and the benchmarks
     DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PUB_HWM, ServerConfig,
 )
@@ -106,7 +107,7 @@ class Server:
         self.descriptors = DescriptorGuard(self.descriptor_limit)
         install_repeat_filter(log)
         self.service = NameService(
-            KvStore(config.kv_path), epoch=new_epoch(), started_at_ms=self._now(),
+            KvStore(config.kv_path), epoch=new_epoch(), started_at_ms=self._now(), version=__version__,
             authorize=self.security.authorize if self.security else None, limits=config.limits,
             max_reply_bytes=self.reply_budget.burst,
         )

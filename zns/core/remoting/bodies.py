@@ -33,7 +33,8 @@ from msgspec import Struct
 
 from .constants import STANDARD_JSON_MIN_VERSION
 from zns.core.errors import RemotingBodyError
-from .javaorder import hashmap_order
+from zns.core.schema import TopicRoute
+from .javaorder import hashmap_order, route_in_java_order
 from .fastjson import (
     LEGACY_SPECIAL, STANDARD_SPECIAL, check_values, escape_legacy, escape_standard, loads_lenient, to_utf8,
 )
@@ -190,6 +191,37 @@ def encode_topic_route(route: RouteLike, legacy: bool) -> bytes:
     text = f'{{"brokerDatas":[{brokers}],"filterServerTable":{{{filters}}}{order},"queueDatas":[{queues}]}}'
     # The standard form is pure ASCII (so UTF-8 is ASCII); the legacy form keeps non-ASCII as UTF-8.
     return to_utf8(text)
+
+
+class JavaRouteJson:
+    """A route (of the table, or zone-filtered) as the Java NameServer writes its TopicRouteData:
+    the encoder the route cache (zns.core.encoded_routes) is given for its JSON forms.
+
+    `queue_names(topic)`: the topic's broker names in the order their queue data went in
+    (None: the route's own order), for the lists' Java order. `order_conf`: Java's
+    ``orderMessageEnable``; only then does a route carry ``orderTopicConf``.
+    """
+
+    __slots__ = ("queue_names", "order_conf")
+
+    def __init__(self, queue_names: Callable[[str], Sequence[str]] | None = None, *,
+                 order_conf: bool = False) -> None:
+        self.queue_names = queue_names
+        self.order_conf = order_conf
+
+    def __call__(self, route: TopicRoute, legacy: bool, *, reparsed_sorted: bool = False) -> bytes:
+        """`reparsed_sorted`: the filter servers in the order of a HashMap filled from the
+        sorted map of the standard form -- what Java's zone filter writes for a requester of
+        version 4.9.4 or later: it parses the reply it made (maps sorted) and encodes it again."""
+        if route.order_conf and not self.order_conf:
+            route = msgspec.structs.replace(route, order_conf="")
+        if self.queue_names is not None and (len(route.queues) > 1 or route.filter_servers):
+            route = route_in_java_order(route, self.queue_names(route.topic))
+        if reparsed_sorted and len(route.filter_servers) > 1:
+            servers = route.filter_servers
+            route = msgspec.structs.replace(
+                route, filter_servers={a: servers[a] for a in hashmap_order(sorted(servers))})
+        return encode_topic_route(route, legacy)
 
 
 def wants_standard_json(version: int, ext_fields: Mapping[str, str] | None) -> bool:

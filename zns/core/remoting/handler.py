@@ -31,7 +31,6 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from zns.core.addresses import LOOPBACK, Network, in_networks, parse_networks
 from zns.core.errors import ErrorReply, NoPermission, NotFound
 from zns.core.routes import filter_zone
 from zns.core.schema import (
@@ -62,9 +62,9 @@ from zns.core.schema import (
     tag_of,
 )
 from zns.core.service import Frames, NameService
-from zns.core.text import quote
 
 from .bodies import (
+    JavaRouteJson,
     decode_data_version,
     decode_topic_route_data,
     encode_broker_member_group,
@@ -84,9 +84,7 @@ from .register import check_body_crc32, decode_register_broker_body, may_serve_t
 
 log = logging.getLogger("zns")
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 TOPIC_LISTS_KEPT = 16  # encoded topic lists kept, one per list (and cluster) asked for
-LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
 
 R = RequestCode
 BROKER_CODES = frozenset({R.REGISTER_BROKER, R.UNREGISTER_BROKER, R.QUERY_DATA_VERSION,
@@ -134,7 +132,11 @@ class RemotingService:
         self.service = service
         self.keyless = keyless
         self.order_message_enable = order_message_enable
-        service.encoded.json_order_conf = order_message_enable  # one cache, one rule
+        # The route cache's JSON forms are this listener's (one cache, one rule).
+        self.route_json = JavaRouteJson(
+            lambda topic: list(service.topic_queue_table().get(topic, ())),
+            order_conf=order_message_enable)
+        service.encoded.json_encoder = self.route_json
         self.brokers = None if brokers is None else tuple(brokers)
         self.admins = tuple(admins)
         self.readers = None if readers is None else tuple(readers)
@@ -309,7 +311,7 @@ class RemotingService:
                 return _no_route(cmd, topic)
             # Java filters in an RPC hook that decodes the reply and encodes it again with
             # plain encode(): the legacy form, whatever the requester's version.
-            return _ok(cmd, body=self.service.encoded.encode_json(route, True, reparsed_sorted=not legacy))
+            return _ok(cmd, body=self.route_json(route, True, reparsed_sorted=not legacy))
         # No name check on the hot path: a name the table holds was checked when it was
         # registered, and one it does not hold finds no route.
         body = self.service.route_json(topic, legacy)
@@ -407,7 +409,7 @@ class RemotingService:
 
     def _allow(self, conn: Connection, networks: tuple[Network, ...] | None, option: str,
                code: int) -> None:
-        if networks is None or _in_networks(conn.host, networks):
+        if networks is None or in_networks(conn.host, networks):
             return
         log.warning("remoting request %d from %s refused: not in %s", code, conn.host, option)
         raise NoPermission(f"request code {code} is not allowed from {conn.host}: "
@@ -514,16 +516,6 @@ def _zns_version(v: Any) -> DataVersion:
     return DataVersion(state=v.state_version, timestamp=v.timestamp, counter=v.counter)
 
 
-def _in_networks(host: str, networks: tuple[Network, ...]) -> bool:
-    try:
-        address = ipaddress.ip_address(host.split("%")[0])
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return any(address in network for network in networks)
-
-
 def remoting_access(brokers: Sequence[str], admins: Sequence[str], readers: Sequence[str], *,
                     curve: bool, clients_listed: bool) -> tuple[dict[str, Any], str | None]:
     """RemotingService's networks for --remoting-brokers/-admins/-clients (empty: not given),
@@ -565,17 +557,6 @@ def describe_access(brokers: tuple[Network, ...] | None, admins: tuple[Network, 
     return (f"reads from {networks(readers)} (--remoting-clients), broker requests from "
             f"{networks(brokers)} (--remoting-brokers), admin requests from "
             f"{networks(admins)} (--remoting-admins)")
-
-
-def parse_networks(specs: Iterable[str]) -> tuple[Network, ...]:
-    """CIDRs (or bare addresses) of --remoting-brokers / --remoting-admins; ValueError names a bad one."""
-    networks = []
-    for spec in specs:
-        try:
-            networks.append(ipaddress.ip_network(spec.strip(), strict=False))
-        except ValueError as exc:
-            raise ValueError(f"{quote(spec)} is not a network (CIDR like 10.0.0.0/8): {exc}") from None
-    return tuple(networks)
 
 
 def _ok(cmd: RemotingCommand, *, ext_fields: dict[str, str] | None = None,
