@@ -427,14 +427,14 @@ def test_stall_of_the_process_does_not_evict_brokers(process_server):
 def test_internal_error_is_replied_logged_and_survived(server: ThreadedServer, monkeypatch,
                                                        caplog):
     service = server.server.service
-    original = service.handle
+    original = service.read
 
-    def handle(request, now):
+    def read(request, now):
         if isinstance(request, schema.GetTopics):
             raise RuntimeError("boom in a handler")
         return original(request, now)
 
-    monkeypatch.setattr(service, "handle", handle)
+    monkeypatch.setattr(service, "read", read)
     peer = server.peer()
     with caplog.at_level(logging.ERROR, logger="zns"):
         reply = peer.call("get_topics", id=77)

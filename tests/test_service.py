@@ -892,7 +892,7 @@ def test_a_request_no_op_handles_is_an_internal_error_naming_its_type(svc):
         id = 1
 
     with pytest.raises(Internal, match="^no handler for Unheard$"):
-        svc.handle(Unheard(), 0)  # type: ignore[arg-type]
+        svc.read(Unheard(), 0)  # type: ignore[arg-type]
 
 
 def test_a_route_is_encoded_once_per_change_however_often_it_is_read(svc, monkeypatch):

@@ -70,6 +70,8 @@ Modules, by role (a flat package on purpose: docs/development.md says why):
 | shared | `addresses` | NameServer address lists, the events endpoint a client connects to, the remoting listener's networks |
 | shared | `backoff` | exponential backoff with jitter |
 | shared | `text` | text from the network made safe for a log line or an error message |
+| server | `state` | the state machine: every change of state as one command through `apply` |
+| server | `state_dump` | the state machine's whole state as plain values (dump and load) |
 | server | `service` | `NameService`: every request, either listener's, in; replies and events out |
 | server | `routes` | the route table: §4 registration, §6 admin ops, §8 expiry, revisions and events |
 | server | `liveness` | each broker address's deadline (§8), suspicion (§10), the stall shift |

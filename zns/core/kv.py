@@ -22,6 +22,9 @@ class KvBackend(Protocol):
     def list(self, namespace: str) -> dict[str, str]:
         """A copy of the namespace's entries ({} when none)."""
 
+    def namespaces(self) -> tuple[str, ...]:
+        """The namespaces holding entries, in the order they were created."""
+
     def count(self, namespace: str | None = None) -> int:
         """Entries in `namespace`, or with None the number of namespaces."""
 

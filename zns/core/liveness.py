@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from zns.core.schema import DataVersion
+from zns.core.state_dump import AddressDump
 
 LiveKey = tuple[str, str]  # (cluster, broker_addr): liveness is keyed so (§8)
 
@@ -220,3 +221,20 @@ class LivenessSchedule:
             assert live.scheduled <= live.deadline, f"{key} is scheduled after its deadline"
         expected = min((live.deadline for live in self._live.values()), default=None)
         assert self.next_deadline() == expected, "next_deadline is not the earliest deadline"
+
+    # --- a replica's state (zns.core.state_dump) ----------------------------
+
+    def dump(self) -> list[AddressDump]:
+        """Every live address in the order it was first recorded (its heap is derived)."""
+        return [AddressDump(live.cluster, live.addr, live.last_heartbeat, live.timeout_ms,
+                            live.data_version, live.ha_addr, sorted(live.names),
+                            live.suspect_deadline, live.stall_credit)
+                for live in self._live.values()]
+
+    def load(self, addresses: list[AddressDump]) -> None:
+        """Take what `dump` gave into this empty schedule."""
+        for a in addresses:
+            self._live[(a.cluster, a.addr)] = Liveness(
+                a.cluster, a.addr, a.last_heartbeat, a.timeout_ms, a.data_version, a.ha_addr,
+                set(a.names), a.suspect_deadline, a.stall_credit)
+        self._rebuild()

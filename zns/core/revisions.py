@@ -114,6 +114,26 @@ class RouteRevisions:
         """(topics with a revision, removed topics whose revision is remembered)."""
         return len(self._topic_revision), len(self._removed_revision)
 
+    def dump(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
+        """(revision, each held topic's last revision, each remembered removed topic's),
+        in their orders (zns.core.state_dump)."""
+        return (self.revision, list(self._topic_revision.items()),
+                list(self._removed_revision.items()))
+
+    def load(self, revision: int, topic_revisions: list[tuple[str, int]],
+             removed_revisions: list[tuple[str, int]],
+             build: Callable[[str], TopicRoute | None]) -> None:
+        """Take what `dump` gave into these empty revisions; `build(topic)`: the topic's
+        route made from the loaded records (the routes are derived, never dumped)."""
+        self.revision = revision
+        for topic, topic_revision in topic_revisions:
+            route = build(topic)
+            if route is None:
+                raise ValueError(f"topic {topic!r} has a revision and no queue data")
+            self._routes[topic] = route
+            self._topic_revision[topic] = topic_revision
+        self._removed_revision.update(removed_revisions)
+
     def check_invariants(self) -> None:
         """Raise AssertionError if the routes and revisions contradict each other."""
         assert self._topic_revision.keys() == self._routes.keys(), "a route without a revision"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from zns.core.errors import BadRequest, Conflict, UsageError
 from zns.core.liveness import LiveKey, Liveness, LivenessSchedule
 from zns.core.revisions import Changes, RouteBuilder, RouteRevisions, SharedLists
+from zns.core.state_dump import BrokerDump, TableDump
 from zns.core.table_state import AddressState, BrokerState, TableState, check_state
 from zns.core.weights import WeightLedger, entry_weight
 from zns.core.schema import (
@@ -584,6 +585,55 @@ class RouteTable:
                 "topics": len(self._queues), "queue_entries": self._weights.count,
                 "queue_values": len(self._queue_values), "broker_data": len(self._builder),
                 "topic_revisions": topics, "removed_topic_revisions": removed}
+
+    # --- a replica's state (zns.core.state_dump) ----------------------------
+
+    def exact_dump(self) -> TableDump:
+        """Everything the table decides from, exactly, in its own orders: what a replica
+        loads (a warm restart keeps less)."""
+        revision, topic_revisions, removed_revisions = self._revisions.dump()
+        return TableDump(
+            epoch=self.epoch, revision=revision,
+            clusters=[(cluster, list(names)) for cluster, names in self._clusters.items()],
+            brokers=[BrokerDump(rec.name, rec.cluster, rec.zone,
+                                [(i, a, rec.addr_cluster[a]) for i, a in rec.addrs.items()])
+                     for rec in self._brokers.values()],
+            addresses=self._live.dump(),
+            filter_servers=[(c, a, list(servers)) for (c, a), servers in self._filter_servers.items()],
+            queues=[(topic, list(by_broker.values())) for topic, by_broker in self._queues.items()],
+            order_conf=list(self._order_conf.items()), topic_revisions=topic_revisions,
+            removed_revisions=removed_revisions)
+
+    @classmethod
+    def from_exact_dump(cls, dump: TableDump) -> RouteTable:
+        """A table holding exactly what `exact_dump` gave: it answers every later call as the
+        dumped table does. Routes, weights, interned queue data, the topic index and the
+        BrokerData are rebuilt from the records."""
+        table = cls(dump.epoch)
+        for cluster, names in dump.clusters:
+            table._clusters[cluster] = dict.fromkeys(names)
+        for broker in dump.brokers:
+            rec = table._brokers[broker.name] = BrokerRecord(broker.cluster, broker.name, broker.zone)
+            for broker_id, addr, cluster in broker.addrs:
+                rec.addrs[broker_id] = addr
+                rec.addr_cluster[addr] = cluster
+            table._broker_topics[broker.name] = set()
+        table._live.load(dump.addresses)
+        for cluster, addr, servers in dump.filter_servers:
+            table._filter_servers[(cluster, addr)] = list(servers)
+        table._order_conf.update(dump.order_conf)
+        for name in table._brokers:
+            table._reweigh(name)
+        ch = Changes()
+        for topic, queues in dump.queues:
+            for queue in queues:
+                table._set_queue(topic, queue, ch)
+        ch.stale_brokers.update(table._brokers)
+        table._builder.refresh(ch.stale_brokers)
+        lists = SharedLists()
+        table._revisions.load(dump.revision, dump.topic_revisions, dump.removed_revisions,
+                              lambda topic: table._builder.build(topic, ch, lists))
+        return table
 
     def broker_count(self) -> int:
         return len(self._brokers)

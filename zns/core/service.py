@@ -4,6 +4,13 @@
 the events to publish, as frames. The server loop only moves those frames
 between sockets; fuzzers and tests drive this class directly. Errors are
 mapped to `error` replies here, at one boundary.
+
+`NameService` is the boundary around the state machine (zns.core.state): it
+decodes, authorizes, answers reads, turns writes, expiry steps, closes, stalls
+and hints into commands for `StateMachine.apply`, encodes replies and events,
+and keeps what is not state -- the route encodings and the snapshot cache, the
+counters, and the process status the server sets (`pub_endpoint`, `peers`,
+`remoting_endpoint`).
 """
 
 from __future__ import annotations
@@ -19,19 +26,26 @@ from zns.core.encoded_routes import EncodedRoutes
 from zns.core.errors import BadRequest, Busy, ErrorReply, Internal, NotFound, UnknownOp
 from zns.core.kv import KvBackend
 from zns.core.limits import LIMITED_REQUESTS, Limits
-from zns.core.routes import RouteTable, filter_zone
+from zns.core.routes import filter_zone
+from zns.core.state import (
+    WRITE_REQUESTS,
+    AnyCommand,
+    CloseConnections,
+    Expire,
+    Outcome,
+    ShiftDeadlines,
+    StateMachine,
+    Suspect,
+    Write,
+    WriteRequest,
+)
 from zns.core.text import quote
 from zns.core.schema import (
     KNOWN_OPS,
-    ORDER_TOPIC_CONFIG,
-    AddWritePerm,
-    AddWritePermReply,
     AnyRequest,
     BrokerData,
     BrokerEvent,
     DataVersion,
-    DeleteTopic,
-    DeleteTopicReply,
     GetClusterInfo,
     GetClusterInfoReply,
     GetRoute,
@@ -41,21 +55,12 @@ from zns.core.schema import (
     GetTopics,
     GetTopicsReply,
     HbEvent,
-    Heartbeat,
-    HeartbeatReply,
-    KvDelete,
-    KvDeleteReply,
     KvGet,
     KvGetReply,
     KvList,
     KvListReply,
-    KvPut,
-    KvPutReply,
-    QueueData,
     RegisterBroker,
-    RegisterBrokerReply,
-    RegisterTopic,
-    RegisterTopicReply,
+    QueueData,
     Reply,
     RouteEvent,
     Snapshot,
@@ -63,10 +68,6 @@ from zns.core.schema import (
     Status,
     StatusReply,
     TopicRoute,
-    UnregisterBroker,
-    UnregisterBrokerReply,
-    WipeWritePerm,
-    WipeWritePermReply,
     decode_request,
     describe_decode_error,
     encode,
@@ -79,7 +80,6 @@ from zns.core.schema import (
 log = logging.getLogger("zns")
 
 Frames = tuple[bytes, bytes]  # (channel, body) of one event
-TieKey = tuple[str, str, str]  # (cluster, broker address, broker name) registered over remoting
 # MessagePack's longest map and string headers (map 32, str 16: a topic name is at most
 # 255 characters, 1,020 bytes): with them a route map's size is never underestimated.
 MAP_HEADER_BYTES, STR_HEADER_BYTES = 5, 3
@@ -142,7 +142,9 @@ class NameService:
         the package above it to learn it). `max_reply_bytes`: the largest reply the server ever sends (its reply byte
         budget's per-peer burst). A `snapshot` or `get_routes` whose routes alone exceed
         it is refused `busy` as soon as that is known, before its reply is built."""
-        self.table = RouteTable(epoch)
+        self.state = StateMachine(kv, epoch=epoch, limits=limits)
+        # Read them; every change goes through `apply` (zns.core.state's one way in).
+        self.table = self.state.table
         self.kv = kv
         self.epoch = epoch
         self.version = version  # the server's release, shown by `status`
@@ -150,7 +152,6 @@ class NameService:
         self.pub_endpoint = pub_endpoint
         self.remoting_endpoint = ""  # the remoting listener as bound, shown by `status`
         self.authorize = authorize
-        self.limits = limits or Limits()
         self.max_reply_bytes = max_reply_bytes
         self.peers: dict[str, bool] = {}  # peer endpoint -> connected (§10, set by the server)
         # Each route encoded once per change, in each form when first asked for (a restart
@@ -168,12 +169,15 @@ class NameService:
         # RocketMQ remoting requests by (request code, -1 for one no NameServer answers;
         # response code): zns.core.remoting.handler counts them, metrics names them.
         self.remoting_counts: defaultdict[tuple[int, int], int] = defaultdict(int)
-        # Which remoting connection registered each (cluster, address, name) (§12): its
-        # close removes exactly those; a key registered over ZNS/1 is in neither map.
-        self._tie: dict[TieKey, int] = {}
-        self._tied: dict[int, set[TieKey]] = {}
-        for topic, value in kv.list(ORDER_TOPIC_CONFIG).items():
-            self.table.set_order_conf(topic, value)
+
+    @property
+    def limits(self) -> Limits:
+        """The state machine's limits (the reads' too: get_routes)."""
+        return self.state.limits
+
+    @limits.setter
+    def limits(self, limits: Limits) -> None:
+        self.state.limits = limits
 
     # --- the boundary ---------------------------------------------------
 
@@ -209,69 +213,53 @@ class NameService:
 
     def execute(self, request: AnyRequest, now: int,
                 connection: int | None = None) -> tuple[Reply, Sequence[Frames]]:
-        """Apply one decoded, authorized request: limits, then the op, then its events as frames.
+        """Answer one decoded, authorized request: a read here, a write by the state machine
+        (`write`); the reply and the events as frames.
 
-        Raises an ErrorReply on refusal, having changed nothing. `respond` calls it
-        for ZNS/1; the RocketMQ remoting listener calls it for the op each of its
-        requests corresponds to, so both get the same checks and the same events.
-        `connection`: the remoting connection the request came over (None: ZNS/1).
-        A registration over one ties its (cluster, address, name) to it, one over
-        ZNS/1 unties it; a remoting heartbeat refreshes only a tied broker (§12).
+        Raises an ErrorReply on refusal, having changed nothing. `respond` calls it for
+        ZNS/1; `connection`: the remoting connection a request came over (None: ZNS/1).
         """
-        if type(request) in LIMITED_REQUESTS:
-            self.limits.check(request, self.table, self.kv)
-        if connection is not None and type(request) is Heartbeat and (
-                (request.cluster, request.broker_addr, request.broker_name) not in self._tie):
-            # Registered over ZNS/1 (or not at all): only its own channel keeps it alive.
-            return HeartbeatReply(id=request.id, known=False, changed=True), []
-        reply, events = self.handle(request, now)
-        frames = self._publish(events) if events else []
-        if type(request) is RegisterBroker:
-            self._tie_to((request.cluster, request.broker_addr, request.broker_name), connection)
-        return reply, frames
+        if type(request) in WRITE_REQUESTS:
+            outcome, frames = self.write(request, now, connection)  # type: ignore[arg-type]
+            assert outcome.reply is not None  # a Write's outcome always has one
+            return outcome.reply, frames
+        return self.read(request, now), []
+
+    def write(self, request: WriteRequest, now: int,
+              connection: int | None = None) -> tuple[Outcome, Sequence[Frames]]:
+        """One write request as a command for the state machine: its outcome (the reply and
+        what a remoting reply needs of the same step) and its events as frames. The remoting
+        listener's writers call it with the request their request corresponds to, so both
+        listeners get the same checks and the same events. `connection`: see
+        zns.core.state.Write."""
+        try:
+            return self.apply(Write(request=request, now=now, connection=connection))
+        except ErrorReply as exc:
+            if type(request) is RegisterBroker:
+                log.warning("broker %s/%s id %d at %s refused: %s", request.cluster,
+                            request.broker_name, request.broker_id, request.broker_addr, exc)
+            raise
+
+    def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
+        """Feed one command to the state machine: its outcome, and its events as frames."""
+        outcome = self.state.apply(command)
+        events = outcome.events
+        return outcome, self._publish(events) if events else []
 
     def connection_closed(self, connection: int) -> Sequence[Frames]:
-        """A remoting connection closed: what it registered goes, reason `disconnected` (§12).
-
-        Only the (cluster, address, name) entries it registered and nothing
-        registered since (over another connection or ZNS/1); never a name another
-        channel registered at the same address.
-        """
+        """A remoting connection closed: what it registered goes, reason `disconnected` (§12)."""
         return self.connections_closed([connection])
 
     def connections_closed(self, connections: Iterable[int]) -> Sequence[Frames]:
         """`connection_closed` for many connections at once, as one step (one revision, each
         affected route rebuilt once: 2,000 brokers sharing topics closing together cost
         2,000 rebuilds of routes of up to 2,000 brokers each, one at a time)."""
-        gone: list[tuple[str, str, str]] = []
-        for connection in connections:
-            for key in sorted(self._tied.pop(connection, ())):
-                del self._tie[key]
-                cluster, addr, name = key
-                gone.append((cluster, name, addr))
-        if not gone:
-            return []
-        events = self.table.unregister_brokers(gone, reason="disconnected")
-        return self._publish(events) if events else []
+        return self.apply(CloseConnections(connections=list(connections)))[1]
 
     def tied_connection(self, cluster: str, addr: str, name: str) -> int | None:
         """The remoting connection that registered this broker address under this name
         (None: registered over ZNS/1, or not held)."""
-        return self._tie.get((cluster, addr, name))
-
-    def _tie_to(self, key: TieKey, connection: int | None) -> None:
-        old = self._tie.pop(key, None)
-        if old is not None:
-            self._untie(old, key)
-        if connection is not None:
-            self._tie[key] = connection
-            self._tied.setdefault(connection, set()).add(key)
-
-    def _untie(self, connection: int, key: TieKey) -> None:
-        keys = self._tied[connection]
-        keys.discard(key)
-        if not keys:
-            del self._tied[connection]
+        return self.state.tied_connection(cluster, addr, name)
 
     # --- reads for the remoting listener, and the timers' and peers' way in -------
 
@@ -327,11 +315,12 @@ class NameService:
 
     def shift_deadlines(self, stall_ms: int) -> None:
         """The process stalled this long (§8): no broker is charged for it."""
-        self.table.shift_deadlines(stall_ms)
+        self.apply(ShiftDeadlines(stall_ms=stall_ms))
 
     def suspect(self, cluster: str, addr: str, grace_ms: int, now: int) -> bool:
         """A peer NameServer saw this broker leave (§10): shorten its deadline."""
-        return self.table.suspect(cluster, addr, grace_ms, now)
+        command = Suspect(cluster=cluster, addr=addr, grace_ms=grace_ms, now=now)
+        return self.apply(command)[0].shortened
 
     @staticmethod
     def busy_reply(request_id: int) -> bytes:
@@ -341,59 +330,39 @@ class NameService:
                       .reply(request_id))
 
     def expire(self, now: int) -> Sequence[Frames]:
-        return self._publish(self.table.expire(now))
+        """One expiry step (§8)."""
+        return self.apply(Expire(now=now))[1]
 
     def heartbeat_event(self, time_ms: int) -> Frames:
         event = HbEvent(epoch=self.epoch, revision=self.table.revision, time_ms=time_ms)
         self.published["hb"] += 1
         return event_channel(event), encode(event)
 
-    # --- dispatch -------------------------------------------------------
+    # --- reads -----------------------------------------------------------
 
-    def handle(self, request: AnyRequest, now: int) -> tuple[Reply, list[RouteEvent | BrokerEvent]]:
-        """Apply one validated request; raises an ErrorReply on refusal. One line per op."""
+    def read(self, request: AnyRequest, now: int) -> Reply:
+        """Answer one read request from the state; raises an ErrorReply on refusal."""
         t, rid = self.table, request.id
+        if type(request) in LIMITED_REQUESTS:
+            self.limits.check(request, t, self.kv)
         match request:
             case GetRoute():
-                return self._get_route(request), []
-            case Heartbeat(cluster=c, broker_name=n, broker_addr=a, data_version=v):
-                known, changed = t.heartbeat(c, n, a, v, now)
-                return HeartbeatReply(id=rid, known=known, changed=changed), []
-            case RegisterBroker():
-                return self._register_broker(request, now)
-            case UnregisterBroker(cluster=c, broker_name=n, broker_addr=a):
-                return _with_events(UnregisterBrokerReply, rid, "removed",
-                                    t.unregister_broker(c, n, a))
+                return self._get_route(request)
             case GetRoutes(topics=topics):
-                return self._get_routes(rid, topics), []
+                return self._get_routes(rid, topics)
             case GetClusterInfo():
                 return GetClusterInfoReply(id=rid, brokers=t.broker_table(),
-                                           clusters=t.cluster_table(),
-                                           live=t.live_brokers(now)), []
+                                           clusters=t.cluster_table(), live=t.live_brokers(now))
             case GetTopics(cluster=cluster, sys_flag=sys_flag):
-                return GetTopicsReply(id=rid, topics=t.topics(cluster, sys_flag)), []
+                return GetTopicsReply(id=rid, topics=t.topics(cluster, sys_flag))
             case Snapshot():
-                return self._snapshot(rid), []
+                return self._snapshot(rid)
             case Status():
-                return self._status(rid, now), []
-            case WipeWritePerm(broker_name=name):
-                return _with_events(WipeWritePermReply, rid, "changed", t.wipe_write_perm(name))
-            case AddWritePerm(broker_name=name):
-                return _with_events(AddWritePermReply, rid, "changed", t.add_write_perm(name))
-            case DeleteTopic(topic=topic, cluster=cluster):
-                return _with_events(DeleteTopicReply, rid, "removed",
-                                    t.delete_topic(topic, cluster))
-            case RegisterTopic(topic=topic, queues=queues):
-                return RegisterTopicReply(id=rid), t.register_topic(topic, queues)
-            case KvPut(namespace=ns, key=key, value=value):
-                return KvPutReply(id=rid), self._kv_change(self.kv.put, ns, key, value)[1]
+                return self._status(rid, now)
             case KvGet(namespace=ns, key=key):
-                return KvGetReply(id=rid, value=self._kv_get(ns, key)), []
-            case KvDelete(namespace=ns, key=key):
-                return _with_events(KvDeleteReply, rid, "removed",
-                                    self._kv_change(self.kv.delete, ns, key, None))
+                return KvGetReply(id=rid, value=self._kv_get(ns, key))
             case KvList(namespace=ns):
-                return KvListReply(id=rid, entries=self.kv.list(ns)), []
+                return KvListReply(id=rid, entries=self.kv.list(ns))
         raise Internal(f"no handler for {type(request).__name__}")
 
     # --- the ops that take more than a line -------------------------------------
@@ -408,18 +377,6 @@ class NameService:
             raise NotFound(f"no route for topic {topic!r}", table.topic_revision(topic))
         return GetRouteReply(id=request.id, route=route, revision=table.topic_revision(topic),
                              epoch=self.epoch)
-
-    def _register_broker(self, request: RegisterBroker,
-                         now: int) -> tuple[Reply, list[RouteEvent | BrokerEvent]]:
-        try:
-            outcome = self.table.register_broker(request, now)
-        except ErrorReply as exc:
-            log.warning("broker %s/%s id %d at %s refused: %s", request.cluster,
-                        request.broker_name, request.broker_id, request.broker_addr, exc)
-            raise
-        reply = RegisterBrokerReply(id=request.id, master_addr=outcome.master_addr,
-                                    ha_addr=outcome.ha_addr)
-        return reply, outcome.events
 
     def _get_routes(self, rid: int, topics: list[str]) -> GetRoutesReply:
         routes: dict[str, TopicRoute | Raw] = {}
@@ -501,19 +458,6 @@ class NameService:
             raise NotFound(f"no KV entry {key!r} in namespace {ns!r}")
         return value
 
-    def _kv_change(self, write: Callable[..., bool], ns: str, key: str,
-                   value: str | None) -> tuple[bool, list[RouteEvent | BrokerEvent]]:
-        """A durable KV write, then (for ORDER_TOPIC_CONFIG) the route change it makes.
-
-        The durable write comes first: it is the step that can fail (`internal`, nothing
-        changed). set_order_conf refuses nothing, so the route change cannot fail after
-        it; in the other order a failed write would leave a revision bumped and an event
-        published for a value that is not stored.
-        """
-        args = (ns, key) if value is None else (ns, key, value)
-        done = write(*args)  # raises Internal when the write cannot be made durable
-        return done, self.table.set_order_conf(key, value) if ns == ORDER_TOPIC_CONFIG else []
-
     # --- internals --------------------------------------------------------
 
     def _publish(self, events: list[RouteEvent | BrokerEvent]) -> EventFrames:
@@ -543,19 +487,8 @@ class NameService:
                 published["broker"] += 1
                 if event.change == "removed":
                     self.removals[event.reason] += 1
-                    key = (event.cluster, event.broker_addr, event.broker_name)
-                    if (connection := self._tie.pop(key, None)) is not None:
-                        self._untie(connection, key)
                 _log_broker_event(event)
         return EventFrames(events, self._exact)
-
-
-def _with_events(reply: type, rid: int, field: str,
-                 outcome: tuple[object, list[RouteEvent | BrokerEvent]]
-                 ) -> tuple[Reply, list[RouteEvent | BrokerEvent]]:
-    """A reply with one field from a table call's (value, events)."""
-    value, events = outcome
-    return reply(id=rid, **{field: value}), events
 
 
 def _log_broker_event(event: BrokerEvent) -> None:

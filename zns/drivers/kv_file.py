@@ -188,6 +188,9 @@ class KvStore:
     def list(self, namespace: str) -> dict[str, str]:
         return dict(self._data.get(namespace, {}))
 
+    def namespaces(self) -> tuple[str, ...]:
+        return tuple(self._data)
+
     def count(self, namespace: str | None = None) -> int:
         """Entries in `namespace`, or with None the number of namespaces."""
         return len(self._data) if namespace is None else len(self._data.get(namespace, {}))

@@ -31,6 +31,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,11 +50,13 @@ from zns.core.schema import (
     DataVersion,
     DeleteTopic,
     Heartbeat,
+    HeartbeatReply,
     KvDelete,
     KvGet,
     KvList,
     KvPut,
     RegisterBroker,
+    RegisterBrokerReply,
     RegisterTopic,
     Topic,
     UnregisterBroker,
@@ -62,6 +65,7 @@ from zns.core.schema import (
     tag_of,
 )
 from zns.core.service import Frames, NameService
+from zns.core.state import Outcome, WriteRequest
 
 from .bodies import (
     JavaRouteJson,
@@ -87,13 +91,18 @@ log = logging.getLogger("zns")
 TOPIC_LISTS_KEPT = 16  # encoded topic lists kept, one per list (and cluster) asked for
 
 R = RequestCode
-BROKER_CODES = frozenset({R.REGISTER_BROKER, R.UNREGISTER_BROKER, R.QUERY_DATA_VERSION,
-                          R.BROKER_HEARTBEAT, R.REGISTER_TOPIC_IN_NAMESRV})
-ADMIN_CODES = frozenset({R.PUT_KV_CONFIG, R.DELETE_KV_CONFIG, R.WIPE_WRITE_PERM_OF_BROKER,
-                         R.DELETE_TOPIC_IN_NAMESRV, R.ADD_WRITE_PERM_OF_BROKER})
-# Admin codes too when CURVE is on: ZNS/1 serves KV reads to admin keys only then (§9).
-KV_READ_CODES = frozenset({R.GET_KV_CONFIG, R.GET_KVLIST_BY_NAMESPACE})
 FLAG_UNIT, FLAG_UNIT_SUB = 1, 2
+
+
+class Access(enum.Enum):
+    """Who may send a request code: the networks of one option (§12)."""
+
+    BROKER = "broker"  # --remoting-brokers
+    ADMIN = "admin"  # --remoting-admins
+    # --remoting-clients, or --remoting-admins when CURVE is on: ZNS/1 serves KV reads to
+    # admin keys only then (§9).
+    KV_READ = "kv_read"
+    READ = "read"  # --remoting-clients
 
 
 @dataclass(frozen=True)
@@ -145,9 +154,6 @@ class RemotingService:
         self._counts = service.remoting_counts
         # (which list, its argument) -> (table revision, TopicList body)
         self._topic_lists: dict[tuple[str, ...], tuple[int, bytes]] = {}
-        # Namespaces a remoting DELETE_KV_CONFIG left empty, oldest first: Java keeps an
-        # emptied namespace's table, so GET_KVLIST_BY_NAMESPACE answers it with {"table":{}}.
-        self._emptied: dict[str, None] = {}
         self._topic_order_cache: tuple[int, list[str]] = (-1, [])
 
     # --- the boundary ---------------------------------------------------
@@ -158,9 +164,9 @@ class RemotingService:
         """The reply to `cmd` (None: send nothing) and the events to publish."""
         if cmd.is_response:
             return None, []  # a server sends no requests, so no response is awaited
-        frames: list[Frames] = []
+        frames: Sequence[Frames] = []
         try:
-            reply = self._dispatch(cmd, conn, now, frames)
+            reply, frames = self._dispatch(cmd, conn, now)
         except NoPermission as exc:  # a network the operator did not list (or a key)
             reply = _error(cmd, ResponseCode.NO_PERMISSION, str(exc))
         except RemotingBodyError as exc:
@@ -172,9 +178,11 @@ class RemotingService:
             reply = _error(cmd, ResponseCode.SYSTEM_ERROR, "internal error; see the server log")
         # Unknown codes count as one (-1): a peer cannot grow the counts.
         self._counts[cmd.code if cmd.code in NAMESERVER_REQUEST_CODES else -1, reply.code] += 1
+        # Encoded now, as the frames of a ZNS/1 request are when the loop sends them.
+        events = list(frames)
         if cmd.is_oneway:
-            return None, frames
-        return reply, frames
+            return None, events
+        return reply, events
 
     def connection_closed(self, conn_id: int, now: int) -> list[Frames]:
         """Remove, with reason `disconnected`, what this connection registered (§12)."""
@@ -184,123 +192,22 @@ class RemotingService:
         """`connection_closed` for connections that closed together, as one step."""
         return list(self.service.connections_closed(conn_ids))
 
-    # --- dispatch -------------------------------------------------------
+    # --- dispatch: PROCESSORS, below the class, says who may send a code and what runs it ------
 
-    def _dispatch(
-        self, cmd: RemotingCommand, conn: Connection, now: int, frames: list[Frames]
-    ) -> RemotingCommand:
+    def _dispatch(self, cmd: RemotingCommand, conn: Connection,
+                  now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
         code, ext = cmd.code, cmd.ext_fields or {}
-        if code in BROKER_CODES:
-            self._allow(conn, self.brokers, "--remoting-brokers", code)
-        elif code in ADMIN_CODES or (self.kv_reads_admin and code in KV_READ_CODES):
-            self._allow(conn, self.admins, "--remoting-admins", code)
-        elif self.readers is not None:
-            self._allow(conn, self.readers, "--remoting-clients", code)
-        match code:
-            case R.GET_ROUTEINFO_BY_TOPIC:
-                return self._route(cmd, ext)
-            case R.REGISTER_BROKER:
-                return self._register(cmd, ext, conn, now, frames)
-            case R.QUERY_DATA_VERSION | R.BROKER_HEARTBEAT:
-                return self._heartbeat(cmd, ext, conn, now, frames)
-            case R.UNREGISTER_BROKER:
-                self._run(UnregisterBroker, now, frames, cluster=require(ext, "clusterName"),
-                          broker_name=require(ext, "brokerName"),
-                          broker_id=parse_long(ext, "brokerId"),
-                          broker_addr=require(ext, "brokerAddr"))
-                return _ok(cmd)
-            case R.GET_BROKER_CLUSTER_INFO:
-                return _ok(cmd, body=self._cluster_info())
-            case R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER:
-                return _ok(cmd, body=self._topic_list(
-                    ("all",), lambda: chm_order(self._topic_order())))
-            case R.GET_TOPICS_BY_CLUSTER:
-                cluster = optional(ext, "cluster")  # none: no cluster, no topics (as Java)
-                if cluster is None:
-                    return _ok(cmd, body=encode_topic_list([]))
-                named: str = cluster
-                return _ok(cmd, body=self._topic_list(
-                    ("cluster", named), lambda: self._cluster_topics(named)))
-            case R.GET_UNIT_TOPIC_LIST:
-                return _ok(cmd, body=self._topic_list(
-                    ("unit",), lambda: self._flagged_topics(FLAG_UNIT, 0)))
-            case R.GET_HAS_UNIT_SUB_TOPIC_LIST:
-                return _ok(cmd, body=self._topic_list(
-                    ("unit_sub",), lambda: self._flagged_topics(FLAG_UNIT_SUB, 0)))
-            case R.GET_HAS_UNIT_SUB_UNUNIT_TOPIC_LIST:
-                return _ok(cmd, body=encode_topic_list(self._flagged_topics(FLAG_UNIT_SUB, FLAG_UNIT)))
-            case R.GET_SYSTEM_TOPIC_LIST_FROM_NS:
-                return _ok(cmd, body=self._system_topics())
-            case R.GET_BROKER_MEMBER_GROUP:
-                cluster, name = optional(ext, "clusterName"), optional(ext, "brokerName")
-                data = self.service.broker_table().get(name) if name is not None else None
-                addrs = data.addrs if data is not None else {}
-                # Java sets the code and never clears the remark its fresh reply starts with.
-                return _reply(cmd, ResponseCode.SUCCESS, "not set any response code", None,
-                              encode_broker_member_group(cluster, name, addrs))
-            case R.WIPE_WRITE_PERM_OF_BROKER:
-                name = require(ext, "brokerName")
-                self._run(WipeWritePerm, now, frames, broker_name=name)
-                return _ok(cmd, ext_fields={"wipeTopicCount": self._perm_count(name)})
-            case R.ADD_WRITE_PERM_OF_BROKER:
-                name = require(ext, "brokerName")
-                self._run(AddWritePerm, now, frames, broker_name=name)
-                return _ok(cmd, ext_fields={"addTopicCount": self._perm_count(name)})
-            case R.DELETE_TOPIC_IN_NAMESRV:
-                self._run(DeleteTopic, now, frames, topic=require(ext, "topic"),
-                          cluster=optional(ext, "clusterName") or "")
-                return _ok(cmd)
-            case R.REGISTER_TOPIC_IN_NAMESRV:
-                return self._register_topic(cmd, ext, now, frames)
-            case R.PUT_KV_CONFIG:
-                self._run(KvPut, now, frames, namespace=require(ext, "namespace"),
-                          key=require(ext, "key"), value=require(ext, "value"))
-                return _ok(cmd)
-            case R.GET_KV_CONFIG:
-                namespace, key = optional(ext, "namespace"), optional(ext, "key")
-                try:
-                    if namespace is None or key is None:  # as Java: nothing is found
-                        raise NotFound("no such entry")
-                    reply = self._run(KvGet, now, frames, namespace=namespace, key=key)
-                except NotFound:
-                    namespace, key = _java_str(namespace), _java_str(key)
-                    return _error(cmd, ResponseCode.QUERY_NOT_FOUND,
-                                  f"No config item, Namespace: {namespace} Key: {key}",
-                                  ext_fields={})
-                return _ok(cmd, ext_fields={"value": reply.value})
-            case R.DELETE_KV_CONFIG:
-                namespace = require(ext, "namespace")
-                had = self.service.kv.count(namespace) > 0
-                self._run(KvDelete, now, frames, namespace=namespace, key=require(ext, "key"))
-                if had and not self.service.kv.count(namespace):
-                    self._remember_namespace(namespace)
-                return _ok(cmd)
-            case R.GET_KVLIST_BY_NAMESPACE:
-                namespace = optional(ext, "namespace")
-                if namespace is None:  # as Java: nothing is found
-                    return _error(cmd, ResponseCode.QUERY_NOT_FOUND, "No config item, Namespace: null")
-                entries = self._run(KvList, now, frames, namespace=namespace).entries
-                if not entries and namespace in self._emptied:
-                    return _ok(cmd, body=encode_kv_table({}))
-                if not entries:
-                    return _error(cmd, ResponseCode.QUERY_NOT_FOUND,
-                                  f"No config item, Namespace: {namespace}")
-                return _ok(cmd, body=encode_kv_table(_java_kv_order(entries)))
-            case R.UPDATE_NAMESRV_CONFIG:
-                log.warning("refused UPDATE_NAMESRV_CONFIG from %s: zns changes no configuration "
-                            "at run time", conn.host)
-                return _error(cmd, ResponseCode.NO_PERMISSION,
-                              "zns changes no configuration at run time: UPDATE_NAMESRV_CONFIG "
-                              "is refused; use the command line or the config file")
-            case R.GET_NAMESRV_CONFIG:
-                text = "".join(f"{k}={v}\n" for k, v in self.properties.items())
-                return _ok(cmd, body=text.encode())
-        return _error(cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                      f" request type {code} not supported")
+        processor = PROCESSORS.get(code, UNSUPPORTED)
+        self._allow(conn, processor.access, code)
+        if processor.write is not None:
+            return processor.write(self, cmd, ext, conn, now)
+        assert processor.read is not None  # a processor has one or the other
+        return processor.read(self, cmd, ext, conn), []
 
-    # --- requests ---------------------------------------------------------
+    # --- readers: the reply from the state as it is ------------------------------------
 
-    def _route(self, cmd: RemotingCommand, ext: Mapping[str, str]) -> RemotingCommand:
+    def _route(self, cmd: RemotingCommand, ext: Mapping[str, str],
+               conn: Connection) -> RemotingCommand:
         topic = optional(ext, "topic")
         if topic is None:  # as Java: no route for a null topic
             return _no_route(cmd, "null")
@@ -319,8 +226,98 @@ class RemotingService:
             return _no_route(cmd, _convert(topic, Topic, "topic"))
         return _ok(cmd, body=body)
 
+    def _cluster_info_reply(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                            conn: Connection) -> RemotingCommand:
+        return _ok(cmd, body=self._cluster_info())
+
+    def _all_topics(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                    conn: Connection) -> RemotingCommand:
+        return _ok(cmd, body=self._topic_list(("all",), lambda: chm_order(self._topic_order())))
+
+    def _topics_by_cluster(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                           conn: Connection) -> RemotingCommand:
+        cluster = optional(ext, "cluster")  # none: no cluster, no topics (as Java)
+        if cluster is None:
+            return _ok(cmd, body=encode_topic_list([]))
+        named: str = cluster
+        return _ok(cmd, body=self._topic_list(("cluster", named),
+                                              lambda: self._cluster_topics(named)))
+
+    def _unit_topics(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                     conn: Connection) -> RemotingCommand:
+        return _ok(cmd, body=self._topic_list(
+            ("unit",), lambda: self._flagged_topics(FLAG_UNIT, 0)))
+
+    def _unit_sub_topics(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                         conn: Connection) -> RemotingCommand:
+        return _ok(cmd, body=self._topic_list(
+            ("unit_sub",), lambda: self._flagged_topics(FLAG_UNIT_SUB, 0)))
+
+    def _unit_sub_ununit_topics(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                                conn: Connection) -> RemotingCommand:
+        return _ok(cmd, body=encode_topic_list(self._flagged_topics(FLAG_UNIT_SUB, FLAG_UNIT)))
+
+    def _system_topics_reply(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                             conn: Connection) -> RemotingCommand:
+        return _ok(cmd, body=self._system_topics())
+
+    def _broker_member_group(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                             conn: Connection) -> RemotingCommand:
+        cluster, name = optional(ext, "clusterName"), optional(ext, "brokerName")
+        data = self.service.broker_table().get(name) if name is not None else None
+        addrs = data.addrs if data is not None else {}
+        # Java sets the code and never clears the remark its fresh reply starts with.
+        return _reply(cmd, ResponseCode.SUCCESS, "not set any response code", None,
+                      encode_broker_member_group(cluster, name, addrs))
+
+    def _kv_get(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                conn: Connection) -> RemotingCommand:
+        namespace, key = optional(ext, "namespace"), optional(ext, "key")
+        try:
+            if namespace is None or key is None:  # as Java: nothing is found
+                raise NotFound("no such entry")
+            reply = self._read(KvGet, namespace=namespace, key=key)
+        except NotFound:
+            namespace, key = _java_str(namespace), _java_str(key)
+            return _error(cmd, ResponseCode.QUERY_NOT_FOUND,
+                          f"No config item, Namespace: {namespace} Key: {key}", ext_fields={})
+        return _ok(cmd, ext_fields={"value": reply.value})
+
+    def _kv_list(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                 conn: Connection) -> RemotingCommand:
+        namespace = optional(ext, "namespace")
+        if namespace is None:  # as Java: nothing is found
+            return _error(cmd, ResponseCode.QUERY_NOT_FOUND, "No config item, Namespace: null")
+        entries = self._read(KvList, namespace=namespace).entries
+        if not entries and self.service.state.emptied(namespace):
+            return _ok(cmd, body=encode_kv_table({}))
+        if not entries:
+            return _error(cmd, ResponseCode.QUERY_NOT_FOUND,
+                          f"No config item, Namespace: {namespace}")
+        return _ok(cmd, body=encode_kv_table(_java_kv_order(entries)))
+
+    def _update_config(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                       conn: Connection) -> RemotingCommand:
+        log.warning("refused UPDATE_NAMESRV_CONFIG from %s: zns changes no configuration "
+                    "at run time", conn.host)
+        return _error(cmd, ResponseCode.NO_PERMISSION,
+                      "zns changes no configuration at run time: UPDATE_NAMESRV_CONFIG "
+                      "is refused; use the command line or the config file")
+
+    def _config(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                conn: Connection) -> RemotingCommand:
+        text = "".join(f"{k}={v}\n" for k, v in self.properties.items())
+        return _ok(cmd, body=text.encode())
+
+    def _unsupported(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                     conn: Connection) -> RemotingCommand:
+        return _error(cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                      f" request type {cmd.code} not supported")
+
+    # --- writers: the reply from the outcome of the write alone -------------------------
+
     def _register(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
-                  now: int, frames: list[Frames]) -> RemotingCommand:
+                  now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
         cluster, addr = require(ext, "clusterName"), require(ext, "brokerAddr")
         fields: dict[str, Any] = dict(
             cluster=cluster, broker_name=require(ext, "brokerName"),
@@ -345,86 +342,126 @@ class RemotingService:
             for name, t in wrapper.topic_config_table.items()
         } if may_serve_topics(ext, fields["broker_id"]) else {}
         fields["filter_servers"] = body.filter_server_list
-        reply = self._run(RegisterBroker, now, frames, conn, **fields)
+        outcome, frames = self._write(RegisterBroker, now, conn, **fields)
+        reply = outcome.reply
+        assert isinstance(reply, RegisterBrokerReply)
         reply_ext: dict[str, str] = {}
         if reply.ha_addr:
             reply_ext["haServerAddr"] = reply.ha_addr
         if reply.master_addr:
             reply_ext["masterAddr"] = reply.master_addr
-        order = self.service.kv.list(ORDER_TOPIC_CONFIG)
-        known = order or ORDER_TOPIC_CONFIG in self._emptied  # Java: an emptied table is {}
-        kv_body = encode_kv_table(_java_kv_order(order)) if known else b""
-        return _ok(cmd, ext_fields=reply_ext, body=kv_body)
+        order = outcome.order_conf  # None: Java holds no such table (an emptied one is {})
+        kv_body = b"" if order is None else encode_kv_table(_java_kv_order(order))
+        return _ok(cmd, ext_fields=reply_ext, body=kv_body), frames
 
     def _heartbeat(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
-                   now: int, frames: list[Frames]) -> RemotingCommand:
+                   now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
         cluster, addr = require(ext, "clusterName"), require(ext, "brokerAddr")
         name = require(ext, "brokerName")
         query = cmd.code == R.QUERY_DATA_VERSION
-        stored = self.service.data_version(cluster, addr)
         if query:
             broker_id = parse_long(ext, "brokerId")
             version = _zns_version(decode_data_version(cmd.body)) if cmd.body else DataVersion()
-        else:  # 904 carries no DataVersion and needs no broker id (§12)
+        else:  # 904 carries no DataVersion (its `changed` is not answered) and needs no id (§12)
             broker_id = parse_long(ext, "brokerId", required=False, default=0)
-            version = stored if stored is not None else DataVersion()
+            version = DataVersion()
         # Through the connection: it refreshes only a broker registered over remoting,
-        # and never moves which connection that was (NameService.execute).
-        reply = self._run(Heartbeat, now, frames, conn, cluster=cluster, broker_name=name,
-                          broker_id=broker_id, broker_addr=addr, data_version=version)
+        # and never moves which connection that was (zns.core.state).
+        outcome, frames = self._write(Heartbeat, now, conn, cluster=cluster, broker_name=name,
+                                      broker_id=broker_id, broker_addr=addr,
+                                      data_version=version)
         if not query:
-            return _ok(cmd)
+            return _ok(cmd), frames
         body = b""
-        if stored is not None:
-            v = stored
-            body = encode_data_version(
-                WireDataVersion(state_version=v.state, timestamp=v.timestamp, counter=v.counter))
-        return _ok(cmd, ext_fields={"changed": "true" if reply.changed else "false"}, body=body)
+        if (stored := outcome.data_version) is not None:  # the version before this heartbeat
+            body = encode_data_version(WireDataVersion(
+                state_version=stored.state, timestamp=stored.timestamp, counter=stored.counter))
+        assert isinstance(outcome.reply, HeartbeatReply)
+        changed = "true" if outcome.reply.changed else "false"
+        return _ok(cmd, ext_fields={"changed": changed}, body=body), frames
 
-    def _register_topic(self, cmd: RemotingCommand, ext: Mapping[str, str], now: int,
-                        frames: list[Frames]) -> RemotingCommand:
+    def _unregister(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
+                    now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
+        _, frames = self._write(UnregisterBroker, now, conn, cluster=require(ext, "clusterName"),
+                                broker_name=require(ext, "brokerName"),
+                                broker_id=parse_long(ext, "brokerId"),
+                                broker_addr=require(ext, "brokerAddr"))
+        return _ok(cmd), frames
+
+    def _wipe_write_perm(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
+                         now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
+        outcome, frames = self._write(WipeWritePerm, now, conn, broker_name=require(ext, "brokerName"))
+        # Java's count: every topic with queue data of the broker, changed or not (ZNS/1's
+        # `changed` counts only changed ones).
+        return _ok(cmd, ext_fields={"wipeTopicCount": str(outcome.broker_topics)}), frames
+
+    def _add_write_perm(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
+                        now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
+        outcome, frames = self._write(AddWritePerm, now, conn, broker_name=require(ext, "brokerName"))
+        return _ok(cmd, ext_fields={"addTopicCount": str(outcome.broker_topics)}), frames
+
+    def _delete_topic(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
+                      now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
+        _, frames = self._write(DeleteTopic, now, conn, topic=require(ext, "topic"),
+                                cluster=optional(ext, "clusterName") or "")
+        return _ok(cmd), frames
+
+    def _register_topic(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
+                        now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
         topic = require(ext, "topic")
         if not cmd.body:
-            return _ok(cmd)  # Java registers nothing without a body
+            return _ok(cmd), []  # Java registers nothing without a body
         data = decode_topic_route_data(cmd.body, max_brokers=self.service.limits.max_brokers)
         queues = [{"broker_name": q.broker_name, "read_queues": q.read_queues,
                    "write_queues": q.write_queues, "perm": q.perm, "sys_flag": q.sys_flag}
                   for q in data.queues]
-        self._run(RegisterTopic, now, frames, topic=topic, queues=queues)
-        return _ok(cmd)
+        _, frames = self._write(RegisterTopic, now, conn, topic=topic, queues=queues)
+        return _ok(cmd), frames
+
+    def _kv_put(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
+                now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
+        _, frames = self._write(KvPut, now, conn, namespace=require(ext, "namespace"),
+                                key=require(ext, "key"), value=require(ext, "value"))
+        return _ok(cmd), frames
+
+    def _kv_delete(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
+                   now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
+        # Over a connection: a delete that empties the namespace is remembered (Java keeps
+        # the emptied table; GET_KVLIST_BY_NAMESPACE answers it {"table":{}}).
+        _, frames = self._write(KvDelete, now, conn, namespace=require(ext, "namespace"),
+                                key=require(ext, "key"))
+        return _ok(cmd), frames
 
     # --- helpers ------------------------------------------------------------
 
-    def _run(self, kind: type[AnyRequest], now: int, frames: list[Frames],
-             conn: Connection | None = None, **fields: Any) -> Any:
-        """Build the ZNS/1 request (the schema's bounds apply) and execute it; `conn`, for
-        broker requests, ties them to the connection (NameService.execute)."""
+    def _read(self, kind: type[AnyRequest], **fields: Any) -> Any:
+        """Build the ZNS/1 read request (the schema's bounds apply) and answer it."""
         request = _convert(fields, kind, tag_of(kind))
         if self.keyless is not None:
             self.keyless(request)
-        reply, events = self.service.execute(request, now,
-                                             None if conn is None else conn.conn_id)
-        frames.extend(events)
-        return reply
+        return self.service.read(request, 0)
 
-    def _allow(self, conn: Connection, networks: tuple[Network, ...] | None, option: str,
-               code: int) -> None:
+    def _write(self, kind: type[WriteRequest], now: int, conn: Connection,
+               **fields: Any) -> tuple[Outcome, Sequence[Frames]]:
+        """Build the ZNS/1 write request (the schema's bounds apply) and have the state
+        machine apply it over `conn` (zns.core.state.Write says what the connection does)."""
+        request = _convert(fields, kind, tag_of(kind))
+        if self.keyless is not None:
+            self.keyless(request)
+        return self.service.write(request, now, conn.conn_id)
+
+    def _allow(self, conn: Connection, access: Access, code: int) -> None:
+        if access is Access.BROKER:
+            networks, option = self.brokers, "--remoting-brokers"
+        elif access is Access.ADMIN or (access is Access.KV_READ and self.kv_reads_admin):
+            networks, option = self.admins, "--remoting-admins"
+        else:
+            networks, option = self.readers, "--remoting-clients"
         if networks is None or in_networks(conn.host, networks):
             return
         log.warning("remoting request %d from %s refused: not in %s", code, conn.host, option)
         raise NoPermission(f"request code {code} is not allowed from {conn.host}: "
                            f"the server's {option} lists the networks that may send it")
-
-    def _remember_namespace(self, namespace: str) -> None:
-        self._emptied.pop(namespace, None)
-        self._emptied[namespace] = None
-        if len(self._emptied) > self.service.limits.max_kv_namespaces:
-            del self._emptied[next(iter(self._emptied))]
-
-    def _perm_count(self, name: str) -> str:
-        """The count 205/327 answer: like Java, every topic with queue data of broker `name`,
-        whether or not its perm changed (ZNS/1's `changed` counts only changed ones)."""
-        return str(self.service.broker_topic_count(name))
 
     # --- bodies in the Java NameServer's order (zns.core.remoting.javaorder) ----------
     # RouteInfoManager's tables are ConcurrentHashMaps (topics 2048 buckets, broker names
@@ -493,6 +530,53 @@ class RemotingService:
                 broker_addr = addrs[hashmap_order(sorted(addrs))[0]]
                 break
         return encode_topic_list(chm_order(names), broker_addr)
+
+
+Reader = Callable[[RemotingService, RemotingCommand, Mapping[str, str], Connection],
+                  RemotingCommand]
+Writer = Callable[[RemotingService, RemotingCommand, Mapping[str, str], Connection, int],
+                  tuple[RemotingCommand, Sequence[Frames]]]
+
+
+@dataclass(frozen=True)
+class Processor:
+    """What answers one request code: who may send it, and the reader (the reply from the
+    state as it is) or the writer (the reply from the outcome of its one write)."""
+
+    access: Access
+    read: Reader | None = None
+    write: Writer | None = None
+
+
+RS = RemotingService
+# Request code -> its processor, as RocketMQ's DefaultRequestProcessor maps them. A code not
+# listed is a read no NameServer answers (REQUEST_CODE_NOT_SUPPORTED).
+PROCESSORS: dict[int, Processor] = {
+    R.GET_ROUTEINFO_BY_TOPIC: Processor(Access.READ, read=RS._route),
+    R.REGISTER_BROKER: Processor(Access.BROKER, write=RS._register),
+    R.QUERY_DATA_VERSION: Processor(Access.BROKER, write=RS._heartbeat),
+    R.BROKER_HEARTBEAT: Processor(Access.BROKER, write=RS._heartbeat),
+    R.UNREGISTER_BROKER: Processor(Access.BROKER, write=RS._unregister),
+    R.REGISTER_TOPIC_IN_NAMESRV: Processor(Access.BROKER, write=RS._register_topic),
+    R.GET_BROKER_CLUSTER_INFO: Processor(Access.READ, read=RS._cluster_info_reply),
+    R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: Processor(Access.READ, read=RS._all_topics),
+    R.GET_TOPICS_BY_CLUSTER: Processor(Access.READ, read=RS._topics_by_cluster),
+    R.GET_UNIT_TOPIC_LIST: Processor(Access.READ, read=RS._unit_topics),
+    R.GET_HAS_UNIT_SUB_TOPIC_LIST: Processor(Access.READ, read=RS._unit_sub_topics),
+    R.GET_HAS_UNIT_SUB_UNUNIT_TOPIC_LIST: Processor(Access.READ, read=RS._unit_sub_ununit_topics),
+    R.GET_SYSTEM_TOPIC_LIST_FROM_NS: Processor(Access.READ, read=RS._system_topics_reply),
+    R.GET_BROKER_MEMBER_GROUP: Processor(Access.READ, read=RS._broker_member_group),
+    R.WIPE_WRITE_PERM_OF_BROKER: Processor(Access.ADMIN, write=RS._wipe_write_perm),
+    R.ADD_WRITE_PERM_OF_BROKER: Processor(Access.ADMIN, write=RS._add_write_perm),
+    R.DELETE_TOPIC_IN_NAMESRV: Processor(Access.ADMIN, write=RS._delete_topic),
+    R.PUT_KV_CONFIG: Processor(Access.ADMIN, write=RS._kv_put),
+    R.DELETE_KV_CONFIG: Processor(Access.ADMIN, write=RS._kv_delete),
+    R.GET_KV_CONFIG: Processor(Access.KV_READ, read=RS._kv_get),
+    R.GET_KVLIST_BY_NAMESPACE: Processor(Access.KV_READ, read=RS._kv_list),
+    R.UPDATE_NAMESRV_CONFIG: Processor(Access.READ, read=RS._update_config),
+    R.GET_NAMESRV_CONFIG: Processor(Access.READ, read=RS._config),
+}
+UNSUPPORTED = Processor(Access.READ, read=RS._unsupported)
 
 
 def _java_str(value: str | None) -> str:

@@ -1,0 +1,239 @@
+"""The state machine (zns.core.state): one way in, deterministic, its whole state dumped and loaded.
+
+A seeded log of thousands of commands -- every write request with its `now` and
+connection, expiry steps, connection closes, stall shifts, peer suspicions -- is
+applied to machines that must agree on every outcome (the reply, the events, what a
+remoting reply needs) and on their dumps: two fresh machines; a machine fed the log
+through msgspec (as a replica would be); a machine loaded from another's dump midway;
+and processes with other hash seeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from zns.core.errors import ErrorReply, UsageError
+from zns.core.limits import Limits
+from zns.core.schema import ORDER_TOPIC_CONFIG, tag_of
+from zns.core.state import (
+    WRITE_REQUESTS,
+    AnyCommand,
+    CloseConnections,
+    Expire,
+    Outcome,
+    ShiftDeadlines,
+    StateMachine,
+    Suspect,
+    Write,
+    decode_command,
+)
+from zns.core.state_dump import StateDump
+from zns.drivers.kv_file import KvStore
+
+pytestmark = pytest.mark.timeout(120)
+
+EPOCH = "0123456789abcdef"
+CLUSTERS = ["c1", "c2"]
+NAMES = ["broker-a", "broker-b", "broker-c", "broker-d"]
+ADDRS = [f"10.0.0.{i}:10911" for i in range(1, 7)]
+TOPICS = [f"T{i}" for i in range(24)]
+# Small limits, so that refusals are in the log too.
+LIMITS = Limits(max_topics=20, max_kv_entries=4, max_kv_namespaces=3, max_queues=60)
+
+
+def random_log(seed: int, steps: int) -> list[AnyCommand]:
+    """`steps` commands, `now` moving forward, over a few brokers, topics and connections."""
+    rnd = random.Random(seed)
+    now = 1_000
+    log: list[AnyCommand] = []
+
+    def broker() -> dict[str, Any]:
+        return {"cluster": rnd.choice(CLUSTERS), "broker_name": rnd.choice(NAMES),
+                "broker_id": rnd.choice([0, 0, 1, 2]), "broker_addr": rnd.choice(ADDRS)}
+
+    def connection() -> int | None:
+        return rnd.choice([None, None, 1, 2, 3, 4])
+
+    def write(fields: dict[str, Any]) -> Write:
+        kind = next(k for k in WRITE_REQUESTS if tag_of(k) == fields["op"])
+        request = msgspec.convert({k: v for k, v in fields.items() if k != "op"}, kind)
+        return Write(request=request, now=now, connection=connection())
+
+    for step in range(steps):
+        now += rnd.choice([0, 1, 50, 1_000, 7_000])
+        roll = rnd.random()
+        if roll < 0.25:
+            topics = {t: {"read_queues": rnd.randint(1, 8), "write_queues": rnd.randint(1, 8),
+                          "perm": rnd.choice([2, 4, 6]), "sys_flag": rnd.choice([0, 0, 1, 2])}
+                      for t in rnd.sample(TOPICS, rnd.randint(0, 5))}
+            command: AnyCommand = write({
+                "op": "register_broker", **broker(), "topics": topics,
+                "ha_addr": rnd.choice(["", "10.0.0.9:10912"]), "zone": rnd.choice(["", "z1"]),
+                "data_version": {"state": rnd.randint(0, 2), "counter": rnd.randint(0, 3)},
+                "filter_servers": rnd.sample(["10.0.1.1:1", "10.0.1.2:1"], rnd.randint(0, 2)),
+                "heartbeat_timeout_ms": rnd.choice([5_000, 30_000, 120_000]),
+                "incremental": rnd.random() < 0.3, "id": step})
+        elif roll < 0.45:
+            command = write({"op": "heartbeat", **broker(), "id": step,
+                             "data_version": {"state": rnd.randint(0, 2),
+                                              "counter": rnd.randint(0, 3)}})
+        elif roll < 0.5:
+            command = write({"op": "unregister_broker", **broker(), "id": step})
+        elif roll < 0.54:
+            command = write({"op": rnd.choice(["wipe_write_perm", "add_write_perm"]),
+                             "broker_name": rnd.choice(NAMES), "id": step})
+        elif roll < 0.58:
+            command = write({"op": "delete_topic", "topic": rnd.choice(TOPICS),
+                             "cluster": rnd.choice(["", *CLUSTERS]), "id": step})
+        elif roll < 0.62:
+            command = write({"op": "register_topic", "topic": rnd.choice(TOPICS), "id": step,
+                             "queues": [{"broker_name": n, "read_queues": 4, "write_queues": 4,
+                                         "perm": 6, "sys_flag": 0}
+                                        for n in rnd.sample(NAMES, rnd.randint(1, 2))]})
+        elif roll < 0.7:
+            namespace = rnd.choice([ORDER_TOPIC_CONFIG, "ns1", "ns2", "ns3", "ns4"])
+            key = rnd.choice(TOPICS[:4] if namespace == ORDER_TOPIC_CONFIG else ["k1", "k2"])
+            if rnd.random() < 0.5:
+                command = write({"op": "kv_put", "namespace": namespace, "key": key,
+                                 "value": rnd.choice(["broker-a:4", "broker-b:8", "v"]),
+                                 "id": step})
+            else:
+                command = write({"op": "kv_delete", "namespace": namespace, "key": key,
+                                 "id": step})
+        elif roll < 0.82:
+            command = Expire(now=now)
+        elif roll < 0.9:
+            command = CloseConnections(connections=rnd.sample([1, 2, 3, 4, 5], rnd.randint(1, 2)))
+        elif roll < 0.95:
+            command = ShiftDeadlines(stall_ms=rnd.choice([10, 2_000]))
+        else:
+            command = Suspect(cluster=rnd.choice(CLUSTERS), addr=rnd.choice(ADDRS),
+                              grace_ms=rnd.choice([0, 1_000]), now=now)
+        log.append(command)
+    return log
+
+
+def fresh() -> StateMachine:
+    return StateMachine(KvStore(None), epoch=EPOCH, limits=LIMITS)
+
+
+def apply(machine: StateMachine, command: AnyCommand) -> Outcome | tuple[str, str]:
+    """The outcome, or the refusal as (its type, its message): both must agree."""
+    try:
+        return machine.apply(command)
+    except ErrorReply as exc:
+        return type(exc).__name__, str(exc)
+
+
+def test_two_machines_fed_one_log_agree_on_every_outcome_and_on_their_dumps():
+    log = random_log(seed=7, steps=4_000)
+    a, b = fresh(), fresh()
+    outcomes = []
+    for command in log:
+        outcome = apply(a, command)
+        assert outcome == apply(b, command)
+        outcomes.append(outcome)
+    a.table.check_invariants()
+    assert a.dump() == b.dump()
+    # The log exercised what it is meant to: events, refusals, ties, removals of each kind.
+    kinds = {type(o) for o in outcomes}
+    assert Outcome in kinds and tuple in kinds
+    reasons = {e.reason for o in outcomes if isinstance(o, Outcome) for e in o.events
+               if getattr(e, "change", "") == "removed"}
+    assert {"expired", "disconnected", "unregistered", "displaced"} <= reasons
+    assert any(isinstance(o, Outcome) and o.order_conf for o in outcomes)
+    assert any(isinstance(o, Outcome) and o.shortened for o in outcomes)
+    assert a.table.revision > 500
+
+
+def test_a_log_replays_through_msgspec_as_a_replica_would_take_it():
+    log = random_log(seed=11, steps=2_000)
+    a, replica = fresh(), fresh()
+    for command in log:
+        entry = msgspec.msgpack.encode(command)
+        assert apply(a, command) == apply(replica, decode_command(entry))
+    assert a.dump() == replica.dump()
+
+
+@pytest.mark.parametrize("seed", [3, 5])
+def test_a_machine_loaded_from_a_dump_midway_answers_the_rest_of_the_log_alike(seed):
+    log = random_log(seed=seed, steps=4_000)
+    a = fresh()
+    for command in log[:2_500]:
+        apply(a, command)
+    # A stall and a peer's hint just before the dump: the dump carries stall credit and
+    # suspicions, not only what a registration sets.
+    a.apply(ShiftDeadlines(stall_ms=300))
+    now = max(getattr(command, "now", 0) for command in log[:2_500])
+    for cluster in CLUSTERS:
+        for addr in ADDRS:
+            if a.table.liveness(cluster, addr) is not None:
+                a.apply(Suspect(cluster=cluster, addr=addr, grace_ms=0, now=now))
+    dumped = msgspec.msgpack.decode(a.dump(), type=StateDump)
+    assert any(x.stall_credit for x in dumped.table.addresses)
+    assert any(x.suspect_deadline is not None for x in dumped.table.addresses)
+    assert dumped.ties and dumped.emptied and dumped.table.removed_revisions
+    b = StateMachine.load(a.dump(), KvStore(None), limits=LIMITS)
+    assert b.dump() == a.dump()
+    b.table.check_invariants()
+    for command in log[2_500:]:
+        assert apply(a, command) == apply(b, command)
+    assert a.dump() == b.dump()
+    # Insertion orders came across: the remoting bodies are written from them.
+    assert [list(v) for v in a.table.topic_queue_table().values()] == [
+        list(v) for v in b.table.topic_queue_table().values()]
+    assert list(a.table.topic_queue_table()) == list(b.table.topic_queue_table())
+    assert a.table.broker_names() == b.table.broker_names()
+    assert {c: list(n) for c, n in a.table.cluster_members().items()} == {
+        c: list(n) for c, n in b.table.cluster_members().items()}
+
+
+def test_load_takes_only_an_empty_kv_store_and_refuses_what_is_not_a_dump():
+    a = fresh()
+    kv = KvStore(None)
+    kv.put("ns", "k", "v")
+    with pytest.raises(UsageError, match="empty store"):
+        StateMachine.load(a.dump(), kv)
+    with pytest.raises(msgspec.DecodeError):
+        StateMachine.load(b"not a dump", KvStore(None))
+
+
+def test_the_order_configurations_held_at_start_are_in_the_routes_and_the_dump():
+    kv = KvStore(None)
+    kv.put(ORDER_TOPIC_CONFIG, "T1", "broker-a:4")
+    machine = StateMachine(kv, epoch=EPOCH)
+    dump = msgspec.msgpack.decode(machine.dump(), type=StateDump)
+    assert dump.table.order_conf == [("T1", "broker-a:4")]
+    assert dump.kv == [(ORDER_TOPIC_CONFIG, [("T1", "broker-a:4")])]
+
+
+_DIGEST = """
+import hashlib, sys
+sys.path.insert(0, {tests!r})
+import test_state
+machine = test_state.fresh()
+outcomes = [repr(test_state.apply(machine, c)) for c in test_state.random_log(13, 1_500)]
+print(hashlib.sha256(machine.dump() + repr(outcomes).encode()).hexdigest())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_outcomes_and_dumps_do_not_depend_on_the_hash_seed():
+    code = _DIGEST.format(tests=str(Path(__file__).parent))
+    digests = set()
+    for seed in ("1", "2", "3"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=100, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert out.returncode == 0, out.stderr
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1
+    assert len(hashlib.sha256().hexdigest()) == len(digests.pop())

@@ -1,0 +1,345 @@
+"""The NameServer's state machine: every change of state is one command, through `apply`.
+
+`StateMachine` owns the state and nothing else: the route table (brokers,
+topics, liveness, revisions), which remoting connection registered each broker
+(the ties of §12), the KV writes (through the KV backend it is handed), and the
+namespaces a remoting delete emptied (Java keeps an emptied namespace's table, so
+they change replies: they are state). Decoding, authorization, encoding, error
+replies, the route encodings, the counters and the process status are the
+boundary's (zns.core.service.NameService), which reads this machine and feeds it.
+
+Rules a contributor keeps here (they are what lets replicas be fed the same
+commands in the same order and hold the same state, as Redis feeds its replicas):
+
+- **One way in.** Every change goes through `apply(command) -> Outcome`. A
+  command is a tagged msgspec Struct (`Write`, `Expire`, `CloseConnections`,
+  `ShiftDeadlines`, `Suspect`), so a log of them encodes, decodes and replays.
+  Nothing else may change the route table, the ties, the KV entries or the
+  emptied namespaces; the read methods and the `table` attribute are for reading.
+- **No clock, no randomness, no I/O of its own.** Time is the command's `now`;
+  the KV backend is the one thing it writes through, and a backend that cannot
+  write raises before anything changed.
+- **Deterministic.** The outcome and the state after a command depend only on
+  the state before it and the command: never on hash seeds (iterate insertion
+  orders or sorted keys, never a set), object ids or the time it runs.
+  tests/test_state.py applies a seeded log of thousands of commands to two
+  machines and compares every outcome and the dumps.
+- **A command carries everything it depends on**: a write its request, its
+  `now` and the remoting connection it came over (None: ZNS/1); the expiry step
+  its `now`; a peer's suspicion the broker, the grace and `now`. Decisions made
+  from anything else (the time, the process status, who is subscribed) are the
+  boundary's, taken before the command is made.
+- **All or nothing.** A refused command raises an `ErrorReply` and changes
+  nothing; a replica applying the same command is refused the same way.
+- **The outcome carries what a reply needs.** A writer never reads around its
+  write: what the remoting replies need of the state at the same step (the
+  DataVersion a heartbeat replaced, the count Java's perm writes answer, the order
+  configurations a registration is answered with) is in the `Outcome`.
+- **The whole state dumps and loads** (`dump`, `load`: zns.core.state_dump): a
+  machine loaded from another's dump answers every later command as that one does.
+"""
+
+from __future__ import annotations
+
+from typing import Union, get_args
+
+import msgspec
+from msgspec import Struct
+
+from zns.core.errors import Internal, UsageError
+from zns.core.kv import KvBackend
+from zns.core.limits import LIMITED_REQUESTS, Limits
+from zns.core.routes import Event, RouteTable
+from zns.core.schema import (
+    ORDER_TOPIC_CONFIG,
+    AddWritePerm,
+    AddWritePermReply,
+    BrokerEvent,
+    DataVersion,
+    DeleteTopic,
+    DeleteTopicReply,
+    Heartbeat,
+    HeartbeatReply,
+    KvDelete,
+    KvDeleteReply,
+    KvPut,
+    KvPutReply,
+    RegisterBroker,
+    RegisterBrokerReply,
+    RegisterTopic,
+    RegisterTopicReply,
+    Reply,
+    UnregisterBroker,
+    UnregisterBrokerReply,
+    WipeWritePerm,
+    WipeWritePermReply,
+)
+from zns.core.state_dump import StateDump
+
+TieKey = tuple[str, str, str]  # (cluster, broker address, broker name) registered over remoting
+
+# The requests that change state, whichever listener they came from.
+WriteRequest = Union[RegisterBroker, Heartbeat, UnregisterBroker, WipeWritePerm, AddWritePerm,
+                     DeleteTopic, RegisterTopic, KvPut, KvDelete]
+WRITE_REQUESTS: frozenset[type] = frozenset(get_args(WriteRequest))
+
+
+class Command(Struct, tag_field="command", frozen=True, kw_only=True):
+    """One input that may change the state."""
+
+
+class Write(Command, tag="write", frozen=True):
+    """A write request, as decoded and authorized; `connection`: the remoting connection it
+    came over (None: ZNS/1). A registration over one ties its broker to it, one over ZNS/1
+    unties it; a heartbeat over one refreshes only a tied broker; a KV delete over one that
+    empties a namespace remembers it (§12)."""
+
+    request: WriteRequest
+    now: int
+    connection: int | None = None
+
+
+class Expire(Command, tag="expire", frozen=True):
+    """One expiry step (§8) at `now`: the brokers due go, reason `expired` or `peer_expired`."""
+
+    now: int
+
+
+class CloseConnections(Command, tag="close", frozen=True):
+    """Remoting connections that closed together: what each registered goes, reason
+    `disconnected`, as one step (§12)."""
+
+    connections: list[int]
+
+
+class ShiftDeadlines(Command, tag="shift", frozen=True):
+    """The process stalled this long (§8): no broker is charged for it."""
+
+    stall_ms: int
+
+
+class Suspect(Command, tag="suspect", frozen=True):
+    """A peer NameServer saw this broker leave (§10): shorten its deadline."""
+
+    cluster: str
+    addr: str
+    grace_ms: int
+    now: int
+
+
+AnyCommand = Union[Write, Expire, CloseConnections, ShiftDeadlines, Suspect]
+
+
+class Outcome(Struct):
+    """What one command did: the events it caused and what its reply needs."""
+
+    events: list[Event] = []
+    reply: Reply | None = None  # a Write's ZNS/1 reply
+    # A Heartbeat over remoting: the DataVersion stored for its address before it (None:
+    # none held); QUERY_DATA_VERSION answers it.
+    data_version: DataVersion | None = None
+    # WipeWritePerm and AddWritePerm: the broker name's topics with queue data after it,
+    # changed or not: the count Java answers.
+    broker_topics: int = 0
+    # A RegisterBroker over remoting: the ORDER_TOPIC_CONFIG entries Java answers with
+    # (None: Java would hold no such table, and answers no body).
+    order_conf: dict[str, str] | None = None
+    shortened: bool = False  # Suspect: the deadline was shortened
+
+
+_command_decoder = msgspec.msgpack.Decoder(AnyCommand)
+_dump_decoder = msgspec.msgpack.Decoder(StateDump)
+
+
+def decode_command(data: bytes) -> AnyCommand:
+    """A command as `msgspec.msgpack.encode(command)` wrote it (a replication log's entry)."""
+    return _command_decoder.decode(data)
+
+
+class StateMachine:
+    def __init__(self, kv: KvBackend, *, epoch: str, limits: Limits | None = None) -> None:
+        """A machine over `kv`, whose ORDER_TOPIC_CONFIG entries the routes carry from the
+        start; `epoch`: the events' epoch (§7)."""
+        self.table = RouteTable(epoch)  # read it; change it only through `apply`
+        self.kv = kv  # likewise
+        self.limits = limits or Limits()
+        self._tie: dict[TieKey, int] = {}
+        self._tied: dict[int, set[TieKey]] = {}
+        # Namespaces a remoting DELETE_KV_CONFIG left empty, oldest first (bounded by
+        # max_kv_namespaces): Java keeps an emptied namespace's table, so
+        # GET_KVLIST_BY_NAMESPACE answers it with {"table":{}}.
+        self._emptied: dict[str, None] = {}
+        for topic, value in kv.list(ORDER_TOPIC_CONFIG).items():
+            self.table.set_order_conf(topic, value)
+
+    # --- the one way in ----------------------------------------------------------
+
+    def apply(self, command: AnyCommand) -> Outcome:
+        """Carry out one command; raises an ErrorReply on refusal, having changed nothing."""
+        if type(command) is Write:
+            return self._write(command.request, command.now, command.connection)
+        match command:
+            case Expire(now=now):
+                return Outcome(events=self._settled(self.table.expire(now)))
+            case CloseConnections(connections=connections):
+                return Outcome(events=self._close(connections))
+            case ShiftDeadlines(stall_ms=stall_ms):
+                self.table.shift_deadlines(stall_ms)
+                return Outcome()
+            case Suspect(cluster=cluster, addr=addr, grace_ms=grace_ms, now=now):
+                return Outcome(shortened=self.table.suspect(cluster, addr, grace_ms, now))
+        raise Internal(f"no command {type(command).__name__}")
+
+    # --- reads ---------------------------------------------------------------------
+
+    def tied_connection(self, cluster: str, addr: str, name: str) -> int | None:
+        """The remoting connection that registered this broker address under this name
+        (None: registered over ZNS/1, or not held)."""
+        return self._tie.get((cluster, addr, name))
+
+    def emptied(self, namespace: str) -> bool:
+        """Whether a remoting delete emptied this namespace (and it is remembered)."""
+        return namespace in self._emptied
+
+    # --- the whole state -------------------------------------------------------------
+
+    def dump(self) -> bytes:
+        """The whole state (zns.core.state_dump), encoded."""
+        kv = self.kv
+        return msgspec.msgpack.encode(StateDump(
+            table=self.table.exact_dump(),
+            ties=[(connection, *key) for key, connection in self._tie.items()],
+            kv=[(ns, list(kv.list(ns).items())) for ns in kv.namespaces()],
+            emptied=list(self._emptied)))
+
+    @classmethod
+    def load(cls, data: bytes, kv: KvBackend, *, limits: Limits | None = None) -> StateMachine:
+        """A machine holding what `dump` wrote, over `kv` (empty: the dump's KV entries are
+        written to it). Raises msgspec.DecodeError or ValueError for a dump that is not one."""
+        dump = _dump_decoder.decode(data)
+        if kv.count():
+            raise UsageError("load() writes the dump's KV entries into an empty store")
+        machine = cls.__new__(cls)
+        machine.table = RouteTable.from_exact_dump(dump.table)
+        machine.kv = kv
+        machine.limits = limits or Limits()
+        machine._tie, machine._tied = {}, {}
+        for connection, cluster, addr, name in dump.ties:
+            machine._tie_to((cluster, addr, name), connection)
+        for namespace, entries in dump.kv:
+            for key, value in entries:
+                kv.put(namespace, key, value)
+        machine._emptied = dict.fromkeys(dump.emptied)
+        return machine
+
+    # --- writes ----------------------------------------------------------------------
+
+    def _write(self, request: WriteRequest, now: int, connection: int | None) -> Outcome:
+        table, rid = self.table, request.id
+        if type(request) in LIMITED_REQUESTS:
+            self.limits.check(request, table, self.kv)
+        match request:
+            case Heartbeat(cluster=c, broker_name=n, broker_addr=a, data_version=v):
+                before = None
+                if connection is not None:
+                    live = table.liveness(c, a)
+                    before = None if live is None else live.data_version
+                    if (c, a, n) not in self._tie:
+                        # Registered over ZNS/1 (or not at all): only its own channel
+                        # keeps it alive.
+                        return Outcome(reply=HeartbeatReply(id=rid, known=False, changed=True),
+                                       data_version=before)
+                known, changed = table.heartbeat(c, n, a, v, now)
+                return Outcome(reply=HeartbeatReply(id=rid, known=known, changed=changed),
+                               data_version=before)
+            case RegisterBroker():
+                registered = table.register_broker(request, now)
+                events = self._settled(registered.events)
+                self._tie_to((request.cluster, request.broker_addr, request.broker_name),
+                             connection)
+                order_conf = None
+                if connection is not None:
+                    entries = self.kv.list(ORDER_TOPIC_CONFIG)
+                    if entries or ORDER_TOPIC_CONFIG in self._emptied:
+                        order_conf = entries
+                return Outcome(events=events, order_conf=order_conf, reply=RegisterBrokerReply(
+                    id=rid, master_addr=registered.master_addr, ha_addr=registered.ha_addr))
+            case UnregisterBroker(cluster=c, broker_name=n, broker_addr=a):
+                removed, events = table.unregister_broker(c, n, a)
+                return Outcome(events=self._settled(events),
+                               reply=UnregisterBrokerReply(id=rid, removed=removed))
+            case WipeWritePerm(broker_name=name):
+                count, events = table.wipe_write_perm(name)
+                return Outcome(events=events, broker_topics=table.broker_topic_count(name),
+                               reply=WipeWritePermReply(id=rid, changed=count))
+            case AddWritePerm(broker_name=name):
+                count, events = table.add_write_perm(name)
+                return Outcome(events=events, broker_topics=table.broker_topic_count(name),
+                               reply=AddWritePermReply(id=rid, changed=count))
+            case DeleteTopic(topic=topic, cluster=cluster):
+                removed, events = table.delete_topic(topic, cluster)
+                return Outcome(events=events, reply=DeleteTopicReply(id=rid, removed=removed))
+            case RegisterTopic(topic=topic, queues=queues):
+                return Outcome(events=table.register_topic(topic, queues),
+                               reply=RegisterTopicReply(id=rid))
+            case KvPut(namespace=ns, key=key, value=value):
+                # The durable write first: it is the step that can fail (`internal`, nothing
+                # changed); set_order_conf refuses nothing, so the route change cannot fail
+                # after it. In the other order a failed write would leave a revision bumped
+                # and an event published for a value that is not stored.
+                self.kv.put(ns, key, value)
+                events = table.set_order_conf(key, value) if ns == ORDER_TOPIC_CONFIG else []
+                return Outcome(events=events, reply=KvPutReply(id=rid))
+            case KvDelete(namespace=ns, key=key):
+                had = connection is not None and self.kv.count(ns) > 0
+                removed = self.kv.delete(ns, key)
+                events = table.set_order_conf(key, None) if ns == ORDER_TOPIC_CONFIG else []
+                if had and not self.kv.count(ns):
+                    self._remember_emptied(ns)
+                return Outcome(events=events, reply=KvDeleteReply(id=rid, removed=removed))
+        raise Internal(f"no write {type(request).__name__}")
+
+    def _remember_emptied(self, namespace: str) -> None:
+        self._emptied.pop(namespace, None)
+        self._emptied[namespace] = None
+        if len(self._emptied) > self.limits.max_kv_namespaces:
+            del self._emptied[next(iter(self._emptied))]
+
+    # --- the remoting ties (§12) -------------------------------------------------------
+
+    def _close(self, connections: list[int]) -> list[Event]:
+        """What these connections registered goes, reason `disconnected`: only the (cluster,
+        address, name) entries each registered and nothing registered since (over another
+        connection or ZNS/1); never a name another channel registered at the same address."""
+        gone: list[tuple[str, str, str]] = []
+        for connection in connections:
+            for key in sorted(self._tied.pop(connection, ())):
+                del self._tie[key]
+                cluster, addr, name = key
+                gone.append((cluster, name, addr))
+        if not gone:
+            return []
+        return self._settled(self.table.unregister_brokers(gone, reason="disconnected"))
+
+    def _settled(self, events: list[Event]) -> list[Event]:
+        """`events`, after untying every broker they remove, whatever removed it."""
+        for event in events:
+            if type(event) is BrokerEvent and event.change == "removed":
+                key = (event.cluster, event.broker_addr, event.broker_name)
+                if (connection := self._tie.pop(key, None)) is not None:
+                    self._untie(connection, key)
+        return events
+
+    def _tie_to(self, key: TieKey, connection: int | None) -> None:
+        old = self._tie.pop(key, None)
+        if old is not None:
+            self._untie(old, key)
+        if connection is not None:
+            self._tie[key] = connection
+            self._tied.setdefault(connection, set()).add(key)
+
+    def _untie(self, connection: int, key: TieKey) -> None:
+        keys = self._tied[connection]
+        keys.discard(key)
+        if not keys:
+            del self._tied[connection]
