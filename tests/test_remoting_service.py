@@ -729,8 +729,8 @@ def removed_events(frames: list) -> list[schema.BrokerEvent]:
 def test_closing_the_registering_connection_removes_the_address(rs, svc):
     ok(rs, register_cmd(), C1, now=1000)
     ok(rs, register_cmd(1, SLAVE), C2, now=1000)
-    assert rs.connection_closed(2, 1500) and rs.connection_closed(2, 1500) == []
-    [event] = removed_events(rs.connection_closed(1, 2000))
+    assert rs.connection_closed(2) and rs.connection_closed(2) == []
+    [event] = removed_events(rs.connection_closed(1))
     assert (event.broker_addr, event.reason, event.broker_id) == (MASTER, "disconnected", 0)
     assert svc.table.liveness("DefaultCluster", MASTER) is None
     assert "broker-a" not in svc.table.broker_table()
@@ -744,9 +744,9 @@ def test_a_heartbeat_over_another_connection_never_moves_the_tie(rs, svc, code):
     ok(rs, req(code, HB_EXT, INLINE["DataVersion"].encode() if code == 322 else b""), C2,
        now=1500)
     assert svc.table.liveness("DefaultCluster", MASTER).last_heartbeat == 1500  # refreshed
-    assert rs.connection_closed(2, 2000) == []
+    assert rs.connection_closed(2) == []
     assert svc.table.liveness("DefaultCluster", MASTER) is not None
-    [event] = removed_events(rs.connection_closed(1, 2500))
+    [event] = removed_events(rs.connection_closed(1))
     assert event.reason == "disconnected"
 
 
@@ -754,11 +754,11 @@ def test_heard_over_zns1_since_is_still_removed_and_registered_since_is_kept(rs,
     ok(rs, register_cmd(), C1, now=1000)
     assert zns1_map(svc, "heartbeat", now=1500, cluster="DefaultCluster", broker_name="broker-a",
                 broker_id=0, broker_addr=MASTER)["known"] is True
-    assert removed_events(rs.connection_closed(1, 2000))  # a heartbeat ties nothing
+    assert removed_events(rs.connection_closed(1))  # a heartbeat ties nothing
     ok(rs, register_cmd(), C1, now=3000)
     zns1_map(svc, "register_broker", now=3500, cluster="DefaultCluster", broker_name="broker-a",
          broker_id=0, broker_addr=MASTER, topics={"TopicTest": {}})
-    assert rs.connection_closed(1, 4000) == []  # registered over ZNS/1 since: its own now
+    assert rs.connection_closed(1) == []  # registered over ZNS/1 since: its own now
     assert svc.table.liveness("DefaultCluster", MASTER) is not None
 
 
@@ -766,7 +766,7 @@ def test_zns1_broker_heartbeating_over_remoting_is_not_tied_to_the_connection(rs
     zns1_map(svc, "register_broker", now=1000, cluster="DefaultCluster", broker_name="broker-a",
          broker_id=0, broker_addr=MASTER, topics={"TopicTest": {}})
     ok(rs, req(904, HB_EXT), C2, now=1500)
-    assert rs.connection_closed(2, 2000) == []
+    assert rs.connection_closed(2) == []
     assert svc.table.liveness("DefaultCluster", MASTER) is not None
 
 
@@ -775,7 +775,7 @@ def test_a_close_removes_only_the_name_its_connection_registered_at_a_shared_add
     zns1_map(svc, "register_broker", now=1000, cluster="DefaultCluster", broker_name="broker-a",
          broker_id=0, broker_addr=MASTER, topics={"TopicA": {}})
     ok(rs, register_cmd(name="broker-b", topics={"TopicB": {}}), C2, now=1500)
-    [event] = removed_events(rs.connection_closed(2, 2000))
+    [event] = removed_events(rs.connection_closed(2))
     assert (event.broker_name, event.broker_addr, event.reason) == (
         "broker-b", MASTER, "disconnected")
     assert svc.table.liveness("DefaultCluster", MASTER).names == {"broker-a"}
@@ -795,27 +795,27 @@ def test_remoting_heartbeats_never_keep_a_zns1_broker_alive(rs, svc, code):
     assert svc.table.liveness("DefaultCluster", MASTER).last_heartbeat == 1000
     [event] = [e for e in decode_events(svc.expire(5000)) if isinstance(e, schema.BrokerEvent)]
     assert (event.broker_name, event.reason) == ("broker-a", "expired")
-    assert rs.connection_closed(2, 5000) == []
+    assert rs.connection_closed(2) == []
 
 
 def test_reregistered_over_another_connection_keeps_it(rs, svc):
     ok(rs, register_cmd(), C1, now=1000)
     ok(rs, register_cmd(), C2, now=1500)
-    assert rs.connection_closed(1, 2000) == []
-    assert removed_events(rs.connection_closed(2, 2000))
+    assert rs.connection_closed(1) == []
+    assert removed_events(rs.connection_closed(2))
 
 
 def test_heartbeat_over_the_same_connection_still_removes(rs, svc):
     ok(rs, register_cmd(), C1, now=1000)
     ok(rs, req(904, HB_EXT), C1, now=1500)
-    assert removed_events(rs.connection_closed(1, 2000))
+    assert removed_events(rs.connection_closed(1))
 
 
 def test_unknown_heartbeat_does_not_claim_the_address(rs, svc):
     ok(rs, register_cmd(), C1, now=1000)
     ext = dict(HB_EXT, brokerName="other")  # not a name this address registered
     ok(rs, req(904, ext), C2, now=1500)
-    assert removed_events(rs.connection_closed(1, 2000))
+    assert removed_events(rs.connection_closed(1))
 
 
 # --- route cache -----------------------------------------------------------------------------
@@ -1004,7 +1004,7 @@ def test_closing_a_connection_removes_each_address_it_still_carries(rs, svc):
     zns1_map(svc, "register_broker", now=2_000, cluster="DefaultCluster", broker_name="broker-a",
          broker_id=0, broker_addr=MASTER, topics={"TopicTest": {}},
          data_version={"counter": 3, "timestamp": 1700000000000})
-    rs.connection_closed(LOCAL.conn_id, 3_000)
+    rs.connection_closed(LOCAL.conn_id)
     assert svc.table.liveness("DefaultCluster", MASTER) is not None
     assert svc.table.liveness("DefaultCluster", SLAVE) is None
 
@@ -1027,7 +1027,7 @@ def test_forgetting_expired_connections_keeps_the_live_ones():
         ok(rs, req(104, {"clusterName": "DefaultCluster", "brokerName": "broker-a", "brokerId": "0",
                          "brokerAddr": addr}))
     ok(rs, register_cmd(), conn=Connection(5000, "127.0.0.1"))  # past the bound: the map is pruned
-    rs.connection_closed(5000, 2_000)
+    rs.connection_closed(5000)
     assert svc.table.liveness("DefaultCluster", MASTER) is None
 
 
@@ -1106,7 +1106,7 @@ def test_the_cost_of_a_close_does_not_grow_with_the_addresses_registered(svc):
         for _ in range(3):
             started = time.perf_counter()
             for conn_id in range(10**6, 10**6 + 2000):  # connections that registered nothing
-                rs.connection_closed(conn_id, 2000)
+                rs.connection_closed(conn_id)
             best = min(best, (time.perf_counter() - started) / 2000)
         return best
 
@@ -1136,7 +1136,7 @@ def test_connections_that_close_together_are_removed_in_one_step(rs, svc):
         ok(rs, register_cmd(addr=f"10.0.1.{i}:10911", name=f"b{i}", topics=shared),
            Connection(100 + i, "127.0.0.1"), now=1000)
     before = svc.revision
-    events = decode_events(rs.connections_closed(range(100, 150), 2000))
+    events = decode_events(rs.connections_closed(range(100, 150)))
     assert svc.revision == before + 1
     assert sorted(e.topic for e in events if isinstance(e, schema.RouteEvent)) == ["S1", "S2", "S3"]
     assert sum(isinstance(e, schema.BrokerEvent) and e.reason == "disconnected"

@@ -72,7 +72,7 @@ def test_options_reach_the_sockets_and_the_listener(tmp_path, made):
     assert (listener.max_frame_bytes, listener.policy.max_connections, listener.policy.max_per_host,
             listener.policy.max_buffer_bytes) == (5000, 7, 3, 70_000)
     assert listener.descriptors is srv.descriptors and listener.outbox is srv.outbox
-    assert listener.service.order_message_enable is True
+    assert listener.service.route_json.order_conf is True
     assert listener.service.service is srv.service
     assert srv.service.remoting_endpoint == listener.endpoint
     assert srv.service.pub_endpoint == srv.pub_endpoint

@@ -68,7 +68,6 @@ class LivenessSchedule:
     def __init__(self) -> None:
         self._live: dict[LiveKey, Liveness] = {}
         self._deadlines: list[tuple[int, LiveKey]] = []  # lazy heap; stale entries skipped
-        self.latest_now = 0  # the latest `now` the table was given (see `suspect`)
 
     # --- reading ----------------------------------------------------------
 
@@ -121,27 +120,17 @@ class LivenessSchedule:
         """The address is gone (its heap entry is skipped when it surfaces)."""
         self._live.pop((cluster, addr), None)
 
-    def observe(self, now: int) -> None:
-        """Tell the schedule the time (every table call that takes `now` does); see `suspect`."""
-        if now > self.latest_now:
-            self.latest_now = now
-
-    def suspect(self, cluster: str, addr: str, grace_ms: int, now: int | None = None) -> bool:
+    def suspect(self, cluster: str, addr: str, grace_ms: int, now: int) -> bool:
         """A peer saw this broker leave at `now`: shorten its deadline (§10).
 
         The deadline becomes the later of its last heartbeat + `grace_ms` and
         `now` + a quarter of its own timeout, unless already sooner: a broker
         that still reaches us beats at least four times per timeout, so it
-        beats before the suspicion can expire it. `now` None: the latest time
-        the table was given (`observe`), for drivers that do not pass it.
+        beats before the suspicion can expire it.
         """
         live = self._live.get((cluster, addr))
         if live is None:
             return False
-        if now is None:
-            now = self.latest_now
-        else:
-            self.observe(now)
         deadline = max(live.silent_since + grace_ms, now + live.timeout_ms // 4)
         if deadline >= live.deadline:
             return False

@@ -114,7 +114,6 @@ class RouteTable:
 
     def register_broker(self, req: RegisterBroker, now: int) -> RegisterOutcome:
         """§4 `register_broker`, all-or-nothing: the one refusal is checked before any change."""
-        self.observe(now)
         self._refuse_conflict(req)
         ch = Changes()
         key = (req.cluster, req.broker_addr)
@@ -245,7 +244,6 @@ class RouteTable:
         self, cluster: str, name: str, addr: str, data_version: DataVersion, now: int
     ) -> tuple[bool, bool]:
         """(known, changed) per §4; stores nothing but the time."""
-        self.observe(now)
         live = self._live.get(cluster, addr)
         if live is not None and name in live.names:
             self._live.heard(live, now)
@@ -295,7 +293,6 @@ class RouteTable:
         `next_deadline()` is then still past `now` and the caller runs another
         step once it has served what waits. The decision is re-checked here.
         """
-        self.observe(now)
         ch = Changes()
         done = 0
         while done < work and (live := self._live.pop_due(now)) is not None:
@@ -309,13 +306,7 @@ class RouteTable:
             self._drop_liveness(live, reason, ch)
         return self._commit(ch)
 
-    def observe(self, now: int) -> None:
-        """Tell the table the time (every call that takes `now` does); see `suspect`."""
-        self._live.observe(now)
-
-    def suspect(
-        self, cluster: str, addr: str, grace_ms: int, now: int | None = None
-    ) -> bool:
+    def suspect(self, cluster: str, addr: str, grace_ms: int, now: int) -> bool:
         """A peer saw this broker leave at `now`: shorten its deadline (§10; see
         LivenessSchedule.suspect)."""
         return self._live.suspect(cluster, addr, grace_ms, now)

@@ -261,7 +261,7 @@ class RemotingListener:
             # What the connections that closed this turn registered goes in one step: one
             # revision, each shared route rebuilt once, not once per connection.
             closed, self._closed = self._closed, []
-            self.outbox.put(self.service.connections_closed(closed, now))
+            self.outbox.put(self.service.connections_closed(closed))
 
     def close(self) -> None:
         for entry in list(self.connections.values()):

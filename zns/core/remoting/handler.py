@@ -140,7 +140,6 @@ class RemotingService:
         """
         self.service = service
         self.keyless = keyless
-        self.order_message_enable = order_message_enable
         # The route cache's JSON forms are this listener's (one cache, one rule).
         self.route_json = JavaRouteJson(
             lambda topic: list(service.topic_queue_table().get(topic, ())),
@@ -184,11 +183,11 @@ class RemotingService:
             return None, events
         return reply, events
 
-    def connection_closed(self, conn_id: int, now: int) -> list[Frames]:
+    def connection_closed(self, conn_id: int) -> list[Frames]:
         """Remove, with reason `disconnected`, what this connection registered (§12)."""
-        return self.connections_closed([conn_id], now)
+        return self.connections_closed([conn_id])
 
-    def connections_closed(self, conn_ids: Iterable[int], now: int) -> list[Frames]:
+    def connections_closed(self, conn_ids: Iterable[int]) -> list[Frames]:
         """`connection_closed` for connections that closed together, as one step."""
         return list(self.service.connections_closed(conn_ids))
 
