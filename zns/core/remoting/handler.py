@@ -149,6 +149,11 @@ class RemotingService:
         self.admins = tuple(admins)
         self.readers = None if readers is None else tuple(readers)
         self.kv_reads_admin = kv_reads_admin
+        # Who may send each kind of code: the networks (None: any address) and their option.
+        admin: tuple[tuple[Network, ...] | None, str] = (self.admins, "--remoting-admins")
+        read: tuple[tuple[Network, ...] | None, str] = (self.readers, "--remoting-clients")
+        self._networks = {Access.BROKER: (self.brokers, "--remoting-brokers"), Access.ADMIN: admin,
+                          Access.KV_READ: admin if kv_reads_admin else read, Access.READ: read}
         self.properties = dict(properties or {})
         self._counts = service.remoting_counts
         # (which list, its argument) -> (table revision, TopicList body)
@@ -160,12 +165,22 @@ class RemotingService:
     def handle(
         self, cmd: RemotingCommand, conn: Connection, now: int
     ) -> tuple[RemotingCommand | None, list[Frames]]:
-        """The reply to `cmd` (None: send nothing) and the events to publish."""
+        """The reply to `cmd` (None: send nothing) and the events to publish: its code's
+        processor (PROCESSORS, below the class) if the connection's address may send it."""
         if cmd.is_response:
             return None, []  # a server sends no requests, so no response is awaited
-        frames: Sequence[Frames] = []
+        frames: Sequence[Frames] = ()
         try:
-            reply, frames = self._dispatch(cmd, conn, now)
+            processor = PROCESSORS.get(cmd.code, UNSUPPORTED)
+            networks, option = self._networks[processor.access]
+            if networks is not None and not in_networks(conn.host, networks):
+                raise self._refusal(conn, option, cmd.code)
+            ext = cmd.ext_fields or {}
+            if processor.write is None:
+                assert processor.read is not None  # a processor has one or the other
+                reply = processor.read(self, cmd, ext, conn)
+            else:
+                reply, frames = processor.write(self, cmd, ext, conn, now)
         except NoPermission as exc:  # a network the operator did not list (or a key)
             reply = _error(cmd, ResponseCode.NO_PERMISSION, str(exc))
         except RemotingBodyError as exc:
@@ -177,8 +192,7 @@ class RemotingService:
             reply = _error(cmd, ResponseCode.SYSTEM_ERROR, "internal error; see the server log")
         # Unknown codes count as one (-1): a peer cannot grow the counts.
         self._counts[cmd.code if cmd.code in NAMESERVER_REQUEST_CODES else -1, reply.code] += 1
-        # Encoded now, as the frames of a ZNS/1 request are when the loop sends them.
-        events = list(frames)
+        events = list(frames)  # encoded now (a ZNS/1 request's are encoded as they are sent)
         if cmd.is_oneway:
             return None, events
         return reply, events
@@ -190,18 +204,6 @@ class RemotingService:
     def connections_closed(self, conn_ids: Iterable[int]) -> list[Frames]:
         """`connection_closed` for connections that closed together, as one step."""
         return list(self.service.connections_closed(conn_ids))
-
-    # --- dispatch: PROCESSORS, below the class, says who may send a code and what runs it ------
-
-    def _dispatch(self, cmd: RemotingCommand, conn: Connection,
-                  now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
-        code, ext = cmd.code, cmd.ext_fields or {}
-        processor = PROCESSORS.get(code, UNSUPPORTED)
-        self._allow(conn, processor.access, code)
-        if processor.write is not None:
-            return processor.write(self, cmd, ext, conn, now)
-        assert processor.read is not None  # a processor has one or the other
-        return processor.read(self, cmd, ext, conn), []
 
     # --- readers: the reply from the state as it is ------------------------------------
 
@@ -449,18 +451,11 @@ class RemotingService:
             self.keyless(request)
         return self.service.write(request, now, conn.conn_id)
 
-    def _allow(self, conn: Connection, access: Access, code: int) -> None:
-        if access is Access.BROKER:
-            networks, option = self.brokers, "--remoting-brokers"
-        elif access is Access.ADMIN or (access is Access.KV_READ and self.kv_reads_admin):
-            networks, option = self.admins, "--remoting-admins"
-        else:
-            networks, option = self.readers, "--remoting-clients"
-        if networks is None or in_networks(conn.host, networks):
-            return
+    @staticmethod
+    def _refusal(conn: Connection, option: str, code: int) -> NoPermission:
         log.warning("remoting request %d from %s refused: not in %s", code, conn.host, option)
-        raise NoPermission(f"request code {code} is not allowed from {conn.host}: "
-                           f"the server's {option} lists the networks that may send it")
+        return NoPermission(f"request code {code} is not allowed from {conn.host}: "
+                            f"the server's {option} lists the networks that may send it")
 
     # --- bodies in the Java NameServer's order (zns.core.remoting.javaorder) ----------
     # RouteInfoManager's tables are ConcurrentHashMaps (topics 2048 buckets, broker names
