@@ -269,3 +269,48 @@ def test_the_private_name_check_can_fail(tmp_path, monkeypatch):
     with pytest.raises(pytest.fail.Exception) as info:
         test_no_test_reaches_into_a_driver_through_a_private_name()
     assert "tests/test_poke.py:3: ._data\ntests/test_poke.py:4: ._broken" in str(info.value)
+
+
+# The route table's and the KV store's mutators: only the state machine calls them (its one
+# way in, zns.core.state), so that a replica fed the same commands holds the same state.
+TABLE_MUTATORS = frozenset({
+    "register_broker", "heartbeat", "unregister_broker", "unregister_brokers", "expire",
+    "suspect", "shift_deadlines", "wipe_write_perm", "add_write_perm", "delete_topic",
+    "register_topic", "set_order_conf"})
+KV_MUTATORS = frozenset({"put", "delete"})
+STATE_OWNERS = ("zns.core.state", "zns.core.routes")
+
+
+def state_changes_outside_the_state_machine(modules: dict[str, Path]) -> list[str]:
+    """Calls of a route table's (`...table.register_broker(...)`) or a KV store's
+    (`...kv.put(...)`) mutators in a module other than the state machine and the table."""
+    found = []
+    for name, path in modules.items():
+        if name in STATE_OWNERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            receiver, method = ast.unparse(node.func.value), node.func.attr
+            if (method in TABLE_MUTATORS and receiver.endswith("table")) or (
+                    method in KV_MUTATORS and receiver.endswith("kv")):
+                found.append(f"{name}:{node.lineno} {receiver}.{method}()")
+    return found
+
+
+def test_only_the_state_machine_changes_the_route_table_and_the_kv_store():
+    assert state_changes_outside_the_state_machine(all_modules()) == []
+
+
+def test_the_state_change_check_can_fail(tmp_path, monkeypatch):
+    pkg = tmp_path / "zns"
+    (pkg / "core").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core" / "__init__.py").write_text("")
+    (pkg / "core" / "state.py").write_text("def f(table, kv):\n    table.expire(1)\n    kv.put(1)\n")
+    (pkg / "core" / "service.py").write_text(
+        "def g(self):\n    self.state.table.expire(1)\n    self.kv.delete('n', 'k')\n"
+        "    self.outbox.put(1)\n    self.service.expire(1)\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
+    assert state_changes_outside_the_state_machine(all_modules()) == [
+        "zns.core.service:2 self.state.table.expire()", "zns.core.service:3 self.kv.delete()"]

@@ -56,7 +56,13 @@ them is a design change: discuss it first.
    it: the route cache is handed its JSON encoder. No module imports another
    that imports it back (checked by the same test).
 
-8. **Everything a peer can make the server hold has a bound** (`limits.py`
+8. **State changes through one door.** The server's state (routes,
+   liveness, the remoting ties, the KV entries) changes only by a typed
+   command through `StateMachine.apply` (`state.py`, whose top says what a
+   command must carry); no other module calls the route table's or the KV
+   store's mutators (checked by the same test).
+
+9. **Everything a peer can make the server hold has a bound** (`limits.py`
    and the schema's `Meta` bounds), and the bound is checked before the state
    grows.
 
