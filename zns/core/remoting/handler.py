@@ -6,12 +6,20 @@ response) and the ZNS/1 event frames to publish. It never touches a socket.
 
 Rules this module keeps:
 
-- **One table.** Every request that reads or changes state becomes the ZNS/1
-  request it corresponds to (`RegisterBroker` with `incremental=True` for
-  REGISTER_BROKER, `Heartbeat` for QUERY_DATA_VERSION and BROKER_HEARTBEAT,
-  ...), built with `msgspec.convert` so the schema's bounds apply, and goes
-  through `NameService.execute`: the same limits, the same events, the same
+- **One table.** `PROCESSORS` maps each request code to who may send it and
+  its reader or its writer, as RocketMQ's processor map does. Every request
+  that reads or changes state becomes the ZNS/1 request it corresponds to
+  (`RegisterBroker` with `incremental=True` for REGISTER_BROKER, `Heartbeat`
+  for QUERY_DATA_VERSION and BROKER_HEARTBEAT, ...), built with
+  `msgspec.convert` so the schema's bounds apply: a reader's goes through
+  `NameService.read`, a writer's through `NameService.write` to the state
+  machine (zns.core.state) -- the same limits, the same events, the same
   revision rules as over ZeroMQ. A refusal changes nothing.
+- **A writer answers from its outcome.** It makes one write and builds its
+  reply from the `Outcome` alone (the DataVersion a QUERY_DATA_VERSION
+  replaced, the count a perm write answers, the ORDER_TOPIC_CONFIG table a
+  registration is answered with), never by reading the state around the
+  write: so a write forwarded elsewhere is answered the same.
 - **Who may write** is decided by the connection's source address (the
   listener has no CURVE): broker codes from `brokers` networks, admin codes
   from `admins` networks; reads are open, as in RocketMQ.
@@ -23,7 +31,7 @@ Rules this module keeps:
   exactly what it registered goes, reason `disconnected`, unless registered
   since over another connection or over ZNS/1. A heartbeat (322, 904) never
   moves the tie, and refreshes only a broker registered over remoting
-  (`NameService.execute`).
+  (zns.core.state.Write).
 - **Reads go through `NameService`** too: routes come from its one cache of
   encodings (each form encoded once per change, the JSON forms bounded), and
   every request is counted there by code and response code (metrics).
