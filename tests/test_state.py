@@ -237,3 +237,18 @@ def test_outcomes_and_dumps_do_not_depend_on_the_hash_seed():
         digests.add(out.stdout.strip())
     assert len(digests) == 1
     assert len(hashlib.sha256().hexdigest()) == len(digests.pop())
+
+
+def test_a_warm_restored_table_dumps_its_confirmation_deadlines_exactly():
+    a = fresh()
+    for command in random_log(seed=17, steps=300):
+        apply(a, command)
+    assert a.table.held()["addresses"] > 0
+    restored = fresh()
+    restored.table.restore(a.table.dump(), 50_000, lambda cluster, addr, timeout: 5_000)
+    b = StateMachine.load(restored.dump(), KvStore(None), limits=LIMITS)
+    assert b.dump() == restored.dump()
+    outcomes = [apply(m, Expire(now=56_000)) for m in (restored, b)]
+    assert outcomes[0] == outcomes[1]
+    assert {e.reason for e in outcomes[0].events if getattr(e, "change", "") == "removed"} == {
+        "not_confirmed"}

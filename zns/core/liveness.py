@@ -217,7 +217,7 @@ class LivenessSchedule:
         """Every live address in the order it was first recorded (its heap is derived)."""
         return [AddressDump(live.cluster, live.addr, live.last_heartbeat, live.timeout_ms,
                             live.data_version, live.ha_addr, sorted(live.names),
-                            live.suspect_deadline, live.stall_credit)
+                            live.suspect_deadline, live.stall_credit, live.confirm_by)
                 for live in self._live.values()]
 
     def load(self, addresses: list[AddressDump]) -> None:
@@ -225,5 +225,5 @@ class LivenessSchedule:
         for a in addresses:
             self._live[(a.cluster, a.addr)] = Liveness(
                 a.cluster, a.addr, a.last_heartbeat, a.timeout_ms, a.data_version, a.ha_addr,
-                set(a.names), a.suspect_deadline, a.stall_credit)
+                set(a.names), a.suspect_deadline, a.stall_credit, confirm_by=a.confirm_by)
         self._rebuild()

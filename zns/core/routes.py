@@ -506,7 +506,6 @@ class RouteTable:
                 self._filter_servers[(a.cluster, a.addr)] = list(a.filter_servers)
         self._order_conf.clear()
         self._order_conf.update(state.order_conf if order_conf is None else order_conf)
-        self.observe(now)
         for name in self._brokers:
             self._reweigh(name)
         ch = Changes()

@@ -32,6 +32,7 @@ class AddressDump(Struct, array_like=True, frozen=True):
     names: list[str]  # the broker names listing it, sorted
     suspect_deadline: int | None
     stall_credit: int
+    confirm_by: int | None  # restored by a warm restart and not heard since (zns.core.warm)
 
 
 class BrokerDump(Struct, array_like=True, frozen=True):
