@@ -49,10 +49,7 @@ import msgspec
 
 from zns.core.addresses import LOOPBACK, Network, in_networks, parse_networks
 from zns.core.errors import ErrorReply, NoPermission, NotFound
-from zns.core.routes import filter_zone
 from zns.core.schema import (
-    MASTER_ID,
-    ORDER_TOPIC_CONFIG,
     AddWritePerm,
     AnyRequest,
     DataVersion,
