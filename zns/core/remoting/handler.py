@@ -336,7 +336,7 @@ class RemotingService:
         try:
             check_body_crc32(cmd.body, ext)
         except RemotingBodyError as exc:  # Java's reply has its (empty) response header
-            return _error(cmd, ResponseCode.SYSTEM_ERROR, str(exc), ext_fields={})
+            return _error(cmd, ResponseCode.SYSTEM_ERROR, str(exc), ext_fields={}), []
         body = decode_register_broker_body(
             cmd.body, compressed=parse_bool(ext, "compressed"), version=cmd.version,
             max_topics=self.service.limits.max_topics_per_request)
