@@ -41,18 +41,23 @@ final class AgentLoop implements Runnable {
      */
     static final long SYNC_MAX_MS = 10_000;
     private static final long NO_CLIENT_SLEEP_MS = 60_000;
+    /** How long the agent's thread waits for a JeroMQ context to terminate (see {@link #terminate}). */
+    static final long TERMINATE_WAIT_MS = 1000;
+    /** Internal errors further apart than this start the backoff again from its minimum. */
+    private static final long FAILURES_FORGOTTEN_MS = 600_000;
 
     private final AgentConfig config;
     private final RocketMqClients clients;
     private final Map<String, Follower> followers = new LinkedHashMap<>();
     private final Map<String, RocketMqClients.Group> groups = new LinkedHashMap<>();
     private ZContext context;
-    private Selector selector;
+    private volatile Selector selector; // woken by other threads (see wake)
     private final Map<Follower, SelectionKey> registered = new LinkedHashMap<>();
     private boolean moreQueued;
     private long nextSyncMs;
     private long syncIntervalMs = SYNC_MIN_MS;
     private volatile boolean stopped;
+    private volatile Throwable contextFailure; // a JeroMQ thread of the current context died of it
 
     AgentLoop(AgentConfig config, RocketMqClients clients) {
         this.config = config;
@@ -69,26 +74,35 @@ final class AgentLoop implements Runnable {
 
     @Override
     public void run() {
-        int failuresInARow = 0;
+        int failures = 0;
+        long lastFailureMs = 0;
         while (!stopped) {
             try {
                 step();
-                failuresInARow = 0;
             } catch (Throwable t) {
-                // A bug of the agent must not become the application's problem: drop the
-                // streams (the application polls as before) and try again, slower each time.
-                failuresInARow++;
-                if (failuresInARow == 1) {
-                    Log.info("internal error, streams reset: " + t);
+                // A bug of the agent, or a JeroMQ thread that died (of an OutOfMemoryError the
+                // application caused, say), must not become the application's problem nor stop
+                // the agent for good: drop the streams and the context (the application polls as
+                // before) and start again after 2 s, 4 s, ... up to 64 s while errors keep coming.
+                long now = nowMs();
+                failures = now - lastFailureMs > FAILURES_FORGOTTEN_MS ? 1 : failures + 1;
+                lastFailureMs = now;
+                if (failures == 1) {
+                    Log.info("internal error, streams reset: " + t + "; starting again with backoff");
                 }
                 closeAll();
-                LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(Math.min(60_000, 1000L << Math.min(6, failuresInARow))));
+                LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(1000L << Math.min(6, failures)));
             }
         }
         closeAll();
     }
 
     private void step() throws IOException {
+        Throwable failed = contextFailure;
+        if (failed != null) {
+            contextFailure = null;
+            throw new IllegalStateException("a JeroMQ thread failed: " + failed, failed);
+        }
         long now = nowMs();
         if (now >= nextSyncMs || (clients.scanPending() && !clients.anyManager())) {
             syncIntervalMs = sync(now) ? SYNC_MIN_MS : Math.min(SYNC_MAX_MS, syncIntervalMs * 2);
@@ -135,7 +149,7 @@ final class AgentLoop implements Runnable {
             if (g == null) {
                 g = new RocketMqClients.Group(e.getKey(), e.getValue());
                 groups.put(e.getKey(), g);
-                followers.put(e.getKey(), new Follower(e.getKey(), g, config, this::context, now));
+                followers.put(e.getKey(), new Follower(e.getKey(), g, config, this::context, this::wake, now));
                 changed = true;
             } else {
                 changed |= g.update(e.getValue());
@@ -165,11 +179,49 @@ final class AgentLoop implements Runnable {
                 t.setUncaughtExceptionHandler((thread, e) -> { });
                 return t;
             });
-            c.setUncaughtExceptionHandler((thread, e) -> { });
-            c.setNotificationExceptionHandler((thread, e) -> { });
+            // a JeroMQ thread that throws is dead, and its context with it: the loop starts over
+            c.setUncaughtExceptionHandler((thread, e) -> failed(e));
+            c.setNotificationExceptionHandler((thread, e) -> failed(e));
             context = c;
         }
         return context;
+    }
+
+    private void failed(Throwable e) {
+        contextFailure = e;
+        wake();
+    }
+
+    /** Ends the loop's wait now; any thread may call it. */
+    private void wake() {
+        Selector s = selector;
+        if (s != null) {
+            s.wakeup();
+        }
+    }
+
+    /**
+     * Closes a context on a thread of its own and waits at most {@link #TERMINATE_WAIT_MS}:
+     * a context whose I/O thread died never finishes terminating (its sockets' pipes wait
+     * for that thread), and the agent must not wait with it. Such a context is left behind,
+     * with the daemon thread blocked in it; the agent goes on with a fresh one.
+     */
+    private static void terminate(ZContext c) {
+        Thread closer = new Thread(() -> {
+            try {
+                c.close();
+            } catch (Throwable ignored) {
+                // nothing left to free
+            }
+        }, "zns-agent-close");
+        closer.setDaemon(true);
+        closer.setUncaughtExceptionHandler((t, e) -> { });
+        closer.start();
+        try {
+            closer.join(TERMINATE_WAIT_MS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
     }
 
     /**
@@ -225,11 +277,7 @@ final class AgentLoop implements Runnable {
         closeSelector();
         ZContext c = context;
         context = null;
-        try {
-            c.close(); // its I/O threads end: an idle agent is one thread
-        } catch (RuntimeException e) {
-            // nothing left to free
-        }
+        terminate(c); // its I/O threads end: an idle agent is one thread
     }
 
     private void closeAll() {
@@ -244,11 +292,7 @@ final class AgentLoop implements Runnable {
         groups.clear();
         closeSelector();
         if (context != null) {
-            try {
-                context.close();
-            } catch (RuntimeException e) {
-                // going away anyway
-            }
+            terminate(context);
             context = null;
         }
     }

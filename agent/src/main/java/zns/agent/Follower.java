@@ -49,6 +49,33 @@ final class Follower {
      * repaired by the topic's next event, or by the application's own 30 s poll.
      */
     static final int RCV_HWM = 1_000;
+    /** hb events queued beyond this are dropped: the socket is read every third hb. */
+    static final int HB_RCV_HWM = 100;
+    /**
+     * The largest frame taken on the events socket; a larger one closes the connection
+     * (JeroMQ reconnects) before anything is allocated for it. The agent reads six scalar
+     * fields of an event, but a route event carries its whole route, about 250 bytes per
+     * broker of the topic: 256 KiB holds a topic served by a thousand brokers.
+     */
+    static final long MAX_EVENT_BYTES = 256 * 1024;
+    /** The largest frame taken on the hb socket: an hb is about 60 bytes. */
+    static final long MAX_HB_BYTES = 4 * 1024;
+    /**
+     * Bytes received on the events socket and not read by the agent beyond which the stream
+     * is dropped ({@link FrameBudget}): 1,000 queued events (the high-water mark) of 8 KiB,
+     * topics on about 30 brokers each, fit.
+     */
+    static final long MAX_UNREAD_EVENT_BYTES = 8L << 20;
+    /** The same for the hb socket: {@link #HB_RCV_HWM} hb events of the largest size fit. */
+    static final long MAX_UNREAD_HB_BYTES = HB_RCV_HWM * MAX_HB_BYTES;
+    /**
+     * The least time between the starts of two pulls of one topic: events of the topic that
+     * arrive meanwhile (rising revisions, new epochs) are folded into one pull at the end of
+     * the gap, so a topic is pulled at most ten times a second whatever the stream says. A
+     * change after a quiet time is pulled at once; one that follows another within the gap
+     * waits for its end.
+     */
+    static final long MIN_PULL_GAP_MS = 100;
     /** Pulls before consumers are woken even if events keep coming (the rest: next flush). */
     static final int MAX_PULL_ROUNDS = 8;
     static final int DRAIN_MAX = 10_000;
@@ -61,14 +88,18 @@ final class Follower {
     private final String name;
     private final AgentConfig config;
     private final Supplier<ZContext> zmq;
+    private final Runnable wake;
     private Target target;
 
     private long nextAttemptMs;
     private long backoffMs;
+    private long provenAtMs = -1; // when the current stream's first hb came
     private Said said = Said.NOTHING;
 
     private ZMQ.Socket sub;
     private ZMQ.Socket hbSub;
+    private FrameBudget subBudget;
+    private FrameBudget hbBudget;
     private boolean hbOnSub;
     private String endpoint;
     private String namesrv;
@@ -80,17 +111,20 @@ final class Follower {
     private final Set<String> dirty = new HashSet<>();
     private String dirtyWhy = "";
     private long dirtyReadAtMs; // wall clock, for the debug line only
+    private final Map<String, Long> pulledAtMs = new HashMap<>(); // start of each held topic's last pull
 
     // counters, for the command-line check and for tests reading them by reflection
     long events;
     long refreshes;
     long badEvents;
 
-    Follower(String name, Target target, AgentConfig config, Supplier<ZContext> zmq, long nowMs) {
+    /** `wake` interrupts the owner's wait (any thread may run it); see {@link FrameBudget}. */
+    Follower(String name, Target target, AgentConfig config, Supplier<ZContext> zmq, Runnable wake, long nowMs) {
         this.name = name;
         this.target = target;
         this.config = config;
         this.zmq = zmq;
+        this.wake = wake;
         this.nextAttemptMs = nowMs;
         this.backoffMs = config.minBackoffMs;
     }
@@ -111,9 +145,21 @@ final class Follower {
         return sub != null;
     }
 
-    /** When this follower next needs the loop: an attempt to resolve, or a silence check. */
+    /** When this follower next needs the loop: an attempt to resolve, a silence check or a pull due. */
     long nextDeadlineMs() {
-        return sub == null ? nextAttemptMs : recipe.silentAt();
+        if (sub == null) {
+            return nextAttemptMs;
+        }
+        long deadline = recipe.silentAt();
+        for (String t : dirty) {
+            deadline = Math.min(deadline, pullDueMs(t));
+        }
+        return deadline;
+    }
+
+    private long pullDueMs(String topic) {
+        Long at = pulledAtMs.get(topic);
+        return at == null ? Long.MIN_VALUE : at + MIN_PULL_GAP_MS;
     }
 
     /** Periodic work: resolve when idle and due; read the hb socket; give up a silent stream. */
@@ -125,6 +171,9 @@ final class Follower {
             return;
         }
         drainSocket(hbSub, nowMs, DRAIN_MAX, false);
+        if (sub != null && !withinBudget(nowMs)) {
+            return;
+        }
         if (sub != null && recipe.silent(nowMs)) {
             stop(nowMs, recipe.sawHb()
                 ? "no heartbeat from " + endpoint + " for " + (3 * hbMs) + " ms"
@@ -155,18 +204,37 @@ final class Follower {
         idle(nowMs, why);
     }
 
-    private static ZMQ.Socket subSocket(ZContext context) {
+    private static ZMQ.Socket subSocket(ZContext context, int hwm, long maxFrameBytes, FrameBudget budget) {
         ZMQ.Socket s = context.createSocket(SocketType.SUB);
         s.setLinger(0);
-        s.setRcvHWM(RCV_HWM);
+        s.setRcvHWM(hwm);
+        s.setMaxMsgSize(maxFrameBytes);
+        s.setMsgAllocator(budget);
         s.setReconnectIVL(200);
         s.setReconnectIVLMax(2000);
         return s;
     }
 
+    /**
+     * False (and the stream dropped, retried after a backoff) when a socket was given more
+     * bytes than its account allows without the agent reading them: closing the sockets
+     * frees what JeroMQ holds for them.
+     */
+    private boolean withinBudget(long nowMs) {
+        FrameBudget over = subBudget.exceeded() ? subBudget : hbBudget.exceeded() ? hbBudget : null;
+        if (over == null) {
+            return true;
+        }
+        stop(nowMs, endpoint + " sent more than " + over.limit() / 1024 + " KiB that the agent had not read"
+            + " on its " + (over == subBudget ? "events" : "hb") + " socket", false);
+        return false;
+    }
+
     private void follow(String endpoint, long hbMs, String namesrv, long nowMs) {
-        ZMQ.Socket s = subSocket(zmq.get());
-        ZMQ.Socket h = subSocket(zmq.get());
+        this.subBudget = new FrameBudget(MAX_UNREAD_EVENT_BYTES, wake);
+        this.hbBudget = new FrameBudget(MAX_UNREAD_HB_BYTES, wake);
+        ZMQ.Socket s = subSocket(zmq.get(), RCV_HWM, MAX_EVENT_BYTES, subBudget);
+        ZMQ.Socket h = subSocket(zmq.get(), HB_RCV_HWM, MAX_HB_BYTES, hbBudget);
         h.subscribe(HB_CHANNEL);
         this.sub = s;
         this.hbSub = h;
@@ -199,8 +267,17 @@ final class Follower {
         backoffMs = Math.min(config.maxBackoffMs, backoffMs * 2);
     }
 
-    /** Leaves the stream; `retrySoon` asks again at once (the next attempt then backs off). */
+    /**
+     * Leaves the stream; `retrySoon` asks again at once (the next attempt then backs off).
+     * The backoff starts again from its minimum only after a stream followed for at least
+     * the longest backoff: an endpoint that sends a valid hb and then breaks the stream is
+     * asked again at doubling intervals, not every second (nor logged every second).
+     */
     private void stop(long nowMs, String why, boolean retrySoon) {
+        if (provenAtMs >= 0 && nowMs - provenAtMs >= config.maxBackoffMs) {
+            backoffMs = config.minBackoffMs;
+        }
+        provenAtMs = -1;
         closeSocket();
         if (retrySoon && said == Said.FOLLOWING) {
             Log.info("stopped following zns events at " + endpoint + " (" + describeSource() + "): " + why
@@ -232,6 +309,8 @@ final class Follower {
         }
         sub = null;
         hbSub = null;
+        subBudget = null;
+        hbBudget = null;
         recipe = null;
         dirty.clear();
     }
@@ -244,6 +323,7 @@ final class Follower {
         Map<String, Set<String>> now = target.topics();
         boolean changed = !now.equals(held);
         held = now;
+        pulledAtMs.keySet().retainAll(now.keySet());
         if (sub == null || !changed) {
             return changed;
         }
@@ -325,7 +405,11 @@ final class Follower {
      */
     int drain(long nowMs, int max) {
         drainSocket(hbSub, nowMs, max, false);
-        return drainSocket(sub, nowMs, max, true);
+        int n = drainSocket(sub, nowMs, max, true);
+        if (sub != null) {
+            withinBudget(nowMs);
+        }
+        return n;
     }
 
     private int drainSocket(ZMQ.Socket socket, long nowMs, int max, boolean eventsSocket) {
@@ -343,6 +427,7 @@ final class Follower {
                 }
             }
             n++;
+            (eventsSocket ? subBudget : hbBudget).read();
             if (body == null) {
                 badEvents++;
                 continue;
@@ -363,7 +448,7 @@ final class Follower {
                 hbOnSub = false;
             }
             if (!wasProven && recipe.sawHb()) {
-                backoffMs = config.minBackoffMs;
+                provenAtMs = nowMs;
                 if (said != Said.FOLLOWING) {
                     Log.info("following zns events at " + endpoint + " (" + describeSource() + ") for "
                         + held.size() + " topic(s): route changes reach this application"
@@ -395,20 +480,35 @@ final class Follower {
      * their consumers. One change of zns is several events (a route event per topic, a
      * broker event) sent microseconds apart: the events that arrived during a pull are read
      * and pulled too before any consumer work, so that no producer's topic waits behind a
-     * consumer's heartbeat to a new broker (seen: 480 ms).
+     * consumer's heartbeat to a new broker (seen: 480 ms). A topic pulled less than
+     * {@link #MIN_PULL_GAP_MS} ago stays marked until its gap ends ({@link #nextDeadlineMs});
+     * the pulls are the agent thread's own calls, one at a time, so one topic never has two
+     * pulls in flight.
      */
     boolean flush() {
-        if (dirty.isEmpty()) {
-            return false;
-        }
+        boolean pulled = false;
         for (int round = 0; !dirty.isEmpty() && round < MAX_PULL_ROUNDS; round++) {
-            Set<String> topics = inRefreshOrder(dirty);
+            long now = AgentLoop.nowMs();
+            Set<String> due = new HashSet<>();
+            for (String t : dirty) {
+                if (now >= pullDueMs(t)) {
+                    due.add(t);
+                }
+            }
+            if (due.isEmpty()) {
+                break;
+            }
+            Set<String> topics = inRefreshOrder(due);
             String why = dirtyWhy;
             long readAt = dirtyReadAtMs;
-            dirty.clear();
+            dirty.removeAll(due);
+            for (String t : topics) {
+                pulledAtMs.put(t, now);
+            }
             refreshes += topics.size();
             long started = System.nanoTime();
             String detail = target.refresh(topics, why);
+            pulled = true;
             // bench/agent.py splits a change's latency with this line: when the event was read
             // (wall ms) and when each pull ended (ms after the refresh began)
             Log.debug("refreshed " + topics + " (" + why + "): event read at " + readAt + ", refreshed in "
@@ -416,6 +516,9 @@ final class Follower {
             if (sub != null) {
                 drain(AgentLoop.nowMs(), DRAIN_MAX);
             }
+        }
+        if (!pulled) {
+            return false;
         }
         String woken = target.wakeConsumers();
         if (!woken.isEmpty()) {

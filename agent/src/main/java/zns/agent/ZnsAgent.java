@@ -127,7 +127,7 @@ public final class ZnsAgent {
                 context[0] = new ZContext(1);
             }
             return context[0];
-        }, AgentLoop.nowMs());
+        }, () -> { }, AgentLoop.nowMs()); // no wake: the poll below is at most 100 ms
         try {
             while (AgentLoop.nowMs() < until) {
                 long now = AgentLoop.nowMs();
@@ -136,7 +136,7 @@ public final class ZnsAgent {
                 if (f.socket() != null) {
                     org.zeromq.ZMQ.Poller poller = context[0].createPoller(1);
                     poller.register(f.socket(), org.zeromq.ZMQ.Poller.POLLIN);
-                    poller.poll(Math.max(1, Math.min(until, f.nextDeadlineMs()) - now));
+                    poller.poll(Math.max(1, Math.min(Math.min(until, f.nextDeadlineMs()) - now, 100)));
                     poller.close();
                     f.drain(AgentLoop.nowMs(), 10_000);
                 } else {
