@@ -80,10 +80,10 @@ class Publisher:
 
 
 class Cli:
-    def __init__(self, jar: Path, endpoint: str, seconds: float, *topics: str) -> None:
+    def __init__(self, jar: Path, endpoint: str, seconds: float, *topics: str, jvm: tuple[str, ...] = ()) -> None:
         args = f"events={endpoint},heartbeatMs={HB_MS},minBackoffMs=100,maxBackoffMs=200"
         self.proc = subprocess.Popen(
-            ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-jar", str(jar), "127.0.0.1:1",
+            ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", *jvm, "-jar", str(jar), "127.0.0.1:1",
              "--follow", str(seconds), *topics, "--args", args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[dict[str, Any]] = []
@@ -176,6 +176,97 @@ def test_recipe_refreshes_each_change_once_and_repairs_gaps_epochs_and_silence(j
         agent_lines = agent_lines[1:]  # a loaded machine kept the first hb from it for 3 intervals
     assert len(agent_lines) == 3, agent_lines  # following, stopped following, following
     assert "stopped" in agent_lines[1] and "following zns events" in agent_lines[2], agent_lines
+
+
+def following_count(cli: Cli) -> int:
+    with cli._cond:
+        return sum("zns-agent: following zns events at" in ln for ln in cli.log)
+
+
+@pytest.mark.timeout(120)
+def test_pulls_of_a_topic_are_paced_and_fold_the_events_that_arrive_meanwhile(jar: Path) -> None:
+    """An endpoint sending route events of a held topic with rising revisions, or each of a
+    new epoch, as fast as it can (about 500 a second here): the pulls of the topic are 100 ms
+    apart at least (ten a second; the budget is 20 in any second), the last
+    event of each flood is pulled after it arrived (folded, not lost), and a change after
+    a quiet time is pulled at once."""
+    endpoint = zns_agent.HostileEndpoint("Orders", hb_ms=HB_MS)
+    cli = Cli(jar, endpoint.endpoint, 120, "Orders")
+    try:
+        cli.refresh_count(1, "the pull at the first hb")
+        for mode in ("revisions", "epochs"):
+            before = len(cli.refreshes())
+            started_ms = time.time() * 1000
+            endpoint.mode = mode
+            time.sleep(4)
+            endpoint.mode = "honest"
+            stopped_ms = endpoint.last_flood_ms
+            time.sleep(1)  # the last folded pull, then nothing
+            with cli._cond:
+                pulls = [ln["wall_ms"] for ln in cli.lines if "refresh" in ln][before:]
+            busiest = max(sum(1 for t in pulls if start <= t < start + 1000) for start in pulls)
+            print(f"  {mode}: {endpoint.sent[mode]} events in 4 s, {len(pulls)} pulls of the topic, "
+                  f"at most {busiest} in one second; the last pull {pulls[-1] - stopped_ms:.0f} ms after "
+                  f"the last event was sent")
+            assert endpoint.sent[mode] > 200, endpoint.sent  # the flood was one
+            gaps = [b - a for a, b in zip(pulls, pulls[1:])]
+            # 100 ms apart on the agent's monotonic clock, truncated to ms: 98 on the wall clock
+            assert len(pulls) >= 4 and min(gaps) >= 98 and busiest <= 20, (busiest, gaps)
+            assert all(t >= started_ms for t in pulls)
+            assert pulls[-1] >= stopped_ms, (pulls[-1], stopped_ms)  # the last event was pulled
+        time.sleep(1)
+        before = len(cli.refreshes())
+        sent_ms = time.time() * 1000
+        endpoint.send_route(endpoint.revision + 10)
+        got = cli.refresh_count(before + 1, "the pull of a change after a quiet second")
+        with cli._cond:
+            pulled_ms = [ln["wall_ms"] for ln in cli.lines if "refresh" in ln][before]
+        print(f"  a change after a quiet second: pulled {pulled_ms - sent_ms:.0f} ms after it was sent")
+        assert got[before][1].startswith("route@"), got[before]
+    finally:
+        cli.proc.kill()
+        cli.proc.wait(10)
+        endpoint.close()
+
+
+@pytest.mark.timeout(180)
+def test_hostile_frames_cost_little_and_the_follower_follows_again(jar: Path) -> None:
+    """10 MB frames on hb at 20 a second; one 9-byte frame header claiming 1.5 GB on each
+    connection; one message of 200 KB frames that never ends. The follower runs in a JVM of
+    64 MiB of heap, touched at start (so that RSS shows what grows outside the heap: direct
+    buffers, threads), whose direct memory is limited to 64 MiB too: under each attack its
+    RSS grows by at most 32 MiB, nothing runs out (what the agent holds in the heap is
+    bounded too: an unbounded queue there ends in an OutOfMemoryError), and it follows the
+    endpoint again once it is honest."""
+    endpoint = zns_agent.HostileEndpoint("Orders", hb_ms=HB_MS)
+    cli = Cli(jar, endpoint.endpoint, 170, "Orders", jvm=("-Xms64m", "-Xmx64m", "-XX:+AlwaysPreTouch"))
+    try:
+        cli.wait(lambda: following_count(cli) >= 1, "following")
+        time.sleep(2)  # the JVM warms up with the stream
+        base = zns_agent.rss_mib(cli.proc.pid)
+        for mode in ("huge", "liar", "endless"):
+            follows = following_count(cli)
+            endpoint.mode = mode
+            peak = base
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                peak = max(peak, zns_agent.rss_mib(cli.proc.pid))
+                time.sleep(0.1)
+            endpoint.mode = "honest"
+            with cli._cond:
+                said = [ln for ln in cli.log if "zns-agent:" in ln][-3:]
+            print(f"  {mode}: {endpoint.sent.get(mode, 0)} sent; RSS {base:.0f} -> at most {peak:.0f} MiB; "
+                  f"lines {said}")
+            assert endpoint.sent.get(mode, 0) >= 1, endpoint.sent
+            assert peak - base <= 32, (mode, base, peak)
+            cli.wait(lambda: following_count(cli) > follows, f"following again after {mode}", timeout=30)
+        before = len(cli.refreshes())
+        endpoint.send_route(endpoint.revision + 10)  # followed for real: a change is pulled
+        cli.refresh_count(before + 1, "a change pulled after the attacks")
+    finally:
+        cli.proc.kill()
+        cli.proc.wait(10)
+        endpoint.close()
 
 
 def test_bad_agent_arguments_are_refused_with_a_reason(jar: Path) -> None:

@@ -9,6 +9,9 @@
   and started again on the same addresses (the "zns restarts" scenario).
 - :class:`RouteWatcher` is a ZNS/1 subscriber that timestamps route events (wall clock),
   the moment zns published a change, from which the application's delay is measured.
+- :class:`HostileEndpoint` is an events endpoint that speaks ZMTP 3.0 itself, on raw TCP,
+  honest (an ``hb`` every interval, route events on demand) or hostile (huge frames, a
+  frame header claiming 1.5 GB, a message that never ends, rising revisions, new epochs).
 
 Used by ``tests/interop/test_agent.py`` and ``bench/agent.py``.
 """
@@ -411,3 +414,204 @@ def thread_names(pid: int) -> list[str]:
         except OSError:
             continue
     return names
+
+
+def rss_mib(pid: int) -> float:
+    """The resident set size of `pid` (MiB), from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise InteropError(f"no VmRSS for {pid}")
+
+
+class HostileEndpoint:
+    """A zns events endpoint on 127.0.0.1 (an ephemeral port) that speaks ZMTP 3.0 itself on
+    raw TCP, so that it can send what no ZeroMQ library would. Every connection gets the
+    greeting and a READY of a PUB socket, then what `mode` says, switchable at any time:
+
+    - ``honest``: an ``hb`` every `hb_ms` (and route events through :meth:`route`);
+    - ``huge``: ``hb``s as honest, plus 10 MB frames on ``hb\\0`` at 20 a second;
+    - ``liar``: one 9-byte frame header claiming a 1.5 GB frame, then a byte a second;
+    - ``endless``: one message of 200 KB frames flagged MORE that never ends;
+    - ``revisions`` / ``epochs``: route events of `topic` as fast as the socket takes them,
+      each with a higher revision / each of a new epoch (and ``hb``s as honest).
+
+    Like a PUB, it sends ``hb``, route events and the huge ``hb`` frames only to connections
+    subscribed to their channel (it reads the subscriber's ZMTP 3.0 subscription messages);
+    the liar and the endless message go to every connection.
+    """
+
+    HUGE_FRAME = 10_000_000
+    CLAIMED = 1_500_000_000
+
+    def __init__(self, topic: str = "", hb_ms: int = 300) -> None:
+        self.topic = topic
+        self.hb_ms = hb_ms
+        self.mode = "honest"
+        self.epoch = "e1e1e1e1e1e1e1e1"
+        self.revision = 1
+        self.sent: dict[str, int] = {}
+        self.last_flood_ms = 0.0  # wall clock of the last route event of `revisions`/`epochs`
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._subs: dict[socket.socket, set[bytes]] = {}
+        self._stop = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"tcp://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._huge = b"\x02" + self.HUGE_FRAME.to_bytes(8, "big") + bytes(self.HUGE_FRAME)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @staticmethod
+    def frame(body: bytes, more: bool = False, command: bool = False) -> bytes:
+        flags = (1 if more else 0) | (4 if command else 0)
+        if len(body) > 255:
+            return bytes([flags | 2]) + len(body).to_bytes(8, "big") + body
+        return bytes([flags, len(body)]) + body
+
+    def event(self, channel: bytes, body: dict[str, Any]) -> bytes:
+        return self.frame(channel, more=True) + self.frame(msgspec.msgpack.encode(body))
+
+    def hb(self) -> bytes:
+        return self.event(b"hb\0", {"op": "hb", "epoch": self.epoch, "revision": self.revision,
+                                     "time_ms": int(time.time() * 1000)})
+
+    def route(self, revision: int, epoch: str | None = None) -> bytes:
+        return self.event(f"route/{self.topic}\0".encode(), {
+            "op": "route", "epoch": epoch or self.epoch, "revision": revision, "prev": revision - 1,
+            "topic": self.topic, "route": None})
+
+    def wants(self, conn: socket.socket, channel: bytes) -> bool:
+        with self._lock:
+            return any(channel.startswith(prefix) for prefix in self._subs.get(conn, ()))
+
+    def send_route(self, revision: int) -> None:
+        """One route event of `topic` to every connection subscribed to it (an honest change)."""
+        self.revision = max(self.revision, revision)
+        data = self.route(revision)
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            if self.wants(conn, f"route/{self.topic}\0".encode()):
+                try:
+                    conn.sendall(data)
+                except OSError:
+                    pass
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.sent[what] = self.sent.get(what, 0) + 1
+
+    def _serve(self, conn: socket.socket) -> None:
+        greeting = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" + bytes(31)
+        ready = self.frame(b"\x05READY\x0bSocket-Type" + (3).to_bytes(4, "big") + b"PUB", command=True)
+        threading.Thread(target=self._drain, args=(conn,), daemon=True).start()
+        with self._lock:
+            self._conns.append(conn)
+            self._subs.setdefault(conn, set())
+        route_channel = f"route/{self.topic}\0".encode()
+        try:
+            conn.sendall(greeting + ready)
+            next_hb = 0.0
+            while not self._stop.is_set():
+                mode = self.mode
+                now = time.monotonic()
+                if mode in ("honest", "huge", "revisions", "epochs") and now >= next_hb:
+                    next_hb = now + self.hb_ms / 1000
+                    if self.wants(conn, b"hb\0"):
+                        conn.sendall(self.hb())
+                if mode == "honest":
+                    time.sleep(0.01)
+                elif mode == "huge":
+                    if self.wants(conn, b"hb\0"):
+                        self._count("huge")  # counted first: the subscriber may close half-way
+                        conn.sendall(self._huge)
+                    time.sleep(0.05)
+                elif mode == "liar":
+                    self._count("liar")
+                    conn.sendall(b"\x02" + self.CLAIMED.to_bytes(8, "big"))
+                    while self.mode == "liar" and not self._stop.wait(1):
+                        conn.sendall(b"\0")  # trickled, never complete
+                    return
+                elif mode == "endless":
+                    self._count("endless")
+                    conn.sendall(self.frame(b"hb\0", more=True))
+                    part = self.frame(bytes(200_000), more=True)
+                    while self.mode == "endless" and not self._stop.is_set():
+                        conn.sendall(part)
+                    return
+                elif mode in ("revisions", "epochs"):
+                    if not self.wants(conn, route_channel):
+                        time.sleep(0.01)
+                        continue
+                    with self._lock:
+                        self.revision += 1
+                        revision = self.revision
+                    epoch = f"{revision:016x}" if mode == "epochs" else None
+                    conn.sendall(self.route(revision, epoch))
+                    self.last_flood_ms = time.time() * 1000
+                    self._count(mode)
+                    time.sleep(0.001)  # about 500 a second on this machine: far more than the bound
+        except OSError:
+            pass  # the subscriber closed the connection: it reconnects, or it is done
+        finally:
+            with self._lock:
+                if conn in self._conns:
+                    self._conns.remove(conn)
+                self._subs.pop(conn, None)
+            conn.close()
+
+    def _drain(self, conn: socket.socket) -> None:
+        """Reads the subscriber's frames; keeps its subscriptions (ZMTP 3.0 messages
+        starting with 1 or 0, or 3.1's SUBSCRIBE and CANCEL commands)."""
+        data = b""
+        greeting_left = 64
+        try:
+            while chunk := conn.recv(65536):
+                data += chunk
+                if greeting_left:
+                    skip = min(greeting_left, len(data))
+                    data, greeting_left = data[skip:], greeting_left - skip
+                while len(data) >= 2:
+                    flags = data[0]
+                    head = 9 if flags & 2 else 2
+                    if len(data) < head:
+                        break
+                    size = int.from_bytes(data[1:head], "big")
+                    if len(data) < head + size:
+                        break
+                    body, data = data[head:head + size], data[head + size:]
+                    if flags & 4:
+                        for name, on in ((b"\x09SUBSCRIBE", True), (b"\x06CANCEL", False)):
+                            if body.startswith(name):
+                                self._subscribe(conn, body[len(name):], on)
+                    elif body[:1] in (b"\x01", b"\x00"):
+                        self._subscribe(conn, body[1:], body[:1] == b"\x01")
+        except OSError:
+            pass
+
+    def _subscribe(self, conn: socket.socket, prefix: bytes, on: bool) -> None:
+        with self._lock:
+            subs = self._subs.setdefault(conn, set())
+            if on:
+                subs.add(prefix)
+            else:
+                subs.discard(prefix)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

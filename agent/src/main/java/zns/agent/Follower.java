@@ -98,6 +98,7 @@ final class Follower {
 
     private ZMQ.Socket sub;
     private ZMQ.Socket hbSub;
+    private ZContext socketContext; // the context of the current sockets
     private FrameBudget subBudget;
     private FrameBudget hbBudget;
     private boolean hbOnSub;
@@ -233,8 +234,9 @@ final class Follower {
     private void follow(String endpoint, long hbMs, String namesrv, long nowMs) {
         this.subBudget = new FrameBudget(MAX_UNREAD_EVENT_BYTES, wake);
         this.hbBudget = new FrameBudget(MAX_UNREAD_HB_BYTES, wake);
-        ZMQ.Socket s = subSocket(zmq.get(), RCV_HWM, MAX_EVENT_BYTES, subBudget);
-        ZMQ.Socket h = subSocket(zmq.get(), HB_RCV_HWM, MAX_HB_BYTES, hbBudget);
+        this.socketContext = zmq.get();
+        ZMQ.Socket s = subSocket(socketContext, RCV_HWM, MAX_EVENT_BYTES, subBudget);
+        ZMQ.Socket h = subSocket(socketContext, HB_RCV_HWM, MAX_HB_BYTES, hbBudget);
         h.subscribe(HB_CHANNEL);
         this.sub = s;
         this.hbSub = h;
@@ -301,12 +303,16 @@ final class Follower {
         for (ZMQ.Socket s : new ZMQ.Socket[] {sub, hbSub}) {
             if (s != null) {
                 try {
-                    s.close(); // linger 0: queued events are dropped at once
+                    // linger 0: queued events are dropped at once; and the context forgets the
+                    // socket (a socket closed by itself stays in its context's list, and with it
+                    // whatever its queue held)
+                    socketContext.destroySocket(s);
                 } catch (RuntimeException e) {
                     // the context may already be closing; the socket goes with it
                 }
             }
         }
+        socketContext = null;
         sub = null;
         hbSub = null;
         subBudget = null;

@@ -14,9 +14,10 @@ import zmq.msg.MsgAllocator;
  * bounds the number of whole messages queued, but neither bounds a message that never
  * ends (frames flagged MORE, without end: the queue counts only complete messages), nor
  * a queue of large messages that the agent reads rarely (the hb socket is read every
- * third heartbeat). This account bounds both: past its limit the agent closes the socket,
- * which frees everything it held. A read resets the count, so a stream that the agent
- * keeps up with never reaches the limit, whatever its total volume.
+ * third heartbeat). This account bounds both: past its limit nothing more is kept (see
+ * {@link #allocate}) and the agent closes the socket, which frees everything it held. A
+ * read resets the count, so a stream that the agent keeps up with never reaches the limit,
+ * whatever its total volume.
  *
  * <p>Frames are heap arrays, never direct buffers (JeroMQ's default allocator puts frames
  * over 1 MiB in direct memory, whose exhaustion is an OutOfMemoryError in its I/O thread).
@@ -33,9 +34,20 @@ final class FrameBudget implements MsgAllocator {
         this.wake = wake;
     }
 
+    /**
+     * A frame of `size` bytes; past the limit, an empty one. Closing the socket takes a
+     * moment (JeroMQ's I/O thread tears its connection down later), and a peer on loopback
+     * sends tens of MB meanwhile: from the limit on, nothing more is kept. The decoder reads
+     * an empty frame as complete and parses what follows as frames again, which for the
+     * rest of a hostile frame means garbage, also kept as empty frames or refused (a claimed
+     * size beyond the maximum closes the connection). The stream is being dropped anyway.
+     */
     @Override
     public Msg allocate(int size) {
-        if (sinceRead.addAndGet(size) > limit && !exceeded) {
+        if (sinceRead.addAndGet(size) <= limit) {
+            return new Msg(size);
+        }
+        if (!exceeded) {
             exceeded = true;
             try {
                 wake.run();
@@ -43,7 +55,7 @@ final class FrameBudget implements MsgAllocator {
                 // the agent sees the flag at its next wake anyway
             }
         }
-        return new Msg(size);
+        return new Msg(0);
     }
 
     /** The agent read a whole message from the socket. */
