@@ -376,3 +376,66 @@ def test_zns_restart_stops_push_and_it_comes_back(cluster: Cluster, app: Probe) 
     assert len(new) == 2 and new[0] in stopped_lines(app) and new[1] in following_lines(app), new
     sends = [s for s in app.events("send") if s["wall_ms"] >= restarted_at * 1000]
     assert any(s["ok"] for s in sends), sends[-5:]  # it kept sending through it all
+
+
+def log_time(line: str) -> float:
+    """The wall clock (s) of an agent log line ("2026-01-01 12:00:00.000 zns-agent: ...")."""
+    return time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000
+
+
+def test_a_hostile_events_endpoint_costs_the_application_little_and_push_comes_back(cluster: Cluster) -> None:
+    """The application's agent follows an events endpoint (`events=`, as a NameServer could
+    name it) that turns hostile five times, each for 6 s: 10 MB frames on `hb` at 20 a
+    second, a 9-byte frame header claiming 1.5 GB on every connection, a message of 200 KB
+    frames that never ends, route events of the application's topic with rising revisions
+    and each of a new epoch (about 500 a second). Its heap is touched at start (-Xms128m,
+    AlwaysPreTouch), so that RSS shows what grows outside it: under each, RSS grows by at
+    most 32 MiB, zns sees at most 20 pulls of the topic in any second, every send succeeds,
+    and the agent follows again once the endpoint is honest (a route event then reaches the
+    producer through a pull)."""
+    phase = rocketmq.Phases("hostile endpoint")
+    cluster.ensure_serving()
+    endpoint = zns_agent.HostileEndpoint(cluster.topic, hb_ms=300)
+    app = probe(cluster, agent=True, rate=10, print_sends="true", jvm_args=["-Xms128m", "-XX:+AlwaysPreTouch"],
+                agent_args=f"events={endpoint.endpoint},heartbeatMs=300,maxBackoffMs=2000,log=debug")
+    try:
+        both = set(cluster.brokers)
+        app.wait_for("publish", lambda ln: set(ln["brokers"]) == both, 60, "publishing to both brokers")
+        app.wait_agent_line("following zns events at " + endpoint.endpoint, 30)
+        time.sleep(3)  # warm: the pull at the first hb, JIT
+        base = zns_agent.rss_mib(app.pid)
+        phase("the application following the endpoint")
+        for mode in ("huge", "liar", "endless", "revisions", "epochs"):
+            follows = len(following_lines(app))
+            started = time.time()
+            endpoint.mode = mode
+            peak = base
+            while time.time() < started + 6:
+                peak = max(peak, zns_agent.rss_mib(app.pid))
+                time.sleep(0.1)
+            endpoint.mode = "honest"
+            ended = time.time()
+            pulls = [log_time(ln) for ln in app.agent_lines()
+                     if "zns-agent: refreshed [" in ln and cluster.topic in ln and started <= log_time(ln) <= ended + 1]
+            busiest = max((sum(1 for t in pulls if s <= t < s + 1) for s in pulls), default=0)
+            sends = [s for s in app.events("send") if started * 1000 <= s["wall_ms"] <= ended * 1000]
+            gap = max((b["wall_ms"] - a["wall_ms"] for a, b in zip(sends, sends[1:])), default=0)
+            print(f"  {mode}: {endpoint.sent.get(mode, 0)} sent by the endpoint; RSS {base:.0f} -> at most {peak:.0f} "
+                  f"MiB; {len(pulls)} pulls of the topic, at most {busiest} in a second; {len(sends)} sends, "
+                  f"{sum(not s['ok'] for s in sends)} failed, longest gap {gap} ms")
+            assert endpoint.sent.get(mode, 0) >= 1, endpoint.sent
+            assert peak - base <= 32, (mode, base, peak)
+            assert busiest <= 20, (mode, pulls)
+            assert len(sends) >= 20 and all(s["ok"] for s in sends) and gap < 3000, (mode, sends)
+            if mode in ("huge", "liar", "endless"):  # the stream was unusable: given up, then taken again
+                rocketmq.wait_until(lambda: len(following_lines(app)) > follows, 30, f"following again after {mode}")
+            phase(mode)
+        time.sleep(1)  # the last folded pull of the floods, then nothing: honest hbs pull nothing
+        before = len(app.agent_lines())
+        endpoint.send_route(endpoint.revision + 1000)  # followed for real: a route event is pulled
+        rocketmq.wait_until(lambda: any("refreshed [" in ln for ln in app.agent_lines()[before:]),
+                            30, "a route event pulled after the attacks")
+        assert "OutOfMemoryError" not in app.stderr() and "Exception in thread" not in app.stderr()
+    finally:
+        app.kill()
+        endpoint.close()
