@@ -523,10 +523,10 @@ class HostileEndpoint:
             while not self._stop.is_set():
                 mode = self.mode
                 now = time.monotonic()
-                if mode in ("honest", "huge", "revisions", "epochs") and now >= next_hb:
+                if mode in ("honest", "huge", "revisions", "epochs") and now >= next_hb \
+                        and self.wants(conn, b"hb\0"):  # the first as soon as it is subscribed
                     next_hb = now + self.hb_ms / 1000
-                    if self.wants(conn, b"hb\0"):
-                        conn.sendall(self.hb())
+                    conn.sendall(self.hb())
                 if mode == "honest":
                     time.sleep(0.01)
                 elif mode == "huge":

@@ -33,7 +33,8 @@ import org.zeromq.ZMQ;
  * thread that runs cold code costs a fraction of a millisecond). The events socket
  * subscribes to {@code hb} only while a new subscription waits for its proof (protocol
  * step 2: the first hb on that socket after it). No hb for three intervals gives the
- * stream up (back to idle, asking again at once, then with backoff); since the hb
+ * stream up (back to idle, asking again at once if it was followed for the longest
+ * backoff, else after the backoff: see {@link #stop}); since the hb
  * socket is read at that deadline, a stream that dies is noticed three to six intervals
  * after its last hb, and meanwhile the application polls as it always does.
  *
@@ -270,18 +271,21 @@ final class Follower {
     }
 
     /**
-     * Leaves the stream; `retrySoon` asks again at once (the next attempt then backs off).
-     * The backoff starts again from its minimum only after a stream followed for at least
-     * the longest backoff: an endpoint that sends a valid hb and then breaks the stream is
-     * asked again at doubling intervals, not every second (nor logged every second).
+     * Leaves the stream; `retrySoon` asks again at once (the next attempt then backs off)
+     * when the stream was followed for at least the longest backoff, and the backoff then
+     * starts again from its minimum. A stream that broke sooner is asked again after the
+     * growing backoff: an endpoint that sends a valid hb and then breaks the stream (or
+     * names a heartbeat interval of 10 ms and beats every second) is asked again at
+     * doubling intervals, and logged as often, not many times a second.
      */
     private void stop(long nowMs, String why, boolean retrySoon) {
-        if (provenAtMs >= 0 && nowMs - provenAtMs >= config.maxBackoffMs) {
+        boolean held = provenAtMs >= 0 && nowMs - provenAtMs >= config.maxBackoffMs;
+        if (held) {
             backoffMs = config.minBackoffMs;
         }
         provenAtMs = -1;
         closeSocket();
-        if (retrySoon && said == Said.FOLLOWING) {
+        if (retrySoon && held && said == Said.FOLLOWING) {
             Log.info("stopped following zns events at " + endpoint + " (" + describeSource() + "): " + why
                 + "; the application polls its NameServer as before until zns answers again");
             said = Said.IDLE;
