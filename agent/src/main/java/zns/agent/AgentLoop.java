@@ -179,7 +179,9 @@ final class AgentLoop implements Runnable {
                 t.setUncaughtExceptionHandler((thread, e) -> { });
                 return t;
             });
-            // a JeroMQ thread that throws is dead, and its context with it: the loop starts over
+            // A JeroMQ thread that throws an Error is dead, and its context with it; one that
+            // throws a RuntimeException goes on, with a connection in an unknown state. Either
+            // way the loop starts over with a fresh context (no zns stream makes it throw).
             c.setUncaughtExceptionHandler((thread, e) -> failed(e));
             c.setNotificationExceptionHandler((thread, e) -> failed(e));
             context = c;
