@@ -293,6 +293,31 @@ def test_a_stream_that_keeps_breaking_is_asked_again_with_backoff_and_logged_as_
         endpoint.close()
 
 
+@pytest.mark.timeout(120)
+def test_a_dead_jeromq_thread_resets_the_loop_without_waiting_for_its_context(jar: Path) -> None:
+    """The agent loop's JeroMQ I/O thread dies (an OutOfMemoryError thrown while it
+    allocates a frame, as 10 MB frames once did): the loop learns it (the threads it makes
+    report to it), its next step gives the streams up, closing everything returns after
+    the bounded wait although that context never terminates, and a fresh context follows
+    the endpoint (tests/interop/java/LoopFault.java drives the loop's own methods)."""
+    endpoint = zns_agent.HostileEndpoint("Orders", hb_ms=HB_MS)
+    try:
+        proc = subprocess.run(["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp",
+                               f"{jar}{os.pathsep}{harness(jar, 'LoopFault')}", "zns.agent.LoopFault",
+                               endpoint.endpoint], capture_output=True, text=True, timeout=100)
+    finally:
+        endpoint.close()
+    assert proc.returncode == 0, proc
+    got: dict[str, Any] = {}
+    for line in proc.stdout.splitlines():
+        got.update(json.loads(line))
+    print(f"  {got}")
+    assert "LoopFault: no memory for a frame" in got["seen"], got
+    assert "a JeroMQ thread failed" in got["step"], got
+    assert 900 <= got["closed_ms"] < 5000, got  # the 1 s wait, then on: not stuck in terminate
+    assert got["hb"] is True, got
+
+
 def test_bad_agent_arguments_are_refused_with_a_reason(jar: Path) -> None:
     proc = subprocess.run(["java", "-jar", str(jar), "127.0.0.1:1", "--args", "maxBackoffMs=soon"],
                           capture_output=True, text=True, timeout=60)
@@ -373,11 +398,12 @@ def hostile_bodies() -> list[bytes]:
     ]
 
 
-def decode_with_agent(jar: Path, bodies: list[bytes]) -> list[dict[str, Any]]:
-    source = Path(zns_agent.__file__).parent / "java" / "EventVectors.java"
-    # compiled once per source and jar, beside the jar (the jar's folder is per agent source)
-    classes = jar.parent / ("vectors-" + hashlib.sha256(source.read_bytes()).hexdigest()[:16])
-    if not (classes / "zns" / "agent" / "EventVectors.class").is_file():
+def harness(jar: Path, name: str) -> Path:
+    """tests/interop/java/<name>.java (in the agent's package) compiled against the jar, once
+    per source and jar, beside the jar (the jar's folder is per agent source)."""
+    source = Path(zns_agent.__file__).parent / "java" / f"{name}.java"
+    classes = jar.parent / (f"{name.lower()}-" + hashlib.sha256(source.read_bytes()).hexdigest()[:16])
+    if not (classes / "zns" / "agent" / f"{name}.class").is_file():
         staging = Path(tempfile.mkdtemp(dir=jar.parent))
         proc = subprocess.run(["javac", "-nowarn", "--release", "8", "-cp", str(jar), "-d", str(staging),
                                str(source)], capture_output=True, text=True, timeout=120)
@@ -386,6 +412,11 @@ def decode_with_agent(jar: Path, bodies: list[bytes]) -> list[dict[str, Any]]:
             staging.rename(classes)
         except OSError:  # another run got there first
             shutil.rmtree(staging, ignore_errors=True)
+    return classes
+
+
+def decode_with_agent(jar: Path, bodies: list[bytes]) -> list[dict[str, Any]]:
+    classes = harness(jar, "EventVectors")
     feed = b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
     proc = subprocess.run(["java", "-Xss512k", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
                            "-cp", f"{jar}{os.pathsep}{classes}", "zns.agent.EventVectors"],

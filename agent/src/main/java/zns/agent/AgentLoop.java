@@ -50,7 +50,7 @@ final class AgentLoop implements Runnable {
     private final RocketMqClients clients;
     private final Map<String, Follower> followers = new LinkedHashMap<>();
     private final Map<String, RocketMqClients.Group> groups = new LinkedHashMap<>();
-    private ZContext context;
+    private volatile ZContext context; // read by JeroMQ's threads (see failed)
     private volatile Selector selector; // woken by other threads (see wake)
     private final Map<Follower, SelectionKey> registered = new LinkedHashMap<>();
     private boolean moreQueued;
@@ -172,26 +172,32 @@ final class AgentLoop implements Runnable {
     private ZContext context() {
         if (context == null) {
             ZContext c = new ZContext(1);
+            // A JeroMQ thread that throws an Error is dead, and its context with it; one that
+            // throws a RuntimeException goes on, with a connection in an unknown state. Either
+            // way the loop starts over with a fresh context (no zns stream makes it throw).
+            // The threads are made here, so the handler is set here (the context's own setting
+            // applies only to the threads it makes itself).
+            Thread.UncaughtExceptionHandler failure = (thread, e) -> failed(c, e);
             c.setThreadFactor((runnable, name) -> {
                 Thread t = new Thread(runnable, "zns-agent-" + name);
                 t.setDaemon(true);
                 t.setContextClassLoader(AgentLoop.class.getClassLoader());
-                t.setUncaughtExceptionHandler((thread, e) -> { });
+                t.setUncaughtExceptionHandler(failure);
                 return t;
             });
-            // A JeroMQ thread that throws an Error is dead, and its context with it; one that
-            // throws a RuntimeException goes on, with a connection in an unknown state. Either
-            // way the loop starts over with a fresh context (no zns stream makes it throw).
-            c.setUncaughtExceptionHandler((thread, e) -> failed(e));
-            c.setNotificationExceptionHandler((thread, e) -> failed(e));
+            c.setUncaughtExceptionHandler(failure);
+            c.setNotificationExceptionHandler(failure);
             context = c;
         }
         return context;
     }
 
-    private void failed(Throwable e) {
-        contextFailure = e;
-        wake();
+    /** A thread of `c` threw `e`: the loop starts over, unless `c` was already left behind. */
+    private void failed(ZContext c, Throwable e) {
+        if (context == c) {
+            contextFailure = e;
+            wake();
+        }
     }
 
     /** Ends the loop's wait now; any thread may call it. */
@@ -293,9 +299,10 @@ final class AgentLoop implements Runnable {
         followers.clear();
         groups.clear();
         closeSelector();
-        if (context != null) {
-            terminate(context);
-            context = null;
+        ZContext c = context;
+        context = null; // first: a failure of its threads while it terminates is no news
+        if (c != null) {
+            terminate(c);
         }
     }
 
