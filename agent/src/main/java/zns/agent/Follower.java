@@ -72,7 +72,8 @@ final class Follower {
     /**
      * The least time between the starts of two pulls of one topic: events of the topic that
      * arrive meanwhile (rising revisions, new epochs) are folded into one pull at the end of
-     * the gap, so a topic is pulled at most ten times a second whatever the stream says. A
+     * the gap, so a topic is pulled ten times a second at most (11 in a second counted from
+     * a pull) whatever the stream says. A
      * change after a quiet time is pulled at once; one that follows another within the gap
      * waits for its end.
      */
