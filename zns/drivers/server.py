@@ -148,7 +148,7 @@ class Server:
             grace_ms = round(config.peer_grace_s * 1000)
             self.peers = PeerLinks(
                 config.peers, now=self._now(), context=self._ctx, connected=self.service.peers,
-                max_message_bytes=config.max_message_bytes,
+                clock=self._now,
                 suspect=lambda cluster, addr, now: self.service.suspect(
                     cluster, addr, grace_ms, now),
             )
