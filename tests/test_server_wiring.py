@@ -363,9 +363,11 @@ def test_peers_get_the_configured_endpoints_the_clock_and_the_grace(tmp_path, ma
 
 def test_more_options_reach_the_timers_the_peers_and_the_subscriptions(tmp_path, made):
     srv = make(made, config(tmp_path, heartbeat_interval_s=2.0, max_message_bytes=5000,
-                            peers=["tcp://127.0.0.1:1"]))
+                            peers=["tcp://127.0.0.1:1"], pub_hwm=77, pub_max_queued_bytes=5001))
     assert srv.timers.interval_ms == 2000
-    assert srv.peers._max_bytes == 5000 and srv.peers._connected is srv.service.peers
+    # A peer's messages have their own bound, whatever a client's requests may be.
+    assert srv.peers._max_bytes == 64 * 1024 and srv.peers._connected is srv.service.peers
+    assert (srv.subscribers.queued.total, srv.subscribers.queued.hwm) == (5001, 77)
     # The subscriptions source reads what the events socket was sent: a SUB's subscription.
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)

@@ -83,3 +83,76 @@ class SubscriptionBudget:
             self.closed(peer)
         self.cut += len(peers)
         return peers
+
+
+# --- events queued for subscribers that do not read ---------------------------------------
+
+DEFAULT_QUEUED_EVENT_BYTES = 256 * 1024 * 1024
+# What one queued event costs a subscriber's queue besides its bytes: libzmq holds each of
+# its two frames in a 64-byte message (a body is shared by every queue it is in; a frame
+# of 33 bytes or less is copied into the message). Measured: 100 subscribers reading
+# nothing grew the server by 440 MiB over 40,000 events of about 100 bytes.
+EVENT_OVERHEAD_BYTES = 2 * 64
+# How often the driver looks at the subscribers' connections: after this many bytes of
+# events (as charged) were published since the last look (nothing queues while nothing is
+# published). A subscriber is first charged at its second look: until then it may hold
+# twice this much.
+LOOK_EVERY_BYTES = 1024 * 1024
+
+
+class QueuedEvents:
+    """What the events socket holds for subscribers that do not read, in all, and who to cut.
+
+    libzmq gives no per-subscriber queue size, so it is estimated from what the kernel
+    says of each connection, at each look (`looked`): a connection whose peer
+    acknowledged nothing since the last look while bytes waited in its kernel send queue
+    is *behind*, and is charged with every event published since, its bytes and
+    EVENT_OVERHEAD_BYTES (an upper estimate: a subscriber is sent only the channels it
+    subscribed to, and a body is shared), up to what libzmq holds at most for one
+    subscriber (`hwm` events of the average charge so far: the socket drops past its
+    mark). A connection that acknowledged anything, or has nothing
+    waiting, owes nothing. When the charges of all connections exceed `total`, the
+    largest are cut until the rest fit: those at their mark first.
+    """
+
+    def __init__(self, total: int = DEFAULT_QUEUED_EVENT_BYTES, hwm: int = 200_000) -> None:
+        self.total = total
+        self.hwm = hwm
+        self.cut = 0  # connections cut for it, since start
+        self.held = 0  # the estimate of all charges at the last look
+        self._events = 0  # published since start: for the average size
+        self._bytes = 0
+        self._since_look = 0  # bytes published since the last look
+        self._acked: dict[int, int] = {}  # connection -> bytes its peer acknowledged
+        self._behind: dict[int, int] = {}  # connection -> the bytes it is charged with
+
+    def published(self, nbytes: int) -> bool:
+        """An event of `nbytes` (its frames together) was published; whether a look is due."""
+        charge = nbytes + EVENT_OVERHEAD_BYTES
+        self._events += 1
+        self._bytes += charge
+        self._since_look += charge
+        return self._since_look >= LOOK_EVERY_BYTES
+
+    def looked(self, connections: dict[int, tuple[int, int]]) -> list[int]:
+        """Every connection now as (bytes its peer acknowledged, bytes in its kernel send
+        queue); the connections to cut (each is forgotten)."""
+        since, self._since_look = self._since_look, 0
+        mark = self.hwm * (self._bytes // max(1, self._events))
+        acked, behind = {}, {}
+        for conn, (acknowledged, waiting) in connections.items():
+            acked[conn] = acknowledged
+            before = self._acked.get(conn)
+            if waiting and before is not None and acknowledged <= before:
+                behind[conn] = min(mark, self._behind.get(conn, 0) + since)
+        self._acked, self._behind = acked, behind
+        self.held = sum(behind.values())
+        over: list[int] = []
+        for conn in sorted(behind, key=behind.__getitem__, reverse=True):
+            if self.held <= self.total:
+                break
+            over.append(conn)
+            self.held -= behind.pop(conn)
+            del self._acked[conn]
+        self.cut += len(over)
+        return over

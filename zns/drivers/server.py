@@ -37,7 +37,7 @@ from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
 from zns.core.handshakes import HandshakeWatch
 from zns.core.latency import LatencyHistogram
 from zns.core.readiness import Readiness
-from zns.core.subscriptions import SubscriptionBudget
+from zns.core.subscriptions import QueuedEvents, SubscriptionBudget
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.handshakes import HANDSHAKE_EVENTS, HandshakeLog
 from zns.drivers.metrics import MetricsServer
@@ -121,7 +121,9 @@ class Server:
         # An XPUB, not a PUB: it hands every subscription to the loop, which counts what
         # each connection holds (zns.drivers.subscribers); it publishes as a PUB does.
         self.pub = self._ctx.socket(zmq.XPUB)
-        self.subscribers = Subscribers(self.pub, SubscriptionBudget(), freed=self._subscriptions_freed)
+        self.subscribers = Subscribers(
+            self.pub, SubscriptionBudget(), freed=self._subscriptions_freed,
+            queued=QueuedEvents(config.pub_max_queued_bytes, hwm=config.pub_hwm))
         self.outbox = Outbox(self._send_event, self.heap.published)
         self.request_times = LatencyHistogram()  # zns_request_seconds
         self.requests = RequestRouter(
@@ -354,6 +356,7 @@ class Server:
         channel, body = frames
         backend_send(self.pub, channel, _SNDMORE_DONTWAIT)
         backend_send(self.pub, body, _DONTWAIT)
+        self.subscribers.sent(len(channel) + len(body))
 
     # --- sockets --------------------------------------------------------
 
