@@ -511,7 +511,7 @@ def gil_hold_size(at_least_s: float) -> int:
         n = n * 3 // 2
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 def test_another_thread_of_the_process_holding_the_gil_is_not_a_stall(tmp_path, caplog):
     # 3,000 metrics requests completing at once kept the loop thread from the GIL for 2-3 s:
     # its own CPU time stood still, that was read as the process stopped, every deadline
@@ -520,36 +520,46 @@ def test_another_thread_of_the_process_holding_the_gil_is_not_a_stall(tmp_path, 
     hold = gil_hold_size(1.2)  # > the 1 s stall threshold (hb every 0.2 s), < the timeout
     srv = ThreadedServer(tmp_path, heartbeat_interval_s=0.2)
     peer = srv.peer()
-    go = threading.Event()
-    ended: list[float] = []
-
-    def hold_the_gil() -> None:
-        go.wait()
-        math.factorial(hold)
-        ended.append(time.monotonic())
-
-    holder = threading.Thread(target=hold_the_gil, daemon=True)
-    holder.start()
     try:
         peer.subscribe(b"broker/", schema.HB_CHANNEL)
         peer.wait_subscribed()
-        peer.ok("register_broker", **register_fields(heartbeat_timeout_ms=4000))
-        registered_at = time.monotonic()
-        go.set()
-        _, event = peer.next_event(lambda ch, ev: isinstance(ev, schema.BrokerEvent)
-                                   and ev.change == "removed", timeout=30)
-        expired_at = time.monotonic()
-        holder.join(30)
-        stalls = [r.getMessage() for r in caplog.records
-                  if r.thread == srv.thread.ident and "stalled" in r.getMessage()]
-        assert event.reason == "expired"
-        # At the deadline, or (if the hold outlasted it) as soon as the loop could run.
-        due = max(registered_at + 4.0, ended[0])
-        assert expired_at - due < 0.5, (f"expired {expired_at - registered_at:.2f} s after its "
-                                        f"hb, the hold ended at {ended[0] - registered_at:.2f} s; "
-                                        f"{stalls}")
-        assert not stalls
+        for attempt in range(3):
+            caplog.clear()
+            go = threading.Event()
+            held: list[tuple[float, float]] = []  # (when the hold ended, its CPU share)
+
+            def hold_the_gil() -> None:
+                go.wait()
+                wall, cpu = time.monotonic(), time.thread_time()
+                math.factorial(hold)
+                ended = time.monotonic()
+                held.append((ended, (time.thread_time() - cpu) / (ended - wall)))
+
+            holder = threading.Thread(target=hold_the_gil, daemon=True)
+            holder.start()
+            name = f"broker-{attempt}"
+            peer.ok("register_broker", **register_fields(broker_name=name,
+                                                         heartbeat_timeout_ms=4000))
+            registered_at = time.monotonic()
+            go.set()
+            _, event = peer.next_event(lambda ch, ev: isinstance(ev, schema.BrokerEvent)
+                                       and ev.change == "removed" and ev.broker_name == name,
+                                       timeout=30)
+            expired_at = time.monotonic()
+            holder.join(30)
+            (ended, share), = held
+            if share < 0.8:
+                continue  # other processes kept this one from running: a real stall, retry
+            stalls = [r.getMessage() for r in caplog.records
+                      if r.thread == srv.thread.ident and "stalled" in r.getMessage()]
+            assert event.reason == "expired"
+            # At the deadline, or (if the hold outlasted it) as soon as the loop could run.
+            due = max(registered_at + 4.0, ended)
+            assert expired_at - due < 0.5, (
+                f"expired {expired_at - registered_at:.2f} s after its hb, the hold ended at "
+                f"{ended - registered_at:.2f} s; {stalls}")
+            assert not stalls
+            return
+        pytest.skip("the machine was too loaded for the process to run through a hold 3 times")
     finally:
-        go.set()
-        holder.join(30)
         srv.stop()
