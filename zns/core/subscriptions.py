@@ -17,6 +17,8 @@ is forgotten when it is cut or closes.
 
 from __future__ import annotations
 
+from zns.core.schema import BROKER_PREFIX, HB_CHANNEL, ROUTE_PREFIX
+
 # The trie's cost of one subscription, charged as it is received: per byte, and per entry.
 COST_PER_BYTE = 48
 COST_PER_SUBSCRIPTION = 64
@@ -156,3 +158,110 @@ class QueuedEvents:
             del self._acked[conn]
         self.cut += len(over)
         return over
+
+
+# --- what a relay subscribes to upstream -----------------------------------------------------
+
+# What a relay's subscriptions may cost the NameServer it relays (charged as the NameServer
+# charges them): half its per-connection budget, so the relay is never the one it cuts.
+RELAY_UPSTREAM_BUDGET = DEFAULT_PEER_BUDGET // 2
+# The channel families a relay falls back to (§7): past its budget a subscription is carried
+# by the family it belongs to, or by everything (b"") when it belongs to none.
+FAMILIES = (ROUTE_PREFIX, BROKER_PREFIX, HB_CHANNEL)
+
+
+class Forwarding:
+    """The subscriptions a relay holds upstream for all its subscribers, within a budget.
+
+    Every distinct channel its subscribers hold is subscribed upstream once, while
+    the cost of them all stays within `budget`; past it, the channel's family
+    (`FAMILIES`, or b"" for everything) is subscribed instead and the channels it
+    covers are unsubscribed, so the upstream trie holds one short prefix where it
+    would have held thousands of channels. The relay's own socket still sends each
+    subscriber only what it subscribed to. A family is unsubscribed when no subscriber
+    holds a channel in it any more.
+
+    Each input returns the messages to send upstream (b"\\x01" + channel to subscribe,
+    b"\\x00" + channel to unsubscribe), in order.
+    """
+
+    def __init__(self, budget: int = RELAY_UPSTREAM_BUDGET) -> None:
+        self.budget = budget
+        self.cost = 0  # of the channels subscribed upstream
+        self.upstream: set[bytes] = set()  # channels and families subscribed upstream
+        self._held: dict[int, set[bytes]] = {}  # subscriber -> its channels
+        self._count: dict[bytes, int] = {}  # channel -> subscribers holding it
+        self._families: dict[bytes, int] = {}  # family fallen back to -> its channels held
+
+    def subscribed(self, peer: int, channel: bytes) -> list[bytes]:
+        held = self._held.setdefault(peer, set())
+        if channel in held:
+            return []
+        held.add(channel)
+        self._count[channel] = self._count.get(channel, 0) + 1
+        if self._count[channel] > 1:
+            return []
+        covered = [family for family in self._families if channel.startswith(family)]
+        for family in covered:
+            self._families[family] += 1
+        if covered:
+            return []
+        cost = subscription_cost(channel)
+        if self.cost + cost <= self.budget:
+            self.cost += cost
+            self.upstream.add(channel)
+            return [b"\x01" + channel]
+        return self._fall_back(next((f for f in FAMILIES if channel.startswith(f)), b""))
+
+    def unsubscribed(self, peer: int, channel: bytes) -> list[bytes]:
+        held = self._held.get(peer)
+        if held is None or channel not in held:
+            return []
+        held.discard(channel)
+        return self._release(channel)
+
+    def closed(self, peer: int) -> list[bytes]:
+        """`peer`'s connection closed (or its number was given to a new one): forget it."""
+        messages: list[bytes] = []
+        for channel in self._held.pop(peer, ()):
+            messages += self._release(channel)
+        return messages
+
+    def resubscribe(self) -> list[bytes]:
+        """What a fresh upstream connection is to be sent: everything held upstream."""
+        return [b"\x01" + channel for channel in sorted(self.upstream)]
+
+    def _fall_back(self, family: bytes) -> list[bytes]:
+        messages = []
+        if family in self.upstream:  # held as a channel until now: a family is not charged
+            self.cost -= subscription_cost(family)
+        else:
+            self.upstream.add(family)
+            messages.append(b"\x01" + family)
+        self._families[family] = sum(1 for channel in self._count if channel.startswith(family))
+        for channel in sorted(c for c in self.upstream if c.startswith(family) and c != family
+                              and c not in self._families):
+            self.upstream.discard(channel)
+            self.cost -= subscription_cost(channel)
+            messages.append(b"\x00" + channel)
+        return messages
+
+    def _release(self, channel: bytes) -> list[bytes]:
+        left = self._count[channel] - 1
+        if left:
+            self._count[channel] = left
+            return []
+        del self._count[channel]
+        messages = []
+        if channel in self.upstream and channel not in self._families:
+            self.upstream.discard(channel)
+            self.cost -= subscription_cost(channel)
+            messages.append(b"\x00" + channel)
+        for family in [f for f in self._families if channel.startswith(f)]:
+            self._families[family] -= 1
+            if not self._families[family]:
+                del self._families[family]
+                if family in self.upstream:
+                    self.upstream.discard(family)
+                    messages.append(b"\x00" + family)
+        return messages

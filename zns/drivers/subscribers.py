@@ -56,11 +56,13 @@ class Subscribers:
 
     def __init__(self, xpub: zmq.Socket, budget: SubscriptionBudget,
                  freed: Callable[[int], None] = lambda cost: None,
-                 queued: QueuedEvents | None = None) -> None:
+                 queued: QueuedEvents | None = None,
+                 passed: Callable[[int, bytes], None] = lambda peer, message: None) -> None:
         self.xpub = xpub
         self.budget = budget
         self.queued = queued or QueuedEvents()
         self._freed = freed
+        self._passed = passed  # each (un)subscription counted, as libzmq handed it over
         self._connections: set[int] = set()  # descriptors accepted and not reported closed
         self._local: tuple[int, object] | None = None  # (family, port or path) of the port
         # Descriptors cut and not yet reported closed: what they still send is not counted.
@@ -89,18 +91,25 @@ class Subscribers:
                 peer = frame.get(zmq.SRCFD)
             except zmq.ZMQError:
                 peer = -1
-            if not data or data[0] > 1 or peer < 0 or peer in self._cut_fds:
+            if not data or data[0] > 1 or peer in self._cut_fds:
                 continue  # not a subscription, or one left by a connection cut or gone
+            if peer < 0:  # no descriptor (inproc, or libzmq's own unsubscription): not counted
+                self._passed(-1, data)
+                continue
             if data[0] == 0:
                 self.budget.unsubscribed(peer, data[1:])
+                self._passed(peer, data)
                 continue
             before = self.budget.cost(peer)
-            for cut in self.budget.subscribed(peer, data[1:]):
+            cuts = self.budget.subscribed(peer, data[1:])
+            for cut in cuts:
                 cost = before if cut == peer else None
                 if self._cut(cut, "its subscriptions cost more than " + (
                         f"its budget of {self.budget.per_peer} bytes" if cost is not None else
                         f"their share of the total budget of {self.budget.total} bytes")):
                     self._freed(self.budget.per_peer if cost is None else cost)
+            if peer not in cuts:
+                self._passed(peer, data)
 
     def sent(self, nbytes: int) -> None:
         """An event of `nbytes` was published; every LOOK_EVERY_BYTES, cut the subscribers
