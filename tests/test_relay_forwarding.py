@@ -128,9 +128,9 @@ def test_a_relay_cut_by_the_nameserver_waits_before_it_subscribes_again(tmp_path
         listener.connect(relay.endpoint)
         assert listener.poll(30_000), "no hb through the relay"
         # The NameServer cuts the relay's events connection (as it cuts one over budget).
-        wait_for(lambda: srv.server.subscribers._connections)
-        (fd,) = srv.server.subscribers._connections
-        assert srv.server.subscribers._cut(fd, "a test")
+        wait_for(lambda: srv.server.subscribers.connections)
+        (fd,) = srv.server.subscribers.connections
+        assert srv.server.subscribers.cut(fd, "a test")
         wait_for(lambda: relay.upstream_cuts == 1)
         assert any("the NameServer closed the events connection (1 times since start); "
                    "subscribing again in" in m for m in caplog.messages)

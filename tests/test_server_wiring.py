@@ -465,7 +465,7 @@ def test_a_socket_bound_beyond_loopback_without_curve_is_warned_about(tmp_path, 
     assert warnings == [f"{srv.pub_endpoint} is bound to a non-loopback address without CURVE: "
                         "anyone who can reach it can register brokers and rewrite routes"]
     # Only the events socket's own port is what its subscribers' connections arrive at.
-    assert srv.subscribers._local[1] == int(srv.pub_endpoint.rsplit(":", 1)[1])
+    assert srv.subscribers.local[1] == int(srv.pub_endpoint.rsplit(":", 1)[1])
 
 
 def test_the_key_directories_reach_security(tmp_path, made, monkeypatch):

@@ -46,6 +46,14 @@ class SubscriptionBudget:
     def cost(self, peer: int) -> int:
         return self._cost.get(peer, 0)
 
+    def peers(self) -> list[int]:
+        """The connections holding subscriptions, in the order they were first counted."""
+        return list(self._cost)
+
+    def channels(self, peer: int) -> frozenset[bytes]:
+        """What `peer` is counted as subscribed to."""
+        return frozenset(self._channels.get(peer, ()))
+
     def subscribed(self, peer: int, channel: bytes) -> list[int]:
         """`peer` subscribed to `channel`: the connections to cut now (each is forgotten)."""
         channels = self._channels.setdefault(peer, set())

@@ -63,10 +63,11 @@ class Subscribers:
         self.queued = queued or QueuedEvents()
         self._freed = freed
         self._passed = passed  # each (un)subscription counted, as libzmq handed it over
-        self._connections: set[int] = set()  # descriptors accepted and not reported closed
-        self._local: tuple[int, object] | None = None  # (family, port or path) of the port
+        self.connections: set[int] = set()  # descriptors accepted and not reported closed
+        # (family, port or path) of the port, once `bound`: only its connections are cut.
+        self.local: tuple[int, object] | None = None
         # Descriptors cut and not yet reported closed: what they still send is not counted.
-        self._cut_fds: set[int] = set()
+        self.cutting: set[int] = set()
         xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
         xpub.setsockopt(zmq.XPUB_VERBOSER, 1)
         xpub.setsockopt(zmq.RCVHWM, RCVHWM)
@@ -74,9 +75,9 @@ class Subscribers:
     def bound(self, listening: socket.socket | None, endpoint: str) -> None:
         """Where the port listens: a descriptor is cut only if it is a connection of it."""
         if listening is not None:
-            self._local = (listening.family, listening.getsockname()[1])
+            self.local = (listening.family, listening.getsockname()[1])
         elif endpoint.startswith("ipc://"):
-            self._local = (socket.AF_UNIX, endpoint.removeprefix("ipc://"))
+            self.local = (socket.AF_UNIX, endpoint.removeprefix("ipc://"))
 
     def handle(self) -> None:
         """Count the subscriptions waiting; cut the connections that went over a budget."""
@@ -91,7 +92,7 @@ class Subscribers:
                 peer = frame.get(zmq.SRCFD)
             except zmq.ZMQError:
                 peer = -1
-            if not data or data[0] > 1 or peer in self._cut_fds:
+            if not data or data[0] > 1 or peer in self.cutting:
                 continue  # not a subscription, or one left by a connection cut or gone
             if peer < 0:  # no descriptor (inproc, or libzmq's own unsubscription): not counted
                 self._passed(-1, data)
@@ -104,7 +105,7 @@ class Subscribers:
             cuts = self.budget.subscribed(peer, data[1:])
             for cut in cuts:
                 cost = before if cut == peer else None
-                if self._cut(cut, "its subscriptions cost more than " + (
+                if self.cut(cut, "its subscriptions cost more than " + (
                         f"its budget of {self.budget.per_peer} bytes" if cost is not None else
                         f"their share of the total budget of {self.budget.total} bytes")):
                     self._freed(self.budget.per_peer if cost is None else cost)
@@ -117,27 +118,27 @@ class Subscribers:
         if not self.queued.published(nbytes):
             return
         progress = {}
-        for fd in self._connections - self._cut_fds:
+        for fd in self.connections - self.cutting:
             if (seen := _tcp_progress(fd)) is not None:
                 progress[fd] = seen
         for fd in self.queued.looked(progress):
-            self._cut(fd, "it read none of the events queued for it while all subscribers "
+            self.cut(fd, "it read none of the events queued for it while all subscribers "
                           f"held more than {self.queued.total} bytes of them")
 
     def on_monitor_event(self, event: int, fd: int) -> None:
         """A connection was accepted or closed: the descriptor names nobody we counted."""
         if event == zmq.EVENT_ACCEPTED:
-            self._connections.add(fd)
+            self.connections.add(fd)
         elif event == zmq.EVENT_DISCONNECTED:
-            self._connections.discard(fd)
+            self.connections.discard(fd)
         if event in (zmq.EVENT_ACCEPTED, zmq.EVENT_DISCONNECTED):
-            self._cut_fds.discard(fd)
+            self.cutting.discard(fd)
             cost = self.budget.cost(fd)
             self.budget.closed(fd)
             if cost:
                 self._freed(cost)
 
-    def _cut(self, fd: int, why: str) -> bool:
+    def cut(self, fd: int, why: str) -> bool:
         """Shut the connection `fd` down, if it is one of the port's; whether it was."""
         try:
             sock = socket.socket(fileno=os.dup(fd))
@@ -150,9 +151,9 @@ class Subscribers:
             except OSError:
                 return False
             port = local if family == socket.AF_UNIX else local[1]
-            if self._local is None or (family, port) != self._local:
+            if self.local is None or (family, port) != self.local:
                 return False  # the descriptor was reused by something else: not ours to cut
-            self._cut_fds.add(fd)
+            self.cutting.add(fd)
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError as exc:
