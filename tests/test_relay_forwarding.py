@@ -8,7 +8,7 @@ import time
 import pytest
 import zmq
 
-from helpers import ThreadedServer, wait_for
+from helpers import ThreadedServer, register_fields, wait_for
 from zns.core import schema
 from zns.core.subscriptions import (
     DEFAULT_PEER_BUDGET,
@@ -139,5 +139,52 @@ def test_a_relay_cut_by_the_nameserver_waits_before_it_subscribes_again(tmp_path
         assert listener.poll(30_000), "the relay did not subscribe again"
     finally:
         listener.close(0)
+        relay.close()
+        srv.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_relay_s_subscribers_that_read_nothing_hold_its_total_not_each_their_mark(tmp_path):
+    # As on the NameServer (tests/test_queued_events.py), with a total of 4 MiB: subscribers
+    # reading nothing are cut once they hold more together; one that reads is not.
+    srv = ThreadedServer(tmp_path, heartbeat_interval_s=0.2)
+    relay = Relay(srv.router, "tcp://127.0.0.1:*", max_queued_bytes=4 * 1024 * 1024)
+    ctx = zmq.Context.instance()
+    idle = []
+    reader = ctx.socket(zmq.SUB)
+    reader.setsockopt(zmq.LINGER, 0)
+    reader.setsockopt(zmq.RCVHWM, 0)  # its libzmq reads on while the test is busy elsewhere
+    reader.setsockopt(zmq.SUBSCRIBE, b"")
+    try:
+        reader.connect(relay.endpoint)
+        for _ in range(10):
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, 1)
+            sub.setsockopt(zmq.RCVBUF, 4096)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(relay.endpoint)
+            idle.append(sub)
+        for sub in idle + [reader]:
+            assert sub.poll(30_000)  # subscribed: an hb came through
+        requests = srv.peer()
+        topics = {f"topic-{i:05d}-{'x' * 100}": {} for i in range(5000)}
+        for round_ in range(4):
+            requests.ok("register_broker", **register_fields(topics=topics))
+            requests.ok("unregister_broker", cluster="c1", broker_name="broker-a",
+                        broker_id=0, broker_addr="10.0.0.1:10911")
+            while reader.poll(0):
+                reader.recv_multipart()
+        wait_for(lambda: relay.subscribers.queued.cut >= 1)
+        assert relay.subscribers.queued.held <= 4 * 1024 * 1024
+        # The reader is never cut: it still gets what happens next.
+        requests.ok("register_broker", **register_fields(topics={"after": {}}))
+        deadline = time.monotonic() + 30
+        while reader.recv_multipart()[0] != schema.route_channel("after"):
+            assert time.monotonic() < deadline, "the reader was cut"
+    finally:
+        for sub in idle:
+            sub.close(0)
+        reader.close(0)
         relay.close()
         srv.stop()

@@ -35,7 +35,12 @@ from zmq.utils.monitor import parse_monitor_message
 from zns.core.addresses import resolve_pub_endpoint
 from zns.core.backoff import Backoff
 from zns.core.schema import Status
-from zns.core.subscriptions import Forwarding, QueuedEvents, SubscriptionBudget
+from zns.core.subscriptions import (
+    DEFAULT_QUEUED_EVENT_BYTES,
+    Forwarding,
+    QueuedEvents,
+    SubscriptionBudget,
+)
 from zns.drivers.descriptors import Listener
 from zns.drivers.io_errors import configured
 from zns.drivers.requests import call_any
@@ -58,7 +63,8 @@ class Relay:
 
     def __init__(self, upstream: str, bind: str, *, timeout: float = 3.0,
                  hwm: int = DEFAULT_PUB_HWM, context: zmq.Context | None = None,
-                 forwarding: Forwarding | None = None) -> None:
+                 forwarding: Forwarding | None = None,
+                 max_queued_bytes: int = DEFAULT_QUEUED_EVENT_BYTES) -> None:
         self._ctx = ctx = context or zmq.Context.instance()
         [self.upstream] = parse_addresses(upstream)[:1]
         endpoint, reply = call_any([self.upstream], Status(), timeout)
@@ -81,7 +87,8 @@ class Relay:
             self._xpub.setsockopt(zmq.SNDHWM, hwm)
             self._xpub.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES + SUBSCRIBE_COMMAND_BYTES)
             self.subscribers = Subscribers(self._xpub, SubscriptionBudget(),
-                                           queued=QueuedEvents(hwm=hwm), passed=self._passed)
+                                           queued=QueuedEvents(max_queued_bytes, hwm=hwm),
+                                           passed=self._passed)
             with configured(f"cannot bind {bind}: "):
                 self._listener = Listener(self._xpub, bind, events=MONITORED)
             self.endpoint = self._listener.endpoint
