@@ -382,3 +382,19 @@ def test_a_connection_already_gone_when_cut_is_no_error(monkeypatch, error, rais
                 subs.cut(a.fileno(), "over")
         else:
             assert subs.cut(a.fileno(), "over") is True  # cut: the caller frees its cost
+
+
+def test_a_look_skips_descriptors_that_are_not_tcp_connections_or_are_gone(port_of) -> None:
+    # The numbers come from the monitor and may be stale by the time of a look: a closed
+    # descriptor, a file, a unix socket are skipped, not a bug in the publishing loop.
+    from zns.core.subscriptions import LOOK_EVERY_BYTES
+
+    port = port_of(SubscriptionBudget())
+    a, b = socket.socketpair()
+    with a, b, open(os.devnull) as file:
+        for fd in (a.fileno(), file.fileno(), 10**6):
+            port.subscribers.on_monitor_event(zmq.EVENT_ACCEPTED, fd)
+        for _ in range(3):  # three looks
+            for _ in range(LOOK_EVERY_BYTES // 1024):
+                port.subscribers.sent(1024)
+        assert port.subscribers.queued.cut == 0

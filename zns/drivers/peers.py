@@ -7,9 +7,9 @@ What a peer can push on is bounded here: libzmq refuses a message over
 PEER_MAX_MESSAGE_BYTES (it drops the connection, and the socket reconnects
 after its reconnect interval), a SUB queues PEER_RCVHWM messages at most
 (libzmq then stops reading, and the peer's PUB drops: a hint is only ever an
-early warning),
-and messages are read and handled one at a time within the loop's slice, so
-a flooding peer costs the loop one slice per pass, as any other source.
+early warning), and messages are read and handled one at a time within the
+loop's slice, so a flooding peer costs the loop one slice per pass, as any
+other source.
 """
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ class PeerLinks:
         clock: Callable[[], int],
         max_message_bytes: int = PEER_MAX_MESSAGE_BYTES,
     ) -> None:
-        self._suspect = suspect
+        self.suspect = suspect
         self._clock = clock
-        self._max_bytes = max_message_bytes
+        self.max_message_bytes = max_message_bytes
         self._unread: set[zmq.Socket] = set()  # sockets left readable at a slice's end
-        self._connected = connected
+        self.connected = connected
         self._ctx = context
         self._poll: PollSet | None = None
         self.links = {endpoint: PeerLink(endpoint, now) for endpoint in _checked(endpoints, context)}
@@ -129,12 +129,12 @@ class PeerLinks:
                     self._do(link, now)
                     if self._subs.get(endpoint) is not sock:
                         break
-            self._connected[endpoint] = link.connected
+            self.connected[endpoint] = link.connected
 
     def carry_out(self, link: PeerLink, now: int) -> None:
         """Do what a link's timer asked for."""
         self._do(link, now)
-        self._connected[link.endpoint] = link.connected
+        self.connected[link.endpoint] = link.connected
 
     def close(self) -> None:
         for sockets in (self._dealers, self._subs):
@@ -144,7 +144,7 @@ class PeerLinks:
     # --- internals ------------------------------------------------------
 
     def _apply(self, hint: Hint, now: int) -> None:
-        if not self._suspect(hint.cluster, hint.broker_addr, now):
+        if not self.suspect(hint.cluster, hint.broker_addr, now):
             log.debug("peer hint from %s: broker %s/%s at %s %s there; nothing to shorten here",
                       hint.peer, hint.cluster, hint.broker_name, hint.broker_addr, hint.reason)
             return
@@ -159,7 +159,7 @@ class PeerLinks:
             if count % CLOCK_EVERY == 0 and self._clock() >= until:
                 self._unread.add(sock)
                 return
-            messages = recv_all(sock, 1, max_frames=max_frames, max_bytes=self._max_bytes)
+            messages = recv_all(sock, 1, max_frames=max_frames, max_bytes=self.max_message_bytes)
             if messages:
                 yield messages[0]
             elif not sock.poll(0, zmq.POLLIN):
@@ -204,7 +204,7 @@ class PeerLinks:
     def _open(self, kind: int, endpoint: str) -> zmq.Socket:
         """A socket to a peer that refuses any message over PEER_MAX_MESSAGE_BYTES and queues
         PEER_RCVHWM at most."""
-        return open_socket(self._ctx, kind, endpoint, max_message_bytes=self._max_bytes,
+        return open_socket(self._ctx, kind, endpoint, max_message_bytes=self.max_message_bytes,
                            receive_hwm=PEER_RCVHWM)
 
     def _replace(self, sockets: dict[str, zmq.Socket], endpoint: str,

@@ -122,7 +122,7 @@ class Server:
         # each connection holds (zns.drivers.subscribers); it publishes as a PUB does.
         self.pub = self._ctx.socket(zmq.XPUB)
         self.subscribers = Subscribers(
-            self.pub, SubscriptionBudget(), freed=self._subscriptions_freed,
+            self.pub, SubscriptionBudget(), freed=self.subscriptions_freed,
             queued=QueuedEvents(config.pub_max_queued_bytes, hwm=config.pub_hwm))
         self.outbox = Outbox(self._send_event, self.heap.published)
         self.request_times = LatencyHistogram()  # zns_request_seconds
@@ -335,7 +335,7 @@ class Server:
         return state_file.StateWriter(path, self.service, wake=self.wake, clock=self._now,
                                       wall_ms=self._wall_ms)
 
-    def _subscriptions_freed(self, cost: int) -> None:
+    def subscriptions_freed(self, cost: int) -> None:
         # Freed trie nodes stay in glibc's heap; a large release is worth a trim.
         if cost >= FREED_TRIM_BYTES:
             self.heap.published(TRIM_AFTER_EVENTS)

@@ -61,7 +61,7 @@ class Subscribers:
         self.xpub = xpub
         self.budget = budget
         self.queued = queued or QueuedEvents()
-        self._freed = freed
+        self.freed = freed
         self._passed = passed  # each (un)subscription counted, as libzmq handed it over
         self.connections: set[int] = set()  # descriptors accepted and not reported closed
         # (family, port or path) of the port, once `bound`: only its connections are cut.
@@ -108,7 +108,7 @@ class Subscribers:
                 if self.cut(cut, "its subscriptions cost more than " + (
                         f"its budget of {self.budget.per_peer} bytes" if cost is not None else
                         f"their share of the total budget of {self.budget.total} bytes")):
-                    self._freed(self.budget.per_peer if cost is None else cost)
+                    self.freed(self.budget.per_peer if cost is None else cost)
             if peer not in cuts:
                 self._passed(peer, data)
 
@@ -136,7 +136,7 @@ class Subscribers:
             cost = self.budget.cost(fd)
             self.budget.closed(fd)
             if cost:
-                self._freed(cost)
+                self.freed(cost)
 
     def cut(self, fd: int, why: str) -> bool:
         """Shut the connection `fd` down, if it is one of the port's; whether it was."""
@@ -167,14 +167,17 @@ class Subscribers:
 def _tcp_progress(fd: int) -> tuple[int, int] | None:
     """(bytes the peer acknowledged, bytes waiting in the kernel's send queue) of the TCP
     connection `fd`; None for one that is not TCP (ipc) or is gone."""
-    sock = socket.socket(fileno=fd)
+    try:
+        sock = socket.socket(fileno=fd)  # no copy: libzmq owns the descriptor (detached below)
+    except OSError:
+        return None  # closed meanwhile, or the number now names something else
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_SIZE)
         waiting = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
     except OSError:
         return None
     finally:
-        sock.detach()  # libzmq owns the descriptor
+        sock.detach()
     if len(info) < TCP_INFO_SIZE:
         return None
     return struct.unpack_from("Q", info, TCP_INFO_BYTES_ACKED)[0], struct.unpack("i", waiting)[0]
