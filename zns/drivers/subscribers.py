@@ -126,12 +126,17 @@ class Subscribers:
                           f"held more than {self.queued.total} bytes of them")
 
     def on_monitor_event(self, event: int, fd: int) -> None:
-        """A connection was accepted or closed: the descriptor names nobody we counted."""
+        """A connection was accepted, or closed: then the descriptor names nobody we counted.
+
+        An accept forgets nothing: the monitor may report it after the connection's first
+        subscriptions were read (another pipe), and forgetting them then would let a
+        subscriber hold more than its budget. A closed connection is reported before its
+        number can be accepted again."""
         if event == zmq.EVENT_ACCEPTED:
             self.connections.add(fd)
+            self.cutting.discard(fd)
         elif event == zmq.EVENT_DISCONNECTED:
             self.connections.discard(fd)
-        if event in (zmq.EVENT_ACCEPTED, zmq.EVENT_DISCONNECTED):
             self.cutting.discard(fd)
             cost = self.budget.cost(fd)
             self.budget.closed(fd)
