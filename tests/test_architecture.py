@@ -198,16 +198,7 @@ TESTS = Path(__file__).resolve().parent
 # engineer removing it (issue 31 item 1: decisions move to core objects tested without
 # sockets, drivers are driven through what they publish). The lead empties this list as
 # branches merge; an entry no test uses any more fails, so the list only shrinks.
-DRIVER_POKES_LEFT: dict[tuple[str, str], str] = {
-    **{("test_subscribers.py", name): "peers" for name in ("_cut", "_cut_fds", "_local")},
-    ("test_server_wiring.py", "_freed"): "peers",
-    ("test_server_wiring.py", "_local"): "peers",
-    ("test_server_wiring.py", "_subscriptions_freed"): "peers",
-    ("test_cli_output.py", "_local"): "peers",
-    ("test_server_wiring.py", "_connected"): "peers",
-    ("test_server_wiring.py", "_max_bytes"): "peers",
-    ("test_server_wiring.py", "_suspect"): "peers",
-}
+DRIVER_POKES_LEFT: dict[tuple[str, str], str] = {}
 # Reached on core objects, which a driver class happens to name too: not a driver's.
 CORE_NOT_DRIVER = {("test_routes.py", "_live")}  # RouteTable's liveness, corrupted on purpose
 

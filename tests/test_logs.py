@@ -115,12 +115,26 @@ def test_templates_levels_and_loggers_are_counted_apart(kept) -> None:
     assert len(handler.records) == 4
 
 
-def test_below_warning_nothing_is_limited_and_summaries_are_never_held(kept) -> None:
+def test_repeated_info_lines_are_folded_like_warnings(kept) -> None:
+    # A peer announcing a restart with every `hb` wrote 850,000 INFO lines in 10 s.
+    logger, handler = kept
+    logger.addFilter(RepeatFilter(window_s=10, burst=2))
+    for i in range(5):
+        logger.handle(_record(logger, 1000.0 + i, "peer %s restarted", level=logging.INFO))
+    logger.handle(_record(logger, 1010.0, "peer %s restarted", level=logging.INFO))
+    assert [r.getMessage() for r in handler.records] == [
+        "peer b restarted", "peer b restarted",
+        "3 more lines like 'peer %s restarted' were suppressed in the last 10 s",
+        "peer b restarted"]
+    assert handler.records[2].levelno == logging.INFO
+
+
+def test_below_info_nothing_is_limited_and_summaries_are_never_held(kept) -> None:
     logger, handler = kept
     repeat = RepeatFilter(window_s=10, burst=1)
     logger.addFilter(repeat)
     for _ in range(5):
-        logger.handle(_record(logger, 1000.0, level=logging.INFO))
+        logger.handle(_record(logger, 1000.0, level=logging.DEBUG))
     assert len(handler.records) == 5
     summary = _record(logger, 1000.0)
     summary.zns_summary = True

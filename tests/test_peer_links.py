@@ -19,7 +19,7 @@ from zns.core import schema
 from zns.core.errors import EndpointError
 from zns.core.peer_link import RETRY_MAX_MS, RETRY_MIN_MS
 from zns.drivers.loop import PollSet
-from zns.drivers.peers import PeerLinks
+from zns.drivers.peers import CLOCK_EVERY, PEER_MAX_MESSAGE_BYTES, PEER_RCVHWM, PeerLinks
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,7 +100,8 @@ class Harness:
         self.suspected: list[tuple[str, str, int]] = []
         self.shorten = True
         self.connected: dict[str, bool] = {}
-        self.links = PeerLinks(endpoints, now=0, suspect=self._suspect,
+        self.clock = 0  # the loop's clock as the links read it (a slice's end: `until`)
+        self.links = PeerLinks(endpoints, now=0, suspect=self._suspect, clock=lambda: self.clock,
                                connected=self.connected, context=ctx, **kw)
         self.poll = PollSet()
         self.links.attach(self.poll)
@@ -319,7 +320,7 @@ def test_a_restarted_peer_naming_a_bad_events_endpoint_leaves_no_sub(ctx, peer, 
 
 def test_links_without_a_poll_set_open_and_close_their_sockets_all_the_same(ctx, peer):
     links = PeerLinks([peer.endpoint], now=0, suspect=lambda c, a, n: False, connected={},
-                      context=ctx)  # never attached to a loop
+                      context=ctx, clock=lambda: 0)  # never attached to a loop
     links.run({}, 0, 5)
     assert peer.router.poll(20_000) and peer.pending() == 1
     links.run({}, RETRY_MIN_MS, RETRY_MIN_MS + 5)  # unanswered: asked again, a fresh DEALER
@@ -375,4 +376,39 @@ def test_peers_are_endpoints_once_each_and_a_bad_one_is_refused(ctx, caplog):
         in [r.getMessage() for r in caplog.records]
     with pytest.raises(EndpointError, match=r"--peer tcp://-:5: Invalid argument"):
         PeerLinks(["127.0.0.1:5", "tcp://-:5"], now=0, suspect=lambda c, a, n: False,
-                  connected={}, context=ctx)
+                  connected={}, context=ctx, clock=lambda: 0)
+
+
+def test_peer_sockets_take_messages_of_64_kib_at_most_and_queue_1000_at_most(ctx, peer):
+    # A hostile peer sent 1 MiB and 8 MiB events, 10,000 of them read in one go: gigabytes.
+    h = Harness(ctx, [peer.endpoint])
+    h.run(0)
+    (dealer,) = h.sockets()
+    assert dealer.getsockopt(zmq.MAXMSGSIZE) == PEER_MAX_MESSAGE_BYTES == 64 * 1024
+    link_up(h, peer)
+    (sub,) = h.sockets()
+    assert sub.getsockopt(zmq.MAXMSGSIZE) == 64 * 1024
+    assert sub.getsockopt(zmq.RCVHWM) == PEER_RCVHWM == 1000
+
+
+def test_a_flood_of_events_is_read_within_the_slice_and_the_rest_in_the_next_run(ctx):
+    # inproc: a message published is in the link's queue when `send` returns, so the test
+    # knows exactly what waits.
+    peer = FakePeer(ctx, pub_endpoint=f"inproc://peer-events-{id(ctx)}")
+    peer.pub.bind(peer.pub_endpoint)
+    try:
+        h = Harness(ctx, [peer.endpoint])
+        link_up(h, peer)
+        (sub,) = h.sockets()
+        for _ in range(100):
+            peer.publish(peer.removed())
+        h.clock = 10  # past the slice's end (5) from the first reading on
+        h.links.run({sub: zmq.POLLIN}, 0, 5)
+        assert len(h.suspected) == CLOCK_EVERY - 1  # read until the clock was first read
+        assert h.links.next_deadline(0) == 0  # the rest is asked for at once
+        h.clock = 0
+        h.links.run({}, 1, 6)  # not ready in the poll: read all the same
+        assert len(h.suspected) == 100
+        assert h.links.next_deadline(1) == h.links.links[peer.endpoint].next_deadline()
+    finally:
+        peer.close()

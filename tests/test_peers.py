@@ -278,7 +278,7 @@ def test_cli_peer_options_log_the_link_and_each_hint(process_server):
 def test_a_bad_peer_endpoint_stops_start_up_with_a_clear_error(endpoint, error):
     with pytest.raises(EndpointError, match=f"--peer.*{error}"):
         PeerLinks([endpoint], now=0, suspect=lambda c, a, n: False, connected={},
-                  context=zmq.Context.instance())
+                  context=zmq.Context.instance(), clock=lambda: 0)
 
 
 @pytest.mark.timeout(30)

@@ -271,9 +271,9 @@ def test_stop_wakes_the_loop(tmp_path, made):
 def test_freeing_a_megabyte_of_subscriptions_asks_for_a_heap_trim(tmp_path, made):
     srv = make(made, config(tmp_path))
     before = srv.heap.pending
-    srv._subscriptions_freed(FREED_TRIM_BYTES - 1)
+    srv.subscriptions_freed(FREED_TRIM_BYTES - 1)
     assert srv.heap.pending == before
-    srv._subscriptions_freed(FREED_TRIM_BYTES)
+    srv.subscriptions_freed(FREED_TRIM_BYTES)
     assert srv.heap.pending == before + TRIM_AFTER_EVENTS
 
 
@@ -357,15 +357,17 @@ def test_peers_get_the_configured_endpoints_the_clock_and_the_grace(tmp_path, ma
     assert srv.peers.next_deadline(0) == 100_000  # the first ask is due when it was made
     asked: list[tuple] = []
     srv.service.suspect = lambda *args: asked.append(args)  # type: ignore[method-assign]
-    srv.peers._suspect("c1", "10.0.0.1:10911", 123)
+    srv.peers.suspect("c1", "10.0.0.1:10911", 123)
     assert asked == [("c1", "10.0.0.1:10911", 2500, 123)]
 
 
 def test_more_options_reach_the_timers_the_peers_and_the_subscriptions(tmp_path, made):
     srv = make(made, config(tmp_path, heartbeat_interval_s=2.0, max_message_bytes=5000,
-                            peers=["tcp://127.0.0.1:1"]))
+                            peers=["tcp://127.0.0.1:1"], pub_hwm=77, pub_max_queued_bytes=5001))
     assert srv.timers.interval_ms == 2000
-    assert srv.peers._max_bytes == 5000 and srv.peers._connected is srv.service.peers
+    # A peer's messages have their own bound, whatever a client's requests may be.
+    assert srv.peers.max_message_bytes == 64 * 1024 and srv.peers.connected is srv.service.peers
+    assert (srv.subscribers.queued.total, srv.subscribers.queued.hwm) == (5001, 77)
     # The subscriptions source reads what the events socket was sent: a SUB's subscription.
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
@@ -446,7 +448,7 @@ def test_the_service_heap_subscribers_and_metrics_get_what_they_are_given(tmp_pa
     assert srv.service.authorize is None  # no CURVE
     srv.heap.published(TRIM_AFTER_EVENTS)
     assert srv.heap.next_deadline(0) is not None  # glibc's malloc_trim, found: a trim is due
-    assert srv.subscribers.budget is not None and srv.subscribers._freed == srv._subscriptions_freed
+    assert srv.subscribers.budget is not None and srv.subscribers.freed == srv.subscriptions_freed
     assert srv.metrics.stuck_after_s == 8.0
     # /healthz reads this server's loop age, from the clock it was given.
     clock.seconds = 109.0
@@ -463,7 +465,7 @@ def test_a_socket_bound_beyond_loopback_without_curve_is_warned_about(tmp_path, 
     assert warnings == [f"{srv.pub_endpoint} is bound to a non-loopback address without CURVE: "
                         "anyone who can reach it can register brokers and rewrite routes"]
     # Only the events socket's own port is what its subscribers' connections arrive at.
-    assert srv.subscribers._local[1] == int(srv.pub_endpoint.rsplit(":", 1)[1])
+    assert srv.subscribers.local[1] == int(srv.pub_endpoint.rsplit(":", 1)[1])
 
 
 def test_the_key_directories_reach_security(tmp_path, made, monkeypatch):

@@ -73,7 +73,7 @@ def port_of(ctx: zmq.Context) -> Iterator[Callable[[SubscriptionBudget], Port]]:
 
 
 def _fd_of(budget: SubscriptionBudget) -> int:
-    (fd,) = budget._cost  # the one connection counted
+    (fd,) = budget.peers()  # the one connection counted
     return fd
 
 
@@ -105,9 +105,9 @@ def test_the_xpub_passes_every_subscription_up_even_a_repeat(port_of) -> None:
     budget = SubscriptionBudget()
     port = port_of(budget)
     port.sub().subscribe(b"route/T")
-    port.pump(lambda: len(budget._cost) == 1)
+    port.pump(lambda: len(budget.peers()) == 1)
     port.sub().subscribe(b"route/T")
-    port.pump(lambda: len(budget._cost) == 2)
+    port.pump(lambda: len(budget.peers()) == 2)
     assert budget.held == 2 * subscription_cost(b"route/T")
 
 
@@ -134,7 +134,7 @@ def test_a_connection_over_its_budget_is_cut_logged_and_its_cost_freed(port_of, 
     sub.subscribe(b"route/T2")  # over: cut
     port.pump(lambda: budget.cut)
     assert port.freed == [cost]  # what it held before the one that went over
-    assert fd in port.subscribers._cut_fds
+    assert fd in port.subscribers.cutting
     (record,) = [r for r in caplog.records if r.name == "zns"]
     assert record.levelno == logging.WARNING
     assert re.fullmatch(r"""events subscriber "\('127\.0\.0\.1', \d+\)" disconnected: its """
@@ -143,7 +143,7 @@ def test_a_connection_over_its_budget_is_cut_logged_and_its_cost_freed(port_of, 
     assert budget.cost(fd) == 0 and budget.held == 0
     # libzmq reports it closed: the descriptor names nobody any more
     port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, fd)
-    assert fd not in port.subscribers._cut_fds and port.freed == [cost]
+    assert fd not in port.subscribers.cutting and port.freed == [cost]
 
 
 def test_over_the_total_the_largest_holder_is_cut_for_its_share(port_of, caplog) -> None:
@@ -159,7 +159,7 @@ def test_over_the_total_the_largest_holder_is_cut_for_its_share(port_of, caplog)
     port.pump(lambda: budget.held == large + small)
     second.subscribe(b"c")  # over the total: the largest holder (the first) goes
     port.pump(lambda: budget.cut)
-    assert big_fd in port.subscribers._cut_fds
+    assert big_fd in port.subscribers.cutting
     assert port.freed == [10**9]  # its budget, not what it held
     (record,) = [r for r in caplog.records if r.name == "zns"]
     assert record.getMessage().endswith(
@@ -167,21 +167,24 @@ def test_over_the_total_the_largest_holder_is_cut_for_its_share(port_of, caplog)
         f"{large + small} bytes (1 cut since start)")
 
 
-def test_a_connection_accepted_or_closed_is_forgotten_and_its_cost_freed(port_of) -> None:
+def test_a_connection_closed_is_forgotten_and_its_cost_freed_one_accepted_keeps_its_count(
+        port_of) -> None:
+    # The accept may be reported after the connection's first subscriptions were counted:
+    # forgetting them then let a subscriber past its budget (seen through a relay).
     budget = SubscriptionBudget()
     port = port_of(budget)
     budget.subscribed(7, b"route/T")
-    port.subscribers._cut_fds.add(7)
+    port.subscribers.cutting.add(7)
     port.subscribers.on_monitor_event(zmq.EVENT_CONNECTED, 7)  # not one of ours: ignored
-    assert budget.cost(7) and 7 in port.subscribers._cut_fds
-    port.subscribers.on_monitor_event(zmq.EVENT_ACCEPTED, 7)  # the number is reused
-    assert budget.cost(7) == 0 and 7 not in port.subscribers._cut_fds
-    assert port.freed == [subscription_cost(b"route/T")]
+    assert budget.cost(7) and 7 in port.subscribers.cutting
+    port.subscribers.on_monitor_event(zmq.EVENT_ACCEPTED, 7)
+    assert budget.cost(7) == subscription_cost(b"route/T") and port.freed == []
+    assert 7 not in port.subscribers.cutting and 7 in port.subscribers.connections
+    port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, 7)
+    assert budget.cost(7) == 0 and port.freed == [subscription_cost(b"route/T")]
+    assert 7 not in port.subscribers.connections
     port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, 7)  # nothing held: nothing freed
     assert port.freed == [subscription_cost(b"route/T")]
-    budget.subscribed(8, b"x")
-    port.subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, 8)
-    assert port.freed == [subscription_cost(b"route/T"), subscription_cost(b"x")]
 
 
 def test_a_message_that_is_no_subscription_is_not_counted(ctx, port_of) -> None:
@@ -211,18 +214,18 @@ def test_a_descriptor_not_of_the_events_port_is_never_cut(port_of, caplog) -> No
         other.connect(server.getsockname())
         conn, _ = server.accept()
         with conn:
-            port.subscribers._cut(conn.fileno(), 5)  # another port's connection: untouched
-            assert port.freed == [] and not port.subscribers._cut_fds
+            port.subscribers.cut(conn.fileno(), 5)  # another port's connection: untouched
+            assert port.freed == [] and not port.subscribers.cutting
             conn.setblocking(False)
             other.send(b"x")
             wait_for(lambda: _readable(conn), timeout=5)
             assert conn.recv(1) == b"x"
             listening = socket.socket()
             listening.bind(("127.0.0.1", 0))
-            port.subscribers._cut(listening.fileno(), 5)  # not connected: no peer name
+            port.subscribers.cut(listening.fileno(), 5)  # not connected: no peer name
             listening.close()
-        port.subscribers._cut(10**6, 5)  # no such descriptor
-        port.subscribers._local = None
+        port.subscribers.cut(10**6, 5)  # no such descriptor
+        port.subscribers.local = None
         budget.subscribed(3, b"x")
         assert port.freed == [] and not caplog.records
     finally:
@@ -235,19 +238,19 @@ def test_an_unbound_port_cuts_nobody(ctx) -> None:
     try:
         subscribers = Subscribers(xpub, SubscriptionBudget())
         subscribers.bound(None, "inproc://x")
-        assert subscribers._local is None
+        assert subscribers.local is None
         subscribers.bound(None, "ipc:///tmp/zns-events")
-        assert subscribers._local == (socket.AF_UNIX, "/tmp/zns-events")
+        assert subscribers.local == (socket.AF_UNIX, "/tmp/zns-events")
         a, b = socket.socketpair()
         with a, b:
-            subscribers._local = None
-            subscribers._cut(a.fileno(), 1)  # a pair of ours, but no port known: kept
-            assert not subscribers._cut_fds
-            subscribers._local = (socket.AF_UNIX, "")  # an unnamed unix socket's own "port"
-            subscribers._cut(a.fileno(), 1)
-            assert subscribers._cut_fds == {a.fileno()}
+            subscribers.local = None
+            subscribers.cut(a.fileno(), 1)  # a pair of ours, but no port known: kept
+            assert not subscribers.cutting
+            subscribers.local = (socket.AF_UNIX, "")  # an unnamed unix socket's own "port"
+            subscribers.cut(a.fileno(), 1)
+            assert subscribers.cutting == {a.fileno()}
             assert b.recv(1) == b""  # shut down
-            subscribers._cut(a.fileno(), 1)  # already shut down: ENOTCONN is not an error
+            subscribers.cut(a.fileno(), 1)  # already shut down: ENOTCONN is not an error
     finally:
         xpub.close(0)
 
@@ -258,7 +261,7 @@ def test_the_default_freed_callback_does_nothing(ctx) -> None:
         budget = SubscriptionBudget()
         subscribers = Subscribers(xpub, budget)
         budget.subscribed(4, b"x")
-        subscribers.on_monitor_event(zmq.EVENT_ACCEPTED, 4)
+        subscribers.on_monitor_event(zmq.EVENT_DISCONNECTED, 4)
         assert budget.cost(4) == 0
     finally:
         xpub.close(0)
@@ -276,7 +279,7 @@ def test_what_a_connection_being_cut_still_sends_is_not_counted(port_of) -> None
     sub.subscribe(b"route/T1")
     port.pump(lambda: budget.held)
     fd = _fd_of(budget)
-    port.subscribers._cut_fds.add(fd)  # cut, and libzmq has not yet reported it closed
+    port.subscribers.cutting.add(fd)  # cut, and libzmq has not yet reported it closed
     sub.subscribe(b"route/T2")
     wait_for(lambda: port.xpub.poll(0), timeout=10)
     port.subscribers.handle()
@@ -294,7 +297,7 @@ def test_a_subscription_whose_connection_has_no_descriptor_is_not_counted(ctx) -
         sub.subscribe(b"route/T")
         wait_for(lambda: xpub.poll(0), timeout=10)
         subscribers.handle()
-        assert budget.held == 0 and budget._cost == {}
+        assert budget.held == 0 and budget.peers() == []
         assert xpub.poll(0) == 0  # read, not left waiting
     finally:
         sub.close(0)
@@ -334,7 +337,7 @@ def test_one_pass_reads_every_waiting_message_past_the_ones_it_skips() -> None:
     xpub, budget = FakeXPub(), SubscriptionBudget()
     subscribers = Subscribers(xpub, budget)  # type: ignore[arg-type]
     assert xpub.options == {zmq.XPUB_VERBOSE: 1, zmq.XPUB_VERBOSER: 1, zmq.RCVHWM: 2}
-    subscribers._cut_fds.add(9)
+    subscribers.cutting.add(9)
     xpub.frames = [
         FakeFrame(b"", 5),            # empty
         FakeFrame(b"\x02zz", 5),      # not a (un)subscription
@@ -347,7 +350,8 @@ def test_one_pass_reads_every_waiting_message_past_the_ones_it_skips() -> None:
     ]
     subscribers.handle()
     assert xpub.frames == []
-    assert budget._channels == {5: {b"cd"}, 0: {b"cd"}}
+    assert budget.peers() == [5, 0]
+    assert budget.channels(5) == budget.channels(0) == {b"cd"}
 
 
 def test_one_pass_reads_at_most_10000_messages() -> None:
@@ -355,7 +359,7 @@ def test_one_pass_reads_at_most_10000_messages() -> None:
     subscribers = Subscribers(xpub, budget)  # type: ignore[arg-type]
     xpub.frames = [FakeFrame(b"\x01%d" % i, 5) for i in range(READ_PER_PASS + 3)]
     subscribers.handle()
-    assert len(xpub.frames) == 3 and len(budget._channels[5]) == READ_PER_PASS
+    assert len(xpub.frames) == 3 and len(budget.channels(5)) == READ_PER_PASS
 
 
 class _Refusing(socket.socket):
@@ -372,14 +376,28 @@ def test_a_connection_already_gone_when_cut_is_no_error(monkeypatch, error, rais
     _Refusing.error = error
     monkeypatch.setattr(subscribers_module, "socket", types.SimpleNamespace(
         socket=_Refusing, AF_UNIX=socket.AF_UNIX, SHUT_RDWR=socket.SHUT_RDWR))
-    freed: list[int] = []
-    subs = Subscribers(FakeXPub(), SubscriptionBudget(per_peer=7), freed=freed.append)  # type: ignore[arg-type]
+    subs = Subscribers(FakeXPub(), SubscriptionBudget(per_peer=7))  # type: ignore[arg-type]
     a, b = socket.socketpair()
     with a, b:
-        subs._local = (socket.AF_UNIX, "")
+        subs.local = (socket.AF_UNIX, "")
         if raised:
             with pytest.raises(OSError):
-                subs._cut(a.fileno(), 3)
+                subs.cut(a.fileno(), "over")
         else:
-            subs._cut(a.fileno(), 3)
-            assert freed == [3]
+            assert subs.cut(a.fileno(), "over") is True  # cut: the caller frees its cost
+
+
+def test_a_look_skips_descriptors_that_are_not_tcp_connections_or_are_gone(port_of) -> None:
+    # The numbers come from the monitor and may be stale by the time of a look: a closed
+    # descriptor, a file, a unix socket are skipped, not a bug in the publishing loop.
+    from zns.core.subscriptions import LOOK_EVERY_BYTES
+
+    port = port_of(SubscriptionBudget())
+    a, b = socket.socketpair()
+    with a, b, open(os.devnull) as file:
+        for fd in (a.fileno(), file.fileno(), 10**6):
+            port.subscribers.on_monitor_event(zmq.EVENT_ACCEPTED, fd)
+        for _ in range(3):  # three looks
+            for _ in range(LOOK_EVERY_BYTES // 1024):
+                port.subscribers.sent(1024)
+        assert port.subscribers.queued.cut == 0

@@ -132,6 +132,29 @@ def test_wall_time_not_spent_running_while_serving_is_a_stall():
     assert removed(timers.on_timer(3_020, 0)) == []
 
 
+def test_a_late_wake_up_while_the_process_ran_is_not_a_stall():
+    # The loop thread woke 3 s late because other threads of the process held the GIL: the
+    # process spent those 3 s running (2,990 ms of its CPU time), so nothing moves.
+    service, timers = make(interval_ms=200, now=0)
+    register(service, now=0, timeout_ms=2000)
+    planned = timers.next_deadline()
+    assert timers.woke(planned + 3_000, ran_ms=2_990) == 0
+    assert timers.stalls == 0
+    assert [e.reason for e in removed(timers.on_timer(planned + 3_000, 0))] == ["expired"]
+
+
+def test_a_late_wake_up_counts_only_the_time_the_process_did_not_run():
+    service, timers = make(interval_ms=200, now=0)
+    register(service, now=0, timeout_ms=2000)
+    planned = timers.next_deadline()
+    # 3 s late, of which the process ran 500 ms (then it was stopped): a 2.5 s stall.
+    assert timers.woke(planned + 3_000, ran_ms=500) == 2_500
+    assert removed(timers.on_timer(planned + 3_000, 0)) == []
+    planned = timers.next_deadline()
+    assert timers.woke(planned + 1_500, ran_ms=500) == 0  # 1 s: not over the threshold
+    assert timers.stalls == 1
+
+
 def test_a_stall_measured_while_serving_is_not_measured_again_at_the_next_wake_up():
     # The loop plans its next poll right after the pass in which the stand-still landed;
     # the stall that pass measured is behind the timers, not a lateness of the next plan.

@@ -37,6 +37,7 @@ from zns.core.errors import InvalidSetting
 from zns.core.limits import Limits
 from zns.core.peer_link import MIN_PEER_GRACE_MS
 from zns.core.schema import DEFAULT_PUB, DEFAULT_ROUTER, MAX_TOPICS_PER_REQUEST, TopicConfig
+from zns.core.subscriptions import DEFAULT_QUEUED_EVENT_BYTES
 
 __all__ = ["BrokerConfig", "Logging", "RelayConfig", "ServerConfig", "Setting", "load",
            "settings"]
@@ -158,6 +159,9 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         DEFAULT_MAX_MESSAGE_BYTES)
     pub_hwm: Annotated[Count, _doc(
         "Events queued per subscriber before the PUB socket drops (never 0).")] = DEFAULT_PUB_HWM
+    pub_max_queued_bytes: Annotated[Count, _doc(
+        "Bytes of events queued for subscribers that do not read, all together; past it the "
+        "ones furthest behind are disconnected.")] = DEFAULT_QUEUED_EVENT_BYTES
     peers: Annotated[list[str], _doc(
         "Request endpoint of another NameServer to take hints from (repeatable).",
         metavar="ENDPOINT", option="peer", check="connect")] = field(default_factory=list)

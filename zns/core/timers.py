@@ -3,8 +3,9 @@
 The driver asks `next_deadline()` when to call back, tells `expect(wake)` when
 its poll will return at the latest (the earliest deadline of every source of
 its loop), blocks in its poller until then (or until a socket is ready), tells
-`woke(now)` when it returns, tells `ran(wall_ms, cpu_ms)` how long each source
-of its loop worked, and calls `on_timer(now, wall_ms)`, which returns the
+`woke(now, ran_ms)` when it returns (and how much CPU time the process spent
+meanwhile), tells `ran(wall_ms, cpu_ms)` how long each source of its loop
+worked, and calls `on_timer(now, wall_ms)`, which returns the
 events to publish. Every time is in milliseconds; `now` is monotonic,
 `wall_ms` is the wall clock and only ever goes into `hb` events. (Peer links
 own their timers: `zns.core.peer_link`.)
@@ -12,13 +13,16 @@ own their timers: `zns.core.peer_link`.)
 The stall rule (§8): a server that was not running (suspended, its clock
 jumped) must not evict brokers for that time. Two measurements cover it:
 
-- a wake-up later than planned by more than max(1 s, 2 × the hb interval):
-  the process slept through its own timer, so the excess is a stall;
-- a serving span whose wall time exceeds the CPU time the loop spent in it by
-  more than the same threshold: the process was stopped while serving.
+- a wake-up later than planned, less the CPU time the process spent during
+  the wait, by more than max(1 s, 2 × the hb interval): the process slept
+  through its own timer, so that excess is a stall;
+- a serving span whose wall time exceeds the CPU time the process spent in it
+  by more than the same threshold: the process was stopped while serving.
 
-Time spent running — serving requests, expiring brokers — is never a stall:
-it is CPU time, and the driver gives timers their turn every few
+Time the process spent running — serving requests, expiring brokers, or any
+other of its threads running while the loop thread waited for the GIL — is
+never a stall: it is CPU time of the process (the driver measures it, with
+every thread counted), and the driver gives timers their turn every few
 milliseconds of serving, so a plan is never late because of load.
 
 While a broker could expire, the plan is never more than STALL_PROBE_MS
@@ -76,9 +80,10 @@ class ServerTimers:
         """The driver's poll returns by `wake` at the latest (another source may want it sooner)."""
         self._planned = min(self._planned, max(self._now, wake))
 
-    def woke(self, now: int) -> int:
-        """The driver's wait returned at `now`; returns the stall measured (0: none)."""
-        late = now - self._planned
+    def woke(self, now: int, ran_ms: int = 0) -> int:
+        """The driver's wait returned at `now`, the process having spent `ran_ms` of CPU
+        time since the wait began; returns the stall measured (0: none)."""
+        late = now - self._planned - max(0, ran_ms)
         self._now = max(self._now, now)
         self._planned = max(self._planned, now)  # measured once
         return self._stalled(late)

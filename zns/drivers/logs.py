@@ -1,10 +1,11 @@
-"""Logging for `zns serve`: plain or JSON lines, and a bound on repeated warnings.
+"""Logging for `zns serve`: plain or JSON lines, and a bound on repeated lines.
 
-A peer can make the server warn as often as it can send (a refused
-registration, an unreadable message, a forbidden op). `RepeatFilter` lets
-at most `burst` warnings with the same template through per `window_s`
-seconds and then says, in one line, how many it held back. The clock is the
-log record's own timestamp, so the filter reads no clock of its own.
+A peer can make the server log as often as it can send (a refused
+registration, an unreadable message, a forbidden op, a `--peer` claiming a
+restart with every `hb`). `RepeatFilter` lets at most `burst` lines (INFO and
+above) with the same template through per `window_s` seconds and then says,
+in one line, how many it held back. The clock is the log record's own
+timestamp, so the filter reads no clock of its own.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ BURST = 20
 
 
 class RepeatFilter(logging.Filter):
-    """At most `burst` records per (logger, level, template) every `window_s` seconds (WARNING+)."""
+    """At most `burst` records per (logger, level, template) every `window_s` seconds (INFO+)."""
 
     def __init__(self, window_s: float = WINDOW_S, burst: int = BURST) -> None:
         super().__init__()
@@ -35,7 +36,7 @@ class RepeatFilter(logging.Filter):
         return len(self._windows)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING or getattr(record, "zns_summary", False):
+        if record.levelno < logging.INFO or getattr(record, "zns_summary", False):
             return True
         key = (record.name, record.levelno, str(record.msg))
         window = self._windows.get(key)
@@ -54,8 +55,9 @@ class RepeatFilter(logging.Filter):
 
     def _summarize(self, record: logging.LogRecord, key: tuple[str, int, str], count: int) -> None:
         logging.getLogger(record.name).log(
-            record.levelno, "%d more warnings like %r were suppressed in the last %g s",
-            count, key[2][:80], self.window_s, extra={"zns_summary": True},
+            record.levelno, "%d more %s like %r were suppressed in the last %g s", count,
+            "warnings" if record.levelno >= logging.WARNING else "lines", key[2][:80],
+            self.window_s, extra={"zns_summary": True},
         )
 
 

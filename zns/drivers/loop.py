@@ -22,11 +22,14 @@ sources (the timers, then the outbox) that have come due meanwhile, so an
 expiry waits for at most one source's slice, not for a whole pass of them,
 and its events leave at once -- reading the clock again after each, so a
 slow source cannot push the next one's `now` into the past. For the §8 stall
-rule (`StallMeter.ran`) the loop compares wall time with the thread's CPU
-time, so time spent running is never mistaken for a stall; the CPU clock is a
-system call (several µs on a VM), so it is read once a pass, before the poll,
-and after a source only once the span since the last reading is longer than a
-stall could be -- never between a request's reply and its events. A bug in a
+rule (`StallMeter.woke`, `StallMeter.ran`) the loop compares wall time with
+the *process's* CPU time, so time spent running is never mistaken for a stall
+-- neither the loop's own nor that of another thread of the process, which the
+loop thread may have waited for (the GIL) without the process ever stopping.
+The CPU clock is a system call (several µs on a VM), so it is read once a
+pass, before the poll, after the poll only when the wait was longer than a
+stall could be, and after a source only once the span since the last reading
+is longer than that -- never between a request's reply and its events. A bug in a
 source is logged with its traceback and the loop goes on (`NameService.respond`
 is the same boundary for requests). This is Tornado's IOLoop (`add_handler`,
 `call_at`) and aioquic's `get_timer()`/`handle_timer(now)` in one shape.
@@ -81,7 +84,7 @@ class StallMeter(Protocol):
 
     def expect(self, wake: int) -> None: ...
 
-    def woke(self, now: int) -> int: ...
+    def woke(self, now: int, ran_ms: int = 0) -> int: ...
 
     def ran(self, wall_ms: int, cpu_ms: int) -> int: ...
 
@@ -150,10 +153,18 @@ class Loop:
             # The CPU clock is a system call (µs each on a VM): read here, not between a
             # request's reply and its events (see `_run_one`).
             self._cpu_mark = self.cpu_clock()
+            waited_from = now
             ready = dict(self.poll.poller.poll(None if deadline is None else max(0, deadline - now)))
             self.wakeups += 1
             now = self.clock()
-            self.stall.woke(now)
+            # A wait no longer than a stall cannot hold one: the CPU clock is read again
+            # only after a longer one, to tell the process stopped (no CPU time) from the
+            # loop thread kept from running by the process's other threads (CPU time).
+            ran = 0
+            if now - waited_from > self.stall.stall_threshold_ms:
+                cpu = self.cpu_clock()
+                ran, self._cpu_mark = cpu - self._cpu_mark, cpu
+            self.stall.woke(now, ran)
             now = self.run_pass(ready, now)
 
     def run_pass(self, ready: Ready, now: int) -> int:
@@ -187,8 +198,8 @@ class Loop:
         except Exception:
             log.exception("bug while %s; the server carries on", source.what)
         after = self.clock()
-        # The §8 stall rule: wall time the loop did not run (the process stopped while a
-        # source worked) is a stall; time it ran is never one. Measured over the span since
+        # The §8 stall rule: wall time the process did not run (it stopped while a source
+        # worked) is a stall; time it ran, in this thread or another, is never one. Measured over the span since
         # the last measurement (the pass's start), and only once that span is longer than a
         # stall: a shorter one cannot hold one, and the CPU clock is a system call that
         # would otherwise sit between every reply and its events.
@@ -236,5 +247,9 @@ class Outbox:
 
 
 def _cpu_ms() -> int:
-    """CPU time of this thread: what the loop spent running (a stopped process spends none)."""
-    return int(time.thread_time() * 1000)
+    """CPU time of the whole process, every thread (a stopped process spends none).
+
+    Not the loop thread's own: a loop thread waiting for the GIL while other threads
+    of the process run (the metrics server's) is not stopped, and its deadlines must
+    not move."""
+    return int(time.process_time() * 1000)

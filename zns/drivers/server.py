@@ -37,7 +37,7 @@ from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
 from zns.core.handshakes import HandshakeWatch
 from zns.core.latency import LatencyHistogram
 from zns.core.readiness import Readiness
-from zns.core.subscriptions import SubscriptionBudget
+from zns.core.subscriptions import QueuedEvents, SubscriptionBudget
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.handshakes import HANDSHAKE_EVENTS, HandshakeLog
 from zns.drivers.metrics import MetricsServer
@@ -121,7 +121,9 @@ class Server:
         # An XPUB, not a PUB: it hands every subscription to the loop, which counts what
         # each connection holds (zns.drivers.subscribers); it publishes as a PUB does.
         self.pub = self._ctx.socket(zmq.XPUB)
-        self.subscribers = Subscribers(self.pub, SubscriptionBudget(), freed=self._subscriptions_freed)
+        self.subscribers = Subscribers(
+            self.pub, SubscriptionBudget(), freed=self.subscriptions_freed,
+            queued=QueuedEvents(config.pub_max_queued_bytes, hwm=config.pub_hwm))
         self.outbox = Outbox(self._send_event, self.heap.published)
         self.request_times = LatencyHistogram()  # zns_request_seconds
         self.requests = RequestRouter(
@@ -148,7 +150,7 @@ class Server:
             grace_ms = round(config.peer_grace_s * 1000)
             self.peers = PeerLinks(
                 config.peers, now=self._now(), context=self._ctx, connected=self.service.peers,
-                max_message_bytes=config.max_message_bytes,
+                clock=self._now,
                 suspect=lambda cluster, addr, now: self.service.suspect(
                     cluster, addr, grace_ms, now),
             )
@@ -333,7 +335,7 @@ class Server:
         return state_file.StateWriter(path, self.service, wake=self.wake, clock=self._now,
                                       wall_ms=self._wall_ms)
 
-    def _subscriptions_freed(self, cost: int) -> None:
+    def subscriptions_freed(self, cost: int) -> None:
         # Freed trie nodes stay in glibc's heap; a large release is worth a trim.
         if cost >= FREED_TRIM_BYTES:
             self.heap.published(TRIM_AFTER_EVENTS)
@@ -354,6 +356,7 @@ class Server:
         channel, body = frames
         backend_send(self.pub, channel, _SNDMORE_DONTWAIT)
         backend_send(self.pub, body, _DONTWAIT)
+        self.subscribers.sent(len(channel) + len(body))
 
     # --- sockets --------------------------------------------------------
 

@@ -31,6 +31,7 @@ def parse_addresses(spec: str | Iterable[str] | None) -> list[str]:
 
 def open_socket(
     ctx: zmq.Context, kind: int, endpoint: str, *, max_message_bytes: int | None = None,
+    receive_hwm: int | None = None,
 ) -> zmq.Socket:
     """A connected DEALER or SUB with the options every zns peer wants.
 
@@ -39,7 +40,8 @@ def open_socket(
     frozen NameServer themselves (request timeouts, `hb` silence) and open new
     sockets; TCP keepalive frees a connection whose host vanished.
     `max_message_bytes` makes libzmq refuse larger frames from the other side
-    (the server sets it on the sockets it opens to its peers). A bad endpoint
+    (the server sets it on the sockets it opens to its peers), `receive_hwm` how
+    many messages a SUB queues at most (the peer links' own mark). A bad endpoint
     raises zmq.ZMQError and leaves no socket behind (the peer links map it with
     `zns.drivers.io_errors.peer_named`: an endpoint a peer named is its fault). CURVE client keys are not set here: they
     come from the context (`zns.drivers.security.apply_client_keys`).
@@ -52,7 +54,7 @@ def open_socket(
             sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         if kind == zmq.SUB:
             # Route events are small; hold a large burst so few are dropped (gaps re-pull).
-            sock.setsockopt(zmq.RCVHWM, 100_000)
+            sock.setsockopt(zmq.RCVHWM, 100_000 if receive_hwm is None else receive_hwm)
             # A SUB drops subscriptions past its send mark (1,000 by default), silently:
             # a client subscribing to many topics at once would miss some.
             sock.setsockopt(zmq.SNDHWM, 100_000)
