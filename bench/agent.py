@@ -102,6 +102,11 @@ def _split(out: dict[str, list[float]], key: str, p: zns_agent.Probe, topic: str
     if found is None:
         return "no refresh line"
     read_ms, pull_ms = found
+    if read_ms < event_at * 1000:
+        # The topic was already waiting for its pull (the agent's 100 ms gap between pulls of
+        # one topic) when this event came: the line gives the first event's read time, not
+        # this one's, so this change has no read time of its own to split by.
+        return "folded into the pull of an event read {:.0f} ms earlier".format(event_at * 1000 - read_ms)
     parts = (read_ms - event_at * 1000, pull_ms, seen_ms - read_ms - pull_ms)
     for suffix, v in zip(("_read", "_pull", "_rest"), parts):
         out.setdefault(key + suffix, []).append(v)

@@ -142,8 +142,18 @@ def test_call_uses_the_process_context_by_default(servers) -> None:
 
 def test_call_any_returns_the_first_answer_and_its_endpoint(ctx, servers, sockets_made) -> None:
     slow = servers(silent)
-    fast = servers(topics("x"))
-    endpoint, reply = call_any([slow.endpoint, fast.endpoint], GetTopics(id=3), context=ctx)
+    answer = topics("x")
+
+    def once_both_are_asked(request: Any) -> Any:
+        # The first answer closes the other sockets at once (linger 0): on a loaded machine the
+        # slow server's request could still be queued then. Answering only once it arrived
+        # pins that both were asked, without a race.
+        wait_for(lambda: slow.received)
+        return answer(request)
+
+    fast = servers(once_both_are_asked)
+    endpoint, reply = call_any([slow.endpoint, fast.endpoint], GetTopics(id=3), timeout=30,
+                               context=ctx)
     assert (endpoint, reply) == (fast.endpoint, GetTopicsReply(id=3, topics=["x"]))
     assert slow.received == [GetTopics(id=3)] and fast.received == [GetTopics(id=3)]
     assert len(sockets_made) == 2 and all(s.closed for s in sockets_made)

@@ -50,8 +50,11 @@ class Env:
 
     def restart_zns(self, *args: str) -> None:
         self.zns.stop()
-        self.zns = ZnsProcess(self.root / f"zns-{time.monotonic_ns()}", "--remoting", self.addr,
-                              "--kv-path", str(self.root / "kv.json"), *args)  # the KV outlives it
+        workdir = self.root / f"zns-{time.monotonic_ns()}"
+        # The KV outlives it; the routes do not: a state dump of its own makes the restart
+        # cold, the case these tests are about (a warm one keeps every topic routed).
+        self.zns = ZnsProcess(workdir, "--remoting", self.addr, "--kv-path", str(self.root / "kv.json"),
+                              "--state-path", str(workdir / "state.dump"), *args)
 
 
 @pytest.fixture(scope="module")
