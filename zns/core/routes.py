@@ -718,6 +718,11 @@ class RouteTable:
     def broker_topic_count(self, name: str) -> int:
         return len(self._broker_topics.get(name, ()))
 
+    def writable_topic_count(self, name: str) -> int:
+        """Topics whose queue data of this broker name has the write permission."""
+        return sum(1 for topic in self._broker_topics.get(name, ())
+                   if self._queues[topic][name].perm & PERM_WRITE)
+
     def broker_has_topic(self, name: str, topic: str) -> bool:
         """Whether this broker name has queue data in the topic's route."""
         return topic in self._broker_topics.get(name, ())

@@ -30,6 +30,7 @@ from zns.core.routes import filter_zone
 from zns.core.state import (
     WRITE_REQUESTS,
     AnyCommand,
+    Change,
     CloseConnections,
     Expire,
     Outcome,
@@ -83,6 +84,9 @@ Frames = tuple[bytes, bytes]  # (channel, body) of one event
 # MessagePack's longest map and string headers (map 32, str 16: a topic name is at most
 # 255 characters, 1,020 bytes): with them a route map's size is never underestimated.
 MAP_HEADER_BYTES, STR_HEADER_BYTES = 5, 3
+# Who sent a write, for its audit line: called only when the write changed something an
+# audit line names (zns.core.state.Change), so that reads and broker writes never pay for it.
+Sender = Callable[[], str]
 # Decides whether the peer with this CURVE key (None: no CURVE) may send this
 # request; raises NoPermission when not (§9).
 Authorizer = Callable[[str | None, AnyRequest], None]
@@ -137,8 +141,10 @@ class NameService:
         authorize: Authorizer | None = None,
         limits: Limits | None = None,
         max_reply_bytes: int | None = None,
+        key_name: Callable[[str], str | None] | None = None,
     ) -> None:
-        """`version`: the server's release, which `status` shows (the core does not import
+        """`key_name`: the name of a CURVE key (None: not named), for audit lines.
+        `version`: the server's release, which `status` shows (the core does not import
         the package above it to learn it). `max_reply_bytes`: the largest reply the server ever sends (its reply byte
         budget's per-peer burst). A `snapshot` or `get_routes` whose routes alone exceed
         it is refused `busy` as soon as that is known, before its reply is built."""
@@ -152,6 +158,7 @@ class NameService:
         self.pub_endpoint = pub_endpoint
         self.remoting_endpoint = ""  # the remoting listener as bound, shown by `status`
         self.authorize = authorize
+        self.key_name = key_name
         self.max_reply_bytes = max_reply_bytes
         self.peers: dict[str, bool] = {}  # peer endpoint -> connected (§10, set by the server)
         # Each route encoded once per change, in each form when first asked for (a restart
@@ -181,7 +188,10 @@ class NameService:
 
     # --- the boundary ---------------------------------------------------
 
-    def respond(self, body: bytes, now: int, peer_key: str | None = None) -> Response:
+    def respond(self, body: bytes, now: int, peer_key: str | None = None,
+                peer_address: Sender | None = None) -> Response:
+        """Answer one ZNS/1 request body. `peer_key`: the peer's CURVE key (None: no CURVE);
+        `peer_address`: the peer's address, asked only for an audit line."""
         try:
             request = decode_request(body)
         except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: RecursionError
@@ -195,7 +205,14 @@ class NameService:
         try:
             if self.authorize is not None:
                 self.authorize(peer_key, request)
-            reply, frames = self.execute(request, now)
+            if type(request) in WRITE_REQUESTS:
+                outcome, frames = self.write(
+                    request, now, None,  # type: ignore[arg-type]
+                    lambda: self._zns1_sender(peer_key, peer_address))
+                reply = outcome.reply
+                assert reply is not None  # a Write's outcome always has one
+            else:
+                reply, frames = self.read(request, now), []
             # Inside the try: a bug while encoding must not escape to the socket loop.
             response = Response(encode(reply), request.id, frames)
             self.ok_counts[type(request)] += 1
@@ -225,15 +242,19 @@ class NameService:
             return outcome.reply, frames
         return self.read(request, now), []
 
-    def write(self, request: WriteRequest, now: int,
-              connection: int | None = None) -> tuple[Outcome, Sequence[Frames]]:
+    def write(self, request: WriteRequest, now: int, connection: int | None = None,
+              sender: Sender | None = None) -> tuple[Outcome, Sequence[Frames]]:
         """One write request as a command for the state machine: its outcome (the reply and
         what a remoting reply needs of the same step) and its events as frames. The remoting
         listener's writers call it with the request their request corresponds to, so both
         listeners get the same checks and the same events. `connection`: see
-        zns.core.state.Write."""
+        zns.core.state.Write. `sender`: who sent it, for the audit line of a write that
+        changed what one names (docs/operations.md, "The audit trail")."""
         try:
-            return self.apply(Write(request=request, now=now, connection=connection))
+            outcome, frames = self.apply(Write(request=request, now=now, connection=connection))
+            if outcome.change is not None:
+                _log_change(outcome.change, sender() if sender is not None else "unknown")
+            return outcome, frames
         except ErrorReply as exc:
             if type(request) is RegisterBroker:
                 log.warning("broker %s/%s id %d at %s refused: %s", request.cluster,
@@ -245,6 +266,15 @@ class NameService:
         outcome = self.state.apply(command)
         events = outcome.events
         return outcome, self._publish(events) if events else []
+
+    def _zns1_sender(self, peer_key: str | None, peer_address: Sender | None) -> str:
+        """A ZNS/1 peer as its audit line names it: its CURVE key's name, else its key and
+        address, else its address."""
+        address = peer_address() if peer_address is not None else "unknown"
+        if peer_key is None:
+            return address
+        name = self.key_name(peer_key) if self.key_name is not None else None
+        return f"key {name}" if name else f"key {peer_key} at {address}"
 
     def connection_closed(self, connection: int) -> Sequence[Frames]:
         """A remoting connection closed: what it registered goes, reason `disconnected` (§12)."""
@@ -495,3 +525,26 @@ def _log_broker_event(event: BrokerEvent) -> None:
     reason = f" ({event.reason})" if event.reason else ""
     log.info("broker %s %s/%s id %d at %s%s", event.change, event.cluster, event.broker_name,
              event.broker_id, event.broker_addr, reason)
+
+
+# An audit line's value: a peer chose it (a KV value up to 64 KiB), so it is quoted and cut.
+AUDIT_VALUE_LIMIT = 200
+
+
+def _log_change(change: Change, sender: str) -> None:
+    """One INFO line per admin write, its fields also on the record (`audit`) for the JSON
+    log format; the repeat filter bounds them (zns.drivers.logs)."""
+    before, after = _audit_value(change.before), _audit_value(change.after)
+    log.info("audit: %s %s by %s: %s -> %s", change.what, quote(change.target), quote(sender),
+             before, after, extra={"audit": {
+                 "op": change.what, "target": change.target[:AUDIT_VALUE_LIMIT],
+                 "by": sender[:AUDIT_VALUE_LIMIT],
+                 "before": change.before if not isinstance(change.before, str)
+                 else change.before[:AUDIT_VALUE_LIMIT],
+                 "after": change.after if not isinstance(change.after, str)
+                 else change.after[:AUDIT_VALUE_LIMIT]}})
+
+
+def _audit_value(value: str | int | None) -> str:
+    return "none" if value is None else str(value) if isinstance(value, int) else quote(
+        value, AUDIT_VALUE_LIMIT)

@@ -130,10 +130,24 @@ class Suspect(Command, tag="suspect", frozen=True):
 AnyCommand = Union[Write, Expire, CloseConnections, ShiftDeadlines, Suspect]
 
 
+class Change(Struct, frozen=True):
+    """An admin write's effect, for the audit trail (docs/operations.md): `what` was done to
+    `target`, and its value before and after (None: none held)."""
+
+    what: str  # the request's op: wipe_write_perm, add_write_perm, delete_topic, kv_put, ...
+    target: str  # a broker name, a topic, "namespace/key", "cluster/name id N"
+    before: str | int | None
+    after: str | int | None
+
+
 class Outcome(Struct):
     """What one command did: the events it caused and what its reply needs."""
 
     events: list[Event] = []
+    # An admin write (or a registration that displaced another address): what it changed,
+    # for the boundary's audit line. None for every other command, an ordinary
+    # (re-)registration included.
+    change: Change | None = None
     reply: Reply | None = None  # a Write's ZNS/1 reply
     # A Heartbeat over remoting: the DataVersion stored for its address before it (None:
     # none held); QUERY_DATA_VERSION answers it.
@@ -255,6 +269,7 @@ class StateMachine:
             case RegisterBroker():
                 registered = table.register_broker(request, now)
                 events = self._settled(registered.events)
+                change = _displacement(request, events) if events else None
                 self._tie_to((request.cluster, request.broker_addr, request.broker_name),
                              connection)
                 order_conf = None
@@ -262,23 +277,40 @@ class StateMachine:
                     entries = self.kv.list(ORDER_TOPIC_CONFIG)
                     if entries or ORDER_TOPIC_CONFIG in self._emptied:
                         order_conf = entries
-                return Outcome(events=events, order_conf=order_conf, reply=RegisterBrokerReply(
+                return Outcome(events=events, order_conf=order_conf, change=change,
+                               reply=RegisterBrokerReply(
                     id=rid, master_addr=registered.master_addr, ha_addr=registered.ha_addr))
             case UnregisterBroker(cluster=c, broker_name=n, broker_addr=a):
                 removed, events = table.unregister_broker(c, n, a)
                 return Outcome(events=self._settled(events),
                                reply=UnregisterBrokerReply(id=rid, removed=removed))
             case WipeWritePerm(broker_name=name):
+                # before/after: how many of the name's topics are writable
+                before_writable = table.writable_topic_count(name)
                 count, events = table.wipe_write_perm(name)
                 return Outcome(events=events, broker_topics=table.broker_topic_count(name),
-                               reply=WipeWritePermReply(id=rid, changed=count))
+                               reply=WipeWritePermReply(id=rid, changed=count),
+                               change=Change(what="wipe_write_perm", target=name,
+                                             before=before_writable,
+                                             after=table.writable_topic_count(name)))
             case AddWritePerm(broker_name=name):
+                before_writable = table.writable_topic_count(name)
                 count, events = table.add_write_perm(name)
                 return Outcome(events=events, broker_topics=table.broker_topic_count(name),
-                               reply=AddWritePermReply(id=rid, changed=count))
+                               reply=AddWritePermReply(id=rid, changed=count),
+                               change=Change(what="add_write_perm", target=name,
+                                             before=before_writable,
+                                             after=table.writable_topic_count(name)))
             case DeleteTopic(topic=topic, cluster=cluster):
+                # before/after: how many broker names hold queues of the topic
+                queues = table.topic_queue_table()
+                before_held = len(queues.get(topic, ()))
                 removed, events = table.delete_topic(topic, cluster)
-                return Outcome(events=events, reply=DeleteTopicReply(id=rid, removed=removed))
+                target = f"{topic} in {cluster}" if cluster else topic
+                return Outcome(events=events, reply=DeleteTopicReply(id=rid, removed=removed),
+                               change=Change(what="delete_topic", target=target,
+                                             before=before_held,
+                                             after=len(queues.get(topic, ()))))
             case RegisterTopic(topic=topic, queues=queues):
                 return Outcome(events=table.register_topic(topic, queues),
                                reply=RegisterTopicReply(id=rid))
@@ -287,16 +319,21 @@ class StateMachine:
                 # changed); set_order_conf refuses nothing, so the route change cannot fail
                 # after it. In the other order a failed write would leave a revision bumped
                 # and an event published for a value that is not stored.
+                old = self.kv.get(ns, key)
                 self.kv.put(ns, key, value)
                 events = table.set_order_conf(key, value) if ns == ORDER_TOPIC_CONFIG else []
-                return Outcome(events=events, reply=KvPutReply(id=rid))
+                return Outcome(events=events, reply=KvPutReply(id=rid), change=Change(
+                    what="kv_put", target=f"{ns}/{key}", before=old, after=value))
             case KvDelete(namespace=ns, key=key):
                 had = connection is not None and self.kv.count(ns) > 0
+                old = self.kv.get(ns, key)
                 removed = self.kv.delete(ns, key)
                 events = table.set_order_conf(key, None) if ns == ORDER_TOPIC_CONFIG else []
                 if had and not self.kv.count(ns):
                     self._remember_emptied(ns)
-                return Outcome(events=events, reply=KvDeleteReply(id=rid, removed=removed))
+                return Outcome(events=events, reply=KvDeleteReply(id=rid, removed=removed),
+                               change=Change(what="kv_delete", target=f"{ns}/{key}",
+                                             before=old, after=None))
         raise Internal(f"no write {type(request).__name__}")
 
     def _remember_emptied(self, namespace: str) -> None:
@@ -343,3 +380,17 @@ class StateMachine:
         keys.discard(key)
         if not keys:
             del self._tied[connection]
+
+
+def _displacement(request: RegisterBroker, events: list[Event]) -> Change | None:
+    """The change a registration made by displacing another address (§4 steps 2 and 3: the
+    id was held by another address, or this address moved cluster); None when it displaced
+    none, as an ordinary (re-)registration."""
+    displaced = [e for e in events if type(e) is BrokerEvent and e.reason == "displaced"]
+    if not displaced:
+        return None
+    return Change(what="register_broker",
+                  target=f"{request.cluster}/{request.broker_name} id {request.broker_id}",
+                  before=", ".join(f"{e.cluster}/{e.broker_name} id {e.broker_id} at "
+                                   f"{e.broker_addr}" for e in displaced),
+                  after=request.broker_addr)

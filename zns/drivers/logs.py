@@ -79,13 +79,16 @@ class JsonFormatter(logging.Formatter):
     """
 
     def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, str] = {
+        line: dict[str, object] = {
             "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
             .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
         }
+        audit = getattr(record, "audit", None)
+        if isinstance(audit, dict):  # an audit line's fields (docs/operations.md)
+            line.update(audit)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:

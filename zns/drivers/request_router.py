@@ -134,7 +134,8 @@ class RequestRouter:
                 self._drop_oversized(len(envelope) - 1, size)
                 envelope = []
             if envelope:  # a ROUTER always prepends the routing id: else nothing to answer
-                response = respond(frame.bytes, now, _user_id(frame) if with_key else None)
+                response = respond(frame.bytes, now, _user_id(frame) if with_key else None,
+                                   _address_of(frame))
                 reply = response.reply
                 if len(reply) >= heavy and not budget.allow(envelope[0].bytes, len(reply), now):
                     reply = self.service.busy_reply(response.request_id)
@@ -177,6 +178,11 @@ class RequestRouter:
             count += 1
             if count % 1024 == 0 and clock() >= until:
                 return False
+
+
+def _address_of(frame: Any) -> Callable[[], str]:
+    """The peer's address as ZeroMQ reports it, when asked (only an audit line asks)."""
+    return lambda: str(frame.get("Peer-Address"))
 
 
 def _user_id(frame: Any) -> str | None:

@@ -66,6 +66,16 @@ def _public_keys(directory: str | None) -> dict[str, dict[str, str]]:
     return keys
 
 
+def _key_names(*directories: str | None) -> dict[str, str]:
+    """Public key -> its name (NAME of the NAME.key certificate) in these directories."""
+    names = {}
+    for directory in directories:
+        if directory:
+            for cert in sorted(Path(directory).expanduser().glob("*.key")):
+                names[read_certificate(cert)[0]] = cert.stem
+    return names
+
+
 def load_policy(
     brokers_keys: str | None, admins_keys: str | None, clients_keys: str | None, clients: str,
 ) -> KeyPolicy:
@@ -105,6 +115,7 @@ class Security:
         self.public_key, self._secret_key = public, secret
         self._dirs = (brokers_keys, admins_keys, clients_keys, clients)
         self.policy = self._load()
+        self._names = _key_names(*self._dirs[:3])
         self._auth: ThreadAuthenticator | None = None
 
     def start(self, ctx: zmq.Context) -> None:
@@ -130,6 +141,7 @@ class Security:
         """Re-read the key directories; on any error keep the current policy."""
         try:
             self.policy = self._load()  # one assignment: the ZAP thread sees old or new
+            self._names = _key_names(*self._dirs[:3])
         except KeyFileError as exc:
             log.error("keys not reloaded, the previous ones stay in force: %s", exc)
             return False
@@ -165,6 +177,11 @@ class Security:
         except NoPermission as exc:
             log.warning("no_permission for key %s: %s", peer_key, exc)
             raise
+
+    def key_name(self, peer_key: str) -> str | None:
+        """The name of a listed key (its certificate's file name, without `.key`), for
+        audit lines; None for a key no directory lists (--clients any)."""
+        return self._names.get(peer_key)
 
     def check_keyless(self, request: AnyRequest) -> None:
         """The RocketMQ remoting listener's hook: its requests carry no key."""

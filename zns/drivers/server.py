@@ -110,6 +110,7 @@ class Server:
             KvStore(config.kv_path), epoch=new_epoch(), started_at_ms=self._now(), version=__version__,
             authorize=self.security.authorize if self.security else None, limits=config.limits,
             max_reply_bytes=self.reply_budget.burst,
+            key_name=self.security.key_name if self.security else None,
         )
         self.state: state_file.StateWriter | None = None
         # A RocketMQ client or a mismatched ZeroMQ client at the request port: one warning.

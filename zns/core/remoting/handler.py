@@ -454,7 +454,7 @@ class RemotingService:
         request = _convert(fields, kind, tag_of(kind))
         if self.keyless is not None:
             self.keyless(request)
-        return self.service.write(request, now, conn.conn_id)
+        return self.service.write(request, now, conn.conn_id, lambda: conn.host)
 
     @staticmethod
     def _refusal(conn: Connection, option: str, code: int) -> NoPermission:
