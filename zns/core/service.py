@@ -534,17 +534,20 @@ AUDIT_VALUE_LIMIT = 200
 def _log_change(change: Change, sender: str) -> None:
     """One INFO line per admin write, its fields also on the record (`audit`) for the JSON
     log format; the repeat filter bounds them (zns.drivers.logs)."""
-    before, after = _audit_value(change.before), _audit_value(change.after)
-    log.info("audit: %s %s by %s: %s -> %s", change.what, quote(change.target), quote(sender),
-             before, after, extra={"audit": {
-                 "op": change.what, "target": change.target[:AUDIT_VALUE_LIMIT],
-                 "by": sender[:AUDIT_VALUE_LIMIT],
-                 "before": change.before if not isinstance(change.before, str)
-                 else change.before[:AUDIT_VALUE_LIMIT],
-                 "after": change.after if not isinstance(change.after, str)
-                 else change.after[:AUDIT_VALUE_LIMIT]}})
+    log.info("audit: %s %s by %s: %s -> %s", change.what, _shown(change.target),
+             _shown(sender), _shown(change.before), _shown(change.after),
+             extra={"audit": {"op": change.what, "target": _cut(change.target),
+                              "by": _cut(sender), "before": _cut(change.before),
+                              "after": _cut(change.after)}})
 
 
-def _audit_value(value: str | int | None) -> str:
-    return "none" if value is None else str(value) if isinstance(value, int) else quote(
-        value, AUDIT_VALUE_LIMIT)
+def _shown(value: str | int | None) -> str:
+    """An audit value in the text line: a quoted literal cut at AUDIT_VALUE_LIMIT."""
+    if value is None:
+        return "none"
+    return str(value) if isinstance(value, int) else quote(value, AUDIT_VALUE_LIMIT)
+
+
+def _cut(value: str | int | None) -> str | int | None:
+    """An audit value as a JSON field: a string cut at AUDIT_VALUE_LIMIT characters."""
+    return value[:AUDIT_VALUE_LIMIT] if isinstance(value, str) else value
