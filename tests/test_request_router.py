@@ -34,7 +34,8 @@ class FakeService:
     def __init__(self) -> None:
         self.calls: list[tuple[bytes, int, str | None]] = []
 
-    def respond(self, body: bytes, now: int, peer_key: str | None = None) -> Response:
+    def respond(self, body: bytes, now: int, peer_key: str | None = None,
+                peer: Any = None) -> Response:
         self.calls.append((body, now, peer_key))
         events = [(b"chan", body)] if body.startswith(b"ev") else []
         if body.startswith(b"size:"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import msgspec
 from msgspec import Raw
@@ -142,8 +143,11 @@ class NameService:
         limits: Limits | None = None,
         max_reply_bytes: int | None = None,
         key_name: Callable[[str], str | None] | None = None,
+        address_of: Callable[[Any], str] = str,
     ) -> None:
-        """`key_name`: the name of a CURVE key (None: not named), for audit lines.
+        """`key_name`: the name of a CURVE key (None: not named), for audit lines;
+        `address_of`: the address of the `peer` `respond` is handed (the request router's
+        message), asked only for an audit line.
         `version`: the server's release, which `status` shows (the core does not import
         the package above it to learn it). `max_reply_bytes`: the largest reply the server ever sends (its reply byte
         budget's per-peer burst). A `snapshot` or `get_routes` whose routes alone exceed
@@ -159,6 +163,7 @@ class NameService:
         self.remoting_endpoint = ""  # the remoting listener as bound, shown by `status`
         self.authorize = authorize
         self.key_name = key_name
+        self.address_of = address_of
         self.max_reply_bytes = max_reply_bytes
         self.peers: dict[str, bool] = {}  # peer endpoint -> connected (§10, set by the server)
         # Each route encoded once per change, in each form when first asked for (a restart
@@ -189,9 +194,10 @@ class NameService:
     # --- the boundary ---------------------------------------------------
 
     def respond(self, body: bytes, now: int, peer_key: str | None = None,
-                peer_address: Sender | None = None) -> Response:
+                peer: Any = None) -> Response:
         """Answer one ZNS/1 request body. `peer_key`: the peer's CURVE key (None: no CURVE);
-        `peer_address`: the peer's address, asked only for an audit line."""
+        `peer`: what `address_of` takes to name the peer (only an audit line asks: a read
+        pays for passing a reference, nothing more)."""
         try:
             request = decode_request(body)
         except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: RecursionError
@@ -208,7 +214,7 @@ class NameService:
             if type(request) in WRITE_REQUESTS:
                 outcome, frames = self.write(
                     request, now, None,  # type: ignore[arg-type]
-                    lambda: self._zns1_sender(peer_key, peer_address))
+                    lambda: self._zns1_sender(peer_key, peer))
                 reply = outcome.reply
                 assert reply is not None  # a Write's outcome always has one
             else:
@@ -267,10 +273,10 @@ class NameService:
         events = outcome.events
         return outcome, self._publish(events) if events else []
 
-    def _zns1_sender(self, peer_key: str | None, peer_address: Sender | None) -> str:
+    def _zns1_sender(self, peer_key: str | None, peer: Any) -> str:
         """A ZNS/1 peer as its audit line names it: its CURVE key's name, else its key and
         address, else its address."""
-        address = peer_address() if peer_address is not None else "unknown"
+        address = self.address_of(peer) if peer is not None else "unknown"
         if peer_key is None:
             return address
         name = self.key_name(peer_key) if self.key_name is not None else None

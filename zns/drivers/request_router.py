@@ -135,7 +135,7 @@ class RequestRouter:
                 envelope = []
             if envelope:  # a ROUTER always prepends the routing id: else nothing to answer
                 response = respond(frame.bytes, now, _user_id(frame) if with_key else None,
-                                   _address_of(frame))
+                                   frame)
                 reply = response.reply
                 if len(reply) >= heavy and not budget.allow(envelope[0].bytes, len(reply), now):
                     reply = self.service.busy_reply(response.request_id)
@@ -180,9 +180,10 @@ class RequestRouter:
                 return False
 
 
-def _address_of(frame: Any) -> Callable[[], str]:
-    """The peer's address as ZeroMQ reports it, when asked (only an audit line asks)."""
-    return lambda: str(frame.get("Peer-Address"))
+def peer_address(frame: Any) -> str:
+    """The address of the peer that sent this message, as ZeroMQ reports it (NameService's
+    `address_of`: only an audit line asks)."""
+    return str(frame.get("Peer-Address"))
 
 
 def _user_id(frame: Any) -> str | None:

@@ -27,9 +27,9 @@ class TimedService:
         self._times = times
 
     def respond(self, body: bytes, now: int, peer_key: str | None = None,
-                peer_address: Any = None) -> Any:
+                peer: Any = None) -> Any:
         started = time.perf_counter()
-        response = self._service.respond(body, now, peer_key, peer_address)
+        response = self._service.respond(body, now, peer_key, peer)
         op = read_envelope(body)[1]
         self._times.observe(f"zns1:{op}" if op in KNOWN_OPS else "zns1:unknown",
                             time.perf_counter() - started)

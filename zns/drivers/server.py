@@ -44,7 +44,12 @@ from zns.drivers.metrics import MetricsServer
 from zns.drivers.request_times import timed_remoting, timed_service
 from zns.drivers.loop import Loop, Outbox, PollSet, Ready, Source
 from zns.drivers.remoting_listener import RemotingListener
-from zns.drivers.request_router import MAX_ENVELOPE_FRAMES, TCP_TIMEOUT_MS, RequestRouter
+from zns.drivers.request_router import (
+    MAX_ENVELOPE_FRAMES,
+    TCP_TIMEOUT_MS,
+    RequestRouter,
+    peer_address,
+)
 from zns.core.remoting.handler import RemotingService, describe_access, remoting_access
 from zns.drivers.sockets import Waker, set_keepalive
 from zns.core.budget import ReplyBudget
@@ -111,6 +116,7 @@ class Server:
             authorize=self.security.authorize if self.security else None, limits=config.limits,
             max_reply_bytes=self.reply_budget.burst,
             key_name=self.security.key_name if self.security else None,
+            address_of=peer_address,
         )
         self.state: state_file.StateWriter | None = None
         # A RocketMQ client or a mismatched ZeroMQ client at the request port: one warning.
