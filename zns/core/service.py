@@ -211,6 +211,7 @@ class NameService:
         try:
             if self.authorize is not None:
                 self.authorize(peer_key, request)
+            # execute's branch, inline: a read pays no call more than before the audit trail.
             if type(request) in WRITE_REQUESTS:
                 outcome, frames = self.write(
                     request, now, None,  # type: ignore[arg-type]
@@ -239,8 +240,9 @@ class NameService:
         """Answer one decoded, authorized request: a read here, a write by the state machine
         (`write`); the reply and the events as frames.
 
-        Raises an ErrorReply on refusal, having changed nothing. `respond` calls it for
-        ZNS/1; `connection`: the remoting connection a request came over (None: ZNS/1).
+        Raises an ErrorReply on refusal, having changed nothing. `respond` does the same
+        for ZNS/1, naming the peer for an audit line; `connection`: the remoting connection
+        a request came over (None: ZNS/1).
         """
         if type(request) in WRITE_REQUESTS:
             outcome, frames = self.write(request, now, connection)  # type: ignore[arg-type]
