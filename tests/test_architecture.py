@@ -267,7 +267,7 @@ def test_the_private_name_check_can_fail(tmp_path, monkeypatch):
 TABLE_MUTATORS = frozenset({
     "register_broker", "heartbeat", "unregister_broker", "unregister_brokers", "expire",
     "suspect", "shift_deadlines", "wipe_write_perm", "add_write_perm", "delete_topic",
-    "register_topic", "set_order_conf"})
+    "register_topic", "set_order_conf", "restore"})
 KV_MUTATORS = frozenset({"put", "delete"})
 STATE_OWNERS = ("zns.core.state", "zns.core.routes")
 
@@ -301,7 +301,9 @@ def test_the_state_change_check_can_fail(tmp_path, monkeypatch):
     (pkg / "core" / "state.py").write_text("def f(table, kv):\n    table.expire(1)\n    kv.put(1)\n")
     (pkg / "core" / "service.py").write_text(
         "def g(self):\n    self.state.table.expire(1)\n    self.kv.delete('n', 'k')\n"
-        "    self.outbox.put(1)\n    self.service.expire(1)\n")
+        "    self.outbox.put(1)\n    self.service.expire(1)\n"
+        "    service.table.restore(dump, 1, confirm)\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
     assert state_changes_outside_the_state_machine(all_modules()) == [
-        "zns.core.service:2 self.state.table.expire()", "zns.core.service:3 self.kv.delete()"]
+        "zns.core.service:2 self.state.table.expire()", "zns.core.service:3 self.kv.delete()",
+        "zns.core.service:6 service.table.restore()"]

@@ -30,6 +30,7 @@ from zns.core.state import (
     CloseConnections,
     Expire,
     Outcome,
+    Restore,
     ShiftDeadlines,
     StateMachine,
     Suspect,
@@ -245,10 +246,39 @@ def test_a_warm_restored_table_dumps_its_confirmation_deadlines_exactly():
         apply(a, command)
     assert a.table.held()["addresses"] > 0
     restored = fresh()
-    restored.table.restore(a.table.dump(), 50_000, lambda cluster, addr, timeout: 5_000)
+    state = a.table.dump()
+    apply(restored, Restore(table=state, confirm_within_ms=[5_000] * len(state.addresses),
+                            now=50_000))
     b = StateMachine.load(restored.dump(), KvStore(None), limits=LIMITS)
     assert b.dump() == restored.dump()
     outcomes = [apply(m, Expire(now=56_000)) for m in (restored, b)]
     assert outcomes[0] == outcomes[1]
     assert {e.reason for e in outcomes[0].events if getattr(e, "change", "") == "removed"} == {
         "not_confirmed"}
+
+
+def test_a_restore_is_a_command_a_replica_replays_and_a_bad_one_changes_nothing():
+    a = fresh()
+    for command in random_log(seed=23, steps=300):
+        apply(a, command)
+    state = a.table.dump()
+    windows = [1_000 * (i + 1) for i in range(len(state.addresses))]
+    restore = Restore(table=state, confirm_within_ms=windows, now=7_000)
+    primary, replica = fresh(), fresh()
+    assert apply(primary, restore) == Outcome()
+    apply(replica, decode_command(msgspec.msgpack.encode(restore)))
+    assert primary.dump() == replica.dump()
+    # The order configurations are the KV store's (empty here), not the dump's.
+    assert primary.table.dump() == msgspec.structs.replace(state, order_conf=[])
+    # Each address gets its own window, in the dump's order.
+    first, last = state.addresses[0], state.addresses[-1]
+    assert primary.table.liveness(first.cluster, first.addr).confirm_by == 8_000
+    assert primary.table.liveness(last.cluster, last.addr).confirm_by == 7_000 + windows[-1]
+    empty = fresh().dump()
+    for bad in (Restore(table=state, confirm_within_ms=windows[:-1], now=7_000),
+                Restore(table=msgspec.structs.replace(state, topics=state.topics * 2),
+                        confirm_within_ms=windows, now=7_000)):
+        machine = fresh()
+        with pytest.raises(ValueError):
+            machine.apply(bad)
+        assert machine.dump() == empty

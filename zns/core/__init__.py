@@ -59,8 +59,9 @@ them is a design change: discuss it first.
 8. **State changes through one door.** The server's state (routes,
    liveness, the remoting ties, the KV entries) changes only by a typed
    command through `StateMachine.apply` (`state.py`, whose top says what a
-   command must carry); no other module calls the route table's or the KV
-   store's mutators (checked by the same test).
+   command must carry), a warm restart's dump included (`Restore`); no other
+   module calls the route table's or the KV store's mutators (`restore`
+   included: checked by the same test).
 
 9. **Everything a peer can make the server hold has a bound** (`limits.py`
    and the schema's `Meta` bounds), and the bound is checked before the state

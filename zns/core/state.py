@@ -13,7 +13,9 @@ commands in the same order and hold the same state, as Redis feeds its replicas)
 
 - **One way in.** Every change goes through `apply(command) -> Outcome`. A
   command is a tagged msgspec Struct (`Write`, `Expire`, `CloseConnections`,
-  `ShiftDeadlines`, `Suspect`), so a log of them encodes, decodes and replays.
+  `ShiftDeadlines`, `Suspect`, `Restore`), so a log of them encodes, decodes and
+  replays. A warm restart's dump comes in as `Restore` too (zns.core.warm), not
+  through the table.
   Nothing else may change the route table, the ties, the KV entries or the
   emptied namespaces; the read methods and the `table` attribute are for reading.
 - **No clock, no randomness, no I/O of its own.** Time is the command's `now`;
@@ -75,6 +77,7 @@ from zns.core.schema import (
     WipeWritePermReply,
 )
 from zns.core.state_dump import StateDump
+from zns.core.table_state import TableState
 
 TieKey = tuple[str, str, str]  # (cluster, broker address, broker name) registered over remoting
 
@@ -127,7 +130,20 @@ class Suspect(Command, tag="suspect", frozen=True):
     now: int
 
 
-AnyCommand = Union[Write, Expire, CloseConnections, ShiftDeadlines, Suspect]
+class Restore(Command, tag="restore", frozen=True):
+    """A warm restart (zns.core.warm): take a dumped table into this machine, which holds
+    no broker yet, as one revision and no events. Each of `table.addresses` is alive from
+    `now` and removed as `not_confirmed` after its entry of `confirm_within_ms` (same
+    order) unless it registers or heartbeats first; the order configurations are the KV
+    store's, not the dump's. A table that does not hold together (`check_state`), or a
+    window list of another length, raises ValueError, having changed nothing."""
+
+    table: TableState
+    confirm_within_ms: list[int]
+    now: int
+
+
+AnyCommand = Union[Write, Expire, CloseConnections, ShiftDeadlines, Suspect, Restore]
 
 
 class Change(Struct, frozen=True):
@@ -202,6 +218,9 @@ class StateMachine:
                 return Outcome()
             case Suspect(cluster=cluster, addr=addr, grace_ms=grace_ms, now=now):
                 return Outcome(shortened=self.table.suspect(cluster, addr, grace_ms, now))
+            case Restore(table=table, confirm_within_ms=windows, now=now):
+                self._restore(table, windows, now)
+                return Outcome()
         raise Internal(f"no command {type(command).__name__}")
 
     # --- reads ---------------------------------------------------------------------
@@ -245,6 +264,14 @@ class StateMachine:
                 kv.put(namespace, key, value)
         machine._emptied = dict.fromkeys(dump.emptied)
         return machine
+
+    def _restore(self, table: TableState, windows: list[int], now: int) -> None:
+        if len(windows) != len(table.addresses):
+            raise ValueError(f"{len(windows)} confirmation windows for "
+                             f"{len(table.addresses)} addresses")
+        window = {(a.cluster, a.addr): ms for a, ms in zip(table.addresses, windows)}
+        self.table.restore(table, now, lambda cluster, addr, timeout: window[(cluster, addr)],
+                           order_conf=self.kv.list(ORDER_TOPIC_CONFIG))
 
     # --- writes ----------------------------------------------------------------------
 

@@ -8,7 +8,8 @@ back at start, before it serves:
 - `encode_dump`/`decode_dump`: the file's bytes. A header (magic, format version,
   CRC-32 of the body) and the body: `StateDump` in MessagePack. A body that fails its
   CRC, its schema or `check_state` is `CorruptDump`; a newer format is `NewerDump`.
-- `restore`: the dump into a fresh NameService. Every broker address is alive but not
+- `restore`: the dump into a fresh NameService, as the state machine's `Restore`
+  command (its one way in, zns.core.state). Every broker address is alive but not
   yet confirmed, and is removed as `not_confirmed` unless it registers or heartbeats
   within `confirm_within_ms`: its registration period. Remoting connections are gone
   after a restart, so nothing is tied to one; a RocketMQ broker is tied again at its
@@ -32,8 +33,8 @@ import msgspec
 from msgspec import Struct
 
 from zns.core.errors import ZnsError
-from zns.core.schema import ORDER_TOPIC_CONFIG
 from zns.core.service import NameService
+from zns.core.state import Restore
 from zns.core.table_state import TableState
 
 MAGIC = b"ZNS-STATE\n"
@@ -120,11 +121,10 @@ def restore(service: NameService, state: StateDump, now: int) -> None:
     """Take the dump into a service that holds no broker yet. CorruptDump (and nothing
     changed) when the dump does not hold together."""
     remoting = set(state.remoting)
+    windows = [confirm_within_ms(a.timeout_ms, (a.cluster, a.addr) in remoting)
+               for a in state.table.addresses]
     try:
-        service.table.restore(
-            state.table, now,
-            lambda cluster, addr, timeout: confirm_within_ms(timeout, (cluster, addr) in remoting),
-            order_conf=service.kv.list(ORDER_TOPIC_CONFIG))
+        service.apply(Restore(table=state.table, confirm_within_ms=windows, now=now))
     except ValueError as exc:
         raise CorruptDump(f"it does not hold together: {exc}") from None
 
