@@ -180,8 +180,8 @@ def test_a_machine_loaded_from_a_dump_midway_answers_the_rest_of_the_log_alike(s
             if a.table.liveness(cluster, addr) is not None:
                 a.apply(Suspect(cluster=cluster, addr=addr, grace_ms=0, now=now))
     dumped = msgspec.msgpack.decode(a.dump(), type=StateDump)
-    assert any(x.stall_credit for x in dumped.table.addresses)
-    assert any(x.suspect_deadline is not None for x in dumped.table.addresses)
+    assert any(x.stall_credit for x in dumped.table.clocks)
+    assert any(x.suspect_deadline is not None for x in dumped.table.clocks)
     assert dumped.ties and dumped.emptied and dumped.table.removed_revisions
     b = StateMachine.load(a.dump(), KvStore(None), limits=LIMITS)
     assert b.dump() == a.dump()
@@ -213,7 +213,7 @@ def test_the_order_configurations_held_at_start_are_in_the_routes_and_the_dump()
     kv.put(ORDER_TOPIC_CONFIG, "T1", "broker-a:4")
     machine = StateMachine(kv, epoch=EPOCH)
     dump = msgspec.msgpack.decode(machine.dump(), type=StateDump)
-    assert dump.table.order_conf == [("T1", "broker-a:4")]
+    assert dump.table.state.order_conf == [("T1", "broker-a:4")]
     assert dump.kv == [(ORDER_TOPIC_CONFIG, [("T1", "broker-a:4")])]
 
 

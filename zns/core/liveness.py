@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from zns.core.schema import DataVersion
-from zns.core.state_dump import AddressDump
+from zns.core.state_dump import AddressClock
+from zns.core.table_state import AddressState
 
 LiveKey = tuple[str, str]  # (cluster, broker_addr): liveness is keyed so (§8)
 
@@ -213,17 +214,17 @@ class LivenessSchedule:
 
     # --- a replica's state (zns.core.state_dump) ----------------------------
 
-    def dump(self) -> list[AddressDump]:
-        """Every live address in the order it was first recorded (its heap is derived)."""
-        return [AddressDump(live.cluster, live.addr, live.last_heartbeat, live.timeout_ms,
-                            live.data_version, live.ha_addr, sorted(live.names),
-                            live.suspect_deadline, live.stall_credit, live.confirm_by)
+    def clocks(self) -> list[AddressClock]:
+        """Every live address's times, in the order it was first recorded (as the table's
+        state lists the addresses; the heap is derived)."""
+        return [AddressClock(live.last_heartbeat, live.suspect_deadline, live.stall_credit,
+                             live.confirm_by)
                 for live in self._live.values()]
 
-    def load(self, addresses: list[AddressDump]) -> None:
-        """Take what `dump` gave into this empty schedule."""
-        for a in addresses:
+    def load(self, addresses: list[AddressState], clocks: list[AddressClock]) -> None:
+        """Take the table state's addresses with their `clocks` into this empty schedule."""
+        for a, c in zip(addresses, clocks, strict=True):
             self._live[(a.cluster, a.addr)] = Liveness(
-                a.cluster, a.addr, a.last_heartbeat, a.timeout_ms, a.data_version, a.ha_addr,
-                set(a.names), a.suspect_deadline, a.stall_credit, confirm_by=a.confirm_by)
+                a.cluster, a.addr, c.last_heartbeat, a.timeout_ms, a.data_version, a.ha_addr,
+                set(a.names), c.suspect_deadline, c.stall_credit, confirm_by=c.confirm_by)
         self._rebuild()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from zns.core.errors import BadRequest, Conflict, UsageError
 from zns.core.liveness import LiveKey, Liveness, LivenessSchedule
 from zns.core.revisions import Changes, RouteBuilder, RouteRevisions, SharedLists
-from zns.core.state_dump import BrokerDump, TableDump
+from zns.core.state_dump import TableDump
 from zns.core.table_state import AddressState, BrokerState, TableState, check_state
 from zns.core.weights import WeightLedger, entry_weight
 from zns.core.schema import (
@@ -491,6 +491,16 @@ class RouteTable:
         if self._brokers or self._queues or self._revisions.revision:
             raise UsageError("restore() takes an empty table")
         check_state(state)
+        for a in state.addresses:
+            self._live.restore(a.cluster, a.addr, now, a.timeout_ms, a.data_version, a.ha_addr,
+                               a.names, confirm_within_ms(a.cluster, a.addr, a.timeout_ms))
+        ch = self._take_records(state, dict(state.order_conf) if order_conf is None else order_conf)
+        ch.structural = True
+        self._commit(ch)
+
+    def _take_records(self, state: TableState, order_conf: Mapping[str, str]) -> Changes:
+        """The records of `state` into this empty table whose addresses are already live
+        (`restore`, `from_exact_dump`): the changes made, every broker's BrokerData stale."""
         for cluster, names in state.clusters:
             self._clusters[cluster] = dict.fromkeys(names)
         for broker in state.brokers:
@@ -500,22 +510,19 @@ class RouteTable:
                 rec.addr_cluster[addr] = cluster
             self._broker_topics[broker.name] = set()
         for a in state.addresses:
-            self._live.restore(a.cluster, a.addr, now, a.timeout_ms, a.data_version, a.ha_addr,
-                               a.names, confirm_within_ms(a.cluster, a.addr, a.timeout_ms))
             if a.filter_servers:
                 self._filter_servers[(a.cluster, a.addr)] = list(a.filter_servers)
         self._order_conf.clear()
-        self._order_conf.update(state.order_conf if order_conf is None else order_conf)
+        self._order_conf.update(order_conf)
         for name in self._brokers:
             self._reweigh(name)
         ch = Changes()
-        ch.structural = True
         ch.stale_brokers.update(self._brokers)
         queues = [QueueData(*value) for value in state.queue_values]
         for topic, numbers in state.topics:
             for number in numbers:
                 self._set_queue(topic, queues[number], ch)
-        self._commit(ch)
+        return ch
 
     def check_invariants(self) -> None:
         """Raise AssertionError naming the first rule the table's records break.
@@ -579,20 +586,13 @@ class RouteTable:
     # --- a replica's state (zns.core.state_dump) ----------------------------
 
     def exact_dump(self) -> TableDump:
-        """Everything the table decides from, exactly, in its own orders: what a replica
-        loads (a warm restart keeps less)."""
+        """Everything the table decides from, exactly: its state as `dump` gives it (a warm
+        restart keeps only that), with the epoch, the revisions and each address's times."""
+        state = self.dump()
         revision, topic_revisions, removed_revisions = self._revisions.dump()
-        return TableDump(
-            epoch=self.epoch, revision=revision,
-            clusters=[(cluster, list(names)) for cluster, names in self._clusters.items()],
-            brokers=[BrokerDump(rec.name, rec.cluster, rec.zone,
-                                [(i, a, rec.addr_cluster[a]) for i, a in rec.addrs.items()])
-                     for rec in self._brokers.values()],
-            addresses=self._live.dump(),
-            filter_servers=[(c, a, list(servers)) for (c, a), servers in self._filter_servers.items()],
-            queues=[(topic, list(by_broker.values())) for topic, by_broker in self._queues.items()],
-            order_conf=list(self._order_conf.items()), topic_revisions=topic_revisions,
-            removed_revisions=removed_revisions)
+        return TableDump(state=state, epoch=self.epoch, revision=revision,
+                         clocks=self._live.clocks(), topic_revisions=topic_revisions,
+                         removed_revisions=removed_revisions)
 
     @classmethod
     def from_exact_dump(cls, dump: TableDump) -> RouteTable:
@@ -600,25 +600,8 @@ class RouteTable:
         dumped table does. Routes, weights, interned queue data, the topic index and the
         BrokerData are rebuilt from the records."""
         table = cls(dump.epoch)
-        for cluster, names in dump.clusters:
-            table._clusters[cluster] = dict.fromkeys(names)
-        for broker in dump.brokers:
-            rec = table._brokers[broker.name] = BrokerRecord(broker.cluster, broker.name, broker.zone)
-            for broker_id, addr, cluster in broker.addrs:
-                rec.addrs[broker_id] = addr
-                rec.addr_cluster[addr] = cluster
-            table._broker_topics[broker.name] = set()
-        table._live.load(dump.addresses)
-        for cluster, addr, servers in dump.filter_servers:
-            table._filter_servers[(cluster, addr)] = list(servers)
-        table._order_conf.update(dump.order_conf)
-        for name in table._brokers:
-            table._reweigh(name)
-        ch = Changes()
-        for topic, queues in dump.queues:
-            for queue in queues:
-                table._set_queue(topic, queue, ch)
-        ch.stale_brokers.update(table._brokers)
+        table._live.load(dump.state.addresses, dump.clocks)
+        ch = table._take_records(dump.state, dict(dump.state.order_conf))
         table._builder.refresh(ch.stale_brokers)
         lists = SharedLists()
         table._revisions.load(dump.revision, dump.topic_revisions, dump.removed_revisions,

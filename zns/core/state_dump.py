@@ -3,12 +3,12 @@
 
 Exact, for a replica: everything the state machine decides from, so that a machine
 loaded from a dump answers every later command as the dumped one does -- the same
-replies, events, revisions and dumps. Each list keeps the order its table holds,
-because the remoting bodies reproduce Java's hash table iteration from insertion
-orders (zns.core.remoting.javaorder). Routes, the weight ledger, the interned queue
-data, the topic index and the cached BrokerData are derived, so they are rebuilt,
-not written. Times are the monotonic milliseconds of the process that dumped: a
-dump is loaded by a replica of the same run, on the same clock.
+replies, events, revisions and dumps. The route table's records are the one encoding
+of them a warm restart's dump holds too (zns.core.table_state: each list in the order
+the table holds it, the queue data interned); a replica's dump adds what a restart
+drops: the epoch, the revisions and each address's times. Times are the monotonic
+milliseconds of the process that dumped: a dump is loaded by a replica of the same
+run, on the same clock.
 
 Sans-I/O; array-like structs, so a dump is small.
 """
@@ -17,45 +17,26 @@ from __future__ import annotations
 
 from msgspec import Struct
 
-from zns.core.schema import DataVersion, QueueData
+from zns.core.table_state import TableState
 
 
-class AddressDump(Struct, array_like=True, frozen=True):
-    """One live (cluster, address): zns.core.liveness.Liveness without its heap entry."""
+class AddressClock(Struct, array_like=True, frozen=True):
+    """One address's times: zns.core.liveness.Liveness's, without its heap entry."""
 
-    cluster: str
-    addr: str
     last_heartbeat: int
-    timeout_ms: int
-    data_version: DataVersion
-    ha_addr: str
-    names: list[str]  # the broker names listing it, sorted
     suspect_deadline: int | None
     stall_credit: int
     confirm_by: int | None  # restored by a warm restart and not heard since (zns.core.warm)
 
 
-class BrokerDump(Struct, array_like=True, frozen=True):
-    """One broker name: BrokerData.cluster, its zone, and (id, address, the address's
-    cluster) in the order the ids were taken."""
-
-    name: str
-    cluster: str
-    zone: str
-    addrs: list[tuple[int, str, str]]
-
-
 class TableDump(Struct, array_like=True, frozen=True):
-    """The route table (zns.core.routes.RouteTable), each list in the table's own order."""
+    """The route table (zns.core.routes.RouteTable) exactly: its records as a warm dump
+    holds them, and what a replica needs besides."""
 
+    state: TableState
     epoch: str
     revision: int
-    clusters: list[tuple[str, list[str]]]  # cluster -> its broker names, as they joined
-    brokers: list[BrokerDump]  # as the names were first registered
-    addresses: list[AddressDump]  # as they were first registered
-    filter_servers: list[tuple[str, str, list[str]]]  # (cluster, address, its servers)
-    queues: list[tuple[str, list[QueueData]]]  # topic -> its queue data, names as they came
-    order_conf: list[tuple[str, str]]  # topic -> its ORDER_TOPIC_CONFIG value
+    clocks: list[AddressClock]  # one for each of state.addresses, in that order
     topic_revisions: list[tuple[str, int]]  # topics with a route: their last change
     removed_revisions: list[tuple[str, int]]  # recently removed topics, oldest first
 

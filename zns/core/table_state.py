@@ -1,4 +1,9 @@
-"""The route table's state as plain values: what `RouteTable.dump` gives and `restore` takes.
+"""The route table's records as plain values: the one encoding of them, in both dumps.
+
+`RouteTable.dump` (or `dump_in_steps`, between the loop's passes) gives it. A warm
+restart's dump is it alone (zns.core.warm; `RouteTable.restore` takes it, through the
+state machine's `Restore`); a replica's dump (zns.core.state_dump,
+`RouteTable.exact_dump`/`from_exact_dump`) is it and what a restart drops.
 
 Everything the table decides from, and nothing it derives: broker names with their
 addresses, ids and clusters, zones, each address's timeout, DataVersion, HA address
@@ -7,10 +12,11 @@ the order the table holds it, because the remoting bodies reproduce Java's hash
 table iteration from insertion orders (zns.core.remoting.javaorder). Routes,
 revisions, the weight ledger and the cached BrokerData are rebuilt from these.
 
-Not here: when each address was last heard (a monotonic time of another process
+Not here (a replica's dump adds them; a warm restart drops them): when each address
+was last heard, suspicions and stall credit (a monotonic time of another process
 means nothing after a restart: a restored address is given a confirmation period
-instead, see `RouteTable.restore`), suspicions and stall credit, the revisions and
-the epoch (a restored table starts a new history: zns.core.warm says why).
+instead, see `RouteTable.restore`), the revisions and the epoch (a restored table
+starts a new history: zns.core.warm says why).
 
 The structs are array-like and the queue data interned (most topics of a broker
 share one configuration), so a dump is small: bench/results.md has the figures.
