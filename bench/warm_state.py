@@ -5,7 +5,8 @@ In process, for two shapes of the table (each topic on 2 brokers, as bench/scale
 builds it, and on 10): the dump's size; the loop's share of making it (steps of
 DUMP_STEP_WORK queue entries: their number, median and largest); the writer thread's
 share (encode, write, fsync, rename); and what a start pays to read it back (decode,
-check, restore). Then with real processes: `zns serve` holding the 10-broker shape is
+check, restore); a worker replica's state transfer of the same table (its size, dump and
+load). Then with real processes: `zns serve` holding the 10-broker shape is
 killed with SIGKILL and started again on the same files, and the time from the new
 process's start to its first `get_route` answer is taken, and its own `restored` line.
 Not part of `make bench`: a manual measurement, recorded in bench/results.md.
@@ -30,6 +31,7 @@ import zmq
 from zns.core import schema, warm
 from zns.core.schema import DataVersion, RegisterBroker, TopicConfig
 from zns.core.service import NameService
+from zns.core.state import StateMachine
 from zns.drivers import state_file
 from zns.drivers.kv_file import KvStore
 
@@ -75,6 +77,24 @@ def in_process(per_topic: int, rounds: int, tmp: Path) -> None:
           f"{size / 1024:,.0f} KiB | {per_round} steps of CPU median {statistics.median(steps):.2f} ms, "
           f"largest {max(steps):.2f} ms; {statistics.median(loop_ms):.1f} ms in all | "
           f"{statistics.median(thread_ms):.1f} ms | {statistics.median(start_ms):.0f} ms |")
+
+
+def replica(per_topic: int, rounds: int) -> None:
+    """A worker replica's state transfer of the same table (zns.core.state_dump): its size,
+    and the CPU time of `StateMachine.dump` and `StateMachine.load`."""
+    service = NameService(KvStore(None), epoch="e", started_at_ms=0)
+    for req in registrations(per_topic):
+        service.execute(req, 1000)
+    dump_ms, load_ms, data = [], [], b""
+    for _ in range(rounds):
+        began = time.thread_time()
+        data = service.state.dump()
+        dumped = time.thread_time()
+        StateMachine.load(data, KvStore(None))
+        dump_ms.append((dumped - began) * 1000)
+        load_ms.append((time.thread_time() - dumped) * 1000)
+    print(f"| {per_topic} brokers a topic | {len(data) / 1024:,.0f} KiB | "
+          f"{statistics.median(dump_ms):.1f} ms | {statistics.median(load_ms):.0f} ms |")
 
 
 def restart(rounds: int, tmp: Path) -> None:
@@ -143,6 +163,10 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for per_topic in (2, 10):
         in_process(per_topic, args.rounds, tmp)
+    print("\n| a replica's state transfer | dump | StateMachine.dump (CPU) | .load (CPU) |")
+    print("|---|---|---|---|")
+    for per_topic in (2, 10):
+        replica(per_topic, args.rounds)
     (tmp / "restart").mkdir()
     restart(args.rounds, tmp / "restart")
 
