@@ -108,6 +108,11 @@ def _split(out: dict[str, list[float]], key: str, p: zns_agent.Probe, topic: str
         # this one's, so this change has no read time of its own to split by.
         return "folded into the pull of an event read {:.0f} ms earlier".format(event_at * 1000 - read_ms)
     parts = (read_ms - event_at * 1000, pull_ms, seen_ms - read_ms - pull_ms)
+    if parts[2] < 0:
+        # The probe saw the change before the agent's line says the pull ended: the pull's
+        # end is timed after the client's call returns (its tables were updated earlier), on
+        # a clock of whole milliseconds. The three parts do not add up: no split this trial.
+        return "the probe saw it {:.1f} ms before the pull's logged end".format(-parts[2])
     for suffix, v in zip(("_read", "_pull", "_rest"), parts):
         out.setdefault(key + suffix, []).append(v)
     return "event→agent {:.0f} ms, client's pull {:.0f} ms, rest {:.0f} ms".format(*parts)

@@ -68,7 +68,7 @@ def test_suspicion_shortens_the_deadline_to_last_heartbeat_plus_grace():
 def test_suspicion_never_lengthens_a_deadline():
     table = RouteTable("e" * 16)
     register(table, now=0, timeout_ms=2000)
-    assert table.suspect("c1", ADDR, 5000) is False  # its own timeout is sooner
+    assert table.suspect("c1", ADDR, 5000, now=0) is False  # its own timeout is sooner
     assert table.next_deadline() == 2000
     [event] = removed(table.expire(2001))
     assert event.reason == "expired"
@@ -77,17 +77,17 @@ def test_suspicion_never_lengthens_a_deadline():
 def test_a_second_hint_never_lengthens_the_first():
     table = RouteTable("e" * 16)
     register(table, now=0, timeout_ms=2000)
-    assert table.suspect("c1", ADDR, 1000) is True
-    assert table.suspect("c1", ADDR, 5000) is False
+    assert table.suspect("c1", ADDR, 1000, now=0) is True
+    assert table.suspect("c1", ADDR, 5000, now=0) is False
     assert table.next_deadline() == 1000
-    assert table.suspect("c1", ADDR, 500) is True
+    assert table.suspect("c1", ADDR, 500, now=0) is True
     assert table.next_deadline() == 500
 
 
 def test_a_heartbeat_clears_the_suspicion():
     table = RouteTable("e" * 16)
     register(table, now=0)
-    table.suspect("c1", ADDR, GRACE)
+    table.suspect("c1", ADDR, GRACE, now=0)
     known, _ = table.heartbeat("c1", "broker-a", ADDR, DataVersion(), now=2000)
     assert known
     assert table.next_deadline() == 62_000  # its own timeout again, from the heartbeat
@@ -97,7 +97,7 @@ def test_a_heartbeat_clears_the_suspicion():
 def test_a_registration_clears_the_suspicion():
     table = RouteTable("e" * 16)
     register(table, now=0)
-    table.suspect("c1", ADDR, GRACE)
+    table.suspect("c1", ADDR, GRACE, now=0)
     register(table, now=2000)
     assert table.next_deadline() == 62_000
     assert table.expire(10_000) == []
@@ -107,8 +107,8 @@ def test_a_hint_for_an_unknown_broker_is_ignored():
     table = RouteTable("e" * 16)
     register(table, now=0)
     revision = table.revision
-    assert table.suspect("c1", "10.9.9.9:10911", GRACE) is False
-    assert table.suspect("other-cluster", ADDR, GRACE) is False  # liveness is per (cluster, addr)
+    assert table.suspect("c1", "10.9.9.9:10911", GRACE, now=0) is False
+    assert table.suspect("other-cluster", ADDR, GRACE, now=0) is False  # liveness is per (cluster, addr)
     assert table.next_deadline() == 60_000
     assert table.revision == revision
 
@@ -125,7 +125,7 @@ def test_a_hint_after_a_long_silence_expires_a_quarter_timeout_after_the_hint():
 def test_own_timeout_passing_first_is_reported_as_expired():
     table = RouteTable("e" * 16)
     register(table, now=0, timeout_ms=2000)
-    table.suspect("c1", ADDR, 1500)
+    table.suspect("c1", ADDR, 1500, now=0)
     [event] = removed(table.expire(5000))  # the loop was late: both deadlines passed
     assert event.reason == "expired"
 
@@ -133,7 +133,7 @@ def test_own_timeout_passing_first_is_reported_as_expired():
 def test_a_stall_moves_suspicion_deadlines_too():
     table = RouteTable("e" * 16)
     register(table, now=0, timeout_ms=8000)
-    table.suspect("c1", ADDR, GRACE)
+    table.suspect("c1", ADDR, GRACE, now=0)
     table.shift_deadlines(10_000)
     assert table.next_deadline() == 10_000 + GRACE
     assert table.expire(10_000 + GRACE) == []
