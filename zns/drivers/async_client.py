@@ -20,7 +20,7 @@ import zmq.asyncio
 from zns.core.client_session import ClientSession
 from zns.core.queues import MessageQueue, QueueSelector, read_queues, write_queues
 from zns.core.schema import TopicRoute
-from zns.drivers.client_base import ClientDriver
+from zns.drivers.client_base import ClientDriver, DriverClient
 
 _EMPTY = object()  # a `_Latest` with nothing new
 _FORGOTTEN = object()  # the topic is no longer followed: the iterator ends
@@ -49,7 +49,7 @@ class _Latest:
         return value
 
 
-class AsyncRouteClient:
+class AsyncRouteClient(DriverClient):
     """`async with AsyncRouteClient(addrs) as client:` then `await client.route(topic)`
     or `async for route in client.watch(topic)` (the current route, then changes;
     None when the topic has no route). Durations are in seconds. `events` (or
@@ -83,31 +83,6 @@ class AsyncRouteClient:
         self._wakeup = asyncio.Event()
         self._changed = asyncio.Event()  # set (and replaced) after every pass of the loop
         self._task: asyncio.Task[None] | None = None
-
-    @property
-    def session(self) -> ClientSession:
-        return self._session
-
-    @property
-    def selector(self) -> QueueSelector:
-        return self.driver.selector
-
-    @property
-    def timeout(self) -> float:
-        return self.driver.timeout
-
-    @property
-    def failure(self) -> BaseException | None:
-        """The exception that ended the background task (None while it runs)."""
-        return self.driver.failure
-
-    def forget(self, topic: str) -> None:
-        """Stop following `topic`: no more pulls or events of it; its watches end."""
-        self.driver.forget(topic)
-
-    def report_latency(self, broker_name: str, latency_ms: float, failed: bool = False) -> None:
-        """Feed the latency fault avoidance (used when `fault_tolerance=True`)."""
-        self.driver.report_latency(broker_name, latency_ms, failed)
 
     def watching(self, topic: str) -> int:
         """How many `watch` iterators follow `topic` now."""

@@ -152,6 +152,37 @@ class SessionSockets:
             sock.close(0)
 
 
+class DriverClient:
+    """What both clients publish of the `ClientDriver` they hold as `driver`, forwarded."""
+
+    driver: ClientDriver
+
+    @property
+    def session(self) -> ClientSession:
+        return self.driver.session
+
+    @property
+    def selector(self) -> QueueSelector:
+        return self.driver.selector
+
+    @property
+    def timeout(self) -> float:
+        return self.driver.timeout
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The exception that ended the background thread or task (None while it runs)."""
+        return self.driver.failure
+
+    def forget(self, topic: str) -> None:
+        """Stop following `topic`: no more pulls or events of it; its watches end."""
+        self.driver.forget(topic)
+
+    def report_latency(self, broker_name: str, latency_ms: float, failed: bool = False) -> None:
+        """Feed the latency fault avoidance (used when `fault_tolerance=True`)."""
+        self.driver.report_latency(broker_name, latency_ms, failed)
+
+
 class ClientDriver:
     """The session, the queue selector, the sockets and the clock of one client, and the
     action loop both clients run.

@@ -19,11 +19,11 @@ import zmq
 from zns.core.client_session import ClientSession
 from zns.core.queues import MessageQueue, QueueSelector, read_queues, write_queues
 from zns.core.schema import TopicRoute
-from zns.drivers.client_base import ClientDriver, RouteCallback, log
+from zns.drivers.client_base import ClientDriver, DriverClient, RouteCallback, log
 from zns.drivers.sockets import Waker
 
 
-class RouteClient:
+class RouteClient(DriverClient):
     """Routes of topics from a list of NameServers, kept current by pushed events.
 
     `route(topic)` answers from the local cache and pulls on a miss;
@@ -76,31 +76,6 @@ class RouteClient:
         self._thread.start()
 
     # --- the API ---------------------------------------------------------
-
-    @property
-    def session(self) -> ClientSession:
-        return self._session
-
-    @property
-    def selector(self) -> QueueSelector:
-        return self.driver.selector
-
-    @property
-    def timeout(self) -> float:
-        return self.driver.timeout
-
-    @property
-    def failure(self) -> BaseException | None:
-        """The exception that ended the background thread (None while it runs)."""
-        return self.driver.failure
-
-    def forget(self, topic: str) -> None:
-        """Stop following `topic`: no more pulls or events of it; its watchers end."""
-        self.driver.forget(topic)
-
-    def report_latency(self, broker_name: str, latency_ms: float, failed: bool = False) -> None:
-        """Feed the latency fault avoidance (used when `fault_tolerance=True`)."""
-        self.driver.report_latency(broker_name, latency_ms, failed)
 
     def route(self, topic: str, timeout: float | None = None) -> TopicRoute:
         """The route of `topic`; raises NotFound when it has none, NameServerUnavailable."""
