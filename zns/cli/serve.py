@@ -17,6 +17,7 @@ from zns.core.errors import ConfigError
 from zns.drivers.logs import configure_logging
 from zns.drivers.security import write_keypair
 from zns.drivers.server import Server
+from zns.drivers.state_process import StateProcess
 from zns.drivers.supervisor import supervise
 
 log = logging.getLogger("zns")
@@ -37,6 +38,13 @@ def serve(config: ServerConfig) -> None:
 
 
 def _serve(config: ServerConfig) -> None:
+    if config.workers:
+        try:
+            process = StateProcess(config)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from exc
+        process.run()
+        return
     try:
         server = Server(config)
     except ConfigError as exc:

@@ -133,6 +133,9 @@ class Logging(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise InvalidSetting(setting.name, str(exc)) from None
 
 
+MAX_WORKERS = 64
+
+
 class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
     """`zns serve`: a NameServer's sockets, peers, limits, keys and listeners."""
 
@@ -246,6 +249,12 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
     supervise: Annotated[bool, _doc(
         "Run the server in a child process and start a new one when it dies of a signal: "
         "libzmq 4.3.5 can be made to abort it (docs/operations.md). Needs fixed ports.")] = False
+    workers: Annotated[int, Meta(ge=0, le=MAX_WORKERS), _doc(
+        "Serve ZNS/1 from this many worker processes (0: one process, as before). With 1 or "
+        "more, this process becomes the state process: it holds the routes, the KV store and "
+        "the expiry, opens no port, and keeps this many workers alive; each worker binds the "
+        "request and events ports (SO_REUSEPORT) and answers from a replica "
+        "(docs/operations.md, Workers).", metavar="N")] = 0
 
     def __post_init__(self) -> None:
         if self.rocketmq:  # before the checks: the values they check are these
@@ -259,6 +268,17 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
                     raise InvalidSetting(name, NEEDS_CURVE)
             if self.clients != "any":
                 raise InvalidSetting("clients", NEEDS_CURVE)
+        if self.workers:
+            for name in ("remoting", "metrics", "peers"):
+                if getattr(self, name):
+                    raise InvalidSetting("workers", f"--{name} is not served by workers yet: "
+                                         "use --workers 0")
+            if self.supervise:
+                raise InvalidSetting("workers", "the state process replaces its workers itself: "
+                                     "drop --supervise")
+            for name in ("router", "pub"):
+                if not getattr(self, name).startswith("tcp://"):
+                    raise InvalidSetting(name, "workers share a port: it must be tcp://")
         if self.supervise and self._any_port():
             raise InvalidSetting("supervise", "a new server must bind the same ports: the port "
                                  f"of {', '.join(self._any_port())} must not be * or 0")

@@ -307,6 +307,9 @@ class StatusReply(Reply, tag="status"):
     peers: dict[str, bool] = {}
     # zns extension (optional field): the RocketMQ remoting listener as bound ("" when off).
     remoting: str = ""
+    # zns extension (optional field): the worker process that answered (1..N under
+    # `zns serve --workers N`); UNSET (not encoded) from a single process.
+    worker: int | UnsetType = UNSET
 
 
 class WipeWritePermReply(Reply, tag="wipe_write_perm"):

@@ -294,6 +294,15 @@ class NameService:
         2,000 rebuilds of routes of up to 2,000 brokers each, one at a time)."""
         return self.apply(CloseConnections(connections=list(connections)))[1]
 
+    def load_state(self, dump: bytes, kv: KvBackend) -> None:
+        """Replace the whole state with `dump` (StateMachine.dump), over the empty `kv`: a
+        worker's replica loading a state transfer. The epoch becomes the dump's; the route
+        encodings and the snapshot cache start empty."""
+        self.state = StateMachine.load(dump, kv, limits=self.state.limits)
+        self.table, self.kv, self.epoch = self.state.table, kv, self.state.table.epoch
+        self.encoded = EncodedRoutes(self.table.route, lambda route: self._exact(route))
+        self._snapshot_routes = (-1, Raw(b""))
+
     def tied_connection(self, cluster: str, addr: str, name: str) -> int | None:
         """The remoting connection that registered this broker address under this name
         (None: registered over ZNS/1, or not held)."""

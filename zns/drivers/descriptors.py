@@ -78,7 +78,8 @@ class Listener:
     """One zmq socket bound through a listening TCP socket of ours, and its monitor."""
 
     def __init__(self, sock: zmq.Socket, endpoint: str,
-                 on_event: Callable[[int, int], None] | None = None, events: int = 0) -> None:
+                 on_event: Callable[[int, int], None] | None = None, events: int = 0,
+                 *, reuse_port: bool = False) -> None:
         self.sock = sock
         # Other monitor events (event, value) go here: a socket has one monitor only.
         self.on_event = on_event
@@ -86,7 +87,8 @@ class Listener:
         scheme, _, address = endpoint.partition("://")
         if scheme == "tcp":
             host, _, port = address.rpartition(":")
-            self.listening = listen_tcp(host, 0 if port in ("*", "0") else int(port))
+            self.listening = listen_tcp(host, 0 if port in ("*", "0") else int(port),
+                                        reuse_port=reuse_port)
             sock.setsockopt(zmq.USE_FD, self.listening.fileno())
             host, port = self.listening.getsockname()[:2]
             shown = url_host(host)
@@ -129,12 +131,15 @@ class DescriptorGuard:
         return self.pause.limit
 
     def bind(self, sock: zmq.Socket, endpoint: str,
-             on_event: Callable[[int, int], None] | None = None, events: int = 0) -> Listener:
+             on_event: Callable[[int, int], None] | None = None, events: int = 0,
+             *, reuse_port: bool = False) -> Listener:
         """Bind `sock` to `endpoint` (OSError or zmq.ZMQError when it cannot be).
 
         `events` more monitor events of `sock` are handed to `on_event(event, value)`.
+        `reuse_port`: SO_REUSEPORT, so that the workers of one state process listen on
+        one port together (the kernel spreads new connections over them).
         """
-        listener = Listener(sock, endpoint, on_event, events)
+        listener = Listener(sock, endpoint, on_event, events, reuse_port=reuse_port)
         self.listeners.append(listener)
         return listener
 
@@ -309,19 +314,26 @@ def _open_descriptors() -> int:
         return 1 << 30
 
 
-def listen_tcp(host: str, port: int) -> socket.socket:
-    """A non-blocking listening TCP socket on host:port (`*`, empty or 0.0.0.0: every IPv4
-    address; port 0: any free one). OSError when it cannot be bound."""
+def tcp_address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int]]:
+    """The family and address `listen_tcp` binds for host:port."""
     host = host.strip("[]")
     if host in ("*", "", "0.0.0.0"):
-        family, address = socket.AF_INET, ("0.0.0.0", port)
-    elif ":" in host:
-        family, address = socket.AF_INET6, (host, port)
-    else:
-        family, address = socket.AF_INET, (socket.gethostbyname(host), port)
+        return socket.AF_INET, ("0.0.0.0", port)
+    if ":" in host:
+        return socket.AF_INET6, (host, port)
+    return socket.AF_INET, (socket.gethostbyname(host), port)
+
+
+def listen_tcp(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A non-blocking listening TCP socket on host:port (`*`, empty or 0.0.0.0: every IPv4
+    address; port 0: any free one); with SO_REUSEPORT if `reuse_port`. OSError when it
+    cannot be bound."""
+    family, address = tcp_address(host, port)
     listening = socket.socket(family, socket.SOCK_STREAM)
     try:
         listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         listening.bind(address)
         listening.listen(socket.SOMAXCONN)
         listening.setblocking(False)

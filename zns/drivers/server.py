@@ -16,7 +16,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 import zmq
@@ -89,8 +89,17 @@ class Server:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         context: zmq.Context | None = None,
+        service: NameService | None = None,
+        reuse_port: bool = False,
+        extra_sources: Sequence[Source] = (),
     ) -> None:
+        """`service`, `reuse_port` and `extra_sources`: a worker's (zns.drivers.worker): its
+        replica's service instead of a new one (no KV file, no state dump restored), the
+        ports bound with SO_REUSEPORT beside the other workers', and its replication
+        channel as one more source of the loop."""
         self.config = config
+        self._reuse_port = reuse_port
+        extra = list(extra_sources)
         self._clock = clock
         self._wall_clock = wall_clock
         self.security: Security | None = None
@@ -111,13 +120,16 @@ class Server:
         self.descriptor_limit = raise_descriptor_limit()
         self.descriptors = DescriptorGuard(self.descriptor_limit)
         install_repeat_filter(log)
-        self.service = NameService(
+        self.service = service or NameService(
             KvStore(config.kv_path), epoch=new_epoch(), started_at_ms=self._now(), version=__version__,
             authorize=self.security.authorize if self.security else None, limits=config.limits,
             max_reply_bytes=self.reply_budget.burst,
             key_name=self.security.key_name if self.security else None,
             address_of=peer_address,
         )
+        if service is not None:
+            service.authorize = self.security.authorize if self.security else None
+            service.max_reply_bytes = self.reply_budget.burst
         self.state: state_file.StateWriter | None = None
         # A RocketMQ client or a mismatched ZeroMQ client at the request port: one warning.
         self.handshakes = HandshakeLog(
@@ -145,7 +157,8 @@ class Server:
         self.metrics: MetricsServer | None = None
         self.loop: Loop | None = None
         try:
-            self.state = self._restore_state(config)  # before anything is served
+            if service is None:
+                self.state = self._restore_state(config)  # before anything is served
             self._configure_sockets()
             self.router_endpoint = self._bind(self.router, config.router,
                                               self.handshakes.on_event, HANDSHAKE_EVENTS)
@@ -178,7 +191,7 @@ class Server:
                 sources.append(self.remoting)
             if self.state is not None:
                 sources.append(self.state)
-            sources += [self.peers, self.heap, self.outbox]
+            sources += [*extra, self.peers, self.heap, self.outbox]
             self.loop = Loop(sources, clock=self._now, stall=self.timers, poll=PollSet(),
                              urgent=[timers, self.outbox])
             if config.metrics:
@@ -385,7 +398,8 @@ class Server:
     def _bind(self, sock: zmq.Socket, endpoint: str,
               on_event: Callable[[int, int], None] | None = None, events: int = 0) -> str:
         with configured(f"cannot bind {endpoint}: "):
-            listener = self.descriptors.bind(sock, endpoint, on_event, events)
+            listener = self.descriptors.bind(sock, endpoint, on_event, events,
+                                             reuse_port=self._reuse_port)
         bound = listener.endpoint
         if sock is self.pub:
             self.subscribers.bound(listener.listening, bound)

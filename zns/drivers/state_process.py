@@ -1,0 +1,366 @@
+"""The state process of `zns serve --workers N`: the only writer, with no public port.
+
+It owns what a single process owns, except the sockets: the state machine (in
+a `NameService`), the KV file, the expiry and stall timers, the warm-state
+writer. Every command its state machine applies (a forwarded write, an expiry
+step, a stall shift) is numbered and sent to every worker
+(`zns.core.replication.Primary` behind `PrimaryLink`). It forks the workers
+(zns.drivers.worker) and keeps N of them alive (`zns.core.workers.WorkerPool`):
+one that dies is out of the commit fence at once (its channel reads EOF) and
+replaced.
+
+The public ports: the state process resolves a configured port of `*` or 0 to
+one free port, and holds that port for as long as it runs with a TCP socket
+bound with SO_REUSEPORT and never listening (so no connection can reach it,
+and a worker started later binds the same port). Its channels to the workers
+are unnamed socketpairs. So no outside peer can reach this process at all, and
+none of libzmq's aborts can take the routes down: the state process speaks no
+ZMTP.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Sequence
+
+import msgspec
+import zmq
+
+from zns import __version__
+from zns.core import warm
+from zns.core.errors import BadRequest, EndpointError, ErrorReply, Internal
+from zns.core.replication import Primary
+from zns.core.schema import encode
+from zns.core.service import Frames, NameService
+from zns.core.state import AnyCommand, Outcome, Write, decode_command
+from zns.core.timers import ServerTimers
+from zns.core.config import ServerConfig
+from zns.core.workers import StartWorker, StopWorker, WorkerPool
+from zns.drivers import state_file
+from zns.drivers.descriptors import tcp_address
+from zns.drivers.kv_file import KvStore
+from zns.drivers.loop import Loop, PollSet, Ready, Source
+from zns.drivers.replication_link import PrimaryLink, fork_worker
+from zns.drivers.server import new_epoch
+from zns.drivers.sockets import Waker
+from zns.drivers.worker import WriteAnswer, worker_main
+
+log = logging.getLogger("zns")
+
+STOP_GRACE_S = 5.0  # workers still alive this long after SIGTERM get SIGKILL
+_encode = msgspec.msgpack.encode
+
+
+class PrimaryService(NameService):
+    """The state process's NameService: each command applied is replicated."""
+
+    link: PrimaryLink | None = None
+
+    def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
+        result = super().apply(command)  # a refused command raises: nothing to replicate
+        link = self.link
+        if link is not None:
+            now = _now()
+            link.append(_encode(command), now)
+            link.flush(now)
+        return result
+
+
+def execute(service: PrimaryService, request: bytes, now: int) -> tuple[None, bytes]:
+    """A worker's forwarded write: applied here (and so replicated); the answer its worker
+    replies from once its replica has applied it."""
+    try:
+        command = decode_command(request)
+        if type(command) is not Write:
+            raise BadRequest(f"a worker forwarded a {type(command).__name__}, not a write")
+    except (msgspec.DecodeError, BadRequest) as exc:
+        log.error("a worker forwarded something unreadable: %s", exc)
+        return None, _encode(WriteAnswer(error=Internal("see the server log").reply(0)))
+    rid = command.request.id
+    try:
+        outcome, _ = service.write(command.request, now, command.connection)
+    except ErrorReply as exc:
+        if isinstance(exc, Internal):
+            log.error("internal error on %s: %s", type(command.request).__name__, exc)
+        return None, _encode(WriteAnswer(error=exc.reply(rid)))
+    except Exception:
+        log.exception("bug while applying a forwarded %s", type(command.request).__name__)
+        return None, _encode(WriteAnswer(error=Internal("internal error; see the server log")
+                                         .reply(rid)))
+    reply, outcome.reply, outcome.events = outcome.reply, None, []  # events: each replica's
+    return None, _encode(WriteAnswer(outcome=outcome, reply=encode(reply)))
+
+
+def reserve_port(endpoint: str) -> tuple[str, socket.socket]:
+    """`endpoint` (tcp://host:port) with a port of `*` or 0 made a free port, and the
+    socket that holds it: bound with SO_REUSEPORT, never listening."""
+    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    family, address = tcp_address(host, 0 if port in ("*", "0") else int(port))
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return f"tcp://{host}:{sock.getsockname()[1]}", sock
+
+
+class StateProcess:
+    """Made in the process that becomes the state process; `run()` until SIGTERM/SIGINT."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self._reserved: list[socket.socket] = []
+        try:
+            router, sock = reserve_port(config.router)
+            self._reserved.append(sock)
+            pub, sock = reserve_port(config.pub)
+            self._reserved.append(sock)
+        except OSError as exc:
+            self.close()
+            raise EndpointError(f"cannot bind {config.router} or {config.pub}: {exc}") from exc
+        self.config = msgspec.structs.replace(config, router=router, pub=pub)
+        self._stopping = False
+        self.waker = Waker()
+        now = self._now()
+        self.service = PrimaryService(KvStore(config.kv_path), epoch=new_epoch(),
+                                      started_at_ms=now, version=__version__,
+                                      limits=config.limits)
+        self.state = self._restore_state()
+        self.link = PrimaryLink(Primary(now=now),
+                                dump=self.service.state.dump,
+                                execute=lambda worker, request: execute(
+                                    self.service, request, self._now()),
+                                dropped=self._dropped)
+        self.service.link = self.link
+        self.pool = WorkerPool(config.workers, now=now)
+        self.slots: dict[int, int] = {}  # pid -> slot
+        self.pids: dict[int, int] = {}  # channel (PrimaryLink's worker id) -> pid
+        self.timers = ServerTimers(self.service, now=now, heartbeat_interval_ms=round(
+            config.heartbeat_interval_s * 1000))
+        sources: list[Source] = [_Pool(self), _Expiry(self.timers), _Links(self.link)]
+        if self.state is not None:
+            sources.append(self.state)
+        self.loop = Loop(sources, clock=self._now, stall=self.timers, poll=PollSet())
+
+    def run(self) -> None:
+        previous = {sig: signal.getsignal(sig)
+                    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)}
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop())
+            signal.signal(signal.SIGCHLD, lambda *_: self.waker.wake())
+            old_fd = signal.set_wakeup_fd(self.waker.fileno())
+        log.info("zns state process (pid %d, epoch %s): %d workers serve requests on %s, "
+                 "events on %s", os.getpid(), self.service.epoch, self.config.workers,
+                 self.config.router, self.config.pub)
+        try:
+            self.carry_out(self._now())  # the first workers
+            self.loop.run(lambda: self._stopping)
+        finally:
+            try:
+                self._stop_workers()
+                if self.state is not None:
+                    self.state.write_now()
+            finally:
+                if in_main:
+                    signal.set_wakeup_fd(old_fd)
+                    for sig, handler in previous.items():
+                        signal.signal(sig, handler)
+                self.close()
+                log.info("zns state process stopped")
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.waker.wake()
+
+    def close(self) -> None:
+        for sock in self._reserved:
+            sock.close()
+        self._reserved.clear()
+        if hasattr(self, "link"):
+            self.link.close()
+
+    # --- workers --------------------------------------------------------
+
+    def start_worker(self, slot: int, now: int) -> None:
+        def main(channel: socket.socket) -> int:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for sock in self._reserved:
+                sock.close()
+            return worker_main(self.config, slot + 1, channel)
+
+        try:
+            pid, worker = fork_worker(self.link, main, now)
+        except OSError as exc:
+            log.error("cannot start worker %d: %s", slot + 1, exc)
+            self.pool.start_failed(slot, now)
+            return
+        self.slots[pid] = slot
+        self.pids[worker] = pid
+        self.pool.started(slot, pid, now)
+        log.info("worker %d started (pid %d, channel %d)", slot + 1, pid, worker)
+
+    def reap(self, now: int) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            slot = self.slots.pop(pid, None)
+            self.pids = {w: p for w, p in self.pids.items() if p != pid}
+            if slot is None:
+                continue
+            how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+                   else f"exit code {os.waitstatus_to_exitcode(status)}")
+            if not self.pool.stopping:
+                log.warning("worker %d (pid %d) died (%s); starting another", slot + 1, pid, how)
+            self.pool.exited(pid, now)
+
+    def carry_out(self, now: int) -> None:
+        for action in self.pool.actions():
+            match action:
+                case StartWorker(slot=slot):
+                    self.start_worker(slot, now)
+                case StopWorker(pid=pid):
+                    _kill(pid, signal.SIGTERM)
+
+    def _stop_workers(self) -> None:
+        self.pool.stop()
+        self.carry_out(self._now())
+        deadline = time.monotonic() + STOP_GRACE_S
+        while self.slots and time.monotonic() < deadline:
+            self.reap(self._now())
+            time.sleep(0.02)
+        for pid in list(self.slots):
+            _kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            self.slots.pop(pid)
+
+    def _dropped(self, worker: int, reason: str) -> None:
+        """A worker out of the fence must not answer another read: end it (the pool starts
+        another once it is reaped)."""
+        pid = self.pids.pop(worker, None)
+        if pid is not None:
+            _kill(pid, signal.SIGKILL)
+
+    def _restore_state(self) -> state_file.StateWriter | None:
+        config = self.config
+        path = state_file.state_path_for(config.state_path, config.kv_path)
+        if path is None:
+            return None
+        state_file.check_writable(path)
+        dump = state_file.load(path)
+        if dump is not None:
+            try:
+                warm.restore(self.service, dump, self._now())
+            except warm.CorruptDump as exc:
+                log.error("state dump %s ignored, starting with no routes: %s", path, exc)
+            else:
+                log.info("restored %d broker names and %d topics from %s",
+                         self.service.table.broker_count(), self.service.table.topic_count(),
+                         path)
+        return state_file.StateWriter(path, self.service, wake=self.waker.wake, clock=self._now,
+                                      wall_ms=lambda: round(time.time() * 1000))
+
+    @staticmethod
+    def _now() -> int:
+        return _now()
+
+
+def _now() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError as exc:
+        if exc.errno != errno.ESRCH:
+            raise
+
+
+class _Expiry:
+    """The expiry steps (replicated as commands); the `hb` events are each worker's."""
+
+    what = "running timers"
+
+    def __init__(self, timers: ServerTimers) -> None:
+        self.timers = timers
+
+    def attach(self, poll: PollSet) -> None:
+        pass
+
+    def next_deadline(self, now: int) -> int | None:
+        return self.timers.next_deadline()
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        self.timers.on_timer(now, 0)  # the events (encoded lazily) are the workers' to publish
+
+
+class _Links:
+    """Every worker's channel: what they sent, and writing what is pending."""
+
+    what = "replicating"
+
+    def __init__(self, link: PrimaryLink) -> None:
+        self._link = link
+        self._poll: PollSet | None = None
+        self._watched: dict[int, int] = {}  # descriptor -> flags
+
+    def attach(self, poll: PollSet) -> None:
+        self._poll = poll
+
+    def next_deadline(self, now: int) -> int | None:
+        self._watch()
+        return self._link.next_deadline()
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        self._link.run(now)
+        self._watch()
+
+    def _watch(self) -> None:
+        """Poll every channel for reading, and for writing while bytes are pending."""
+        poll = self._poll
+        assert poll is not None
+        wanted = {c.fileno(): zmq.POLLIN | (zmq.POLLOUT if c.pending else 0)
+                  for c in self._link.channels.values()}
+        for fd in [fd for fd in self._watched if wanted.get(fd) != self._watched[fd]]:
+            poll.unregister(fd)
+            del self._watched[fd]
+        for fd, flags in wanted.items():
+            if fd not in self._watched:
+                poll.register(fd, flags, self)
+                self._watched[fd] = flags
+
+
+class _Pool:
+    """Signals (SIGCHLD among them) wake it: it reaps, and starts what the pool asks for."""
+
+    what = "starting workers"
+
+    def __init__(self, process: StateProcess) -> None:
+        self._process = process
+
+    def attach(self, poll: PollSet) -> None:
+        poll.register(self._process.waker.fd, zmq.POLLIN, self)
+
+    def next_deadline(self, now: int) -> int | None:
+        return self._process.pool.next_deadline()
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        process = self._process
+        process.waker.drain_if_woken(ready)
+        process.reap(now)
+        process.pool.on_timer(now)
+        process.carry_out(now)

@@ -1,0 +1,189 @@
+"""A worker process of `zns serve --workers N`: ZNS/1 served from a read replica.
+
+The state process (zns.drivers.state_process) forks each worker with one end of
+a socketpair (zns.drivers.replication_link). The worker waits for its first
+state transfer, then builds an ordinary `Server` around a `ReplicaService`,
+binding the public request and events ports with SO_REUSEPORT beside the other
+workers. Its replica is fed the state process's commands in order
+(`ReplicaLink`, a source of the loop):
+
+- a **read** is answered from the replica, as a single process answers it;
+- a **write** is forwarded to the state process, which applies it and answers
+  with its outcome; the worker replies only once its replica has applied that
+  write's command (read-your-writes). The worker waits for that answer before
+  it reads its next request: one worker carries one write at a time;
+- **events** are made by the replica as it applies each command and published
+  to this worker's subscribers only once the commit fence has passed that
+  command (every live worker applied it: zns.core.replication);
+- **expiry, stalls and hints** are the state process's: the replica applies
+  the expiry steps it is sent and runs none itself. Each worker publishes its
+  own `hb`, with the revision its replica is at.
+
+A worker whose state process is gone stops (nothing to follow); systemd or the
+caller restarts the whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+
+import msgspec
+import zmq
+
+from zns import __version__
+from zns.core.config import ServerConfig
+from zns.core.errors import Busy, ConnectionLost, ErrorReply, from_reply
+from zns.core.replication import Replica
+from zns.core.schema import AnyRequest, Error, Reply, Status, StatusReply, decode_reply
+from zns.core.service import Frames, NameService
+from zns.core.state import Outcome, Write, WriteRequest, decode_command
+from zns.drivers.kv_file import KvStore
+from zns.drivers.loop import PollSet, Ready
+from zns.drivers.replication_link import ReplicaLink
+from zns.drivers.server import Server
+
+log = logging.getLogger("zns")
+
+# A forwarded write not answered within this long is answered `busy` (the state process
+# drops a worker that acknowledges nothing for 10 s; this is the same bound the other way).
+WRITE_TIMEOUT_S = 30.0
+WAIT_SLICE_MS = 100
+
+
+class WriteAnswer(msgspec.Struct, frozen=True):
+    """State process -> worker: what a forwarded write did (its outcome, events left out)
+    or why it was refused."""
+
+    outcome: Outcome | None = None  # its `reply` and `events` left out: `reply` is
+    reply: bytes = b""  # the reply, encoded (zns.core.schema.encode)
+    error: Error | None = None
+
+
+_answer_decoder = msgspec.msgpack.Decoder(WriteAnswer)
+
+
+class ReplicaService(NameService):
+    """A worker's NameService: reads from the replica, writes through the state process."""
+
+    def __init__(self, worker: int, **kwargs: object) -> None:
+        super().__init__(KvStore(None), epoch="", **kwargs)  # type: ignore[arg-type]
+        self.worker = worker  # 1..N, shown by `status`
+        self.link: ReplicaLink | None = None
+        self.gone: Callable[[], None] = lambda: None  # the state process is gone: stop
+        self._answers: dict[int, bytes] = {}
+
+    # --- the replica's side (ReplicaLink's callbacks) ---------------------
+
+    def apply_command(self, seq: int, command: bytes) -> list[bytes]:
+        """Apply the state process's command `seq`; its events as [channel, body, ...]."""
+        _, frames = NameService.apply(self, decode_command(command))
+        return [part for frame in frames for part in frame]
+
+    def load(self, seq: int, dump: bytes) -> None:
+        self.load_state(dump, KvStore(None))
+
+    def answered(self, token: int, reply: bytes) -> None:
+        self._answers[token] = reply
+
+    # --- what the state process decides -----------------------------------
+
+    def write(self, request: WriteRequest, now: int,
+              connection: int | None = None) -> tuple[Outcome, Sequence[Frames]]:
+        link = self.link
+        assert link is not None  # set before anything is served
+        deadline = time.monotonic() + WRITE_TIMEOUT_S
+        try:
+            token = link.forward(msgspec.msgpack.encode(
+                Write(request=request, now=now, connection=connection)))
+            while token not in self._answers:
+                if time.monotonic() > deadline:
+                    raise Busy("the state process did not answer this write in time; retry")
+                link.wait(WAIT_SLICE_MS)
+                link.run()
+        except ConnectionLost:
+            self.gone()
+            raise Busy("the state process is gone; retry at another NameServer") from None
+        answer = _answer_decoder.decode(self._answers.pop(token))
+        if answer.error is not None:
+            raise from_reply(answer.error)
+        outcome = answer.outcome
+        assert outcome is not None
+        outcome.reply = decode_reply(answer.reply)
+        return outcome, []  # the events come from the replica, once committed
+
+    def expire(self, now: int) -> Sequence[Frames]:
+        return []
+
+    def next_deadline(self) -> int | None:
+        return None
+
+    def shift_deadlines(self, stall_ms: int) -> None:
+        pass
+
+    def read(self, request: AnyRequest, now: int) -> Reply:
+        reply = super().read(request, now)
+        if type(request) is Status:
+            assert isinstance(reply, StatusReply)
+            reply = msgspec.structs.replace(reply, worker=self.worker)
+        return reply
+
+
+class ReplicaSource:
+    """The replication channel as a source of the worker's loop."""
+
+    what = "applying replicated commands"
+
+    def __init__(self, link: ReplicaLink, gone: Callable[[], None]) -> None:
+        self._link, self._gone = link, gone
+
+    def attach(self, poll: PollSet) -> None:
+        poll.register(self._link.channel.fileno(), zmq.POLLIN, self)
+
+    def next_deadline(self, now: int) -> int | None:
+        return None
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        try:
+            self._link.run()
+        except (ConnectionLost, msgspec.DecodeError) as exc:
+            log.error("worker: the state process is gone (%s); stopping", exc)
+            self._gone()
+
+
+def worker_main(config: ServerConfig, worker: int, channel: socket.socket) -> int:
+    """A forked worker's life: load the first state, bind, serve until the state process
+    goes or a signal stops it. Returns the exit code."""
+    service = ReplicaService(worker, started_at_ms=int(time.monotonic() * 1000),
+                             version=__version__, limits=config.limits)
+    server: Server | None = None
+    held: list[Sequence[Frames]] = []  # events released before the server exists
+
+    def publish(seq: int, events: list[bytes]) -> None:
+        frames = list(zip(events[::2], events[1::2]))
+        if server is None:
+            held.append(frames)
+        else:
+            server.outbox.put(frames)
+
+    link = ReplicaLink(channel, Replica(), apply=service.apply_command, load=service.load,
+                       publish=publish, reply=service.answered)
+    service.link = link
+    try:
+        while not link.replica.loaded:
+            link.wait(WAIT_SLICE_MS)
+            link.run()
+    except (ConnectionLost, msgspec.DecodeError) as exc:
+        log.error("worker %d: no state from the state process (%s)", worker, exc)
+        return 1
+    server = Server(config, context=zmq.Context(), service=service, reuse_port=True,
+                    extra_sources=[ReplicaSource(link, lambda: service.gone())])
+    service.gone = server.stop
+    for frames in held:
+        server.outbox.put(frames)
+    log.info("worker %d (pid %d) at seq %d", worker, os.getpid(), link.replica.applied)
+    server.run()
+    return 0
