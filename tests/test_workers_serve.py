@@ -7,6 +7,7 @@ import os
 import random
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -243,3 +244,141 @@ def test_one_process_and_two_workers_give_the_same_replies_and_events(
             side.close()
         single.stop()
         split.stop()
+
+
+# --- (b) a worker killed under load ---------------------------------------------------------
+
+
+def test_a_worker_killed_under_load_loses_no_route_and_is_replaced(tmp_path: Path, ctx: Any) -> None:
+    server = ProcessServer(tmp_path, "--workers", "2", "--heartbeat-interval", "0.2")
+    acknowledged: list[str] = []
+    stop = threading.Event()
+
+    def register_forever() -> None:
+        """Registrations one after the other, each on a new connection (either worker); a
+        connection that gets no answer (its worker died) is dropped for a new one."""
+        load_ctx = zmq.Context()
+        n = 0
+        try:
+            while not stop.is_set():
+                peer = Peer(server.router, server.pub, load_ctx)
+                try:
+                    reply = peer.call("register_broker", timeout=2.0, **register_fields(
+                        broker_name=f"b{n}", addr=f"10.1.{n // 250}.{n % 250}:10911",
+                        topics={f"T{n}": {}}))
+                except AssertionError:  # no reply: its worker was killed
+                    continue
+                finally:
+                    peer.close()
+                assert not isinstance(reply, schema.Error), reply
+                acknowledged.append(f"T{n}")
+                n += 1
+        finally:
+            load_ctx.destroy(linger=0)
+
+    try:
+        wait_for(lambda: len(children(server.proc.pid)) == 2
+                 and server.output().count("serving requests on") == 2)
+        survivor_peer = peer_on_worker(server, 2, ctx)
+        before = survivor_peer.ok("status")
+        survivor_peer.subscribe(b"route/", schema.HB_CHANNEL)
+        survivor_peer.wait_subscribed()
+        load = threading.Thread(target=register_forever)
+        load.start()
+        wait_for(lambda: len(acknowledged) >= 30)
+        victim = next(pid for pid in children(server.proc.pid)
+                      if f"worker 1 (pid {pid})" in server.output())
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        # The port answers at once (the survivor); the replacement answers soon after.
+        wait_for(lambda: victim not in children(server.proc.pid)
+                 and len(children(server.proc.pid)) == 2)
+        replacement = peer_on_worker(server, 1, ctx)
+        replaced_s = time.monotonic() - killed_at
+        count = len(acknowledged)
+        wait_for(lambda: len(acknowledged) >= count + 30)
+        stop.set()
+        load.join(30)
+        for peer in (survivor_peer, replacement):
+            status = peer.ok("status")
+            assert status.epoch == before.epoch
+            assert status.revision >= len(acknowledged)
+            routes = peer.ok("snapshot").routes
+            assert set(acknowledged) <= set(routes), set(acknowledged) - set(routes)
+        # The survivor's subscriber saw every revision in order, no epoch change.
+        seen: list[int] = []
+        last = acknowledged[-1]
+        while True:
+            channel, event = survivor_peer.next_event()
+            assert event.epoch == before.epoch
+            if channel != schema.HB_CHANNEL:
+                seen.append(event.revision)
+                if event.topic == last:
+                    break
+        assert seen == list(range(seen[0], seen[0] + len(seen)))  # no gap
+        assert len(seen) >= len(acknowledged)
+        assert f"worker 1 (pid {victim}) died (signal 9)" in server.output()
+        assert replaced_s < LOADED_DEADLINE
+    finally:
+        stop.set()
+        assert server.stop() == 0
+
+
+# --- (c) no client goes back in time --------------------------------------------------------
+
+
+def worker_pid(server: ProcessServer, worker: int) -> int:
+    """The pid of the live worker `worker` (its last start line in the log)."""
+    pids = re.findall(rf"worker {worker} \(pid (\d+)\) at seq", server.output())
+    return int(pids[-1])
+
+
+def test_a_pull_after_an_event_never_answers_an_older_revision_on_any_worker(
+        tmp_path: Path, ctx: Any) -> None:
+    server = ProcessServer(tmp_path, "--workers", "2", "--heartbeat-interval", "0.2")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        writer = peer_on_worker(server, 1, ctx)
+        readers = [peer_on_worker(server, 1, ctx), peer_on_worker(server, 2, ctx)]
+        subs = [Peer(server.router, server.pub, ctx) for _ in range(8)]
+        for sub in subs:
+            sub.subscribe(b"route/", schema.HB_CHANNEL)
+            sub.wait_subscribed()
+            assert sub.sub is not None
+            sub.sub.setsockopt(zmq.UNSUBSCRIBE, schema.HB_CHANNEL)
+
+        def events(timeout_ms: int) -> list[Any]:
+            found = []
+            for sub in subs:
+                assert sub.sub is not None
+                if sub.sub.poll(timeout_ms if not found else 0):
+                    while sub.sub.poll(0):
+                        channel, body = sub.sub.recv_multipart()
+                        if channel != schema.HB_CHANNEL:
+                            found.append(schema.decode_event(body))
+            return found
+
+        # The fence, seen directly: with worker 2 stopped, worker 1 answers the write (it
+        # applied it) but no subscriber on either worker sees its event until worker 2 has
+        # applied it too; then worker 2 answers at that revision or later.
+        os.kill(worker_pid(server, 2), signal.SIGSTOP)
+        try:
+            writer.ok("register_broker", **register_fields(topics={"Held": {}}))
+            assert writer.ok("get_route", topic="Held").revision >= 1
+            assert events(500) == []
+        finally:
+            os.kill(worker_pid(server, 2), signal.SIGCONT)
+        held = wait_for(lambda: events(100))
+        assert readers[1].ok("get_route", topic="Held").revision >= held[0].revision
+
+        # Under a stream of writes: every event, pulled at once on both workers.
+        for n in range(200):
+            writer.ok("register_broker", **register_fields(
+                broker_name=f"b{n}", addr=f"10.2.0.{n}:10911", topics={f"T{n % 7}": {}}))
+            for event in events(0):
+                for reader in readers:
+                    reply = reader.call("get_route", topic=event.topic)
+                    revision = reply.revision
+                    assert revision >= event.revision, (event.topic, revision, event.revision)
+    finally:
+        assert server.stop() == 0
