@@ -60,6 +60,36 @@ def peer_on_worker(server: ProcessServer, worker: int, ctx: zmq.Context, tries: 
     raise AssertionError(f"no connection landed on worker {worker} in {tries} tries")
 
 
+def worker_pid(server: ProcessServer, worker: int) -> int:
+    """The pid of the live worker `worker` (its last start line in the log)."""
+    pids = re.findall(rf"worker {worker}: loaded the state at seq \d+ \(pid (\d+)\)",
+                      server.output())
+    return int(pids[-1])
+
+
+def sub_on_worker(server: ProcessServer, worker: int, ctx: zmq.Context, tries: int = 50) -> Peer:
+    """A Peer whose events connection landed on worker `worker`: with every other worker
+    stopped (SIGSTOP), its `hb` events still arrive."""
+    others = [worker_pid(server, w) for w in range(1, 3) if w != worker]
+    for _ in range(tries):
+        peer = Peer(server.router, server.pub, ctx)
+        peer.subscribe(schema.HB_CHANNEL)
+        peer.wait_subscribed()
+        for pid in others:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            assert peer.sub is not None
+            while peer.sub.poll(0):
+                peer.sub.recv_multipart()
+            if peer.sub.poll(1000):
+                return peer
+        finally:
+            for pid in others:
+                os.kill(pid, signal.SIGCONT)
+        peer.close()
+    raise AssertionError(f"no events connection landed on worker {worker} in {tries} tries")
+
+
 @pytest.fixture
 def ctx() -> Any:
     context = zmq.Context()
@@ -281,13 +311,12 @@ def test_a_worker_killed_under_load_loses_no_route_and_is_replaced(tmp_path: Pat
                  and server.output().count("serving requests on") == 2)
         survivor_peer = peer_on_worker(server, 2, ctx)
         before = survivor_peer.ok("status")
-        survivor_peer.subscribe(b"route/", schema.HB_CHANNEL)
-        survivor_peer.wait_subscribed()
+        survivor_sub = sub_on_worker(server, 2, ctx)
+        survivor_sub.subscribe(b"route/")
         load = threading.Thread(target=register_forever)
         load.start()
         wait_for(lambda: len(acknowledged) >= 30)
-        victim = next(pid for pid in children(server.proc.pid)
-                      if f"worker 1 (pid {pid})" in server.output())
+        victim = worker_pid(server, 1)
         os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
         # The port answers at once (the survivor); the replacement answers soon after.
@@ -309,7 +338,7 @@ def test_a_worker_killed_under_load_loses_no_route_and_is_replaced(tmp_path: Pat
         seen: list[int] = []
         last = acknowledged[-1]
         while True:
-            channel, event = survivor_peer.next_event()
+            channel, event = survivor_sub.next_event()
             assert event.epoch == before.epoch
             if channel != schema.HB_CHANNEL:
                 seen.append(event.revision)
@@ -325,12 +354,6 @@ def test_a_worker_killed_under_load_loses_no_route_and_is_replaced(tmp_path: Pat
 
 
 # --- (c) no client goes back in time --------------------------------------------------------
-
-
-def worker_pid(server: ProcessServer, worker: int) -> int:
-    """The pid of the live worker `worker` (its last start line in the log)."""
-    pids = re.findall(rf"worker {worker} \(pid (\d+)\) at seq", server.output())
-    return int(pids[-1])
 
 
 def test_a_pull_after_an_event_never_answers_an_older_revision_on_any_worker(

@@ -157,6 +157,7 @@ class ReplicaSource:
 def worker_main(config: ServerConfig, worker: int, channel: socket.socket) -> int:
     """A forked worker's life: load the first state, bind, serve until the state process
     goes or a signal stops it. Returns the exit code."""
+    log.addFilter(_NamedWorker(worker))
     service = ReplicaService(worker, started_at_ms=int(time.monotonic() * 1000),
                              version=__version__, limits=config.limits)
     server: Server | None = None
@@ -184,6 +185,19 @@ def worker_main(config: ServerConfig, worker: int, channel: socket.socket) -> in
     service.gone = server.stop
     for frames in held:
         server.outbox.put(frames)
-    log.info("worker %d (pid %d) at seq %d", worker, os.getpid(), link.replica.applied)
+    log.info("loaded the state at seq %d (pid %d)", link.replica.applied, os.getpid())
     server.run()
     return 0
+
+
+class _NamedWorker(logging.Filter):
+    """Every line a worker logs names it: `worker 2: ...`."""
+
+    def __init__(self, worker: int) -> None:
+        super().__init__()
+        self.prefix = f"worker {worker}: "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and not record.msg.startswith(self.prefix):
+            record.msg = self.prefix + record.msg
+        return True
