@@ -7,6 +7,8 @@ import os
 import random
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -405,3 +407,56 @@ def test_a_pull_after_an_event_never_answers_an_older_revision_on_any_worker(
                     assert revision >= event.revision, (event.topic, revision, event.revision)
     finally:
         assert server.stop() == 0
+
+
+# --- the state process's life ----------------------------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_workers_stop_when_their_state_process_dies(tmp_path: Path) -> None:
+    server = ProcessServer(tmp_path, "--workers", "2")
+    wait_for(lambda: server.output().count("serving requests on") == 2)
+    workers = [worker_pid(server, 1), worker_pid(server, 2)]
+    server.proc.kill()
+    server.stop()
+    wait_for(lambda: not any(alive(pid) for pid in workers))
+    assert server.output().count("the state process is gone") == 2
+
+
+def test_a_restarted_state_process_gives_its_workers_the_routes_it_held(
+        tmp_path: Path, ctx: Any) -> None:
+    first = ProcessServer(tmp_path, "--workers", "2")
+    try:
+        wait_for(lambda: first.output().count("serving requests on") == 2)
+        peer = Peer(first.router, first.pub, ctx)
+        peer.ok("register_broker", **register_fields(topics={"Kept": {}}))
+        peer.close()
+    finally:
+        assert first.stop() == 0
+    second = ProcessServer(tmp_path, "--workers", "2", kv_path=first.kv_path)
+    try:
+        wait_for(lambda: second.output().count("serving requests on") == 2)
+        for worker in (1, 2):
+            route = peer_on_worker(second, worker, ctx).ok("get_route", topic="Kept").route
+            assert route.brokers[0].broker_name == "broker-a"
+    finally:
+        assert second.stop() == 0
+
+
+@pytest.mark.parametrize("option", [["--remoting", "127.0.0.1:0"], ["--metrics", "127.0.0.1:0"],
+                                    ["--peer", "tcp://127.0.0.1:1"], ["--supervise"],
+                                    ["--router", "ipc:///tmp/zns-x"]])
+def test_what_workers_do_not_serve_yet_is_refused_in_one_line(tmp_path: Path,
+                                                              option: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "zns", "serve", "--workers", "2", "--kv-path",
+         str(tmp_path / "kv"), *option], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
