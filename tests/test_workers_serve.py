@@ -449,7 +449,7 @@ def test_a_restarted_state_process_gives_its_workers_the_routes_it_held(
         assert second.stop() == 0
 
 
-@pytest.mark.parametrize("option", [["--remoting", "127.0.0.1:0"], ["--metrics", "127.0.0.1:0"],
+@pytest.mark.parametrize("option", [["--metrics", "127.0.0.1:0"],
                                     ["--peer", "tcp://127.0.0.1:1"], ["--supervise"],
                                     ["--router", "ipc:///tmp/zns-x"]])
 def test_what_workers_do_not_serve_yet_is_refused_in_one_line(tmp_path: Path,
@@ -460,3 +460,80 @@ def test_what_workers_do_not_serve_yet_is_refused_in_one_line(tmp_path: Path,
     assert result.returncode != 0
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
+
+
+# --- remoting in the workers ----------------------------------------------------------------
+
+
+def holder_of(client_port: int, server_port: int, pids: list[int]) -> int:
+    """The pid whose socket is the server side of the TCP connection from client_port."""
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = fields[1], fields[2]
+        if int(local.split(":")[1], 16) == server_port and int(remote.split(":")[1], 16) == client_port:
+            inode = fields[9]
+    assert inode is not None
+    return next(pid for pid in pids if inode in socket_inodes(pid))
+
+
+def server_side_open(client_port: int, server_port: int) -> bool:
+    """The server's side of the connection from client_port is not closed yet (any state
+    but LAST_ACK, or gone)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if (int(fields[1].split(":")[1], 16) == server_port
+                and int(fields[2].split(":")[1], 16) == client_port and fields[3] != "09"):
+            return True
+    return False
+
+
+def test_a_dead_workers_remoting_brokers_stay_until_they_register_again(
+        tmp_path: Path, ctx: Any) -> None:
+    from test_remoting_listener import Client, register_cmd
+
+    server = ProcessServer(tmp_path, "--workers", "2", "--remoting", "127.0.0.1:0")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        endpoint = re.findall(r"RocketMQ remoting on (\S+)", server.output())[0]
+        port = int(endpoint.rsplit(":", 1)[1])
+        broker = Client(endpoint)
+        assert broker.call(register_cmd(topics=("Remote",))).code == 0
+        workers = {w: worker_pid(server, w) for w in (1, 2)}
+        holder = holder_of(broker.sock.getsockname()[1], port, list(workers.values()))
+        dead = next(w for w, pid in workers.items() if pid == holder)
+        survivor = peer_on_worker(server, 3 - dead, ctx)
+        # The other worker's first remoting connection closes: its id is not the broker's
+        # connection's (each worker numbers its own), so the broker stays.
+        same_worker: list[Any] = []
+        while True:
+            other = Client(endpoint)
+            other_port = other.sock.getsockname()[1]
+            if holder_of(other_port, port, list(workers.values())) != holder:
+                break
+            same_worker.append(other)
+        assert other.call(register_cmd(name="broker-x", addr="127.0.0.9:1",
+                                       topics=("X",))).code == 0
+        other.close()
+        wait_for(lambda: not server_side_open(other_port, port))
+        assert survivor.ok("get_route", topic="Remote").route.brokers[0].broker_name == "broker-a"
+        assert isinstance(survivor.call("get_route", topic="X"), schema.Error)
+        for client in same_worker:
+            client.close()
+        os.kill(holder, signal.SIGKILL)
+        wait_for(lambda: worker_pid(server, dead) != holder)
+        peer_on_worker(server, dead, ctx)  # the replacement answers
+        # Its connection is gone with it, but the broker is not removed as disconnected.
+        for peer in (survivor, peer_on_worker(server, dead, ctx)):
+            assert peer.ok("get_route", topic="Remote").route.brokers[0].broker_name == "broker-a"
+        assert "broker-a id 0 at 127.0.0.1:10911 (disconnected)" not in server.output()
+        broker.close()
+        # Registered again over a new connection (on either worker), it is tied to that one:
+        # closing it removes the broker, as a single process does.
+        again = Client(endpoint)
+        assert again.call(register_cmd(topics=("Remote",))).code == 0
+        again.close()
+        wait_for(lambda: isinstance(survivor.call("get_route", topic="Remote"), schema.Error))
+        assert "broker-a id 0 at 127.0.0.1:10911 (disconnected)" in server.output()
+    finally:
+        assert server.stop() == 0

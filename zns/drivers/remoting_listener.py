@@ -155,8 +155,12 @@ class RemotingListener:
         max_buffer_bytes: int = DEFAULT_REMOTING_MAX_BUFFER_BYTES,
         frame_deadline_ms: int = DEFAULT_FRAME_DEADLINE_MS,
         descriptors: DescriptorGuard | None = None,
+        reuse_port: bool = False,
+        first_connection_id: int = 1,
     ) -> None:
-        """Binds at once; OSError (or ValueError for a malformed endpoint) when it cannot."""
+        """Binds at once; OSError (or ValueError for a malformed endpoint) when it cannot.
+        `reuse_port` and `first_connection_id`: a worker's (zns.drivers.worker): the port
+        shared with the other workers (SO_REUSEPORT), and connection ids of its own."""
         self.service = service
         self.outbox = outbox or Outbox(lambda frames: None)
         self.clock = clock  # what ends a time slice (None: never before the work is done)
@@ -173,7 +177,7 @@ class RemotingListener:
             idle_timeout_ms=idle_timeout_ms, high_water=high_water, max_unsent=max_unsent,
             max_buffer_bytes=max_buffer_bytes, frame_deadline_ms=frame_deadline_ms)
         self.read_chunk = read_chunk
-        self.listening = listen_tcp(*parse_host_port(endpoint))
+        self.listening = listen_tcp(*parse_host_port(endpoint), reuse_port=reuse_port)
         self.descriptors = descriptors
         if descriptors is not None:
             descriptors.plain.append(self.listening)
@@ -183,7 +187,7 @@ class RemotingListener:
         self._epoll.register(self.listening.fileno(), _IN)
         self.connections: dict[int, _Conn] = {}  # by descriptor
         self._by_id: dict[int, _Conn] = {}
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(first_connection_id)
         self._backlog: deque[_Conn] = deque()  # connections with decoded requests to answer
         self._closed: list[int] = []  # connection ids closed this turn, removed together
         self.now = now  # the `now` of the turn being run

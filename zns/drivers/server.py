@@ -92,6 +92,7 @@ class Server:
         service: NameService | None = None,
         reuse_port: bool = False,
         extra_sources: Sequence[Source] = (),
+        first_connection_id: int = 1,
     ) -> None:
         """`service`, `reuse_port` and `extra_sources`: a worker's (zns.drivers.worker): its
         replica's service instead of a new one (no KV file, no state dump restored), the
@@ -99,6 +100,7 @@ class Server:
         channel as one more source of the loop."""
         self.config = config
         self._reuse_port = reuse_port
+        self._first_connection_id = first_connection_id
         extra = list(extra_sources)
         self._clock = clock
         self._wall_clock = wall_clock
@@ -311,6 +313,7 @@ class Server:
                 max_connections=config.remoting_max_connections,
                 max_per_host=config.remoting_max_connections_per_host,
                 max_buffer_bytes=config.remoting_max_buffer_bytes,
+                reuse_port=self._reuse_port, first_connection_id=self._first_connection_id,
             )
         # GET_NAMESRV_CONFIG shows where the server listens, as the Java NameServer shows its
         # bound listenPort: the endpoints bound, not the configured `*` or port 0; and the

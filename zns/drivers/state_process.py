@@ -38,7 +38,7 @@ from zns.core.errors import BadRequest, EndpointError, ErrorReply, Internal
 from zns.core.replication import Primary
 from zns.core.schema import encode
 from zns.core.service import Frames, NameService
-from zns.core.state import AnyCommand, Outcome, Write, decode_command
+from zns.core.state import AnyCommand, CloseConnections, Outcome, Write, decode_command
 from zns.core.timers import ServerTimers
 from zns.core.config import ServerConfig
 from zns.core.workers import StartWorker, StopWorker, WorkerPool
@@ -77,6 +77,9 @@ def execute(service: PrimaryService, request: bytes, now: int) -> tuple[None, by
     replies from once its replica has applied it."""
     try:
         command = decode_command(request)
+        if type(command) is CloseConnections:
+            service.connections_closed(command.connections)
+            return None, _encode(WriteAnswer(outcome=Outcome()))
         if type(command) is not Write:
             raise BadRequest(f"a worker forwarded a {type(command).__name__}, not a write")
     except (msgspec.DecodeError, BadRequest) as exc:
@@ -123,10 +126,15 @@ class StateProcess:
             self._reserved.append(sock)
             pub, sock = reserve_port(config.pub)
             self._reserved.append(sock)
+            remoting = config.remoting
+            if remoting:
+                remoting, sock = reserve_port(f"tcp://{remoting}")
+                remoting = remoting[len("tcp://"):]
+                self._reserved.append(sock)
         except OSError as exc:
             self.close()
             raise EndpointError(f"cannot bind {config.router} or {config.pub}: {exc}") from exc
-        self.config = msgspec.structs.replace(config, router=router, pub=pub)
+        self.config = msgspec.structs.replace(config, router=router, pub=pub, remoting=remoting)
         self._stopping = False
         self.waker = Waker()
         now = self._now()
@@ -160,8 +168,9 @@ class StateProcess:
             signal.signal(signal.SIGCHLD, lambda *_: self.waker.wake())
             old_fd = signal.set_wakeup_fd(self.waker.fileno())
         log.info("zns state process (pid %d, epoch %s): %d workers serve requests on %s, "
-                 "events on %s", os.getpid(), self.service.epoch, self.config.workers,
-                 self.config.router, self.config.pub)
+                 "events on %s, RocketMQ remoting on %s", os.getpid(), self.service.epoch,
+                 self.config.workers, self.config.router, self.config.pub,
+                 self.config.remoting or "none")
         try:
             self.carry_out(self._now())  # the first workers
             self.loop.run(lambda: self._stopping)

@@ -3,8 +3,8 @@
 The state process (zns.drivers.state_process) forks each worker with one end of
 a socketpair (zns.drivers.replication_link). The worker waits for its first
 state transfer, then builds an ordinary `Server` around a `ReplicaService`,
-binding the public request and events ports with SO_REUSEPORT beside the other
-workers. Its replica is fed the state process's commands in order
+binding the public request and events ports (and the remoting port) with
+SO_REUSEPORT beside the other workers. Its replica is fed the state process's commands in order
 (`ReplicaLink`, a source of the loop):
 
 - a **read** is answered from the replica, as a single process answers it;
@@ -15,6 +15,9 @@ workers. Its replica is fed the state process's commands in order
 - **events** are made by the replica as it applies each command and published
   to this worker's subscribers only once the commit fence has passed that
   command (every live worker applied it: zns.core.replication);
+- the **remoting listener** (when configured) shares its port too; its
+  connection ids start at `worker << CONNECTION_ID_BITS`, and the connections
+  that close are forwarded as one `CloseConnections` command;
 - **expiry, stalls and hints** are the state process's: the replica applies
   the expiry steps it is sent and runs none itself. Each worker publishes its
   own `hb`, with the revision its replica is at.
@@ -29,7 +32,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 import zmq
@@ -40,7 +43,7 @@ from zns.core.errors import Busy, ConnectionLost, ErrorReply, from_reply
 from zns.core.replication import Replica
 from zns.core.schema import AnyRequest, Error, Reply, Status, StatusReply, decode_reply
 from zns.core.service import Frames, NameService
-from zns.core.state import Outcome, Write, WriteRequest, decode_command
+from zns.core.state import CloseConnections, Outcome, Write, WriteRequest, decode_command
 from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import PollSet, Ready
 from zns.drivers.replication_link import ReplicaLink
@@ -52,6 +55,9 @@ log = logging.getLogger("zns")
 # drops a worker that acknowledges nothing for 10 s; this is the same bound the other way).
 WRITE_TIMEOUT_S = 30.0
 WAIT_SLICE_MS = 100
+# A worker's remoting connection ids are its index in the bits above these: the state
+# process ties each broker to the connection that registered it, whatever worker holds it.
+CONNECTION_ID_BITS = 40
 
 
 class WriteAnswer(msgspec.Struct, frozen=True):
@@ -93,12 +99,33 @@ class ReplicaService(NameService):
 
     def write(self, request: WriteRequest, now: int,
               connection: int | None = None) -> tuple[Outcome, Sequence[Frames]]:
+        answer = self._forward(Write(request=request, now=now, connection=connection))
+        if answer.error is not None:
+            raise from_reply(answer.error)
+        outcome = answer.outcome
+        assert outcome is not None
+        outcome.reply = decode_reply(answer.reply)
+        return outcome, []  # the events come from the replica, once committed
+
+    def connections_closed(self, connections: Iterable[int]) -> Sequence[Frames]:
+        """This worker's remoting connections closed: the state process removes what they
+        registered (§12); the events come from the replica."""
+        closed = list(connections)
+        if closed:
+            try:
+                self._forward(CloseConnections(connections=closed))
+            except Busy as exc:
+                log.error("remoting connections %s closed, not told to the state process: %s",
+                          closed, exc)
+        return []
+
+    def _forward(self, command: Write | CloseConnections) -> WriteAnswer:
+        """Send `command` to the state process; its answer, once the replica applied it."""
         link = self.link
         assert link is not None  # set before anything is served
         deadline = time.monotonic() + WRITE_TIMEOUT_S
         try:
-            token = link.forward(msgspec.msgpack.encode(
-                Write(request=request, now=now, connection=connection)))
+            token = link.forward(msgspec.msgpack.encode(command))
             while token not in self._answers:
                 if time.monotonic() > deadline:
                     raise Busy("the state process did not answer this write in time; retry")
@@ -107,13 +134,7 @@ class ReplicaService(NameService):
         except ConnectionLost:
             self.gone()
             raise Busy("the state process is gone; retry at another NameServer") from None
-        answer = _answer_decoder.decode(self._answers.pop(token))
-        if answer.error is not None:
-            raise from_reply(answer.error)
-        outcome = answer.outcome
-        assert outcome is not None
-        outcome.reply = decode_reply(answer.reply)
-        return outcome, []  # the events come from the replica, once committed
+        return _answer_decoder.decode(self._answers.pop(token))
 
     def expire(self, now: int) -> Sequence[Frames]:
         return []
@@ -181,6 +202,7 @@ def worker_main(config: ServerConfig, worker: int, channel: socket.socket) -> in
         log.error("worker %d: no state from the state process (%s)", worker, exc)
         return 1
     server = Server(config, context=zmq.Context(), service=service, reuse_port=True,
+                    first_connection_id=(worker << CONNECTION_ID_BITS) + 1,
                     extra_sources=[ReplicaSource(link, lambda: service.gone())])
     service.gone = server.stop
     for frames in held:
