@@ -121,6 +121,11 @@ def test_the_state_process_listens_nowhere_and_its_workers_answer(tmp_path: Path
         assert a.ok("get_route", topic="T").route.brokers[0].broker_name == "broker-a"
         b.subscribe(b"route/")
         wait_for(lambda: not isinstance(b.call("get_route", topic="T"), schema.Error))
+        # An admin write's audit line is logged once, by the worker that has the sender.
+        a.ok("kv_put", namespace="ns", key="k", value="v")
+        wait_for(lambda: "audit:" in server.output())
+        audits = [line for line in server.output().splitlines() if "audit:" in line]
+        assert len(audits) == 1 and "worker 1: audit: " in audits[0], audits
     finally:
         assert server.stop() == 0
     assert not [pid for pid in children_or_none(server.proc.pid)]

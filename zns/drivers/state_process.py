@@ -86,8 +86,9 @@ def execute(service: PrimaryService, request: bytes, now: int) -> tuple[None, by
         log.error("a worker forwarded something unreadable: %s", exc)
         return None, _encode(WriteAnswer(error=Internal("see the server log").reply(0)))
     rid = command.request.id
-    try:
-        outcome, _ = service.write(command.request, now, command.connection)
+    try:  # apply, not write: the worker that has the sender logs the audit line
+        outcome, _ = service.apply(Write(request=command.request, now=now,
+                                         connection=command.connection))
     except ErrorReply as exc:
         if isinstance(exc, Internal):
             log.error("internal error on %s: %s", type(command.request).__name__, exc)

@@ -32,18 +32,18 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 import zmq
 
 from zns import __version__
 from zns.core.config import ServerConfig
-from zns.core.errors import Busy, ConnectionLost, ErrorReply, from_reply
+from zns.core.errors import Busy, ConnectionLost, Internal, from_reply
 from zns.core.replication import Replica
 from zns.core.schema import AnyRequest, Error, Reply, Status, StatusReply, decode_reply
 from zns.core.service import Frames, NameService
-from zns.core.state import CloseConnections, Outcome, Write, WriteRequest, decode_command
+from zns.core.state import AnyCommand, CloseConnections, Outcome, Write, decode_command
 from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import PollSet, Ready
 from zns.drivers.replication_link import ReplicaLink
@@ -97,27 +97,26 @@ class ReplicaService(NameService):
 
     # --- what the state process decides -----------------------------------
 
-    def write(self, request: WriteRequest, now: int,
-              connection: int | None = None) -> tuple[Outcome, Sequence[Frames]]:
-        answer = self._forward(Write(request=request, now=now, connection=connection))
+    def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
+        """A write or closed remoting connections: applied by the state process, answered
+        once this replica applied them (NameService.write around it logs the audit line with
+        the sender known here). The events come from the replica, once committed."""
+        if type(command) is CloseConnections:
+            try:
+                self._forward(command)
+            except Busy as exc:
+                log.error("remoting connections %s closed, not told to the state process: %s",
+                          command.connections, exc)
+            return Outcome(), []
+        if type(command) is not Write:
+            raise Internal(f"a worker applies no {type(command).__name__} of its own")
+        answer = self._forward(command)
         if answer.error is not None:
             raise from_reply(answer.error)
         outcome = answer.outcome
         assert outcome is not None
         outcome.reply = decode_reply(answer.reply)
-        return outcome, []  # the events come from the replica, once committed
-
-    def connections_closed(self, connections: Iterable[int]) -> Sequence[Frames]:
-        """This worker's remoting connections closed: the state process removes what they
-        registered (§12); the events come from the replica."""
-        closed = list(connections)
-        if closed:
-            try:
-                self._forward(CloseConnections(connections=closed))
-            except Busy as exc:
-                log.error("remoting connections %s closed, not told to the state process: %s",
-                          closed, exc)
-        return []
+        return outcome, []
 
     def _forward(self, command: Write | CloseConnections) -> WriteAnswer:
         """Send `command` to the state process; its answer, once the replica applied it."""
