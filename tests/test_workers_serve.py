@@ -471,15 +471,20 @@ def test_what_workers_do_not_serve_yet_is_refused_in_one_line(tmp_path: Path,
 
 
 def holder_of(client_port: int, server_port: int, pids: list[int]) -> int:
-    """The pid whose socket is the server side of the TCP connection from client_port."""
+    """The pid whose socket is the server side of the TCP connection from client_port
+    (once a worker has accepted it)."""
+    return wait_for(lambda: _holder(client_port, server_port, pids))
+
+
+def _holder(client_port: int, server_port: int, pids: list[int]) -> int | None:
     inode = None
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
         local, remote = fields[1], fields[2]
         if int(local.split(":")[1], 16) == server_port and int(remote.split(":")[1], 16) == client_port:
             inode = fields[9]
-    assert inode is not None
-    return next(pid for pid in pids if inode in socket_inodes(pid))
+    found = [pid for pid in pids if inode in socket_inodes(pid)]
+    return found[0] if found else None
 
 
 def server_side_open(client_port: int, server_port: int) -> bool:
