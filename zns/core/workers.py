@@ -102,8 +102,9 @@ class WorkerPool:
             else:
                 s.deaths += 1
                 s.start_at = now if s.deaths == 1 else now + int(s.backoff.next_delay())
+            # Workers are named 1..N in every log line (the drivers' too); slots count from 0.
             log.warning("worker %d (pid %d) exited after %d ms; the next starts in %d ms",
-                        index, pid, lived, s.start_at - now)
+                        index + 1, pid, lived, s.start_at - now)
             self.on_timer(now)
             return
 
@@ -114,7 +115,7 @@ class WorkerPool:
             return
         s.deaths += 1
         s.start_at = now + int(s.backoff.next_delay())
-        log.warning("worker %d could not start; trying again in %d ms", slot, s.start_at - now)
+        log.warning("worker %d could not start; trying again in %d ms", slot + 1, s.start_at - now)
 
     def on_timer(self, now: int) -> None:
         if self.stopping:
