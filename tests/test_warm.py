@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from test_remoting_service import register_cmd, req
 from zns.core import warm
 from zns.core.errors import ConfigError
+from zns.core.limits import Limits
 from zns.core.remoting.handler import Connection, RemotingService
 from zns.core.routes import RouteTable
 from zns.core.schema import ORDER_TOPIC_CONFIG, DataVersion, RegisterBroker, TopicConfig
@@ -239,6 +241,59 @@ def test_a_remoting_brokers_own_shorter_timeout_is_kept():
     assert warm.confirm_within_ms(120_000, over_remoting=False) == 120_000
 
 
+def kv_list(service: NameService, namespace: str) -> bytes:
+    """GET_KVLIST_BY_NAMESPACE's reply (code, remark, body) as bytes."""
+    return body(service, 219, {"namespace": namespace})
+
+
+def empty_over_remoting(service: NameService, *namespaces: str) -> None:
+    """Put one key into each namespace and delete it, over remoting: each is emptied."""
+    rs = remoting(service)
+    for namespace in namespaces:
+        for code, ext in ((100, {"namespace": namespace, "key": "k", "value": "v"}),
+                          (102, {"namespace": namespace, "key": "k"})):
+            reply, _ = rs.handle(req(code, ext), Connection(99, "127.0.0.1"), 2000)
+            assert reply is not None and reply.code == 0, reply
+
+
+def test_a_restart_keeps_the_emptied_namespaces_and_so_the_remoting_replies():
+    # Before format 2: after the restart GET_KVLIST_BY_NAMESPACE answered 22 (never used)
+    # and the REGISTER_BROKER reply carried no ORDER_TOPIC_CONFIG table.
+    service, kv = random_service(11, steps=100)
+    for key in list(kv.list(ORDER_TOPIC_CONFIG)):
+        zns1_ok(service, "kv_delete", 2000, id=1, namespace=ORDER_TOPIC_CONFIG, key=key)
+    empty_over_remoting(service, "ns", ORDER_TOPIC_CONFIG)
+    zns1_ok(service, "kv_put", 2000, id=1, namespace="refilled", key="k", value="v")
+    empty_over_remoting(service, "refilled")
+    zns1_ok(service, "kv_put", 2000, id=1, namespace="refilled", key="k2", value="v2")
+
+    def replies(of: NameService) -> list[bytes]:
+        register, _ = remoting(of).handle(register_cmd(), Connection(98, "127.0.0.1"), 60_000)
+        assert register is not None
+        return [kv_list(of, "ns"), kv_list(of, ORDER_TOPIC_CONFIG), kv_list(of, "refilled"),
+                kv_list(of, "never"), register.body or b""]
+
+    before = replies(service)
+    assert before[:2] == [msgspec.msgpack.encode([0, None, b'{"table":{}}'])] * 2
+    assert before[4] == b'{"table":{}}'
+    restored = round_trip(service, kv)
+    assert replies(restored) == before
+    assert restored.state.emptied_namespaces() == ["ns", ORDER_TOPIC_CONFIG, "refilled"]
+
+
+def test_the_emptied_namespaces_restored_are_bounded_as_the_state_bounds_them():
+    kv = KvStore(None)
+    service = new_service(kv)
+    empty_over_remoting(service, "a", "b", "c", "a")  # a emptied again: the latest
+    state = warm.decode_dump(warm.encode_dump(warm.dump(service, written_ms=0)))
+    assert state.emptied == ["b", "c", "a"]
+    smaller = NameService(kv, epoch=EPOCH, started_at_ms=0, limits=Limits(max_kv_namespaces=2))
+    warm.restore(smaller, state, 0)
+    assert smaller.state.emptied_namespaces() == ["c", "a"]  # the oldest, b, forgotten
+    codes = [msgspec.msgpack.decode(kv_list(smaller, ns))[0] for ns in "abc"]
+    assert codes == [0, 22, 0]
+
+
 # --- unusable dumps ----------------------------------------------------------------------
 
 
@@ -264,6 +319,24 @@ def test_a_dump_of_a_newer_format_is_refused():
     newer = warm.MAGIC + (warm.FORMAT + 1).to_bytes(2, "big") + data[len(warm.MAGIC) + 2:]
     with pytest.raises(warm.NewerDump, match="newer zns"):
         warm.decode_dump(newer)
+
+
+def test_a_dump_of_format_1_restores_its_table_with_no_emptied_namespace():
+    # Format 1 (before the emptied namespaces): [written_ms, table, remoting], as it wrote.
+    service, kv = random_service(12, steps=150)
+    empty_over_remoting(service, "ns")
+    state = warm.dump(service, written_ms=123)
+    body_v1 = msgspec.msgpack.encode([state.written_ms, state.table, state.remoting])
+    data = warm.MAGIC + (1).to_bytes(2, "big") + zlib.crc32(body_v1).to_bytes(4, "big") + body_v1
+    old = warm.decode_dump(data)
+    assert (old.written_ms, old.table, old.remoting, old.emptied) == (
+        123, state.table, state.remoting, [])
+    restored = new_service(kv, epoch="fedcba9876543210")
+    warm.restore(restored, old, 50_000)
+    assert restored.table.dump() == service.table.dump()
+    assert restored.state.emptied_namespaces() == []
+    assert msgspec.msgpack.decode(kv_list(restored, "ns"))[0] == 22  # as before the upgrade
+    assert warm.encode_dump(state)[len(warm.MAGIC):len(warm.MAGIC) + 2] == b"\x00\x02"
 
 
 def with_table(state: warm.StateDump, **changes: Any) -> warm.StateDump:
@@ -496,3 +569,19 @@ def test_write_now_writes_the_table_as_it_is_unless_the_file_holds_it(tmp_path):
     assert writer.written == 1
     assert warm.decode_dump(writer.path.read_bytes()).table == service.table.dump()
     assert isinstance(warm.decode_dump(writer.path.read_bytes()).table, TableState)
+
+
+def test_emptying_a_namespace_alone_is_a_change_the_writer_dumps(tmp_path):
+    # Before: the writer counted the table's changes only, so an emptied namespace waited
+    # for the next route change to reach the file (and a clean stop did not write it).
+    service, kv = random_service(13, steps=50)
+    writer = writer_for(service, tmp_path / "state.dump")
+    empty_over_remoting(service, "ns")
+    assert writer.next_deadline(0) == 0
+    drive(writer)
+    assert writer.written == 1
+    assert warm.decode_dump(writer.path.read_bytes()).emptied == ["ns"]
+    empty_over_remoting(service, "other")
+    writer.write_now()
+    assert writer.written == 2
+    assert warm.decode_dump(writer.path.read_bytes()).emptied == ["ns", "other"]

@@ -135,12 +135,15 @@ class Restore(Command, tag="restore", frozen=True):
     no broker yet, as one revision and no events. Each of `table.addresses` is alive from
     `now` and removed as `not_confirmed` after its entry of `confirm_within_ms` (same
     order) unless it registers or heartbeats first; the order configurations are the KV
-    store's, not the dump's. A table that does not hold together (`check_state`), or a
-    window list of another length, raises ValueError, having changed nothing."""
+    store's, not the dump's. `emptied`: namespaces a remoting delete emptied, oldest
+    first, remembered as if emptied in that order (so at most `max_kv_namespaces`, the
+    latest). A table that does not hold together (`check_state`), or a window list of
+    another length, raises ValueError, having changed nothing."""
 
     table: TableState
     confirm_within_ms: list[int]
     now: int
+    emptied: list[str] = []
 
 
 AnyCommand = Union[Write, Expire, CloseConnections, ShiftDeadlines, Suspect, Restore]
@@ -199,6 +202,7 @@ class StateMachine:
         # max_kv_namespaces): Java keeps an emptied namespace's table, so
         # GET_KVLIST_BY_NAMESPACE answers it with {"table":{}}.
         self._emptied: dict[str, None] = {}
+        self._emptied_changes = 0  # see `changes`
         for topic, value in kv.list(ORDER_TOPIC_CONFIG).items():
             self.table.set_order_conf(topic, value)
 
@@ -218,8 +222,8 @@ class StateMachine:
                 return Outcome()
             case Suspect(cluster=cluster, addr=addr, grace_ms=grace_ms, now=now):
                 return Outcome(shortened=self.table.suspect(cluster, addr, grace_ms, now))
-            case Restore(table=table, confirm_within_ms=windows, now=now):
-                self._restore(table, windows, now)
+            case Restore(table=table, confirm_within_ms=windows, now=now, emptied=emptied):
+                self._restore(table, windows, now, emptied)
                 return Outcome()
         raise Internal(f"no command {type(command).__name__}")
 
@@ -233,6 +237,16 @@ class StateMachine:
     def emptied(self, namespace: str) -> bool:
         """Whether a remoting delete emptied this namespace (and it is remembered)."""
         return namespace in self._emptied
+
+    def emptied_namespaces(self) -> list[str]:
+        """The namespaces a remoting delete emptied that are remembered, oldest first."""
+        return list(self._emptied)
+
+    @property
+    def changes(self) -> int:
+        """Moves with every change of what a warm restart's dump holds (zns.core.warm):
+        the table's (`RouteTable.changes`) and the emptied namespaces'."""
+        return self.table.changes + self._emptied_changes
 
     # --- the whole state -------------------------------------------------------------
 
@@ -263,15 +277,19 @@ class StateMachine:
             for key, value in entries:
                 kv.put(namespace, key, value)
         machine._emptied = dict.fromkeys(dump.emptied)
+        machine._emptied_changes = 0
         return machine
 
-    def _restore(self, table: TableState, windows: list[int], now: int) -> None:
+    def _restore(self, table: TableState, windows: list[int], now: int,
+                 emptied: list[str]) -> None:
         if len(windows) != len(table.addresses):
             raise ValueError(f"{len(windows)} confirmation windows for "
                              f"{len(table.addresses)} addresses")
         window = {(a.cluster, a.addr): ms for a, ms in zip(table.addresses, windows)}
         self.table.restore(table, now, lambda cluster, addr, timeout: window[(cluster, addr)],
                            order_conf=self.kv.list(ORDER_TOPIC_CONFIG))
+        for namespace in emptied:  # after the one step that can refuse: all or nothing
+            self._remember_emptied(namespace)
 
     # --- writes ----------------------------------------------------------------------
 
@@ -364,6 +382,7 @@ class StateMachine:
         raise Internal(f"no write {type(request).__name__}")
 
     def _remember_emptied(self, namespace: str) -> None:
+        self._emptied_changes += 1
         self._emptied.pop(namespace, None)
         self._emptied[namespace] = None
         if len(self._emptied) > self.limits.max_kv_namespaces:

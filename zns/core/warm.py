@@ -8,12 +8,16 @@ back at start, before it serves:
 - `encode_dump`/`decode_dump`: the file's bytes. A header (magic, format version,
   CRC-32 of the body) and the body: `StateDump` in MessagePack. A body that fails its
   CRC, its schema or `check_state` is `CorruptDump`; a newer format is `NewerDump`.
+  Format 2 added the emptied namespaces; a format-1 dump (written before) is read as
+  one with none, so an upgrade is a warm restart too.
 - `restore`: the dump into a fresh NameService, as the state machine's `Restore`
   command (its one way in, zns.core.state). Every broker address is alive but not
   yet confirmed, and is removed as `not_confirmed` unless it registers or heartbeats
   within `confirm_within_ms`: its registration period. Remoting connections are gone
   after a restart, so nothing is tied to one; a RocketMQ broker is tied again at its
-  next registration (§12).
+  next registration (§12). The namespaces a remoting delete emptied (§15: they
+  change GET_KVLIST_BY_NAMESPACE's reply) are remembered again, oldest first, at most
+  `max_kv_namespaces` of them, the latest.
 - The epoch is new, and revisions start again at 1: the dump does not say which
   events the old process published after it was written, nor which of them clients
   saw, so no client may take the new history for a continuation of the old one.
@@ -22,7 +26,8 @@ back at start, before it serves:
   `interval_ms`, and never two at once).
 
 The KV store is not in the dump: it is durable on its own (zns.drivers.kv_file), and
-the order configurations restored are the KV store's.
+the order configurations restored are the KV store's. Which of its namespaces a remoting
+delete emptied is not in the KV file (an empty namespace holds no entry): it is in the dump.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from zns.core.state import Restore
 from zns.core.table_state import TableState
 
 MAGIC = b"ZNS-STATE\n"
-FORMAT = 1  # the dump format this zns writes and the newest it reads
+FORMAT = 2  # the dump format this zns writes and the newest it reads (1: no `emptied`)
 HEADER_BYTES = len(MAGIC) + 2 + 4  # magic, format (u16), CRC-32 of the body (u32)
 
 # RocketMQ's broker registers with every NameServer each registerNameServerPeriod
@@ -68,6 +73,9 @@ class StateDump(Struct, array_like=True, frozen=True):
     written_ms: int  # the wall clock when it was made (for the log line at start)
     table: TableState
     remoting: list[tuple[str, str]]  # (cluster, addr): registered over a remoting connection
+    # The namespaces a remoting delete emptied, oldest first (StateMachine.emptied_namespaces);
+    # absent from a format-1 dump, which decodes with none.
+    emptied: list[str] = []
 
 
 _dump_decoder = msgspec.msgpack.Decoder(StateDump)
@@ -75,13 +83,15 @@ _dump_decoder = msgspec.msgpack.Decoder(StateDump)
 
 def dump(service: NameService, written_ms: int, table: TableState | None = None) -> StateDump:
     """The service's state: `table` (its table's, made in steps by the caller while nothing
-    changed) or, when None, the table's now, in one pass."""
+    changed) or, when None, the table's now, in one pass; the emptied namespaces as they
+    are now."""
     if table is None:
         table = service.table.dump()
     remoting = [(a.cluster, a.addr) for a in table.addresses
                 if any(service.tied_connection(a.cluster, a.addr, name) is not None
                        for name in a.names)]
-    return StateDump(written_ms=written_ms, table=table, remoting=remoting)
+    return StateDump(written_ms=written_ms, table=table, remoting=remoting,
+                     emptied=service.state.emptied_namespaces())
 
 
 def encode_dump(state: StateDump) -> bytes:
@@ -124,7 +134,8 @@ def restore(service: NameService, state: StateDump, now: int) -> None:
     windows = [confirm_within_ms(a.timeout_ms, (a.cluster, a.addr) in remoting)
                for a in state.table.addresses]
     try:
-        service.apply(Restore(table=state.table, confirm_within_ms=windows, now=now))
+        service.apply(Restore(table=state.table, confirm_within_ms=windows, now=now,
+                              emptied=state.emptied))
     except ValueError as exc:
         raise CorruptDump(f"it does not hold together: {exc}") from None
 

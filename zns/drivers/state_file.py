@@ -6,10 +6,11 @@ fsynced, renamed over it, the directory fsynced), so a crash at any point leaves
 the previous dump or the new one, never a mix.
 
 `StateWriter` is a source of the server's loop. When the core's `DumpSchedule` says a
-dump is due, it reads the table in steps of DUMP_STEP_WORK queue entries, each inside
+dump is due (the state machine's `changes` moved: the table's or the emptied
+namespaces'), it reads the table in steps of DUMP_STEP_WORK queue entries, each inside
 the loop's slice, and starts over later if the table changed between two steps; the
-finished state (a copy: nothing in it is the table's) is encoded and written by a
-thread. The thread's end wakes the loop; what it raised is raised again in the loop,
+emptied namespaces are read with the last step. The finished state (a copy: nothing in
+it is the table's) is encoded and written by a thread. The thread's end wakes the loop; what it raised is raised again in the loop,
 as itself: an OSError (a full disk, a removed directory) is logged in one line and the
 dump is tried again after the next interval; anything else is a bug and reaches the
 loop's boundary with its traceback. At a clean stop the server writes one last dump
@@ -116,7 +117,7 @@ class StateWriter:
         self.path, self._service, self._wake, self._wall_ms = path, service, wake, wall_ms
         self._clock, self._step_work = clock, step_work
         self._write = write
-        self.schedule = warm.DumpSchedule(interval_ms, written=service.table.changes)
+        self.schedule = warm.DumpSchedule(interval_ms, written=service.state.changes)
         self._steps: Iterator[TableState | None] | None = None
         self._steps_of = 0  # the table's change count when the steps began
         self._thread: threading.Thread | None = None
@@ -142,7 +143,7 @@ class StateWriter:
             return now if not self._thread.is_alive() else None
         if self._steps is not None:
             return now
-        return self.schedule.next_deadline(self._service.table.changes, now)
+        return self.schedule.next_deadline(self._service.state.changes, now)
 
     def run(self, ready: Ready, now: int, until: int) -> None:
         if self._thread is not None:
@@ -161,8 +162,9 @@ class StateWriter:
             if self._clock() >= until:
                 return
         self._steps = None
+        # The table is as at _steps_of; the emptied namespaces are read now, with the count.
         dump = warm.dump(self._service, self._wall_ms(), state)
-        self.schedule.started(self._steps_of, now)
+        self.schedule.started(self._service.state.changes, now)
         self._thread = threading.Thread(target=self._write_in_thread, args=(dump,),
                                         name="zns-state-dump", daemon=True)
         self._thread.start()
@@ -173,10 +175,10 @@ class StateWriter:
         if self._thread is not None:
             self._thread.join()
             self._finish()
-        if self.schedule.written == self._service.table.changes:
+        if self.schedule.written == self._service.state.changes:
             return
         dump = warm.dump(self._service, self._wall_ms())
-        self.schedule.started(self._service.table.changes, 0)
+        self.schedule.started(self._service.state.changes, 0)
         try:
             data = warm.encode_dump(dump)
             self._write(self.path, data)
