@@ -145,7 +145,7 @@ class DumpSchedule:
     never while a write is under way. The driver reports `started`/`finished`."""
 
     def __init__(self, interval_ms: int = DEFAULT_DUMP_INTERVAL_MS, written: int = 0) -> None:
-        """`written`: the table's `changes` count the file already holds."""
+        """`written`: the state machine's `changes` count the file already holds."""
         self.interval_ms = interval_ms
         self.written = written  # the change count of the last dump made
         self._writing = False
@@ -161,7 +161,7 @@ class DumpSchedule:
         return max(now, self._last_start + self.interval_ms)
 
     def started(self, changes: int, now: int) -> None:
-        """A dump of the table at change count `changes` is being written."""
+        """A dump of the state at change count `changes` (StateMachine.changes) is being written."""
         self._writing = True
         self._last_start = now
         self._pending = changes
