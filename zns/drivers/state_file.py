@@ -10,8 +10,8 @@ dump is due (the state machine's `changes` moved: the table's or the emptied
 namespaces'), it reads the table in steps of DUMP_STEP_WORK queue entries, each inside
 the loop's slice, and starts over later if the table changed between two steps; the
 emptied namespaces are read with the last step. The finished state (a copy: nothing in
-it is the table's) is encoded and written by a thread. The thread's end wakes the loop; what it raised is raised again in the loop,
-as itself: an OSError (a full disk, a removed directory) is logged in one line and the
+it is the table's) is encoded and written by a thread. The thread's end wakes the loop;
+what it raised is raised again in the loop, as itself: an OSError (a full disk, a removed directory) is logged in one line and the
 dump is tried again after the next interval; anything else is a bug and reaches the
 loop's boundary with its traceback. At a clean stop the server writes one last dump
 in full (`write_now`), after any write under way.
