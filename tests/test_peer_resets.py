@@ -47,11 +47,11 @@ from zns.drivers.server import Server, ServerConfig
 busy = [float(sys.argv[1])]
 respond = NameService.respond
 
-def busy_once(self, body, now, peer_key=None):
+def busy_once(self, body, now, *args, **kwargs):
     if busy[0]:
         seconds, busy[0] = busy[0], 0.0
         time.sleep(seconds)
-    return respond(self, body, now, peer_key)
+    return respond(self, body, now, *args, **kwargs)
 
 NameService.respond = busy_once
 server = Server(ServerConfig(router="tcp://127.0.0.1:0", pub="tcp://127.0.0.1:0", kv_path=None))
