@@ -17,6 +17,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Callable
 
+from zns.core.addresses import url_host
 from zns.core.errors import InvalidSetting
 
 # Java key -> (the zns setting it becomes, or None; why, when it is not served as such).
@@ -144,7 +145,7 @@ def translate(properties: dict[str, str], *, warn: Callable[[str], None]
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise InvalidSetting("listenPort", f"listenPort must be a port number, got {port!r}")
     host = properties.get("bindAddress", DEFAULT_BIND_ADDRESS)
-    settings["remoting"] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    settings["remoting"] = f"{url_host(host)}:{port}"
     settings["rocketmq"] = True
     return settings
 

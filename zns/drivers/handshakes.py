@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import zmq
 
+from zns.core.addresses import url_host
 from zns.core.handshakes import HandshakeWatch
 
 log = logging.getLogger("zns")
@@ -54,4 +55,4 @@ def _peer(fd: int) -> str | None:
             host, port = sock.getpeername()[:2]
     except OSError:
         return None
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"{url_host(host)}:{port}"
