@@ -136,13 +136,9 @@ class _Collector:
         counts = list(times.counts)
         yield CounterMetricFamily("zns_kv_writes", "Durable KV writes (append and fsync)",
                                   value=sum(counts))
-        buckets, running = [], 0
-        for bound, count in zip([*map(str, WriteTimes.BOUNDS), "+Inf"], counts):
-            running += count
-            buckets.append((bound, running))
         yield HistogramMetricFamily(
             "zns_kv_write_seconds", "Seconds one durable KV write (append and fsync) took",
-            buckets=buckets, sum_value=times.total_seconds)
+            buckets=_cumulative(WriteTimes.BOUNDS, counts), sum_value=times.total_seconds)
         yield GaugeMetricFamily("zns_healthy", "1 while /healthz answers 200 (the loop completes "
                                 "passes), else 0", value=1 if self.healthy() else 0)
         yield GaugeMetricFamily("zns_ready", "1 once /readyz answers 200 (routes warm), else 0",
@@ -163,19 +159,25 @@ class _Collector:
         yield peers
 
 
+def _cumulative(bounds: Iterable[float], counts: Iterable[int]) -> list[tuple[str, int]]:
+    """Prometheus's buckets from counts per bucket (one per bound, then +Inf): each
+    bucket's upper bound as text and the running total up to it."""
+    running, buckets = 0, []
+    for bound, count in zip([*map(str, bounds), "+Inf"], counts):
+        running += count
+        buckets.append((bound, running))
+    return buckets
+
+
 def _request_seconds(family: Callable[..., Any], times: LatencyHistogram) -> Any:
     """`zns_request_seconds{protocol, op}`: how long the loop took to answer one request."""
     metric = family("zns_request_seconds", "Seconds the loop took to answer one request, by "
                     "protocol (zns1, remoting) and op (ZNS/1 op or remoting request code name)",
                     labels=["protocol", "op"])
-    bounds = [*map(str, BOUNDS), "+Inf"]
     for label, counts in sorted(dict(times.counts).items()):
-        running, buckets = 0, []
-        for bound, count in zip(bounds, list(counts)):
-            running += count
-            buckets.append((bound, running))
         protocol, _, op = label.partition(":")
-        metric.add_metric([protocol, op or protocol], buckets, times.sums.get(label, 0.0))
+        metric.add_metric([protocol, op or protocol], _cumulative(BOUNDS, list(counts)),
+                          times.sums.get(label, 0.0))
     return metric
 
 
@@ -184,13 +186,9 @@ def _heartbeat_ages(server: Observed, histogram: Callable[..., Any],
     """The age of every live broker address's last heartbeat, as a distribution (no label per
     broker: its size is fixed whatever the number of brokers) and its largest value."""
     counts, total, largest = age_buckets(server.service.table.last_heartbeats(), server.now_ms())
-    running, buckets = 0, []
-    for bound, count in zip([*map(str, AGE_BOUNDS), "+Inf"], counts):
-        running += count
-        buckets.append((bound, running))
     yield histogram("zns_broker_heartbeat_age_seconds", "Seconds since each live broker "
-                    "address was last heard, as a distribution", buckets=buckets,
-                    gsum_value=total)
+                    "address was last heard, as a distribution",
+                    buckets=_cumulative(AGE_BOUNDS, counts), gsum_value=total)
     yield gauge("zns_broker_heartbeat_age_max_seconds", "Seconds since the longest-silent live "
                 "broker address was last heard (0 with none)", value=largest)
 
