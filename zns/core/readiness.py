@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-LiveKey = tuple[str, str]  # (cluster, broker address), as zns.core.routes keys liveness
+from zns.core.liveness import LiveKey
 
 
 class Readiness:
