@@ -182,7 +182,7 @@ class RemotingListener:
         if descriptors is not None:
             descriptors.plain.append(self.listening)
         host, port = self.listening.getsockname()[:2]
-        self.endpoint = f"{'[' + host + ']' if ':' in host else host}:{port}"
+        self.endpoint = f"{url_host(host)}:{port}"
         self._epoll = select.epoll()
         self._epoll.register(self.listening.fileno(), _IN)
         self.connections: dict[int, _Conn] = {}  # by descriptor
