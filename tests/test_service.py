@@ -141,6 +141,21 @@ def test_unknown_op(svc, op):
     assert repr(op) in reply["message"]
 
 
+def test_a_response_names_its_op_as_the_error_counts_do(svc):
+    """The request timer labels a request by `Response.op` (it does not decode the body again):
+    the op of a request answered or refused, and of one whose fields are out of bounds;
+    "unknown" for an op no one knows or a body with none."""
+    ops = [svc.respond(encode(request), 0).op for request in (
+        {"op": "status", "id": 1},
+        {"op": "kv_get", "id": 2, "namespace": "ns", "key": "absent"},  # not_found
+        {"op": "get_route", "id": 3, "topic": "bad topic!"},  # bad_request, a known op
+        {"op": "no_such_op", "id": 4},
+        {"id": 5},
+    )]
+    assert ops == ["status", "kv_get", "get_route", "unknown", "unknown"]
+    assert svc.respond(b"\xc1", 0).op == "unknown"  # not MessagePack
+
+
 def test_unknown_fields_are_ignored(svc):
     reply = call(svc, "get_route", topic="TopicA", future_field={"x": 1})
     assert reply["op"] == "get_route"

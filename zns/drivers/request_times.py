@@ -13,7 +13,6 @@ from typing import Any, cast
 from zns.core.latency import LatencyHistogram
 from zns.core.remoting.constants import NAMESERVER_REQUEST_CODES, RequestCode
 from zns.core.remoting.handler import RemotingService
-from zns.core.schema import KNOWN_OPS, read_envelope
 from zns.core.service import NameService
 
 _CODE_NAMES = {int(code): code.name for code in RequestCode if int(code) in NAMESERVER_REQUEST_CODES}
@@ -30,9 +29,7 @@ class TimedService:
                 peer: Any = None) -> Any:
         started = time.perf_counter()
         response = self._service.respond(body, now, peer_key, peer)
-        op = read_envelope(body)[1]
-        self._times.observe(f"zns1:{op}" if op in KNOWN_OPS else "zns1:unknown",
-                            time.perf_counter() - started)
+        self._times.observe(f"zns1:{response.op}", time.perf_counter() - started)
         return response
 
     def __getattr__(self, name: str) -> Any:
