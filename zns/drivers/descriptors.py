@@ -40,7 +40,8 @@ import socket
 import struct
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -164,11 +165,7 @@ class DescriptorGuard:
             if listener.monitor not in ready:
                 continue
             out_of_descriptors = False
-            for _ in range(MONITOR_EVENTS_PER_PASS):
-                try:
-                    event = parse_monitor_message(listener.monitor.recv_multipart(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
+            for event in monitor_events(listener.monitor, MONITOR_EVENTS_PER_PASS):
                 if event["event"] == zmq.EVENT_ACCEPT_FAILED:
                     out_of_descriptors = out_of_descriptors or event["value"] in OUT_OF_FDS
                 elif listener.on_event is not None:
@@ -215,6 +212,18 @@ class DescriptorGuard:
             listener.close()
         self.listeners.clear()
         self.shedder.close()
+
+
+def monitor_events(monitor: zmq.Socket, most: int | None = None) -> Iterator[Mapping[str, Any]]:
+    """The events waiting on a socket monitor, parsed, read one at a time without blocking
+    (at most `most` of them; None: until none waits)."""
+    count = 0
+    while most is None or count < most:
+        try:
+            yield parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
+        except zmq.Again:
+            return
+        count += 1
 
 
 def waiting(listening: list[socket.socket]) -> list[socket.socket]:

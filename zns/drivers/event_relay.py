@@ -30,7 +30,6 @@ import threading
 import time
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from zns.core.addresses import resolve_pub_endpoint
 from zns.core.backoff import Backoff
@@ -41,7 +40,7 @@ from zns.core.subscriptions import (
     QueuedEvents,
     SubscriptionBudget,
 )
-from zns.drivers.descriptors import Listener
+from zns.drivers.descriptors import Listener, monitor_events
 from zns.drivers.io_errors import configured
 from zns.drivers.requests import call_any
 from zns.drivers.server import DEFAULT_PUB_HWM, MAX_SUBSCRIPTION_BYTES, SUBSCRIBE_COMMAND_BYTES
@@ -169,11 +168,7 @@ class Relay:
             self._send_upstream(self.forwarding.unsubscribed(peer, channel))
 
     def _on_subscriber_monitor(self, monitor: zmq.Socket) -> None:
-        while True:
-            try:
-                event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return
+        for event in monitor_events(monitor):
             fd = int(event["value"])
             self.subscribers.on_monitor_event(event["event"], fd)
             # Only a close forgets a subscriber's channels: its accept may be reported after
@@ -188,13 +183,9 @@ class Relay:
             self._xsub.send(message)
 
     def _upstream_closed(self, monitor: zmq.Socket) -> bool:
-        closed = False
-        while True:
-            try:
-                event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return closed
-            closed = closed or event["event"] == zmq.EVENT_DISCONNECTED
+        # Every waiting event is read, whichever says so: the monitor is drained.
+        events = [event["event"] for event in monitor_events(monitor)]
+        return zmq.EVENT_DISCONNECTED in events
 
     def _connect_upstream(self) -> None:
         xsub = self._ctx.socket(zmq.XSUB)
