@@ -1253,3 +1253,20 @@ def test_register_bodies_are_bounded_by_the_services_limits():
     route_body = json.dumps({"queueDatas": [], "brokerDatas": [], "x": [1] * 2_000}).encode()
     reply = call(rs, req(217, {"topic": "T"}, route_body))
     assert reply.code != 0 and "a route of 1 broker names may hold" in reply.remark
+
+
+def test_a_route_read_after_a_state_load_is_encoded_by_the_listener_s_json_encoder():
+    """A worker's replica loads a state transfer (NameService.load_state) while its remoting
+    listener serves: the route cache made afresh for the loaded table keeps the listener's
+    JSON encoder and its bound (before: GET_ROUTEINFO_BY_TOPIC answered "internal error")."""
+    replica = new_service()
+    rs = RemotingService(replica, order_message_enable=True)
+    replica.encoded.max_json_bytes = 12_345
+    primary = new_service()
+    primary_rs = RemotingService(primary, order_message_enable=True)
+    register_pair(primary_rs)
+    replica.load_state(primary.state.dump(), KvStore(None))
+    route = req(105, {"topic": "TopicTest"})
+    assert ok(rs, route).body == ok(primary_rs, route).body != b""
+    assert replica.encoded.json_encoder is rs.route_json
+    assert replica.encoded.max_json_bytes == 12_345

@@ -307,7 +307,11 @@ class NameService:
         encodings and the snapshot cache start empty."""
         self.state = StateMachine.load(dump, kv, limits=self.state.limits)
         self.table, self.kv, self.epoch = self.state.table, kv, self.state.table.epoch
-        self.encoded = EncodedRoutes(self.table.route, lambda route: self._exact(route))
+        # A cache of the new table's routes, made by the same encoders within the same bound
+        # (the JSON encoder is the remoting listener's, set once when it was made).
+        held = self.encoded
+        self.encoded = EncodedRoutes(self.table.route, lambda route: self._exact(route),
+                                     held.max_json_bytes, held.json_encoder)
         self._snapshot_routes = (-1, Raw(b""))
 
     def tied_connection(self, cluster: str, addr: str, name: str) -> int | None:
