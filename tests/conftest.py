@@ -25,17 +25,21 @@ SERVER_FIXTURES = {"server", "make_server", "process_server", "rocketmq_env", "r
 
 
 # The test files that take longest (JVMs, subprocesses, fuzz budgets), longest first, from
-# `--durations` (per-file sums; worth redoing when a file's time changes much). `make test` runs files whole on two workers (--dist loadfile,
-# --no-loadscope-reorder): a long file handed out last keeps one worker busy while the other
+# per-file sums of a run's test times (redone after the workers/warm-state merges; worth
+# redoing when a file's time changes much). `make test` runs files whole on two workers
+# (--dist loadfile, --no-loadscope-reorder): a long file handed out last keeps one worker busy while the other
 # idles, and xdist's own order (most tests first) handed these out last, since most have one
 # to seven tests. The list only orders the run; a file missing from it runs after these.
 LONGEST_FIRST = [
-    "interop/test_agent.py", "interop/test_zns_nameserver.py", "test_bench_smoke.py",
-    "interop/test_java_nameserver.py", "interop/test_fidelity_brokers.py",
-    "interop/test_version_matrix.py", "interop/test_differential.py", "test_server_hardening.py",
-    "test_peers.py", "test_fuzz.py", "test_peer_resets.py", "test_idle_cpu.py", "test_faults.py",
-    "test_remoting_listener.py", "test_remoting_fuzz.py", "test_packaging.py", "test_kv_crash.py",
-    "test_types.py", "test_remoting_live_fuzz.py",
+    "test_bench_smoke.py", "interop/test_agent.py", "interop/test_zns_nameserver.py",
+    "interop/test_java_nameserver.py", "interop/test_warm_restart_rocketmq.py", "test_peers.py",
+    "interop/test_agent_events.py", "interop/test_fidelity_brokers.py",
+    "interop/test_differential.py", "interop/test_version_matrix.py", "test_remoting_listener.py",
+    "test_server_hardening.py", "test_workers_serve.py", "test_peer_resets.py",
+    "test_idle_cpu.py", "test_broker_agent.py", "test_peers_hostile.py", "test_faults.py",
+    "test_server.py", "test_metrics.py", "test_doc_blocks.py", "test_events.py", "test_demos.py",
+    "test_relay_forwarding.py", "test_loop.py", "test_soak_smoke.py", "interop/test_operator.py",
+    "interop/test_audit_mqadmin.py", "test_fuzz.py", "test_remoting_fuzz.py",
 ]
 
 
