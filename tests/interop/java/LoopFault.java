@@ -12,7 +12,8 @@
  *   {"step":"<what step() threw>"}          its next step gives up the streams
  *   {"closed_ms":N}                         closing everything took N ms (the dead context
  *                                           never terminates: closing must not wait for it)
- *   {"hb":true|false}                       a fresh context of the loop receives an hb
+ *   {"fresh":true|false}                    the loop made a new context after closing
+ *   {"hb":true|false}                       that fresh context receives an hb (30 s at most)
  */
 package zns.agent;
 
@@ -63,10 +64,11 @@ public final class LoopFault {
 
         ZContext fresh = (ZContext) context.invoke(loop);
         ZMQ.Socket h = fresh.createSocket(SocketType.SUB);
-        h.setReceiveTimeOut(10_000);
+        h.setReceiveTimeOut(30_000); // a deadline, not a measure: a loaded machine may be slow
         h.subscribe("hb\0".getBytes(StandardCharsets.UTF_8));
         h.connect(endpoint);
-        System.out.println("{\"hb\":" + (fresh != dying && h.recv() != null) + "}");
+        System.out.println("{\"fresh\":" + (fresh != dying) + "}");
+        System.out.println("{\"hb\":" + (h.recv() != null) + "}");
         System.out.flush();
         Runtime.getRuntime().halt(0); // the dead context's threads are daemons, but leave no doubt
     }
