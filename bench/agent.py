@@ -178,7 +178,8 @@ def run(config: RunConfig) -> BenchResult:
                                   since=killed_at)
             out["kill_zns"].append((ev_at - killed_at) * 1000)
             out["kill_ended"].append((ended_at - killed_at) * 1000)
-            out["ended_zns"].append((ev_at - ended_at) * 1000)
+            if ev_at >= ended_at:  # else zns's event beat the pidfd's wake-up: the sockets
+                out["ended_zns"].append((ev_at - ended_at) * 1000)  # close first; no sample
             out["kill_agent"].append(seen["wall_ms"] - killed_at * 1000)
             out["kill_agent_after_zns"].append(seen["wall_ms"] - ev_at * 1000)
             kill_split = _split(out, "kill", agent, topic, ev_at, seen["wall_ms"])
@@ -319,6 +320,7 @@ def result(out: dict[str, list[float]], kills_n: int, reference_n: int, wipes_n:
         figures += fig("broker SIGKILL, split: the kill → the kernel has ended the process (pidfd)", "kill_ended",
                        None, None, "the kernel's part: the sockets are closed before the pidfd says the "
                        "process ended")
+    if out["ended_zns"]:
         figures += fig("broker SIGKILL, split: the process ended → zns's event at the watcher", "ended_zns", None,
                        None, "zns's part (the closed connection noticed, the route rebuilt, the event sent) "
                        "plus the watcher's receipt; at most this, since the sockets closed a little earlier")

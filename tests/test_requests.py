@@ -235,17 +235,22 @@ def test_the_default_timeout_is_3_seconds(servers, which, monkeypatch) -> None:
     ns = servers(silent)
     waited: list[int] = []
     real_poll = zmq.Socket.poll
+    # Only this thread's waits: the patch is process-wide, and other threads poll too (the
+    # fake server's, and any a test before this one in the same worker left running).
+    me = threading.current_thread()
 
     # The wait is cut short (the timeout asked for is recorded, then 50 ms waited).
     def poll(self: zmq.Socket, timeout: int | None = None, flags: int = zmq.POLLIN) -> int:
-        waited.append(timeout)  # type: ignore[arg-type]
-        return real_poll(self, 50, flags)
+        if threading.current_thread() is me:
+            waited.append(timeout)  # type: ignore[arg-type]
+        return real_poll(self, 50 if threading.current_thread() is me else timeout, flags)
 
     real_poller_poll = zmq.Poller.poll
 
     def poller_poll(self: zmq.Poller, timeout: int | None = None) -> list:
-        waited.append(timeout)  # type: ignore[arg-type]
-        return real_poller_poll(self, 50)
+        if threading.current_thread() is me:
+            waited.append(timeout)  # type: ignore[arg-type]
+        return real_poller_poll(self, 50 if threading.current_thread() is me else timeout)
 
     monkeypatch.setattr(zmq.Socket, "poll", poll)
     monkeypatch.setattr(zmq.Poller, "poll", poller_poll)
