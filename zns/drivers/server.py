@@ -27,7 +27,6 @@ from zns.core.config import (  # DEFAULT_*: re-exported for the relay and the be
 )
 from zns.drivers.kv_file import KvStore
 from zns.drivers import state_file
-from zns.core import warm
 from zns.drivers.peers import PeerLinks
 from zns.drivers.security import Security
 from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
@@ -338,23 +337,12 @@ class Server:
         path = state_file.state_path_for(config.state_path, config.kv_path)
         if path is None:
             return None
-        state_file.check_writable(path)
-        dump = state_file.load(path)
+        dump = state_file.restore(path, self.service, self._now(), self._wall_ms())
         if dump is not None:
-            try:
-                warm.restore(self.service, dump, self._now())
-            except warm.CorruptDump as exc:
-                log.error("state dump %s ignored, starting with no routes: %s", path, exc)
-            else:
-                table = self.service.table
-                # /readyz waits for each restored address to register again (or go).
-                self.readiness = Readiness(
-                    [(a.cluster, a.addr) for a in dump.table.addresses], self._now(),
-                    round(config.ready_grace_s * 1000))
-                age_s = max(0, self._wall_ms() - dump.written_ms) / 1000
-                log.info("restored %d broker names and %d topics from %s (written %.1f s ago); "
-                         "each broker is removed unless it registers again (reason "
-                         "not_confirmed)", table.broker_count(), table.topic_count(), path, age_s)
+            # /readyz waits for each restored address to register again (or go).
+            self.readiness = Readiness(
+                [(a.cluster, a.addr) for a in dump.table.addresses], self._now(),
+                round(config.ready_grace_s * 1000))
         return state_file.StateWriter(path, self.service, wake=self.wake, clock=self._now,
                                       wall_ms=self._wall_ms)
 

@@ -85,6 +85,25 @@ def load(path: Path) -> warm.StateDump | None:
         return None
 
 
+def restore(path: Path, service: NameService, now: int, wall_ms: int) -> warm.StateDump | None:
+    """Refuse an unusable `path` (ConfigError), then load its dump into the fresh `service`:
+    the dump restored, or None (none there, or corrupt: said in one line, starting empty)."""
+    check_writable(path)
+    dump = load(path)
+    if dump is None:
+        return None
+    try:
+        warm.restore(service, dump, now)
+    except warm.CorruptDump as exc:
+        log.error("state dump %s ignored, starting with no routes: %s", path, exc)
+        return None
+    table = service.table
+    log.info("restored %d broker names and %d topics from %s (written %.1f s ago); each broker "
+             "is removed unless it registers again (reason not_confirmed)", table.broker_count(),
+             table.topic_count(), path, max(0, wall_ms - dump.written_ms) / 1000)
+    return dump
+
+
 def write_file(path: Path, data: bytes) -> None:
     """Replace `path` with `data` atomically and durably."""
     path.parent.mkdir(parents=True, exist_ok=True)

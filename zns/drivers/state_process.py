@@ -33,7 +33,6 @@ import msgspec
 import zmq
 
 from zns import __version__
-from zns.core import warm
 from zns.core.errors import BadRequest, EndpointError, ErrorReply, Internal
 from zns.core.replication import Primary
 from zns.core.schema import encode
@@ -269,19 +268,9 @@ class StateProcess:
         path = state_file.state_path_for(config.state_path, config.kv_path)
         if path is None:
             return None
-        state_file.check_writable(path)
-        dump = state_file.load(path)
-        if dump is not None:
-            try:
-                warm.restore(self.service, dump, self._now())
-            except warm.CorruptDump as exc:
-                log.error("state dump %s ignored, starting with no routes: %s", path, exc)
-            else:
-                log.info("restored %d broker names and %d topics from %s",
-                         self.service.table.broker_count(), self.service.table.topic_count(),
-                         path)
+        state_file.restore(path, self.service, self._now(), _wall_ms())
         return state_file.StateWriter(path, self.service, wake=self.waker.wake, clock=self._now,
-                                      wall_ms=lambda: round(time.time() * 1000))
+                                      wall_ms=_wall_ms)
 
     @staticmethod
     def _now() -> int:
@@ -374,3 +363,7 @@ class _Pool:
         process.reap(now)
         process.pool.on_timer(now)
         process.carry_out(now)
+
+
+def _wall_ms() -> int:
+    return round(time.time() * 1000)
