@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import secrets
 import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
@@ -50,7 +49,7 @@ from zns.drivers.request_router import (
     peer_address,
 )
 from zns.core.remoting.handler import RemotingService, describe_access, remoting_access
-from zns.drivers.sockets import Waker, set_keepalive
+from zns.drivers.sockets import Waker, handle_signals, set_keepalive
 from zns.core.budget import ReplyBudget
 from zns.core.service import Frames, NameService
 from zns.core.timers import ServerTimers
@@ -404,23 +403,8 @@ class Server:
     def _install_signal_handlers(self) -> tuple[Callable[[], None], Callable[[], None]]:
         """Stop on SIGTERM/SIGINT, reload keys on SIGHUP; returns the two undos: the
         wake-up descriptor's (before the waker closes) and the handlers'."""
-        if threading.current_thread() is not threading.main_thread():
-            return (lambda: None), (lambda: None)
-        previous = {sig: signal.getsignal(sig)
-                    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop())
-        signal.signal(signal.SIGHUP, lambda *_: self.reload_keys())
-        old_fd = signal.set_wakeup_fd(self.waker.fileno())
-
-        def restore_wakeup() -> None:
-            signal.set_wakeup_fd(old_fd)
-
-        def restore_handlers() -> None:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-        return restore_wakeup, restore_handlers
+        return handle_signals({signal.SIGTERM: self.stop, signal.SIGINT: self.stop,
+                               signal.SIGHUP: self.reload_keys}, self.waker)
 
 
 def is_loopback(endpoint: str) -> bool:

@@ -10,8 +10,10 @@ or tool opens to a NameServer is made by `open_socket`, so transport options
 from __future__ import annotations
 
 import os
+import signal
 import socket
-from collections.abc import Collection, Iterable
+import threading
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import zmq
@@ -160,3 +162,26 @@ class Waker:
     def close(self) -> None:
         self._reader.close()
         self._writer.close()
+
+
+def handle_signals(handlers: dict[int, Callable[[], None]],
+                   waker: Waker) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Install `handlers` and make `waker` the signal wake-up descriptor (a signal then wakes
+    the loop's poll); returns the two undos: the wake-up descriptor's (before the waker
+    closes) and the handlers'. Off the main thread (an embedded server) nothing is installed:
+    Python takes signals there only."""
+    if threading.current_thread() is not threading.main_thread():
+        return (lambda: None), (lambda: None)
+    previous = {sig: signal.getsignal(sig) for sig in handlers}
+    for sig, handler in handlers.items():
+        signal.signal(sig, lambda *_, handler=handler: handler())
+    old_fd = signal.set_wakeup_fd(waker.fileno())
+
+    def restore_wakeup() -> None:
+        signal.set_wakeup_fd(old_fd)
+
+    def restore_handlers() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore_wakeup, restore_handlers

@@ -25,7 +25,6 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
 from collections.abc import Sequence
 
@@ -47,7 +46,7 @@ from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import Loop, PollSet, Ready, Source
 from zns.drivers.replication_link import PrimaryLink, fork_worker
 from zns.drivers.server import new_epoch
-from zns.drivers.sockets import Waker
+from zns.drivers.sockets import Waker, handle_signals
 from zns.drivers.worker import WriteAnswer, worker_main
 
 log = logging.getLogger("zns")
@@ -159,14 +158,9 @@ class StateProcess:
         self.loop = Loop(sources, clock=self._now, stall=self.timers, poll=PollSet())
 
     def run(self) -> None:
-        previous = {sig: signal.getsignal(sig)
-                    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)}
-        in_main = threading.current_thread() is threading.main_thread()
-        if in_main:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: self.stop())
-            signal.signal(signal.SIGCHLD, lambda *_: self.waker.wake())
-            old_fd = signal.set_wakeup_fd(self.waker.fileno())
+        restore_wakeup, restore_handlers = handle_signals(
+            {signal.SIGTERM: self.stop, signal.SIGINT: self.stop, signal.SIGCHLD: self.waker.wake},
+            self.waker)
         log.info("zns state process (pid %d, epoch %s): %d workers serve requests on %s, "
                  "events on %s, RocketMQ remoting on %s", os.getpid(), self.service.epoch,
                  self.config.workers, self.config.router, self.config.pub,
@@ -180,10 +174,8 @@ class StateProcess:
                 if self.state is not None:
                     self.state.write_now()
             finally:
-                if in_main:
-                    signal.set_wakeup_fd(old_fd)
-                    for sig, handler in previous.items():
-                        signal.signal(sig, handler)
+                restore_wakeup()
+                restore_handlers()
                 self.close()
                 log.info("zns state process stopped")
 
