@@ -455,7 +455,7 @@ class HostileEndpoint:
         self.epoch = "e1e1e1e1e1e1e1e1"
         self.revision = 1
         self.sent: dict[str, int] = {}
-        self.last_flood_ms = 0.0  # wall clock of the last route event of `revisions`/`epochs`
+        self.last_flood_ms = 0.0  # wall clock (ms, floored) just before the last route event of `revisions`/`epochs` was sent
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         self._subs: dict[socket.socket, set[bytes]] = {}
@@ -559,8 +559,12 @@ class HostileEndpoint:
                         self.revision += 1
                         revision = self.revision
                     epoch = f"{revision:016x}" if mode == "epochs" else None
+                    # taken before the send, floored as Java's currentTimeMillis is: a pull that
+                    # covers this event prints a wall_ms at least this (taken after the send, a
+                    # descheduled thread could stamp it after the agent already pulled)
+                    sent_ms = float(int(time.time() * 1000))
                     conn.sendall(self.route(revision, epoch))
-                    self.last_flood_ms = time.time() * 1000
+                    self.last_flood_ms = sent_ms
                     self._count(mode)
                     time.sleep(0.001)  # about 500 a second on this machine: far more than the bound
         except OSError:
