@@ -185,6 +185,10 @@ class _Collector:
         yield HistogramMetricFamily(
             "zns_kv_write_seconds", "Seconds one durable KV write (append and fsync) took",
             buckets=_cumulative(WriteTimes.BOUNDS, counts), sum_value=total)
+        if server.worker:
+            yield GaugeMetricFamily("zns_answering_worker", "The worker that answered this "
+                                    "scrape (the kernel spreads connections over them)",
+                                    value=server.worker)
         yield GaugeMetricFamily("zns_healthy", "1 while /healthz answers 200 (the loop completes "
                                 "passes), else 0", value=1 if self.healthy() else 0)
         yield GaugeMetricFamily("zns_ready", "1 once /readyz answers 200 (routes warm), else 0",

@@ -228,7 +228,7 @@ class _Reporter:
 def worker_main(config: ServerConfig, worker: int, channel: socket.socket) -> int:
     """A forked worker's life: load the first state, bind, serve until the state process
     goes or a signal stops it. Returns the exit code."""
-    log.addFilter(_NamedWorker(worker))
+    name_worker_lines(worker)
     service = ReplicaService(worker, started_at_ms=int(time.monotonic() * 1000),
                              version=__version__, limits=config.limits)
     server: Server | None = None
@@ -273,6 +273,15 @@ def worker_main(config: ServerConfig, worker: int, channel: socket.socket) -> in
     log.info("loaded the state at seq %d (pid %d)", link.replica.applied, os.getpid())
     server.run()
     return 0
+
+
+def name_worker_lines(worker: int) -> None:
+    """Every line this process logs says `worker N: ` first: a filter on each handler of
+    the root logger (a logger's own filter would miss its children's records, such as
+    zns.zap's CURVE decisions), or on the zns logger when the root has none."""
+    targets: list[logging.Filterer] = [*logging.getLogger().handlers] or [log]
+    for target in targets:
+        target.addFilter(_NamedWorker(worker))
 
 
 class _NamedWorker(logging.Filter):

@@ -1,0 +1,162 @@
+"""Operating `zns serve --workers N`: one /metrics, /healthz and /readyz for the whole on
+the workers' shared port, `status` listing every worker, log lines naming the worker."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import signal
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from helpers import Peer, ProcessServer, register_fields, wait_for
+from zns.drivers.worker import name_worker_lines
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture
+def ctx() -> Any:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metrics_port(server: ProcessServer) -> int:
+    return int(re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", server.output())[0])
+
+
+def scrape(server: ProcessServer) -> Samples:
+    """One scrape on a new connection (the kernel picks the worker)."""
+    status, text = get(f"http://127.0.0.1:{metrics_port(server)}/metrics")
+    assert status == 200, text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def worker_pids(server: ProcessServer) -> dict[int, int]:
+    """The live pid of each worker, from its last start line."""
+    found = re.findall(r"worker (\d+): loaded the state at seq \d+ \(pid (\d+)\)", server.output())
+    return {int(w): int(p) for w, p in found}
+
+
+def peer_on_worker(server: ProcessServer, worker: int, ctx: zmq.Context) -> Peer:
+    for _ in range(200):
+        peer = Peer(server.router, server.pub, ctx)
+        if peer.ok("status").worker == worker:
+            return peer
+        peer.close()
+    raise AssertionError(f"no connection landed on worker {worker}")
+
+
+def both_loaded(samples: Samples) -> bool:
+    return all(samples.get(("zns_worker_loaded", (("worker", w),))) == 1 for w in ("1", "2"))
+
+
+def test_every_scrape_on_any_worker_shows_both_workers_and_the_state_process(
+        tmp_path: Path, ctx: Any) -> None:
+    server = ProcessServer(tmp_path, "--workers", "2", "--metrics", "127.0.0.1:0")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        one, two = peer_on_worker(server, 1, ctx), peer_on_worker(server, 2, ctx)
+        one.ok("register_broker", **register_fields(topics={"T": {}}))
+        one.ok("kv_put", namespace="ns", key="k", value="v")
+        for _ in range(3):
+            two.ok("get_route", topic="T")
+        reads = ("zns_requests_total", (("op", "get_route"), ("outcome", "ok"), ("worker", "2")))
+        writes = ("zns_requests_total",
+                  (("op", "register_broker"), ("outcome", "ok"), ("worker", "1")))
+        # Each worker's counts reach the others within two report periods.
+        wait_for(lambda: all(scrape(server).get(reads) == 3 for _ in range(4)), timeout=30,
+                 interval=0.2)
+        answered = set()
+        for _ in range(12):
+            m = scrape(server)
+            answered.add(m["zns_answering_worker", ()])
+            assert m[reads] == 3 and m[writes] == 1, m
+            for worker in ("1", "2"):  # every worker's own series, labelled
+                assert ("zns_dropped_replies_total", (("worker", worker),)) in m
+                assert m["zns_events_published_total",
+                         (("channel_kind", "hb"), ("worker", worker))] >= 1
+                assert m["zns_worker_loaded", (("worker", worker),)] == 1
+                assert m["zns_worker_applied_seq", (("worker", worker),)] >= 2
+                assert m["zns_worker_lag_commands", (("worker", worker),)] >= 0
+                assert m["zns_process_resident_memory_bytes", (("process", worker),)] > 0
+            # The whole's figures: once, unlabelled; the state process's own.
+            assert m["zns_brokers", ()] == 1 and m["zns_topics", ()] == 1
+            assert m["zns_kv_writes_total", ()] == 1  # the KV file is the state process's
+            assert m["zns_replication_seq", ()] >= 2
+            assert m["zns_worker_restarts_total", ()] == 0
+            assert m["zns_process_resident_memory_bytes", (("process", "state"),)] > 0
+            assert m["zns_ready", ()] == 1
+        assert answered == {1, 2}, "every scrape landed on one worker: run again"
+        for path in ("/healthz", "/readyz"):
+            assert get(f"http://127.0.0.1:{metrics_port(server)}{path}")[0] == 200
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_killed_worker_is_counted_as_restarted_and_status_lists_every_worker(
+        tmp_path: Path, ctx: Any) -> None:
+    server = ProcessServer(tmp_path, "--workers", "2", "--metrics", "127.0.0.1:0")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        wait_for(lambda: both_loaded(scrape(server)), timeout=30, interval=0.2)
+        pids = worker_pids(server)
+        peer = Peer(server.router, server.pub, ctx)
+        peer.ok("register_broker", **register_fields())
+
+        def listed(reply: Any) -> dict[int, tuple[int, str]]:
+            return {w.worker: (w.pid, w.state) for w in reply.workers}
+
+        # Any worker answers with every worker, as the state process sees them.
+        for worker in (1, 2):
+            reply = peer_on_worker(server, worker, ctx).ok("status")
+            assert listed(reply) == {w: (pid, "loaded") for w, pid in pids.items()}
+        os.kill(pids[1], signal.SIGKILL)
+        wait_for(lambda: worker_pids(server)[1] != pids[1])
+        m = wait_for(lambda: (m := scrape(server))["zns_worker_restarts_total", ()] == 1
+                     and both_loaded(m) and m, timeout=30, interval=0.2)
+        assert m["zns_brokers", ()] == 1
+        new = worker_pids(server)
+        reply = wait_for(lambda: (r := Peer(server.router, None, ctx).ok("status")) and
+                         listed(r) == {w: (pid, "loaded") for w, pid in new.items()} and r,
+                         timeout=30)
+        for w in reply.workers:
+            assert w.applied == reply.workers[0].applied and w.lag_commands >= 0
+    finally:
+        assert server.stop() == 0
+
+
+def test_every_line_a_worker_logs_names_it_whatever_its_logger(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [handler])
+    name_worker_lines(3)
+    logging.getLogger("zns").warning("from zns")
+    logging.getLogger("zns.zap").warning("from a child logger")
+    logging.getLogger("zns").warning("worker 3: already named")
+    assert stream.getvalue().splitlines() == [
+        "worker 3: from zns", "worker 3: from a child logger", "worker 3: already named"]
