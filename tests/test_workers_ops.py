@@ -160,3 +160,31 @@ def test_every_line_a_worker_logs_names_it_whatever_its_logger(
     logging.getLogger("zns").warning("worker 3: already named")
     assert stream.getvalue().splitlines() == [
         "worker 3: from zns", "worker 3: from a child logger", "worker 3: already named"]
+
+
+def test_sighup_to_the_state_process_reloads_every_worker_and_ends_nothing(
+        tmp_path: Path, ctx: Any) -> None:
+    # `systemctl reload zns` sends SIGHUP to the main process: the state process.
+    server = ProcessServer(tmp_path, "--workers", "2")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        pids = worker_pids(server)
+        os.kill(server.proc.pid, signal.SIGHUP)
+        wait_for(lambda: all(f"worker {w}: SIGHUP: CURVE is off" in server.output()
+                             for w in (1, 2)))
+        assert server.proc.poll() is None and worker_pids(server) == pids
+        assert Peer(server.router, None, ctx).ok("status").workers
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_stop_signal_to_every_process_at_once_starts_no_worker(tmp_path: Path) -> None:
+    # What `systemctl stop` does (KillMode=control-group): SIGTERM to the state process and
+    # to every worker at the same moment. The workers that end are not replaced.
+    server = ProcessServer(tmp_path, "--workers", "2")
+    wait_for(lambda: server.output().count("serving requests on") == 2)
+    for pid in worker_pids(server).values():
+        os.kill(pid, signal.SIGTERM)
+    assert server.stop() == 0
+    assert server.output().count(" started (pid") == 2, server.output()
+    assert "starting another" not in server.output()

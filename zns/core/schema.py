@@ -322,7 +322,7 @@ class StatusReply(Reply, tag="status"):
     # `zns serve --workers N`); UNSET (not encoded) from a single process.
     worker: int | UnsetType = UNSET
     # zns extension (optional field): every worker under `zns serve --workers N`, as the
-    # state process saw them at most two seconds ago (zns.core.figures); UNSET otherwise.
+    # state process saw them at most a second ago (zns.core.figures); UNSET otherwise.
     workers: list[WorkerStatus] | UnsetType = UNSET
 
 
