@@ -8,6 +8,9 @@ import logging
 import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -188,3 +191,19 @@ def test_a_stop_signal_to_every_process_at_once_starts_no_worker(tmp_path: Path)
     assert server.stop() == 0
     assert server.output().count(" started (pid") == 2, server.output()
     assert "starting another" not in server.output()
+
+
+def test_a_metrics_port_in_use_is_refused_in_one_line_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "zns", "serve", "--workers", "2", "--router",
+             "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*", "--kv-path",
+             str(tmp_path / "kv"), "--metrics", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    # As one process says it (zns.drivers.metrics).
+    assert len(lines) == 1 and f"--metrics 127.0.0.1:{port}: cannot listen: " in lines[0], lines

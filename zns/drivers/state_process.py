@@ -135,24 +135,19 @@ class StateProcess:
     def __init__(self, config: ServerConfig) -> None:
         self._reserved: list[socket.socket] = []
         try:
-            router, sock = reserve_port(config.router)
-            self._reserved.append(sock)
-            pub, sock = reserve_port(config.pub)
-            self._reserved.append(sock)
+            router = self._reserve(config.router)
+            pub = self._reserve(config.pub)
             remoting = config.remoting
             if remoting:
-                remoting, sock = reserve_port(f"tcp://{remoting}")
-                remoting = remoting[len("tcp://"):]
-                self._reserved.append(sock)
+                remoting = self._reserve(f"tcp://{remoting}")[len("tcp://"):]
             metrics = config.metrics
             if metrics:  # checked by the config: HOST:PORT, maybe http://
                 host, port = parse_host_port(metrics, schemes=("http",))
-                metrics, sock = reserve_port(f"tcp://{url_host(host)}:{port}")
-                metrics = metrics[len("tcp://"):]
-                self._reserved.append(sock)
-        except OSError as exc:
+                metrics = self._reserve(f"tcp://{url_host(host)}:{port}",
+                                        f"--metrics {metrics}: cannot listen")[len("tcp://"):]
+        except EndpointError:
             self.close()
-            raise EndpointError(f"cannot bind {config.router} or {config.pub}: {exc}") from exc
+            raise
         self.config = msgspec.structs.replace(config, router=router, pub=pub, remoting=remoting,
                                               metrics=metrics)
         self._stopping = False
@@ -204,6 +199,16 @@ class StateProcess:
                 restore_handlers()
                 self.close()
                 log.info("zns state process stopped")
+
+    def _reserve(self, endpoint: str, refused: str = "") -> str:
+        """`reserve_port`, its socket held until `close`; EndpointError starting with
+        `refused` (default: cannot bind `endpoint`), as one process says it."""
+        try:
+            bound, sock = reserve_port(endpoint)
+        except OSError as exc:
+            raise EndpointError(f"{refused or f'cannot bind {endpoint}'}: {exc}") from exc
+        self._reserved.append(sock)
+        return bound
 
     def stop(self) -> None:
         self._stopping = True
