@@ -136,7 +136,8 @@ class _Collector:
             "(zns1, remoting) and op (ZNS/1 op or remoting request code name)",
             labels=["protocol", "op", *labels])
         per_worker = {name: (CounterMetricFamily if counter else GaugeMetricFamily)(
-            name, text, labels=labels) for name, counter, text in _PER_WORKER}
+            name, text, labels=labels) for name, counter, text in (
+                *_PER_WORKER, _WORKER_STALLS if server.worker else _STALLS)}
         for label, figures in shown:
             for op, outcome, count in figures.requests:
                 requests.add_metric([op, outcome, *label], count)
@@ -151,12 +152,10 @@ class _Collector:
                 ("zns_remoting_connections", figures.remoting_connections),
                 ("zns_remoting_max_connections", figures.remoting_max_connections),
                 ("zns_event_subscribers_cut", figures.subscribers_cut),
-                ("zns_worker_stalls" if server.worker else "zns_stalls", figures.stalls),
+                ((_WORKER_STALLS if server.worker else _STALLS)[0], figures.stalls),
             ):
                 per_worker[name].add_metric(label, value)
-        yield from (requests, remoting, encoded, published, seconds)
-        yield from (f for name, f in per_worker.items()
-                    if name != ("zns_stalls" if server.worker else "zns_worker_stalls"))
+        yield from (requests, remoting, encoded, published, seconds, *per_worker.values())
         for name, text, value in (
             ("zns_brokers", "Broker names held", table.broker_count()),
             ("zns_broker_addresses", "Live broker addresses", table.address_count()),
@@ -212,9 +211,11 @@ _PER_WORKER = (
      "open-file limit's clamp; 0 with no listener)"),
     ("zns_event_subscribers_cut", True, "Events subscribers disconnected for what their "
      "subscriptions cost"),
-    ("zns_stalls", True, "Stalls measured (§8): the loop did not run"),
-    ("zns_worker_stalls", True, "Stalls measured in a worker: its loop did not run"),
 )
+# Stalls: a single process's own; under --workers N each worker's, labelled, while
+# zns_stalls is the state process's (the stalls that shift the expiry).
+_STALLS = ("zns_stalls", True, "Stalls measured (§8): the loop did not run")
+_WORKER_STALLS = ("zns_worker_stalls", True, "Stalls measured in a worker: its loop did not run")
 
 
 def own_figures(server: Observed) -> WorkerFigures:
