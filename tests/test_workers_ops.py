@@ -209,3 +209,26 @@ def test_a_metrics_port_in_use_is_refused_in_one_line_naming_it(tmp_path: Path) 
     lines = result.stderr.strip().splitlines()
     # As one process says it (zns.drivers.metrics).
     assert len(lines) == 1 and f"--metrics 127.0.0.1:{port}: cannot listen: " in lines[0], lines
+
+
+def test_readyz_on_any_worker_waits_for_the_brokers_the_state_process_restored(
+        tmp_path: Path, ctx: Any) -> None:
+    first = ProcessServer(tmp_path, "--workers", "2")
+    try:
+        wait_for(lambda: first.output().count("serving requests on") == 2)
+        Peer(first.router, None, ctx).ok("register_broker", **register_fields())
+    finally:
+        assert first.stop() == 0  # writes the state dump
+    server = ProcessServer(tmp_path, "--workers", "2", "--metrics", "127.0.0.1:0")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        url = f"http://127.0.0.1:{metrics_port(server)}/readyz"
+        for _ in range(8):  # whichever worker answers: the state process's rule
+            status, text = get(url)
+            assert status == 503 and ("warming: 1 of 1 brokers" in text
+                                      or "no word from the state process" in text), text
+        Peer(server.router, None, ctx).ok("register_broker", **register_fields())
+        wait_for(lambda: all(get(url)[0] == 200 for _ in range(4)), interval=0.2)
+        assert get(f"http://127.0.0.1:{metrics_port(server)}/healthz")[0] == 200
+    finally:
+        assert server.stop() == 0
