@@ -3,6 +3,7 @@ replication lag in ms, the figures' round trip, and their size against a peer's 
 
 from __future__ import annotations
 
+import socket
 from types import SimpleNamespace
 
 import msgspec
@@ -13,9 +14,10 @@ from zns.core.figures import (
     Overview, StateFigures, WorkerFigures, decode_figures, decode_overview, encode, worker_status,
 )
 from zns.core.latency import LatencyHistogram
-from zns.core.replication import Ack, Primary
+from zns.core.replication import Ack, Primary, Replica
 from zns.core.service import NameService
 from zns.drivers.metrics import own_figures
+from zns.drivers.replication_link import PrimaryLink, ReplicaLink
 
 
 def test_a_worker_is_down_starting_or_loaded_and_its_lag_is_what_it_has_not_applied():
@@ -81,3 +83,29 @@ def test_a_peer_s_junk_does_not_grow_a_worker_s_report():
                                         ("unknown", "unknown_op", 2000)]
     assert len(figures.request_seconds) == 65  # 64 labels, then "other"
     assert len(encode(figures)) < 8 * 1024
+
+
+def test_figures_pass_the_links_beside_the_replication_and_leave_it_alone():
+    reported: list[tuple[int, bytes]] = []
+    wholes: list[bytes] = []
+    ours, theirs = socket.socketpair()
+    primary = PrimaryLink(Primary(now=0), dump=lambda: b"dump", execute=lambda w, r: (None, b""),
+                          reported=lambda worker, body: reported.append((worker, body)))
+    worker = primary.add(ours, 0)
+    replica = ReplicaLink(theirs, Replica(), apply=lambda seq, c: [], load=lambda seq, d: None,
+                          publish=lambda seq, e: None, whole=wholes.append)
+    primary.flush(0)
+    replica.wait(5000)
+    replica.run()  # the state transfer
+    replica.report(b"my counts")
+    primary.wait(5000)
+    primary.run(1)
+    assert reported == [(worker, b"my counts")]
+    assert primary.primary.workers == [worker]  # a report is no protocol breach
+    primary.broadcast(b"the whole", 2)
+    primary.flush(2)
+    replica.wait(5000)
+    replica.run()
+    assert wholes == [b"the whole"] and replica.replica.loaded
+    primary.close()
+    replica.channel.close()
