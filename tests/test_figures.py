@@ -85,6 +85,25 @@ def test_a_peer_s_junk_does_not_grow_a_worker_s_report():
     assert len(encode(figures)) < 8 * 1024
 
 
+def test_a_report_with_every_label_filled_is_under_20_kib():
+    # docs/operations.md's bound: every op with every error code (and ok), every remoting
+    # code with every response code, 64 latency labels and "other", every count large.
+    from zns.core.errors import BY_CODE
+    from zns.core.remoting import NAMESERVER_REQUEST_CODES
+    from zns.core.remoting.constants import ResponseCode
+
+    ops = [c.__struct_config__.tag for c in schema.AnyRequest.__args__] + ["unknown"]
+    figures = WorkerFigures(
+        worker=64, pid=4_000_000, requests=[(op, code, 10**12) for op in ops
+                                            for code in [*BY_CODE, "ok"]],
+        remoting_requests=[(code, int(response), 10**12) for code in
+                           [*NAMESERVER_REQUEST_CODES, -1] for response in ResponseCode],
+        request_seconds=[(f"remoting:{'X' * 30}{n}", [10**12] * 13, 1e9) for n in range(65)],
+        published={"route": 10**12, "broker": 10**12, "hb": 10**12}, rss_bytes=2**40,
+        cpu_seconds=1e9)
+    assert len(encode(figures)) < 20 * 1024
+
+
 def test_figures_pass_the_links_beside_the_replication_and_leave_it_alone():
     reported: list[tuple[int, bytes]] = []
     wholes: list[bytes] = []
