@@ -232,3 +232,31 @@ def test_readyz_on_any_worker_waits_for_the_brokers_the_state_process_restored(
         assert get(f"http://127.0.0.1:{metrics_port(server)}/healthz")[0] == 200
     finally:
         assert server.stop() == 0
+
+
+def test_status_shows_a_stopped_worker_falling_behind_and_catching_up(
+        tmp_path: Path, ctx: Any) -> None:
+    server = ProcessServer(tmp_path, "--workers", "2")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        one = peer_on_worker(server, 1, ctx)
+        wait_for(lambda: len(one.ok("status").workers) == 2)
+        pids = worker_pids(server)
+
+        def worker_two() -> Any:
+            return {w.worker: w for w in one.ok("status").workers}[2]
+
+        os.kill(pids[2], signal.SIGSTOP)
+        try:
+            for n in range(3):  # answered by worker 1 alone: the fence does not wait for them
+                one.ok("register_broker", **register_fields(topics={f"T{n}": {}}))
+            behind = wait_for(lambda: (w := worker_two()).lag_commands >= 3 and w.lag_ms > 0
+                              and w, timeout=8)  # under the 10 s that gets it replaced
+            assert behind.state == "loaded" and behind.pid == pids[2]
+        finally:
+            os.kill(pids[2], signal.SIGCONT)
+        caught_up = wait_for(lambda: (w := worker_two()).lag_commands == 0 and w)
+        assert caught_up.lag_ms == 0 and caught_up.applied >= behind.applied + 3
+        assert worker_pids(server) == pids
+    finally:
+        assert server.stop() == 0
