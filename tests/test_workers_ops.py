@@ -89,9 +89,17 @@ def test_every_scrape_on_any_worker_shows_both_workers_and_the_state_process(
         reads = ("zns_requests_total", (("op", "get_route"), ("outcome", "ok"), ("worker", "2")))
         writes = ("zns_requests_total",
                   (("op", "register_broker"), ("outcome", "ok"), ("worker", "1")))
-        # Each worker's counts reach the others within two report periods.
-        wait_for(lambda: all(scrape(server).get(reads) == 3 for _ in range(4)), timeout=30,
-                 interval=0.2)
+        # Each worker's counts reach the other within two report periods: wait until a
+        # scrape answered by each worker shows both (later wholes are only newer).
+        seen: set[float] = set()
+
+        def both_counted() -> bool:
+            m = scrape(server)
+            if m.get(reads) == 3 and m.get(writes) == 1:
+                seen.add(m["zns_answering_worker", ()])
+            return seen == {1, 2}
+
+        wait_for(both_counted, timeout=30, interval=0.1)
         answered: set[float] = set()
         scrapes = 0
         while scrapes < 12 or answered != {1, 2}:  # one worker 12 times: about 1 in 2,000
@@ -136,8 +144,9 @@ def test_a_killed_worker_is_counted_as_restarted_and_status_lists_every_worker(
 
         # Any worker answers with every worker, as the state process sees them.
         for worker in (1, 2):
-            reply = peer_on_worker(server, worker, ctx).ok("status")
-            assert listed(reply) == {w: (pid, "loaded") for w, pid in pids.items()}
+            on_it = peer_on_worker(server, worker, ctx)
+            wait_for(lambda: listed(on_it.ok("status")) ==
+                     {w: (pid, "loaded") for w, pid in pids.items()})
         os.kill(pids[1], signal.SIGKILL)
         wait_for(lambda: worker_pids(server)[1] != pids[1])
         m = wait_for(lambda: (m := scrape(server))["zns_worker_restarts_total", ()] == 1
