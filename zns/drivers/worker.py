@@ -259,7 +259,7 @@ def worker_main(config: ServerConfig, worker: int, channel: socket.socket) -> in
             link.wait(WAIT_SLICE_MS)
             link.run()
     except (ConnectionLost, msgspec.DecodeError) as exc:
-        log.error("worker %d: no state from the state process (%s)", worker, exc)
+        log.error("no state from the state process (%s)", exc)  # named by the filter
         return 1
     reporter = _Reporter(link, lambda: service.gone())
     server = WorkerServer(config, worker, context=zmq.Context(), service=service,
