@@ -19,6 +19,7 @@ import zns.cli.tools as tools
 from zns.cli import main
 from zns.core.errors import NameServerUnavailable, NoPermission, NotFound, ZnsError
 from zns.core.schema import (
+    WorkerStatus,
     AddWritePermReply,
     DeleteTopic,
     BrokerData,
@@ -258,6 +259,25 @@ def test_status_shows_every_nameserver_and_exits_with_the_worst(fake):
     # An error reply and no unreachable one: 1. All answered: 0.
     assert zns("status", ns=f"{A};{B}").exit_code == 1
     assert zns("status", ns=A).exit_code == 0
+
+
+def test_status_lists_the_workers_of_a_nameserver_that_has_them(fake):
+    workers = [WorkerStatus(worker=1, pid=41, state="loaded", applied=90, lag_commands=0,
+                            lag_ms=0),
+               WorkerStatus(worker=2, pid=0, state="down", applied=0, lag_commands=0, lag_ms=0),
+               WorkerStatus(worker=3, pid=43, state="loaded", applied=88, lag_commands=2,
+                            lag_ms=15)]
+    fake.answers[A] = lambda r: status_reply(worker=1, workers=workers)
+    fake.answers[B] = lambda r: status_reply()  # one process: no workers table
+    out = zns("status", ns=f"{A};{B}")
+    assert out.exit_code == 0
+    assert out.stdout.splitlines()[4:] == [
+        "NAMESERVER  WORKER  PID  STATE   APPLIED  LAG  LAG_MS",
+        f"{A}   1       41   loaded  90       0    0",
+        f"{A}   2       -    down    0        0    0",
+        f"{A}   3       43   loaded  88       2    15",
+    ]
+    assert "WORKER" not in zns("status", ns=B).stdout
 
 
 def test_status_as_json_is_one_entry_per_nameserver(fake):

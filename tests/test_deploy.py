@@ -70,3 +70,4 @@ def test_the_sample_config_is_what_zns_serve_takes(tmp_path: Path):
     with open(DEPLOY / "zns.toml", "rb") as f:
         config = load(ServerConfig, tomllib.load(f))
     assert config.metrics == "127.0.0.1:9878"
+    assert config.workers == 2  # the unit relies on the state process to replace workers

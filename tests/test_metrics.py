@@ -202,6 +202,8 @@ class AgedLoop:
 
     age = 0.0
     readiness = (True, "ready")
+    worker = 0  # a single process: no worker label, no overview
+    overview = None
 
     def loop_age_s(self) -> float:
         return self.age

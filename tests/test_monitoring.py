@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ThreadedServer
+from helpers import ProcessServer, ThreadedServer, wait_for
 
 MONITORING = Path(__file__).resolve().parent.parent / "monitoring"
 ALERTS = MONITORING / "zns-alerts.yml"
@@ -54,11 +54,11 @@ def dashboard_expressions() -> list[str]:
 
 @pytest.mark.timeout(120)
 def test_the_alert_rules_load_and_each_alert_fires_and_stays_quiet():
-    assert "SUCCESS: 10 rules found" in run_promtool("check", "rules", ALERTS.name)
+    assert "SUCCESS: 12 rules found" in run_promtool("check", "rules", ALERTS.name)
     assert "SUCCESS" in run_promtool("test", "rules", ALERT_TESTS.name)
     alerts = re.findall(r"^\s+- alert: (\w+)$", ALERTS.read_text(), re.M)
     firing = set(re.findall(r"^\s+alertname: (\w+)$", ALERT_TESTS.read_text(), re.M))
-    assert len(alerts) == 10 and set(alerts) == firing  # every alert has its unit test
+    assert len(alerts) == 12 and set(alerts) == firing  # every alert has its unit test
 
 
 @pytest.mark.timeout(120)
@@ -80,7 +80,7 @@ def test_every_dashboard_query_parses(tmp_path: Path):
     assert result.returncode != 0
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_every_metric_named_is_one_a_server_exports(tmp_path: Path):
     # An alert on a misspelt metric never fires: each name must be in a real scrape.
     pytest.importorskip("prometheus_client")
@@ -93,6 +93,16 @@ def test_every_metric_named_is_one_a_server_exports(tmp_path: Path):
     finally:
         srv.stop()
     assert status == 200
+    # And a server with workers: the series only they export (the replication, restarts).
+    workers = ProcessServer(tmp_path, "--workers", "1", "--metrics", "127.0.0.1:0")
+    try:
+        port = wait_for(lambda: re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/",
+                                           workers.output()))[0]
+        status, more = wait_for(lambda: (got := get(f"http://127.0.0.1:{port}/metrics"))[0]
+                                == 200 and "zns_worker_loaded{" in got[1] and got)
+    finally:
+        assert workers.stop() == 0
+    text += more
     # A family with nothing counted yet has no sample but its HELP and TYPE: its sample names.
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
                 "gauge": ("",), "info": ("_info",)}

@@ -460,8 +460,7 @@ def test_a_restarted_state_process_gives_its_workers_the_routes_it_held(
         assert second.stop() == 0
 
 
-@pytest.mark.parametrize("option", [["--metrics", "127.0.0.1:0"],
-                                    ["--peer", "tcp://127.0.0.1:1"], ["--supervise"],
+@pytest.mark.parametrize("option", [["--peer", "tcp://127.0.0.1:1"], ["--supervise"],
                                     ["--router", "ipc:///tmp/zns-x"]])
 def test_what_workers_do_not_serve_yet_is_refused_in_one_line(tmp_path: Path,
                                                               option: list[str]) -> None:

@@ -55,8 +55,10 @@ from zns.core.schema import (
     KvGet,
     KvList,
     KvPut,
+    UNSET,
     Request,
     Status,
+    StatusReply,
     TopicRoute,
     WipeWritePerm,
 )
@@ -332,6 +334,13 @@ def _status(target: Target) -> None:
                              peers or "-"])
         click.echo(table(["nameserver", "epoch", "revision", "version", "uptime", "brokers",
                           "topics", "events", "remoting", "peers"], rows))
+        # Under `zns serve --workers N`: every worker, as its state process saw them.
+        workers = [[ep, w.worker, w.pid or "-", w.state, w.applied, w.lag_commands, w.lag_ms]
+                   for ep, r in results.items() if isinstance(r, StatusReply)
+                   and r.workers is not UNSET for w in r.workers]
+        if workers:
+            click.echo("\n" + table(["nameserver", "worker", "pid", "state", "applied",
+                                     "lag", "lag_ms"], workers))
     worst = 0
     for ep, r in results.items():
         if isinstance(r, Exception):

@@ -269,7 +269,7 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
             if self.clients != "any":
                 raise InvalidSetting("clients", NEEDS_CURVE)
         if self.workers:
-            for name in ("metrics", "peers"):
+            for name in ("peers",):
                 if getattr(self, name):
                     raise InvalidSetting("workers", f"--{name} is not served by workers yet: "
                                          "use --workers 0")

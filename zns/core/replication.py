@@ -111,8 +111,22 @@ class Resync(msgspec.Struct, tag="resync", frozen=True):
     applied: int
 
 
-ToWorker = Apply | State | Fence | Answer
-ToPrimary = Ack | Forward | Resync
+class Report(msgspec.Struct, tag="report", frozen=True):
+    """Worker -> primary: the worker's own figures (zns.core.figures), opaque here; the
+    links hand it on, past the replication objects."""
+
+    body: bytes
+
+
+class Whole(msgspec.Struct, tag="whole", frozen=True):
+    """Primary -> worker: the figures of the whole (zns.core.figures), opaque here; the
+    links hand it on, past the replication objects."""
+
+    body: bytes
+
+
+ToWorker = Apply | State | Fence | Answer | Whole
+ToPrimary = Ack | Forward | Resync | Report
 
 _encoder = msgspec.msgpack.Encoder()
 _to_worker = msgspec.msgpack.Decoder(ToWorker)
@@ -294,6 +308,16 @@ class Primary:
     @property
     def workers(self) -> list[int]:
         return list(self._workers)
+
+    def unapplied_since(self, worker: int) -> int | None:
+        """When the first command `worker` has not applied was appended (`now` as `append`
+        saw it); None when it applied every command or is no worker. Past MAX_LAG_SAMPLES
+        commands behind, the oldest time kept (so a lag from it is a lower bound)."""
+        follower = self._workers.get(worker)
+        if follower is None or follower.applied >= self.seq or not self._appended_at:
+            return None
+        index = follower.applied + 1 - self._appended_at[0][0]
+        return self._appended_at[max(0, min(index, len(self._appended_at) - 1))][1]
 
     @property
     def tail(self) -> tuple[int, int]:

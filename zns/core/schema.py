@@ -295,6 +295,17 @@ class SnapshotReply(Reply, tag="snapshot"):
     clusters: dict[str, list[str]]
 
 
+class WorkerStatus(Struct, frozen=True, kw_only=True):
+    """A worker process of `zns serve --workers N`, as the state process sees it."""
+
+    worker: int  # 1..N
+    pid: int  # 0 while none runs (a replacement waits its backoff)
+    state: str  # "starting" (forked, not serving yet), "loaded" (serving) or "down"
+    applied: int  # the last replicated command its replica applied
+    lag_commands: int  # commands the state process applied that it has not
+    lag_ms: int  # how long ago the oldest of those was applied (0: none)
+
+
 class StatusReply(Reply, tag="status"):
     epoch: str
     revision: int
@@ -310,6 +321,9 @@ class StatusReply(Reply, tag="status"):
     # zns extension (optional field): the worker process that answered (1..N under
     # `zns serve --workers N`); UNSET (not encoded) from a single process.
     worker: int | UnsetType = UNSET
+    # zns extension (optional field): every worker under `zns serve --workers N`, as the
+    # state process saw them at most a second ago (zns.core.figures); UNSET otherwise.
+    workers: list[WorkerStatus] | UnsetType = UNSET
 
 
 class WipeWritePermReply(Reply, tag="wipe_write_perm"):

@@ -9,6 +9,13 @@ thread. Reading an int, or the length of a dict, is atomic under the GIL; a scra
 may be one request behind, never torn. Only things that cannot change size while
 being read are read (`len`, counters copied with `dict(...)` in one C call).
 
+Under `zns serve --workers N` every worker serves this endpoint on the shared
+port, and a scrape shows the whole whichever worker it reaches: the worker's
+own counts, read live as above, and the last `zns.core.figures.Overview` the
+state process sent it (the state process's counts, the replication, every
+other worker's last report), which the loop replaces whole (one reference
+assignment, atomic). Per-worker series carry a `worker` label there.
+
 `prometheus_client` is an optional dependency (the `metrics` extra): it is
 the standard implementation of the exposition format, and importing it is needed
 only when `--metrics` is given.
@@ -17,6 +24,7 @@ only when `--metrics` is given.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -26,6 +34,7 @@ from typing import Any, Protocol
 from zns import __version__
 from zns.core.addresses import parse_host_port, url_host
 from zns.core.errors import ConfigError, UsageError
+from zns.core.figures import Overview, StateFigures, WorkerFigures
 from zns.core.latency import AGE_BOUNDS, BOUNDS, LatencyHistogram, age_buckets
 from zns.core.remoting.constants import RequestCode, ResponseCode
 from zns.core.schema import tag_of
@@ -45,6 +54,8 @@ class Observed(Protocol):
 
     service: NameService
     timers: Any  # .stalls
+    worker: int  # 1..N under --workers N, 0 in a single process
+    overview: Overview | None  # the whole's last figures under --workers N, else None
     remoting: Any  # None, or .connections and .max_connections
     subscribers: Any  # .budget.cut
 
@@ -96,67 +107,196 @@ class _Collector:
 
         server, service = self.server, self.server.service
         table = service.table
+        overview = server.overview
+        own = own_figures(server)
+        # One process: its figures, unlabelled. Workers: this worker's, live, and every
+        # other worker's last report, each labelled with its number.
+        shown: list[tuple[list[str], WorkerFigures]] = [([], own)]
+        labels: list[str] = []
+        if server.worker:
+            labels = ["worker"]
+            shown = [([str(f.worker)], f) for f in sorted(
+                [own, *(r for r in (overview.reports if overview else [])
+                        if r.worker != own.worker)], key=lambda f: f.worker)]
         yield InfoMetricFamily("zns", "The NameServer's version and epoch",
                                value={"version": __version__, "epoch": service.epoch})
         requests = CounterMetricFamily("zns_requests", "ZNS/1 requests answered, by op and "
-                                       "outcome (ok or the error code)", labels=["op", "outcome"])
-        # The hot path counts by request type, not by string; only a decoded request is counted.
-        for kind, count in dict(service.ok_counts).items():
-            requests.add_metric([tag_of(kind), "ok"], count)
-        for (op, code), count in dict(service.error_counts).items():
-            requests.add_metric([op, code], count)
-        yield requests
-        yield _remoting_requests(CounterMetricFamily, dict(service.remoting_counts))
+                                       "outcome (ok or the error code)",
+                                       labels=["op", "outcome", *labels])
+        remoting = CounterMetricFamily("zns_remoting_requests", "RocketMQ remoting requests "
+                                       "answered, by request code and outcome (ok or the "
+                                       "response code)", labels=["code", "outcome", *labels])
         encoded = GaugeMetricFamily("zns_encoded_route_bytes", "Bytes of encoded routes kept "
                                     "for reuse until they change, by form (json: both RocketMQ "
-                                    "forms, bounded)", labels=["form"])
-        encoded.add_metric(["msgpack"], service.encoded.msgpack_bytes)
-        encoded.add_metric(["json"], service.encoded.json_bytes)
-        yield encoded
+                                    "forms, bounded)", labels=["form", *labels])
+        published = CounterMetricFamily("zns_events_published", "Events published, by channel "
+                                        "kind", labels=["channel_kind", *labels])
+        seconds = HistogramMetricFamily(
+            "zns_request_seconds", "Seconds the loop took to answer one request, by protocol "
+            "(zns1, remoting) and op (ZNS/1 op or remoting request code name)",
+            labels=["protocol", "op", *labels])
+        per_worker = {name: (CounterMetricFamily if counter else GaugeMetricFamily)(
+            name, text, labels=labels) for name, counter, text in (
+                *_PER_WORKER, _WORKER_STALLS if server.worker else _STALLS)}
+        for label, figures in shown:
+            for op, outcome, count in figures.requests:
+                requests.add_metric([op, outcome, *label], count)
+            _remoting_requests(remoting, figures.remoting_requests, label)
+            encoded.add_metric(["msgpack", *label], figures.encoded_msgpack_bytes)
+            encoded.add_metric(["json", *label], figures.encoded_json_bytes)
+            for kind in sorted({"route", "broker", "hb", *figures.published}):
+                published.add_metric([kind, *label], figures.published.get(kind, 0))
+            _request_seconds(seconds, figures.request_seconds, label)
+            for name, value in (
+                ("zns_dropped_replies", figures.dropped_replies),
+                ("zns_remoting_connections", figures.remoting_connections),
+                ("zns_remoting_max_connections", figures.remoting_max_connections),
+                ("zns_event_subscribers_cut", figures.subscribers_cut),
+                ((_WORKER_STALLS if server.worker else _STALLS)[0], figures.stalls),
+            ):
+                per_worker[name].add_metric(label, value)
+        yield from (requests, remoting, encoded, published, seconds, *per_worker.values())
         for name, text, value in (
             ("zns_brokers", "Broker names held", table.broker_count()),
             ("zns_broker_addresses", "Live broker addresses", table.address_count()),
             ("zns_topics", "Topics with queue data", table.topic_count()),
             ("zns_queue_entries", "Queue entries (topic x broker name)", table.queue_count()),
-            ("zns_remoting_connections", "Open RocketMQ remoting connections",
-             _remoting_connections(server)),
         ):
             yield GaugeMetricFamily(name, text, value=value)
-        yield _counter_by(CounterMetricFamily, "zns_events_published", "Events published, by "
-                          "channel kind", "channel_kind", dict(service.published),
-                          ("route", "broker", "hb"))
+        state = overview.state if overview else None
+        # The state process's counts, once, unlabelled; a single process's own.
+        removals = state.removals if state else dict(service.removals)
         yield _counter_by(CounterMetricFamily, "zns_broker_removals", "Broker addresses "
-                          "removed, by reason", "reason", dict(service.removals), ())
-        yield CounterMetricFamily("zns_dropped_replies", "Replies dropped: the peer was gone "
-                                  "or at its high-water mark", value=server.dropped_replies)
-        yield CounterMetricFamily("zns_stalls", "Stalls measured (§8): the loop did not run",
-                                  value=server.timers.stalls)
-        # The server's store is a KvStore; another store (a test's) has measured nothing.
-        times: WriteTimes = getattr(service.kv, "write_times", None) or WriteTimes()
-        counts = list(times.counts)
+                          "removed, by reason", "reason", removals, ())
+        if server.worker:
+            yield CounterMetricFamily("zns_stalls", "Stalls measured (§8) in the state "
+                                      "process: its loop did not run",
+                                      value=state.stalls if state else 0)
+        if state is not None:
+            counts, total = list(state.kv_write_counts), state.kv_write_seconds
+        else:
+            # The server's store is a KvStore; another store (a test's) has measured nothing.
+            times: WriteTimes = getattr(service.kv, "write_times", None) or WriteTimes()
+            counts, total = list(times.counts), times.total_seconds
+        counts = counts or [0] * (len(WriteTimes.BOUNDS) + 1)
         yield CounterMetricFamily("zns_kv_writes", "Durable KV writes (append and fsync)",
                                   value=sum(counts))
         yield HistogramMetricFamily(
             "zns_kv_write_seconds", "Seconds one durable KV write (append and fsync) took",
-            buckets=_cumulative(WriteTimes.BOUNDS, counts), sum_value=times.total_seconds)
+            buckets=_cumulative(WriteTimes.BOUNDS, counts), sum_value=total)
+        if server.worker:
+            yield GaugeMetricFamily("zns_answering_worker", "The worker that answered this "
+                                    "scrape (the kernel spreads connections over them)",
+                                    value=server.worker)
         yield GaugeMetricFamily("zns_healthy", "1 while /healthz answers 200 (the loop completes "
                                 "passes), else 0", value=1 if self.healthy() else 0)
         yield GaugeMetricFamily("zns_ready", "1 once /readyz answers 200 (routes warm), else 0",
                                 value=1 if server.ready()[0] else 0)
-        listener = server.remoting
-        yield GaugeMetricFamily("zns_remoting_max_connections", "Remoting connections allowed "
-                                "at once (after the open-file limit's clamp; 0 with no listener)",
-                                value=listener.max_connections if listener is not None else 0)
-        yield CounterMetricFamily("zns_event_subscribers_cut", "Events subscribers disconnected "
-                                  "for what their subscriptions cost", value=server.subscribers
-                                  .budget.cut)
-        yield _request_seconds(HistogramMetricFamily, server.request_times)
         yield from _heartbeat_ages(server, GaugeHistogramMetricFamily, GaugeMetricFamily)
         peers = GaugeMetricFamily("zns_peer_connected", "1 while the peer NameServer answers",
                                   labels=["peer"])
         for peer, up in dict(service.peers).items():
             peers.add_metric([peer], 1 if up else 0)
         yield peers
+        if server.worker:
+            yield from _replication(state, overview, own, CounterMetricFamily,
+                                    GaugeMetricFamily)
+
+
+# Each worker's own (labelled `worker` under --workers N): name, counter?, help.
+_PER_WORKER = (
+    ("zns_dropped_replies", True, "Replies dropped: the peer was gone or at its high-water mark"),
+    ("zns_remoting_connections", False, "Open RocketMQ remoting connections"),
+    ("zns_remoting_max_connections", False, "Remoting connections allowed at once (after the "
+     "open-file limit's clamp; 0 with no listener)"),
+    ("zns_event_subscribers_cut", True, "Events subscribers disconnected for what their "
+     "subscriptions cost"),
+)
+# Stalls: a single process's own; under --workers N each worker's, labelled, while
+# zns_stalls is the state process's (the stalls that shift the expiry).
+_STALLS = ("zns_stalls", True, "Stalls measured (§8): the loop did not run")
+_WORKER_STALLS = ("zns_worker_stalls", True, "Stalls measured in a worker: its loop did not run")
+
+
+def own_figures(server: Observed) -> WorkerFigures:
+    """The server's own counts, read as the collector reads them (plain ints; dicts copied
+    in one C call): what a worker reports, and what /metrics shows of it."""
+    service = server.service
+    times = server.request_times
+    listener = server.remoting
+    return WorkerFigures(
+        worker=server.worker, pid=os.getpid(),
+        requests=[(tag_of(kind), "ok", n) for kind, n in dict(service.ok_counts).items()]
+        + [(op, code, n) for (op, code), n in dict(service.error_counts).items()],
+        remoting_requests=[(c, r, n) for (c, r), n in dict(service.remoting_counts).items()],
+        request_seconds=[(label, list(counts), times.sums.get(label, 0.0))
+                         for label, counts in dict(times.counts).items()],
+        encoded_msgpack_bytes=service.encoded.msgpack_bytes,
+        encoded_json_bytes=service.encoded.json_bytes,
+        published=dict(service.published), dropped_replies=server.dropped_replies,
+        stalls=server.timers.stalls,
+        remoting_connections=len(listener.connections) if listener is not None else 0,
+        remoting_max_connections=listener.max_connections if listener is not None else 0,
+        subscribers_cut=server.subscribers.budget.cut,
+        **process_usage(),
+    )
+
+
+def process_usage() -> dict[str, Any]:
+    """This process's resident memory (bytes, /proc/self/statm; 0 where there is none) and
+    CPU time (user and system seconds), as `rss_bytes` and `cpu_seconds`."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            rss = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        rss = 0
+    times = os.times()
+    return {"rss_bytes": rss, "cpu_seconds": times.user + times.system}
+
+
+def _replication(state: StateFigures | None, overview: Overview | None, own: WorkerFigures,
+                 counter: Callable[..., Any], gauge: Callable[..., Any]) -> Iterator[Any]:
+    """The state process's view of the workers (zns.core.figures), under --workers N."""
+    yield gauge("zns_replication_seq", "The last command the state process applied and "
+                "replicated", value=state.seq if state else 0)
+    yield gauge("zns_replication_fence", "The last command every live worker has applied",
+                value=state.fence if state else 0)
+    applied = gauge("zns_worker_applied_seq", "The last replicated command the worker's "
+                    "replica applied", labels=["worker"])
+    lag = gauge("zns_worker_lag_commands", "Commands the state process applied that the "
+                "worker has not", labels=["worker"])
+    lag_s = gauge("zns_worker_lag_seconds", "How long ago the state process applied the "
+                  "oldest command the worker has not (0: none)", labels=["worker"])
+    loaded = gauge("zns_worker_loaded", "1 while the worker serves (loaded its state), 0 "
+                   "while it starts or is down", labels=["worker"])
+    for w in state.workers if state else []:
+        applied.add_metric([str(w.worker)], w.applied)
+        lag.add_metric([str(w.worker)], w.lag_commands)
+        lag_s.add_metric([str(w.worker)], w.lag_ms / 1000)
+        loaded.add_metric([str(w.worker)], 1 if w.state == "loaded" else 0)
+    yield from (applied, lag, lag_s, loaded)
+    yield counter("zns_worker_restarts", "Workers started again after one died",
+                  value=state.worker_restarts if state else 0)
+    yield counter("zns_replication_transfers", "State transfers sent to workers (a start, a "
+                  "resync, a worker past the held commands)",
+                  value=state.transfers if state else 0)
+    yield counter("zns_replication_workers_dropped", "Workers dropped for acknowledging "
+                  "nothing in time or breaking the protocol",
+                  value=state.workers_dropped if state else 0)
+    memory = gauge("zns_process_resident_memory_bytes", "Resident memory of each process of "
+                   "the whole (state, or a worker's number)", labels=["process"])
+    cpu = counter("zns_process_cpu_seconds", "CPU time (user and system) of each process of "
+                  "the whole (state, or a worker's number)", labels=["process"])
+    processes: list[tuple[str, int, float]] = []
+    if state is not None:
+        processes.append(("state", state.rss_bytes, state.cpu_seconds))
+    processes += [(str(r.worker), r.rss_bytes, r.cpu_seconds) for r in
+                  [own, *(r for r in (overview.reports if overview else [])
+                          if r.worker != own.worker)]]
+    for name, rss, seconds in processes:
+        memory.add_metric([name], rss)
+        cpu.add_metric([name], seconds)
+    yield from (memory, cpu)
 
 
 def _cumulative(bounds: Iterable[float], counts: Iterable[int]) -> list[tuple[str, int]]:
@@ -169,16 +309,12 @@ def _cumulative(bounds: Iterable[float], counts: Iterable[int]) -> list[tuple[st
     return buckets
 
 
-def _request_seconds(family: Callable[..., Any], times: LatencyHistogram) -> Any:
+def _request_seconds(metric: Any, times: list[tuple[str, list[int], float]],
+                     label: list[str]) -> None:
     """`zns_request_seconds{protocol, op}`: how long the loop took to answer one request."""
-    metric = family("zns_request_seconds", "Seconds the loop took to answer one request, by "
-                    "protocol (zns1, remoting) and op (ZNS/1 op or remoting request code name)",
-                    labels=["protocol", "op"])
-    for label, counts in sorted(dict(times.counts).items()):
-        protocol, _, op = label.partition(":")
-        metric.add_metric([protocol, op or protocol], _cumulative(BOUNDS, list(counts)),
-                          times.sums.get(label, 0.0))
-    return metric
+    for name, counts, total in sorted(times):
+        protocol, _, op = name.partition(":")
+        metric.add_metric([protocol, op or protocol, *label], _cumulative(BOUNDS, counts), total)
 
 
 def _heartbeat_ages(server: Observed, histogram: Callable[..., Any],
@@ -197,21 +333,14 @@ REQUEST_NAMES = {int(c): c.name for c in RequestCode}
 RESPONSE_NAMES = {int(c): c.name.lower() for c in ResponseCode}
 
 
-def _remoting_requests(family: Callable[..., Any], counts: dict[tuple[int, int], int]) -> Any:
+def _remoting_requests(metric: Any, counts: list[tuple[int, int, int]],
+                       label: list[str]) -> None:
     """`zns_remoting_requests_total{code, outcome}`: the request code's name (OTHER: one no
     NameServer answers), `ok` or the response code's name."""
-    metric = family("zns_remoting_requests", "RocketMQ remoting requests answered, by request "
-                    "code and outcome (ok or the response code)", labels=["code", "outcome"])
-    for (code, response), count in sorted(counts.items()):
+    for code, response, count in sorted(counts):
         outcome = "ok" if response == ResponseCode.SUCCESS else RESPONSE_NAMES.get(
             response, str(response))
-        metric.add_metric([REQUEST_NAMES.get(code, "OTHER"), outcome], count)
-    return metric
-
-
-def _remoting_connections(server: Observed) -> int:
-    listener = server.remoting
-    return len(listener.connections) if listener is not None else 0
+        metric.add_metric([REQUEST_NAMES.get(code, "OTHER"), outcome, *label], count)
 
 
 def _counter_by(family: Callable[..., Any], name: str, text: str, label: str,
@@ -241,7 +370,7 @@ class MetricsServer:
 
     def __init__(self, server: Observed, spec: str, *, heartbeat_interval: float,
                  descriptors: DescriptorGuard | None = None,
-                 read_timeout_s: float = READ_TIMEOUT_S) -> None:
+                 read_timeout_s: float = READ_TIMEOUT_S, reuse_port: bool = False) -> None:
         try:
             host, port = parse_host_port(spec, schemes=("http",))
         except UsageError as exc:
@@ -259,7 +388,7 @@ class MetricsServer:
         self._server = server
         self.read_timeout_s = read_timeout_s
         with configured(f"--metrics {spec}: cannot listen: "):  # EndpointError, a ConfigError
-            self.listening = listen_tcp(host, port)
+            self.listening = listen_tcp(host, port, reuse_port=reuse_port)
         self.listening.listen(MAX_CONNECTIONS)
         self.listening.setblocking(True)
         # Inside the descriptor guard: when the process runs out of descriptors, new

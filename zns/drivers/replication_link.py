@@ -42,8 +42,8 @@ import msgspec
 
 from zns.core.errors import ConnectionLost
 from zns.core.replication import (
-    ApplyCommand, Deliver, Drop, Execute, LoadState, Primary, Publish, Replica, Reply, SendState,
-    SendToPrimary, State, decode_to_primary, decode_to_worker, encode,
+    ApplyCommand, Deliver, Drop, Execute, LoadState, Primary, Publish, Replica, Reply, Report,
+    SendState, SendToPrimary, State, Whole, decode_to_primary, decode_to_worker, encode,
 )
 from zns.drivers.io_errors import map_exceptions
 
@@ -136,6 +136,8 @@ class PrimaryLink:
     `execute(worker, request)` executes a forwarded write and returns the command it
     made (None: it changed nothing) and its reply bytes. `dropped(worker, reason)` is
     told of each worker that left the fence (its channel is already closed).
+    `reported(worker, body)` gets each worker's figures (zns.core.figures), which are
+    no replication business.
     """
 
     def __init__(
@@ -145,9 +147,11 @@ class PrimaryLink:
         dump: Callable[[], bytes],
         execute: Callable[[int, bytes], tuple[bytes | None, bytes]],
         dropped: Callable[[int, str], None] = lambda worker, reason: None,
+        reported: Callable[[int, bytes], None] = lambda worker, body: None,
         max_pending_bytes: int = MAX_PENDING_BYTES,
     ) -> None:
         self.primary = primary
+        self._reported = reported
         self._dump = dump
         self._execute = execute
         self._dropped = dropped
@@ -182,13 +186,22 @@ class PrimaryLink:
                 except msgspec.DecodeError as exc:
                     self._lose(worker, f"sent something unreadable: {exc}", now)
                     break
-                self.primary.on_message(worker, message, now)
+                if type(message) is Report:
+                    self._reported(worker, message.body)
+                else:
+                    self.primary.on_message(worker, message, now)
             self._carry_out(now)
         deadline = self.primary.next_deadline()
         if deadline is not None and deadline <= now:
             self.primary.on_timer(now)
             self._carry_out(now)
         self.flush(now)
+
+    def broadcast(self, body: bytes, now: int) -> None:
+        """Queue the figures of the whole (zns.core.figures) for every worker."""
+        message = encode(Whole(body))
+        for worker in list(self.channels):
+            self._send(worker, message, now)
 
     def flush(self, now: int) -> None:
         """Write what is queued for every worker (what its socket takes now)."""
@@ -259,7 +272,8 @@ class ReplicaLink:
     `apply(seq, command)` applies a command to the worker's state machine and returns
     the events it made; `load(seq, dump)` replaces its state; `publish(seq, events)`
     hands events to the worker's subscribers; `reply(token, reply)` answers a
-    forwarded write. `run()` raises `ConnectionLost` when the state process is gone,
+    forwarded write; `whole(body)` gets the state process's figures of the whole
+    (zns.core.figures). `run()` raises `ConnectionLost` when the state process is gone,
     and msgspec.DecodeError on a message it cannot read (the state process's bug): either
     way the worker exits, and the state process starts another.
     """
@@ -273,9 +287,11 @@ class ReplicaLink:
         load: Callable[[int, bytes], None],
         publish: Callable[[int, list[bytes]], None],
         reply: Callable[[int, bytes], None] = lambda token, reply: None,
+        whole: Callable[[bytes], None] = lambda body: None,
     ) -> None:
         self.channel = Channel(sock)
         self.replica = replica
+        self._whole = whole
         self._apply_command, self._load_state = apply, load
         self._publish_events, self._answer = publish, reply
 
@@ -283,7 +299,11 @@ class ReplicaLink:
         """Apply what arrived, publish what the fence released, acknowledge (once for
         the whole batch read), write."""
         for body in self.channel.receive():
-            self.replica.on_message(decode_to_worker(body))
+            message = decode_to_worker(body)
+            if type(message) is Whole:
+                self._whole(message.body)
+            else:
+                self.replica.on_message(message)
         self._carry_out()
         self.channel.flush()
 
@@ -293,6 +313,11 @@ class ReplicaLink:
         self._carry_out()
         self.channel.flush()
         return token
+
+    def report(self, body: bytes) -> None:
+        """Send this worker's figures (zns.core.figures) to the state process."""
+        self.channel.send(encode(Report(body)))
+        self.channel.flush()
 
     def wait(self, timeout_ms: int | None) -> None:
         poller = select.poll()

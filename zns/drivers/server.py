@@ -32,6 +32,7 @@ from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
 from zns.drivers.io_errors import configured
 from zns.drivers.heap import TRIM_AFTER_EVENTS, HeapTrim, glibc_malloc_trim
 from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
+from zns.core.figures import Overview
 from zns.core.handshakes import HandshakeWatch
 from zns.core.latency import LatencyHistogram
 from zns.core.readiness import Readiness
@@ -79,6 +80,9 @@ def new_epoch() -> str:
 
 class Server:
     """Binds both sockets when made; `run()` serves until `stop()` or a signal."""
+
+    worker = 0  # a worker's number under --workers N (zns.drivers.worker), for /metrics
+    overview: Overview | None = None  # the whole's figures, a worker's (zns.core.figures)
 
     def __init__(
         self,
@@ -197,7 +201,8 @@ class Server:
             if config.metrics:
                 self.metrics = MetricsServer(self, config.metrics,
                                              heartbeat_interval=config.heartbeat_interval_s,
-                                             descriptors=self.descriptors)
+                                             descriptors=self.descriptors,
+                                             reuse_port=self._reuse_port)
         except BaseException:
             self.close()  # a refused start (port in use, bad --peer) leaves nothing bound
             raise

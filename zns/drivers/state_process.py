@@ -16,6 +16,13 @@ and a worker started later binds the same port). Its channels to the workers
 are unnamed socketpairs. So no outside peer can reach this process at all, and
 none of libzmq's aborts can take the routes down: the state process speaks no
 ZMTP.
+
+Figures (zns.core.figures): each worker reports its own counts once a second;
+the state process keeps the last report of each live worker and sends every
+worker the whole (its own counts and readiness, every worker's state in the
+replication, those reports) once a second, and at once when a worker first
+reports (it has just started serving). A worker answers /metrics, /readyz and
+`status` from it.
 """
 
 from __future__ import annotations
@@ -32,7 +39,13 @@ import msgspec
 import zmq
 
 from zns import __version__
+from zns.core.addresses import parse_host_port, url_host
 from zns.core.errors import BadRequest, EndpointError, ErrorReply, Internal
+from zns.core.figures import (
+    REPORT_INTERVAL_MS, Overview, StateFigures, WorkerFigures, decode_figures, worker_status,
+)
+from zns.core.figures import encode as encode_figures
+from zns.core.readiness import Readiness
 from zns.core.replication import Primary
 from zns.core.schema import encode
 from zns.core.service import Frames, NameService
@@ -44,6 +57,7 @@ from zns.drivers import state_file
 from zns.drivers.descriptors import tcp_address
 from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import Loop, PollSet, Ready, Source
+from zns.drivers.metrics import process_usage
 from zns.drivers.replication_link import PrimaryLink, fork_worker
 from zns.drivers.server import new_epoch
 from zns.drivers.sockets import Waker, handle_signals
@@ -121,46 +135,53 @@ class StateProcess:
     def __init__(self, config: ServerConfig) -> None:
         self._reserved: list[socket.socket] = []
         try:
-            router, sock = reserve_port(config.router)
-            self._reserved.append(sock)
-            pub, sock = reserve_port(config.pub)
-            self._reserved.append(sock)
+            router = self._reserve(config.router)
+            pub = self._reserve(config.pub)
             remoting = config.remoting
             if remoting:
-                remoting, sock = reserve_port(f"tcp://{remoting}")
-                remoting = remoting[len("tcp://"):]
-                self._reserved.append(sock)
-        except OSError as exc:
+                remoting = self._reserve(f"tcp://{remoting}")[len("tcp://"):]
+            metrics = config.metrics
+            if metrics:  # checked by the config: HOST:PORT, maybe http://
+                host, port = parse_host_port(metrics, schemes=("http",))
+                metrics = self._reserve(f"tcp://{url_host(host)}:{port}",
+                                        f"--metrics {metrics}: cannot listen")[len("tcp://"):]
+        except EndpointError:
             self.close()
-            raise EndpointError(f"cannot bind {config.router} or {config.pub}: {exc}") from exc
-        self.config = msgspec.structs.replace(config, router=router, pub=pub, remoting=remoting)
+            raise
+        self.config = msgspec.structs.replace(config, router=router, pub=pub, remoting=remoting,
+                                              metrics=metrics)
         self._stopping = False
         self.waker = Waker()
         now = self._now()
-        self.service = PrimaryService(KvStore(config.kv_path), epoch=new_epoch(),
+        self.kv = KvStore(config.kv_path)
+        self.service = PrimaryService(self.kv, epoch=new_epoch(),
                                       started_at_ms=now, version=__version__,
                                       limits=config.limits)
+        # /readyz, as in one process: none expected unless a state dump is restored.
+        self.readiness = Readiness((), now, round(config.ready_grace_s * 1000))
         self.state = self._restore_state()
+        self.reports: dict[int, WorkerFigures] = {}  # channel -> its worker's last figures
         self.link = PrimaryLink(Primary(now=now),
                                 dump=self.service.state.dump,
                                 execute=lambda worker, request: execute(
                                     self.service, request, self._now()),
-                                dropped=self._dropped)
+                                dropped=self._dropped, reported=self._reported)
         self.service.link = self.link
         self.pool = WorkerPool(config.workers, now=now)
         self.slots: dict[int, int] = {}  # pid -> slot
         self.pids: dict[int, int] = {}  # channel (PrimaryLink's worker id) -> pid
         self.timers = ServerTimers(self.service, now=now, heartbeat_interval_ms=round(
             config.heartbeat_interval_s * 1000))
-        sources: list[Source] = [_Pool(self), _Expiry(self.timers), _Links(self.link)]
+        sources: list[Source] = [_Pool(self), _Expiry(self.timers), _Links(self.link),
+                                 _Figures(self)]
         if self.state is not None:
             sources.append(self.state)
         self.loop = Loop(sources, clock=self._now, stall=self.timers, poll=PollSet())
 
     def run(self) -> None:
         restore_wakeup, restore_handlers = handle_signals(
-            {signal.SIGTERM: self.stop, signal.SIGINT: self.stop, signal.SIGCHLD: self.waker.wake},
-            self.waker)
+            {signal.SIGTERM: self.stop, signal.SIGINT: self.stop, signal.SIGCHLD: self.waker.wake,
+             signal.SIGHUP: self.reload_keys}, self.waker)
         log.info("zns state process (pid %d, epoch %s): %d workers serve requests on %s, "
                  "events on %s, RocketMQ remoting on %s", os.getpid(), self.service.epoch,
                  self.config.workers, self.config.router, self.config.pub,
@@ -179,9 +200,25 @@ class StateProcess:
                 self.close()
                 log.info("zns state process stopped")
 
+    def _reserve(self, endpoint: str, refused: str = "") -> str:
+        """`reserve_port`, its socket held until `close`; EndpointError starting with
+        `refused` (default: cannot bind `endpoint`), as one process says it."""
+        try:
+            bound, sock = reserve_port(endpoint)
+        except OSError as exc:
+            raise EndpointError(f"{refused or f'cannot bind {endpoint}'}: {exc}") from exc
+        self._reserved.append(sock)
+        return bound
+
     def stop(self) -> None:
         self._stopping = True
         self.waker.wake()
+
+    def reload_keys(self) -> None:
+        """SIGHUP (`systemctl reload`): every worker re-reads its CURVE keys. Without this
+        handler SIGHUP would end the state process (its default action)."""
+        for pid in list(self.slots):
+            _kill(pid, signal.SIGHUP)
 
     def close(self) -> None:
         for sock in self._reserved:
@@ -195,6 +232,9 @@ class StateProcess:
     def start_worker(self, slot: int, now: int) -> None:
         def main(channel: socket.socket) -> int:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            # Not the state process's handler; the worker's Server installs its own, and
+            # reads the keys as it starts anyway.
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
             for sock in self._reserved:
                 sock.close()
             return worker_main(self.config, slot + 1, channel)
@@ -219,12 +259,14 @@ class StateProcess:
             if pid == 0:
                 return
             slot = self.slots.pop(pid, None)
+            for channel in [w for w, p in self.pids.items() if p == pid]:
+                self.reports.pop(channel, None)
             self.pids = {w: p for w, p in self.pids.items() if p != pid}
             if slot is None:
                 continue
             how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                    else f"exit code {os.waitstatus_to_exitcode(status)}")
-            if not self.pool.stopping:
+            if not self.pool.stopping and not self._stopping:
                 log.warning("worker %d (pid %d) died (%s); starting another", slot + 1, pid, how)
             self.pool.exited(pid, now)
 
@@ -248,9 +290,59 @@ class StateProcess:
             os.waitpid(pid, 0)
             self.slots.pop(pid)
 
+    # --- figures (zns.core.figures) ---------------------------------------
+
+    def _reported(self, worker: int, body: bytes) -> None:
+        """A worker's own figures; its first (it serves now) is told to every worker at
+        once, so its /readyz and `status` need not wait a second."""
+        try:
+            figures = decode_figures(body)
+        except msgspec.DecodeError as exc:
+            log.error("unreadable figures from worker channel %d: %s", worker, exc)
+            return
+        first = worker not in self.reports
+        self.reports[worker] = figures
+        if first:
+            self.send_figures(self._now())
+
+    def send_figures(self, now: int) -> None:
+        """Every worker gets the whole: this process's figures and the workers' last ones."""
+        self.link.broadcast(encode_figures(self.figures(now)), now)
+        self.link.flush(now)
+
+    def figures(self, now: int) -> Overview:
+        primary = self.link.primary
+        channel_of = {pid: channel for channel, pid in self.pids.items()}
+        pid_of = {slot: pid for pid, slot in self.slots.items()}
+        workers = []
+        for slot in range(self.config.workers):
+            pid = pid_of.get(slot, 0)
+            channel = channel_of.get(pid)
+            workers.append(worker_status(
+                slot + 1, pid, loaded=channel in self.reports,
+                applied=None if channel is None else primary.applied(channel), seq=primary.seq,
+                oldest_unapplied_at=None if channel is None else primary.unapplied_since(channel),
+                now=now))
+        service = self.service
+        times = self.kv.write_times
+        ready, why = self.readiness.check(now, self._settled)
+        state = StateFigures(
+            pid=os.getpid(), seq=primary.seq, fence=primary.fence, ready=ready, ready_why=why,
+            stalls=self.timers.stalls, removals=dict(service.removals),
+            kv_write_counts=list(times.counts), kv_write_seconds=times.total_seconds,
+            worker_restarts=self.pool.restarts, transfers=primary.transfers,
+            workers_dropped=primary.dropped, workers=workers, **process_usage())
+        return Overview(state=state, reports=[self.reports[c] for c in sorted(self.reports)])
+
+    def _settled(self, cluster: str, addr: str) -> bool:
+        """A restored broker address registered again or is gone (as `Server._settled`)."""
+        live = self.service.table.liveness(cluster, addr)
+        return live is None or live.confirm_by is None
+
     def _dropped(self, worker: int, reason: str) -> None:
         """A worker out of the fence must not answer another read: end it (the pool starts
         another once it is reaped)."""
+        self.reports.pop(worker, None)
         pid = self.pids.pop(worker, None)
         if pid is not None:
             _kill(pid, signal.SIGKILL)
@@ -260,7 +352,12 @@ class StateProcess:
         path = state_file.state_path_for(config.state_path, config.kv_path)
         if path is None:
             return None
-        state_file.restore(path, self.service, self._now(), _wall_ms())
+        dump = state_file.restore(path, self.service, self._now(), _wall_ms())
+        if dump is not None:
+            # /readyz waits for each restored address to register again (or go).
+            self.readiness = Readiness(
+                [(a.cluster, a.addr) for a in dump.table.addresses], self._now(),
+                round(config.ready_grace_s * 1000))
         return state_file.StateWriter(path, self.service, wake=self.waker.wake, clock=self._now,
                                       wall_ms=_wall_ms)
 
@@ -353,8 +450,32 @@ class _Pool:
         process = self._process
         process.waker.drain_if_woken(ready)
         process.reap(now)
+        if process._stopping:  # `systemctl stop` signals every worker too: start none
+            return
         process.pool.on_timer(now)
         process.carry_out(now)
+
+
+class _Figures:
+    """The whole's figures to every worker, once a second."""
+
+    what = "sending figures"
+
+    def __init__(self, process: StateProcess) -> None:
+        self._process = process
+        self._due = 0
+
+    def attach(self, poll: PollSet) -> None:
+        pass
+
+    def next_deadline(self, now: int) -> int | None:
+        return self._due
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        if now < self._due:
+            return
+        self._due = now + REPORT_INTERVAL_MS
+        self._process.send_figures(now)
 
 
 def _wall_ms() -> int:

@@ -40,12 +40,15 @@ import zmq
 from zns import __version__
 from zns.core.config import ServerConfig
 from zns.core.errors import Busy, ConnectionLost, Internal, from_reply
+from zns.core.figures import REPORT_INTERVAL_MS, Overview, decode_overview
+from zns.core.figures import encode as encode_figures
 from zns.core.replication import Replica
 from zns.core.schema import AnyRequest, Error, Reply, Status, StatusReply, decode_reply
 from zns.core.service import Frames, NameService
 from zns.core.state import AnyCommand, CloseConnections, Outcome, Write, decode_command
 from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import PollSet, Ready
+from zns.drivers.metrics import own_figures
 from zns.drivers.replication_link import ReplicaLink
 from zns.drivers.server import Server
 
@@ -78,6 +81,7 @@ class ReplicaService(NameService):
     def __init__(self, worker: int, **kwargs: object) -> None:
         super().__init__(KvStore(None), epoch="", **kwargs)  # type: ignore[arg-type]
         self.worker = worker  # 1..N, shown by `status`
+        self.overview: Overview | None = None  # the whole's last figures (`status`)
         self.link: ReplicaLink | None = None
         self.gone: Callable[[], None] = lambda: None  # the state process is gone: stop
         self._answers: dict[int, bytes] = {}
@@ -148,7 +152,10 @@ class ReplicaService(NameService):
         reply = super().read(request, now)
         if type(request) is Status:
             assert isinstance(reply, StatusReply)
-            reply = msgspec.structs.replace(reply, worker=self.worker)
+            overview = self.overview
+            reply = msgspec.structs.replace(
+                reply, worker=self.worker,
+                workers=list(overview.state.workers) if overview is not None else [])
         return reply
 
 
@@ -174,10 +181,54 @@ class ReplicaSource:
             self._gone()
 
 
+class WorkerServer(Server):
+    """A worker's `Server`: /readyz and /metrics show the whole (`overview`)."""
+
+    def __init__(self, config: ServerConfig, worker: int, **kwargs: object) -> None:
+        self.worker = worker
+        self.overview = None
+        super().__init__(config, **kwargs)  # type: ignore[arg-type]
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready once the state process is (its own rule, /readyz as in one process) and
+        this worker serves (it does: it loaded its state before it was made)."""
+        overview = self.overview
+        if overview is None:
+            return False, f"starting: worker {self.worker} has no word from the state process yet"
+        return overview.state.ready, overview.state.ready_why
+
+
+class _Reporter:
+    """Sends this worker's own counts to the state process once a second, the first at once."""
+
+    what = "reporting figures"
+
+    def __init__(self, link: ReplicaLink, gone: Callable[[], None]) -> None:
+        self._link, self._gone = link, gone
+        self.server: Server | None = None
+        self._due = 0
+
+    def attach(self, poll: PollSet) -> None:
+        pass
+
+    def next_deadline(self, now: int) -> int | None:
+        return self._due if self.server is not None else None
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        if self.server is None or now < self._due:
+            return
+        self._due = now + REPORT_INTERVAL_MS
+        try:
+            self._link.report(encode_figures(own_figures(self.server)))
+        except ConnectionLost as exc:
+            log.error("the state process is gone (%s); stopping", exc)
+            self._gone()
+
+
 def worker_main(config: ServerConfig, worker: int, channel: socket.socket) -> int:
     """A forked worker's life: load the first state, bind, serve until the state process
     goes or a signal stops it. Returns the exit code."""
-    log.addFilter(_NamedWorker(worker))
+    name_worker_lines(worker)
     service = ReplicaService(worker, started_at_ms=int(time.monotonic() * 1000),
                              version=__version__, limits=config.limits)
     server: Server | None = None
@@ -190,25 +241,47 @@ def worker_main(config: ServerConfig, worker: int, channel: socket.socket) -> in
         else:
             server.outbox.put(frames)
 
+    def whole(body: bytes) -> None:
+        try:
+            overview = decode_overview(body)
+        except msgspec.DecodeError as exc:  # the state process's bug: keep the last one
+            log.error("unreadable figures from the state process: %s", exc)
+            return
+        service.overview = overview  # one reference each: the metrics thread reads them
+        if server is not None:
+            server.overview = overview
+
     link = ReplicaLink(channel, Replica(), apply=service.apply_command, load=service.load,
-                       publish=publish, reply=service.answered)
+                       publish=publish, reply=service.answered, whole=whole)
     service.link = link
     try:
         while not link.replica.loaded:
             link.wait(WAIT_SLICE_MS)
             link.run()
     except (ConnectionLost, msgspec.DecodeError) as exc:
-        log.error("worker %d: no state from the state process (%s)", worker, exc)
+        log.error("no state from the state process (%s)", exc)  # named by the filter
         return 1
-    server = Server(config, context=zmq.Context(), service=service, reuse_port=True,
-                    first_connection_id=(worker << CONNECTION_ID_BITS) + 1,
-                    extra_sources=[ReplicaSource(link, lambda: service.gone())])
+    reporter = _Reporter(link, lambda: service.gone())
+    server = WorkerServer(config, worker, context=zmq.Context(), service=service,
+                          reuse_port=True, first_connection_id=(worker << CONNECTION_ID_BITS) + 1,
+                          extra_sources=[ReplicaSource(link, lambda: service.gone()), reporter])
+    server.overview = service.overview
+    reporter.server = server
     service.gone = server.stop
     for frames in held:
         server.outbox.put(frames)
     log.info("loaded the state at seq %d (pid %d)", link.replica.applied, os.getpid())
     server.run()
     return 0
+
+
+def name_worker_lines(worker: int) -> None:
+    """Every line this process logs says `worker N: ` first: a filter on each handler of
+    the root logger (a logger's own filter would miss its children's records, such as
+    zns.zap's CURVE decisions), or on the zns logger when the root has none."""
+    targets: list[logging.Filterer] = [*logging.getLogger().handlers] or [log]
+    for target in targets:
+        target.addFilter(_NamedWorker(worker))
 
 
 class _NamedWorker(logging.Filter):

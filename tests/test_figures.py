@@ -1,0 +1,130 @@
+"""zns.core.figures and what feeds it, without processes: a worker's line in `status`, the
+replication lag in ms, the figures' round trip, and their size against a peer's junk."""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import msgspec
+
+from zns.drivers.kv_file import KvStore
+from zns.core import schema
+from zns.core.figures import (
+    Overview, StateFigures, WorkerFigures, decode_figures, decode_overview, encode, worker_status,
+)
+from zns.core.latency import LatencyHistogram
+from zns.core.replication import Ack, Primary, Replica
+from zns.core.service import NameService
+from zns.drivers.metrics import own_figures
+from zns.drivers.replication_link import PrimaryLink, ReplicaLink
+
+
+def test_a_worker_is_down_starting_or_loaded_and_its_lag_is_what_it_has_not_applied():
+    down = worker_status(2, 0, loaded=False, applied=None, seq=9, oldest_unapplied_at=None,
+                         now=100)
+    assert (down.state, down.pid, down.lag_commands, down.lag_ms) == ("down", 0, 0, 0)
+    starting = worker_status(1, 41, loaded=False, applied=9, seq=9, oldest_unapplied_at=None,
+                             now=100)
+    assert starting.state == "starting"  # in the fence, not serving yet
+    behind = worker_status(1, 41, loaded=True, applied=6, seq=9, oldest_unapplied_at=70,
+                           now=100)
+    assert (behind.state, behind.applied, behind.lag_commands, behind.lag_ms) == (
+        "loaded", 6, 3, 30)
+
+
+def test_the_primary_says_when_the_oldest_command_a_worker_has_not_applied_was_appended():
+    primary = Primary(now=0)
+    worker = primary.join(0)
+    primary.actions()
+    assert primary.unapplied_since(worker) is None  # nothing to apply
+    primary.append(b"a", 100)
+    primary.append(b"b", 250)
+    assert primary.unapplied_since(worker) == 100
+    primary.on_message(worker, Ack(1), 300)
+    assert primary.unapplied_since(worker) == 250
+    primary.on_message(worker, Ack(2), 310)
+    assert primary.unapplied_since(worker) is None
+    assert primary.unapplied_since(worker + 1) is None  # no such worker
+
+
+def test_figures_and_the_overview_survive_the_channel():
+    figures = WorkerFigures(worker=2, pid=7, requests=[("get_route", "ok", 3)],
+                            request_seconds=[("zns1:get_route", [1] * 13, 0.5)],
+                            published={"hb": 4}, rss_bytes=1 << 20, cpu_seconds=0.25)
+    assert decode_figures(encode(figures)) == figures
+    status = worker_status(2, 7, loaded=True, applied=5, seq=5, oldest_unapplied_at=None,
+                           now=0)
+    overview = Overview(state=StateFigures(pid=1, seq=5, fence=5, ready=True, ready_why="ready",
+                                           workers=[status]), reports=[figures])
+    assert decode_overview(encode(overview)) == overview
+    # `status` carries the same WorkerStatus on the ZNS/1 wire.
+    reply = schema.StatusReply(id=1, epoch="e", revision=1, version="v", uptime_ms=0,
+                               brokers=0, topics=0, pub_endpoint="", workers=[status])
+    assert schema.decode_reply(schema.encode(reply)).workers == [status]
+
+
+def test_a_peer_s_junk_does_not_grow_a_worker_s_report():
+    # Every label of a report comes from a fixed set: junk ops, remoting codes nobody
+    # answers and many distinct latency labels add no row past those sets.
+    service = NameService(KvStore(None), epoch="e" * 16, started_at_ms=0)
+    times = LatencyHistogram()
+    server = SimpleNamespace(
+        service=service, request_times=times, remoting=None, dropped_replies=0, worker=1,
+        timers=SimpleNamespace(stalls=0), subscribers=SimpleNamespace(
+            budget=SimpleNamespace(cut=0)))
+    for n in range(2000):
+        service.respond(msgspec.msgpack.encode({"op": f"junk{n}", "id": n}), 0)
+        service.respond(msgspec.msgpack.encode({"op": "get_route", "id": n, "topic": n}), 0)
+        service.remoting_counts[-1, 0] += 1  # what the handler counts for an unknown code
+        times.observe(f"zns1:junk{n}", 0.001)
+    figures = own_figures(server)  # type: ignore[arg-type]
+    assert sorted(figures.requests) == [("get_route", "bad_request", 2000),
+                                        ("unknown", "unknown_op", 2000)]
+    assert len(figures.request_seconds) == 65  # 64 labels, then "other"
+    assert len(encode(figures)) < 8 * 1024
+
+
+def test_a_report_with_every_label_filled_is_under_20_kib():
+    # docs/operations.md's bound: every op with every error code (and ok), every remoting
+    # code with every response code, 64 latency labels and "other", every count large.
+    from zns.core.errors import BY_CODE
+    from zns.core.remoting import NAMESERVER_REQUEST_CODES
+    from zns.core.remoting.constants import ResponseCode
+
+    ops = [c.__struct_config__.tag for c in schema.AnyRequest.__args__] + ["unknown"]
+    figures = WorkerFigures(
+        worker=64, pid=4_000_000, requests=[(op, code, 10**12) for op in ops
+                                            for code in [*BY_CODE, "ok"]],
+        remoting_requests=[(code, int(response), 10**12) for code in
+                           [*NAMESERVER_REQUEST_CODES, -1] for response in ResponseCode],
+        request_seconds=[(f"remoting:{'X' * 30}{n}", [10**12] * 13, 1e9) for n in range(65)],
+        published={"route": 10**12, "broker": 10**12, "hb": 10**12}, rss_bytes=2**40,
+        cpu_seconds=1e9)
+    assert len(encode(figures)) < 20 * 1024
+
+
+def test_figures_pass_the_links_beside_the_replication_and_leave_it_alone():
+    reported: list[tuple[int, bytes]] = []
+    wholes: list[bytes] = []
+    ours, theirs = socket.socketpair()
+    primary = PrimaryLink(Primary(now=0), dump=lambda: b"dump", execute=lambda w, r: (None, b""),
+                          reported=lambda worker, body: reported.append((worker, body)))
+    worker = primary.add(ours, 0)
+    replica = ReplicaLink(theirs, Replica(), apply=lambda seq, c: [], load=lambda seq, d: None,
+                          publish=lambda seq, e: None, whole=wholes.append)
+    primary.flush(0)
+    replica.wait(5000)
+    replica.run()  # the state transfer
+    replica.report(b"my counts")
+    primary.wait(5000)
+    primary.run(1)
+    assert reported == [(worker, b"my counts")]
+    assert primary.primary.workers == [worker]  # a report is no protocol breach
+    primary.broadcast(b"the whole", 2)
+    primary.flush(2)
+    replica.wait(5000)
+    replica.run()
+    assert wholes == [b"the whole"] and replica.replica.loaded
+    primary.close()
+    replica.channel.close()

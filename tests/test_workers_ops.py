@@ -1,0 +1,271 @@
+"""Operating `zns serve --workers N`: one /metrics, /healthz and /readyz for the whole on
+the workers' shared port, `status` listing every worker, log lines naming the worker."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from helpers import Peer, ProcessServer, register_fields, wait_for
+from zns.drivers.worker import name_worker_lines
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture
+def ctx() -> Any:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metrics_port(server: ProcessServer) -> int:
+    return int(re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", server.output())[0])
+
+
+def scrape(server: ProcessServer) -> Samples:
+    """One scrape on a new connection (the kernel picks the worker)."""
+    status, text = get(f"http://127.0.0.1:{metrics_port(server)}/metrics")
+    assert status == 200, text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def worker_pids(server: ProcessServer) -> dict[int, int]:
+    """The live pid of each worker, from its last start line."""
+    found = re.findall(r"worker (\d+): loaded the state at seq \d+ \(pid (\d+)\)", server.output())
+    return {int(w): int(p) for w, p in found}
+
+
+def peer_on_worker(server: ProcessServer, worker: int, ctx: zmq.Context) -> Peer:
+    for _ in range(200):
+        peer = Peer(server.router, server.pub, ctx)
+        if peer.ok("status").worker == worker:
+            return peer
+        peer.close()
+    raise AssertionError(f"no connection landed on worker {worker}")
+
+
+def both_loaded(samples: Samples) -> bool:
+    return all(samples.get(("zns_worker_loaded", (("worker", w),))) == 1 for w in ("1", "2"))
+
+
+def test_every_scrape_on_any_worker_shows_both_workers_and_the_state_process(
+        tmp_path: Path, ctx: Any) -> None:
+    server = ProcessServer(tmp_path, "--workers", "2", "--metrics", "127.0.0.1:0")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        one, two = peer_on_worker(server, 1, ctx), peer_on_worker(server, 2, ctx)
+        one.ok("register_broker", **register_fields(topics={"T": {}}))
+        one.ok("kv_put", namespace="ns", key="k", value="v")
+        for _ in range(3):
+            two.ok("get_route", topic="T")
+        reads = ("zns_requests_total", (("op", "get_route"), ("outcome", "ok"), ("worker", "2")))
+        writes = ("zns_requests_total",
+                  (("op", "register_broker"), ("outcome", "ok"), ("worker", "1")))
+        # Each worker's counts reach the other within two report periods: wait until a
+        # scrape answered by each worker shows both (later wholes are only newer).
+        seen: set[float] = set()
+
+        def both_counted() -> bool:
+            m = scrape(server)
+            if m.get(reads) == 3 and m.get(writes) == 1:
+                seen.add(m["zns_answering_worker", ()])
+            return seen == {1, 2}
+
+        wait_for(both_counted, timeout=30, interval=0.1)
+        answered: set[float] = set()
+        scrapes = 0
+        while scrapes < 12 or answered != {1, 2}:  # one worker 12 times: about 1 in 2,000
+            assert scrapes < 100, f"100 scrapes all landed on worker {answered}"
+            scrapes += 1
+            m = scrape(server)
+            answered.add(m["zns_answering_worker", ()])
+            assert m[reads] == 3 and m[writes] == 1, m
+            for worker in ("1", "2"):  # every worker's own series, labelled
+                assert ("zns_dropped_replies_total", (("worker", worker),)) in m
+                assert m["zns_events_published_total",
+                         (("channel_kind", "hb"), ("worker", worker))] >= 1
+                assert m["zns_worker_loaded", (("worker", worker),)] == 1
+                assert m["zns_worker_applied_seq", (("worker", worker),)] >= 2
+                assert m["zns_worker_lag_commands", (("worker", worker),)] >= 0
+                assert m["zns_process_resident_memory_bytes", (("process", worker),)] > 0
+            # The whole's figures: once, unlabelled; the state process's own.
+            assert m["zns_brokers", ()] == 1 and m["zns_topics", ()] == 1
+            assert m["zns_kv_writes_total", ()] == 1  # the KV file is the state process's
+            assert m["zns_replication_seq", ()] >= 2
+            assert m["zns_worker_restarts_total", ()] == 0
+            assert m["zns_process_resident_memory_bytes", (("process", "state"),)] > 0
+            assert m["zns_ready", ()] == 1
+        for path in ("/healthz", "/readyz"):
+            assert get(f"http://127.0.0.1:{metrics_port(server)}{path}")[0] == 200
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_killed_worker_is_counted_as_restarted_and_status_lists_every_worker(
+        tmp_path: Path, ctx: Any) -> None:
+    server = ProcessServer(tmp_path, "--workers", "2", "--metrics", "127.0.0.1:0")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        wait_for(lambda: both_loaded(scrape(server)), timeout=30, interval=0.2)
+        pids = worker_pids(server)
+        peer = Peer(server.router, server.pub, ctx)
+        peer.ok("register_broker", **register_fields())
+
+        def listed(reply: Any) -> dict[int, tuple[int, str]]:
+            return {w.worker: (w.pid, w.state) for w in reply.workers}
+
+        # Any worker answers with every worker, as the state process sees them.
+        for worker in (1, 2):
+            on_it = peer_on_worker(server, worker, ctx)
+            wait_for(lambda: listed(on_it.ok("status")) ==
+                     {w: (pid, "loaded") for w, pid in pids.items()})
+        os.kill(pids[1], signal.SIGKILL)
+        wait_for(lambda: worker_pids(server)[1] != pids[1])
+        m = wait_for(lambda: (m := scrape(server))["zns_worker_restarts_total", ()] == 1
+                     and both_loaded(m) and m, timeout=30, interval=0.2)
+        assert m["zns_brokers", ()] == 1
+        new = worker_pids(server)
+        reply = wait_for(lambda: (r := Peer(server.router, None, ctx).ok("status")) and
+                         listed(r) == {w: (pid, "loaded") for w, pid in new.items()} and r,
+                         timeout=30)
+        for w in reply.workers:
+            assert w.applied == reply.workers[0].applied and w.lag_commands >= 0
+    finally:
+        assert server.stop() == 0
+
+
+def test_every_line_a_worker_logs_names_it_whatever_its_logger(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [handler])
+    name_worker_lines(3)
+    logging.getLogger("zns").warning("from zns")
+    logging.getLogger("zns.zap").warning("from a child logger")
+    logging.getLogger("zns").warning("worker 3: already named")
+    assert stream.getvalue().splitlines() == [
+        "worker 3: from zns", "worker 3: from a child logger", "worker 3: already named"]
+
+
+def test_sighup_to_the_state_process_reloads_every_worker_and_ends_nothing(
+        tmp_path: Path, ctx: Any) -> None:
+    # `systemctl reload zns` sends SIGHUP to the main process: the state process.
+    server = ProcessServer(tmp_path, "--workers", "2")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        pids = worker_pids(server)
+        os.kill(server.proc.pid, signal.SIGHUP)
+        wait_for(lambda: all(f"worker {w}: SIGHUP: CURVE is off" in server.output()
+                             for w in (1, 2)))
+        assert server.proc.poll() is None and worker_pids(server) == pids
+        assert Peer(server.router, None, ctx).ok("status").workers
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_stop_signal_to_every_process_at_once_starts_no_worker(tmp_path: Path) -> None:
+    # What `systemctl stop` does (KillMode=control-group): SIGTERM to the state process and
+    # to every worker at the same moment. The workers that end are not replaced.
+    server = ProcessServer(tmp_path, "--workers", "2")
+    wait_for(lambda: server.output().count("serving requests on") == 2)
+    for pid in worker_pids(server).values():
+        os.kill(pid, signal.SIGTERM)
+    assert server.stop() == 0
+    assert server.output().count(" started (pid") == 2, server.output()
+    assert "starting another" not in server.output()
+
+
+def test_a_metrics_port_in_use_is_refused_in_one_line_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "zns", "serve", "--workers", "2", "--router",
+             "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*", "--kv-path",
+             str(tmp_path / "kv"), "--metrics", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    # As one process says it (zns.drivers.metrics).
+    assert len(lines) == 1 and f"--metrics 127.0.0.1:{port}: cannot listen: " in lines[0], lines
+
+
+def test_readyz_on_any_worker_waits_for_the_brokers_the_state_process_restored(
+        tmp_path: Path, ctx: Any) -> None:
+    first = ProcessServer(tmp_path, "--workers", "2")
+    try:
+        wait_for(lambda: first.output().count("serving requests on") == 2)
+        Peer(first.router, None, ctx).ok("register_broker", **register_fields())
+    finally:
+        assert first.stop() == 0  # writes the state dump
+    server = ProcessServer(tmp_path, "--workers", "2", "--metrics", "127.0.0.1:0")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        url = f"http://127.0.0.1:{metrics_port(server)}/readyz"
+        for _ in range(8):  # whichever worker answers: the state process's rule
+            status, text = get(url)
+            assert status == 503 and ("warming: 1 of 1 brokers" in text
+                                      or "no word from the state process" in text), text
+        Peer(server.router, None, ctx).ok("register_broker", **register_fields())
+        wait_for(lambda: all(get(url)[0] == 200 for _ in range(4)), interval=0.2)
+        assert get(f"http://127.0.0.1:{metrics_port(server)}/healthz")[0] == 200
+    finally:
+        assert server.stop() == 0
+
+
+def test_status_shows_a_stopped_worker_falling_behind_and_catching_up(
+        tmp_path: Path, ctx: Any) -> None:
+    server = ProcessServer(tmp_path, "--workers", "2")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        one = peer_on_worker(server, 1, ctx)
+        wait_for(lambda: len(one.ok("status").workers) == 2)
+        pids = worker_pids(server)
+
+        def worker_two() -> Any:
+            return {w.worker: w for w in one.ok("status").workers}[2]
+
+        os.kill(pids[2], signal.SIGSTOP)
+        try:
+            for n in range(3):  # answered by worker 1 alone: the fence does not wait for them
+                one.ok("register_broker", **register_fields(topics={f"T{n}": {}}))
+            behind = wait_for(lambda: (w := worker_two()).lag_commands >= 3 and w.lag_ms > 0
+                              and w, timeout=8)  # under the 10 s that gets it replaced
+            assert behind.state == "loaded" and behind.pid == pids[2]
+        finally:
+            os.kill(pids[2], signal.SIGCONT)
+        caught_up = wait_for(lambda: (w := worker_two()).lag_commands == 0 and w)
+        assert caught_up.lag_ms == 0 and caught_up.applied >= behind.applied + 3
+        assert worker_pids(server) == pids
+    finally:
+        assert server.stop() == 0

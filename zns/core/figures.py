@@ -1,0 +1,108 @@
+"""What `/metrics` and `status` show of the whole under `zns serve --workers N`.
+
+A scrape, or a `status` request, reaches one worker (the kernel picks it), yet
+must show every process. So each process's figures travel as plain data over
+the replication channels: every worker sends a `WorkerFigures` of its own
+counts to the state process once a second; the state process keeps the last
+one of each live worker and, once a second, sends every worker an `Overview`:
+its own figures, each worker's state in the replication (`WorkerStatus`), and
+those last reports. A worker answers from its own live counts for itself and
+from the last `Overview` for the rest, so another process's figure is at most
+two report periods old (plus how late a loaded loop runs its timer).
+
+These are msgpack-encoded msgspec Structs of ints and short strings; their
+size is bounded by the label sets they carry (request ops and error codes,
+remoting request and response codes, at most `latency.MAX_LABELS` latency
+labels), not by any peer. Sans-I/O: data and pure functions only.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from zns.core.schema import WorkerStatus
+
+REPORT_INTERVAL_MS = 1000  # each worker's report, and the state process's overview
+
+
+class WorkerFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """One worker's own counts (its `worker` number, 1..N); counters count from its start."""
+
+    worker: int
+    pid: int
+    requests: list[tuple[str, str, int]] = []  # ZNS/1: (op, outcome, count)
+    remoting_requests: list[tuple[int, int, int]] = []  # (request code, response code, count)
+    request_seconds: list[tuple[str, list[int], float]] = []  # (label, bucket counts, sum)
+    encoded_msgpack_bytes: int = 0
+    encoded_json_bytes: int = 0
+    published: dict[str, int] = {}  # events by channel kind
+    dropped_replies: int = 0
+    stalls: int = 0
+    remoting_connections: int = 0
+    remoting_max_connections: int = 0
+    subscribers_cut: int = 0
+    rss_bytes: int = 0
+    cpu_seconds: float = 0.0
+
+
+class StateFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """The state process's own counts and its view of the workers."""
+
+    pid: int
+    seq: int  # the last command applied and replicated
+    fence: int  # the lowest seq every live worker has applied
+    ready: bool
+    ready_why: str
+    stalls: int = 0
+    removals: dict[str, int] = {}
+    kv_write_counts: list[int] = []  # per bucket of kv_file.WriteTimes.BOUNDS, then +Inf
+    kv_write_seconds: float = 0.0
+    worker_restarts: int = 0
+    transfers: int = 0  # state transfers sent (joins, resyncs, workers past the tail)
+    workers_dropped: int = 0  # workers dropped for silence or a protocol violation
+    workers: list[WorkerStatus] = []
+    rss_bytes: int = 0
+    cpu_seconds: float = 0.0
+
+
+class Overview(msgspec.Struct, frozen=True, kw_only=True):
+    """State process -> every worker: the whole, as of `StateFigures`' making."""
+
+    state: StateFigures
+    reports: list[WorkerFigures] = []  # the last of each live worker that reported
+
+
+_encoder = msgspec.msgpack.Encoder()
+_figures = msgspec.msgpack.Decoder(WorkerFigures)
+_overview = msgspec.msgpack.Decoder(Overview)
+
+
+def encode(value: WorkerFigures | Overview) -> bytes:
+    return _encoder.encode(value)
+
+
+def decode_figures(body: bytes) -> WorkerFigures:
+    """A worker's report; raises msgspec.DecodeError on anything else."""
+    return _figures.decode(body)
+
+
+def decode_overview(body: bytes) -> Overview:
+    """The state process's overview; raises msgspec.DecodeError on anything else."""
+    return _overview.decode(body)
+
+
+def worker_status(worker: int, pid: int, *, loaded: bool, applied: int | None, seq: int,
+                  oldest_unapplied_at: int | None, now: int) -> WorkerStatus:
+    """A worker's line in `status`: `applied` None means it is not in the fence (yet, or
+    any more); `oldest_unapplied_at` is when the first command it has not applied was
+    appended (None: it applied everything)."""
+    if pid == 0:
+        state = "down"
+    elif loaded and applied is not None:
+        state = "loaded"
+    else:
+        state = "starting"
+    done = applied if applied is not None else 0
+    return WorkerStatus(worker=worker, pid=pid, state=state, applied=done,
+                        lag_commands=max(0, seq - done) if applied is not None else 0,
+                        lag_ms=0 if oldest_unapplied_at is None else max(0, now - oldest_unapplied_at))
