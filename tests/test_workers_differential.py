@@ -28,6 +28,7 @@ A connection's close is waited for until the server side closed it, then the bar
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -71,11 +72,15 @@ class PlacedSide(rd.Side):
             self.conns[key] = self.placed()
         return super().conn(key)
 
-    def placed(self) -> rd.RemotingConnection:
+    def placed(self, worker: int | None = None) -> rd.RemotingConnection:
+        """A new connection on `worker` (1..N), or on the next worker in turn."""
         if self.pids is None:
             return rd.RemotingConnection(self.addr)
-        wanted = self.pids[self.turn % len(self.pids)]
-        self.turn += 1
+        if worker is None:
+            wanted = self.pids[self.turn % len(self.pids)]
+            self.turn += 1
+        else:
+            wanted = self.pids[worker - 1]
         self.used.add(wanted)
         port = int(self.addr.rsplit(":", 1)[1])
         for _ in range(64):
@@ -457,3 +462,101 @@ def test_zns1_and_remoting_into_one_process_and_two_workers_answer_alike(
     finally:
         for server in servers:
             server.close()
+
+
+# --- no client goes back in time, over remoting -------------------------------------------
+
+
+def route_brokers(reply: rd.RemotingCommand) -> set[str]:
+    """The broker names of a GET_ROUTEINFO_BY_TOPIC reply (none for TOPIC_NOT_EXIST)."""
+    if reply.code == 17:
+        return set()
+    assert reply.code == 0, reply
+    return {b["brokerName"] for b in json.loads(rd._lenient(reply.body))["brokerDatas"]}
+
+
+def test_a_remoting_pull_after_an_event_never_answers_an_older_route(
+        tmp_path: Path, ctx: Any) -> None:
+    """An application's remoting connection and its subscriber (the agent's SUB) on
+    different workers: once the subscriber saw a route event, a GET_ROUTEINFO_BY_TOPIC over
+    the application's connection answers that route or a later one. Routes only grow here
+    (each write adds a broker name to one topic), so "that route or a later one" is "every
+    broker name the event's route lists, at least"."""
+    server = Server(tmp_path, ctx, 2)
+    try:
+        assert server.pids is not None
+        apps = {w: server.side.placed(w) for w in (1, 2)}  # the applications' connections
+        brokers = {w: server.side.placed(w) for w in (1, 2)}  # writers: brokers, over remoting
+        writers = {1: server.peers[0], 2: server.peers[1]}  # and ZNS/1 DEALERs
+        subs = {1: server.subs[0], 2: server.subs[1]}
+
+        def register(n: int, worker: int, remoting: bool) -> None:
+            name, addr, topic = f"b{n}", f"10.4.{n // 250}.{n % 250}:10911", f"T{n % 7}"
+            if remoting:
+                slot = rd.Slot(name, 0, addr, "c1", counter=1)
+                reply = brokers[worker].call(rd.register_request(
+                    slot, {topic: {"read": 4, "write": 4, "perm": 6, "sys_flag": 0}}, "c1", "",
+                    [], 479))
+                assert reply.code == 0, reply
+            else:
+                writers[worker].ok("register_broker", cluster="c1", broker_name=name,
+                                   broker_id=0, broker_addr=addr, topics={topic: {}})
+
+        def events(worker: int, timeout_ms: int) -> list[Any]:
+            """The route events `worker`'s subscriber has, or receives within `timeout_ms`
+            (its `hb`s, every 0.1 s, do not end the wait)."""
+            sub = subs[worker].sub
+            assert sub is not None
+            found = []
+            deadline = time.monotonic() + timeout_ms / 1000
+            while True:
+                while sub.poll(0):
+                    channel, body = sub.recv_multipart()
+                    if channel.startswith(b"route/"):
+                        found.append(schema.decode_event(body))
+                left = deadline - time.monotonic()
+                if found or left <= 0:
+                    return found
+                sub.poll(int(left * 1000) + 1)
+
+        def pull_after(event: Any, worker: int) -> None:
+            reply = apps[worker].call(rd.request(105, {"topic": event.topic}))
+            seen = {b.broker_name for b in event.route.brokers}
+            assert route_brokers(reply) >= seen, (event.topic, event.revision, worker)
+
+        # The fence, seen directly: with the other worker stopped, a broker's registration
+        # over remoting is answered by its worker, and no subscriber on either worker sees
+        # its event until the stopped worker applied it too; then that worker's remoting
+        # reads answer the new route.
+        n = 0
+        for writer_worker in (1, 2):
+            other = 3 - writer_worker
+            os.kill(server.pids[other - 1], signal.SIGSTOP)
+            try:
+                register(n, writer_worker, remoting=True)
+                assert route_brokers(apps[writer_worker].call(
+                    rd.request(105, {"topic": f"T{n % 7}"}))) >= {f"b{n}"}
+                assert events(writer_worker, 500) == []
+            finally:
+                os.kill(server.pids[other - 1], signal.SIGCONT)
+            held = wait_for(lambda: events(writer_worker, 100))
+            pull_after(held[0], other)
+            for sub_worker in (1, 2):  # the other subscriber's copy, out of the way
+                if sub_worker != writer_worker:
+                    wait_for(lambda: events(sub_worker, 100))
+            n += 1
+
+        # Under a stream of writes (over both protocols, through both workers): every route
+        # event either worker's subscriber sees, pulled at once over remoting on the other
+        # worker (and on its own).
+        pulls = 0
+        for n in range(n, n + 300):
+            register(n, 1 + n % 2, remoting=n % 3 != 0)
+            for sub_worker in (1, 2):
+                for event in events(sub_worker, 0):
+                    for app_worker in (3 - sub_worker, sub_worker):
+                        pull_after(event, app_worker)
+                        pulls += 1
+        assert pulls > 100
+    finally:
+        server.close()
