@@ -560,3 +560,40 @@ def test_a_remoting_pull_after_an_event_never_answers_an_older_route(
         assert pulls > 100
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_connections_closing_at_once_on_two_workers_go_as_two_steps(
+        tmp_path: Path, ctx: Any, workers: int) -> None:
+    """The one documented difference the differential steps around (it closes one connection
+    at a time): a listener removes what the connections that closed in one turn of its loop
+    registered as one step (one revision), and each worker has its own listener. Two broker
+    connections closed while the server was stopped (SIGSTOP), so that it finds both closed
+    in one turn: one revision for a single process, one per worker for two workers
+    (docs/protocol.md §12)."""
+    server = Server(tmp_path, ctx, workers)
+    try:
+        conns = {w: server.side.placed(w) for w in (1, 2)}
+        for w, conn in conns.items():
+            slot = rd.Slot(f"b{w}", 0, f"10.5.0.{w}:10911", "c1", counter=1)
+            topics = {"Closing": {"read": 4, "write": 4, "perm": 6, "sys_flag": 0}}
+            assert conn.call(rd.register_request(slot, topics, "c1", "", [], 479)).code == 0
+        stopped = server.pids or [server.proc.proc.pid]
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            for conn in conns.values():
+                conn.close()
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+
+        def removed() -> list[Any]:
+            server.drain()
+            return [e for e in server.events[0] if e.get("reason") == "disconnected"]
+        wait_for(lambda: len(removed()) == 2)
+        first, second = removed()
+        assert {first["broker_name"], second["broker_name"]} == {"b1", "b2"}
+        assert second["revision"] - first["revision"] == (1 if workers else 0)
+    finally:
+        server.close()
