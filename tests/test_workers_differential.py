@@ -345,9 +345,10 @@ def zns1_operation(rnd: random.Random, gen: rd.Generator, step: int) -> dict[str
                 "topics": {t: {"read_queues": rnd.randint(1, 8), "write_queues": rnd.randint(1, 8),
                                "perm": rnd.choice([2, 4, 6])} for t in chosen},
                 "heartbeat_timeout_ms": 120_000,
-                "data_version": {"state": 0, "counter": rnd.randint(0, 3)}}
+                "data_version": {"state": rnd.randint(0, 2), "counter": rnd.randint(0, 3)}}
     if roll < 0.22:
-        return {"op": "heartbeat", **broker, "data_version": {"state": 0, "counter": 1}}
+        return {"op": "heartbeat", **broker,
+                "data_version": {"state": rnd.randint(0, 2), "counter": 1}}
     if roll < 0.27:
         return {"op": "unregister_broker", **broker}
     if roll < 0.31:
