@@ -14,7 +14,9 @@ What is compared: every reply (remoting: code, remark, ext fields, body bytes, f
 language, serialize type, version; ZNS/1: the decoded reply without `epoch`, which each
 server draws at random); after every step a sample of remoting reads (106 always, the rest
 of Generator.reads() at random, over random connections, so on either worker) and after
-every sequence all of them; every event, in order, as each worker's subscriber saw it.
+every sequence all of them; every event, in order, as each worker's subscriber saw it; once,
+GET_NAMESRV_CONFIG (each server's own endpoints and `workers` checked, not compared),
+UPDATE_NAMESRV_CONFIG and an unserved code on each worker.
 
 One sync, and why: a write is answered once the answering worker can read it
 (read-your-writes per connection, docs/protocol.md §7); another worker may answer the read
@@ -293,6 +295,34 @@ class Run:
                 return answers[0]["106"]
         raise AssertionError("unreachable")
 
+    def configuration(self) -> None:
+        """UPDATE_NAMESRV_CONFIG (refused), GET_NAMESRV_CONFIG and a code zns does not serve,
+        over a connection on each worker: alike, but for GET_NAMESRV_CONFIG's lines that
+        are each server's own settings (its endpoints and `workers`), checked as such."""
+        def normalised(server: Server, reply: rd.RemotingCommand) -> tuple:
+            own = {"router": server.proc.router, "pub": server.proc.pub,
+                   "remoting": server.remoting, "workers": str(server.workers)}
+            lines = []
+            for line in bytes(reply.body).decode().splitlines():
+                key, _, value = line.partition("=")
+                if key in own:
+                    assert value == own[key], (line, own[key])
+                    value = "(its own)"
+                lines.append(f"{key}={value}")
+            return (reply.version, *rd.view(reply)[:3], "\n".join(lines), *rd.view(reply)[4:])
+
+        for worker in (1, 2):
+            conns = [server.side.placed(worker) for server in self.servers]
+            try:
+                for code in (318, 319, 34):
+                    one, two = (normalised(server, conn.call(rd.request(code)))
+                                for server, conn in zip(self.servers, conns))
+                    if one != two:
+                        self.fail(f"remoting code {code} on worker {worker}", one, two)
+            finally:
+                for conn in conns:
+                    conn.close()
+
     def reset(self, gen: rd.Generator) -> None:
         """Empty both of the sequence's names over ZNS/1 (each write compared): every live
         (cluster, address), every topic, the KV keys."""
@@ -449,6 +479,7 @@ def test_zns1_and_remoting_into_one_process_and_two_workers_answer_alike(
         servers.append(Server(tmp_path, ctx, 0))
         servers.append(Server(tmp_path, ctx, 2))
         run = Run(*servers)
+        run.configuration()
         started = time.monotonic()
         for seed in SEEDS:
             run_sequence(run, seed, STEPS)
