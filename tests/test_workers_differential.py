@@ -181,7 +181,8 @@ def comparable(reply: Any) -> Any:
 
 
 class Run:
-    """The two servers driven side by side; `differences` says where they parted."""
+    """The two servers driven side by side; the first difference fails the test, with the
+    steps that led to it."""
 
     def __init__(self, single: Server, split: Server) -> None:
         self.servers = [single, split]
@@ -249,12 +250,13 @@ class Run:
             while any(server.side.lists(step.expires) for server in self.servers):
                 assert time.monotonic() < deadline, f"{step.expires} did not expire"
                 time.sleep(0.05)
-            for server in self.servers:  # zns closed it when it expired the broker
-                assert step.conn is not None
+            for server in self.servers:  # the generator moved to a new connection (Java
+                assert step.conn is not None  # closes an expired broker's)
                 server.side.drop(step.conn)
         self.barrier()
 
-    def reads(self, gen: rd.Generator, reads: list, rnd: random.Random, every: bool) -> Any:
+    def reads(self, gen: rd.Generator, reads: list, rnd: random.Random,
+              every: bool) -> rd.RemotingCommand:
         """Remoting reads (all, or 106 and a sample) sent to both at once, each over a
         connection chosen at random (the same key on both); compared. The 106 reply."""
         chosen = reads if every else [r for r in reads if r[0] == "106"] + rnd.sample(
@@ -270,30 +272,33 @@ class Run:
                 key = rnd.choice([None, *keys])
             routed.append((label, key, cmd))
         # The 322s (a broker's liveness: written) first, the rest side by side.
-        for phase in (True, False):
-            batch = [r for r in routed if (r[0].startswith("322")) == phase]
-            pending = []
-            for server in self.servers:
-                by_key: dict[str | None, list[int]] = {}
-                for i, (_, key, _) in enumerate(batch):
-                    by_key.setdefault(key, []).append(i)
-                pending.append([(server.side.conn(key), idx,
-                                 server.side.conn(key).send([rd._copy(batch[i][2]) for i in idx]))
-                                for key, idx in by_key.items()])
-            answers: list[dict[str, rd.RemotingCommand]] = []
-            for server_pending in pending:
-                got: dict[str, rd.RemotingCommand] = {}
-                for conn, idx, want in server_pending:
-                    for i, reply in zip(idx, conn.collect(want)):
-                        got[batch[i][0]] = reply
-                answers.append(got)
-            for label, key, _ in batch:
-                one, two = ((r.version, *rd.view(r)) for r in (answers[0][label], answers[1][label]))
-                if one != two:
-                    self.fail(f"remoting read {label} over {key or 'admin'}", one, two)
-            if not phase:
-                return answers[0]["106"]
-        raise AssertionError("unreachable")
+        self.compare_reads([r for r in routed if r[0].startswith("322")])
+        return self.compare_reads([r for r in routed if not r[0].startswith("322")])["106"]
+
+    def compare_reads(self, batch: list[tuple[str, str | None, rd.RemotingCommand]]
+                      ) -> dict[str, rd.RemotingCommand]:
+        """`batch` sent to both servers (pipelined per connection) before any reply is read;
+        the replies compared; the one-process side's returned by label."""
+        pending = []
+        for server in self.servers:
+            by_key: dict[str | None, list[int]] = {}
+            for i, (_, key, _) in enumerate(batch):
+                by_key.setdefault(key, []).append(i)
+            pending.append([(server.side.conn(key), idx,
+                             server.side.conn(key).send([rd._copy(batch[i][2]) for i in idx]))
+                            for key, idx in by_key.items()])
+        answers: list[dict[str, rd.RemotingCommand]] = []
+        for server_pending in pending:
+            got: dict[str, rd.RemotingCommand] = {}
+            for conn, idx, want in server_pending:
+                for i, reply in zip(idx, conn.collect(want)):
+                    got[batch[i][0]] = reply
+            answers.append(got)
+        for label, key, _ in batch:
+            one, two = ((r.version, *rd.view(r)) for r in (answers[0][label], answers[1][label]))
+            if one != two:
+                self.fail(f"remoting read {label} over {key or 'admin'}", one, two)
+        return answers[0]
 
     def configuration(self) -> None:
         """UPDATE_NAMESRV_CONFIG (refused), GET_NAMESRV_CONFIG and a code zns does not serve,
@@ -360,7 +365,7 @@ class Run:
                           f"({len(reference)} vs {len(seen)})", reference[at:at + 3], seen[at:at + 3])
 
 
-def zns1_operation(rnd: random.Random, gen: rd.Generator, step: int) -> dict[str, Any]:
+def zns1_operation(rnd: random.Random, gen: rd.Generator) -> dict[str, Any]:
     """A ZNS/1 request over the generator's names: its brokers (at their remoting addresses
     or a ZNS/1 one of their own), clusters, topics and KV keys."""
     slot = rnd.choice(gen.slots)
@@ -426,7 +431,7 @@ def run_sequence(run: Run, seed: int, steps: int) -> None:
             run.history.append(f"{seed}/{n} remoting: {step.what}")
             run.remoting_step(step)
         else:
-            fields = zns1_operation(rnd, gen, n)
+            fields = zns1_operation(rnd, gen)
             index = rnd.randrange(4)
             run.history.append(f"{seed}/{n} ZNS/1 over DEALER {index}: {fields}")
             if fields["op"] == "expiry":
