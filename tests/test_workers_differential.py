@@ -330,11 +330,12 @@ class Run:
 
     def reset(self, gen: rd.Generator) -> None:
         """Empty both of the sequence's names over ZNS/1 (each write compared): every live
-        (cluster, address), every topic, the KV keys."""
-        for live in self.zns1(0, {"op": "get_cluster_info"})["live"]:
+        (cluster, address), every topic, the KV keys. Read and written over one DEALER:
+        its reads see its writes (another worker's might not yet, docs/protocol.md §7)."""
+        for live in self.zns1(1, {"op": "get_cluster_info"})["live"]:
             self.zns1(1, {"op": "unregister_broker", **{k: live[k] for k in (
                 "cluster", "broker_name", "broker_id", "broker_addr")}})
-        for topic in self.zns1(0, {"op": "get_topics"})["topics"]:
+        for topic in self.zns1(1, {"op": "get_topics"})["topics"]:
             self.zns1(1, {"op": "delete_topic", "topic": topic})
         for ns in gen.namespaces:
             for key in gen.kv_keys:
