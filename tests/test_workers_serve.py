@@ -4,7 +4,6 @@ zns.drivers.worker), driven over real sockets."""
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
 import subprocess
@@ -138,155 +137,16 @@ def children_or_none(pid: int) -> list[int]:
         return []
 
 
-# --- (a) the same operations into one process and into two workers -------------------------
-
-TOPICS = ["T0", "T1", "T2", "T3", "T4"]
-NAMES = ["broker-a", "broker-b", "broker-c"]
-ADDRS = ["10.0.0.1:10911", "10.0.0.2:10911", "10.0.0.3:10911"]
-SHORT = {"cluster": "c9", "broker_name": "broker-short", "broker_id": 0,
-         "broker_addr": "10.0.9.9:10911"}
-
-
-def random_operations(seed: int, steps: int) -> list[dict[str, Any]]:
-    """ZNS/1 requests (and {"op": "expiry"}: a short-lived broker registered, then waited
-    out), over a few brokers, topics and KV keys."""
-    rnd = random.Random(seed)
-    ops: list[dict[str, Any]] = []
-
-    def broker() -> dict[str, Any]:
-        return {"cluster": rnd.choice(["c1", "c2"]), "broker_name": rnd.choice(NAMES),
-                "broker_id": rnd.choice([0, 0, 1]), "broker_addr": rnd.choice(ADDRS)}
-
-    for _ in range(steps):
-        roll = rnd.random()
-        if roll < 0.2:
-            topics = {t: {"read_queues": rnd.randint(1, 8), "write_queues": rnd.randint(1, 8),
-                          "perm": rnd.choice([2, 4, 6])}
-                      for t in rnd.sample(TOPICS, rnd.randint(0, 3))}
-            ops.append({"op": "register_broker", **broker(), "topics": topics,
-                        "zone": rnd.choice(["", "z1"]), "heartbeat_timeout_ms": 120_000,
-                        "data_version": {"state": rnd.randint(0, 2), "counter": rnd.randint(0, 3)}})
-        elif roll < 0.3:
-            ops.append({"op": "heartbeat", **broker(),
-                        "data_version": {"state": rnd.randint(0, 2), "counter": 1}})
-        elif roll < 0.35:
-            ops.append({"op": "unregister_broker", **broker()})
-        elif roll < 0.4:
-            ops.append({"op": rnd.choice(["wipe_write_perm", "add_write_perm"]),
-                        "broker_name": rnd.choice(NAMES)})
-        elif roll < 0.44:
-            ops.append({"op": "delete_topic", "topic": rnd.choice(TOPICS)})
-        elif roll < 0.48:
-            ops.append({"op": "register_topic", "topic": rnd.choice(TOPICS),
-                        "queues": [{"broker_name": rnd.choice(NAMES), "read_queues": 4,
-                                    "write_queues": 4, "perm": 6, "sys_flag": 0}]})
-        elif roll < 0.56:
-            ns, key = rnd.choice(["ORDER_TOPIC_CONFIG", "ns1"]), rnd.choice(TOPICS[:2])
-            if rnd.random() < 0.6:
-                ops.append({"op": "kv_put", "namespace": ns, "key": key,
-                            "value": rnd.choice(["broker-a:4", "broker-b:8"])})
-            else:
-                ops.append({"op": "kv_delete", "namespace": ns, "key": key})
-        elif roll < 0.58:
-            ops.append({"op": "expiry"})
-        elif roll < 0.7:
-            ops.append({"op": "get_route", "topic": rnd.choice(TOPICS)})
-        elif roll < 0.76:
-            ops.append({"op": "get_routes", "topics": rnd.sample(TOPICS, 3)})
-        elif roll < 0.82:
-            ops.append({"op": "get_topics", "cluster": rnd.choice(["", "c1"])})
-        elif roll < 0.88:
-            ops.append({"op": "snapshot"})
-        elif roll < 0.94:
-            ops.append({"op": "kv_list", "namespace": rnd.choice(["ORDER_TOPIC_CONFIG", "ns1"])})
-        else:
-            ops.append({"op": "kv_get", "namespace": "ns1", "key": rnd.choice(TOPICS[:2])})
-    return ops
+# --- (a) the same operations into one process and into two workers: the differential is in
+# test_workers_differential.py (ZNS/1 and remoting interleaved), which compares replies so:
 
 
 def without_epoch(value: Any) -> Any:
+    """A reply or event without its `epoch` (each server draws its own)."""
     plain = msgspec.to_builtins(value)
     if isinstance(plain, dict):
         plain.pop("epoch", None)
     return plain
-
-
-class Side:
-    """One server under test: DEALERs spread over its workers, one SUB for every event."""
-
-    def __init__(self, server: ProcessServer, ctx: zmq.Context, rnd: random.Random) -> None:
-        self.peers = [Peer(server.router, server.pub, ctx) for _ in range(6)]
-        self.rnd = rnd
-        self.sub = Peer(server.router, server.pub, ctx)
-        self.sub.subscribe(b"route/", b"broker/", schema.HB_CHANNEL)
-        self.sub.wait_subscribed()
-        self.events: list[Any] = []
-
-    def call(self, fields: dict[str, Any]) -> Any:
-        return without_epoch(self.rnd.choice(self.peers).call(**fields))
-
-    def drain(self) -> None:
-        sub = self.sub.sub
-        assert sub is not None
-        while sub.poll(0):
-            channel, body = sub.recv_multipart()
-            if channel != schema.HB_CHANNEL:
-                self.events.append(without_epoch(schema.decode_event(body)))
-
-    def removed_short(self) -> bool:
-        self.drain()
-        return any(e.get("broker_name") == "broker-short" and e.get("change") == "removed"
-                   for e in self.events[self._mark:])
-
-    def expect_expiry(self) -> None:
-        self._mark = len(self.events)
-
-    def close(self) -> None:
-        for peer in [*self.peers, self.sub]:
-            peer.close()
-
-
-@pytest.mark.parametrize("seed", [1, 2])
-def test_one_process_and_two_workers_give_the_same_replies_and_events(
-        tmp_path: Path, ctx: Any, seed: int) -> None:
-    single = ProcessServer(tmp_path, "--heartbeat-interval", "0.1")
-    split = ProcessServer(tmp_path, "--workers", "2", "--heartbeat-interval", "0.1",
-                          kv_path=tmp_path / "kv2.json")
-    sides: list[Side] = []
-    try:
-        wait_for(lambda: split.output().count("serving requests on") == 2)
-        sides = [Side(single, ctx, random.Random(seed)), Side(split, ctx, random.Random(seed))]
-        workers = {peer.ok("status").worker for peer in sides[1].peers}
-        # The kernel spreads connections at random: 6 land on one worker about once in 32.
-        # More, on both sides alike, until both workers answer (64 at most).
-        while len(workers) < 2 and len(sides[1].peers) < 64:
-            for side, server in zip(sides, (single, split)):
-                side.peers.append(Peer(server.router, server.pub, ctx))
-            workers.add(sides[1].peers[-1].ok("status").worker)
-        for step, fields in enumerate(random_operations(seed, 400)):
-            if fields["op"] == "expiry":
-                for side in sides:
-                    side.expect_expiry()
-                    reply = side.call({"op": "register_broker", **SHORT, "id": step,
-                                       "topics": {"T4": {}}, "heartbeat_timeout_ms": 1000})
-                    assert reply["op"] == "register_broker"
-                for side in sides:
-                    wait_for(side.removed_short)
-                continue
-            replies = [side.call({**fields, "id": step}) for side in sides]
-            assert replies[0] == replies[1], (step, fields)
-        for side in sides:
-            side.drain()
-        wait_for(lambda: [s.drain() for s in sides] and
-                 len(sides[0].events) == len(sides[1].events))
-        assert sides[0].events == sides[1].events
-        assert len(sides[0].events) > 100
-        assert len(workers) == 2  # both workers answered some of the requests
-    finally:
-        for side in sides:
-            side.close()
-        single.stop()
-        split.stop()
 
 
 # --- (b) a worker killed under load ---------------------------------------------------------

@@ -439,3 +439,101 @@ def test_a_hostile_events_endpoint_costs_the_application_little_and_push_comes_b
     finally:
         app.kill()
         endpoint.close()
+
+
+def test_the_agent_follows_a_zns_of_two_workers(cluster: Cluster) -> None:
+    """`zns serve --workers 2`, the application's only NameServer: the route is registered
+    over remoting from here, at the real brokers' addresses, over connections placed on
+    one worker or the other. Each change, made through either worker, reaches the producer
+    within the push bound of its route event: the agent's pull after an event answers that
+    event's route or a later one (docs/protocol.md §7). The kernel places the application's
+    remoting and events connections: the application is started again (twice at most) until
+    they landed on different workers (printed); tests/test_workers_differential.py places
+    them deliberately."""
+    from differential import RemotingConnection, Slot, register_request
+    from test_workers_serve import holder_of
+
+    cluster.ensure_serving()
+    zns2 = Zns(cluster.root / "zns-workers", "--workers", "2").start()
+    conns: list[RemotingConnection] = []
+    app: Probe | None = None
+    watcher: RouteWatcher | None = None
+    try:
+        rocketmq.wait_until(lambda: zns2.log().count("serving requests on") == 2, 60, "both workers serving")
+        pids = {w: int(re.findall(rf"worker {w}: loaded the state at seq \d+ \(pid (\d+)\)", zns2.log())[-1])
+                for w in (1, 2)}
+        watcher = RouteWatcher(zns2.pub)
+
+        def on_worker(worker: int) -> RemotingConnection:
+            for _ in range(64):
+                conn = RemotingConnection(zns2.addr)
+                if holder_of(conn.sock.getsockname()[1], zns2.remoting_port, list(pids.values())) == pids[worker]:
+                    conns.append(conn)
+                    return conn
+                conn.close()
+            raise AssertionError(f"no connection landed on worker {worker} in 64 tries")
+
+        def register(name: str, worker: int) -> RemotingConnection:
+            conn = on_worker(worker)
+            slot = Slot(name, 0, cluster.brokers[name].addr, "DefaultCluster", counter=1)
+            reply = conn.call(register_request(slot, {cluster.topic: {"read": 4, "write": 4, "perm": 6, "sys_flag": 0}},
+                                               "DefaultCluster", "", [], 479))
+            assert reply.code == 0, reply
+            return conn
+
+        def reaches_the_producer(change: str, brokers: set[str], since: float) -> None:
+            assert watcher is not None and app is not None
+            published = watcher.wait_for(lambda ev: ev["topic"] == cluster.topic and route_brokers(ev) == brokers,
+                                         30, change, since=since)
+            seen = app.wait_for("publish", lambda ln: set(ln["brokers"]) == brokers, 30, change,
+                                since=since)
+            after_ms = seen["wall_ms"] - published * 1000
+            print(f"  {change}: the producer had it {after_ms:.0f} ms after the event")
+            assert after_ms < PUSH_BOUND_S * 1000, after_ms
+
+        register("broker-a", 1)
+        pub_port = int(zns2.pub.rsplit(":", 1)[1])
+        for attempt in range(3):  # a start whose connections landed on different workers, if one comes
+            app = probe(cluster, agent=True, namesrv=zns2.addr, rate=20)
+            app.wait_current("publish", lambda ln: set(ln["brokers"]) == {"broker-a"}, 60, "publishing to broker-a")
+            rocketmq.wait_until(lambda: following_lines(app), 30, "the agent following zns")
+            where = workers_of(app.pid, pids, {zns2.remoting_port: "remoting", pub_port: "events"})
+            print(f"  the application's connections landed on workers {where}")
+            if set(where.get("remoting", [])) != set(where.get("events", [])) or attempt == 2:
+                break
+            app.kill()
+
+        started = time.time()
+        b_conn = register("broker-b", 2)
+        reaches_the_producer("broker-b registered through worker 2", {"broker-a", "broker-b"}, started)
+        started = time.time()
+        b_conn.close()  # its connection closed: removed as `disconnected`, by worker 2
+        reaches_the_producer("broker-b's connection on worker 2 closed", {"broker-a"}, started)
+        started = time.time()
+        register("broker-b", 1)
+        reaches_the_producer("broker-b registered through worker 1", {"broker-a", "broker-b"}, started)
+    finally:
+        if app is not None:
+            app.kill()
+        if watcher is not None:
+            watcher.close()
+        for conn in conns:
+            conn.close()
+        zns2.stop()
+
+
+def workers_of(client_pid: int, pids: dict[int, int], ports: dict[int, str]) -> dict[str, list[int]]:
+    """Which workers (by index) hold the server side of `client_pid`'s TCP connections to
+    each of `ports` (named), from /proc/net/tcp and the processes' socket inodes."""
+    from test_workers_serve import socket_inodes
+
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    client_sockets = socket_inodes(client_pid)
+    client_ports = {int(r[1].split(":")[1], 16) for r in rows if r[9] in client_sockets}
+    held = {w: socket_inodes(pid) for w, pid in pids.items()}
+    found: dict[str, list[int]] = {}
+    for r in rows:
+        local, remote = int(r[1].split(":")[1], 16), int(r[2].split(":")[1], 16)
+        if local in ports and remote in client_ports:
+            found.setdefault(ports[local], []).extend(w for w, inodes in held.items() if r[9] in inodes)
+    return found
