@@ -35,7 +35,7 @@ LONGEST_FIRST = [
     "interop/test_java_nameserver.py", "interop/test_warm_restart_rocketmq.py", "test_peers.py",
     "interop/test_agent_events.py", "interop/test_fidelity_brokers.py",
     "interop/test_differential.py", "interop/test_version_matrix.py", "test_remoting_listener.py",
-    "test_server_hardening.py", "test_workers_serve.py", "test_peer_resets.py",
+    "test_server_hardening.py", "test_workers_differential.py", "test_workers_serve.py", "test_peer_resets.py",
     "test_idle_cpu.py", "test_broker_agent.py", "test_peers_hostile.py", "test_faults.py",
     "test_server.py", "test_metrics.py", "test_doc_blocks.py", "test_events.py", "test_demos.py",
     "test_relay_forwarding.py", "test_loop.py", "test_soak_smoke.py", "interop/test_operator.py",
