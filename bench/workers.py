@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import re
 import signal
 import socket
@@ -502,6 +503,9 @@ def projection(cpu_read: dict[str, list[float]], cpu_write: dict[str, list[float
         _median(v) for k, v in cpu_write.items() if k.startswith(f"{two}: worker"))
     java_us = _median(cpu_read.get(f"{java}: remoting", [])) if java else float("nan")
     single_us = _median(cpu_read.get(f"{label(0)}: remoting: server", []))
+    if not all(x > 0 for x in (read_us, zread_us, write_state_us, apply_us)):  # nan is not > 0
+        return ("**Projection**: not computed: a CPU figure it needs measured 0 (clock-tick "
+                "resolution: too few requests).")
     lines = [
         "**Projection** (computed from the medians above, not measured on those hosts). "
         f"Inputs: with 2 workers a remoting read costs {read_us:.1f} µs of worker CPU "
@@ -538,7 +542,482 @@ def projection(cpu_read: dict[str, list[float]], cpu_write: dict[str, list[float
     return "\n".join(lines)
 
 
-BENCHMARKS: dict[str, BenchFn] = {"workers_reads": run_reads}
+# --- workers_lag: a write's way to the other worker; push latency -------------------------
+
+
+LAG_BROKER, LAG_TOPIC = "lag-broker", "LagTopic"
+BACKGROUND_BROKERS, BACKGROUND_TOPICS = 100, 10
+
+
+def session_on(endpoint: str, worker: int | None) -> Session:
+    """A Session whose connection the kernel gave to `worker` (None: any)."""
+    for _ in range(200):
+        session = Session(endpoint)
+        if worker is None or session.call("status").worker == worker:
+            return session
+        session.close()
+    raise BenchError(f"200 connections and none on worker {worker}")
+
+
+def _queue_perm(reply: schema.Reply) -> int:
+    if not isinstance(reply, schema.GetRouteReply):
+        raise BenchError(f"get_route answered {reply}")
+    route = reply.route
+    if isinstance(route, msgspec.Raw):
+        route = msgspec.msgpack.decode(route, type=schema.TopicRoute)
+    return next(q.perm for q in route.queues if q.broker_name == LAG_BROKER)
+
+
+def lag_samples(writer: Session, reader: Session, count: int) -> tuple[list[float], list[float]]:
+    """`count` route changes on `writer`, each read back on `reader` at once and again until it
+    shows: (write sent → its reply, write sent → the reader's first reply showing it), in s."""
+    changes = [(request("wipe_write_perm", broker_name=LAG_BROKER), 4),
+               (request("add_write_perm", broker_name=LAG_BROKER), 6)]
+    read = request("get_route", id=1, topic=LAG_TOPIC)
+    poller = zmq.Poller()
+    poller.register(writer.sock, zmq.POLLIN)
+    poller.register(reader.sock, zmq.POLLIN)
+    replied: list[float] = []
+    shown: list[float] = []
+    clock = time.monotonic
+    for i in range(count):
+        body, perm = changes[i % 2]
+        sent = clock()
+        writer.sock.send(body)
+        reader.sock.send(read)
+        got_reply = got_shown = 0.0
+        while not (got_reply and got_shown):
+            ready = dict(poller.poll(int(REPLY_TIMEOUT_S * 1000)))
+            if not ready:
+                raise BenchError(f"no reply within {REPLY_TIMEOUT_S} s")
+            if writer.sock in ready:
+                check_reply(writer.sock.recv())
+                got_reply = clock() - sent
+            if reader.sock in ready:
+                at = clock()
+                if _queue_perm(schema.decode_reply(reader.sock.recv())) == perm:
+                    got_shown = at - sent
+                else:
+                    reader.sock.send(read)
+        replied.append(got_reply)
+        shown.append(got_shown)
+        time.sleep(0.002)
+    return replied, shown
+
+
+class Background:
+    """A process re-registering BACKGROUND_BROKERS brokers unchanged at `rate`/s over 4
+    DEALERs until stopped; `stop()` returns the registrations answered per second."""
+
+    def __init__(self, endpoint: str, rate: float) -> None:
+        mp = multiprocessing.get_context("spawn")
+        self.conn, child = mp.Pipe()
+        self.proc = mp.Process(target=_background_main, args=(child, endpoint, rate),
+                               daemon=True)
+        self.proc.start()
+        if not self.conn.poll(START_TIMEOUT_S) or self.conn.recv() != "ready":
+            raise BenchError("the background registrations did not start")
+
+    def stop(self) -> float:
+        self.conn.send("stop")
+        if not self.conn.poll(30):
+            raise BenchError("the background registrations did not stop")
+        outcome = self.conn.recv()
+        self.proc.join(5)
+        if isinstance(outcome, str):
+            raise BenchError(outcome)
+        return float(outcome)
+
+
+def _background_bodies() -> list[bytes]:
+    return [register_request(f"bg-{b}", broker_addr(2_000 + b),
+                             [f"BgTopic{b}-{t}" for t in range(BACKGROUND_TOPICS)])
+            for b in range(BACKGROUND_BROKERS)]
+
+
+def _background_main(pipe: Connection, endpoint: str, rate: float) -> None:
+    ctx = zmq.Context()
+    socks = []
+    for _ in range(4):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        socks.append(sock)
+    bodies = _background_bodies()
+    poller = zmq.Poller()
+    for sock in socks:
+        poller.register(sock, zmq.POLLIN)
+    pipe.send("ready")
+    began = time.monotonic()
+    sent = answered = 0
+    try:
+        while not pipe.poll():
+            due = int((time.monotonic() - began) * rate)
+            while sent < due:
+                socks[sent % 4].send(bodies[sent % len(bodies)])
+                sent += 1
+            wait = max(0.0, began + (sent + 1) / rate - time.monotonic())
+            for sock, _ in poller.poll(wait * 1000):
+                while True:
+                    try:
+                        check_reply(sock.recv(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+                    answered += 1
+        pipe.send(answered / (time.monotonic() - began))
+    except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
+        pipe.send(f"background registrations failed: {type(exc).__name__}: {exc}")
+    finally:
+        for sock in socks:
+            sock.close(0)
+
+
+def run_lag(config: RunConfig) -> BenchResult:
+    p = QUICK if config.quick else FULL
+    samples: dict[tuple[int, str, str], list[float]] = {}  # (workers, load, what) -> per round
+    rates: list[float] = []
+    for w in (0, 2):
+        with _closing(start(config, w, "lag")) as zns:
+            with Session(zns.server.router) as session:
+                session.call("register_broker", cluster="bench", broker_name=LAG_BROKER,
+                             broker_id=0, broker_addr=broker_addr(1), topics={LAG_TOPIC: {}})
+                session.pipeline(_background_bodies())
+            writer = session_on(zns.server.router, 1 if w else None)
+            reader = session_on(zns.server.router, 2 if w else None)
+            try:
+                for r in range(config.rounds):
+                    for load in ("idle", f"{p.lag_rate:,.0f} registrations/s"):
+                        background = Background(zns.server.router, p.lag_rate) \
+                            if load != "idle" else None
+                        try:
+                            replied, shown = lag_samples(writer, reader, p.lag_samples)
+                        finally:
+                            if background is not None:
+                                rates.append(background.stop())
+                        for what, values in (("reply", replied), ("shown", shown)):
+                            for q in (50, 99):
+                                samples.setdefault((w, load, f"{what} p{q}"), []).append(
+                                    percentile(values, q) * 1e6)
+                    config.log(f"{label(w)} round {r + 1}: " + ", ".join(
+                        f"{k[1]} {k[2]} {v[-1]:.0f} µs" for k, v in samples.items() if k[0] == w))
+            finally:
+                writer.close()
+                reader.close()
+    figures = []
+    for (w, load, what), rounds in samples.items():
+        if w == 0:
+            continue
+        name = {"reply": "write sent → its reply", "shown": "write sent → the other worker "
+                "reads it"}[what.split()[0]]
+        figures.append(Figure(f"{name} {what.split()[1]}, {load}, 2 workers", "µs", rounds,
+                              "1 process", samples[(0, load, what)]))
+    if rates:
+        figures.append(Figure("background registrations answered", "req/s", rates,
+                              note="all servers' rounds together: whether the load was met"))
+    push = {w: push_latency.measure(config, p.push, "--workers", str(w)) for w in (0, 2)}
+    for before, after in zip(push[0], push[2]):
+        if "max" in before.name:
+            continue
+        extra = statistics.median(after.rounds) - statistics.median(before.rounds)
+        figures.append(Figure(f"{before.name}, 2 workers", "µs", after.rounds, "1 process",
+                              before.rounds, note=f"{extra:+,.0f} µs against one process"
+                              + (" (budget: +100 µs at p50)" if "p50" in before.name else "")))
+    method = LAG_METHOD.format(samples=p.lag_samples, rate=p.lag_rate,
+                               brokers=BACKGROUND_BROKERS, topics=BACKGROUND_TOPICS,
+                               changes=p.push.changes, subs=", ".join(map(str, p.push.subscribers)))
+    return BenchResult("workers_lag", "Workers: replication lag and push latency", method,
+                       figures)
+
+
+LAG_METHOD = """
+`zns serve --workers 2`, and `--workers 0` as the reference, one server at a time. Two ZNS/1
+connections are opened until the kernel gave one to worker 1 (the *writer*: its `status` says
+which worker answers) and one to worker 2 (the *reader*); with one process both are on it.
+Each sample sends a route change (`wipe_write_perm` / `add_write_perm` in turn on a broker
+hosting `LagTopic`) on the writer and at the same instant a `get_route` of `LagTopic` on the
+reader, and resends the read as soon as its reply does not show the change yet. *Write sent →
+its reply*: the writer's round trip (the state process applied it and the writer's worker can
+read it). *Write sent → the other worker reads it*: the arrival of the first reader reply that
+shows the change, so the replication lag (state applied → every worker applied) plus the
+request's way to the state process, with a resolution of one read round trip. {samples}
+samples a round, 2 ms apart. *Idle*: nothing else; *loaded*: another process re-registers
+{brokers} ZNS/1 brokers ({topics} topics each, unchanged) at {rate:,.0f}/s over 4
+connections meanwhile (their figure says how many were answered).
+
+Push latency: bench/push_latency.py (its method: one SUB per subscriber socket, route
+changes sent on one connection, the next only after every socket got the previous one; here
+{changes} changes a round, {subs} subscribers) against `--workers 0` and `--workers 2`; the
+subscribers' and the sender's connections land wherever the kernel puts them.
+"""
+
+
+# --- workers_storm: reads while brokers register 10,000 topics ---------------------------
+
+
+def run_storm(config: RunConfig) -> BenchResult:
+    p = QUICK if config.quick else FULL
+    topics = [f"StormTopic{i:05d}" for i in range(p.storm_topics)]
+    storm = [register_request(f"storm-{k}", broker_addr(100 + k), topics,
+                              topic_config={"read_queues": 8 - again, "write_queues": 8})
+             for again in (0, 1) for k in range(p.storm_brokers)]
+    p99: dict[int, list[float]] = {0: [], 2: []}
+    worst: dict[int, list[float]] = {0: [], 2: []}
+    took: dict[int, list[float]] = {0: [], 2: []}
+    for r in range(config.rounds):
+        for w in ((0, 2) if r % 2 == 0 else (2, 0)):
+            with _closing(start(config, w, f"storm{r}")) as zns, \
+                    Session(zns.server.router) as session:
+                session.call("register_broker", cluster="bench", broker_name="probe-broker",
+                             broker_id=0, broker_addr=broker_addr(1), topics={"ProbeTopic": {}})
+                probes = [Probe(zns.server.router, "ProbeTopic") for _ in range(4)]
+                for probe in probes:
+                    probe.start()
+                time.sleep(0.3)
+                began = time.monotonic()
+                session.pipeline(storm, in_flight=1)
+                ended = time.monotonic()
+                time.sleep(0.1)
+                for probe in probes:
+                    probe.stop()
+                window = [rtt for probe in probes for sent, rtt in probe.samples
+                          if began <= sent <= ended]
+                if not window:
+                    raise BenchError("the probes took no sample during the storm")
+                p99[w].append(percentile(window, 99) * 1000)
+                worst[w].append(max(window) * 1000)
+                took[w].append(ended - began)
+                config.log(f"{label(w)} round {r + 1}: storm {took[w][-1]:.2f} s, read p99 "
+                           f"{p99[w][-1]:.1f} ms, max {worst[w][-1]:.1f} ms, "
+                           f"{len(window)} reads")
+    figures = [
+        Figure("get_route p99 during the storm, 2 workers", "ms", p99[2], "1 process", p99[0]),
+        Figure("get_route max during the storm, 2 workers", "ms", worst[2], "1 process",
+               worst[0]),
+        Figure("the storm's registrations answered in, 2 workers", "s", took[2], "1 process",
+               took[0]),
+    ]
+    method = STORM_METHOD.format(brokers=p.storm_brokers, topics=p.storm_topics,
+                                 count=2 * p.storm_brokers)
+    return BenchResult("workers_storm", "Workers: reads during a registration storm", method,
+                       figures)
+
+
+STORM_METHOD = """
+A fresh `zns serve --workers 2`, and `--workers 0` as the reference, each round (rounds
+alternate which goes first). Four probes (bench/harness.py's `Probe`, each its own ZNS/1
+connection, wherever the kernel puts it) send `get_route` for a one-broker topic every 5 ms
+and time each round trip; meanwhile one connection sends the storm: {brokers} brokers each
+registering the same {topics:,} topics, then each again with other queue counts ({count}
+registrations of {topics:,} topics, one in flight, as fast as they are answered). The figures
+are the p99 and the longest of the probes' round trips sent while the storm lasted, and how
+long it lasted. Rerun alone (after a change to the write path) with `python -m bench.workers
+workers_storm`.
+"""
+
+
+# --- workers_memory: RSS of every process at 1,000 brokers / 10,000 topics -----------------
+
+
+def pss_kib(pid: int) -> int:
+    """Proportional set size: pages shared after the fork counted once over the processes."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    raise BenchError(f"no Pss for pid {pid}")
+
+
+def fill(addr: str, p: Params, stack: ExitStack) -> None:
+    """Register p.mem_brokers brokers over connections kept open (every topic on 2 of them),
+    then read every route once over 4 connections."""
+    per_pair = p.mem_topics // (p.mem_brokers // 2)
+    clients = []
+    for b in range(p.mem_brokers):
+        client = RemotingClient(addr)
+        stack.callback(client.close)
+        clients.append(client)
+        first = b // 2 * per_pair
+        reply = client.call(register_frame(b, [f"MemTopic{first + t:05d}"
+                                               for t in range(per_pair)]))
+        if reply.code != 0:
+            raise BenchError(f"{addr} refused REGISTER_BROKER: {reply.code} {reply.remark}")
+    topics = [f"MemTopic{t:05d}" for t in range(p.mem_brokers // 2 * per_pair)]
+    frames = route_frames(topics, len(topics))
+    readers = [RemotingClient(addr) for _ in range(4)]
+    try:
+        for at in range(0, len(frames), 4 * 256):
+            batch = [frames[at + k * 256:at + (k + 1) * 256] for k in range(4)]
+            pipelined(readers, batch)
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def run_memory(config: RunConfig) -> BenchResult:
+    p = QUICK if config.quick else FULL
+    reason = java_side(config, p)
+    rss: dict[str, float] = {}
+    pss: dict[str, float] = {}
+    with ExitStack() as stack:
+        for w in (0, 2):
+            zns = stack.enter_context(_closing(start(config, w, "memory")))
+            fill(zns.remoting, p, stack)
+            for role, pid in zns.pids().items():
+                rss[f"{label(w)}: {role}"] = rss_kib(pid) / 1024
+                pss[f"{label(w)}: {role}"] = pss_kib(pid) / 1024
+        if not reason:
+            addr, pid = start_java(config, stack)
+            fill(addr, p, stack)
+            rss["Java NameServer"] = rss_kib(pid) / 1024
+    java = rss.get("Java NameServer")
+    figures = [Figure(f"RSS: {role}", "MiB", [mib]) for role, mib in rss.items()]
+    figures += [Figure(f"PSS: {role}", "MiB", [mib]) for role, mib in pss.items()]
+    for w in (0, 2):
+        whole = sum(v for k, v in rss.items() if k.startswith(label(w)))
+        figures.append(Figure(f"RSS of every process together, {label(w)}", "MiB", [whole],
+                              "Java NameServer" if java else "", [java] if java else [],
+                              note="" if java else f"the Java side was skipped: {reason}"))
+    method = MEMORY_METHOD.format(brokers=p.mem_brokers, topics=p.mem_topics)
+    return BenchResult("workers_memory", "Workers: memory of every process", method, figures)
+
+
+MEMORY_METHOD = """
+`zns serve --workers 0`, `zns serve --workers 2` and RocketMQ 5.3.3's Java NameServer (the
+interop harness's JVM: `-Xms64m -Xmx128m`, serial GC; RocketMQ's own start script gives it 4 GB)
+each get {brokers:,} brokers registered over remoting connections kept open, brokers 2k and
+2k+1 hosting the same topics ({topics:,} topics, each on 2 brokers, 8 queues each), then every
+route read once over remoting (so every cache is filled); then VmRSS of every process
+(/proc/<pid>/status), and for zns also PSS (/proc/<pid>/smaps_rollup: pages the workers still
+share with the state process after the fork counted once). One measurement (memory does not
+move with the machine's load). Budget: every zns process together under ¼ of the Java
+NameServer's RSS.
+"""
+
+
+# --- workers_recovery: a worker's death, a state process's restart ------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ask(endpoint: str, body: bytes, timeout_ms: int = 200) -> schema.Reply | None:
+    """One request on a fresh connection (a new connection, so the kernel places it anew)."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        sock.send(body)
+        if not sock.poll(timeout_ms):
+            return None
+        return schema.decode_reply(sock.recv())
+    finally:
+        sock.close(0)
+
+
+def run_recovery(config: RunConfig) -> BenchResult:
+    p = QUICK if config.quick else FULL
+    per_pair = p.mem_topics // (p.mem_brokers // 2)
+    registrations = [register_request(
+        f"rec-{b}", broker_addr(b), [f"RecTopic{b // 2 * per_pair + t}" for t in range(per_pair)])
+        for b in range(p.mem_brokers)]
+    status = request("status", id=1)
+    route = request("get_route", id=1, topic="RecTopic0")
+    kills: list[float] = []
+    restarts: dict[int, list[float]] = {0: [], 2: []}
+    stops: dict[int, list[float]] = {0: [], 2: []}
+    for r in range(config.rounds):
+        for w in ((2, 0) if r % 2 == 0 else (0, 2)):
+            ports = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+            args = ["--router", ports[0], "--pub", ports[1]]
+            zns = start(config, w, f"recovery{r}", *args)
+            try:
+                with Session(ports[0]) as session:
+                    session.pipeline(registrations)
+                for k in range(p.kills if w else 0):
+                    slot = 1 + k % w
+                    pid = zns.worker_pid(slot)
+                    killed = time.monotonic()
+                    os.kill(pid, signal.SIGKILL)
+                    while True:
+                        reply = ask(ports[0], status)
+                        if isinstance(reply, schema.StatusReply) and reply.worker == slot:
+                            break
+                        if time.monotonic() - killed > 30:
+                            raise BenchError(f"worker {slot} did not come back in 30 s")
+                    kills.append(time.monotonic() - killed)
+                    if zns.worker_pid(slot) == pid:
+                        raise BenchError(f"worker {slot} answered as pid {pid} after its kill")
+                    got = ask(ports[0], route, 2000)
+                    if not isinstance(got, schema.GetRouteReply):
+                        raise BenchError(f"after worker {slot}'s kill get_route answered {got}")
+                    config.log(f"worker {slot} killed: answering again {kills[-1]:.3f} s later")
+                    time.sleep(1.0)
+                stopping = time.monotonic()
+                zns.server.proc.send_signal(signal.SIGTERM)
+                zns.server.proc.wait(30)
+                stops[w].append(time.monotonic() - stopping)
+            finally:
+                zns.server.stop()
+            began = time.monotonic()
+            first: list[float] = []
+            poller = threading.Thread(target=_first_route, args=(ports[0], route, first),
+                                      daemon=True)
+            poller.start()
+            zns = start(config, w, f"recovery{r}", *args)
+            try:
+                poller.join(60)
+                if not first:
+                    raise BenchError("no route answered within 60 s of the restart")
+                restarts[w].append(first[0] - began)
+            finally:
+                zns.server.stop()
+            config.log(f"{label(w)} round {r + 1}: SIGTERM → exit {stops[w][-1]:.2f} s, "
+                       f"start → first route {restarts[w][-1]:.2f} s")
+    figures = []
+    if kills:
+        figures.append(Figure("worker SIGKILL → its slot answers a new connection", "s",
+                              kills, note=f"{len(kills)} kills in all; p99 (here the max) "
+                              f"{max(kills):.3f} s"))
+    figures += [
+        Figure("state process SIGTERM + a new start → first route answered, 2 workers", "s",
+               restarts[2], "1 process", restarts[0]),
+        Figure("SIGTERM → the state process exited (workers stopped, dump written), 2 workers",
+               "s", stops[2], "1 process", stops[0]),
+    ]
+    method = RECOVERY_METHOD.format(brokers=p.mem_brokers, topics=p.mem_topics, kills=p.kills)
+    return BenchResult("workers_recovery", "Workers: a worker's death, a state restart",
+                       method, figures)
+
+
+def _first_route(endpoint: str, body: bytes, out: list[float]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        reply = ask(endpoint, body, 100)
+        if isinstance(reply, schema.GetRouteReply):
+            out.append(time.monotonic())
+            return
+        time.sleep(0.005)
+
+
+RECOVERY_METHOD = """
+`zns serve --workers 2`, and `--workers 0` as the reference, on fixed loopback ports, holding
+{brokers:,} ZNS/1 brokers and {topics:,} topics (each on 2 brokers). *Worker death*: {kills}
+times a round, a worker (1 and 2 in turn, 1 s apart) is sent SIGKILL; from then a new ZNS/1
+connection asks `status` (200 ms to answer) until one is answered by that worker's slot
+(the `worker` field), i.e. its replacement took the port; then a route is read. *State
+restart*: SIGTERM to the state process (it stops its workers and writes its dump), then the
+same command again; from its exec, a new connection every 5 ms asks `get_route` until one is
+answered with the route (warm: from the dump). The abort of a worker by a peer (rather than
+SIGKILL) is bench/abort_recovery.py's.
+"""
+
+
+BENCHMARKS: dict[str, BenchFn] = {
+    "workers_reads": run_reads, "workers_lag": run_lag, "workers_storm": run_storm,
+    "workers_memory": run_memory, "workers_recovery": run_recovery,
+}
 
 
 if __name__ == "__main__":
