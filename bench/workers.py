@@ -180,8 +180,9 @@ def java_side(config: RunConfig, p: Params) -> str:
     return reason
 
 
-def start_java(config: RunConfig, stack: ExitStack) -> tuple[str, int]:
-    group = stack.enter_context(rocketmq.ProcessGroup(config.workdir / "rocketmq"))
+def start_java(config: RunConfig, stack: ExitStack, tag: str) -> tuple[str, int]:
+    # A folder per benchmark: a group's folder holds its name server's config (its port).
+    group = stack.enter_context(rocketmq.ProcessGroup(config.workdir / f"rocketmq-{tag}"))
     ns = group.namesrv(jvm_args=["-XX:TieredStopAtLevel=4"])  # the full JIT, as bench/remoting
     config.log(f"Java NameServer at {ns.addr} up in {ns.ready_after:.1f} s")
     return ns.addr, ns.pid
@@ -351,7 +352,7 @@ def run_reads(config: RunConfig) -> BenchResult:
         addrs = {label(w): (z.remoting, z) for w, z in servers.items()}
         java = None
         if not reason:
-            java = start_java(config, stack)
+            java = start_java(config, stack, "reads")
         brokers = FakeBrokers({**{k: a for k, (a, _) in addrs.items()},
                                **({"java": java[0]} if java else {})}, rp)
         stack.callback(brokers.close)
@@ -365,7 +366,7 @@ def run_reads(config: RunConfig) -> BenchResult:
         stack.callback(zns1.close)
         names = list(addrs) + (["Java NameServer"] if java else [])
         for name in names:  # the JVM's JIT; every server gets the same
-            addr, pid = (java if name == "Java NameServer" else
+            addr, pid = (java if java and name == "Java NameServer" else
                          (addrs[name][0], addrs[name][1].server.proc.pid))
             generator.drive(addr, pid, conns=rp.conns, depth=rp.depth, duration=rp.jit_warmup,
                             warmup=0.0)
@@ -657,7 +658,7 @@ def _background_main(pipe: Connection, endpoint: str, rate: float) -> None:
                 socks[sent % 4].send(bodies[sent % len(bodies)])
                 sent += 1
             wait = max(0.0, began + (sent + 1) / rate - time.monotonic())
-            for sock, _ in poller.poll(wait * 1000):
+            for sock, _ in poller.poll(int(wait * 1000) + 1):  # whole ms, rounded up: no spin
                 while True:
                     try:
                         check_reply(sock.recv(zmq.NOBLOCK))
@@ -865,7 +866,7 @@ def run_memory(config: RunConfig) -> BenchResult:
                 rss[f"{label(w)}: {role}"] = rss_kib(pid) / 1024
                 pss[f"{label(w)}: {role}"] = pss_kib(pid) / 1024
         if not reason:
-            addr, pid = start_java(config, stack)
+            addr, pid = start_java(config, stack, "memory")
             fill(addr, p, stack)
             rss["Java NameServer"] = rss_kib(pid) / 1024
     java = rss.get("Java NameServer")
@@ -904,7 +905,7 @@ def free_port() -> int:
 
 def ask(endpoint: str, body: bytes, timeout_ms: int = 200) -> schema.Reply | None:
     """One request on a fresh connection (a new connection, so the kernel places it anew)."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:
@@ -1014,9 +1015,25 @@ SIGKILL) is bench/abort_recovery.py's.
 """
 
 
+def with_load(fn: BenchFn) -> BenchFn:
+    """`fn`, its method followed by the machine's load average at its start and end: these run
+    on a 2-core machine that other jobs share, and say so."""
+    def run(config: RunConfig) -> BenchResult:
+        before = os.getloadavg()
+        result = fn(config)
+        after = os.getloadavg()
+        result.method += (
+            f"\n\nMachine: {os.cpu_count()} cores shared with other jobs; load average "
+            f"(1, 5, 15 min) {', '.join(f'{x:.2f}' for x in before)} when this began, "
+            f"{', '.join(f'{x:.2f}' for x in after)} when it ended.")
+        return result
+    return run
+
+
 BENCHMARKS: dict[str, BenchFn] = {
-    "workers_reads": run_reads, "workers_lag": run_lag, "workers_storm": run_storm,
-    "workers_memory": run_memory, "workers_recovery": run_recovery,
+    "workers_reads": with_load(run_reads), "workers_lag": with_load(run_lag),
+    "workers_storm": with_load(run_storm), "workers_memory": with_load(run_memory),
+    "workers_recovery": with_load(run_recovery),
 }
 
 
