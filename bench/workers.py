@@ -16,8 +16,8 @@ Five benchmarks, each its own section of bench/results.md, each rerunnable alone
 
     python -m bench.workers [--quick] [--rounds N] [--out DIR] [workers_storm ...]
 
-Not in `make bench` (it would double its time); run by hand, results merged into
-bench/results.md by section.
+Not in `make bench` (it would double its time): run by hand; a run (not --quick) replaces
+its sections of bench/results.md and keeps the others.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ import re
 import signal
 import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -51,7 +49,8 @@ from bench.remoting import (
     CLUSTER, VERSION, FakeBrokers, Generator, Params as RemotingParams, RemotingClient,
     java_reason, route_brokers, route_frames, rocketmq,
 )
-from bench.report import BenchFn, BenchResult, Figure, RunConfig, Target, cli
+from bench.remoting import register_frame as fake_broker_frame
+from bench.report import BENCH_DIR, BenchFn, BenchResult, Figure, RunConfig, Target, cli
 from zns.core import schema
 from zns.core.remoting import RemotingCommand, body_crc32, encode_command
 
@@ -70,7 +69,7 @@ class Params:
     writes: int  # re-registrations per process-CPU-per-write measurement
     lag_samples: int  # per round, idle and loaded each
     lag_rate: float  # background registrations/s
-    storm_brokers: int  # brokers registering STORM_TOPICS topics each, twice
+    storm_brokers: int  # brokers registering `storm_topics` topics each, twice
     storm_topics: int
     mem_brokers: int
     mem_topics: int
@@ -398,7 +397,7 @@ def run_reads(config: RunConfig) -> BenchResult:
                 mine = [c for c in brokers.clients if c.sock.getpeername()[1] ==
                         int(addr.rsplit(":", 1)[1])]
                 per = max(1, p.writes // len(mine))
-                frames = [[register_frame_of(b, rp, k + 2) for k in range(per)]
+                frames = [[fake_broker_frame(b, rp, k + 2) for k in range(per)]
                           for b in range(len(mine))]
                 cpu = Cpu(zns.pids())
                 pipelined(mine, frames)
@@ -409,12 +408,6 @@ def run_reads(config: RunConfig) -> BenchResult:
                 f"{n} {remoting_rate[n][-1]:,.0f}/s" for n in names) + "; ZNS/1 " + ", ".join(
                 f"{label(w)} {zns1_rate[w][-1]:,.0f}/s" for w in WORKER_COUNTS))
     return reads_result(p, reason, remoting_rate, zns1_rate, cpu_read, cpu_write)
-
-
-def register_frame_of(b: int, rp: RemotingParams, opaque: int) -> bytes:
-    """bench/remoting.py's fake broker `b`, re-registering unchanged."""
-    from bench.remoting import register_frame as remoting_register_frame
-    return remoting_register_frame(b, rp, opaque)
 
 
 class _closing:
@@ -540,10 +533,11 @@ def projection(cpu_read: dict[str, list[float]], cpu_write: dict[str, list[float
         java_cell = f"{cores / java_us * 1e6:,.0f}" if java else "—"
         lines.append(f"| {cores} | " + " | ".join(cells) + f" | {java_cell} | "
                      f"{1e6 / single_us:,.0f} (one core, whatever the host) |")
-    lines += ["", "1,000 writes/s is 30,000 brokers re-registering every 30 s (RocketMQ's default "
-              "period). " f"Writes stop at about {1e6 / write_state_us:,.0f} re-registrations/s (the "
-              "state process's one core) and, every worker applying every write, at about "
-              f"{1e6 / apply_us:,.0f}/s for the workers, whatever the core count."]
+    lines += ["", "1,000 writes/s is 30,000 brokers re-registering every 30 s (RocketMQ's "
+              f"default period). Writes stop at about {1e6 / write_state_us:,.0f} "
+              "re-registrations/s (the state process's one core) and, every worker applying "
+              f"every write, at about {1e6 / apply_us:,.0f}/s for the workers, whatever the "
+              "core count."]
     return "\n".join(lines)
 
 
@@ -729,7 +723,8 @@ def run_lag(config: RunConfig) -> BenchResult:
                               + (" (budget: +100 µs at p50)" if "p50" in before.name else "")))
     method = LAG_METHOD.format(samples=p.lag_samples, rate=p.lag_rate,
                                brokers=BACKGROUND_BROKERS, topics=BACKGROUND_TOPICS,
-                               changes=p.push.changes, subs=", ".join(map(str, p.push.subscribers)))
+                               changes=p.push.changes,
+                               subs=", ".join(map(str, p.push.subscribers)))
     return BenchResult("workers_lag", "Workers: replication lag and push latency", method,
                        figures)
 
@@ -815,8 +810,8 @@ and time each round trip; meanwhile one connection sends the storm: {brokers} br
 registering the same {topics:,} topics, then each again with other queue counts ({count}
 registrations of {topics:,} topics, one in flight, as fast as they are answered). The figures
 are the p99 and the longest of the probes' round trips sent while the storm lasted, and how
-long it lasted. Rerun alone (after a change to the write path) with `python -m bench.workers
-workers_storm`.
+long it lasted. Rerun alone (after a change to the write path) with `.venv/bin/python -m
+bench.workers workers_storm`.
 """
 
 
@@ -1055,4 +1050,4 @@ BENCHMARKS: dict[str, BenchFn] = {
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli(BENCHMARKS))
+    raise SystemExit(cli(BENCHMARKS, default_out=BENCH_DIR))
