@@ -910,6 +910,9 @@ def ask(endpoint: str, body: bytes, timeout_ms: int = 200) -> schema.Reply | Non
     """One request on a fresh connection (a new connection, so the kernel places it anew)."""
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    # A refused connection is retried after 5 ms, not libzmq's 100: the times below would
+    # otherwise come in steps of 100 ms while no process listens.
+    sock.setsockopt(zmq.RECONNECT_IVL, 5)
     sock.connect(endpoint)
     try:
         sock.send(body)
@@ -1022,7 +1025,8 @@ connection asks `status` (200 ms to answer) until one is answered by that worker
 of these connections answered at all (by the other worker) is timed too. *State
 restart*: SIGTERM to the state process (it stops its workers and writes its dump), then the
 same command again; from its exec, a new connection every 5 ms asks `get_route` until one is
-answered with the route (warm: from the dump). The abort of a worker by a peer (rather than
+answered with the route (warm: from the dump). These connections retry a refused connect
+every 5 ms. The abort of a worker by a peer (rather than
 SIGKILL) is bench/abort_recovery.py's.
 """
 
