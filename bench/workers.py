@@ -89,7 +89,7 @@ QUICK = Params(
     remoting=RemotingParams(brokers=2, topics=5, processes=1, conns=2, depth=4, duration=0.4,
                             warmup=0.2, rate=0, rate_duration=0, jit_warmup=0.3, kill_rounds=0),
     zns1_sockets=2, zns1_depth=4, writes=50, lag_samples=10, lag_rate=100.0,
-    storm_brokers=2, storm_topics=200, mem_brokers=20, mem_topics=100,
+    storm_brokers=2, storm_topics=2_000, mem_brokers=20, mem_topics=100,
     push=push_latency.Params(subscribers=(1,), changes=20, rtt_duration=0.1), kills=1,
     java=False)
 
