@@ -59,13 +59,19 @@ class Round:
 
 def run(config: RunConfig) -> BenchResult:
     p = QUICK if config.quick else FULL
+    method = METHOD.format(topic=TOPIC, procs=SUB_PROCESSES, changes=p.changes)
+    return BenchResult("push_latency", "Push latency", method, measure(config, p))
+
+
+def measure(config: RunConfig, p: Params, *server_args: str) -> list[Figure]:
+    """The figures of every subscriber count against `zns serve *server_args`."""
     changes = [
         request("wipe_write_perm", broker_name="broker-0"),
         request("add_write_perm", broker_name="broker-0"),
     ]
     rtt_body = request("get_route", topic=TOPIC)
     figures = []
-    with start_echo(config.workdir) as echo, start_zns(config.workdir / "zns") as zns, \
+    with start_echo(config.workdir) as echo, start_zns(config.workdir / "zns", *server_args) as zns, \
             LoadClients(1) as clients, Session(zns.router) as session:
         session.pipeline([register_request(f"broker-{b}", broker_addr(b), [TOPIC])
                           for b in range(2)])
@@ -108,8 +114,7 @@ def run(config: RunConfig) -> BenchResult:
                 ))
             config.log(f"{n} subscribers: p50 {figures[-3].value:.0f} µs, "
                        f"p99 {figures[-2].value:.0f} µs (raw p99 {figures[-2].reference_value:.0f})")
-    method = METHOD.format(topic=TOPIC, procs=SUB_PROCESSES, changes=p.changes)
-    return BenchResult("push_latency", "Push latency", method, figures)
+    return figures
 
 
 if __name__ == "__main__":
