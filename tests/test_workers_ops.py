@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -158,6 +159,26 @@ def test_a_killed_worker_is_counted_as_restarted_and_status_lists_every_worker(
                          timeout=30)
         for w in reply.workers:
             assert w.applied == reply.workers[0].applied and w.lag_commands >= 0
+    finally:
+        assert server.stop() == 0
+
+
+def test_status_uptime_is_the_nameservers_not_the_answering_workers(
+        tmp_path: Path, ctx: Any) -> None:
+    server = ProcessServer(tmp_path, "--workers", "1")
+    serving = time.monotonic()  # the state process started before this
+    try:
+        wait_for(lambda: worker_pids(server))
+        old = worker_pids(server)[1]
+        time.sleep(2.0)  # the replacement is born at least this long after the NameServer
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: worker_pids(server)[1] != old)
+        peer = Peer(server.router, None, ctx)
+        wait_for(lambda: [w.pid for w in peer.ok("status").workers] == [worker_pids(server)[1]])
+        asked = time.monotonic()
+        reply = peer.ok("status")
+        # Before: the replacement's own uptime, under (asked - the kill) < (asked - serving - 2 s).
+        assert reply.uptime_ms >= (asked - serving) * 1000, reply
     finally:
         assert server.stop() == 0
 

@@ -225,11 +225,14 @@ class _Reporter:
             self._gone()
 
 
-def worker_main(config: ServerConfig, worker: int, channel: socket.socket) -> int:
+def worker_main(config: ServerConfig, worker: int, channel: socket.socket, *,
+                started_at_ms: int) -> int:
     """A forked worker's life: load the first state, bind, serve until the state process
-    goes or a signal stops it. Returns the exit code."""
+    goes or a signal stops it. Returns the exit code. `started_at_ms`: when the state
+    process started (time.monotonic, one clock for every process of the host): `status`
+    answers the NameServer's uptime, whichever worker answers and however young it is."""
     name_worker_lines(worker)
-    service = ReplicaService(worker, started_at_ms=int(time.monotonic() * 1000),
+    service = ReplicaService(worker, started_at_ms=started_at_ms,
                              version=__version__, limits=config.limits)
     server: Server | None = None
     held: list[Sequence[Frames]] = []  # events released before the server exists
