@@ -197,6 +197,59 @@ def test_every_line_a_worker_logs_names_it_whatever_its_logger(
         "worker 3: from zns", "worker 3: from a child logger", "worker 3: already named"]
 
 
+def test_every_line_of_a_traceback_a_worker_logs_names_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = io.StringIO()
+    handlers = [logging.StreamHandler(stream), logging.StreamHandler(stream)]  # named once
+    monkeypatch.setattr(logging.getLogger(), "handlers", handlers)
+    name_worker_lines(3)
+    try:
+        raise RuntimeError("made to fail")
+    except RuntimeError:
+        logging.getLogger("zns.zap").exception("caught")
+    logging.getLogger("zns").warning("where", stack_info=True)
+    lines = stream.getvalue().splitlines()
+    assert lines.count("worker 3: RuntimeError: made to fail") == 2, lines
+    assert sum("Stack (most recent call last)" in line for line in lines) == 2, lines
+    assert all(line.startswith("worker 3: ") for line in lines), lines
+
+
+# A worker that raises as it starts (its Server cannot be made), and so every replacement.
+_BROKEN_WORKER = """
+import sys
+from zns.drivers import worker
+def broken(*args, **kwargs):
+    raise RuntimeError("made to fail")
+worker.WorkerServer.__init__ = broken
+from zns.cli import main
+sys.argv[0] = "zns"
+main(prog_name="zns")
+"""
+
+
+def test_a_worker_that_raises_logs_its_traceback_every_line_naming_it(tmp_path: Path) -> None:
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _BROKEN_WORKER, "serve", "--workers", "1", "--router",
+             "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*", "--kv-path",
+             str(tmp_path / "kv")], stdout=log, stderr=subprocess.STDOUT,
+            env={k: v for k, v in os.environ.items() if not k.startswith("ZNS_")})
+        try:
+            wait_for(lambda: log_path.read_text().count("RuntimeError: made to fail") >= 2,
+                     timeout=60)  # the first worker's and its replacement's
+        finally:
+            proc.terminate()
+            assert proc.wait(15) == 0
+    lines = log_path.read_text().splitlines()
+    # The state process's lines and the workers' log lines start with their time; the rest
+    # are the lines of a worker's traceback. Before, those were printed, naming no worker.
+    untimed = [line for line in lines if not re.match(r"\d{4}-\d\d-\d\dT", line)]
+    assert untimed and all(line.startswith("worker 1: ") for line in untimed), lines
+    assert sum("CRITICAL zns: worker 1: stopped by an uncaught error" in line
+               for line in lines) >= 2, lines
+
+
 def test_sighup_to_the_state_process_reloads_every_worker_and_ends_nothing(
         tmp_path: Path, ctx: Any) -> None:
     # `systemctl reload zns` sends SIGHUP to the main process: the state process.
