@@ -273,7 +273,7 @@ class KvStore:
         to compact. Raises Internal; nothing is written."""
         if self.path is None:
             return
-        existing = next(d for d in (self.path.parent, *self.path.parent.parents) if d.exists())
+        existing = existing_ancestor(self.path)
         refusal = self.policy.put_refusal(self._free_bytes(existing), self._live, len(record))
         if refusal is not None:
             raise Internal(refusal)
@@ -649,7 +649,7 @@ def _check_writable(path: Path) -> None:
     and compaction files beside it, are created in its directory."""
     if path.is_dir():
         raise KvFileError(f"KV file {path} is a directory; give a file path (--kv-path)")
-    existing = next(d for d in (path.parent, *path.parent.parents) if d.exists())
+    existing = existing_ancestor(path)
     if not existing.is_dir():
         raise KvFileError(f"KV file {path} cannot be created: {existing} is a file, not a "
                           f"directory (--kv-path)")
@@ -670,6 +670,12 @@ def _check_writable(path: Path) -> None:
     if existing != path.parent:
         log.warning("KV file %s: directory %s does not exist; the first KV write creates it",
                     path, path.parent)
+
+
+def existing_ancestor(path: Path) -> Path:
+    """The nearest of `path`'s directory and the directories above it that exists (it may be
+    a file: the caller checks): where creating `path`, and the directories missing, starts."""
+    return next(d for d in (path.parent, *path.parent.parents) if d.exists())
 
 
 def _sibling(path: Path, suffix: str) -> Path:
