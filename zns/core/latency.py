@@ -61,11 +61,10 @@ AGE_BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0)
 def age_buckets(last_heartbeats: list[int], now: int) -> tuple[list[int], float, float]:
     """(count per AGE_BOUNDS bucket then +Inf, not cumulative; sum of ages; the largest age),
     the ages in seconds at `now` of the heartbeats at `last_heartbeats` (ms)."""
-    counts = [0] * (len(AGE_BOUNDS) + 1)
-    total = largest = 0.0
+    ages = Histogram(AGE_BOUNDS)
+    largest = 0.0
     for last in last_heartbeats:
         age = max(0, now - last) / 1000
-        counts[bisect.bisect_left(AGE_BOUNDS, age)] += 1
-        total += age
+        ages.observe(age)
         largest = max(largest, age)
-    return counts, total, largest
+    return ages.counts, ages.total_seconds, largest
