@@ -4,9 +4,9 @@ label set), and one `Histogram` for any other duration (the KV file's durable wr
 The drivers time each request they hand to the core (ZNS/1: by op; remoting: by
 request code's name) and call `observe`; `/metrics` reads the counts when
 Prometheus scrapes (from another thread: a stale read is one observation behind).
-The labels are bounded twice: the callers pass only names
-from a fixed set (ZNS/1's ops or "unknown", RocketMQ's NameServer codes or
-"OTHER"), and a label past MAX_LABELS is counted as "other" whatever it is.
+The labels are bounded twice: the callers pass only names from a fixed set
+(ZNS/1's ops or "unknown", RocketMQ's NameServer codes or "OTHER"), and a label
+past MAX_LABELS is counted as "other" whatever it is.
 
 Sans-I/O: the seconds are measured by the caller.
 """
