@@ -18,6 +18,7 @@ import pytest
 from zns.core.errors import Internal, KvFileError
 from zns.drivers import kv_file
 from zns.core.kv_log import compacted_bytes
+from zns.core.latency import Histogram
 from zns.drivers.kv_file import MAGIC, KvStore, encode_record, read_kv_file
 
 Model = dict[str, dict[str, str]]
@@ -409,10 +410,10 @@ def test_file_bytes_are_the_bytes_of_the_log_files(path, stores):
 
 
 def test_write_times_count_each_append_in_its_bucket(path, stores):
-    times = kv_file.WriteTimes()
-    assert times.counts == [0] * (len(times.BOUNDS) + 1) and times.total_seconds == 0
+    times = Histogram(kv_file.WRITE_BOUNDS)
+    assert times.counts == [0] * (len(kv_file.WRITE_BOUNDS) + 1) and times.total_seconds == 0
     for seconds in (0.0001, 0.0005, 0.0007, 2.5, 30.0):
-        times.add(seconds)
+        times.observe(seconds)
     # A bucket counts the values up to its bound (Prometheus' `le`); the last, the rest.
     assert times.counts[:3] == [2, 1, 0] and times.counts[-2:] == [1, 1]
     assert sum(times.counts) == 5 and times.total_seconds == pytest.approx(32.5013)
@@ -896,7 +897,7 @@ def test_each_append_is_timed_by_the_clock_around_it(path, stores):
     stores.append(store)
     store.put("ns", "k", "v")
     assert store.write_times.total_seconds == 0.25
-    assert store.write_times.counts[kv_file.WriteTimes.BOUNDS.index(0.25)] == 1
+    assert store.write_times.counts[kv_file.WRITE_BOUNDS.index(0.25)] == 1
 
 
 def compacting_store(stores: list[KvStore], path: Path) -> KvStore:

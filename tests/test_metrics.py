@@ -22,7 +22,7 @@ from zns.core.errors import ConfigError, EndpointError
 from zns.core.service import NameService
 from zns.drivers.logs import JsonFormatter
 from zns.core.latency import LatencyHistogram
-from zns.drivers.kv_file import WriteTimes
+from zns.drivers.kv_file import WRITE_BOUNDS
 from zns.drivers.metrics import MetricsServer, _Collector
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -399,7 +399,7 @@ def test_a_fresh_server_shows_every_fixed_series_at_zero():
     # A store other than zns's durable one has timed no write: an empty histogram.
     buckets = {labels[0][1]: value for (name, labels), value in m.items()
                if name == "zns_kv_write_seconds_bucket"}
-    assert buckets == {**{str(b): 0 for b in WriteTimes.BOUNDS}, "+Inf": 0}
+    assert buckets == {**{str(b): 0 for b in WRITE_BOUNDS}, "+Inf": 0}
     assert (m["zns_kv_writes_total", ()], m["zns_kv_write_seconds_count", ()],
             m["zns_kv_write_seconds_sum", ()]) == (0, 0, 0.0)
 
@@ -599,7 +599,7 @@ def test_request_labels_are_bounded():
     times = LatencyHistogram()
     for n in range(MAX_LABELS + 50):
         times.observe(f"zns1:op{n}", 0.001)
-    assert len(times.counts) == MAX_LABELS + 1 and sum(times.counts["other"]) == 50
+    assert len(times.labels) == MAX_LABELS + 1 and sum(times.labels["other"].counts) == 50
 
 
 def test_heartbeat_ages_are_a_distribution_and_a_maximum_without_a_label_per_broker():

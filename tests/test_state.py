@@ -23,7 +23,7 @@ import pytest
 
 from zns.core.errors import ErrorReply, UsageError
 from zns.core.limits import Limits
-from zns.core.schema import ORDER_TOPIC_CONFIG, tag_of
+from zns.core.schema import ORDER_TOPIC_CONFIG, KvDelete, KvPut, tag_of
 from zns.core.state import (
     WRITE_REQUESTS,
     AnyCommand,
@@ -282,3 +282,18 @@ def test_a_restore_is_a_command_a_replica_replays_and_a_bad_one_changes_nothing(
         with pytest.raises(ValueError):
             machine.apply(bad)
         assert machine.dump() == empty
+
+
+def test_a_machine_loaded_from_a_dump_remembers_at_most_its_bound_of_emptied_namespaces():
+    # A dump made under a larger bound (another configuration) holds more emptied
+    # namespaces than the loader's bound: the loader keeps the latest, as the live path
+    # (StateMachine._remember_emptied) and a warm restore do. Before, it kept them all.
+    larger = StateMachine(KvStore(None), epoch=EPOCH, limits=Limits(max_kv_namespaces=5))
+    for namespace in ["a", "b", "c", "a"]:  # a emptied again: the latest
+        for request in (KvPut(id=1, namespace=namespace, key="k", value="v"),
+                        KvDelete(id=1, namespace=namespace, key="k")):
+            larger.apply(Write(request=request, now=1_000, connection=1))
+    assert larger.emptied_namespaces() == ["b", "c", "a"]
+    smaller = StateMachine.load(larger.dump(), KvStore(None), limits=Limits(max_kv_namespaces=2))
+    assert smaller.emptied_namespaces() == ["c", "a"]  # the oldest, b, forgotten
+    assert not smaller.emptied("b")

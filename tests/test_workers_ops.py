@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -162,6 +163,26 @@ def test_a_killed_worker_is_counted_as_restarted_and_status_lists_every_worker(
         assert server.stop() == 0
 
 
+def test_status_uptime_is_the_nameservers_not_the_answering_workers(
+        tmp_path: Path, ctx: Any) -> None:
+    server = ProcessServer(tmp_path, "--workers", "1")
+    serving = time.monotonic()  # the state process started before this
+    try:
+        wait_for(lambda: worker_pids(server))
+        old = worker_pids(server)[1]
+        time.sleep(2.0)  # the replacement is born at least this long after the NameServer
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: worker_pids(server)[1] != old)
+        peer = Peer(server.router, None, ctx)
+        wait_for(lambda: [w.pid for w in peer.ok("status").workers] == [worker_pids(server)[1]])
+        asked = time.monotonic()
+        reply = peer.ok("status")
+        # Before: the replacement's own uptime, under (asked - the kill) < (asked - serving - 2 s).
+        assert reply.uptime_ms >= (asked - serving) * 1000, reply
+    finally:
+        assert server.stop() == 0
+
+
 def test_every_line_a_worker_logs_names_it_whatever_its_logger(
         monkeypatch: pytest.MonkeyPatch) -> None:
     stream = io.StringIO()
@@ -174,6 +195,59 @@ def test_every_line_a_worker_logs_names_it_whatever_its_logger(
     logging.getLogger("zns").warning("worker 3: already named")
     assert stream.getvalue().splitlines() == [
         "worker 3: from zns", "worker 3: from a child logger", "worker 3: already named"]
+
+
+def test_every_line_of_a_traceback_a_worker_logs_names_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = io.StringIO()
+    handlers = [logging.StreamHandler(stream), logging.StreamHandler(stream)]  # named once
+    monkeypatch.setattr(logging.getLogger(), "handlers", handlers)
+    name_worker_lines(3)
+    try:
+        raise RuntimeError("made to fail")
+    except RuntimeError:
+        logging.getLogger("zns.zap").exception("caught")
+    logging.getLogger("zns").warning("where", stack_info=True)
+    lines = stream.getvalue().splitlines()
+    assert lines.count("worker 3: RuntimeError: made to fail") == 2, lines
+    assert sum("Stack (most recent call last)" in line for line in lines) == 2, lines
+    assert all(line.startswith("worker 3: ") for line in lines), lines
+
+
+# A worker that raises as it starts (its Server cannot be made), and so every replacement.
+_BROKEN_WORKER = """
+import sys
+from zns.drivers import worker
+def broken(*args, **kwargs):
+    raise RuntimeError("made to fail")
+worker.WorkerServer.__init__ = broken
+from zns.cli import main
+sys.argv[0] = "zns"
+main(prog_name="zns")
+"""
+
+
+def test_a_worker_that_raises_logs_its_traceback_every_line_naming_it(tmp_path: Path) -> None:
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _BROKEN_WORKER, "serve", "--workers", "1", "--router",
+             "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*", "--kv-path",
+             str(tmp_path / "kv")], stdout=log, stderr=subprocess.STDOUT,
+            env={k: v for k, v in os.environ.items() if not k.startswith("ZNS_")})
+        try:
+            wait_for(lambda: log_path.read_text().count("RuntimeError: made to fail") >= 2,
+                     timeout=60)  # the first worker's and its replacement's
+        finally:
+            proc.terminate()
+            assert proc.wait(15) == 0
+    lines = log_path.read_text().splitlines()
+    # The state process's lines and the workers' log lines start with their time; the rest
+    # are the lines of a worker's traceback. Before, those were printed, naming no worker.
+    untimed = [line for line in lines if not re.match(r"\d{4}-\d\d-\d\dT", line)]
+    assert untimed and all(line.startswith("worker 1: ") for line in untimed), lines
+    assert sum("CRITICAL zns: worker 1: stopped by an uncaught error" in line
+               for line in lines) >= 2, lines
 
 
 def test_sighup_to_the_state_process_reloads_every_worker_and_ends_nothing(

@@ -55,7 +55,7 @@ class StateFigures(msgspec.Struct, frozen=True, kw_only=True):
     ready_why: str
     stalls: int = 0
     removals: dict[str, int] = {}
-    kv_write_counts: list[int] = []  # per bucket of kv_file.WriteTimes.BOUNDS, then +Inf
+    kv_write_counts: list[int] = []  # per bucket of kv_file.WRITE_BOUNDS, then +Inf
     kv_write_seconds: float = 0.0
     worker_restarts: int = 0
     transfers: int = 0  # state transfers sent (joins, resyncs, workers past the tail)

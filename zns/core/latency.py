@@ -1,10 +1,12 @@
-"""Request latency as a histogram of plain ints, per request kind (a bounded label set).
+"""Durations as histograms of plain ints: request latency per request kind (a bounded
+label set), and one `Histogram` for any other duration (the KV file's durable writes).
 
 The drivers time each request they hand to the core (ZNS/1: by op; remoting: by
 request code's name) and call `observe`; `/metrics` reads the counts when
-Prometheus scrapes. The labels are bounded twice: the callers pass only names
-from a fixed set (ZNS/1's ops or "unknown", RocketMQ's NameServer codes or
-"OTHER"), and a label past MAX_LABELS is counted as "other" whatever it is.
+Prometheus scrapes (from another thread: a stale read is one observation behind).
+The labels are bounded twice: the callers pass only names from a fixed set
+(ZNS/1's ops or "unknown", RocketMQ's NameServer codes or "OTHER"), and a label
+past MAX_LABELS is counted as "other" whatever it is.
 
 Sans-I/O: the seconds are measured by the caller.
 """
@@ -19,24 +21,36 @@ BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 MAX_LABELS = 64
 
 
+class Histogram:
+    """How many durations fell in each bucket (one per bound, then +Inf; not cumulative:
+    a bucket counts those up to its bound, Prometheus's `le`, past the one before) and
+    their sum."""
+
+    def __init__(self, bounds: tuple[float, ...] = BOUNDS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total_seconds = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.total_seconds += seconds
+
+
 class LatencyHistogram:
-    """Cumulative-free bucket counts (one per bound, then +Inf) and sums, by label."""
+    """A `Histogram` of BOUNDS per label, at most MAX_LABELS of them and "other"."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, list[int]] = {}
-        self.sums: dict[str, float] = {}
+        self.labels: dict[str, Histogram] = {}
 
     def observe(self, label: str, seconds: float) -> None:
-        counts = self.counts.get(label)
-        if counts is None:
-            if len(self.counts) >= MAX_LABELS:
+        histogram = self.labels.get(label)
+        if histogram is None:
+            if len(self.labels) >= MAX_LABELS:
                 label = "other"
-                counts = self.counts.get(label)
-            if counts is None:
-                counts = self.counts[label] = [0] * (len(BOUNDS) + 1)
-                self.sums[label] = 0.0
-        counts[bisect.bisect_left(BOUNDS, seconds)] += 1
-        self.sums[label] += seconds
+                histogram = self.labels.get(label)
+            if histogram is None:
+                histogram = self.labels[label] = Histogram()
+        histogram.observe(seconds)
 
 
 # The age of brokers' last heartbeats, in seconds: RocketMQ brokers heartbeat every 30 s
@@ -47,11 +61,10 @@ AGE_BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0)
 def age_buckets(last_heartbeats: list[int], now: int) -> tuple[list[int], float, float]:
     """(count per AGE_BOUNDS bucket then +Inf, not cumulative; sum of ages; the largest age),
     the ages in seconds at `now` of the heartbeats at `last_heartbeats` (ms)."""
-    counts = [0] * (len(AGE_BOUNDS) + 1)
-    total = largest = 0.0
+    ages = Histogram(AGE_BOUNDS)
+    largest = 0.0
     for last in last_heartbeats:
         age = max(0, now - last) / 1000
-        counts[bisect.bisect_left(AGE_BOUNDS, age)] += 1
-        total += age
+        ages.observe(age)
         largest = max(largest, age)
-    return counts, total, largest
+    return ages.counts, ages.total_seconds, largest

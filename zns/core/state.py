@@ -276,8 +276,10 @@ class StateMachine:
         for namespace, entries in dump.kv:
             for key, value in entries:
                 kv.put(namespace, key, value)
-        machine._emptied = dict.fromkeys(dump.emptied)
-        machine._emptied_changes = 0
+        machine._emptied, machine._emptied_changes = {}, 0
+        for namespace in dump.emptied:  # within this machine's bound, as the live path keeps them
+            machine._remember_emptied(namespace)
+        machine._emptied_changes = 0  # a load is not a change (`changes`)
         return machine
 
     def _restore(self, table: TableState, windows: list[int], now: int,

@@ -61,7 +61,6 @@ fails, the store refuses every later write until the server restarts.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import time
@@ -74,6 +73,7 @@ import msgspec
 from zns.core.config import DEFAULT_KV_PATH
 from zns.core.errors import Internal, KvFileError
 from zns.core.kv import entry_bytes
+from zns.core.latency import Histogram
 from zns.core.kv_log import (
     COMPACT_MIN_BYTES,
     HEAD,
@@ -97,7 +97,7 @@ LEGACY_DEFAULT_PATH = "~/.zns/kv.json"  # the default of earlier versions (a log
 # The record format and the compaction's sizes are the core's (zns.core.kv_log); named here too
 # because tools and tests read files through this module.
 __all__ = ["COMPACT_MIN_BYTES", "DEFAULT_PATH", "MAGIC", "MARKER", "MAX_PAYLOAD", "STEP_BYTES",
-           "KvStore", "WriteTimes", "encode_record", "read_kv_file"]
+           "KvStore", "WRITE_BOUNDS", "encode_record", "read_kv_file"]
 REWRITE_CHUNK_BYTES = 1 << 20  # what a start writes per append (a conversion, the rest of a copy)
 # A write the file system refused (a failed fsync, a full disk) is the server's own
 # `internal` error: the request that asked for it is answered so and changes nothing.
@@ -107,22 +107,9 @@ _Record = tuple[str, str, "str | None"]
 _decode_payload = msgspec.msgpack.Decoder(tuple[str, str, str | None]).decode
 
 
-class WriteTimes:
-    """How many durable appends (write and fsync) took how long: a histogram of plain ints.
-
-    Kept here rather than in a metrics library so the store works without one; a
-    scrape in another thread reads the ints (a stale read is one write behind).
-    """
-
-    BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(self.BOUNDS) + 1)  # per bucket, the last one past every bound
-        self.total_seconds = 0.0
-
-    def add(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(self.BOUNDS, seconds)] += 1
-        self.total_seconds += seconds
+# The buckets of `KvStore.write_times`, in seconds: how long durable appends (write and
+# fsync) took, from a fast SSD's to a loaded disk's.
+WRITE_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 def read_kv_file(path: str | os.PathLike[str]) -> _FileFormat:
@@ -176,7 +163,7 @@ class KvStore:
         self._old_fd: int | None = None  # the log being compacted, while `_compaction` runs
         self._broken = ""  # why writes are refused, after a write that could not be undone
         self._put_off = False  # a compaction is due but does not fit (said once)
-        self.write_times = WriteTimes()  # durable appends and their seconds, for metrics
+        self.write_times = Histogram(WRITE_BOUNDS)  # durable appends' seconds, for metrics
         if self.path is not None:
             self._open()
 
@@ -286,7 +273,7 @@ class KvStore:
         to compact. Raises Internal; nothing is written."""
         if self.path is None:
             return
-        existing = next(d for d in (self.path.parent, *self.path.parent.parents) if d.exists())
+        existing = existing_ancestor(self.path)
         refusal = self.policy.put_refusal(self._free_bytes(existing), self._live, len(record))
         if refusal is not None:
             raise Internal(refusal)
@@ -299,7 +286,7 @@ class KvStore:
             return
         started = self._clock()
         self._append_durably(record)
-        self.write_times.add(self._clock() - started)
+        self.write_times.observe(self._clock() - started)
 
     def _append_durably(self, record: bytes) -> None:
         if self._broken:
@@ -662,7 +649,7 @@ def _check_writable(path: Path) -> None:
     and compaction files beside it, are created in its directory."""
     if path.is_dir():
         raise KvFileError(f"KV file {path} is a directory; give a file path (--kv-path)")
-    existing = next(d for d in (path.parent, *path.parent.parents) if d.exists())
+    existing = existing_ancestor(path)
     if not existing.is_dir():
         raise KvFileError(f"KV file {path} cannot be created: {existing} is a file, not a "
                           f"directory (--kv-path)")
@@ -683,6 +670,12 @@ def _check_writable(path: Path) -> None:
     if existing != path.parent:
         log.warning("KV file %s: directory %s does not exist; the first KV write creates it",
                     path, path.parent)
+
+
+def existing_ancestor(path: Path) -> Path:
+    """The nearest of `path`'s directory and the directories above it that exists (it may be
+    a file: the caller checks): where creating `path`, and the directories missing, starts."""
+    return next(d for d in (path.parent, *path.parent.parents) if d.exists())
 
 
 def _sibling(path: Path, suffix: str) -> Path:

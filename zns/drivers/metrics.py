@@ -35,13 +35,13 @@ from zns import __version__
 from zns.core.addresses import parse_host_port, url_host
 from zns.core.errors import ConfigError, UsageError
 from zns.core.figures import Overview, StateFigures, WorkerFigures
-from zns.core.latency import AGE_BOUNDS, BOUNDS, LatencyHistogram, age_buckets
+from zns.core.latency import AGE_BOUNDS, BOUNDS, Histogram, LatencyHistogram, age_buckets
 from zns.core.remoting.constants import RequestCode, ResponseCode
 from zns.core.schema import tag_of
 from zns.core.service import NameService
 from zns.drivers.descriptors import DescriptorGuard, listen_tcp
 from zns.drivers.io_errors import configured
-from zns.drivers.kv_file import WriteTimes
+from zns.drivers.kv_file import WRITE_BOUNDS
 
 log = logging.getLogger("zns")
 
@@ -176,14 +176,15 @@ class _Collector:
             counts, total = list(state.kv_write_counts), state.kv_write_seconds
         else:
             # The server's store is a KvStore; another store (a test's) has measured nothing.
-            times: WriteTimes = getattr(service.kv, "write_times", None) or WriteTimes()
+            times: Histogram = (getattr(service.kv, "write_times", None)
+                                or Histogram(WRITE_BOUNDS))
             counts, total = list(times.counts), times.total_seconds
-        counts = counts or [0] * (len(WriteTimes.BOUNDS) + 1)
+        counts = counts or [0] * (len(WRITE_BOUNDS) + 1)
         yield CounterMetricFamily("zns_kv_writes", "Durable KV writes (append and fsync)",
                                   value=sum(counts))
         yield HistogramMetricFamily(
             "zns_kv_write_seconds", "Seconds one durable KV write (append and fsync) took",
-            buckets=_cumulative(WriteTimes.BOUNDS, counts), sum_value=total)
+            buckets=_cumulative(WRITE_BOUNDS, counts), sum_value=total)
         if server.worker:
             yield GaugeMetricFamily("zns_answering_worker", "The worker that answered this "
                                     "scrape (the kernel spreads connections over them)",
@@ -229,8 +230,8 @@ def own_figures(server: Observed) -> WorkerFigures:
         requests=[(tag_of(kind), "ok", n) for kind, n in dict(service.ok_counts).items()]
         + [(op, code, n) for (op, code), n in dict(service.error_counts).items()],
         remoting_requests=[(c, r, n) for (c, r), n in dict(service.remoting_counts).items()],
-        request_seconds=[(label, list(counts), times.sums.get(label, 0.0))
-                         for label, counts in dict(times.counts).items()],
+        request_seconds=[(label, list(histogram.counts), histogram.total_seconds)
+                         for label, histogram in dict(times.labels).items()],
         encoded_msgpack_bytes=service.encoded.msgpack_bytes,
         encoded_json_bytes=service.encoded.json_bytes,
         published=dict(service.published), dropped_replies=server.dropped_replies,

@@ -31,6 +31,7 @@ from zns.core.errors import ConfigError
 from zns.core.routes import DUMP_STEP_WORK
 from zns.core.service import NameService
 from zns.core.table_state import TableState
+from zns.drivers.kv_file import existing_ancestor
 from zns.drivers.loop import PollSet, Ready
 
 log = logging.getLogger("zns")
@@ -53,7 +54,7 @@ def check_writable(path: Path) -> None:
     directories are made at the first write, as the KV file's are."""
     if path.is_dir():
         raise ConfigError(f"state dump {path} is a directory; give a file path (--state-path)")
-    existing = next(d for d in (path.parent, *path.parent.parents) if d.exists())
+    existing = existing_ancestor(path)
     if not existing.is_dir():
         raise ConfigError(f"state dump {path} cannot be written: {existing} is a file, not a "
                           "directory (--state-path)")

@@ -237,7 +237,8 @@ class StateProcess:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
             for sock in self._reserved:
                 sock.close()
-            return worker_main(self.config, slot + 1, channel)
+            return worker_main(self.config, slot + 1, channel,
+                               started_at_ms=self.service.started_at_ms)
 
         try:
             pid, worker = fork_worker(self.link, main, now)

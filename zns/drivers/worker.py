@@ -225,11 +225,23 @@ class _Reporter:
             self._gone()
 
 
-def worker_main(config: ServerConfig, worker: int, channel: socket.socket) -> int:
+def worker_main(config: ServerConfig, worker: int, channel: socket.socket, *,
+                started_at_ms: int) -> int:
     """A forked worker's life: load the first state, bind, serve until the state process
-    goes or a signal stops it. Returns the exit code."""
+    goes or a signal stops it. Returns the exit code. `started_at_ms`: when the state
+    process started (time.monotonic, one clock for every process of the host): `status`
+    answers the NameServer's uptime, whichever worker answers and however young it is.
+    An uncaught error is logged (so its every line names the worker) and ends it."""
     name_worker_lines(worker)
-    service = ReplicaService(worker, started_at_ms=int(time.monotonic() * 1000),
+    try:
+        return _serve(config, worker, channel, started_at_ms)
+    except Exception:
+        log.critical("stopped by an uncaught error", exc_info=True)
+        return 1
+
+
+def _serve(config: ServerConfig, worker: int, channel: socket.socket, started_at_ms: int) -> int:
+    service = ReplicaService(worker, started_at_ms=started_at_ms,
                              version=__version__, limits=config.limits)
     server: Server | None = None
     held: list[Sequence[Frames]] = []  # events released before the server exists
@@ -285,7 +297,7 @@ def name_worker_lines(worker: int) -> None:
 
 
 class _NamedWorker(logging.Filter):
-    """Every line a worker logs names it: `worker 2: ...`."""
+    """Every line a worker logs names it: `worker 2: ...`, each line of a traceback too."""
 
     def __init__(self, worker: int) -> None:
         super().__init__()
@@ -294,4 +306,17 @@ class _NamedWorker(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str) and not record.msg.startswith(self.prefix):
             record.msg = self.prefix + record.msg
+        # Formatted here, once, as a formatter would (it keeps a set exc_text as it is).
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _FORMATTER.formatException(record.exc_info)
+        record.exc_text = record.exc_text and self._named(record.exc_text)
+        record.stack_info = record.stack_info and self._named(record.stack_info)
         return True
+
+    def _named(self, text: str) -> str:
+        if text.startswith(self.prefix):  # named by another handler's filter
+            return text
+        return "\n".join(self.prefix + line for line in text.splitlines())
+
+
+_FORMATTER = logging.Formatter()
