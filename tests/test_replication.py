@@ -18,7 +18,8 @@ from hypothesis import given, settings, strategies as st
 from helpers import examples
 from zns.core.replication import (
     Ack, Answer, Apply, ApplyCommand, Deliver, Drop, Execute, Fence, Forward, LoadState, Primary,
-    MAX_LAG_SAMPLES, Publish, Replica, Reply, Resync, SendState, SendToPrimary, State,
+    MAX_LAG_SAMPLES, Publish, Replica, ReplicaAction, Reply, Resync, SendState, SendToPrimary,
+    State,
     decode_to_primary,
     decode_to_worker, encode,
 )
@@ -123,7 +124,11 @@ class Cluster:
 
     def run_replica(self, worker: int) -> None:
         node = self.nodes[worker]
-        for action in node.replica.actions():
+        while actions := node.replica.actions():  # as the driver: `produced` may release events
+            self._carry_out_replica(node, actions)
+
+    def _carry_out_replica(self, node: Node, actions: list[ReplicaAction]) -> None:
+        for action in actions:
             match action:
                 case ApplyCommand(seq=seq, command=command):
                     assert node.loaded, "nothing is applied before the first state"
@@ -463,3 +468,23 @@ def test_lag_samples_are_bounded() -> None:
     primary.actions()
     lags = primary.take_lags()
     assert len(lags) == MAX_LAG_SAMPLES and set(lags) == {4}
+
+
+def test_a_lone_worker_publishes_as_it_applies_and_waits_again_once_another_joins() -> None:
+    cluster = Cluster(random.Random(7), window=10, tail=10)
+    a = cluster.join()
+    cluster.settle()
+    seq = cluster.append()
+    cluster.to_worker(a)  # no Ack has reached the primary, no Fence came: published all the same
+    assert cluster.nodes[a].published == [seq] and cluster.primary.fence == seq - 1
+    cluster.settle()
+    b = cluster.join()  # b counts at once, at the current seq
+    seq = cluster.append()
+    cluster.to_worker(a)
+    assert seq not in cluster.nodes[a].published, "b has not applied it: a must wait"
+    cluster.settle()
+    assert cluster.nodes[a].published[-1] == seq and cluster.nodes[b].published == [seq]
+    cluster.kill(b)  # alone again: the next command carries its own seq as the fence
+    seq = cluster.append()
+    cluster.to_worker(a)
+    assert cluster.nodes[a].published[-1] == seq

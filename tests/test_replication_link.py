@@ -25,7 +25,7 @@ def clock() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-def worker_main(path: Path, forward: bool = False) -> Callable[[socket.socket], int]:
+def worker_main(path: Path, forward: bool = False, runs: bool = False) -> Callable[[socket.socket], int]:
     def main(sock: socket.socket) -> int:
         faulthandler.disable()  # pytest's, inherited by the fork
         out = open(path, "a", buffering=1)
@@ -40,6 +40,8 @@ def worker_main(path: Path, forward: bool = False) -> Callable[[socket.socket], 
         forwarded = not forward
         while True:
             link.wait(1000)
+            if runs:
+                out.write("run\n")  # each pass: what one run() did is between two of these
             try:
                 link.run()
                 if not forwarded and link.replica.loaded:
@@ -68,8 +70,9 @@ class Harness:
         self.state += 1
         return b"c%d-%s" % (self.state, request), b"done-%d" % self.state
 
-    def fork(self, name: str, forward: bool = False) -> int:
-        pid, worker = fork_worker(self.link, worker_main(self.tmp_path / name, forward), clock())
+    def fork(self, name: str, forward: bool = False, runs: bool = False) -> int:
+        pid, worker = fork_worker(self.link, worker_main(self.tmp_path / name, forward, runs),
+                                  clock())
         self.pids[worker] = pid
         return worker
 
@@ -129,6 +132,23 @@ def test_commands_reach_every_worker_in_order_and_events_wait_for_the_fence(harn
         # Each event was published after its own command was applied, never before.
         assert lines.index("publish 1") > lines.index("apply 1 c1")
     assert primary.workers == [a, b] and harness.dropped == []
+
+
+@pytest.mark.timeout(120)
+def test_a_lone_worker_publishes_as_it_applies_without_waiting_for_a_fence(harness) -> None:
+    harness.fork("a", runs=True)
+    harness.serve_until(lambda: "load 0 dump-at-0" in harness.lines("a"))
+    harness.append()
+    harness.link.run(clock())  # the command goes out; the primary reads nothing after this
+    assert all(channel.pending == 0 for channel in harness.link.channels.values())
+    deadline = time.monotonic() + LOADED_DEADLINE
+    while "publish 1" not in harness.lines("a"):
+        assert time.monotonic() < deadline, harness.lines("a")
+        time.sleep(0.01)
+    assert harness.link.primary.fence == 0, "published with no Ack read and no Fence sent"
+    lines = harness.lines("a")
+    assert "run" not in lines[lines.index("apply 1 c1"):lines.index("publish 1")], \
+        "published in the pass that applied it, not at the worker's next wake-up"
 
 
 @pytest.mark.timeout(120)

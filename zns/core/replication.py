@@ -35,6 +35,15 @@ fence never exceeds) and must answer nothing before its first state is
 loaded, so the fence never passes a worker that can answer reads. The fence
 never moves back.
 
+A lone worker need not wait for that round trip (its `Ack`, then the `Fence`):
+each `Apply` carries the fence as it will be once its worker applied it, as far
+as the primary knows when sending it: the lowest seq every *other* worker has
+acknowledged, capped at the command's own seq. With one worker that is the
+command's seq, so the worker publishes the event as it applies it. A worker
+that joins later counts at once at the seq of its state, so every command sent
+after the join carries a fence no higher than that seq, and the first worker
+waits for the `Fence` again.
+
 Read-your-writes: a worker forwards a write (`Replica.forward`); the primary
 executes it (`Execute`) and returns the reply with the seq of the command it
 made (`Primary.answer`); the replica hands the reply out only once it has
@@ -65,10 +74,15 @@ MAX_LAG_SAMPLES = 65_536  # append times kept for the lag measurement
 
 
 class Apply(msgspec.Struct, tag="apply", frozen=True):
-    """Primary -> worker: the command numbered `seq`."""
+    """Primary -> worker: the command numbered `seq`. `fence`: what the fence is once this
+    worker applied it, as far as the primary knew when it sent it (the lowest seq every
+    other worker had acknowledged, and `seq` itself: `seq` when this worker is the only
+    one), so that a lone worker publishes an event without the round trip of an `Ack`
+    and a `Fence`."""
 
     seq: int
     command: bytes
+    fence: int = 0
 
 
 class State(msgspec.Struct, tag="state", frozen=True):
@@ -364,7 +378,9 @@ class Primary:
                 self._transfer(worker)
                 return
             seq, command = self._tail[follower.sent + 1 - first]
-            self._actions.append(Deliver(worker, Apply(seq, command)))
+            others = min((f.applied for w, f in self._workers.items() if w != worker),
+                         default=seq)
+            self._actions.append(Deliver(worker, Apply(seq, command, min(seq, others))))
             if follower.sent == follower.applied:
                 follower.waiting_since = self._now
             follower.sent = seq
@@ -468,7 +484,7 @@ class Replica:
 
     def on_message(self, message: ToWorker) -> None:
         match message:
-            case Apply(seq=seq, command=command):
+            case Apply(seq=seq, command=command, fence=fence):
                 if self.awaiting_state:
                     return  # stale: a state is on its way
                 if seq != self.applied + 1:
@@ -477,6 +493,9 @@ class Replica:
                 self.applied = seq
                 self._actions.append(ApplyCommand(seq, command))
                 self._release_answers()
+                if min(fence, seq) > self.fence:
+                    self.fence = min(fence, seq)
+                    self._release_events()
             case State(seq=seq, dump=dump):
                 if seq < self.applied:
                     self._ask_state()

@@ -326,18 +326,22 @@ class ReplicaLink:
         poller.poll(timeout_ms)
 
     def _carry_out(self) -> None:
-        for action in self.replica.actions():
-            match action:
-                case ApplyCommand(seq=seq, command=command):
-                    self.replica.produced(seq, self._apply_command(seq, command))
-                case LoadState(seq=seq, dump=dump):
-                    self._load_state(seq, dump)
-                case Publish(seq=seq, events=events):
-                    self._publish_events(seq, events)
-                case Reply(token=token, reply=reply):
-                    self._answer(token, reply)
-                case SendToPrimary(message=message):
-                    self.channel.send(encode(message))
+        # Until none is left: applying a command the fence already passed (a lone worker's,
+        # or one whose `Fence` came in the same batch) releases its events as a new action,
+        # to be published now, not when the next message happens to arrive.
+        while actions := self.replica.actions():
+            for action in actions:
+                match action:
+                    case ApplyCommand(seq=seq, command=command):
+                        self.replica.produced(seq, self._apply_command(seq, command))
+                    case LoadState(seq=seq, dump=dump):
+                        self._load_state(seq, dump)
+                    case Publish(seq=seq, events=events):
+                        self._publish_events(seq, events)
+                    case Reply(token=token, reply=reply):
+                        self._answer(token, reply)
+                    case SendToPrimary(message=message):
+                        self.channel.send(encode(message))
 
 
 def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: int) -> tuple[int, int]:
