@@ -1,0 +1,166 @@
+"""A worker's forwarded writes do not hold its loop (zns.core.forwarding, zns.drivers.worker).
+
+The state process is stopped (SIGSTOP) while writes are at it: a worker must go on
+answering every other connection, hold a writing connection's later requests behind
+its write (each connection answered in order, read-your-writes), refuse writes past
+its in-flight bound with `busy`, and stop reading ZNS/1 requests past its held bound.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from helpers import LOADED_DEADLINE, Peer, ProcessServer, register_fields, wait_for
+from zns.core import schema
+from zns.core.forwarding import DEFAULT_MAX_IN_FLIGHT
+from zns.core.remoting import RemotingCommand
+from zns.drivers.request_router import MAX_HELD_REQUESTS
+
+pytestmark = pytest.mark.timeout(120)
+
+# How long a reply that must not come is waited for: long enough that a worker serving
+# would have answered (its answers take a few ms), not a bound on anything.
+QUIET_S = 1.0
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture
+def one_worker(tmp_path: Path) -> Iterator[ProcessServer]:
+    server = ProcessServer(tmp_path, "--workers", "1", "--remoting", "127.0.0.1:0")
+    try:
+        wait_for(lambda: "serving requests on" in server.output()
+                 and "loaded the state" in server.output())
+        yield server
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        assert server.stop() == 0
+
+
+def stopped(server: ProcessServer) -> Any:
+    """Stop the state process (its worker keeps running) until the block ends."""
+
+    class Stopped:
+        def __enter__(self) -> None:
+            os.kill(server.proc.pid, signal.SIGSTOP)
+
+        def __exit__(self, *exc: object) -> None:
+            os.kill(server.proc.pid, signal.SIGCONT)
+
+    return Stopped()
+
+
+def request(peer: Peer, op: str, id: int, **fields: Any) -> None:
+    peer.send_raw(schema.encode({"op": op, "id": id, **fields}))
+
+
+def reply(peer: Peer, timeout: float = LOADED_DEADLINE) -> Any:
+    return schema.decode_reply(peer.recv_raw(timeout)[-1])
+
+
+def test_a_write_at_the_state_process_delays_no_other_connection_and_its_own_waits_in_order(
+        one_worker: ProcessServer, ctx: zmq.Context) -> None:
+    writer, reader = Peer(one_worker.router, ctx=ctx), Peer(one_worker.router, ctx=ctx)
+    assert reader.ok("status").worker == 1  # both connections are on the one worker
+    with stopped(one_worker):
+        request(writer, "register_broker", 1, **register_fields(topics={"T": {}}))
+        request(writer, "get_route", 2, topic="T")  # after the write: must see it
+        # Another connection is answered while the write waits for the state process.
+        for _ in range(20):
+            assert reader.ok("status").revision == 0
+        assert isinstance(reader.call("get_route", topic="T"), schema.Error)
+        # The writer's read is not answered before its write.
+        assert not writer.dealer.poll(int(QUIET_S * 1000))
+    first, second = reply(writer), reply(writer)
+    assert first.id == 1 and not isinstance(first, schema.Error), first
+    assert second.id == 2 and second.route.brokers[0].broker_name == "broker-a"
+
+
+def test_writes_of_many_connections_are_at_the_state_process_together(
+        one_worker: ProcessServer, ctx: zmq.Context) -> None:
+    """Up to the in-flight bound; one past it is answered `busy` at once, and the rest
+    are answered once the state process runs again."""
+    writers = [Peer(one_worker.router, ctx=ctx) for _ in range(DEFAULT_MAX_IN_FLIGHT + 1)]
+    for peer in writers:
+        peer.ok("status")  # connected: each request below reaches the worker
+    with stopped(one_worker):
+        for n, peer in enumerate(writers[:-1]):
+            request(peer, "kv_put", 1, namespace="ns", key=f"k{n}", value="v")
+        probe = Peer(one_worker.router, ctx=ctx)
+        # Every write has reached the worker once a later request of another connection
+        # is answered (one socket: requests are read in the order they come).
+        wait_for(lambda: probe.ok("status") and "refused" not in one_worker.output())
+        last = writers[-1].call("kv_put", namespace="ns", key="last", value="v")
+        assert isinstance(last, schema.Error) and last.code == "busy", last
+        assert "writes are already at the state process" in last.message
+    for peer in writers[:-1]:
+        answer = reply(peer)
+        assert not isinstance(answer, schema.Error), answer
+    assert len(probe.ok("kv_list", namespace="ns").entries) == DEFAULT_MAX_IN_FLIGHT
+
+
+def test_past_the_held_bound_the_worker_stops_reading_requests_until_its_writes_are_answered(
+        one_worker: ProcessServer, ctx: zmq.Context) -> None:
+    writer, other = Peer(one_worker.router, ctx=ctx), Peer(one_worker.router, ctx=ctx)
+    other.ok("status")
+    with stopped(one_worker):
+        request(writer, "kv_put", 0, namespace="ns", key="k", value="v")
+        for n in range(1, MAX_HELD_REQUESTS + 10):  # held behind the write, then unread
+            request(writer, "kv_get", n, namespace="ns", key="k")
+        # Under the bound the other connection is answered; past it, nothing is read.
+        wait_for(lambda: not other.dealer.poll(0) and _unanswered(other), timeout=LOADED_DEADLINE)
+    # Once the write is answered, everything is, each connection in order.
+    assert reply(other).id == 99
+    for n in range(MAX_HELD_REQUESTS + 10):
+        answer = reply(writer)
+        assert answer.id == n and not isinstance(answer, schema.Error), answer
+        if n:
+            assert answer.value == "v"
+
+
+def _unanswered(peer: Peer) -> bool:
+    """Send a status (id 99) and see it not answered for QUIET_S (else: take the reply)."""
+    request(peer, "status", 99)
+    if peer.dealer.poll(int(QUIET_S * 1000)):
+        peer.recv_raw()
+        return False
+    return True
+
+
+def test_remoting_a_write_at_the_state_process_delays_no_other_connection(
+        one_worker: ProcessServer) -> None:
+    from test_remoting_listener import Client, register_cmd
+
+    endpoint = re.findall(r"RocketMQ remoting on (\S+)", one_worker.output())[0]
+    broker, reader = Client(endpoint), Client(endpoint)
+    try:
+        assert reader.call(RemotingCommand(code=106, version=479)).code == 0
+        with stopped(one_worker):
+            registered = broker.send(register_cmd(topics=("Remote",)))
+            read = broker.send(RemotingCommand(code=105, version=479,
+                                               ext_fields={"topic": "Remote"}))
+            for _ in range(20):  # another connection: answered meanwhile
+                assert reader.call(RemotingCommand(code=105, version=479,
+                                                   ext_fields={"topic": "Remote"})).code == 17
+            with pytest.raises((AssertionError, TimeoutError)):
+                broker.recv(timeout=QUIET_S)  # its own read waits behind its write
+        first, second = broker.recv(), broker.recv()
+        assert (first.opaque, first.code) == (registered, 0)
+        assert (second.opaque, second.code) == (read, 0)
+        assert b"broker-a" in second.body
+    finally:
+        broker.close()
+        reader.close()
