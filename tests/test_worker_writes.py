@@ -116,15 +116,21 @@ def test_past_the_held_bound_the_worker_stops_reading_requests_until_its_writes_
         one_worker: ProcessServer, ctx: zmq.Context) -> None:
     writer, other = Peer(one_worker.router, ctx=ctx), Peer(one_worker.router, ctx=ctx)
     other.ok("status")
+    total = MAX_HELD_REQUESTS + 10
     with stopped(one_worker):
         request(writer, "kv_put", 0, namespace="ns", key="k", value="v")
-        for n in range(1, MAX_HELD_REQUESTS + 10):  # held behind the write, then unread
+        for n in range(1, MAX_HELD_REQUESTS - 10):  # held behind the write
             request(writer, "kv_get", n, namespace="ns", key="k")
-        # Under the bound the other connection is answered; past it, nothing is read.
-        wait_for(lambda: not other.dealer.poll(0) and _unanswered(other), timeout=LOADED_DEADLINE)
+        # Under the bound, the other connection is answered (once all those are read)...
+        wait_for(lambda: other.call("status", id=98).worker == 1)
+        for n in range(MAX_HELD_REQUESTS - 10, total):
+            request(writer, "kv_get", n, namespace="ns", key="k")
+        # ...past it (once the worker has read that far: a ROUTER takes its connections in
+        # turn), nothing more is read.
+        wait_for(lambda: _unanswered(other))
     # Once the write is answered, everything is, each connection in order.
     assert reply(other).id == 99
-    for n in range(MAX_HELD_REQUESTS + 10):
+    for n in range(total):
         answer = reply(writer)
         assert answer.id == n and not isinstance(answer, schema.Error), answer
         if n:
