@@ -170,3 +170,92 @@ def test_remoting_a_write_at_the_state_process_delays_no_other_connection(
     finally:
         broker.close()
         reader.close()
+
+
+# --- in process: a worker's request router around a ReplicaService, its channel faked ------
+
+
+class FakeLink:
+    """What ReplicaService asks of its ReplicaLink: forward a command, get a token."""
+
+    def __init__(self) -> None:
+        self.forwarded: list[bytes] = []
+
+    def forward(self, request: bytes) -> int:
+        self.forwarded.append(request)
+        return len(self.forwarded)
+
+    def run(self) -> None:
+        pass  # nothing comes from the state process
+
+
+@pytest.fixture
+def worker_router(ctx: zmq.Context) -> Iterator[tuple[Any, Any, zmq.Socket]]:
+    from test_request_router import Clock, Puts
+    from zns.core.budget import ReplyBudget
+    from zns.drivers.loop import PollSet
+    from zns.drivers.request_router import RequestRouter
+    from zns.drivers.worker import ReplicaService
+
+    service = ReplicaService(1, started_at_ms=0)
+    service.link = FakeLink()  # type: ignore[assignment]
+    router = ctx.socket(zmq.ROUTER)
+    router.bind("inproc://worker-router")
+    requests = RequestRouter(router, service, Puts(), clock=Clock(),  # type: ignore[arg-type]
+                             max_message_bytes=1 << 20, reply_budget=ReplyBudget(),
+                             with_key=False)
+    requests.attach(PollSet())
+    peer = ctx.socket(zmq.DEALER)
+    peer.connect("inproc://worker-router")
+    yield service, requests, peer
+    peer.close(0)
+    router.close(0)
+
+
+def test_a_write_whose_answer_does_not_come_in_time_is_answered_busy_and_its_late_answer_dropped(
+        worker_router: tuple[Any, Any, zmq.Socket]) -> None:
+    from zns.drivers.worker import WRITE_TIMEOUT_MS, ReplicaSource
+
+    service, requests, peer = worker_router
+    peer.send(schema.encode({"op": "kv_put", "id": 5, "namespace": "ns", "key": "k",
+                             "value": "v"}))
+    wait_for(lambda: (requests.run({}, 1000, 10**9), service.forwarded.in_flight == 1)[1])
+    assert not peer.poll(0) and requests.next_deadline(1000) is None
+    # The replication channel's source of the worker's loop runs the writes' timer.
+    source = ReplicaSource(service.link, service.forwarded, lambda: None)
+    assert source.next_deadline(1000) == 1000 + WRITE_TIMEOUT_MS
+    source.run({}, 1000 + WRITE_TIMEOUT_MS - 1, 10**9)
+    assert requests.next_deadline(1000 + WRITE_TIMEOUT_MS - 1) is None  # not yet
+    now = 1000 + WRITE_TIMEOUT_MS
+    source.run({}, now, 10**9)
+    assert requests.next_deadline(now) == now  # its request is handled again: `busy`
+    requests.run({}, now, now + 5)
+    answer = schema.decode_reply(peer.recv())
+    assert answer.id == 5 and answer.code == "busy", answer
+    assert "did not answer this write in time" in answer.message
+    service.answered(1, b"late")  # dropped: nobody waits for it
+    assert not service.forwarded.ready and requests.next_deadline(now) is None
+
+
+def test_a_write_answered_is_replied_from_its_answer_then_the_requests_behind_it(
+        worker_router: tuple[Any, Any, zmq.Socket]) -> None:
+    import msgspec
+
+    from zns.core.state import Outcome
+    from zns.drivers.worker import WriteAnswer
+
+    service, requests, peer = worker_router
+    peer.send(schema.encode({"op": "kv_put", "id": 1, "namespace": "ns", "key": "k",
+                             "value": "v"}))
+    peer.send(schema.encode({"op": "status", "id": 2}))
+    wait_for(lambda: (requests.run({}, 1000, 10**9), requests.held_requests == 2)[1])
+    assert not peer.poll(0)
+    service.answered(1, msgspec.msgpack.encode(WriteAnswer(
+        outcome=Outcome(), reply=schema.encode(schema.KvPutReply(id=1)))))
+    assert requests.next_deadline(1000) == 1000
+    requests.run({}, 1000, 1005)
+    first, second = (schema.decode_reply(peer.recv()) for _ in range(2))
+    assert (type(first), first.id) == (schema.KvPutReply, 1)
+    assert (type(second), second.id) == (schema.StatusReply, 2)
+    assert requests.held_requests == 0 and requests.held_bytes == 0
+    assert not service.forwarded.ready and service.forwarded.resuming is None
