@@ -231,7 +231,7 @@ def test_a_write_whose_answer_does_not_come_in_time_is_answered_busy_and_its_lat
     assert requests.next_deadline(now) == now  # its request is handled again: `busy`
     requests.run({}, now, now + 5)
     answer = schema.decode_reply(peer.recv())
-    assert answer.id == 5 and answer.code == "busy", answer
+    assert isinstance(answer, schema.Error) and answer.id == 5 and answer.code == "busy", answer
     assert "did not answer this write in time" in answer.message
     service.answered(1, b"late")  # dropped: nobody waits for it
     assert not service.forwarded.ready and requests.next_deadline(now) is None
