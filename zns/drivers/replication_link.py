@@ -43,7 +43,7 @@ import msgspec
 from zns.core.errors import ConnectionLost
 from zns.core.replication import (
     ApplyCommand, Deliver, Drop, Execute, LoadState, Primary, Publish, Replica, Reply, Report,
-    SendState, SendToPrimary, State, Whole, decode_to_primary, decode_to_worker, encode,
+    SendState, SendToPrimary, Whole, decode_to_primary, decode_to_worker, encode,
 )
 from zns.drivers.io_errors import map_exceptions
 
@@ -243,7 +243,8 @@ class PrimaryLink:
                 case Deliver(worker=worker, message=message):
                     self._send(worker, encode(message), now)
                 case SendState(worker=worker, seq=seq):
-                    self._send(worker, encode(State(seq, self._dump())), now)
+                    self.primary.dumped(worker, seq, self._dump())  # sent in parts:
+                    self._carry_out(now)
                 case Execute(worker=worker, token=token, request=request):
                     command, reply = self._execute(worker, request)
                     seq = self.primary.seq if command is None else self.primary.append(command, now)
