@@ -307,3 +307,35 @@ def test_a_worker_sees_its_channel_close_whatever_was_forked_after_it(harness) -
     while os.waitpid(pid, os.WNOHANG) == (0, 0):
         assert time.monotonic() - started < 10, "worker a never saw its channel close"
         time.sleep(0.02)
+
+
+@pytest.mark.timeout(120)
+def test_a_large_state_reaches_a_new_worker_in_parts_and_its_channel_holds_a_window_of_it(
+        tmp_path: Path) -> None:
+    from zns.core.replication import DEFAULT_CHUNK_BYTES, DEFAULT_TRANSFER_WINDOW_BYTES
+
+    harness = Harness(tmp_path, ack_timeout_ms=60_000)
+    size = 8 << 20
+    harness.link._dump = lambda: b"dump-at-%d-" % harness.state + b"x" * size
+    try:
+        c = harness.fork("c")
+        primary = harness.link.primary
+        for _ in range(10):  # while the state is on its way: they follow it
+            harness.append()
+        most = 0
+        started = time.monotonic()
+        while primary.applied(c) != 10:
+            assert time.monotonic() - started < LOADED_DEADLINE, "not within the deadline"
+            harness.link.wait(20)
+            harness.link.run(clock())
+            most = max(most, harness.link.channels[c].pending)
+        # Before, the whole dump waited in the channel's buffer at once.
+        assert most <= DEFAULT_TRANSFER_WINDOW_BYTES + DEFAULT_CHUNK_BYTES, most
+        lines = harness.lines("c")
+        assert lines[0] == "load 0 dump-at-0-" + "x" * size
+        assert lines[1:11] == [f"apply {s} c{s}" for s in range(1, 11)]
+        assert primary.transfer_bytes == 0  # the dump is let go once its last part is out
+    finally:
+        for pid in harness.pids.values():
+            os.kill(pid, signal.SIGKILL)
+        harness.close()
