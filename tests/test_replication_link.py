@@ -339,3 +339,36 @@ def test_a_large_state_reaches_a_new_worker_in_parts_and_its_channel_holds_a_win
         for pid in harness.pids.values():
             os.kill(pid, signal.SIGKILL)
         harness.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_state_made_in_steps_is_as_of_its_last_step_and_serves_every_worker_that_asked(
+        tmp_path: Path) -> None:
+    harness = Harness(tmp_path, ack_timeout_ms=60_000)
+
+    def steps():  # three steps, the loop serving (and commands coming) between them
+        for _ in range(3):
+            yield None
+        yield b"dump-at-%d" % harness.state
+
+    harness.link._dump_in_steps = steps
+    try:
+        a = harness.fork("a")
+        b = harness.fork("b")  # asks while the dump for `a` is being made: the same dump
+        assert harness.link.dumping
+        harness.append()
+        harness.link.run(clock())
+        harness.append()
+        harness.serve_until(lambda: not harness.link.dumping)
+        harness.append()
+        primary = harness.link.primary
+        harness.serve_until(lambda: primary.applied(a) == primary.applied(b) == 3)
+        for name in ("a", "b"):
+            lines = harness.lines(name)
+            assert lines[0] == "load 2 dump-at-2"  # the commands before its last step
+            assert lines[1] == "apply 3 c3"  # and only those after it
+        assert primary.transfers == 2
+    finally:
+        for pid in harness.pids.values():
+            os.kill(pid, signal.SIGKILL)
+        harness.close()

@@ -186,9 +186,9 @@ class Deliver:
 
 @dataclass(frozen=True)
 class SendState:
-    """Dump the state as of `seq` for worker `worker` and hand it to `Primary.dumped`, which
-    sends it in parts (`State`, `chunk_bytes` each). `seq` is the current seq: dump it
-    before the next `append`."""
+    """Dump the state for worker `worker` and hand it to `Primary.dumped` with the seq it
+    is at: `seq` (the current seq) if dumped before the next `append`, or later if made
+    in steps meanwhile. `dumped` sends it in parts (`State`, `chunk_bytes` each)."""
 
     worker: int
     seq: int
@@ -324,12 +324,9 @@ class Primary:
                 self._transfer(worker)
             case Received(seq=seq, size=size):
                 transfer = follower.transfer
-                if transfer is None or transfer.seq != seq or size <= transfer.received:
-                    return  # of a transfer replaced by another, or nothing new
-                if size > transfer.sent:
-                    self._drop(worker, f"received {size} bytes of a state transfer handed "
-                                       f"out up to {transfer.sent}")
-                    return
+                if transfer is None or transfer.seq != seq \
+                        or not transfer.received < size <= transfer.sent:
+                    return  # of a transfer replaced by another (at the same seq, maybe)
                 transfer.received = size
                 follower.waiting_since = self._now
                 self._send_parts(worker)
@@ -337,13 +334,18 @@ class Primary:
                 self._executes.append(Execute(worker, token, request))
 
     def dumped(self, worker: int, seq: int, dump: bytes) -> None:
-        """The dump a `SendState` asked for: it is sent in parts of `chunk_bytes`, at most
-        `transfer_window_bytes` of them unacknowledged (`Received`), and then the commands
-        that came meanwhile."""
+        """The dump a `SendState` asked for, as of `seq` (the state's seq when the dump
+        was made: its seq or later, when it was made in steps while commands came): it
+        is sent in parts of `chunk_bytes`, at most `transfer_window_bytes` of them
+        unacknowledged (`Received`), and then the commands after `seq`."""
         follower = self._workers.get(worker)
         transfer = None if follower is None else follower.transfer
-        if transfer is None or transfer.seq != seq or transfer.dump is not None:
+        if follower is None or transfer is None or seq < transfer.seq \
+                or transfer.dump is not None:
             return  # dropped meanwhile, or asked for another state since
+        if seq > self.seq:
+            raise ValueError(f"a dump at seq {seq}, past the last command ({self.seq})")
+        transfer.seq = follower.sent = seq
         transfer.dump = dump
         self._send_parts(worker)
 
