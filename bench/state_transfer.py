@@ -31,7 +31,8 @@ def one_transfer(service: NameService) -> tuple[list[float], int, int]:
     """The state process's steps (ms of CPU) for one worker's transfer, the most its channel
     held queued after a step, and the dump's size."""
     link = PrimaryLink(Primary(now=0), dump=service.state.dump,
-                       execute=lambda worker, request: (None, b""))
+                       execute=lambda worker, request: (None, b""),
+                       dump_in_steps=service.state.dump_in_steps)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     loaded: list[int] = []
     replica = ReplicaLink(theirs, Replica(), apply=lambda seq, command: [],
@@ -44,7 +45,7 @@ def one_transfer(service: NameService) -> tuple[list[float], int, int]:
     steps.append((time.thread_time() - began) * 1000)
     channel = link.channels[worker]
     most = channel.pending
-    while not loaded:
+    while not loaded:  # (the loop runs the link again at once while it dumps)
         replica.run()
         began = time.thread_time()
         link.run(0)
