@@ -9,7 +9,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,13 +54,16 @@ def worker_main(path: Path, forward: bool = False, runs: bool = False) -> Callab
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, **primary: int) -> None:
+    def __init__(self, tmp_path: Path, *, dump: Callable[[], bytes] | None = None,
+                 dump_in_steps: Callable[[], Iterator[bytes | None]] | None = None,
+                 **primary: int) -> None:
         self.tmp_path = tmp_path
         self.state = 0  # the opaque state machine: how many commands it applied
         self.dropped: list[tuple[int, str]] = []
         self.link = PrimaryLink(
             Primary(now=clock(), **primary),
-            dump=lambda: b"dump-at-%d" % self.state,
+            dump=dump or (lambda: b"dump-at-%d" % self.state),
+            dump_in_steps=dump_in_steps,
             execute=self.execute,
             dropped=lambda worker, reason: self.dropped.append((worker, reason)),
         )
@@ -314,9 +317,9 @@ def test_a_large_state_reaches_a_new_worker_in_parts_and_its_channel_holds_a_win
         tmp_path: Path) -> None:
     from zns.core.replication import DEFAULT_CHUNK_BYTES, DEFAULT_TRANSFER_WINDOW_BYTES
 
-    harness = Harness(tmp_path, ack_timeout_ms=60_000)
     size = 8 << 20
-    harness.link._dump = lambda: b"dump-at-%d-" % harness.state + b"x" * size
+    harness = Harness(tmp_path, ack_timeout_ms=60_000,
+                      dump=lambda: b"dump-at-%d-" % harness.state + b"x" * size)
     try:
         c = harness.fork("c")
         primary = harness.link.primary
@@ -344,14 +347,12 @@ def test_a_large_state_reaches_a_new_worker_in_parts_and_its_channel_holds_a_win
 @pytest.mark.timeout(120)
 def test_a_state_made_in_steps_is_as_of_its_last_step_and_serves_every_worker_that_asked(
         tmp_path: Path) -> None:
-    harness = Harness(tmp_path, ack_timeout_ms=60_000)
-
-    def steps():  # three steps, the loop serving (and commands coming) between them
+    def steps() -> Iterator[bytes | None]:  # three steps, commands coming between them
         for _ in range(3):
             yield None
         yield b"dump-at-%d" % harness.state
 
-    harness.link._dump_in_steps = steps
+    harness = Harness(tmp_path, ack_timeout_ms=60_000, dump_in_steps=steps)
     try:
         a = harness.fork("a")
         b = harness.fork("b")  # asks while the dump for `a` is being made: the same dump
