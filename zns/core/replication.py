@@ -14,8 +14,9 @@ The primary, per worker:
 
 - sends each command once, in seq order, keeping at most `window` commands
   sent and not acknowledged (the channel to a worker therefore holds at most
-  `window` commands, plus one state transfer and the small fence and answer
-  messages: a worker that never reads cannot make the state process hold more);
+  `window` commands, plus `transfer_window_bytes` of a state transfer and the
+  small fence and answer messages: a worker that never reads cannot make the
+  state process hold more);
 - keeps the *tail*, the commands some worker has not been sent yet, bounded by
   `max_tail_commands` and `max_tail_bytes`. A worker whose next command has
   left the tail gets a state transfer instead (`SendState`: a dump at the
@@ -24,6 +25,18 @@ The primary, per worker:
   command for longer than `ack_timeout_ms` (`Drop`): neither holds the fence
   back a moment longer;
 - admits a new worker (`join`) with a state transfer at the current seq.
+
+A state transfer: `SendState` asks the driver for a dump; the driver may make
+it in steps (the state machine's `dump_in_steps`, the loop serving between
+them) and hands it over with the seq it is at (`dumped`: the seq asked, or a
+later one when commands came during the steps). It is sent in parts of
+`chunk_bytes`, at most `transfer_window_bytes` of them not yet acknowledged
+(`Received`, which the replica sends once per batch, as `Ack`); the dump is
+held only until its last part is handed out. Meanwhile the worker's commands
+wait in the tail (within its bounds: past them the worker gets another
+transfer) and follow the last part. The replica assembles the parts in order;
+one that does not follow the part before ends the assembly and asks for a
+state.
 
 The commit fence is the lowest seq every live worker has applied (the current
 seq when there is none). Whenever it moves, it is announced to every worker.
