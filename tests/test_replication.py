@@ -112,7 +112,7 @@ class Cluster:
                         assert in_flight < self.window, "a window holds at most `window` commands"
                     if isinstance(message, State):
                         parts = [m for m in map(decode_to_worker, self.nodes[w].inbox)
-                                 if isinstance(m, State) and m.seq == message.seq]
+                                 if isinstance(m, State) and m.transfer == message.transfer]
                         assert sum(len(m.dump) for m in parts) < 2, \
                             "a transfer holds at most its window unacknowledged"
                     self.nodes[w].inbox.append(encode(message))
@@ -525,25 +525,27 @@ def test_a_state_is_sent_in_parts_within_its_window_and_the_commands_of_meanwhil
     assert primary.actions() == [SendState(worker, 0)]
     primary.append(b"c1", 1)  # comes while the state is being dumped and sent: it waits
     primary.dumped(worker, 0, b"0123456789")
-    assert deliveries(primary.actions()) == [State(0, b"012", 0, 10), State(0, b"345", 3, 10)]
+    assert deliveries(primary.actions()) == [State(0, b"012", 0, 10, 1),
+                                             State(0, b"345", 3, 10, 1)]
     assert primary.transfer_bytes == 10  # the dump is held until its last part is out
-    primary.on_message(worker, Received(0, 3), 2)
-    assert deliveries(primary.actions()) == [State(0, b"678", 6, 10)]
-    primary.on_message(worker, Received(0, 3), 2)  # nothing new: nothing more
+    primary.on_message(worker, Received(1, 3), 2)
+    assert deliveries(primary.actions()) == [State(0, b"678", 6, 10, 1)]
+    primary.on_message(worker, Received(1, 3), 2)  # nothing new: nothing more
     assert deliveries(primary.actions()) == []
-    primary.on_message(worker, Received(0, 6), 3)
-    assert deliveries(primary.actions()) == [State(0, b"9", 9, 10), Apply(1, b"c1")]
+    primary.on_message(worker, Received(1, 6), 3)
+    assert deliveries(primary.actions()) == [State(0, b"9", 9, 10, 1), Apply(1, b"c1")]
     assert primary.transfer_bytes == 0
 
     replica = Replica()
-    for part in (State(0, b"012", 0, 10), State(0, b"345", 3, 10), State(0, b"678", 6, 10)):
+    for part in (State(0, b"012", 0, 10, 1), State(0, b"345", 3, 10, 1),
+                 State(0, b"678", 6, 10, 1)):
         replica.on_message(part)
-    assert replica.actions() == [SendToPrimary(Received(0, 9))]  # one per batch
+    assert replica.actions() == [SendToPrimary(Received(1, 9))]  # one per batch
     assert not replica.loaded
-    replica.on_message(State(0, b"9", 9, 10))
+    replica.on_message(State(0, b"9", 9, 10, 1))
     replica.on_message(Apply(1, b"c1"))
     assert replica.actions() == [LoadState(0, b"0123456789"), ApplyCommand(1, b"c1"),
-                                 SendToPrimary(Received(0, 10)), SendToPrimary(Ack(1))]
+                                 SendToPrimary(Received(1, 10)), SendToPrimary(Ack(1))]
 
 
 def test_a_transfer_replaced_by_another_stops_and_the_replica_starts_again() -> None:
@@ -551,18 +553,18 @@ def test_a_transfer_replaced_by_another_stops_and_the_replica_starts_again() -> 
     worker = primary.join(0)
     primary.actions()
     primary.dumped(worker, 0, b"aaaa")
-    assert deliveries(primary.actions()) == [State(0, b"aa", 0, 4)]
+    assert deliveries(primary.actions()) == [State(0, b"aa", 0, 4, 1)]
     primary.append(b"c1", 1)
     primary.on_message(worker, Resync(0), 1)  # a new transfer, at seq 1
     assert primary.actions() == [SendState(worker, 1)]
-    primary.on_message(worker, Received(0, 2), 2)  # of the old one: ignored
+    primary.on_message(worker, Received(1, 2), 2)  # of the old one: ignored
     assert primary.actions() == []
     primary.dumped(worker, 0, b"stale")  # a dump for the old one: ignored
     primary.dumped(worker, 1, b"bb")
-    assert deliveries(primary.actions()) == [State(1, b"bb", 0, 2)]
+    assert deliveries(primary.actions()) == [State(1, b"bb", 0, 2, 2)]
 
     replica = Replica()
-    for part in (State(0, b"aa", 0, 4), State(1, b"bb", 0, 2)):
+    for part in (State(0, b"aa", 0, 4, 1), State(1, b"bb", 0, 2, 2)):
         replica.on_message(part)
     assert [a for a in replica.actions() if isinstance(a, LoadState)] == [LoadState(1, b"bb")]
 
@@ -571,9 +573,9 @@ def test_a_part_that_does_not_follow_ends_the_assembly_and_asks_for_a_state_once
     replica = Replica()
     replica.on_message(State(3, b"s3"))  # loaded whole
     replica.actions()
-    replica.on_message(State(5, b"ab", 0, 6))
-    replica.on_message(State(5, b"ef", 4, 6))  # the part at 2 is missing
-    replica.on_message(State(5, b"gh", 6, 6))  # the rest of the given-up assembly
+    replica.on_message(State(5, b"ab", 0, 6, 7))
+    replica.on_message(State(5, b"ef", 4, 6, 7))  # the part at 2 is missing
+    replica.on_message(State(5, b"gh", 6, 6, 7))  # the rest of the given-up assembly
     assert replica.actions() == [SendToPrimary(Resync(3))]  # nothing of the given-up one
     assert replica.awaiting_state and replica.applied == 3
 
@@ -590,14 +592,13 @@ def test_a_worker_that_acknowledges_no_part_is_dropped_and_its_dump_let_go() -> 
     assert primary.transfer_bytes == 0 and primary.workers == []
 
 
-def test_an_acknowledgement_of_more_than_was_handed_out_is_of_another_transfer_and_ignored(
-        ) -> None:
+def test_an_acknowledgement_of_more_than_was_handed_out_is_ignored() -> None:
     primary = Primary(now=0, chunk_bytes=2, transfer_window_bytes=2)
     worker = primary.join(0)
     primary.actions()
     primary.dumped(worker, 0, b"abcdef")
     primary.actions()
-    primary.on_message(worker, Received(0, 4), 1)  # of a transfer replaced at the same seq
+    primary.on_message(worker, Received(1, 4), 1)  # more than it was sent
     assert primary.actions() == [] and primary.workers == [worker]
-    primary.on_message(worker, Received(0, 2), 1)
-    assert deliveries(primary.actions()) == [State(0, b"cd", 2, 6)]
+    primary.on_message(worker, Received(1, 2), 1)
+    assert deliveries(primary.actions()) == [State(0, b"cd", 2, 6, 1)]

@@ -102,12 +102,14 @@ class Apply(msgspec.Struct, tag="apply", frozen=True):
 
 class State(msgspec.Struct, tag="state", frozen=True):
     """Primary -> worker: the state as of `seq` (a state transfer), or the part of it from
-    byte `offset` of `total` (-1: `dump` is the whole)."""
+    byte `offset` of `total` (-1: `dump` is the whole) of the primary's transfer number
+    `transfer`."""
 
     seq: int
     dump: bytes
     offset: int = 0
     total: int = -1
+    transfer: int = 0
 
 
 class Fence(msgspec.Struct, tag="fence", frozen=True):
@@ -138,9 +140,10 @@ class Forward(msgspec.Struct, tag="forward", frozen=True):
 
 
 class Received(msgspec.Struct, tag="received", frozen=True):
-    """Worker -> primary: of the state transfer at `seq`, I have the first `size` bytes."""
+    """Worker -> primary: of state transfer number `transfer`, I have the first `size`
+    bytes."""
 
-    seq: int
+    transfer: int
     size: int
 
 
@@ -232,6 +235,7 @@ class _Transfer:
     """A state transfer under way: the dump (None until `dumped`), the bytes handed out
     and the bytes the worker said it received."""
 
+    number: int  # the primary's count of transfers: each has its own
     seq: int
     dump: bytes | None = None
     sent: int = 0
@@ -335,11 +339,11 @@ class Primary:
                 self._trim()
             case Resync():
                 self._transfer(worker)
-            case Received(seq=seq, size=size):
+            case Received(transfer=number, size=size):
                 transfer = follower.transfer
-                if transfer is None or transfer.seq != seq \
+                if transfer is None or transfer.number != number \
                         or not transfer.received < size <= transfer.sent:
-                    return  # of a transfer replaced by another (at the same seq, maybe)
+                    return  # of a transfer replaced by another, or nothing new
                 transfer.received = size
                 follower.waiting_since = self._now
                 self._send_parts(worker)
@@ -469,7 +473,8 @@ class Primary:
         if follower.waiting_since is None:
             follower.waiting_since = self._now  # a state does not restart a running clock
         follower.sent = self.seq
-        follower.transfer = _Transfer(self.seq)  # replaces one under way: its parts stop
+        # Replaces one under way: its parts stop, and what the worker says of it is ignored.
+        follower.transfer = _Transfer(self.transfers, self.seq)
 
     def _send_parts(self, worker: int) -> None:
         """Hand out the parts of `worker`'s state its transfer window has room for; once
@@ -479,11 +484,13 @@ class Primary:
         assert transfer is not None and transfer.dump is not None
         dump, total = transfer.dump, len(transfer.dump)
         if not total:  # an empty dump is one empty part
-            self._actions.append(Deliver(worker, State(transfer.seq, b"", 0, 0)))
+            self._actions.append(Deliver(worker, State(transfer.seq, b"", 0, 0,
+                                                       transfer.number)))
         while transfer.sent < total and \
                 transfer.sent - transfer.received < self.transfer_window_bytes:
             part = dump[transfer.sent:transfer.sent + self.chunk_bytes]
-            self._actions.append(Deliver(worker, State(transfer.seq, part, transfer.sent, total)))
+            self._actions.append(Deliver(worker, State(transfer.seq, part, transfer.sent, total,
+                                                       transfer.number)))
             transfer.sent += len(part)
         if transfer.sent >= total:
             follower.transfer = None
@@ -577,8 +584,9 @@ class Replica:
         self._answers: deque[tuple[int, int, bytes]] = deque()  # (seq, token, reply)
         self._next_token = 1
         self._actions: list[ReplicaAction] = []
-        self._parts: tuple[int, int, bytearray] | None = None  # (seq, total, received so far)
-        self._received: tuple[int, int] | None = None  # to acknowledge: (seq, bytes)
+        # The transfer being assembled: (its number, seq, total, what came so far).
+        self._parts: tuple[int, int, int, bytearray] | None = None
+        self._received: tuple[int, int] | None = None  # to acknowledge: (transfer, bytes)
 
     # --- inputs ---------------------------------------------------------
 
@@ -596,9 +604,9 @@ class Replica:
                 if min(fence, seq) > self.fence:
                     self.fence = min(fence, seq)
                     self._release_events()
-            case State(seq=seq, dump=dump, offset=offset, total=total):
+            case State(seq=seq, dump=dump, offset=offset, total=total, transfer=number):
                 if total >= 0:  # a part
-                    whole = self._assemble(seq, dump, offset, total)
+                    whole = self._assemble(number, seq, dump, offset, total)
                     if whole is None:
                         return
                     dump = whole
@@ -661,25 +669,27 @@ class Replica:
 
     # --- internals ------------------------------------------------------
 
-    def _assemble(self, seq: int, part: bytes, offset: int, total: int) -> bytes | None:
-        """Add a part of the state at `seq`; the whole once its last part is here. Parts
+    def _assemble(self, number: int, seq: int, part: bytes, offset: int,
+                  total: int) -> bytes | None:
+        """Add a part of transfer `number` (the state at `seq`); the whole once its last
+        part is here. Parts
         come in order (a transfer that replaces another starts again at offset 0); one
         that does not follow the part before ends the assembly and asks for a state (once:
         until one is loaded, the primary's ack timeout is what ends a worker that
         gets no whole state)."""
         if offset == 0:
-            self._parts = (seq, total, bytearray())
+            self._parts = (number, seq, total, bytearray())
         elif self._parts is None:
             return None  # the rest of an assembly already given up
-        if self._parts[0] != seq or len(self._parts[2]) != offset \
+        if self._parts[:3] != (number, seq, total) or len(self._parts[3]) != offset \
                 or offset + len(part) > total:
             self._parts, self._received = None, None
             if not self.awaiting_state:
                 self._ask_state()
             return None
-        buffer = self._parts[2]
+        buffer = self._parts[3]
         buffer += part
-        self._received = (seq, len(buffer))
+        self._received = (number, len(buffer))
         if len(buffer) < total:
             return None
         self._parts = None
