@@ -533,7 +533,7 @@ def test_a_state_is_sent_in_parts_within_its_window_and_the_commands_of_meanwhil
     primary.on_message(worker, Received(1, 3), 2)  # nothing new: nothing more
     assert deliveries(primary.actions()) == []
     primary.on_message(worker, Received(1, 6), 3)
-    assert deliveries(primary.actions()) == [State(0, b"9", 9, 10, 1), Apply(1, b"c1")]
+    assert deliveries(primary.actions()) == [State(0, b"9", 9, 10, 1), Apply(1, b"c1", 1)]
     assert primary.transfer_bytes == 0
 
     replica = Replica()
