@@ -36,6 +36,7 @@ def test_a_worker_is_down_starting_or_loaded_and_its_lag_is_what_it_has_not_appl
 def test_the_primary_says_when_the_oldest_command_a_worker_has_not_applied_was_appended():
     primary = Primary(now=0)
     worker = primary.join(0)
+    primary.dumped(worker, 0, b"state")  # its state transfer (SendState) carried out
     primary.actions()
     assert primary.unapplied_since(worker) is None  # nothing to apply
     primary.append(b"a", 100)

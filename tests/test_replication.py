@@ -18,8 +18,8 @@ from hypothesis import given, settings, strategies as st
 from helpers import examples
 from zns.core.replication import (
     Ack, Answer, Apply, ApplyCommand, Deliver, Drop, Execute, Fence, Forward, LoadState, Primary,
-    MAX_LAG_SAMPLES, Publish, Replica, ReplicaAction, Reply, Resync, SendState, SendToPrimary,
-    State,
+    MAX_LAG_SAMPLES, PrimaryAction, Publish, Received, Replica, ReplicaAction, Reply, Resync,
+    SendState, SendToPrimary, State,
     decode_to_primary,
     decode_to_worker, encode,
 )
@@ -46,8 +46,10 @@ class Cluster:
                  ack_timeout_ms: int = 1000, lossy: bool = False) -> None:
         self.rng = rng
         self.now = 0
+        # States ("s<seq>") sent a byte a part, two unacknowledged at most.
         self.primary = Primary(now=0, window=window, max_tail_commands=tail,
-                               max_tail_bytes=10_000, ack_timeout_ms=ack_timeout_ms)
+                               max_tail_bytes=10_000, ack_timeout_ms=ack_timeout_ms,
+                               chunk_bytes=1, transfer_window_bytes=2)
         self.window = window
         self.lossy = lossy
         self.nodes: dict[int, Node] = {}
@@ -108,10 +110,16 @@ class Cluster:
                         in_flight = sum(1 for b in self.nodes[w].inbox
                                         if isinstance(decode_to_worker(b), Apply))
                         assert in_flight < self.window, "a window holds at most `window` commands"
+                    if isinstance(message, State):
+                        parts = [m for m in map(decode_to_worker, self.nodes[w].inbox)
+                                 if isinstance(m, State) and m.transfer == message.transfer]
+                        assert sum(len(m.dump) for m in parts) < 2, \
+                            "a transfer holds at most its window unacknowledged"
                     self.nodes[w].inbox.append(encode(message))
                 case SendState(worker=w, seq=seq):
                     assert seq == self.primary.seq, "a state is always the current one"
-                    self.nodes[w].inbox.append(encode(State(seq, b"s%d" % seq)))
+                    self.primary.dumped(w, seq, b"s%d" % seq)
+                    self.carry_out()
                 case Execute(worker=w, token=token):
                     seq = self.primary.append(b"c%d" % (self.primary.seq + 1), self.now)
                     self.nodes[w].expected[token] = seq
@@ -417,6 +425,18 @@ def test_a_join_counts_at_the_current_seq_and_the_fence_never_moves_back() -> No
     assert SendState(b, 3) in primary.actions()
 
 
+def send_states(primary: Primary) -> list[PrimaryAction]:
+    """Carry out the states asked for (each a small dump, sent whole in one part); the
+    other actions."""
+    rest = []
+    for action in primary.actions():
+        if isinstance(action, SendState):
+            primary.dumped(action.worker, action.seq, b"s%d" % action.seq)
+        else:
+            rest.append(action)
+    return rest
+
+
 def test_messages_are_strictly_typed() -> None:
     with pytest.raises(msgspec.DecodeError):
         decode_to_primary(encode(Apply(1, b"x")))
@@ -433,6 +453,7 @@ def test_bad_bounds_are_refused() -> None:
 def test_a_state_sent_to_a_silent_worker_does_not_extend_its_ack_timeout() -> None:
     primary = Primary(now=0, window=2, max_tail_commands=2, ack_timeout_ms=1000)
     a, b = primary.join(0), primary.join(0)
+    send_states(primary)
     primary.append(b"c1", 0)  # b is sent c1 at 0 and never acknowledges anything
     for seq in range(2, 10):  # a keeps up; b's next command leaves the tail
         primary.append(b"c%d" % seq, 900)
@@ -488,3 +509,96 @@ def test_a_lone_worker_publishes_as_it_applies_and_waits_again_once_another_join
     seq = cluster.append()
     cluster.to_worker(a)
     assert cluster.nodes[a].published[-1] == seq
+
+
+# --- a state transfer in parts ----------------------------------------------------------------
+
+
+def deliveries(actions: list[PrimaryAction]) -> list[object]:
+    return [a.message for a in actions if isinstance(a, Deliver)]
+
+
+def test_a_state_is_sent_in_parts_within_its_window_and_the_commands_of_meanwhile_after_it(
+        ) -> None:
+    primary = Primary(now=0, chunk_bytes=3, transfer_window_bytes=6)
+    worker = primary.join(0)
+    assert primary.actions() == [SendState(worker, 0)]
+    primary.append(b"c1", 1)  # comes while the state is being dumped and sent: it waits
+    primary.dumped(worker, 0, b"0123456789")
+    assert deliveries(primary.actions()) == [State(0, b"012", 0, 10, 1),
+                                             State(0, b"345", 3, 10, 1)]
+    assert primary.transfer_bytes == 10  # the dump is held until its last part is out
+    primary.on_message(worker, Received(1, 3), 2)
+    assert deliveries(primary.actions()) == [State(0, b"678", 6, 10, 1)]
+    primary.on_message(worker, Received(1, 3), 2)  # nothing new: nothing more
+    assert deliveries(primary.actions()) == []
+    primary.on_message(worker, Received(1, 6), 3)
+    assert deliveries(primary.actions()) == [State(0, b"9", 9, 10, 1), Apply(1, b"c1", 1)]
+    assert primary.transfer_bytes == 0
+
+    replica = Replica()
+    for part in (State(0, b"012", 0, 10, 1), State(0, b"345", 3, 10, 1),
+                 State(0, b"678", 6, 10, 1)):
+        replica.on_message(part)
+    assert replica.actions() == [SendToPrimary(Received(1, 9))]  # one per batch
+    assert not replica.loaded
+    replica.on_message(State(0, b"9", 9, 10, 1))
+    replica.on_message(Apply(1, b"c1"))
+    assert replica.actions() == [LoadState(0, b"0123456789"), ApplyCommand(1, b"c1"),
+                                 SendToPrimary(Received(1, 10)), SendToPrimary(Ack(1))]
+
+
+def test_a_transfer_replaced_by_another_stops_and_the_replica_starts_again() -> None:
+    primary = Primary(now=0, chunk_bytes=2, transfer_window_bytes=2)
+    worker = primary.join(0)
+    primary.actions()
+    primary.dumped(worker, 0, b"aaaa")
+    assert deliveries(primary.actions()) == [State(0, b"aa", 0, 4, 1)]
+    primary.append(b"c1", 1)
+    primary.on_message(worker, Resync(0), 1)  # a new transfer, at seq 1
+    assert primary.actions() == [SendState(worker, 1)]
+    primary.on_message(worker, Received(1, 2), 2)  # of the old one: ignored
+    assert primary.actions() == []
+    primary.dumped(worker, 0, b"stale")  # a dump for the old one: ignored
+    primary.dumped(worker, 1, b"bb")
+    assert deliveries(primary.actions()) == [State(1, b"bb", 0, 2, 2)]
+
+    replica = Replica()
+    for part in (State(0, b"aa", 0, 4, 1), State(1, b"bb", 0, 2, 2)):
+        replica.on_message(part)
+    assert [a for a in replica.actions() if isinstance(a, LoadState)] == [LoadState(1, b"bb")]
+
+
+def test_a_part_that_does_not_follow_ends_the_assembly_and_asks_for_a_state_once() -> None:
+    replica = Replica()
+    replica.on_message(State(3, b"s3"))  # loaded whole
+    replica.actions()
+    replica.on_message(State(5, b"ab", 0, 6, 7))
+    replica.on_message(State(5, b"ef", 4, 6, 7))  # the part at 2 is missing
+    replica.on_message(State(5, b"gh", 6, 6, 7))  # the rest of the given-up assembly
+    assert replica.actions() == [SendToPrimary(Resync(3))]  # nothing of the given-up one
+    assert replica.awaiting_state and replica.applied == 3
+
+
+def test_a_worker_that_acknowledges_no_part_is_dropped_and_its_dump_let_go() -> None:
+    primary = Primary(now=0, ack_timeout_ms=1000, chunk_bytes=2, transfer_window_bytes=2)
+    worker = primary.join(0)
+    primary.actions()
+    primary.dumped(worker, 0, b"abcdef")
+    primary.actions()
+    assert primary.transfer_bytes == 6 and primary.next_deadline() == 1001
+    primary.on_timer(1001)
+    assert primary.actions() == [Drop(worker, "no acknowledgement for 1001 ms")]
+    assert primary.transfer_bytes == 0 and primary.workers == []
+
+
+def test_an_acknowledgement_of_more_than_was_handed_out_is_ignored() -> None:
+    primary = Primary(now=0, chunk_bytes=2, transfer_window_bytes=2)
+    worker = primary.join(0)
+    primary.actions()
+    primary.dumped(worker, 0, b"abcdef")
+    primary.actions()
+    primary.on_message(worker, Received(1, 4), 1)  # more than it was sent
+    assert primary.actions() == [] and primary.workers == [worker]
+    primary.on_message(worker, Received(1, 2), 1)
+    assert deliveries(primary.actions()) == [State(0, b"cd", 2, 6, 1)]

@@ -9,7 +9,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,13 +54,16 @@ def worker_main(path: Path, forward: bool = False, runs: bool = False) -> Callab
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, **primary: int) -> None:
+    def __init__(self, tmp_path: Path, *, dump: Callable[[], bytes] | None = None,
+                 dump_in_steps: Callable[[], Iterator[bytes | None]] | None = None,
+                 **primary: int) -> None:
         self.tmp_path = tmp_path
         self.state = 0  # the opaque state machine: how many commands it applied
         self.dropped: list[tuple[int, str]] = []
         self.link = PrimaryLink(
             Primary(now=clock(), **primary),
-            dump=lambda: b"dump-at-%d" % self.state,
+            dump=dump or (lambda: b"dump-at-%d" % self.state),
+            dump_in_steps=dump_in_steps,
             execute=self.execute,
             dropped=lambda worker, reason: self.dropped.append((worker, reason)),
         )
@@ -307,3 +310,66 @@ def test_a_worker_sees_its_channel_close_whatever_was_forked_after_it(harness) -
     while os.waitpid(pid, os.WNOHANG) == (0, 0):
         assert time.monotonic() - started < 10, "worker a never saw its channel close"
         time.sleep(0.02)
+
+
+@pytest.mark.timeout(120)
+def test_a_large_state_reaches_a_new_worker_in_parts_and_its_channel_holds_a_window_of_it(
+        tmp_path: Path) -> None:
+    from zns.core.replication import DEFAULT_CHUNK_BYTES, DEFAULT_TRANSFER_WINDOW_BYTES
+
+    size = 8 << 20
+    harness = Harness(tmp_path, ack_timeout_ms=60_000,
+                      dump=lambda: b"dump-at-%d-" % harness.state + b"x" * size)
+    try:
+        c = harness.fork("c")
+        primary = harness.link.primary
+        for _ in range(10):  # while the state is on its way: they follow it
+            harness.append()
+        most = 0
+        started = time.monotonic()
+        while primary.applied(c) != 10:
+            assert time.monotonic() - started < LOADED_DEADLINE, "not within the deadline"
+            harness.link.wait(20)
+            harness.link.run(clock())
+            most = max(most, harness.link.channels[c].pending)
+        # Before, the whole dump waited in the channel's buffer at once.
+        assert most <= DEFAULT_TRANSFER_WINDOW_BYTES + DEFAULT_CHUNK_BYTES, most
+        lines = harness.lines("c")
+        assert lines[0] == "load 0 dump-at-0-" + "x" * size
+        assert lines[1:11] == [f"apply {s} c{s}" for s in range(1, 11)]
+        assert primary.transfer_bytes == 0  # the dump is let go once its last part is out
+    finally:
+        for pid in harness.pids.values():
+            os.kill(pid, signal.SIGKILL)
+        harness.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_state_made_in_steps_is_as_of_its_last_step_and_serves_every_worker_that_asked(
+        tmp_path: Path) -> None:
+    def steps() -> Iterator[bytes | None]:  # three steps, commands coming between them
+        for _ in range(3):
+            yield None
+        yield b"dump-at-%d" % harness.state
+
+    harness = Harness(tmp_path, ack_timeout_ms=60_000, dump_in_steps=steps)
+    try:
+        a = harness.fork("a")
+        b = harness.fork("b")  # asks while the dump for `a` is being made: the same dump
+        assert harness.link.dumping
+        harness.append()
+        harness.link.run(clock())
+        harness.append()
+        harness.serve_until(lambda: not harness.link.dumping)
+        harness.append()
+        primary = harness.link.primary
+        harness.serve_until(lambda: primary.applied(a) == primary.applied(b) == 3)
+        for name in ("a", "b"):
+            lines = harness.lines(name)
+            assert lines[0] == "load 2 dump-at-2"  # the commands before its last step
+            assert lines[1] == "apply 3 c3"  # and only those after it
+        assert primary.transfers == 2
+    finally:
+        for pid in harness.pids.values():
+            os.kill(pid, signal.SIGKILL)
+        harness.close()

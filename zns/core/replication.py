@@ -14,8 +14,9 @@ The primary, per worker:
 
 - sends each command once, in seq order, keeping at most `window` commands
   sent and not acknowledged (the channel to a worker therefore holds at most
-  `window` commands, plus one state transfer and the small fence and answer
-  messages: a worker that never reads cannot make the state process hold more);
+  `window` commands, plus `transfer_window_bytes` of a state transfer and the
+  small fence and answer messages: a worker that never reads cannot make the
+  state process hold more);
 - keeps the *tail*, the commands some worker has not been sent yet, bounded by
   `max_tail_commands` and `max_tail_bytes`. A worker whose next command has
   left the tail gets a state transfer instead (`SendState`: a dump at the
@@ -24,6 +25,18 @@ The primary, per worker:
   command for longer than `ack_timeout_ms` (`Drop`): neither holds the fence
   back a moment longer;
 - admits a new worker (`join`) with a state transfer at the current seq.
+
+A state transfer: `SendState` asks the driver for a dump; the driver may make
+it in steps (the state machine's `dump_in_steps`, the loop serving between
+them) and hands it over with the seq it is at (`dumped`: the seq asked, or a
+later one when commands came during the steps). It is sent in parts of
+`chunk_bytes`, at most `transfer_window_bytes` of them not yet acknowledged
+(`Received`, which the replica sends once per batch, as `Ack`); the dump is
+held only until its last part is handed out. Meanwhile the worker's commands
+wait in the tail (within its bounds: past them the worker gets another
+transfer) and follow the last part. The replica assembles the parts in order;
+one that does not follow the part before ends the assembly and asks for a
+state.
 
 The commit fence is the lowest seq every live worker has applied (the current
 seq when there is none). Whenever it moves, it is announced to every worker.
@@ -67,6 +80,8 @@ DEFAULT_MAX_TAIL_COMMANDS = 65_536  # commands held for workers not yet sent the
 DEFAULT_MAX_TAIL_BYTES = 64 * 1024 * 1024
 DEFAULT_ACK_TIMEOUT_MS = 10_000  # a worker silent this long with a command unacknowledged is dead
 DEFAULT_MAX_HELD_BYTES = 64 * 1024 * 1024  # events a replica holds for the fence
+DEFAULT_CHUNK_BYTES = 256 * 1024  # one part of a state transfer
+DEFAULT_TRANSFER_WINDOW_BYTES = 1024 * 1024  # of it handed out and not yet received
 MAX_LAG_SAMPLES = 65_536  # append times kept for the lag measurement
 
 
@@ -86,10 +101,15 @@ class Apply(msgspec.Struct, tag="apply", frozen=True):
 
 
 class State(msgspec.Struct, tag="state", frozen=True):
-    """Primary -> worker: the whole state as of `seq` (a state transfer)."""
+    """Primary -> worker: the state as of `seq` (a state transfer), or the part of it from
+    byte `offset` of `total` (-1: `dump` is the whole) of the primary's transfer number
+    `transfer`."""
 
     seq: int
     dump: bytes
+    offset: int = 0
+    total: int = -1
+    transfer: int = 0
 
 
 class Fence(msgspec.Struct, tag="fence", frozen=True):
@@ -119,6 +139,14 @@ class Forward(msgspec.Struct, tag="forward", frozen=True):
     request: bytes
 
 
+class Received(msgspec.Struct, tag="received", frozen=True):
+    """Worker -> primary: of state transfer number `transfer`, I have the first `size`
+    bytes."""
+
+    transfer: int
+    size: int
+
+
 class Resync(msgspec.Struct, tag="resync", frozen=True):
     """Worker -> primary: my replica saw a gap or a duplicate after `applied`; send a state."""
 
@@ -140,7 +168,7 @@ class Whole(msgspec.Struct, tag="whole", frozen=True):
 
 
 ToWorker = Apply | State | Fence | Answer | Whole
-ToPrimary = Ack | Forward | Resync | Report
+ToPrimary = Ack | Forward | Received | Resync | Report
 
 _encoder = msgspec.msgpack.Encoder()
 _to_worker = msgspec.msgpack.Decoder(ToWorker)
@@ -174,8 +202,9 @@ class Deliver:
 
 @dataclass(frozen=True)
 class SendState:
-    """Send worker `worker` a `State` holding the state as of `seq` (the current seq: dump
-    it before the next `append`)."""
+    """Dump the state for worker `worker` and hand it to `Primary.dumped` with the seq it
+    is at: `seq` (the current seq) if dumped before the next `append`, or later if made
+    in steps meanwhile. `dumped` sends it in parts (`State`, `chunk_bytes` each)."""
 
     worker: int
     seq: int
@@ -202,10 +231,23 @@ PrimaryAction = Deliver | SendState | Execute | Drop
 
 
 @dataclass
+class _Transfer:
+    """A state transfer under way: the dump (None until `dumped`), the bytes handed out
+    and the bytes the worker said it received."""
+
+    number: int  # the primary's count of transfers: each has its own
+    seq: int
+    dump: bytes | None = None
+    sent: int = 0
+    received: int = 0
+
+
+@dataclass
 class _Follower:
     applied: int  # the highest seq it acknowledged (its transfer's seq when it joined)
     sent: int  # the highest seq handed out for it (as a command or a state)
     waiting_since: int | None = None  # when it last had nothing unacknowledged, or last acked
+    transfer: _Transfer | None = None  # its commands wait (in the tail) until it is sent
 
 
 class Primary:
@@ -219,11 +261,17 @@ class Primary:
         max_tail_commands: int = DEFAULT_MAX_TAIL_COMMANDS,
         max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES,
         ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        transfer_window_bytes: int = DEFAULT_TRANSFER_WINDOW_BYTES,
         seq: int = 0,
     ) -> None:
-        if window < 1 or max_tail_commands < 1 or max_tail_bytes < 1 or ack_timeout_ms < 1:
-            raise ValueError("window, tail bounds and ack timeout must be positive")
+        if min(window, max_tail_commands, max_tail_bytes, ack_timeout_ms, chunk_bytes,
+               transfer_window_bytes) < 1:
+            raise ValueError("window, tail bounds, ack timeout and transfer sizes must be "
+                             "positive")
         self.window = window
+        self.chunk_bytes = chunk_bytes
+        self.transfer_window_bytes = transfer_window_bytes
         self.max_tail_commands = max_tail_commands
         self.max_tail_bytes = max_tail_bytes
         self.ack_timeout_ms = ack_timeout_ms
@@ -291,8 +339,32 @@ class Primary:
                 self._trim()
             case Resync():
                 self._transfer(worker)
+            case Received(transfer=number, size=size):
+                transfer = follower.transfer
+                if transfer is None or transfer.number != number \
+                        or not transfer.received < size <= transfer.sent:
+                    return  # of a transfer replaced by another, or nothing new
+                transfer.received = size
+                follower.waiting_since = self._now
+                self._send_parts(worker)
             case Forward(token=token, request=request):
                 self._executes.append(Execute(worker, token, request))
+
+    def dumped(self, worker: int, seq: int, dump: bytes) -> None:
+        """The dump a `SendState` asked for, as of `seq` (the state's seq when the dump
+        was made: its seq or later, when it was made in steps while commands came): it
+        is sent in parts of `chunk_bytes`, at most `transfer_window_bytes` of them
+        unacknowledged (`Received`), and then the commands after `seq`."""
+        follower = self._workers.get(worker)
+        transfer = None if follower is None else follower.transfer
+        if follower is None or transfer is None or seq < transfer.seq \
+                or transfer.dump is not None:
+            return  # dropped meanwhile, or asked for another state since
+        if seq > self.seq:
+            raise ValueError(f"a dump at seq {seq}, past the last command ({self.seq})")
+        transfer.seq = follower.sent = seq
+        transfer.dump = dump
+        self._send_parts(worker)
 
     def answer(self, worker: int, token: int, seq: int, reply: bytes) -> None:
         """The reply to `worker`'s forwarded write `token`, whose command got `seq` (the
@@ -334,6 +406,13 @@ class Primary:
         return self._appended_at[max(0, min(index, len(self._appended_at) - 1))][1]
 
     @property
+    def transfer_bytes(self) -> int:
+        """Bytes of dumps held for state transfers under way (each until its last part is
+        handed out)."""
+        return sum(len(f.transfer.dump) for f in self._workers.values()
+                   if f.transfer is not None and f.transfer.dump is not None)
+
+    @property
     def tail(self) -> tuple[int, int]:
         """The tail held: (commands, bytes)."""
         return len(self._tail), self._tail_bytes
@@ -370,8 +449,10 @@ class Primary:
 
     def _pump(self, worker: int) -> None:
         """Hand out the commands `worker`'s window has room for (a state if the tail lost
-        the next one)."""
+        the next one); none while a state is being sent to it."""
         follower = self._workers[worker]
+        if follower.transfer is not None:
+            return
         while follower.sent < self.seq and follower.sent - follower.applied < self.window:
             first = self._tail[0][0] if self._tail else self.seq + 1
             if follower.sent + 1 < first:
@@ -389,9 +470,33 @@ class Primary:
         follower = self._workers[worker]
         self.transfers += 1
         self._actions.append(SendState(worker, self.seq))
-        if follower.applied < self.seq and follower.waiting_since is None:
+        if follower.waiting_since is None:
             follower.waiting_since = self._now  # a state does not restart a running clock
         follower.sent = self.seq
+        # Replaces one under way: its parts stop, and what the worker says of it is ignored.
+        follower.transfer = _Transfer(self.transfers, self.seq)
+
+    def _send_parts(self, worker: int) -> None:
+        """Hand out the parts of `worker`'s state its transfer window has room for; once
+        the last is handed out, the dump is let go and its commands flow again."""
+        follower = self._workers[worker]
+        transfer = follower.transfer
+        assert transfer is not None and transfer.dump is not None
+        dump, total = transfer.dump, len(transfer.dump)
+        if not total:  # an empty dump is one empty part
+            self._actions.append(Deliver(worker, State(transfer.seq, b"", 0, 0,
+                                                       transfer.number)))
+        while transfer.sent < total and \
+                transfer.sent - transfer.received < self.transfer_window_bytes:
+            part = dump[transfer.sent:transfer.sent + self.chunk_bytes]
+            self._actions.append(Deliver(worker, State(transfer.seq, part, transfer.sent, total,
+                                                       transfer.number)))
+            transfer.sent += len(part)
+        if transfer.sent >= total:
+            follower.transfer = None
+            if follower.applied >= follower.sent:
+                follower.waiting_since = None  # joined at this seq: nothing unacknowledged
+            self._pump(worker)
 
     def _trim(self) -> None:
         """Forget commands every worker was sent; then hold the tail to its bounds (a worker
@@ -479,6 +584,9 @@ class Replica:
         self._answers: deque[tuple[int, int, bytes]] = deque()  # (seq, token, reply)
         self._next_token = 1
         self._actions: list[ReplicaAction] = []
+        # The transfer being assembled: (its number, seq, total, what came so far).
+        self._parts: tuple[int, int, int, bytearray] | None = None
+        self._received: tuple[int, int] | None = None  # to acknowledge: (transfer, bytes)
 
     # --- inputs ---------------------------------------------------------
 
@@ -496,7 +604,12 @@ class Replica:
                 if min(fence, seq) > self.fence:
                     self.fence = min(fence, seq)
                     self._release_events()
-            case State(seq=seq, dump=dump):
+            case State(seq=seq, dump=dump, offset=offset, total=total, transfer=number):
+                if total >= 0:  # a part
+                    whole = self._assemble(number, seq, dump, offset, total)
+                    if whole is None:
+                        return
+                    dump = whole
                 if seq < self.applied:
                     self._ask_state()
                     return
@@ -545,6 +658,9 @@ class Replica:
         """What to do now, in order; each action is handed out once. It ends with one
         acknowledgement of the highest seq applied, if that moved: call it once per batch
         of messages, after feeding them all."""
+        if self._received is not None:
+            self._actions.append(SendToPrimary(Received(*self._received)))
+            self._received = None
         if self.applied > self._acked and not self.awaiting_state:
             self._acked = self.applied
             self._actions.append(SendToPrimary(Ack(self.applied)))
@@ -552,6 +668,32 @@ class Replica:
         return actions
 
     # --- internals ------------------------------------------------------
+
+    def _assemble(self, number: int, seq: int, part: bytes, offset: int,
+                  total: int) -> bytes | None:
+        """Add a part of transfer `number` (the state at `seq`); the whole once its last
+        part is here. Parts
+        come in order (a transfer that replaces another starts again at offset 0); one
+        that does not follow the part before ends the assembly and asks for a state (once:
+        until one is loaded, the primary's ack timeout is what ends a worker that
+        gets no whole state)."""
+        if offset == 0:
+            self._parts = (number, seq, total, bytearray())
+        elif self._parts is None:
+            return None  # the rest of an assembly already given up
+        if self._parts[:3] != (number, seq, total) or len(self._parts[3]) != offset \
+                or offset + len(part) > total:
+            self._parts, self._received = None, None
+            if not self.awaiting_state:
+                self._ask_state()
+            return None
+        buffer = self._parts[3]
+        buffer += part
+        self._received = (number, len(buffer))
+        if len(buffer) < total:
+            return None
+        self._parts = None
+        return bytes(buffer)
 
     def _ask_state(self) -> None:
         self.awaiting_state = True

@@ -585,10 +585,12 @@ class RouteTable:
 
     # --- a replica's state (zns.core.state_dump) ----------------------------
 
-    def exact_dump(self) -> TableDump:
+    def exact_dump(self, state: TableState | None = None) -> TableDump:
         """Everything the table decides from, exactly: its state as `dump` gives it (a warm
-        restart keeps only that), with the epoch, the revisions and each address's times."""
-        state = self.dump()
+        restart keeps only that), with the epoch, the revisions and each address's times.
+        `state`: the last of `dump_in_steps` with the table unchanged since its first step
+        (None: made now)."""
+        state = self.dump() if state is None else state
         revision, topic_revisions, removed_revisions = self._revisions.dump()
         return TableDump(state=state, epoch=self.epoch, revision=revision,
                          clocks=self._live.clocks(), topic_revisions=topic_revisions,

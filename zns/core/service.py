@@ -25,6 +25,7 @@ from msgspec import Raw
 
 from zns.core.encoded_routes import EncodedRoutes
 from zns.core.errors import BadRequest, Busy, ErrorReply, Internal, NotFound, UnknownOp
+from zns.core.forwarding import ForwardedWrites
 from zns.core.kv import KvBackend
 from zns.core.limits import LIMITED_REQUESTS, Limits
 from zns.core.routes import filter_zone
@@ -135,6 +136,10 @@ class Response:
 
 
 class NameService:
+    # Writes applied elsewhere and answered later (a worker's: zns.drivers.worker); None
+    # here, where every write is applied and answered at once.
+    forwarded: ForwardedWrites | None = None
+
     def __init__(
         self,
         kv: KvBackend,

@@ -43,6 +43,7 @@ commands in the same order and hold the same state, as Redis feeds its replicas)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Union, get_args
 
 import msgspec
@@ -51,7 +52,7 @@ from msgspec import Struct
 from zns.core.errors import Internal, UsageError
 from zns.core.kv import KvBackend
 from zns.core.limits import LIMITED_REQUESTS, Limits
-from zns.core.routes import Event, RouteTable
+from zns.core.routes import DUMP_STEP_WORK, Event, RouteTable
 from zns.core.schema import (
     ORDER_TOPIC_CONFIG,
     AddWritePerm,
@@ -182,6 +183,9 @@ class Outcome(Struct):
 
 _command_decoder = msgspec.msgpack.Decoder(AnyCommand)
 _dump_decoder = msgspec.msgpack.Decoder(StateDump)
+# A state transfer's dump started over this many times for changes between its steps is
+# then made in one step (StateMachine.dump_in_steps).
+MAX_DUMP_RESTARTS = 2
 
 
 def decode_command(data: bytes) -> AnyCommand:
@@ -250,14 +254,40 @@ class StateMachine:
 
     # --- the whole state -------------------------------------------------------------
 
-    def dump(self) -> bytes:
-        """The whole state (zns.core.state_dump), encoded."""
+    def dump(self, table: TableState | None = None) -> bytes:
+        """The whole state (zns.core.state_dump), encoded. `table`: the route table's state
+        made in steps (`dump_in_steps`; None: made now)."""
         kv = self.kv
         return msgspec.msgpack.encode(StateDump(
-            table=self.table.exact_dump(),
+            table=self.table.exact_dump(table),
             ties=[(connection, *key) for key, connection in self._tie.items()],
             kv=[(ns, list(kv.list(ns).items())) for ns in kv.namespaces()],
             emptied=list(self._emptied)))
+
+    def dump_in_steps(self, work: int = DUMP_STEP_WORK,
+                      max_restarts: int = MAX_DUMP_RESTARTS) -> Iterator[bytes | None]:
+        """`dump()` made in steps, so that the loop serves between them: None after each
+        step of `work` queue entries, then the dump, as of the state when its last step
+        ran. Only the queue data (most of the work) are read over several steps; the rest
+        (the other records, revisions, times, ties, KV) in the last one. The steps read the
+        table as it is when each runs: a change of what they read between two steps
+        (`RouteTable.changes`) starts them over, and after `max_restarts` of those the
+        dump is made in one step, so that a steady stream of changes cannot keep it from
+        ending."""
+        table = self.table
+        for _ in range(max_restarts + 1):
+            changes = table.changes
+            steps = table.dump_in_steps(work)
+            state = next(steps)
+            while state is None:
+                yield None
+                if table.changes != changes:
+                    break
+                state = next(steps)
+            if state is not None:
+                yield self.dump(state)
+                return
+        yield self.dump()
 
     @classmethod
     def load(cls, data: bytes, kv: KvBackend, *, limits: Limits | None = None) -> StateMachine:

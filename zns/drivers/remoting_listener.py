@@ -57,6 +57,7 @@ from zns.core.remoting import FrameDecoder, RemotingCommand, encode_command
 from zns.core.config import DEFAULT_REMOTING_MAX_BUFFER_BYTES
 from zns.core.config import DEFAULT_REMOTING_MAX_CONNECTIONS as DEFAULT_MAX_CONNECTIONS
 from zns.core.config import DEFAULT_REMOTING_MAX_PER_HOST as DEFAULT_MAX_PER_HOST
+from zns.core.forwarding import ForwardedWrites, WriteInFlight
 from zns.core.remoting.connections import Account, Close, ConnectionPolicy
 from zns.core.remoting.handler import Connection, RemotingService
 from zns.core.remoting.zmtp import ZmtpRedirect, looks_like_zmtp
@@ -99,6 +100,9 @@ class _Conn:
     fresh: bool = True  # nothing read yet: the first byte tells RocketMQ from ZeroMQ
     zmtp: ZmtpRedirect | None = None
     pending_bytes: int = 0  # what `pending` holds
+    # A worker's: the write of the first pending request is at the state process
+    # (zns.core.forwarding); the connection's requests wait until its answer is here.
+    token: int | None = None
 
     def holds(self) -> int:
         """What it counts against max_buffer_bytes: a frame begun whole (its buffer is
@@ -189,6 +193,7 @@ class RemotingListener:
         self._by_id: dict[int, _Conn] = {}
         self._ids = itertools.count(first_connection_id)
         self._backlog: deque[_Conn] = deque()  # connections with decoded requests to answer
+        self._waiting: dict[int, _Conn] = {}  # a forwarded write's token -> its connection
         self._closed: list[int] = []  # connection ids closed this turn, removed together
         self.now = now  # the `now` of the turn being run
         self._scratch = bytearray(read_chunk)  # every read lands here first
@@ -236,6 +241,8 @@ class RemotingListener:
     def next_deadline(self, now: int) -> int | None:
         if self._backlog:
             return now
+        if self._waiting and any(t in self._waiting for t in self._writes().ready):
+            return now  # a parked request's write is answered
         deadline = self.policy.next_deadline()
         return None if deadline is None else max(now, deadline)
 
@@ -243,6 +250,8 @@ class RemotingListener:
         """Answer the backlog, then what the epoll says is ready, then the policy's timers,
         until `until`."""
         self.now = now
+        if self._waiting:
+            self._resume_ready(until)
         self._answer_backlog(until)
         if not self._over(until):
             for fd, flags in self._epoll.poll(0, EVENTS_PER_TURN):
@@ -393,9 +402,25 @@ class RemotingListener:
         may_answer, reply_queued = policy.may_answer, policy.reply_queued
         pending, unsent = entry.pending, entry.unsent
         while pending and may_answer(len(unsent)):
-            command = pending.popleft()
+            command = pending[0]
+            token = entry.token
+            if token is not None:  # its write is at the state process
+                writes = self._writes()
+                if token not in writes.ready:
+                    break
+                writes.resume(token)  # handled again: its write takes the answer
+                entry.token = None
+            try:
+                reply, events = handle(command, entry.conn, now)
+            except WriteInFlight as parked:  # answered once the write's answer is here
+                entry.token = parked.token
+                self._waiting[parked.token] = entry
+                break
+            finally:
+                if token is not None:
+                    self._writes().done(token)
+            pending.popleft()
             entry.pending_bytes -= len(command.body) + COMMAND_BYTES
-            reply, events = handle(command, entry.conn, now)
             self.outbox.put(events)
             if reply is not None:
                 unsent += encode_command(reply)
@@ -412,6 +437,24 @@ class RemotingListener:
         self._apply(policy.account(entry.account, entry.holds()), now)
         if entry.account.open:
             self._update_interest(entry)
+
+    def _writes(self) -> ForwardedWrites:
+        writes = self.service.service.forwarded
+        assert writes is not None  # a write is parked only where writes are forwarded
+        return writes
+
+    def _resume_ready(self, until: int) -> None:
+        """Answer the connections whose parked write is answered, from that request on (a
+        closed one's answer is dropped)."""
+        writes = self._writes()
+        for token in [t for t in writes.ready if t in self._waiting]:
+            entry = self._waiting.pop(token)
+            if self.connections.get(entry.fd) is not entry or entry.token != token:
+                writes.done(token)
+                continue
+            self._answer(entry, until)
+            if self.connections.get(entry.fd) is entry and entry.unsent:
+                self._write(entry, self.now)
 
     def _write(self, entry: _Conn, now: int) -> None:
         try:

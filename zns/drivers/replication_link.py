@@ -36,14 +36,14 @@ import socket
 import struct
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import msgspec
 
 from zns.core.errors import ConnectionLost
 from zns.core.replication import (
     ApplyCommand, Deliver, Drop, Execute, LoadState, Primary, Publish, Replica, Reply, Report,
-    SendState, SendToPrimary, State, Whole, decode_to_primary, decode_to_worker, encode,
+    SendState, SendToPrimary, Whole, decode_to_primary, decode_to_worker, encode,
 )
 from zns.drivers.io_errors import map_exceptions
 
@@ -132,7 +132,10 @@ class Channel:
 class PrimaryLink:
     """The state process's side: a `Primary` and one `Channel` per worker.
 
-    `dump()` returns the state as of the current seq (a `SendState`);
+    `dump()` returns the state as of the current seq (a `SendState`); with
+    `dump_in_steps()` given instead, the state is made in steps, one per `run` (None after
+    each, then the dump as of the seq when its last step ran), and one dump serves every
+    worker that asked for a state before it ended;
     `execute(worker, request)` executes a forwarded write and returns the command it
     made (None: it changed nothing) and its reply bytes. `dropped(worker, reason)` is
     told of each worker that left the fence (its channel is already closed).
@@ -146,6 +149,7 @@ class PrimaryLink:
         *,
         dump: Callable[[], bytes],
         execute: Callable[[int, bytes], tuple[bytes | None, bytes]],
+        dump_in_steps: Callable[[], Iterator[bytes | None]] | None = None,
         dropped: Callable[[int, str], None] = lambda worker, reason: None,
         reported: Callable[[int, bytes], None] = lambda worker, body: None,
         max_pending_bytes: int = MAX_PENDING_BYTES,
@@ -153,6 +157,9 @@ class PrimaryLink:
         self.primary = primary
         self._reported = reported
         self._dump = dump
+        self._dump_in_steps = dump_in_steps
+        self._steps: Iterator[bytes | None] | None = None  # a dump being made
+        self._awaiting_dump: list[int] = []  # the workers it is for
         self._execute = execute
         self._dropped = dropped
         self._max_pending = max_pending_bytes
@@ -191,6 +198,8 @@ class PrimaryLink:
                 else:
                     self.primary.on_message(worker, message, now)
             self._carry_out(now)
+        if self._steps is not None:
+            self._step_dump(now)
         deadline = self.primary.next_deadline()
         if deadline is not None and deadline <= now:
             self.primary.on_timer(now)
@@ -202,6 +211,22 @@ class PrimaryLink:
         message = encode(Whole(body))
         for worker in list(self.channels):
             self._send(worker, message, now)
+
+    @property
+    def dumping(self) -> bool:
+        """A dump is being made in steps: `run` is due again at once."""
+        return self._steps is not None
+
+    def _step_dump(self, now: int) -> None:
+        assert self._steps is not None
+        dump = next(self._steps)
+        if dump is None:
+            return
+        self._steps = None
+        workers, self._awaiting_dump = self._awaiting_dump, []
+        for worker in workers:
+            self.primary.dumped(worker, self.primary.seq, dump)
+        self._carry_out(now)
 
     def flush(self, now: int) -> None:
         """Write what is queued for every worker (what its socket takes now)."""
@@ -243,7 +268,13 @@ class PrimaryLink:
                 case Deliver(worker=worker, message=message):
                     self._send(worker, encode(message), now)
                 case SendState(worker=worker, seq=seq):
-                    self._send(worker, encode(State(seq, self._dump())), now)
+                    if self._dump_in_steps is None:
+                        self.primary.dumped(worker, seq, self._dump())  # sent in parts:
+                        self._carry_out(now)
+                        continue
+                    self._awaiting_dump.append(worker)
+                    if self._steps is None:
+                        self._steps = self._dump_in_steps()
                 case Execute(worker=worker, token=token, request=request):
                     command, reply = self._execute(worker, request)
                     seq = self.primary.seq if command is None else self.primary.append(command, now)

@@ -10,14 +10,17 @@ after the other sources had their turn.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 from zns.core.budget import ReplyBudget
 from zns.core.errors import ConnectionLost
-from zns.core.service import NameService
+from zns.core.forwarding import WriteInFlight
+from zns.core.service import NameService, Response
 from zns.drivers.io_errors import ZNS1_PEER
 from zns.drivers.loop import Outbox, PollSet, Ready
 from zns.drivers.sockets import set_keepalive
@@ -29,6 +32,10 @@ CLOCK_EVERY = 16
 # §1: a request has at most this many envelope frames, and all its frames together
 # at most max_message_bytes; anything else is dropped unanswered (and logged).
 MAX_ENVELOPE_FRAMES = 32
+# Requests a worker holds behind forwarded writes (each write's own, and a connection's
+# later requests waiting behind it): past either bound it stops reading requests.
+MAX_HELD_REQUESTS = 1024
+MAX_HELD_BYTES = 64 * 1024 * 1024
 # A peer that reads nothing for this long is disconnected and its unread replies freed.
 TCP_TIMEOUT_MS = 10_000
 # Plain ints, and the backend's send: pyzmq's IntFlag arithmetic and its Python-level
@@ -54,6 +61,8 @@ class RequestRouter:
         max_message_bytes: int,
         reply_budget: ReplyBudget,
         with_key: bool,
+        max_held_requests: int = MAX_HELD_REQUESTS,
+        max_held_bytes: int = MAX_HELD_BYTES,
     ) -> None:
         self.router = router
         self.service = service
@@ -65,6 +74,16 @@ class RequestRouter:
         self.dropped_replies = 0
         self.dropped_requests = 0  # over §1's envelope or total-size bound
         self._draining = False  # in the middle of dropping an oversized message
+        # A worker's requests held behind a forwarded write (zns.core.forwarding), by the
+        # routing id of their connection, in the order they came; bounded (see `_over_held`).
+        self.max_held_requests = max_held_requests
+        self.max_held_bytes = max_held_bytes
+        self.held_requests = 0
+        self.held_bytes = 0
+        self._held: dict[bytes, deque[_Held]] = {}
+        self._waiting: dict[int, bytes] = {}  # write token -> routing id
+        self._paused = False  # past the held bounds: the socket is not polled
+        self._poll: PollSet | None = None
 
     @staticmethod
     def configure(router: zmq.Socket, max_message_bytes: int) -> None:
@@ -83,10 +102,18 @@ class RequestRouter:
     # --- the loop's side (a `zns.drivers.loop.Source`) --------------------
 
     def attach(self, poll: PollSet) -> None:
+        self._poll = poll
         poll.register(self.router, zmq.POLLIN, self)
 
     def next_deadline(self, now: int) -> int | None:
-        return now if self._draining else None  # else: when the socket is readable
+        if self._draining:
+            return now
+        if self._waiting:
+            writes = self.service.forwarded
+            assert writes is not None  # a request is parked only where writes are forwarded
+            if any(t in self._waiting for t in writes.ready):
+                return now  # a parked request's write is answered
+        return None  # else: when the socket is readable
 
     def waiting(self) -> bool:
         """Whether a request waits (the heap trim runs only when none does)."""
@@ -108,6 +135,11 @@ class RequestRouter:
         max_bytes = self.max_message_bytes
         budget = self.reply_budget
         heavy = budget.heavy_bytes
+        held = self._held
+        if self._waiting and self._resume_ready(now):
+            return True
+        if self._paused:
+            return False
         if self._draining and not self._drain(until):
             return False
         served = 0
@@ -134,8 +166,20 @@ class RequestRouter:
                 self._drop_oversized(len(envelope) - 1, size)
                 envelope = []
             if envelope:  # a ROUTER always prepends the routing id: else nothing to answer
-                response = respond(frame.bytes, now, _user_id(frame) if with_key else None,
-                                   frame)
+                if held and envelope[0].bytes in held:  # behind its own write: in order
+                    self._hold(envelope, frame, None)
+                    if self._over_held():
+                        return False
+                    continue
+                try:
+                    response = respond(frame.bytes, now, _user_id(frame) if with_key else None,
+                                       frame)
+                except WriteInFlight as parked:  # answered once the write's answer is here
+                    self._hold(envelope, frame, parked.token)
+                    if self._over_held():
+                        return False
+                    continue
+                # `_send`, inline: a call per request costs a few % of a small read.
                 reply = response.reply
                 if len(reply) >= heavy and not budget.allow(envelope[0].bytes, len(reply), now):
                     reply = self.service.busy_reply(response.request_id)
@@ -159,6 +203,86 @@ class RequestRouter:
                 if now >= until:
                     return False
 
+    def _send(self, envelope: list[Any], response: Response, now: int) -> bool:
+        """Send `response` back along `envelope`; True if it made events (put in the outbox).
+        For a request handled again after its write (`run` has the same lines inline)."""
+        reply = response.reply
+        budget = self.reply_budget
+        if len(reply) >= budget.heavy_bytes and not budget.allow(envelope[0].bytes, len(reply),
+                                                                 now):
+            reply = self.service.busy_reply(response.request_id)
+        try:
+            with ZNS1_PEER:
+                for part in envelope:
+                    backend_send(self.router, part, _SNDMORE_DONTWAIT, False)
+                backend_send(self.router, reply, _DONTWAIT)
+        except (zmq.Again, ConnectionLost):
+            self.dropped_replies += 1
+        if response.events:
+            self.outbox.put(response.events)
+            return True
+        return False
+
+    # --- requests held behind a forwarded write (a worker's: zns.core.forwarding) -----
+
+    def _hold(self, envelope: list[Any], frame: Any, token: int | None) -> None:
+        """Park a request: the one whose write is at `token`, or (None) one waiting behind
+        its connection's write."""
+        identity = envelope[0].bytes
+        self._held.setdefault(identity, deque()).append(_Held(envelope, frame, token))
+        self.held_requests += 1
+        self.held_bytes += len(frame) + sum(len(part) for part in envelope)
+        if token is not None:
+            self._waiting[token] = identity
+
+    def _over_held(self) -> bool:
+        """Past a held bound, stop reading requests (the socket is not polled) until some
+        are answered: libzmq's queues hold the rest, as for a busy single process."""
+        over = (self.held_requests >= self.max_held_requests
+                or self.held_bytes >= self.max_held_bytes)
+        if over and not self._paused and self._poll is not None:
+            self._paused = True
+            self._poll.unregister(self.router)
+        return over
+
+    def _resume_ready(self, now: int) -> bool:
+        """Answer every parked request whose write is answered, then the requests of its
+        connection that waited behind it, up to the next write; True if events were put."""
+        writes = self.service.forwarded
+        assert writes is not None
+        made_events = False
+        for token in [t for t in writes.ready if t in self._waiting]:
+            identity = self._waiting.pop(token)
+            queue = self._held[identity]
+            while queue:  # its head is the request of `token`, then those behind it
+                held = queue[0]
+                resumed, held.token = held.token, None
+                if resumed is not None:
+                    writes.resume(resumed)  # handled again: its write takes the answer
+                try:
+                    response = self.service.respond(
+                        held.frame.bytes, now, _user_id(held.frame) if self.with_key else None,
+                        held.frame)
+                except WriteInFlight as parked:
+                    held.token = parked.token
+                    self._waiting[parked.token] = identity
+                    break
+                finally:
+                    if resumed is not None:
+                        writes.done(resumed)
+                queue.popleft()
+                self.held_requests -= 1
+                self.held_bytes -= len(held.frame) + sum(len(part) for part in held.envelope)
+                made_events |= self._send(held.envelope, response, now)
+            if not queue:
+                del self._held[identity]
+        if self._paused and self.held_requests < self.max_held_requests \
+                and self.held_bytes < self.max_held_bytes:
+            self._paused = False
+            assert self._poll is not None
+            self._poll.register(self.router, zmq.POLLIN, self)
+        return made_events
+
     def _drop_oversized(self, frames: int, size: int) -> None:
         self.dropped_requests += 1
         log.warning("dropped a request unanswered: more than %d envelope frames or %d bytes "
@@ -178,6 +302,16 @@ class RequestRouter:
             count += 1
             if count % 1024 == 0 and clock() >= until:
                 return False
+
+
+@dataclass
+class _Held:
+    """A request parked behind a forwarded write: the write's own (`token`), or a later one
+    of the same connection (`token` None until its own write is forwarded)."""
+
+    envelope: list[Any]
+    frame: Any
+    token: int | None
 
 
 def peer_address(frame: Any) -> str:

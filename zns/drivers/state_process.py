@@ -163,6 +163,7 @@ class StateProcess:
         self.reports: dict[int, WorkerFigures] = {}  # channel -> its worker's last figures
         self.link = PrimaryLink(Primary(now=now),
                                 dump=self.service.state.dump,
+                                dump_in_steps=lambda: self.service.state.dump_in_steps(),
                                 execute=lambda worker, request: execute(
                                     self.service, request, self._now()),
                                 dropped=self._dropped, reported=self._reported)
@@ -412,7 +413,7 @@ class _Links:
 
     def next_deadline(self, now: int) -> int | None:
         self._watch()
-        return self._link.next_deadline()
+        return now if self._link.dumping else self._link.next_deadline()
 
     def run(self, ready: Ready, now: int, until: int) -> None:
         self._link.run(now)

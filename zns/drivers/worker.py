@@ -10,8 +10,12 @@ SO_REUSEPORT beside the other workers. Its replica is fed the state process's co
 - a **read** is answered from the replica, as a single process answers it;
 - a **write** is forwarded to the state process, which applies it and answers
   with its outcome; the worker replies only once its replica has applied that
-  write's command (read-your-writes). The worker waits for that answer before
-  it reads its next request: one worker carries one write at a time;
+  write's command (read-your-writes). It does not wait: the request is parked
+  (`WriteInFlight`, zns.core.forwarding) and the worker goes on serving;
+  the driver that read it handles it again once the answer is here. A
+  connection's later requests wait behind its write, so each connection is
+  answered in order. At most `ForwardedWrites.max_in_flight` writes are out
+  at once (past it: `busy`), each for at most WRITE_TIMEOUT_MS (then: `busy`);
 - **events** are made by the replica as it applies each command and published
   to this worker's subscribers only once the commit fence has passed that
   command (every live worker applied it: zns.core.replication);
@@ -42,6 +46,7 @@ from zns.core.config import ServerConfig
 from zns.core.errors import Busy, ConnectionLost, Internal, from_reply
 from zns.core.figures import REPORT_INTERVAL_MS, Overview, decode_overview
 from zns.core.figures import encode as encode_figures
+from zns.core.forwarding import ForwardedWrites, WriteInFlight
 from zns.core.replication import Replica
 from zns.core.schema import AnyRequest, Error, Reply, Status, StatusReply, decode_reply
 from zns.core.service import Frames, NameService
@@ -56,7 +61,7 @@ log = logging.getLogger("zns")
 
 # A forwarded write not answered within this long is answered `busy` (the state process
 # drops a worker that acknowledges nothing for 10 s; this is the same bound the other way).
-WRITE_TIMEOUT_S = 30.0
+WRITE_TIMEOUT_MS = 30_000
 WAIT_SLICE_MS = 100
 # A worker's remoting connection ids are its index in the bits above these: the state
 # process ties each broker to the connection that registered it, whatever worker holds it.
@@ -78,13 +83,15 @@ _answer_decoder = msgspec.msgpack.Decoder(WriteAnswer)
 class ReplicaService(NameService):
     """A worker's NameService: reads from the replica, writes through the state process."""
 
+    forwarded: ForwardedWrites
+
     def __init__(self, worker: int, **kwargs: object) -> None:
         super().__init__(KvStore(None), epoch="", **kwargs)  # type: ignore[arg-type]
         self.worker = worker  # 1..N, shown by `status`
         self.overview: Overview | None = None  # the whole's last figures (`status`)
         self.link: ReplicaLink | None = None
         self.gone: Callable[[], None] = lambda: None  # the state process is gone: stop
-        self._answers: dict[int, bytes] = {}
+        self.forwarded = ForwardedWrites(timeout_ms=WRITE_TIMEOUT_MS)
 
     # --- the replica's side (ReplicaLink's callbacks) ---------------------
 
@@ -97,24 +104,35 @@ class ReplicaService(NameService):
         self.load_state(dump, KvStore(None))
 
     def answered(self, token: int, reply: bytes) -> None:
-        self._answers[token] = reply
+        self.forwarded.answered(token, reply)
 
     # --- what the state process decides -----------------------------------
 
     def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
-        """A write or closed remoting connections: applied by the state process, answered
-        once this replica applied them (NameService.write around it logs the audit line with
-        the sender known here). The events come from the replica, once committed."""
+        """A write or closed remoting connections: applied by the state process. A write is
+        forwarded and leaves as WriteInFlight; handled again once its answer is here (and
+        this replica applied it), it returns that answer (NameService.write around it logs
+        the audit line with the sender known here). The events come from the replica, once
+        committed."""
         if type(command) is CloseConnections:
-            try:
-                self._forward(command)
+            try:  # nobody waits for its answer: `answered` drops it
+                self._send(command)
             except Busy as exc:
                 log.error("remoting connections %s closed, not told to the state process: %s",
                           command.connections, exc)
             return Outcome(), []
         if type(command) is not Write:
             raise Internal(f"a worker applies no {type(command).__name__} of its own")
-        answer = self._forward(command)
+        writes = self.forwarded
+        if writes.resuming is None:
+            writes.admit()
+            token = self._send(command)
+            writes.sent(token, command.now)
+            raise WriteInFlight(token)
+        body = writes.take()
+        if body is None:
+            raise Busy("the state process did not answer this write in time; retry")
+        answer = _answer_decoder.decode(body)
         if answer.error is not None:
             raise from_reply(answer.error)
         outcome = answer.outcome
@@ -122,22 +140,15 @@ class ReplicaService(NameService):
         outcome.reply = decode_reply(answer.reply)
         return outcome, []
 
-    def _forward(self, command: Write | CloseConnections) -> WriteAnswer:
-        """Send `command` to the state process; its answer, once the replica applied it."""
+    def _send(self, command: Write | CloseConnections) -> int:
+        """Send `command` to the state process; the token its answer will carry."""
         link = self.link
         assert link is not None  # set before anything is served
-        deadline = time.monotonic() + WRITE_TIMEOUT_S
         try:
-            token = link.forward(msgspec.msgpack.encode(command))
-            while token not in self._answers:
-                if time.monotonic() > deadline:
-                    raise Busy("the state process did not answer this write in time; retry")
-                link.wait(WAIT_SLICE_MS)
-                link.run()
+            return link.forward(msgspec.msgpack.encode(command))
         except ConnectionLost:
             self.gone()
             raise Busy("the state process is gone; retry at another NameServer") from None
-        return _answer_decoder.decode(self._answers.pop(token))
 
     def expire(self, now: int) -> Sequence[Frames]:
         return []
@@ -160,18 +171,20 @@ class ReplicaService(NameService):
 
 
 class ReplicaSource:
-    """The replication channel as a source of the worker's loop."""
+    """The replication channel as a source of the worker's loop, and the deadlines of the
+    writes it forwarded."""
 
     what = "applying replicated commands"
 
-    def __init__(self, link: ReplicaLink, gone: Callable[[], None]) -> None:
-        self._link, self._gone = link, gone
+    def __init__(self, link: ReplicaLink, writes: ForwardedWrites,
+                 gone: Callable[[], None]) -> None:
+        self._link, self._writes, self._gone = link, writes, gone
 
     def attach(self, poll: PollSet) -> None:
         poll.register(self._link.channel.fileno(), zmq.POLLIN, self)
 
     def next_deadline(self, now: int) -> int | None:
-        return None
+        return self._writes.next_deadline()
 
     def run(self, ready: Ready, now: int, until: int) -> None:
         try:
@@ -179,6 +192,7 @@ class ReplicaSource:
         except (ConnectionLost, msgspec.DecodeError) as exc:
             log.error("worker: the state process is gone (%s); stopping", exc)
             self._gone()
+        self._writes.on_timer(now)
 
 
 class WorkerServer(Server):
@@ -276,7 +290,8 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket, started_at
     reporter = _Reporter(link, lambda: service.gone())
     server = WorkerServer(config, worker, context=zmq.Context(), service=service,
                           reuse_port=True, first_connection_id=(worker << CONNECTION_ID_BITS) + 1,
-                          extra_sources=[ReplicaSource(link, lambda: service.gone()), reporter])
+                          extra_sources=[ReplicaSource(link, service.forwarded,
+                                                       lambda: service.gone()), reporter])
     server.overview = service.overview
     reporter.server = server
     service.gone = server.stop

@@ -1,0 +1,93 @@
+"""zns.core.forwarding: the writes a worker forwarded and not answered yet, without sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from zns.core.errors import Busy
+from zns.core.forwarding import ForwardedWrites, WriteInFlight
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_an_answer_is_ready_once_it_comes_and_taken_once_by_the_resumed_request() -> None:
+    writes = ForwardedWrites(max_in_flight=4, timeout_ms=1000)
+    writes.sent(1, now=0)
+    writes.sent(2, now=5)
+    assert writes.in_flight == 2 and not writes.ready
+    writes.answered(2, b"two")
+    assert writes.ready == {2: b"two"} and writes.in_flight == 1
+    writes.resume(2)
+    assert writes.take() == b"two"
+    assert writes.resuming is None and not writes.ready
+    writes.done(2)  # nothing left to drop
+    assert writes.in_flight == 1
+
+
+def test_past_max_in_flight_a_write_is_refused_busy_and_admitted_again_once_one_is_answered() -> None:
+    writes = ForwardedWrites(max_in_flight=2, timeout_ms=1000)
+    for token in (1, 2):
+        writes.admit()
+        writes.sent(token, now=0)
+    with pytest.raises(Busy):
+        writes.admit()
+    assert writes.refused == 1
+    writes.answered(1, b"")
+    writes.admit()  # room again
+
+
+def test_a_write_not_answered_in_time_gets_none_and_its_late_answer_is_dropped() -> None:
+    writes = ForwardedWrites(max_in_flight=8, timeout_ms=1000)
+    writes.sent(1, now=0)
+    writes.sent(2, now=400)
+    assert writes.next_deadline() == 1000
+    writes.on_timer(999)
+    assert not writes.ready
+    writes.on_timer(1000)
+    assert writes.ready == {1: None} and writes.timed_out == 1
+    assert writes.next_deadline() == 1400
+    writes.answered(1, b"late")  # no longer in flight: dropped
+    assert writes.ready == {1: None}
+    writes.on_timer(5000)
+    assert writes.ready == {1: None, 2: None} and writes.next_deadline() is None
+
+
+def test_deadlines_never_go_back_so_the_first_in_flight_is_the_first_due() -> None:
+    writes = ForwardedWrites(max_in_flight=8, timeout_ms=1000)
+    writes.sent(1, now=500)
+    writes.sent(2, now=100)  # an older `now` (the router reads its clock every few requests)
+    writes.on_timer(1000)
+    assert writes.ready == {}
+    writes.on_timer(1500)
+    assert writes.ready == {1: None, 2: None}
+
+
+def test_an_answer_the_resumed_request_did_not_take_is_dropped_not_handed_to_another() -> None:
+    writes = ForwardedWrites(max_in_flight=8, timeout_ms=1000)
+    writes.sent(1, now=0)
+    writes.answered(1, b"one")
+    writes.resume(1)
+    writes.done(1)  # its handler failed before its write (say, a decoding bug)
+    assert writes.resuming is None and not writes.ready
+
+
+def test_an_answer_to_a_write_nobody_waits_for_is_dropped() -> None:
+    writes = ForwardedWrites()
+    writes.answered(7, b"closed connections")  # never `sent`: nobody waits for it
+    assert not writes.ready and writes.in_flight == 0
+
+
+def test_write_in_flight_passes_every_catch_all_for_errors() -> None:
+    with pytest.raises(WriteInFlight) as caught:
+        try:
+            raise WriteInFlight(3)
+        except Exception:  # a boundary's catch-all (an `internal` reply): not taken
+            pytest.fail("WriteInFlight was taken for an error")
+    assert caught.value.token == 3
+
+
+def test_bounds_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        ForwardedWrites(max_in_flight=0)
+    with pytest.raises(ValueError):
+        ForwardedWrites(timeout_ms=0)

@@ -1,0 +1,267 @@
+"""A worker's forwarded writes do not hold its loop (zns.core.forwarding, zns.drivers.worker).
+
+The state process is stopped (SIGSTOP) while writes are at it: a worker must go on
+answering every other connection, hold a writing connection's later requests behind
+its write (each connection answered in order, read-your-writes), refuse writes past
+its in-flight bound with `busy`, and stop reading ZNS/1 requests past its held bound.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from helpers import LOADED_DEADLINE, Peer, ProcessServer, register_fields, wait_for
+from zns.core import schema
+from zns.core.forwarding import DEFAULT_MAX_IN_FLIGHT
+from zns.core.remoting import RemotingCommand
+from zns.drivers.request_router import MAX_HELD_REQUESTS
+
+pytestmark = pytest.mark.timeout(120)
+
+# How long a reply that must not come is waited for: long enough that a worker serving
+# would have answered (its answers take a few ms), not a bound on anything.
+QUIET_S = 1.0
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture
+def one_worker(tmp_path: Path) -> Iterator[ProcessServer]:
+    server = ProcessServer(tmp_path, "--workers", "1", "--remoting", "127.0.0.1:0")
+    try:
+        wait_for(lambda: "serving requests on" in server.output()
+                 and "loaded the state" in server.output())
+        yield server
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        assert server.stop() == 0
+
+
+def stopped(server: ProcessServer) -> Any:
+    """Stop the state process (its worker keeps running) until the block ends."""
+
+    class Stopped:
+        def __enter__(self) -> None:
+            os.kill(server.proc.pid, signal.SIGSTOP)
+
+        def __exit__(self, *exc: object) -> None:
+            os.kill(server.proc.pid, signal.SIGCONT)
+
+    return Stopped()
+
+
+def request(peer: Peer, op: str, id: int, **fields: Any) -> None:
+    peer.send_raw(schema.encode({"op": op, "id": id, **fields}))
+
+
+def reply(peer: Peer, timeout: float = LOADED_DEADLINE) -> Any:
+    return schema.decode_reply(peer.recv_raw(timeout)[-1])
+
+
+def test_a_write_at_the_state_process_delays_no_other_connection_and_its_own_waits_in_order(
+        one_worker: ProcessServer, ctx: zmq.Context) -> None:
+    writer, reader = Peer(one_worker.router, ctx=ctx), Peer(one_worker.router, ctx=ctx)
+    assert reader.ok("status").worker == 1  # both connections are on the one worker
+    with stopped(one_worker):
+        request(writer, "register_broker", 1, **register_fields(topics={"T": {}}))
+        request(writer, "get_route", 2, topic="T")  # after the write: must see it
+        # Another connection is answered while the write waits for the state process.
+        for _ in range(20):
+            assert reader.ok("status").revision == 0
+        assert isinstance(reader.call("get_route", topic="T"), schema.Error)
+        # The writer's read is not answered before its write.
+        assert not writer.dealer.poll(int(QUIET_S * 1000))
+    first, second = reply(writer), reply(writer)
+    assert first.id == 1 and not isinstance(first, schema.Error), first
+    assert second.id == 2 and second.route.brokers[0].broker_name == "broker-a"
+
+
+def test_writes_of_many_connections_are_at_the_state_process_together(
+        one_worker: ProcessServer, ctx: zmq.Context) -> None:
+    """Up to the in-flight bound; one past it is answered `busy` at once, and the rest
+    are answered once the state process runs again."""
+    writers = [Peer(one_worker.router, ctx=ctx) for _ in range(DEFAULT_MAX_IN_FLIGHT + 1)]
+    for peer in writers:
+        peer.ok("status")  # connected: each request below reaches the worker
+    with stopped(one_worker):
+        for n, peer in enumerate(writers):
+            request(peer, "kv_put", 1, namespace="ns", key=f"k{n}", value="v")
+        # Whichever write the worker reads last (a ROUTER takes its connections in turn)
+        # is one too many: answered `busy` while the others wait for the state process.
+        poller = zmq.Poller()
+        for peer in writers:
+            poller.register(peer.dealer, zmq.POLLIN)
+        answered = dict(poller.poll(int(LOADED_DEADLINE * 1000)))
+        assert len(answered) == 1
+        refused = next(p for p in writers if p.dealer in answered)
+        last = reply(refused)
+        assert isinstance(last, schema.Error) and last.code == "busy", last
+        assert "writes are already at the state process" in last.message
+        assert not poller.poll(int(QUIET_S * 1000))  # none of the others is answered
+    for peer in writers:
+        if peer is not refused:
+            answer = reply(peer)
+            assert not isinstance(answer, schema.Error), answer
+    assert len(writers[0].ok("kv_list", namespace="ns").entries) == DEFAULT_MAX_IN_FLIGHT
+
+
+def test_past_the_held_bound_the_worker_stops_reading_requests_until_its_writes_are_answered(
+        one_worker: ProcessServer, ctx: zmq.Context) -> None:
+    writer, other = Peer(one_worker.router, ctx=ctx), Peer(one_worker.router, ctx=ctx)
+    other.ok("status")
+    total = MAX_HELD_REQUESTS + 10
+    with stopped(one_worker):
+        request(writer, "kv_put", 0, namespace="ns", key="k", value="v")
+        for n in range(1, MAX_HELD_REQUESTS - 10):  # held behind the write
+            request(writer, "kv_get", n, namespace="ns", key="k")
+        # Under the bound, the other connection is answered (once all those are read)...
+        wait_for(lambda: other.call("status", id=98).worker == 1)
+        for n in range(MAX_HELD_REQUESTS - 10, total):
+            request(writer, "kv_get", n, namespace="ns", key="k")
+        # ...past it (once the worker has read that far: a ROUTER takes its connections in
+        # turn), nothing more is read.
+        wait_for(lambda: _unanswered(other))
+    # Once the write is answered, everything is, each connection in order.
+    assert reply(other).id == 99
+    for n in range(total):
+        answer = reply(writer)
+        assert answer.id == n and not isinstance(answer, schema.Error), answer
+        if n:
+            assert answer.value == "v"
+
+
+def _unanswered(peer: Peer) -> bool:
+    """Send a status (id 99) and see it not answered for QUIET_S (else: take the reply)."""
+    request(peer, "status", 99)
+    if peer.dealer.poll(int(QUIET_S * 1000)):
+        peer.recv_raw()
+        return False
+    return True
+
+
+def test_remoting_a_write_at_the_state_process_delays_no_other_connection(
+        one_worker: ProcessServer) -> None:
+    from test_remoting_listener import Client, register_cmd
+
+    endpoint = re.findall(r"RocketMQ remoting on (\S+)", one_worker.output())[0]
+    broker, reader = Client(endpoint), Client(endpoint)
+    try:
+        assert reader.call(RemotingCommand(code=106, version=479)).code == 0
+        with stopped(one_worker):
+            registered = broker.send(register_cmd(topics=("Remote",)))
+            read = broker.send(RemotingCommand(code=105, version=479,
+                                               ext_fields={"topic": "Remote"}))
+            for _ in range(20):  # another connection: answered meanwhile
+                assert reader.call(RemotingCommand(code=105, version=479,
+                                                   ext_fields={"topic": "Remote"})).code == 17
+            with pytest.raises((AssertionError, TimeoutError)):
+                broker.recv(timeout=QUIET_S)  # its own read waits behind its write
+        first, second = broker.recv(), broker.recv()
+        assert (first.opaque, first.code) == (registered, 0)
+        assert (second.opaque, second.code) == (read, 0)
+        assert b"broker-a" in second.body
+    finally:
+        broker.close()
+        reader.close()
+
+
+# --- in process: a worker's request router around a ReplicaService, its channel faked ------
+
+
+class FakeLink:
+    """What ReplicaService asks of its ReplicaLink: forward a command, get a token."""
+
+    def __init__(self) -> None:
+        self.forwarded: list[bytes] = []
+
+    def forward(self, request: bytes) -> int:
+        self.forwarded.append(request)
+        return len(self.forwarded)
+
+    def run(self) -> None:
+        pass  # nothing comes from the state process
+
+
+@pytest.fixture
+def worker_router(ctx: zmq.Context) -> Iterator[tuple[Any, Any, zmq.Socket]]:
+    from test_request_router import Clock, Puts
+    from zns.core.budget import ReplyBudget
+    from zns.drivers.loop import PollSet
+    from zns.drivers.request_router import RequestRouter
+    from zns.drivers.worker import ReplicaService
+
+    service = ReplicaService(1, started_at_ms=0)
+    service.link = FakeLink()  # type: ignore[assignment]
+    router = ctx.socket(zmq.ROUTER)
+    router.bind("inproc://worker-router")
+    requests = RequestRouter(router, service, Puts(), clock=Clock(),  # type: ignore[arg-type]
+                             max_message_bytes=1 << 20, reply_budget=ReplyBudget(),
+                             with_key=False)
+    requests.attach(PollSet())
+    peer = ctx.socket(zmq.DEALER)
+    peer.connect("inproc://worker-router")
+    yield service, requests, peer
+    peer.close(0)
+    router.close(0)
+
+
+def test_a_write_whose_answer_does_not_come_in_time_is_answered_busy_and_its_late_answer_dropped(
+        worker_router: tuple[Any, Any, zmq.Socket]) -> None:
+    from zns.drivers.worker import WRITE_TIMEOUT_MS, ReplicaSource
+
+    service, requests, peer = worker_router
+    peer.send(schema.encode({"op": "kv_put", "id": 5, "namespace": "ns", "key": "k",
+                             "value": "v"}))
+    wait_for(lambda: (requests.run({}, 1000, 10**9), service.forwarded.in_flight == 1)[1])
+    assert not peer.poll(0) and requests.next_deadline(1000) is None
+    # The replication channel's source of the worker's loop runs the writes' timer.
+    source = ReplicaSource(service.link, service.forwarded, lambda: None)
+    assert source.next_deadline(1000) == 1000 + WRITE_TIMEOUT_MS
+    source.run({}, 1000 + WRITE_TIMEOUT_MS - 1, 10**9)
+    assert requests.next_deadline(1000 + WRITE_TIMEOUT_MS - 1) is None  # not yet
+    now = 1000 + WRITE_TIMEOUT_MS
+    source.run({}, now, 10**9)
+    assert requests.next_deadline(now) == now  # its request is handled again: `busy`
+    requests.run({}, now, now + 5)
+    answer = schema.decode_reply(peer.recv())
+    assert isinstance(answer, schema.Error) and answer.id == 5 and answer.code == "busy", answer
+    assert "did not answer this write in time" in answer.message
+    service.answered(1, b"late")  # dropped: nobody waits for it
+    assert not service.forwarded.ready and requests.next_deadline(now) is None
+
+
+def test_a_write_answered_is_replied_from_its_answer_then_the_requests_behind_it(
+        worker_router: tuple[Any, Any, zmq.Socket]) -> None:
+    import msgspec
+
+    from zns.core.state import Outcome
+    from zns.drivers.worker import WriteAnswer
+
+    service, requests, peer = worker_router
+    peer.send(schema.encode({"op": "kv_put", "id": 1, "namespace": "ns", "key": "k",
+                             "value": "v"}))
+    peer.send(schema.encode({"op": "status", "id": 2}))
+    wait_for(lambda: (requests.run({}, 1000, 10**9), requests.held_requests == 2)[1])
+    assert not peer.poll(0)
+    service.answered(1, msgspec.msgpack.encode(WriteAnswer(
+        outcome=Outcome(), reply=schema.encode(schema.KvPutReply(id=1)))))
+    assert requests.next_deadline(1000) == 1000
+    requests.run({}, 1000, 1005)
+    first, second = (schema.decode_reply(peer.recv()) for _ in range(2))
+    assert (type(first), first.id) == (schema.KvPutReply, 1)
+    assert (type(second), second.id) == (schema.StatusReply, 2)
+    assert requests.held_requests == 0 and requests.held_bytes == 0
+    assert not service.forwarded.ready and service.forwarded.resuming is None
