@@ -33,8 +33,11 @@ CLOCK_EVERY = 16
 # at most max_message_bytes; anything else is dropped unanswered (and logged).
 MAX_ENVELOPE_FRAMES = 32
 # Requests a worker holds behind forwarded writes (each write's own, and a connection's
-# later requests waiting behind it): past either bound it stops reading requests.
-MAX_HELD_REQUESTS = 1024
+# later requests waiting behind it): past either bound it stops reading requests. Half the
+# ROUTER's send high-water mark (libzmq's 1,000 replies a peer): a write's answer releases
+# a connection's held requests as one burst of replies, which must fit in that mark even
+# when its peer is slow to read (at 1,024, replies 1,000 on were dropped under load).
+MAX_HELD_REQUESTS = 512
 MAX_HELD_BYTES = 64 * 1024 * 1024
 # A peer that reads nothing for this long is disconnected and its unread replies freed.
 TCP_TIMEOUT_MS = 10_000
