@@ -55,6 +55,7 @@ from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import PollSet, Ready
 from zns.drivers.metrics import own_figures
 from zns.drivers.replication_link import ReplicaLink
+from zns.drivers.request_router import peer_address
 from zns.drivers.server import Server
 
 log = logging.getLogger("zns")
@@ -255,7 +256,7 @@ def worker_main(config: ServerConfig, worker: int, channel: socket.socket, *,
 
 
 def _serve(config: ServerConfig, worker: int, channel: socket.socket, started_at_ms: int) -> int:
-    service = ReplicaService(worker, started_at_ms=started_at_ms,
+    service = ReplicaService(worker, started_at_ms=started_at_ms, address_of=peer_address,
                              version=__version__, limits=config.limits)
     server: Server | None = None
     held: list[Sequence[Frames]] = []  # events released before the server exists
