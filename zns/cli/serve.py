@@ -32,7 +32,11 @@ def serve(config: ServerConfig) -> None:
     --config file's key <option> (kv_path = "..."): command line, then environment, then file.
     """
     configure_logging(config.log_level, config.log_format)
-    if config.supervise:
+    if config.supervise and config.workers:
+        log.info("--supervise with --workers: the state process starts a new worker when one "
+                 "dies (only workers speak ZMTP); nothing restarts the state process itself "
+                 "(systemd does)")
+    elif config.supervise:
         raise SystemExit(supervise(lambda: _serve_once(config)))
     _serve(config)
 
