@@ -1,5 +1,6 @@
-"""zns.drivers.state_process without processes: what a forwarded command does to the state
-process's service and what it replicates."""
+"""zns.drivers.state_process and zns.drivers.worker without processes: what a forwarded
+command does to the state process's service and what it replicates, and what a worker
+forwards."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from helpers import register_fields, zns1_ok
 from zns.core.state import AnyCommand, Suspect, decode_command
 from zns.drivers.kv_file import KvStore
 from zns.drivers.state_process import PrimaryService, execute
-from zns.drivers.worker import WriteAnswer
+from zns.drivers.worker import ReplicaService, WriteAnswer
 
 ADDR = "10.0.0.1:10911"
 
@@ -58,3 +59,9 @@ def test_a_hint_about_an_address_not_held_changes_nothing_and_is_not_replicated(
     assert answer.error is None and answer.outcome is not None
     assert not answer.outcome.shortened
     assert link.replicated == []
+
+
+def test_a_worker_forwards_no_hint_about_an_address_its_replica_does_not_hold() -> None:
+    service = ReplicaService(1, started_at_ms=0, version="test")  # no link: nothing to forward
+    for n in range(100):  # a peer flooding hints about brokers nobody registered here
+        assert not service.suspect("c1", f"10.0.0.{n}:10911", 1000, 2000)

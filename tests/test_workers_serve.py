@@ -355,7 +355,8 @@ def test_supervise_with_workers_is_what_the_state_process_does_and_says_so(
 def test_peer_hints_run_in_every_worker_and_each_changes_the_state_once(
         tmp_path: Path, ctx: Any) -> None:
     """Both NameServers have two workers: B's workers each follow A (whose events come from
-    A's workers), and a broker A expires leaves B as `peer_expired`, suspected once."""
+    A's workers), a broker A expires leaves B as `peer_expired`, suspected once, and a
+    worker that dies is replaced by one that follows A again."""
     addr = "10.0.0.1:10911"
     a = ProcessServer(tmp_path, "--workers", "2", "--heartbeat-interval", "0.2")
     b = ProcessServer(tmp_path, "--workers", "2", "--heartbeat-interval", "0.2",
@@ -381,6 +382,12 @@ def test_peer_hints_run_in_every_worker_and_each_changes_the_state_once(
         hinted = [line for line in b.output().splitlines() if " suspected here" in line]
         assert len(hinted) == 1, hinted  # the other worker's copy shortened nothing
         assert f"zns: peer hint: broker c1 at {addr} suspected here" in hinted[0]  # the state's
+        # A worker's death costs its own links: its replacement links up afresh.
+        dead = worker_pid(b, 2)
+        os.kill(dead, signal.SIGKILL)
+        wait_for(lambda: worker_pid(b, 2) != dead)
+        replacement = peer_on_worker(b, 2, ctx)
+        wait_for(lambda: replacement.ok("status").peers == {a.router: True}, timeout=30)
     finally:
         assert a.stop() == 0
         assert b.stop() == 0
