@@ -89,6 +89,7 @@ class ReplicaService(NameService):
     """A worker's NameService: reads from the replica, writes through the state process."""
 
     forwarded: ForwardedWrites
+    logs_broker_changes = False  # the state process logs each once
 
     def __init__(self, worker: int, **kwargs: object) -> None:
         super().__init__(KvStore(None), epoch="", **kwargs)  # type: ignore[arg-type]
