@@ -150,7 +150,8 @@ class StateProcess:
             pub = self._reserve(config.pub)
             remoting = config.remoting
             if remoting:
-                remoting = self._reserve(f"tcp://{remoting}")[len("tcp://"):]
+                remoting = self._reserve(f"tcp://{remoting}",  # named as one process names it
+                                         f"--remoting {remoting}")[len("tcp://"):]
             metrics = config.metrics
             if metrics:  # checked by the config: HOST:PORT, maybe http://
                 host, port = parse_host_port(metrics, schemes=("http",))
