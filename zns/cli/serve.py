@@ -42,15 +42,8 @@ def serve(config: ServerConfig) -> None:
 
 
 def _serve(config: ServerConfig) -> None:
-    if config.workers:
-        try:
-            process = StateProcess(config)
-        except ConfigError as exc:
-            raise click.ClickException(str(exc)) from exc
-        process.run()
-        return
     try:
-        server = Server(config)
+        server = StateProcess(config) if config.workers else Server(config)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     if config.kv_path:  # `make run` keeps ~/.zns/kv.log from one experiment to the next
