@@ -125,6 +125,7 @@ def test_the_state_process_listens_nowhere_and_its_workers_answer(tmp_path: Path
         wait_for(lambda: "audit:" in server.output())
         audits = [line for line in server.output().splitlines() if "audit:" in line]
         assert len(audits) == 1 and "worker 1: audit: " in audits[0], audits
+        assert " by '127.0.0.1': " in audits[0]  # the sender's address, as one process says
         # Said once, as a single process says it (`make run` shows where the store is).
         assert server.output().count(f"KV store in {server.kv_path}, kept across restarts") == 1
     finally:
