@@ -57,6 +57,7 @@ from zns.core.workers import StartWorker, StopWorker, WorkerPool
 from zns.drivers import state_file
 from zns.drivers.descriptors import tcp_address
 from zns.drivers.kv_file import KvStore
+from zns.drivers.metrics import require_library as metrics_library
 from zns.drivers.loop import Loop, PollSet, Ready, Source
 from zns.drivers.metrics import process_usage
 from zns.drivers.replication_link import PrimaryLink, fork_worker
@@ -144,6 +145,8 @@ class StateProcess:
     """Made in the process that becomes the state process; `run()` until SIGTERM/SIGINT."""
 
     def __init__(self, config: ServerConfig) -> None:
+        if config.metrics:
+            metrics_library()  # refused here, in one line, not by every worker as it starts
         self._reserved: list[socket.socket] = []
         try:
             router = self._reserve(config.router)
