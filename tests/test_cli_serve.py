@@ -292,8 +292,9 @@ def test_loopback_bind_logs_no_warning(process_server):
 
 
 @pytest.mark.timeout(60)
-def test_one_log_line_per_broker_change_and_none_per_query(process_server):
-    srv = process_server("--heartbeat-interval", "0.2")
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_one_log_line_per_broker_change_and_none_per_query(process_server, workers):
+    srv = process_server("--heartbeat-interval", "0.2", "--workers", workers)
     peer = Peer(srv.router, srv.pub)
     a, b, c = "10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"
     try:

@@ -131,11 +131,13 @@ def test_healthz_fails_while_the_loop_is_stuck(metered: ThreadedServer):
     wait_for(lambda: get(url)[0] == 200, timeout=10)
 
 
-def test_missing_prometheus_client_is_a_clear_error(monkeypatch, tmp_path: Path):
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_missing_prometheus_client_is_a_clear_error(monkeypatch, tmp_path: Path, workers: str):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
     result = CliRunner().invoke(zns_main, [
         "serve", "--router", "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*",
-        "--kv-path", str(tmp_path / "kv.json"), "--metrics", "127.0.0.1:0"])
+        "--kv-path", str(tmp_path / "kv.json"), "--metrics", "127.0.0.1:0",
+        "--workers", workers])
     assert result.exit_code == 1, result.output
     assert "pip install prometheus_client" in result.output, result.output
     assert "zns[metrics]" not in result.output  # zns is not on a package index

@@ -418,7 +418,8 @@ def test_cli_remoting_networks(serve):
         assert option in result.output and "10.0.0.0/33" in result.output
 
 
-def test_cli_remoting_port_in_use_is_a_clear_error(tmp_path: Path):
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_cli_remoting_port_in_use_is_a_clear_error(tmp_path: Path, workers: str):
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen()
@@ -427,7 +428,7 @@ def test_cli_remoting_port_in_use_is_a_clear_error(tmp_path: Path):
         result = subprocess.run(
             [sys.executable, "-m", "zns", "serve", "--router", "tcp://127.0.0.1:*",
              "--pub", "tcp://127.0.0.1:*", "--kv-path", str(tmp_path / "kv.json"),
-             "--remoting", f"127.0.0.1:{port}"],
+             "--remoting", f"127.0.0.1:{port}", "--workers", workers],
             capture_output=True, text=True, timeout=30,
             env={k: v for k, v in os.environ.items() if not k.startswith("ZNS_")},
         )

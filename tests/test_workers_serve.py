@@ -125,6 +125,9 @@ def test_the_state_process_listens_nowhere_and_its_workers_answer(tmp_path: Path
         wait_for(lambda: "audit:" in server.output())
         audits = [line for line in server.output().splitlines() if "audit:" in line]
         assert len(audits) == 1 and "worker 1: audit: " in audits[0], audits
+        assert " by '127.0.0.1': " in audits[0]  # the sender's address, as one process says
+        # Said once, as a single process says it (`make run` shows where the store is).
+        assert server.output().count(f"KV store in {server.kv_path}, kept across restarts") == 1
     finally:
         assert server.stop() == 0
     assert not [pid for pid in children_or_none(server.proc.pid)]
@@ -320,8 +323,7 @@ def test_a_restarted_state_process_gives_its_workers_the_routes_it_held(
         assert second.stop() == 0
 
 
-@pytest.mark.parametrize("option", [["--peer", "tcp://127.0.0.1:1"], ["--supervise"],
-                                    ["--router", "ipc:///tmp/zns-x"]])
+@pytest.mark.parametrize("option", [["--router", "ipc:///tmp/zns-x"]])
 def test_what_workers_do_not_serve_yet_is_refused_in_one_line(tmp_path: Path,
                                                               option: list[str]) -> None:
     result = subprocess.run(
@@ -330,6 +332,68 @@ def test_what_workers_do_not_serve_yet_is_refused_in_one_line(tmp_path: Path,
     assert result.returncode != 0
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_supervise_with_workers_is_what_the_state_process_does_and_says_so(
+        tmp_path: Path, ctx: Any) -> None:
+    # Ports of `*` are fine: the state process holds them for every worker it starts.
+    server = ProcessServer(tmp_path, "--workers", "1", "--supervise")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 1)
+        lines = [line for line in server.output().splitlines() if "--supervise" in line]
+        assert len(lines) == 1 and "nothing restarts the state process itself" in lines[0]
+        assert len(children(server.proc.pid)) == 1  # the worker: no supervised child between
+        first = worker_pid(server, 1)
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        assert worker_pid(server, 1) != first
+        assert Peer(server.router, server.pub, ctx).ok("status").worker == 1
+    finally:
+        assert server.stop() == 0
+
+
+# --- peer hints (§10) in the workers --------------------------------------------------------
+
+
+def test_peer_hints_run_in_every_worker_and_each_changes_the_state_once(
+        tmp_path: Path, ctx: Any) -> None:
+    """Both NameServers have two workers: B's workers each follow A (whose events come from
+    A's workers), a broker A expires leaves B as `peer_expired`, suspected once, and a
+    worker that dies is replaced by one that follows A again."""
+    addr = "10.0.0.1:10911"
+    a = ProcessServer(tmp_path, "--workers", "2", "--heartbeat-interval", "0.2")
+    b = ProcessServer(tmp_path, "--workers", "2", "--heartbeat-interval", "0.2",
+                      "--peer", a.router, "--peer-grace", "1", kv_path=tmp_path / "kv-b")
+    try:
+        wait_for(lambda: all(s.output().count("serving requests on") == 2 for s in (a, b)))
+        on_b = [peer_on_worker(b, worker, ctx) for worker in (1, 2)]
+        for peer in on_b:  # every worker has its own link, and says so in `status`
+            wait_for(lambda: peer.ok("status").peers == {a.router: True}, timeout=30)
+        watcher = on_b[0]
+        watcher.subscribe(schema.BROKER_PREFIX, schema.HB_CHANNEL)
+        watcher.wait_subscribed()
+        on_a = Peer(a.router, None, ctx)
+        on_a.ok("register_broker", **register_fields(addr=addr, heartbeat_timeout_ms=1000))
+        # On B, 12 s: a hint removes it a quarter of that after it came (§10), its own expiry
+        # 12 s after it registered (that would say `expired`).
+        watcher.ok("register_broker", **register_fields(addr=addr, heartbeat_timeout_ms=12_000))
+        _, event = watcher.next_event(
+            lambda ch, ev: isinstance(ev, schema.BrokerEvent) and ev.change == "removed", 30)
+        assert event.reason == "peer_expired"
+        for peer in on_b:
+            assert addr not in {x.broker_addr for x in peer.ok("get_cluster_info").live}
+        hinted = [line for line in b.output().splitlines() if " suspected here" in line]
+        assert len(hinted) == 1, hinted  # the other worker's copy shortened nothing
+        assert f"zns: peer hint: broker c1 at {addr} suspected here" in hinted[0]  # the state's
+        # A worker's death costs its own links: its replacement links up afresh.
+        dead = worker_pid(b, 2)
+        os.kill(dead, signal.SIGKILL)
+        wait_for(lambda: worker_pid(b, 2) != dead)
+        replacement = peer_on_worker(b, 2, ctx)
+        wait_for(lambda: replacement.ok("status").peers == {a.router: True}, timeout=30)
+    finally:
+        assert a.stop() == 0
+        assert b.stop() == 0
 
 
 # --- remoting in the workers ----------------------------------------------------------------

@@ -32,21 +32,18 @@ def serve(config: ServerConfig) -> None:
     --config file's key <option> (kv_path = "..."): command line, then environment, then file.
     """
     configure_logging(config.log_level, config.log_format)
-    if config.supervise:
+    if config.supervise and config.workers:
+        log.info("--supervise with --workers: the state process starts a new worker when one "
+                 "dies (only workers speak ZMTP); nothing restarts the state process itself "
+                 "(systemd does)")
+    elif config.supervise:
         raise SystemExit(supervise(lambda: _serve_once(config)))
     _serve(config)
 
 
 def _serve(config: ServerConfig) -> None:
-    if config.workers:
-        try:
-            process = StateProcess(config)
-        except ConfigError as exc:
-            raise click.ClickException(str(exc)) from exc
-        process.run()
-        return
     try:
-        server = Server(config)
+        server = StateProcess(config) if config.workers else Server(config)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     if config.kv_path:  # `make run` keeps ~/.zns/kv.log from one experiment to the next

@@ -248,7 +248,9 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         f"{ROCKETMQ_ROUTER} and {ROCKETMQ_PUB} (unless --router, --pub are given).")] = False
     supervise: Annotated[bool, _doc(
         "Run the server in a child process and start a new one when it dies of a signal: "
-        "libzmq 4.3.5 can be made to abort it (docs/operations.md). Needs fixed ports.")] = False
+        "libzmq 4.3.5 can be made to abort it (docs/operations.md). Needs fixed ports. With "
+        "--workers it adds nothing (logged): the state process already starts a new worker "
+        "when one dies, and only workers speak ZMTP.")] = False
     workers: Annotated[int, Meta(ge=0, le=MAX_WORKERS), _doc(
         "Serve ZNS/1 from this many worker processes (0: one process, as before). With 1 or "
         "more, this process becomes the state process: it holds the routes, the KV store and "
@@ -269,17 +271,10 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
             if self.clients != "any":
                 raise InvalidSetting("clients", NEEDS_CURVE)
         if self.workers:
-            for name in ("peers",):
-                if getattr(self, name):
-                    raise InvalidSetting("workers", f"--{name} is not served by workers yet: "
-                                         "use --workers 0")
-            if self.supervise:
-                raise InvalidSetting("workers", "the state process replaces its workers itself: "
-                                     "drop --supervise")
             for name in ("router", "pub"):
                 if not getattr(self, name).startswith("tcp://"):
                     raise InvalidSetting(name, "workers share a port: it must be tcp://")
-        if self.supervise and self._any_port():
+        if self.supervise and not self.workers and self._any_port():
             raise InvalidSetting("supervise", "a new server must bind the same ports: the port "
                                  f"of {', '.join(self._any_port())} must not be * or 0")
 

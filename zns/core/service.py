@@ -139,6 +139,9 @@ class NameService:
     # Writes applied elsewhere and answered later (a worker's: zns.drivers.worker); None
     # here, where every write is applied and answered at once.
     forwarded: ForwardedWrites | None = None
+    # Whether each broker change is logged here (one line each): a worker's replica leaves
+    # it to the state process, which applies every change once, whatever the workers.
+    logs_broker_changes = True
 
     def __init__(
         self,
@@ -550,7 +553,8 @@ class NameService:
                 published["broker"] += 1
                 if event.change == "removed":
                     self.removals[event.reason] += 1
-                _log_broker_event(event)
+                if self.logs_broker_changes:
+                    _log_broker_event(event)
         return EventFrames(events, self._exact)
 
 

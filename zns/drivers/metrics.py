@@ -49,6 +49,15 @@ MISSING_LIBRARY = ("--metrics needs the prometheus_client package, which is not 
                    "pip install prometheus_client (or pip install '.[metrics]' in a zns clone)")
 
 
+def require_library() -> None:
+    """ConfigError(MISSING_LIBRARY) unless prometheus_client imports: the state process asks
+    before it starts a worker, which would otherwise die of it at every start."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise ConfigError(MISSING_LIBRARY) from None
+
+
 class Observed(Protocol):
     """What the collector reads of a running server (zns.drivers.server.Server)."""
 

@@ -131,9 +131,11 @@ class Server:
             key_name=self.security.key_name if self.security else None,
             address_of=peer_address,
         )
-        if service is not None:
+        if service is not None:  # a worker's: what this server knows of its peers too
             service.authorize = self.security.authorize if self.security else None
             service.max_reply_bytes = self.reply_budget.burst
+            service.key_name = self.security.key_name if self.security else None
+            service.address_of = peer_address
         self.state: state_file.StateWriter | None = None
         # A RocketMQ client or a mismatched ZeroMQ client at the request port: one warning.
         self.handshakes = HandshakeLog(

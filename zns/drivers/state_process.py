@@ -3,7 +3,8 @@
 It owns what a single process owns, except the sockets: the state machine (in
 a `NameService`), the KV file, the expiry and stall timers, the warm-state
 writer. Every command its state machine applies (a forwarded write, an expiry
-step, a stall shift) is numbered and sent to every worker
+step, a stall shift, a peer's hint that shortened a deadline) is numbered and
+sent to every worker
 (`zns.core.replication.Primary` behind `PrimaryLink`). It forks the workers
 (zns.drivers.worker) and keeps N of them alive (`zns.core.workers.WorkerPool`):
 one that dies is out of the commit fence at once (its channel reads EOF) and
@@ -49,13 +50,14 @@ from zns.core.readiness import Readiness
 from zns.core.replication import Primary
 from zns.core.schema import encode
 from zns.core.service import Frames, NameService
-from zns.core.state import AnyCommand, CloseConnections, Outcome, Write, decode_command
+from zns.core.state import AnyCommand, CloseConnections, Outcome, Suspect, Write, decode_command
 from zns.core.timers import ServerTimers
 from zns.core.config import ServerConfig
 from zns.core.workers import StartWorker, StopWorker, WorkerPool
 from zns.drivers import state_file
 from zns.drivers.descriptors import tcp_address
 from zns.drivers.kv_file import KvStore
+from zns.drivers.metrics import require_library as metrics_library
 from zns.drivers.loop import Loop, PollSet, Ready, Source
 from zns.drivers.metrics import process_usage
 from zns.drivers.replication_link import PrimaryLink, fork_worker
@@ -70,13 +72,17 @@ _encode = msgspec.msgpack.encode
 
 
 class PrimaryService(NameService):
-    """The state process's NameService: each command applied is replicated."""
+    """The state process's NameService: each command applied is replicated, but a peer's
+    hint (`Suspect`) only when it shortened a deadline: one that did not changed nothing,
+    and every worker forwards the hints it takes, so each hint arrives once per worker."""
 
     link: PrimaryLink | None = None
 
     def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
         result = super().apply(command)  # a refused command raises: nothing to replicate
         link = self.link
+        if type(command) is Suspect and not result[0].shortened:
+            return result
         if link is not None:
             now = _now()
             link.append(_encode(command), now)
@@ -92,6 +98,12 @@ def execute(service: PrimaryService, request: bytes, now: int) -> tuple[None, by
         if type(command) is CloseConnections:
             service.connections_closed(command.connections)
             return None, _encode(WriteAnswer(outcome=Outcome()))
+        if type(command) is Suspect:  # a peer's hint a worker took (§10); now, as a write's
+            outcome, _ = service.apply(msgspec.structs.replace(command, now=now))
+            if outcome.shortened:  # once, whatever the workers that took it
+                log.info("peer hint: broker %s at %s suspected here", command.cluster,
+                         command.addr)
+            return None, _encode(WriteAnswer(outcome=outcome))
         if type(command) is not Write:
             raise BadRequest(f"a worker forwarded a {type(command).__name__}, not a write")
     except (msgspec.DecodeError, BadRequest) as exc:
@@ -133,13 +145,16 @@ class StateProcess:
     """Made in the process that becomes the state process; `run()` until SIGTERM/SIGINT."""
 
     def __init__(self, config: ServerConfig) -> None:
+        if config.metrics:
+            metrics_library()  # refused here, in one line, not by every worker as it starts
         self._reserved: list[socket.socket] = []
         try:
             router = self._reserve(config.router)
             pub = self._reserve(config.pub)
             remoting = config.remoting
             if remoting:
-                remoting = self._reserve(f"tcp://{remoting}")[len("tcp://"):]
+                remoting = self._reserve(f"tcp://{remoting}",  # named as one process names it
+                                         f"--remoting {remoting}")[len("tcp://"):]
             metrics = config.metrics
             if metrics:  # checked by the config: HOST:PORT, maybe http://
                 host, port = parse_host_port(metrics, schemes=("http",))

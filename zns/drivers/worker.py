@@ -22,9 +22,13 @@ SO_REUSEPORT beside the other workers. Its replica is fed the state process's co
 - the **remoting listener** (when configured) shares its port too; its
   connection ids start at `worker << CONNECTION_ID_BITS`, and the connections
   that close are forwarded as one `CloseConnections` command;
-- **expiry, stalls and hints** are the state process's: the replica applies
-  the expiry steps it is sent and runs none itself. Each worker publishes its
-  own `hb`, with the revision its replica is at.
+- **expiry and stalls** are the state process's: the replica applies the
+  expiry steps it is sent and runs none itself. Each worker publishes its own
+  `hb`, with the revision its replica is at;
+- **peer hints** (§10): every worker runs its own peer links (they connect
+  out, which the state process never does) and forwards each hint as a
+  `Suspect`; the state process replicates only one that shortened a deadline,
+  so a hint every worker took changes the state once.
 
 A worker whose state process is gone stops (nothing to follow); systemd or the
 caller restarts the whole.
@@ -50,7 +54,7 @@ from zns.core.forwarding import ForwardedWrites, WriteInFlight
 from zns.core.replication import Replica
 from zns.core.schema import AnyRequest, Error, Reply, Status, StatusReply, decode_reply
 from zns.core.service import Frames, NameService
-from zns.core.state import AnyCommand, CloseConnections, Outcome, Write, decode_command
+from zns.core.state import AnyCommand, CloseConnections, Outcome, Suspect, Write, decode_command
 from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import PollSet, Ready
 from zns.drivers.metrics import own_figures
@@ -85,6 +89,7 @@ class ReplicaService(NameService):
     """A worker's NameService: reads from the replica, writes through the state process."""
 
     forwarded: ForwardedWrites
+    logs_broker_changes = False  # the state process logs each once
 
     def __init__(self, worker: int, **kwargs: object) -> None:
         super().__init__(KvStore(None), epoch="", **kwargs)  # type: ignore[arg-type]
@@ -110,11 +115,11 @@ class ReplicaService(NameService):
     # --- what the state process decides -----------------------------------
 
     def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
-        """A write or closed remoting connections: applied by the state process. A write is
-        forwarded and leaves as WriteInFlight; handled again once its answer is here (and
-        this replica applied it), it returns that answer (NameService.write around it logs
-        the audit line with the sender known here). The events come from the replica, once
-        committed."""
+        """A write, closed remoting connections or a peer's hint: applied by the state
+        process. A write is forwarded and leaves as WriteInFlight; handled again once its
+        answer is here (and this replica applied it), it returns that answer
+        (NameService.write around it logs the audit line with the sender known here). The
+        events come from the replica, once committed."""
         if type(command) is CloseConnections:
             try:  # nobody waits for its answer: `answered` drops it
                 self._send(command)
@@ -122,6 +127,8 @@ class ReplicaService(NameService):
                 log.error("remoting connections %s closed, not told to the state process: %s",
                           command.connections, exc)
             return Outcome(), []
+        if type(command) is Suspect:
+            return self._suspect(command), []
         if type(command) is not Write:
             raise Internal(f"a worker applies no {type(command).__name__} of its own")
         writes = self.forwarded
@@ -141,7 +148,25 @@ class ReplicaService(NameService):
         outcome.reply = decode_reply(answer.reply)
         return outcome, []
 
-    def _send(self, command: Write | CloseConnections) -> int:
+    def _suspect(self, command: Suspect) -> Outcome:
+        """A peer's hint (§10) this worker's peer links took, sent to the state process,
+        which applies it (and logs and replicates it only when it shortened a deadline, so
+        the same hint taken by every worker changes the state once). Nobody waits for its
+        answer: `answered` drops it, so the outcome here says nothing was shortened by this
+        process. One about an address this replica does not hold is not sent, so a peer
+        flooding hints about unknown brokers costs no message to the state process (a broker
+        registered within the last replication round trip is held there and not here yet:
+        a hint about it is missed, as a hint that came before its registration would be)."""
+        if self.table.liveness(command.cluster, command.addr) is None:
+            return Outcome()
+        try:
+            self._send(command)
+        except Busy as exc:
+            log.warning("a peer hint about %s/%s was not passed on: %s", command.cluster,
+                        command.addr, exc)
+        return Outcome()
+
+    def _send(self, command: Write | CloseConnections | Suspect) -> int:
         """Send `command` to the state process; the token its answer will carry."""
         link = self.link
         assert link is not None  # set before anything is served

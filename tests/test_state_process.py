@@ -1,0 +1,67 @@
+"""zns.drivers.state_process and zns.drivers.worker without processes: what a forwarded
+command does to the state process's service and what it replicates, and what a worker
+forwards."""
+
+from __future__ import annotations
+
+import msgspec
+
+from helpers import register_fields, zns1_ok
+from zns.core.state import AnyCommand, Suspect, decode_command
+from zns.drivers.kv_file import KvStore
+from zns.drivers.state_process import PrimaryService, execute
+from zns.drivers.worker import ReplicaService, WriteAnswer
+
+ADDR = "10.0.0.1:10911"
+
+
+class RecordingLink:
+    """A PrimaryLink that keeps what it was asked to replicate."""
+
+    def __init__(self) -> None:
+        self.replicated: list[AnyCommand] = []
+
+    def append(self, command: bytes, now: int) -> int:
+        self.replicated.append(decode_command(command))
+        return len(self.replicated)
+
+    def flush(self, now: int) -> None:
+        pass
+
+
+def test_a_hint_every_worker_forwards_changes_the_state_and_is_replicated_once() -> None:
+    service = PrimaryService(KvStore(None), epoch="e", started_at_ms=0, version="test")
+    link = RecordingLink()
+    service.link = link  # type: ignore[assignment]
+    zns1_ok(service, "register_broker", now=1000,
+            **register_fields(addr=ADDR, heartbeat_timeout_ms=12_000))
+    assert len(link.replicated) == 1  # the registration
+    deadline = service.next_deadline()
+    hint = msgspec.msgpack.encode(Suspect(cluster="c1", addr=ADDR, grace_ms=1000, now=0))
+
+    answers = [msgspec.msgpack.decode(execute(service, hint, now)[1], type=WriteAnswer)
+               for now in (2000, 2001)]  # worker 1's copy, then worker 2's
+
+    assert [answer.outcome.shortened for answer in answers if answer.outcome] == [True, False]
+    assert [type(c) for c in link.replicated[1:]] == [Suspect]
+    suspect = link.replicated[1]
+    assert isinstance(suspect, Suspect) and suspect.now == 2000  # the state process's clock
+    # A quarter of the 12 s timeout after the hint, sooner than the broker's own deadline.
+    assert service.next_deadline() == 2000 + 3000 < (deadline or 0)
+
+
+def test_a_hint_about_an_address_not_held_changes_nothing_and_is_not_replicated() -> None:
+    service = PrimaryService(KvStore(None), epoch="e", started_at_ms=0, version="test")
+    link = RecordingLink()
+    service.link = link  # type: ignore[assignment]
+    hint = msgspec.msgpack.encode(Suspect(cluster="c1", addr=ADDR, grace_ms=1000, now=0))
+    answer = msgspec.msgpack.decode(execute(service, hint, 2000)[1], type=WriteAnswer)
+    assert answer.error is None and answer.outcome is not None
+    assert not answer.outcome.shortened
+    assert link.replicated == []
+
+
+def test_a_worker_forwards_no_hint_about_an_address_its_replica_does_not_hold() -> None:
+    service = ReplicaService(1, started_at_ms=0, version="test")  # no link: nothing to forward
+    for n in range(100):  # a peer flooding hints about brokers nobody registered here
+        assert not service.suspect("c1", f"10.0.0.{n}:10911", 1000, 2000)
