@@ -66,6 +66,7 @@ def serve_config(monkeypatch) -> Callable[..., ServerConfig]:
         if name.startswith("ZNS_"):
             monkeypatch.delenv(name)
     monkeypatch.setattr(zns.cli.serve, "Server", CapturedServer)
+    monkeypatch.setattr(zns.cli.serve, "StateProcess", CapturedServer)  # --workers 1 or more
     CapturedServer.configs.clear()
 
     def run(*args: str, env: dict[str, str] | None = None) -> ServerConfig:

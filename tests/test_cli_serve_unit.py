@@ -30,6 +30,7 @@ class FakeServer:
 def servers(monkeypatch: pytest.MonkeyPatch) -> list[ServerConfig]:
     FakeServer.ran, FakeServer.fail = [], None
     monkeypatch.setattr(zns.cli.serve, "Server", FakeServer)
+    monkeypatch.setattr(zns.cli.serve, "StateProcess", FakeServer)  # --workers 1 or more
     return FakeServer.ran
 
 

@@ -101,8 +101,9 @@ def test_max_kv_bytes_refuses_growth_and_applies_nothing(tmp_path):
 
 def test_max_kv_bytes_option_and_environment(monkeypatch):
     configs = []
-    monkeypatch.setattr(zns.cli.serve, "Server", lambda config: configs.append(config) or
-                        type("S", (), {"run": lambda self: None})())
+    captured = lambda config: configs.append(config) or type("S", (), {"run": lambda self: None})()
+    monkeypatch.setattr(zns.cli.serve, "Server", captured)
+    monkeypatch.setattr(zns.cli.serve, "StateProcess", captured)  # --workers 1 or more
     for name in [n for n in os.environ if n.startswith("ZNS_")]:
         monkeypatch.delenv(name)
     assert CliRunner().invoke(zns_main, ["serve"]).exit_code == 0

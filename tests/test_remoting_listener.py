@@ -375,6 +375,7 @@ def serve(monkeypatch):
         if name.startswith("ZNS_"):
             monkeypatch.delenv(name)
     monkeypatch.setattr(zns.cli.serve, "Server", CapturedServer)
+    monkeypatch.setattr(zns.cli.serve, "StateProcess", CapturedServer)  # --workers 1 or more
 
     def run(*args: str, env: dict[str, str] | None = None):
         CapturedServer.configs.clear()

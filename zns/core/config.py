@@ -256,7 +256,7 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         "more, this process becomes the state process: it holds the routes, the KV store and "
         "the expiry, opens no port, and keeps this many workers alive; each worker binds the "
         "request and events ports (SO_REUSEPORT) and answers from a replica "
-        "(docs/operations.md, Workers).", metavar="N")] = 0
+        "(docs/operations.md, Workers).", metavar="N")] = 1
 
     def __post_init__(self) -> None:
         if self.rocketmq:  # before the checks: the values they check are these
