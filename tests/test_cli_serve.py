@@ -196,7 +196,7 @@ def test_environment_variables_reach_a_real_server(spawn, ipc_dir: Path, tmp_pat
     proc = spawn(env={
         "ZNS_ROUTER": router, "ZNS_PUB": pub, "ZNS_KV_PATH": str(kv_path),
         "ZNS_HEARTBEAT_INTERVAL": "0.1", "ZNS_MAX_MESSAGE_BYTES": "4096",
-        "ZNS_LOG_LEVEL": "WARNING",
+        "ZNS_LOG_LEVEL": "WARNING", "ZNS_WORKERS": "0",  # ipc:// is one process's
     }, log=log)
     peer = Peer(router, pub)
     try:
@@ -233,7 +233,7 @@ def test_config_file_reaches_a_real_server(spawn, ipc_dir: Path, tmp_path: Path)
     kv_path = tmp_path / "file" / "kv.json"
     conf = tmp_path / "zns.toml"
     conf.write_text(f'router = "{router}"\npub = "ipc://{ipc_dir}/p"\n'
-                    f'kv-path = "{kv_path}"\nlog_level = "DEBUG"\n')
+                    f'kv-path = "{kv_path}"\nlog_level = "DEBUG"\nworkers = 0\n')  # ipc://: one process
     log = tmp_path / "serve.log"
     proc = spawn("--config", str(conf), env={}, log=log)
     peer = Peer(router)

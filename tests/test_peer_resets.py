@@ -280,7 +280,7 @@ def test_a_supervised_server_serves_again_soon_after_the_abort(tmp_path):
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "zns", "serve", "--router", router, "--pub", pub,
-             "--kv-path", str(tmp_path / "kv.log"), "--supervise"],
+             "--kv-path", str(tmp_path / "kv.log"), "--supervise", "--workers", "0"],
             stdout=log, stderr=subprocess.STDOUT, env=env)
     ctx = zmq.Context()
     try:

@@ -80,7 +80,8 @@ def test_a_stop_that_reaches_a_child_after_its_server_stopped_is_an_exit(tmp_pat
 
 
 def test_supervise_needs_fixed_ports():
-    base = {"router": "tcp://127.0.0.1:9876", "pub": "tcp://127.0.0.1:9877", "supervise": True}
+    base = {"router": "tcp://127.0.0.1:9876", "pub": "tcp://127.0.0.1:9877", "supervise": True,
+            "workers": 0}  # one process: with workers, the state process holds the ports
     assert load(ServerConfig, base).supervise
     for field, value in [("router", "tcp://127.0.0.1:*"), ("pub", "tcp://127.0.0.1:0"),
                          ("remoting", "127.0.0.1:0"), ("metrics", "127.0.0.1:0")]:

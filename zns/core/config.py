@@ -273,7 +273,8 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         if self.workers:
             for name in ("router", "pub"):
                 if not getattr(self, name).startswith("tcp://"):
-                    raise InvalidSetting(name, "workers share a port: it must be tcp://")
+                    raise InvalidSetting(name, "workers share their ports, which must be tcp:// "
+                                         "(--workers 0: one process, which also serves ipc:// and inproc://)")
         if self.supervise and not self.workers and self._any_port():
             raise InvalidSetting("supervise", "a new server must bind the same ports: the port "
                                  f"of {', '.join(self._any_port())} must not be * or 0")

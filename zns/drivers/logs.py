@@ -86,6 +86,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        worker = getattr(record, "zns_worker", None)
+        if isinstance(worker, int):  # a worker's line: its number a field, not a prefix
+            line["worker"] = worker
+            line["message"] = str(line["message"]).removeprefix(f"worker {worker}: ")
         audit = getattr(record, "audit", None)
         if isinstance(audit, dict):  # an audit line's fields (docs/operations.md)
             line.update(audit)

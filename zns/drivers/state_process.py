@@ -214,7 +214,7 @@ class StateProcess:
                 restore_wakeup()
                 restore_handlers()
                 self.close()
-                log.info("zns state process stopped")
+                log.info("zns stopped")  # the same last line as one process: whatever the shape
 
     def _reserve(self, endpoint: str, refused: str = "") -> str:
         """`reserve_port`, its socket held until `close`; EndpointError starting with

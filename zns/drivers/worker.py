@@ -342,9 +342,11 @@ class _NamedWorker(logging.Filter):
 
     def __init__(self, worker: int) -> None:
         super().__init__()
+        self.worker = worker
         self.prefix = f"worker {worker}: "
 
     def filter(self, record: logging.LogRecord) -> bool:
+        record.zns_worker = self.worker  # JSON lines carry it as a field of its own (logs.py)
         if isinstance(record.msg, str) and not record.msg.startswith(self.prefix):
             record.msg = self.prefix + record.msg
         # Formatted here, once, as a formatter would (it keeps a set exc_text as it is).
