@@ -84,13 +84,17 @@ class ServerProcess:
 
 
 def start_zns(workdir: Path, *args: str) -> ServerProcess:
-    """`zns serve` on ephemeral loopback ports, its KV file in `workdir`."""
+    """`zns serve` on ephemeral loopback ports, its KV file in `workdir`: one process unless
+    `args` give `--workers` (the benchmarks read the CPU and memory of the process they
+    started; bench/workers.py measures the split)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", "zns", "serve", "--router", LOOPBACK, "--pub", LOOPBACK,
         "--kv-path", str(workdir / "kv.json"), *args,
     ]
-    return _start(cmd, workdir / f"zns-{time.monotonic_ns()}.log")
+    # By the environment, which a checkout from before workers (BENCH_ZNS_REPO) ignores
+    return _start(cmd, workdir / f"zns-{time.monotonic_ns()}.log",
+                  {} if "--workers" in args else {"ZNS_WORKERS": "0"})
 
 
 def start_echo(workdir: Path, io: str = "frames") -> ServerProcess:
@@ -99,8 +103,8 @@ def start_echo(workdir: Path, io: str = "frames") -> ServerProcess:
     return _start(cmd, workdir / f"echo-{time.monotonic_ns()}.log")
 
 
-def _start(cmd: list[str], log_path: Path) -> ServerProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
+def _start(cmd: list[str], log_path: Path, zns_env: dict[str, str] | None = None) -> ServerProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")} | (zns_env or {})
     # BENCH_ZNS_REPO: the servers of another checkout (a "before" figure), same clients.
     repo = Path(os.environ.get("BENCH_ZNS_REPO") or REPO)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))

@@ -51,7 +51,8 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "zns", "serve", "--router", "tcp://127.0.0.1:*", "--pub",
              "tcp://127.0.0.1:*", "--kv-path", str(Path(self.dir.name) / "kv"), "--remoting",
-             "127.0.0.1:0", *args], stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=env)
+             "127.0.0.1:0", "--workers", "0", *args],  # the RSS read is this process's
+            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             match = _REMOTING.search(self.log.read_text())

@@ -104,7 +104,7 @@ def restart(rounds: int, tmp: Path) -> None:
     ctx = zmq.Context()
     router = f"ipc://{tmp}/r"
     args = [sys.executable, "-m", "zns", "serve", "--router", router, "--pub", f"ipc://{tmp}/p",
-            "--kv-path", str(tmp / "kv.log")]
+            "--kv-path", str(tmp / "kv.log"), "--workers", "0"]  # ipc://: one process
 
     def ask(op: str, **fields: object) -> object:
         dealer = ctx.socket(zmq.DEALER)

@@ -149,7 +149,7 @@ def test_a_namespace_emptied_over_remoting_is_still_emptied_after_a_kill_and_res
     # workers, until they stop, cannot answer in its place.
     kv_path, dump = tmp_path / "kv.log", tmp_path / "state.dump"
     kv_list = (219, {"namespace": "ns"})  # GET_KVLIST_BY_NAMESPACE
-    args = ["--remoting", "127.0.0.1:0", *(["--workers", str(workers)] if workers else [])]
+    args = ["--remoting", "127.0.0.1:0", "--workers", str(workers)]  # 0 given: the default is 1
     first = process_server(*args, kv_path=kv_path)
     put, delete, before = remoting_calls(
         first, (100, {"namespace": "ns", "key": "k", "value": "v"}),

@@ -98,9 +98,8 @@ class Server:
     the split), its remoting connections, and every event each SUB saw."""
 
     def __init__(self, tmp_path: Path, ctx: zmq.Context, workers: int) -> None:
-        args = ["--remoting", "127.0.0.1:0", "--heartbeat-interval", "0.1"]
-        if workers:
-            args += ["--workers", str(workers)]
+        args = ["--remoting", "127.0.0.1:0", "--heartbeat-interval", "0.1", "--workers",
+                str(workers)]  # 0 given: the default is workers
         self.proc = ProcessServer(tmp_path, *args, kv_path=tmp_path / f"kv-{workers}.json")
         wait_for(lambda: self.proc.output().count("serving requests on") == max(workers, 1))
         self.workers = workers
