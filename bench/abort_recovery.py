@@ -135,14 +135,17 @@ def answered(ctx: zmq.Context, router: str, timeout_ms: int) -> bool:
 
 def fill(ctx: zmq.Context, router: str) -> None:
     """bench/warm_state.py's 1,000 brokers and 10,000 topics (each on 2 brokers)."""
+    import msgspec
+
     from bench.warm_state import registrations
 
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(router)
     try:
-        for request in registrations(2):
-            dealer.send(schema.encode(request))
+        for request in registrations(2):  # not expired during the run: 1 h
+            dealer.send(schema.encode(msgspec.structs.replace(
+                request, heartbeat_timeout_ms=3_600_000)))
             reply = schema.decode_reply(dealer.recv())
             assert not isinstance(reply, schema.Error), reply
     finally:
