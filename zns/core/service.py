@@ -414,8 +414,8 @@ class NameService:
         match request:
             case GetRoute():
                 return self._get_route(request)
-            case GetRoutes(topics=topics):
-                return self._get_routes(rid, topics)
+            case GetRoutes(topics=topics, held_epoch=held_epoch, held=held):
+                return self._get_routes(rid, topics, held if held_epoch == self.epoch else {})
             case GetClusterInfo():
                 return GetClusterInfoReply(id=rid, brokers=t.broker_table(),
                                            clusters=t.cluster_table(), live=t.live_brokers(now))
@@ -444,13 +444,18 @@ class NameService:
         return GetRouteReply(id=request.id, route=route, revision=table.topic_revision(topic),
                              epoch=self.epoch)
 
-    def _get_routes(self, rid: int, topics: list[str]) -> GetRoutesReply:
+    def _get_routes(self, rid: int, topics: list[str], held: dict[str, int]) -> GetRoutesReply:
+        """`held`: revisions the client holds (of this epoch); a route still at one is not sent."""
         routes: dict[str, TopicRoute | Raw] = {}
         revisions: dict[str, int] = {}
         missing: list[str] = []
+        unchanged: list[str] = []
         size, limit = 0, self.max_reply_bytes
         for topic in topics:
-            revisions[topic] = self.table.topic_revision(topic)
+            revision = revisions[topic] = self.table.topic_revision(topic)
+            if held.get(topic) == revision:
+                unchanged.append(topic)
+                continue
             route = self._route_raw(topic)
             if route is None:
                 missing.append(topic)
@@ -461,7 +466,7 @@ class NameService:
                 raise Busy(f"the routes asked for are larger than {limit:,} bytes, the most "
                            "one reply may hold; ask for fewer topics at a time")
         return GetRoutesReply(id=rid, routes=routes, revisions=revisions, missing=missing,
-                              epoch=self.epoch)
+                              epoch=self.epoch, unchanged=unchanged)
 
     def _snapshot(self, rid: int) -> SnapshotReply:
         """One consistent cut; its route map is encoded once per revision, however often asked."""
