@@ -318,6 +318,10 @@ def test_an_attacked_worker_dies_alone_and_nothing_else_notices(
                 in server.output(), server.output()[-3000:]
             assert LIBZMQ_ASSERTION in server.output()
             wait_for(lambda: worker_pid(server, 1) != victim)
+            # Each worker 1, the replacement included, served the state its fork copied
+            # (no dump decoded).
+            wait_for(lambda: server.output().count("worker 1: loaded the state at seq") == 2)
+            assert server.output().count("worker 1: took the state at seq") == 2
         seeder.ok("register_broker", **register_fields(
             broker_name="m", addr="10.9.1.1:10911", topics={MOVING: {"read_queues": 2}},
             data_version={"counter": 2}))

@@ -313,8 +313,12 @@ class NameService:
         """Replace the whole state with `dump` (StateMachine.dump), over the empty `kv`: a
         worker's replica loading a state transfer. The epoch becomes the dump's; the route
         encodings and the snapshot cache start empty."""
-        self.state = StateMachine.load(dump, kv, limits=self.state.limits)
-        self.table, self.kv, self.epoch = self.state.table, kv, self.state.table.epoch
+        self.use_state(StateMachine.load(dump, kv, limits=self.state.limits))
+
+    def use_state(self, machine: StateMachine) -> None:
+        """Serve `machine` from now on (as `load_state`, without a dump to decode)."""
+        self.state = machine
+        self.table, self.kv, self.epoch = machine.table, machine.kv, machine.table.epoch
         # A cache of the new table's routes, made by the same encoders within the same bound
         # (the JSON encoder is the remoting listener's, set once when it was made).
         held = self.encoded
