@@ -1,13 +1,21 @@
-"""zns.drivers.worker.ReplicaService.load: a worker serves the state machine its fork copied
-when the first state transfer is at the seq it was forked at, and the dump otherwise."""
+"""A forked worker serves the state machine its fork copied: the state process's
+PrimaryLink sends a worker it just forked a first state transfer without a dump, at the
+seq of the fork, and ReplicaService.load takes the copy when the seq is the fork's (a dump
+otherwise)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
-from helpers import register_fields, zns1_ok
+import pytest
+
+from helpers import register_fields, wait_for, zns1_ok
+from zns.core.errors import Internal
+from zns.core.replication import Primary, State, decode_to_worker
 from zns.core.service import NameService
 from zns.drivers.kv_file import KvStore
+from zns.drivers.replication_link import Channel, PrimaryLink
 from zns.drivers.worker import Forked, ReplicaService
 
 
@@ -40,3 +48,32 @@ def test_a_transfer_at_another_seq_is_loaded_from_its_dump(tmp_path: Path) -> No
     # Only the first transfer can be the fork's: a later one is always its dump.
     replica.load(7, dump)
     assert replica.state is not forked.state
+
+
+def first_state(link: PrimaryLink, sock: socket.socket) -> State:
+    link.flush(0)
+    channel = Channel(sock)
+    frames = wait_for(channel.receive)
+    message = decode_to_worker(frames[0])
+    assert isinstance(message, State)
+    return message
+
+
+def test_a_forked_workers_first_state_carries_no_dump_and_a_later_one_does() -> None:
+    service = NameService(KvStore(None), epoch="e1", started_at_ms=0)
+    link = PrimaryLink(Primary(now=0), dump=service.state.dump,
+                       execute=lambda worker, request: (None, b""))
+    link.append(b"a command", 0)
+    for forked in (True, False):
+        ours, theirs = socket.socketpair()
+        link.add(ours, 0, forked=forked)
+        state = first_state(link, theirs)
+        assert state.seq == 1 and (state.dump == b"") is forked, state
+        theirs.close()
+    link.close()
+
+
+def test_a_state_without_a_dump_and_no_copy_at_its_seq_ends_the_worker() -> None:
+    replica = ReplicaService(1, forked=None, started_at_ms=0)
+    with pytest.raises(Internal):
+        replica.load(3, b"")

@@ -260,7 +260,7 @@ class StateProcess:
                                forked=Forked(self.link.primary.seq, self.service.state))
 
         try:
-            pid, worker = fork_worker(self.link, main, now)
+            pid, worker = fork_worker(self.link, main, now, forked=True)
         except OSError as exc:
             log.error("cannot start worker %d: %s", slot + 1, exc)
             self.pool.start_failed(slot, now)

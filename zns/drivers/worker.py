@@ -118,6 +118,9 @@ class ReplicaService(NameService):
         if forked is not None and forked.seq == seq:
             self.use_state(forked.adopt())
             log.info("took the state at seq %d from the fork's copy", seq)
+        elif not dump:  # the state process sends none only to a worker it just forked
+            raise Internal(f"a state transfer at seq {seq} without a dump, and no copy "
+                           f"of the state at that seq")
         else:
             self.load_state(dump, KvStore(None))
 
