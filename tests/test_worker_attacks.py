@@ -3,10 +3,9 @@ under load (issue 30 item 2; docs/operations.md, *Workers*).
 
 The attacks are the file's own peers, with every connection kept only when it landed on
 the attacked worker (the kernel spreads connections over the workers' shared ports). The
-request-port attacks need the worker's loop busy while the peers fill their queues: a
-worker forwards a write to the state process and waits for the answer, so a write sent to
-it while the state process is stopped (SIGSTOP) keeps it busy, as the file's busy server
-sleeps. The outcomes accepted are the file's two: the worker keeps serving, or it dies of
+request-port attacks need the worker's loop busy while the peers fill their queues: three
+registrations of 20,000 topics each, which every replica applies and publishes in its
+loop, keep it busy as the file's busy server sleeps. The outcomes accepted are the file's two: the worker keeps serving, or it dies of
 libzmq's assertion and nothing else. Either way, while writes and reads go on from other
 clients: the state process lives on; no other worker dies; no route is lost on the other
 worker or the replacement, over ZNS/1 and remoting; the epoch stays; the revisions go on
@@ -98,8 +97,8 @@ def client_on(server: ProcessServer, pid: int, pids: list[int], ctx: zmq.Context
     for _ in range(100):
         before = our_ports(router) | our_ports(pub)
         # Silent for 3 intervals means gone: 9 s, longer than the attacks' busy windows
-        # (a worker waiting for the stopped state process sends no `hb`), so that the
-        # death is what the client sees, not a silence the test itself made.
+        # (a worker applying 60,000 route changes sends no `hb`), so that the death is
+        # what the client sees, not a silence the test itself made.
         client = RouteClient(server.router, context=ctx, pull_period=3600, heartbeat_interval=3.0)
         for topic in [*SEEDS, MOVING]:
             client.route(topic)
@@ -158,21 +157,21 @@ class Target:
 
 @contextmanager
 def busy(target: Target, attempt: int) -> Iterator[None]:
-    """The attacked worker's loop busy: a write it forwarded to the stopped state process
-    (the file's busy server sleeps in its first request instead)."""
-    state = target.server.proc.pid
-    while target.writer.dealer.poll(0):  # the answers to the last tries' writes
+    """The attacked worker's loop busy, as the file's busy server sleeps in its first
+    request: three registrations of 20,000 topics each, sent at once, that every replica
+    applies and publishes in its loop (their topic sets alternate, so each changes 40,000
+    routes)."""
+    while target.writer.dealer.poll(0):  # the answers to the last tries' registrations
         target.writer.dealer.recv()
-    os.kill(state, signal.SIGSTOP)
-    try:
-        target.writer.dealer.send(schema.encode({"op": "register_broker", "id": attempt,
-                                                 **register_fields(broker_name=f"w{attempt}",
-                                                                   topics={"Busy": {}})}))
-        time.sleep(0.2)
-        yield
-        time.sleep(0.3)
-    finally:
-        os.kill(state, signal.SIGCONT)
+    for n in range(3):
+        prefix = "BusyA" if (attempt * 3 + n) % 2 else "BusyB"
+        target.writer.dealer.send(schema.encode({
+            "op": "register_broker", "id": attempt, **register_fields(
+                broker_name="busy", addr="10.8.0.1:10911",
+                topics={f"{prefix}{i}": {} for i in range(20_000)},
+                data_version={"counter": attempt * 3 + n})}))
+    time.sleep(0.2)
+    yield
 
 
 def requests_attack(ping_every: int | None) -> Attack:
@@ -191,12 +190,11 @@ def requests_attack(ping_every: int | None) -> Attack:
 
 
 def events_attack(peer: Callable[..., None]) -> Attack:
-    """An events-port peer of the file, sent while the worker is busy (not needed for the
-    abort, which the events socket's queue of 2 allows anyway, but it comes sooner)."""
+    """An events-port peer of the file (the events socket's queue of 2 is full at once: no
+    busy loop needed)."""
 
     def attack(target: Target, attempt: int) -> None:
-        with busy(target, attempt):
-            peer(target.pub, attempt, target.lands["pub"])
+        peer(target.pub, attempt, target.lands["pub"])
 
     return attack
 
@@ -228,6 +226,18 @@ def test_an_attacked_worker_dies_alone_and_nothing_else_notices(
     peers: list[Peer] = []
     remoting: list[Client] = []
 
+    survivor_events: list[Any] = []
+
+    def drain(sub: Peer) -> None:
+        """The other worker's route events as they come (a queue at its high-water mark
+        would drop some), until the load stops."""
+        assert sub.sub is not None
+        while not stop.is_set():
+            if sub.sub.poll(100):
+                channel, body = sub.sub.recv_multipart()
+                if channel != schema.HB_CHANNEL:
+                    survivor_events.append(schema.decode_event(body))
+
     def load() -> None:
         """Writes (each on a new connection: a dead worker's is dropped for a new one) and
         reads of the seeds, until stopped."""
@@ -249,6 +259,7 @@ def test_an_attacked_worker_dies_alone_and_nothing_else_notices(
                 assert isinstance(read, schema.GetRouteReply), read
                 acknowledged.append(f"L{n}")
                 n += 1
+                time.sleep(0.01)  # at most 100 brokers a second: max_brokers is 10,000
         except BaseException as exc:
             failures.append(exc)
         finally:
@@ -280,8 +291,9 @@ def test_an_attacked_worker_dies_alone_and_nothing_else_notices(
             others_client = client_on(server, pids[1], pids, ctx)
             clients.append(others_client)
             survivor_sub = sub_on_worker(server, 2, ctx)
-            survivor_sub.subscribe(b"route/")
+            survivor_sub.subscribe(b"route/L")  # the load's topics, not the busy floods
             peers.append(survivor_sub)
+            drainer = threading.Thread(target=drain, args=(survivor_sub,))
         seen_before = {c: (c.driver.session.pulls, c.driver.session.switches,
                            c.driver.session.cache.epoch) for c in clients}
         received = routes_pulled(victims_client)
@@ -293,6 +305,8 @@ def test_an_attacked_worker_dies_alone_and_nothing_else_notices(
 
         loader = threading.Thread(target=load)
         loader.start()
+        if survivor_sub is not None:
+            drainer.start()
         wait_for(lambda: len(acknowledged) >= 20)
         target = Target(server, victim, pids, writer)
         pidfd = os.pidfd_open(victim)
@@ -326,7 +340,8 @@ def test_an_attacked_worker_dies_alone_and_nothing_else_notices(
             broker_name="m", addr="10.9.1.1:10911", topics={MOVING: {"read_queues": 2}},
             data_version={"counter": 2}))
         count = len(acknowledged)
-        wait_for(lambda: len(acknowledged) >= count + 20)
+        wait_for(lambda: len(acknowledged) >= count + 20 or failures)
+        assert not failures, failures
         stop.set()
         loader.join(30)
         assert not failures, failures
@@ -350,17 +365,21 @@ def test_an_attacked_worker_dies_alone_and_nothing_else_notices(
             remoting.append(reader)
             for topic in ("Remote", SEEDS[0], acknowledged[-1]):
                 assert remoting_route(reader, topic).code == 0, (worker, topic)
-        # The other worker's subscriber saw the revisions go on: no gap, no new epoch.
+        # The other worker's subscriber saw the revisions go on (the busy registrations
+        # take revisions too, unsubscribed): every acknowledged write since its first
+        # event, in order, no new epoch.
         if survivor_sub is not None:
-            seen: list[int] = []
-            while True:
+            drainer.join(30)
+            while not survivor_events or survivor_events[-1].topic != acknowledged[-1]:
                 channel, event = survivor_sub.next_event()
-                assert event.epoch == epoch
                 if channel != schema.HB_CHANNEL:
-                    seen.append(event.revision)
-                    if event.topic == acknowledged[-1]:
-                        break
-            assert seen == list(range(seen[0], seen[0] + len(seen)))
+                    survivor_events.append(event)
+            assert {event.epoch for event in survivor_events} == {epoch}
+            revisions = [event.revision for event in survivor_events]
+            assert revisions == sorted(set(revisions))
+            topics = {event.topic for event in survivor_events}
+            first = min(acknowledged.index(t) for t in topics if t in acknowledged)
+            assert not set(acknowledged[first:]) - topics, set(acknowledged[first:]) - topics
         # The dead worker's client follows again, in the same epoch, without a switch;
         # no watcher saw a change (the seeds did not change).
         session = victims_client.driver.session
