@@ -66,7 +66,7 @@ def main() -> None:
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "zns", "serve", "--router", router, "--pub", pub,
-             "--kv-path", str(tmp / "kv.log"), "--supervise"],
+             "--kv-path", str(tmp / "kv.log"), "--supervise", "--workers", "0"],
             stdout=log, stderr=subprocess.STDOUT, env=env)
     ctx = zmq.Context()
 
