@@ -174,10 +174,13 @@ def test_pull_then_event_notify_and_the_periodic_pull_uses_the_default_period():
     assert session.actions() == [Notify("T", route(1))]
     session.on_event(hb(), 1_000)  # proves the subscription: the pull is confirmed
     (again,) = sent(session.actions())
-    assert again == GetRoutes(id=3, topics=["T"]) and session.pulls == 2
-    session.on_reply(encode(GetRoutesReply(id=again.id, routes={"T": route(1)}, revisions={"T": 1},
-                                           missing=[], epoch=EPOCH)), 1_000)
+    # Pulled by revision: the revision held is sent, and the route still at it is not resent.
+    assert again == GetRoutes(id=3, topics=["T"], held_epoch=EPOCH, held={"T": 1})
+    assert session.pulls == 2
+    session.on_reply(encode(GetRoutesReply(id=again.id, routes={}, revisions={"T": 1},
+                                           missing=[], epoch=EPOCH, unchanged=["T"])), 1_000)
     assert session.actions() == []  # unchanged: nothing to notify
+    assert session.cache.view("T") == route(1) and session.cache.is_current("T")
     session.on_event(encode(RouteEvent(epoch=EPOCH, revision=2, prev=1, topic="T", route=route(2))),
                      1_100)
     assert session.actions() == [Notify("T", route(2))]
@@ -187,7 +190,8 @@ def test_pull_then_event_notify_and_the_periodic_pull_uses_the_default_period():
     assert session.actions() == []
     session.on_event(hb(), 31_000)
     session.on_timer(31_000)
-    assert sent(session.actions()) == [GetRoutes(id=4, topics=["T"])]
+    assert sent(session.actions()) == [GetRoutes(id=4, topics=["T"], held_epoch=EPOCH,
+                                                 held={"T": 2})]
 
 
 def test_track_of_a_kept_topic_subscribes_once():

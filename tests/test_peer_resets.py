@@ -90,10 +90,18 @@ def _busy_server(seconds: float) -> tuple[subprocess.Popen[str], str, str]:
     return proc, router, pub
 
 
-def _connect(endpoint: str, ready: bytes) -> socket.socket:
+# Which connections an attack may use: all (None), or those for which this is true (the
+# workers' attacks, tests/test_worker_attacks.py, keep those that landed on one worker).
+Lands = Callable[[socket.socket], bool] | None
+
+
+def _connect(endpoint: str, ready: bytes, lands: Lands = None) -> socket.socket:
     """A plain TCP socket that completed the ZMTP 3.0 handshake as the socket type of `ready`."""
     host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=10)
+    while lands is not None and not lands(sock):
+        sock.close()
+        sock = socket.create_connection((host, int(port)), timeout=10)
     sock.sendall(GREETING)
     greeting = b""
     while len(greeting) < len(GREETING):
@@ -102,9 +110,10 @@ def _connect(endpoint: str, ready: bytes) -> socket.socket:
     return sock
 
 
-def _pipeline(endpoint: str, requests: int, ping_every: int | None = None) -> socket.socket:
+def _pipeline(endpoint: str, requests: int, ping_every: int | None = None,
+              lands: Lands = None) -> socket.socket:
     """A ZMTP peer that queues `requests` status requests (and, if asked, PING commands)."""
-    sock = _connect(endpoint, READY)
+    sock = _connect(endpoint, READY, lands)
     status = _message(schema.encode({"op": "status", "id": 2}))
     if ping_every is None:
         sock.sendall(status * requests)
@@ -197,9 +206,10 @@ def test_a_peer_that_queues_its_own_pings_and_resets_ends_a_busy_server_only_by_
     _serving_or_dead_of_libzmqs_assertion(*_stop(proc))
 
 
-def _subscribe_pinging(endpoint: str, subscriptions: int, topic_bytes: int, tag: bytes) -> socket.socket:
+def _subscribe_pinging(endpoint: str, subscriptions: int, topic_bytes: int, tag: bytes,
+                       lands: Lands = None) -> socket.socket:
     """A ZMTP SUB that sends `subscriptions` subscriptions, each followed by a PING."""
-    sock = _connect(endpoint, SUB_READY)
+    sock = _connect(endpoint, SUB_READY, lands)
     sock.settimeout(2)
     pad = b"x" * max(0, topic_bytes - 16)
     try:
@@ -211,17 +221,17 @@ def _subscribe_pinging(endpoint: str, subscriptions: int, topic_bytes: int, tag:
     return sock
 
 
-def _reset_after_pings(pub: str, attempt: int) -> None:
+def _reset_after_pings(pub: str, attempt: int, lands: Lands = None) -> None:
     # The events socket queues 2 subscriptions per connection (subscribers.RCVHWM): the
     # queue is full as soon as a burst comes, busy loop or not. Measured: an abort 0.2 s
     # after the first reset, or after up to 13 tries at a load average of 41-51.
-    _reset(_subscribe_pinging(pub, 1_000, 16, b"T%d" % attempt))
+    _reset(_subscribe_pinging(pub, 1_000, 16, b"T%d" % attempt, lands))
 
 
-def _pings_past_the_budget(pub: str, attempt: int) -> None:
+def _pings_past_the_budget(pub: str, attempt: int, lands: Lands = None) -> None:
     # No reset: the server itself shuts the connection down when its subscriptions cost
     # more than their budget (zns.drivers.subscribers), which is the same failure.
-    _subscribe_pinging(pub, 20_000, 1_000, b"B%d" % attempt).close()
+    _subscribe_pinging(pub, 20_000, 1_000, b"B%d" % attempt, lands).close()
 
 
 # How long the events-port attacks keep trying while the server lives.

@@ -305,3 +305,19 @@ def test_an_event_that_follows_on_a_stale_topic_waits_for_the_pull_too():
     assert cache.apply_event(event(2, 1)) == []
     assert cache.revision("A") == 1 and cache.view("A") == route(1)
     assert cache.take_stale() == ["A"]
+
+
+def test_a_pull_by_revision_keeps_what_is_unchanged_and_takes_what_changed():
+    cache = proven({"A": 3, "B": 4})
+    cache.on_timer(10**9)  # the periodic pull makes both stale
+    assert cache.take_stale() == ["A", "B"]
+    changes = cache.apply_pull(E1, {"B": route(7, "B")}, {"A": 3, "B": 7}, 10**9,
+                               unchanged=["A"])
+    assert changes == [("B", route(7, "B"))]
+    assert cache.view("A") == route(3, "A") and cache.revision("A") == 3
+    assert cache.is_current("A") and cache.is_current("B")
+    # "unchanged" at another revision than the one held cannot be trusted: pulled again.
+    cache.on_timer(2 * 10**9)
+    assert cache.take_stale() == ["A", "B"]
+    cache.apply_pull(E1, {}, {"A": 5, "B": 7}, 2 * 10**9, unchanged=["A", "B"])
+    assert cache.take_stale() == ["A"] and cache.view("A") == route(3, "A")

@@ -1014,3 +1014,25 @@ def test_the_table_queries_a_driver_makes_pass_through(svc):
     live = svc.table.liveness("c2", OTHER)
     assert live.suspect_deadline == max(live.silent_since + 10, 2_000 + live.timeout_ms // 4)
     assert svc.suspect("c2", "10.9.9.9:1", 10, now=2_000) is False
+
+
+def test_get_routes_by_revision_sends_only_what_changed_since_the_revisions_held(svc):
+    call(svc, "register_broker", cluster="c1", broker_name="broker-b", broker_id=0,
+         broker_addr="10.0.0.9:10911", topics={"TopicB": {}})
+    first = call(svc, "get_routes", topics=["TopicA", "TopicB", "Never"])
+    held = first["revisions"]
+    # Nothing changed: no route is sent again, every topic is unchanged (missing included).
+    again = call(svc, "get_routes", topics=["TopicA", "TopicB", "Never"], held_epoch=EPOCH,
+                 held=held)
+    assert again["routes"] == {} and again["missing"] == []
+    assert again["unchanged"] == ["TopicA", "TopicB", "Never"] and again["revisions"] == held
+    # TopicB changed: only its route comes, at its new revision.
+    call(svc, "register_broker", cluster="c1", broker_name="broker-b", broker_id=0,
+         broker_addr="10.0.0.9:10911", topics={"TopicB": {"read_queues": 2}},
+         data_version={"counter": 2})
+    changed = call(svc, "get_routes", topics=["TopicA", "TopicB"], held_epoch=EPOCH, held=held)
+    assert set(changed["routes"]) == {"TopicB"} and changed["unchanged"] == ["TopicA"]
+    assert changed["revisions"]["TopicB"] > held["TopicB"]
+    # Revisions of another epoch compare with nothing: everything is sent.
+    other = call(svc, "get_routes", topics=["TopicA", "TopicB"], held_epoch="another", held=held)
+    assert set(other["routes"]) == {"TopicA", "TopicB"} and other["unchanged"] == []

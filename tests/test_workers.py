@@ -82,6 +82,21 @@ def test_a_worker_that_lived_long_is_replaced_at_once_again() -> None:
     assert p.actions() == [StartWorker(0)]
 
 
+def test_a_worker_killed_again_and_again_after_serving_a_while_is_replaced_at_once() -> None:
+    # Issue 30 item 2: a dead worker's port answers again within 1 s. A peer that aborts
+    # each replacement a second and a half after its start must not push the next start
+    # into a backoff: only a worker dying within STABLE_MS of its start (crashing as it
+    # starts) waits.
+    p = pool(1)
+    start_all(p, 0, 1)
+    now = 0
+    for pid in range(1, 21):
+        now += 1_500
+        p.exited(pid, now)
+        assert p.actions() == [StartWorker(0)], f"death {pid}: not restarted at once"
+        p.started(0, pid + 1, now)
+
+
 def test_stop_stops_every_worker_and_starts_none() -> None:
     p = pool(2)
     pids = start_all(p, 0, 10)

@@ -212,7 +212,8 @@ class ClientSession:
             self._actions.append(Subscribe(HB_CHANNEL))
             self._silence_deadline = now + self.request_timeout_ms + self._silence_after_ms
         elif isinstance(reply, GetRoutesReply):
-            changes = self.cache.apply_pull(reply.epoch, reply.routes, reply.revisions, now)
+            changes = self.cache.apply_pull(reply.epoch, reply.routes, reply.revisions, now,
+                                            unchanged=reply.unchanged)
             self._notify(changes)
         self._pull_stale(now)
 
@@ -307,7 +308,11 @@ class ClientSession:
         topics = self.cache.take_stale()
         if topics:
             self.pulls += 1
-            self._request(GetRoutes(topics=topics), now)
+            # Pulled by revision: what is still at the revision held comes back unchanged,
+            # without its route (a worker's death or a lost events connection costs little).
+            held = {t: r for t in topics if (r := self.cache.revision(t)) >= 0}
+            self._request(GetRoutes(topics=topics, held_epoch=self.cache.epoch or "",
+                                    held=held if self.cache.epoch else {}), now)
 
     def _request(self, request: Request, now: int) -> None:
         request_id = self._next_id

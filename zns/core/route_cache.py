@@ -24,7 +24,7 @@ Times are integer milliseconds of a monotonic clock, handed in as `now`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from msgspec import Raw
@@ -121,9 +121,10 @@ class RouteCache:
 
     def apply_pull(
         self, epoch: str, routes: Mapping[str, TopicRoute | Raw], revisions: dict[str, int],
-        now: int,
+        now: int, unchanged: Collection[str] = (),
     ) -> list[Change]:
-        """A `get_routes` answer: the pulled topics are now exactly as the NameServer said."""
+        """A `get_routes` answer: the pulled topics are now exactly as the NameServer said
+        (those `unchanged` are still at the revision this cache held and sent)."""
         if self.epoch != epoch:
             if self.epoch is not None:
                 # The reply is the first sign of a restarted NameServer: what the other
@@ -135,14 +136,19 @@ class RouteCache:
                 self._mark_all_stale(but=[t for t in revisions if self._pulling(t)])
             self.epoch = epoch
         changes: list[Change] = []
+        unchanged = set(unchanged)
         for topic, revision in revisions.items():
             entry = self._entries.get(topic)
             if entry is None or entry.state != PULLING:
                 continue
             was_known = entry.known
             old_view = entry.view
+            if topic in unchanged and entry.revision != revision:
+                entry.state = STALE  # not the revision sent: a bug elsewhere; pull it in full
+                continue
+            if topic not in unchanged:
+                self._set_route(entry, routes.get(topic))
             entry.revision = revision
-            self._set_route(entry, routes.get(topic))
             entry.state = CURRENT
             buffered, entry.buffered = entry.buffered, []
             for event in sorted(buffered, key=lambda e: e.revision):

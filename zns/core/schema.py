@@ -157,6 +157,11 @@ class GetRoute(Request, tag="get_route", frozen=True):
 
 class GetRoutes(Request, tag="get_routes", frozen=True):
     topics: TopicList
+    # The revisions the client holds, of epoch `held_epoch`: a topic still at its held
+    # revision is answered in `unchanged`, without its route (a pull by revision).
+    held_epoch: Annotated[str, Meta(max_length=64)] = ""
+    held: Annotated[dict[Topic, Annotated[int, Meta(ge=0)]],
+                    Meta(max_length=MAX_TOPICS_PER_REQUEST)] = msgspec.field(default_factory=dict)
 
 
 class GetClusterInfo(Request, tag="get_cluster_info", frozen=True):
@@ -274,6 +279,7 @@ class GetRoutesReply(Reply, tag="get_routes"):
     revisions: dict[str, int]
     missing: list[str]
     epoch: str
+    unchanged: list[str] = msgspec.field(default_factory=list)  # at the revision held
 
 
 class GetClusterInfoReply(Reply, tag="get_cluster_info"):

@@ -313,8 +313,12 @@ class NameService:
         """Replace the whole state with `dump` (StateMachine.dump), over the empty `kv`: a
         worker's replica loading a state transfer. The epoch becomes the dump's; the route
         encodings and the snapshot cache start empty."""
-        self.state = StateMachine.load(dump, kv, limits=self.state.limits)
-        self.table, self.kv, self.epoch = self.state.table, kv, self.state.table.epoch
+        self.use_state(StateMachine.load(dump, kv, limits=self.state.limits))
+
+    def use_state(self, machine: StateMachine) -> None:
+        """Serve `machine` from now on (as `load_state`, without a dump to decode)."""
+        self.state = machine
+        self.table, self.kv, self.epoch = machine.table, machine.kv, machine.table.epoch
         # A cache of the new table's routes, made by the same encoders within the same bound
         # (the JSON encoder is the remoting listener's, set once when it was made).
         held = self.encoded
@@ -414,8 +418,8 @@ class NameService:
         match request:
             case GetRoute():
                 return self._get_route(request)
-            case GetRoutes(topics=topics):
-                return self._get_routes(rid, topics)
+            case GetRoutes(topics=topics, held_epoch=held_epoch, held=held):
+                return self._get_routes(rid, topics, held if held_epoch == self.epoch else {})
             case GetClusterInfo():
                 return GetClusterInfoReply(id=rid, brokers=t.broker_table(),
                                            clusters=t.cluster_table(), live=t.live_brokers(now))
@@ -444,13 +448,18 @@ class NameService:
         return GetRouteReply(id=request.id, route=route, revision=table.topic_revision(topic),
                              epoch=self.epoch)
 
-    def _get_routes(self, rid: int, topics: list[str]) -> GetRoutesReply:
+    def _get_routes(self, rid: int, topics: list[str], held: dict[str, int]) -> GetRoutesReply:
+        """`held`: revisions the client holds (of this epoch); a route still at one is not sent."""
         routes: dict[str, TopicRoute | Raw] = {}
         revisions: dict[str, int] = {}
         missing: list[str] = []
+        unchanged: list[str] = []
         size, limit = 0, self.max_reply_bytes
         for topic in topics:
-            revisions[topic] = self.table.topic_revision(topic)
+            revision = revisions[topic] = self.table.topic_revision(topic)
+            if held.get(topic) == revision:
+                unchanged.append(topic)
+                continue
             route = self._route_raw(topic)
             if route is None:
                 missing.append(topic)
@@ -461,7 +470,7 @@ class NameService:
                 raise Busy(f"the routes asked for are larger than {limit:,} bytes, the most "
                            "one reply may hold; ask for fewer topics at a time")
         return GetRoutesReply(id=rid, routes=routes, revisions=revisions, missing=missing,
-                              epoch=self.epoch)
+                              epoch=self.epoch, unchanged=unchanged)
 
     def _snapshot(self, rid: int) -> SnapshotReply:
         """One consistent cut; its route map is encoded once per revision, however often asked."""

@@ -312,6 +312,16 @@ class StateMachine:
         machine._emptied_changes = 0  # a load is not a change (`changes`)
         return machine
 
+    def move_kv(self, kv: KvBackend) -> None:
+        """Hold the KV entries in `kv` (empty) from now on: a forked worker's copy of the
+        state process's machine, whose store is the state process's file."""
+        if kv.count():
+            raise UsageError("move_kv() copies the entries into an empty store")
+        for namespace in self.kv.namespaces():
+            for key, value in self.kv.list(namespace).items():
+                kv.put(namespace, key, value)
+        self.kv = kv
+
     def _restore(self, table: TableState, windows: list[int], now: int,
                  emptied: list[str]) -> None:
         if len(windows) != len(table.addresses):

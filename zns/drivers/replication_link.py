@@ -160,15 +160,21 @@ class PrimaryLink:
         self._dump_in_steps = dump_in_steps
         self._steps: Iterator[bytes | None] | None = None  # a dump being made
         self._awaiting_dump: list[int] = []  # the workers it is for
+        self._forked: set[int] = set()  # workers whose first state is the fork's copy
         self._execute = execute
         self._dropped = dropped
         self._max_pending = max_pending_bytes
         self.channels: dict[int, Channel] = {}
 
-    def add(self, sock: socket.socket, now: int) -> int:
-        """A new worker at the other end of `sock`: it joins by a state transfer."""
+    def add(self, sock: socket.socket, now: int, *, forked: bool = False) -> int:
+        """A new worker at the other end of `sock`: it joins by a state transfer. `forked`:
+        the worker was forked from this process just now, so it holds the state as of the
+        current seq already (the fork's copy): its first transfer names that seq and
+        carries no dump (zns.drivers.worker.ReplicaService.load)."""
         worker = self.primary.join(now)
         self.channels[worker] = Channel(sock, max_pending_bytes=self._max_pending)
+        if forked:
+            self._forked.add(worker)
         self._carry_out(now)
         return worker
 
@@ -268,6 +274,11 @@ class PrimaryLink:
                 case Deliver(worker=worker, message=message):
                     self._send(worker, encode(message), now)
                 case SendState(worker=worker, seq=seq):
+                    if worker in self._forked:  # join's, at the seq of the fork: no dump
+                        self._forked.discard(worker)
+                        self.primary.dumped(worker, seq, b"")
+                        self._carry_out(now)
+                        continue
                     if self._dump_in_steps is None:
                         self.primary.dumped(worker, seq, self._dump())  # sent in parts:
                         self._carry_out(now)
@@ -375,9 +386,11 @@ class ReplicaLink:
                         self.channel.send(encode(message))
 
 
-def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: int) -> tuple[int, int]:
+def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: int, *,
+                forked: bool = False) -> tuple[int, int]:
     """Fork a worker that runs `main(its end of a new socketpair)` and exits with what it
-    returns; returns (pid, worker id). The child first closes the state process's end of
+    returns; returns (pid, worker id). `forked`: `main` serves the state its fork copied,
+    so the worker's first state transfer carries no dump (`PrimaryLink.add`). The child first closes the state process's end of
     every other worker's channel, so that each worker reads EOF as soon as the state
     process dies (not only once every worker forked after it died too). The caller must
     have no threads."""
@@ -401,4 +414,4 @@ def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: in
             sys.stderr.flush()
             os._exit(code)
     theirs.close()
-    return pid, link.add(ours, now)
+    return pid, link.add(ours, now, forked=forked)

@@ -63,7 +63,7 @@ from zns.drivers.metrics import process_usage
 from zns.drivers.replication_link import PrimaryLink, fork_worker
 from zns.drivers.server import new_epoch
 from zns.drivers.sockets import Waker, handle_signals
-from zns.drivers.worker import WriteAnswer, worker_main
+from zns.drivers.worker import Forked, WriteAnswer, worker_main
 
 log = logging.getLogger("zns")
 
@@ -253,11 +253,14 @@ class StateProcess:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
             for sock in self._reserved:
                 sock.close()
+            # The machine as forked, at the seq the state transfer will name (nothing is
+            # applied between the fork and the worker's join): the worker serves it.
             return worker_main(self.config, slot + 1, channel,
-                               started_at_ms=self.service.started_at_ms)
+                               started_at_ms=self.service.started_at_ms,
+                               forked=Forked(self.link.primary.seq, self.service.state))
 
         try:
-            pid, worker = fork_worker(self.link, main, now)
+            pid, worker = fork_worker(self.link, main, now, forked=True)
         except OSError as exc:
             log.error("cannot start worker %d: %s", slot + 1, exc)
             self.pool.start_failed(slot, now)

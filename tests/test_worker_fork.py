@@ -1,0 +1,79 @@
+"""A forked worker serves the state machine its fork copied: the state process's
+PrimaryLink sends a worker it just forked a first state transfer without a dump, at the
+seq of the fork, and ReplicaService.load takes the copy when the seq is the fork's (a dump
+otherwise)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from helpers import register_fields, wait_for, zns1_ok
+from zns.core.errors import Internal
+from zns.core.replication import Primary, State, decode_to_worker
+from zns.core.service import NameService
+from zns.drivers.kv_file import KvStore
+from zns.drivers.replication_link import Channel, PrimaryLink
+from zns.drivers.worker import Forked, ReplicaService
+
+
+def primary(tmp_path: Path) -> NameService:
+    service = NameService(KvStore(str(tmp_path / "kv.log")), epoch="e1", started_at_ms=0)
+    zns1_ok(service, "register_broker", **register_fields(topics={"T": {}}))
+    zns1_ok(service, "kv_put", namespace="ns", key="k", value="v")
+    return service
+
+
+def test_the_forked_machine_is_served_without_decoding_the_dump(tmp_path: Path) -> None:
+    service = primary(tmp_path)
+    replica = ReplicaService(1, forked=Forked(7, service.state), started_at_ms=0)
+    replica.load(7, b"not a dump: never decoded")
+    assert replica.state is service.state and replica.epoch == "e1"
+    assert zns1_ok(replica, "get_route", topic="T").route.brokers[0].broker_name == "broker-a"
+    # Its KV is its own, in memory: the state process's file is not the worker's to write.
+    assert zns1_ok(replica, "kv_get", namespace="ns", key="k").value == "v"
+    assert replica.state.kv is not service.kv and replica.state.kv.list("ns") == {"k": "v"}
+
+
+def test_a_transfer_at_another_seq_is_loaded_from_its_dump(tmp_path: Path) -> None:
+    service = primary(tmp_path)
+    dump = service.state.dump()
+    forked = NameService(KvStore(None), epoch="old", started_at_ms=0)
+    replica = ReplicaService(1, forked=Forked(7, forked.state), started_at_ms=0)
+    replica.load(8, dump)
+    assert replica.state is not forked.state and replica.epoch == "e1"
+    assert zns1_ok(replica, "get_route", topic="T").route.brokers[0].broker_name == "broker-a"
+    # Only the first transfer can be the fork's: a later one is always its dump.
+    replica.load(7, dump)
+    assert replica.state is not forked.state
+
+
+def first_state(link: PrimaryLink, sock: socket.socket) -> State:
+    link.flush(0)
+    channel = Channel(sock)
+    frames = wait_for(channel.receive)
+    message = decode_to_worker(frames[0])
+    assert isinstance(message, State)
+    return message
+
+
+def test_a_forked_workers_first_state_carries_no_dump_and_a_later_one_does() -> None:
+    service = NameService(KvStore(None), epoch="e1", started_at_ms=0)
+    link = PrimaryLink(Primary(now=0), dump=service.state.dump,
+                       execute=lambda worker, request: (None, b""))
+    link.append(b"a command", 0)
+    for forked in (True, False):
+        ours, theirs = socket.socketpair()
+        link.add(ours, 0, forked=forked)
+        state = first_state(link, theirs)
+        assert state.seq == 1 and (state.dump == b"") is forked, state
+        theirs.close()
+    link.close()
+
+
+def test_a_state_without_a_dump_and_no_copy_at_its_seq_ends_the_worker() -> None:
+    replica = ReplicaService(1, forked=None, started_at_ms=0)
+    with pytest.raises(Internal):
+        replica.load(3, b"")
