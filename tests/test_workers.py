@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from helpers import examples
-from zns.core.workers import StartWorker, StopWorker, WorkerPool
+from zns.core.workers import CLEAN_EXIT_DELAY_MS, StartWorker, StopWorker, WorkerPool
 
 
 def pool(desired: int = 2, **kwargs: int) -> WorkerPool:
@@ -105,6 +105,26 @@ def test_stop_stops_every_worker_and_starts_none() -> None:
     p.exited(pids[0], 5)
     p.on_timer(100_000)
     assert p.actions() == [] and p.next_deadline() is None
+
+
+def test_a_worker_that_ended_cleanly_is_replaced_only_after_a_second() -> None:
+    # systemctl stop: SIGTERM to every process at once; the state process may reap a worker
+    # that ended before it handles its own signal. It waits, and its stop starts nobody.
+    p = pool(2)
+    pids = start_all(p, 0, 10)
+    p.exited(pids[0], 50_000, clean=True)
+    assert p.actions() == [] and p.next_deadline() == 50_000 + CLEAN_EXIT_DELAY_MS
+    p.stop()
+    p.on_timer(50_000 + CLEAN_EXIT_DELAY_MS)
+    assert p.actions() == [StopWorker(pids[1])] and p.next_deadline() is None
+    # Not stopped: the slot is refilled once the delay is over.
+    p = pool(2)
+    pids = start_all(p, 0, 10)
+    p.exited(pids[1], 50_000, clean=True)
+    p.on_timer(50_000 + CLEAN_EXIT_DELAY_MS - 1)
+    assert p.actions() == []
+    p.on_timer(50_000 + CLEAN_EXIT_DELAY_MS)
+    assert p.actions() == [StartWorker(1)]
 
 
 def test_a_failed_start_is_tried_again_later() -> None:

@@ -28,6 +28,11 @@ MAX_DELAY_MS = 5_000
 # as little as possible: only a worker that dies while it starts (its state load and binds
 # take about 0.1 s at 10,000 topics) is one that would die again, and waits.
 STABLE_MS = 1_000
+# A worker that ended cleanly (exit code 0: it was sent SIGTERM or SIGINT) is replaced only
+# after this long. `systemctl stop` signals every process of the unit at once, and the state
+# process's own signal may be handled a moment after it reaps a worker that already ended:
+# a replacement started in that moment would be started only to be stopped.
+CLEAN_EXIT_DELAY_MS = 1_000
 
 
 @dataclass(frozen=True)
@@ -88,9 +93,10 @@ class WorkerPool:
         if self.stopping:
             self._actions.append(StopWorker(pid))
 
-    def exited(self, pid: int, now: int) -> None:
-        """The worker `pid` is gone (any cause): its slot is refilled, at once unless it
-        keeps dying."""
+    def exited(self, pid: int, now: int, clean: bool = False) -> None:
+        """The worker `pid` is gone: its slot is refilled, at once unless it keeps dying or
+        it ended `clean`ly (exit code 0, stopped by a signal sent to it: after
+        CLEAN_EXIT_DELAY_MS, in case the whole is being stopped)."""
         for index, s in enumerate(self._slots):
             if s.pid != pid:
                 continue
@@ -106,6 +112,8 @@ class WorkerPool:
             else:
                 s.deaths += 1
                 s.start_at = now if s.deaths == 1 else now + int(s.backoff.next_delay())
+            if clean:
+                s.start_at = max(s.start_at, now + CLEAN_EXIT_DELAY_MS)
             # Workers are named 1..N in every log line (the drivers' too); slots count from 0.
             log.warning("worker %d (pid %d) exited after %d ms; the next starts in %d ms",
                         index + 1, pid, lived, s.start_at - now)

@@ -288,7 +288,7 @@ class StateProcess:
                    else f"exit code {os.waitstatus_to_exitcode(status)}")
             if not self.pool.stopping and not self._stopping:
                 log.warning("worker %d (pid %d) died (%s); starting another", slot + 1, pid, how)
-            self.pool.exited(pid, now)
+            self.pool.exited(pid, now, clean=os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
 
     def carry_out(self, now: int) -> None:
         for action in self.pool.actions():
