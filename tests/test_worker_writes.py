@@ -31,12 +31,6 @@ pytestmark = pytest.mark.timeout(120)
 QUIET_S = 1.0
 
 
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
 
 @pytest.fixture
 def one_worker(tmp_path: Path) -> Iterator[ProcessServer]:

@@ -44,7 +44,9 @@ import zmq
 
 import differential as rd  # tests/interop (conftest puts it on sys.path)
 from helpers import LOADED_DEADLINE, Peer, ProcessServer, wait_for
-from test_workers_serve import holder_of, server_side_open, without_epoch, worker_pid
+from test_workers_serve import (
+    hears_with_others_stopped, holder_of, server_side_open, without_epoch, worker_pid,
+)
 from zns.core import schema
 
 SEEDS = [int(s) for s in os.environ.get("ZNS_WORKERS_DIFFERENTIAL_SEEDS", "1,2,3,4").split(",")]
@@ -136,15 +138,8 @@ class Server:
         other = self.pids[2 - worker]
         for _ in range(50):
             peer = self.subscriber()
-            os.kill(other, signal.SIGSTOP)
-            try:
-                assert peer.sub is not None
-                while peer.sub.poll(0):
-                    peer.sub.recv_multipart()
-                if peer.sub.poll(1000):
-                    return peer
-            finally:
-                os.kill(other, signal.SIGCONT)
+            if hears_with_others_stopped(peer, [other]):
+                return peer
             peer.close()
         raise AssertionError(f"no events connection landed on worker {worker}")
 
@@ -469,12 +464,6 @@ def run_sequence(run: Run, seed: int, steps: int) -> None:
     for kind, count in gen.made.items():
         run.made[kind] = run.made.get(kind, 0) + count
 
-
-@pytest.fixture
-def ctx() -> Any:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def test_zns1_and_remoting_into_one_process_and_two_workers_answer_alike(

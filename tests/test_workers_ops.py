@@ -12,8 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import pytest
 import zmq
 
 from helpers import Peer, ProcessServer, register_fields, wait_for
+from test_metrics import get
 from zns.drivers.worker import name_worker_lines
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -31,19 +30,7 @@ pytestmark = pytest.mark.timeout(120)
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-@pytest.fixture
-def ctx() -> Any:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def metrics_port(server: ProcessServer) -> int:

@@ -76,26 +76,26 @@ def sub_on_worker(server: ProcessServer, worker: int, ctx: zmq.Context, tries: i
         peer = Peer(server.router, server.pub, ctx)
         peer.subscribe(schema.HB_CHANNEL)
         peer.wait_subscribed()
-        for pid in others:
-            os.kill(pid, signal.SIGSTOP)
-        try:
-            assert peer.sub is not None
-            while peer.sub.poll(0):
-                peer.sub.recv_multipart()
-            if peer.sub.poll(1000):
-                return peer
-        finally:
-            for pid in others:
-                os.kill(pid, signal.SIGCONT)
+        if hears_with_others_stopped(peer, others):
+            return peer
         peer.close()
     raise AssertionError(f"no events connection landed on worker {worker} in {tries} tries")
 
 
-@pytest.fixture
-def ctx() -> Any:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
+def hears_with_others_stopped(peer: Peer, others: list[int]) -> bool:
+    """Whether `peer`'s events connection is on the worker left running: with the workers
+    `others` stopped (SIGSTOP), `hb` events still arrive (it subscribed to them)."""
+    for pid in others:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        assert peer.sub is not None
+        while peer.sub.poll(0):
+            peer.sub.recv_multipart()
+        return bool(peer.sub.poll(1000))
+    finally:
+        for pid in others:
+            os.kill(pid, signal.SIGCONT)
+
 
 
 def test_the_state_process_listens_nowhere_and_its_workers_answer(tmp_path: Path, ctx: Any) -> None:
