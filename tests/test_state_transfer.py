@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 import pytest
 
+from zns.core import state, state_dump
 from zns.drivers.kv_file import KvStore
 from zns.core.schema import DataVersion, RegisterBroker, TopicConfig
 from zns.core.state import StateMachine, Write
@@ -27,7 +31,49 @@ def machine() -> StateMachine:
 
 def test_a_dump_in_steps_is_the_dump_when_nothing_changes(machine: StateMachine) -> None:
     steps = list(machine.dump_in_steps())
-    assert steps[:-1] == [None, None] and steps[-1] == machine.dump()
+    # The queue data in three steps (2,000, 2,000, 1,000 entries), the topics' revisions
+    # in three (2,000, 2,000, and the last 1,000 in the step that makes the dump).
+    assert steps[:-1] == [None] * 5 and steps[-1] == machine.dump()
+
+
+def test_no_step_of_a_dump_encodes_more_than_its_share(
+        machine: StateMachine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step that makes the dump places the long lists already encoded (the queue data,
+    the topics, their revisions): it encodes none of them item by item."""
+    extended: list[int] = []
+    original = state_dump.EncodedList.extend
+
+    def extend(self: state_dump.EncodedList, items: list[Any]) -> None:
+        extended.append(len(items))
+        original(self, items)
+
+    encoded: list[Any] = []
+    real_encode = msgspec.msgpack.encode
+
+    def encode(value: Any) -> bytes:
+        encoded.append(value)
+        return real_encode(value)
+
+    monkeypatch.setattr(state_dump.EncodedList, "extend", extend)
+    steps = machine.dump_in_steps()
+    with monkeypatch.context() as patched:
+        patched.setattr(state.msgspec.msgpack, "encode", encode)
+        *_, dump = steps
+    assert dump == machine.dump()
+    assert max(extended) <= 2_000 and sum(extended) > 10_000  # values, topics, revisions
+    (whole,) = encoded
+    assert type(whole.table.state.topics) is msgspec.Raw
+    assert type(whole.table.state.queue_values) is msgspec.Raw
+    assert type(whole.table.topic_revisions) is msgspec.Raw
+
+
+@pytest.mark.parametrize("length", [0, 1, 15, 16, 255, 65_535, 65_536, 70_000])
+def test_an_encoded_list_is_the_list_as_msgspec_encodes_it(length: int) -> None:
+    items = [(f"T{i}", [i, i + 1]) for i in range(length)]
+    pieces = state_dump.EncodedList()
+    for start in range(0, length, 7_000):
+        pieces.extend(items[start:start + 7_000])
+    assert msgspec.msgpack.encode(pieces.raw()) == msgspec.msgpack.encode(items)
 
 
 def test_a_change_between_steps_starts_them_over_and_the_dump_is_as_of_the_last_step(
@@ -36,8 +82,8 @@ def test_a_change_between_steps_starts_them_over_and_the_dump_is_as_of_the_last_
     assert next(steps) is None
     machine.apply(register("b", 10, first=9_000))  # the queue data the steps read changed
     rest = list(steps)
-    # Started over: two steps more (carried on, it would have taken one).
-    assert rest[:-1] == [None, None] and rest[-1] == machine.dump()
+    # Started over: five steps more (carried on, it would have taken four).
+    assert rest[:-1] == [None] * 5 and rest[-1] == machine.dump()
     # A change that leaves what the steps read alone (a heartbeat's time) is in the dump.
     steps = machine.dump_in_steps()
     assert next(steps) is None
