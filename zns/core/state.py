@@ -268,9 +268,9 @@ class StateMachine:
                       max_restarts: int = MAX_DUMP_RESTARTS) -> Iterator[bytes | None]:
         """`dump()` made in steps, so that the loop serves between them: None after each
         step, then the dump (the same bytes), as of the state when its last step ran.
-        Each step reads `work` queue entries and encodes what it read, then each reads
-        and encodes `work` topics' revisions; the last reads and encodes the rest (the
-        other records, the times, ties, KV) and joins the pieces. The steps read the
+        Each step reads `work` queue entries and `work` topics' revisions, and encodes
+        what it read; the last also reads and encodes the rest (the other records, the
+        times, ties, KV) and joins the pieces. The steps read the
         table as it is when each runs: a change of what they read between two steps
         (`RouteTable.changes`) starts them over, and after `max_restarts` of those the
         dump is made in one step, so that a steady stream of changes cannot keep it from
@@ -288,18 +288,19 @@ class StateMachine:
         table = self.table
         changes = table.changes
         values, topics, revisions = EncodedList(), EncodedList(), EncodedList()
-        for new_values, new_topics, _ in table.queue_data_in_steps(work):
+        # As many revisions a step as queue entries: a step reads at most `work` topics,
+        # so the revisions are all read by the last step (the loop after it is a guard).
+        revision_steps = table.topic_revisions_in_steps(work)
+        for new_values, new_topics, more in table.queue_data_in_steps(work):
             values.extend(new_values)
             topics.extend(new_topics)
-            yield None
-            if table.changes != changes:
-                return None
-        for step in table.topic_revisions_in_steps(work):
-            revisions.extend(step)
-            if len(step) == work:  # more may follow; the last step makes the dump
+            revisions.extend(next(revision_steps, []))
+            if more:
                 yield None
                 if table.changes != changes:
                     return None
+        for step in revision_steps:
+            revisions.extend(step)
         state = table.records(values.raw(), topics.raw())
         return self.dump(table.exact_dump(state, revisions.raw()))
 
