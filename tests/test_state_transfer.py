@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 import pytest
 
+from zns.core import state, state_dump
 from zns.drivers.kv_file import KvStore
 from zns.core.schema import DataVersion, RegisterBroker, TopicConfig
 from zns.core.state import StateMachine, Write
@@ -27,7 +31,48 @@ def machine() -> StateMachine:
 
 def test_a_dump_in_steps_is_the_dump_when_nothing_changes(machine: StateMachine) -> None:
     steps = list(machine.dump_in_steps())
+    # Three steps of 2,000, 2,000 and 1,000 queue entries and topics' revisions.
     assert steps[:-1] == [None, None] and steps[-1] == machine.dump()
+
+
+def test_no_step_of_a_dump_encodes_more_than_its_share(
+        machine: StateMachine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step that makes the dump places the long lists already encoded (the queue data,
+    the topics, their revisions): it encodes none of them item by item."""
+    extended: list[int] = []
+    original = state_dump.EncodedList.extend
+
+    def extend(self: state_dump.EncodedList, items: list[Any]) -> None:
+        extended.append(len(items))
+        original(self, items)
+
+    encoded: list[Any] = []
+    real_encode = msgspec.msgpack.encode
+
+    def encode(value: Any) -> bytes:
+        encoded.append(value)
+        return real_encode(value)
+
+    monkeypatch.setattr(state_dump.EncodedList, "extend", extend)
+    steps = machine.dump_in_steps()
+    with monkeypatch.context() as patched:
+        patched.setattr(state.msgspec.msgpack, "encode", encode)
+        *_, dump = steps
+    assert dump == machine.dump()
+    assert max(extended) <= 2_000 and sum(extended) > 10_000  # values, topics, revisions
+    (whole,) = encoded
+    assert type(whole.table.state.topics) is msgspec.Raw
+    assert type(whole.table.state.queue_values) is msgspec.Raw
+    assert type(whole.table.topic_revisions) is msgspec.Raw
+
+
+@pytest.mark.parametrize("length", [0, 1, 15, 16, 255, 65_535, 65_536, 70_000])
+def test_an_encoded_list_is_the_list_as_msgspec_encodes_it(length: int) -> None:
+    items = [(f"T{i}", [i, i + 1]) for i in range(length)]
+    pieces = state_dump.EncodedList()
+    for start in range(0, length, 7_000):
+        pieces.extend(items[start:start + 7_000])
+    assert msgspec.msgpack.encode(pieces.raw()) == msgspec.msgpack.encode(items)
 
 
 def test_a_change_between_steps_starts_them_over_and_the_dump_is_as_of_the_last_step(

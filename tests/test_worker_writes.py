@@ -3,7 +3,8 @@
 The state process is stopped (SIGSTOP) while writes are at it: a worker must go on
 answering every other connection, hold a writing connection's later requests behind
 its write (each connection answered in order, read-your-writes), refuse writes past
-its in-flight bound with `busy`, and stop reading ZNS/1 requests past its held bound.
+its in-flight bound with `busy`, and stop reading ZNS/1 requests past its held bound;
+/metrics counts each of those, labelled with the worker.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ QUIET_S = 1.0
 
 @pytest.fixture
 def one_worker(tmp_path: Path) -> Iterator[ProcessServer]:
-    server = ProcessServer(tmp_path, "--workers", "1", "--remoting", "127.0.0.1:0")
+    server = ProcessServer(tmp_path, "--workers", "1", "--remoting", "127.0.0.1:0",
+                           "--metrics", "127.0.0.1:0")
     try:
         wait_for(lambda: "serving requests on" in server.output()
                  and "loaded the state" in server.output())
@@ -55,6 +57,20 @@ def stopped(server: ProcessServer) -> Any:
             os.kill(server.proc.pid, signal.SIGCONT)
 
     return Stopped()
+
+
+def worker_counter(server: ProcessServer, name: str) -> float:
+    """Worker 1's `name` in /metrics (answered by the worker's own thread, the state process
+    stopped or not)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from test_metrics import get
+
+    port = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/", server.output())[0]
+    status, text = get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200
+    (value,) = [s.value for family in text_string_to_metric_families(text)
+                for s in family.samples if s.name == name and s.labels == {"worker": "1"}]
+    return value
 
 
 def request(peer: Peer, op: str, id: int, **fields: Any) -> None:
@@ -90,6 +106,7 @@ def test_writes_of_many_connections_are_at_the_state_process_together(
     writers = [Peer(one_worker.router, ctx=ctx) for _ in range(DEFAULT_MAX_IN_FLIGHT + 1)]
     for peer in writers:
         peer.ok("status")  # connected: each request below reaches the worker
+    assert worker_counter(one_worker, "zns_worker_writes_refused_total") == 0
     with stopped(one_worker):
         for n, peer in enumerate(writers):
             request(peer, "kv_put", 1, namespace="ns", key=f"k{n}", value="v")
@@ -105,6 +122,7 @@ def test_writes_of_many_connections_are_at_the_state_process_together(
         assert isinstance(last, schema.Error) and last.code == "busy", last
         assert "writes are already at the state process" in last.message
         assert not poller.poll(int(QUIET_S * 1000))  # none of the others is answered
+        assert worker_counter(one_worker, "zns_worker_writes_refused_total") == 1
     for peer in writers:
         if peer is not refused:
             answer = reply(peer)
@@ -117,6 +135,7 @@ def test_past_the_held_bound_the_worker_stops_reading_requests_until_its_writes_
     writer, other = Peer(one_worker.router, ctx=ctx), Peer(one_worker.router, ctx=ctx)
     other.ok("status")
     total = MAX_HELD_REQUESTS + 10
+    assert worker_counter(one_worker, "zns_worker_request_pauses_total") == 0
     with stopped(one_worker):
         request(writer, "kv_put", 0, namespace="ns", key="k", value="v")
         for n in range(1, MAX_HELD_REQUESTS - 10):  # held behind the write
@@ -128,6 +147,7 @@ def test_past_the_held_bound_the_worker_stops_reading_requests_until_its_writes_
         # ...past it (once the worker has read that far: a ROUTER takes its connections in
         # turn), nothing more is read.
         wait_for(lambda: _unanswered(other))
+        assert worker_counter(one_worker, "zns_worker_request_pauses_total") == 1
     # Once the write is answered, everything is, each connection in order.
     assert reply(other).id == 99
     for n in range(total):
@@ -216,7 +236,14 @@ def test_a_write_whose_answer_does_not_come_in_time_is_answered_busy_and_its_lat
         worker_router: tuple[Any, Any, zmq.Socket]) -> None:
     from zns.drivers.worker import WRITE_TIMEOUT_MS, ReplicaSource
 
+    from test_metrics import Idle, collected
+
     service, requests, peer = worker_router
+    # What /metrics shows of this worker (1): its live counts.
+    observed = Idle()
+    observed.service, observed.worker = service, 1
+    timed_out = ("zns_worker_writes_timed_out_total", (("worker", "1"),))
+    assert collected(observed)[timed_out] == 0
     peer.send(schema.encode({"op": "kv_put", "id": 5, "namespace": "ns", "key": "k",
                              "value": "v"}))
     wait_for(lambda: (requests.run({}, 1000, 10**9), service.forwarded.in_flight == 1)[1])
@@ -233,6 +260,7 @@ def test_a_write_whose_answer_does_not_come_in_time_is_answered_busy_and_its_lat
     answer = schema.decode_reply(peer.recv())
     assert isinstance(answer, schema.Error) and answer.id == 5 and answer.code == "busy", answer
     assert "did not answer this write in time" in answer.message
+    assert collected(observed)[timed_out] == 1
     service.answered(1, b"late")  # dropped: nobody waits for it
     assert not service.forwarded.ready and requests.next_deadline(now) is None
 

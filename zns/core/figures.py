@@ -41,6 +41,12 @@ class WorkerFigures(msgspec.Struct, frozen=True, kw_only=True):
     remoting_connections: int = 0
     remoting_max_connections: int = 0
     subscribers_cut: int = 0
+    # Writes forwarded to the state process (zns.core.forwarding): refused `busy` past the
+    # in-flight bound, answered `busy` for want of an answer in time; and the times ZNS/1
+    # requests stopped being read past the bounds of those held behind them.
+    writes_refused: int = 0
+    writes_timed_out: int = 0
+    requests_paused: int = 0
     rss_bytes: int = 0
     cpu_seconds: float = 0.0
 

@@ -16,7 +16,8 @@ queue list and one broker list for all of them. Sans-I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from itertools import islice
 from typing import Protocol, TypeVar, cast
 
 from zns.core.schema import BrokerData, BrokerEvent, QueueData, RouteEvent, TopicRoute
@@ -114,11 +115,22 @@ class RouteRevisions:
         """(topics with a revision, removed topics whose revision is remembered)."""
         return len(self._topic_revision), len(self._removed_revision)
 
-    def dump(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
+    def dump(self, held: bool = True) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
         """(revision, each held topic's last revision, each remembered removed topic's),
-        in their orders (zns.core.state_dump)."""
-        return (self.revision, list(self._topic_revision.items()),
+        in their orders (zns.core.state_dump). `held` False: the held topics' are read in
+        steps instead (`topic_revisions_in_steps`), and not listed here."""
+        return (self.revision, list(self._topic_revision.items()) if held else [],
                 list(self._removed_revision.items()))
+
+    def topic_revisions_in_steps(self, work: int) -> Iterator[list[tuple[str, int]]]:
+        """`dump`'s topic revisions, `work` a step (the last may be empty): the caller makes
+        sure they did not change between steps."""
+        held = iter(self._topic_revision.items())
+        while True:
+            step = list(islice(held, work))
+            yield step
+            if len(step) < work:
+                return
 
     def load(self, revision: int, topic_revisions: list[tuple[str, int]],
              removed_revisions: list[tuple[str, int]],

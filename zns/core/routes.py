@@ -27,7 +27,7 @@ from zns.core.errors import BadRequest, Conflict, UsageError
 from zns.core.liveness import LiveKey, Liveness, LivenessSchedule
 from zns.core.revisions import Changes, RouteBuilder, RouteRevisions, SharedLists
 from zns.core.state_dump import TableDump
-from zns.core.table_state import AddressState, BrokerState, TableState, check_state
+from zns.core.table_state import AddressState, BrokerState, QueueValue, TableState, check_state
 from zns.core.weights import WeightLedger, entry_weight
 from zns.core.schema import (
     MASTER_ID,
@@ -439,20 +439,37 @@ class RouteTable:
 
         The steps read the table as it is when each runs: the state is the table's
         only if `changes` is the same after the last step as before the first (the
-        caller checks before each step, and drops the steps when it moved). The queue
-        data are interned (`_intern`): equal values are one object, numbered once.
+        caller checks before each step, and drops the steps when it moved).
         """
         changes = self.changes
+        values: list[QueueValue] = []
+        topics: list[tuple[str, list[int]]] = []
+        for new_values, new_topics, more in self.queue_data_in_steps(work):
+            values += new_values
+            topics += new_topics
+            if more:
+                yield None
+                if self.changes != changes:
+                    raise RuntimeError("the table changed during a dump")
+        yield self.records(values, topics)
+
+    def queue_data_in_steps(self, work: int = DUMP_STEP_WORK) -> Iterator[
+            tuple[list[QueueValue], list[tuple[str, list[int]]], bool]]:
+        """The queue data as `dump` lists them, read in steps of `work` queue entries: each
+        step's distinct values not listed before and its topics (indexes into all the
+        values listed so far), and whether more steps follow. The caller checks `changes`
+        between steps, as `dump_in_steps` does. The queue data are interned (`_intern`):
+        equal values are one object, numbered once."""
         index: dict[int, int] = {}
-        values: list[tuple[str, int, int, int, int]] = []
-        topics = []
+        values: list[QueueValue] = []
+        topics: list[tuple[str, list[int]]] = []
         done = 0
         for topic, by_broker in self._queues.items():
             numbers = []
             for queue in by_broker.values():
                 number = index.get(id(queue))
                 if number is None:
-                    number = index[id(queue)] = len(values)
+                    number = index[id(queue)] = len(index)
                     values.append((queue.broker_name, queue.read_queues, queue.write_queues,
                                    queue.perm, queue.sys_flag))
                 numbers.append(number)
@@ -460,11 +477,16 @@ class RouteTable:
             done += len(numbers)
             if done >= work:
                 done = 0
-                yield None
-                if self.changes != changes:
-                    raise RuntimeError("the table changed during a dump")
+                yield values, topics, True
+                values, topics = [], []
+        yield values, topics, False
+
+    def records(self, queue_values: list[QueueValue],
+                topics: list[tuple[str, list[int]]]) -> TableState:
+        """The table's state with these queue data (`queue_data_in_steps`'s, all steps
+        joined): the rest of the records are read now."""
         filter_servers = self._filter_servers
-        yield TableState(
+        return TableState(
             clusters=[(cluster, list(names)) for cluster, names in self._clusters.items()],
             brokers=[BrokerState(rec.name, rec.cluster, rec.zone,
                                  [(i, a, rec.addr_cluster[a]) for i, a in rec.addrs.items()])
@@ -473,7 +495,7 @@ class RouteTable:
                                     live.ha_addr, sorted(live.names),
                                     list(filter_servers.get((live.cluster, live.addr), ())))
                        for live in self._live],
-            queue_values=values, topics=topics, order_conf=list(self._order_conf.items()),
+            queue_values=queue_values, topics=topics, order_conf=list(self._order_conf.items()),
         )
 
     def restore(self, state: TableState, now: int, confirm_within_ms: Callable[[str, str, int], int],
@@ -585,16 +607,26 @@ class RouteTable:
 
     # --- a replica's state (zns.core.state_dump) ----------------------------
 
-    def exact_dump(self, state: TableState | None = None) -> TableDump:
+    def exact_dump(self, state: TableState | None = None,
+                   topic_revisions: list[tuple[str, int]] | None = None) -> TableDump:
         """Everything the table decides from, exactly: its state as `dump` gives it (a warm
         restart keeps only that), with the epoch, the revisions and each address's times.
-        `state`: the last of `dump_in_steps` with the table unchanged since its first step
-        (None: made now)."""
+        `state`: the last of `dump_in_steps` (or made of `queue_data_in_steps`'s), and
+        `topic_revisions`: `topic_revisions_in_steps`'s joined, each with the table
+        unchanged since its first step (None: read now)."""
         state = self.dump() if state is None else state
-        revision, topic_revisions, removed_revisions = self._revisions.dump()
+        revision, held, removed_revisions = self._revisions.dump(held=topic_revisions is None)
         return TableDump(state=state, epoch=self.epoch, revision=revision,
-                         clocks=self._live.clocks(), topic_revisions=topic_revisions,
+                         clocks=self._live.clocks(),
+                         topic_revisions=held if topic_revisions is None else topic_revisions,
                          removed_revisions=removed_revisions)
+
+    def topic_revisions_in_steps(self, work: int = DUMP_STEP_WORK) -> Iterator[
+            list[tuple[str, int]]]:
+        """Each topic's last revision, as `exact_dump` lists them, `work` topics a step (the
+        last step may have none). The caller checks `changes` between steps, as
+        `dump_in_steps` does: a revision changes only with it."""
+        return self._revisions.topic_revisions_in_steps(work)
 
     @classmethod
     def from_exact_dump(cls, dump: TableDump) -> RouteTable:

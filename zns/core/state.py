@@ -43,7 +43,7 @@ commands in the same order and hold the same state, as Redis feeds its replicas)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Union, get_args
 
 import msgspec
@@ -77,7 +77,7 @@ from zns.core.schema import (
     WipeWritePerm,
     WipeWritePermReply,
 )
-from zns.core.state_dump import StateDump
+from zns.core.state_dump import EncodedList, StateDump, TableDump
 from zns.core.table_state import TableState
 
 TieKey = tuple[str, str, str]  # (cluster, broker address, broker name) registered over remoting
@@ -254,12 +254,12 @@ class StateMachine:
 
     # --- the whole state -------------------------------------------------------------
 
-    def dump(self, table: TableState | None = None) -> bytes:
-        """The whole state (zns.core.state_dump), encoded. `table`: the route table's state
-        made in steps (`dump_in_steps`; None: made now)."""
+    def dump(self, table: TableDump | None = None) -> bytes:
+        """The whole state (zns.core.state_dump), encoded. `table`: the route table's, made in
+        steps (`dump_in_steps`; None: read now)."""
         kv = self.kv
         return msgspec.msgpack.encode(StateDump(
-            table=self.table.exact_dump(table),
+            table=self.table.exact_dump() if table is None else table,
             ties=[(connection, *key) for key, connection in self._tie.items()],
             kv=[(ns, list(kv.list(ns).items())) for ns in kv.namespaces()],
             emptied=list(self._emptied)))
@@ -267,27 +267,42 @@ class StateMachine:
     def dump_in_steps(self, work: int = DUMP_STEP_WORK,
                       max_restarts: int = MAX_DUMP_RESTARTS) -> Iterator[bytes | None]:
         """`dump()` made in steps, so that the loop serves between them: None after each
-        step of `work` queue entries, then the dump, as of the state when its last step
-        ran. Only the queue data (most of the work) are read over several steps; the rest
-        (the other records, revisions, times, ties, KV) in the last one. The steps read the
+        step, then the dump (the same bytes), as of the state when its last step ran.
+        Each step reads `work` queue entries and `work` topics' revisions, and encodes
+        what it read; the last also reads and encodes the rest (the other records, the
+        times, ties, KV) and joins the pieces. The steps read the
         table as it is when each runs: a change of what they read between two steps
         (`RouteTable.changes`) starts them over, and after `max_restarts` of those the
         dump is made in one step, so that a steady stream of changes cannot keep it from
         ending."""
-        table = self.table
         for _ in range(max_restarts + 1):
-            changes = table.changes
-            steps = table.dump_in_steps(work)
-            state = next(steps)
-            while state is None:
-                yield None
-                if table.changes != changes:
-                    break
-                state = next(steps)
-            if state is not None:
-                yield self.dump(state)
+            dump = yield from self._dump_steps(work)
+            if dump is not None:
+                yield dump
                 return
         yield self.dump()
+
+    def _dump_steps(self, work: int) -> Generator[None, None, bytes | None]:
+        """One try of `dump_in_steps`: None after each step but the last, which returns
+        the dump; returns None at once when the table changed between two steps."""
+        table = self.table
+        changes = table.changes
+        values, topics, revisions = EncodedList(), EncodedList(), EncodedList()
+        # As many revisions a step as queue entries: a step reads at most `work` topics,
+        # so the revisions are all read by the last step (the loop after it is a guard).
+        revision_steps = table.topic_revisions_in_steps(work)
+        for new_values, new_topics, more in table.queue_data_in_steps(work):
+            values.extend(new_values)
+            topics.extend(new_topics)
+            revisions.extend(next(revision_steps, []))
+            if more:
+                yield None
+                if table.changes != changes:
+                    return None
+        for step in revision_steps:
+            revisions.extend(step)
+        state = table.records(values.raw(), topics.raw())
+        return self.dump(table.exact_dump(state, revisions.raw()))
 
     @classmethod
     def load(cls, data: bytes, kv: KvBackend, *, limits: Limits | None = None) -> StateMachine:

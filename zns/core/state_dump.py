@@ -10,11 +10,17 @@ drops: the epoch, the revisions and each address's times. Times are the monotoni
 milliseconds of the process that dumped: a dump is loaded by a replica of the same
 run, on the same clock.
 
+A state transfer encodes its long lists a step at a time (`EncodedList`), so that
+no one step of the state process's loop encodes the whole dump.
+
 Sans-I/O; array-like structs, so a dump is small.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 from msgspec import Struct
 
 from zns.core.table_state import TableState
@@ -49,3 +55,34 @@ class StateDump(Struct, array_like=True, frozen=True):
     ties: list[tuple[int, str, str, str]]  # (connection, cluster, address, name), as tied
     kv: list[tuple[str, list[tuple[str, str]]]]  # namespace -> its entries, as stored
     emptied: list[str]  # oldest first
+
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def array_header(length: int) -> bytes:
+    """The MessagePack header of an array of `length` items, as msgspec writes it (the
+    shortest form)."""
+    if length < 16:
+        return bytes((0x90 | length,))
+    if length < 1 << 16:
+        return b"\xdc" + length.to_bytes(2, "big")
+    return b"\xdd" + length.to_bytes(4, "big")
+
+
+class EncodedList:
+    """A list encoded a few items at a time: `raw()`, placed where the list goes in a
+    struct, makes msgspec write the same bytes as for the list itself."""
+
+    def __init__(self) -> None:
+        self._items = bytearray()  # the items' encodings, in order
+        self._count = 0
+
+    def extend(self, items: list[Any]) -> None:
+        if items:
+            encoded = _encoder.encode(items)
+            self._items += memoryview(encoded)[len(array_header(len(items))):]
+            self._count += len(items)
+
+    def raw(self) -> Any:  # a msgspec.Raw, in place of the list (msgspec writes it as it is)
+        return msgspec.Raw(array_header(self._count) + self._items)

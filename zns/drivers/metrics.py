@@ -146,7 +146,7 @@ class _Collector:
             labels=["protocol", "op", *labels])
         per_worker = {name: (CounterMetricFamily if counter else GaugeMetricFamily)(
             name, text, labels=labels) for name, counter, text in (
-                *_PER_WORKER, _WORKER_STALLS if server.worker else _STALLS)}
+                *_PER_WORKER, *(_WORKER_ONLY if server.worker else (_STALLS,)))}
         for label, figures in shown:
             for op, outcome, count in figures.requests:
                 requests.add_metric([op, outcome, *label], count)
@@ -161,9 +161,13 @@ class _Collector:
                 ("zns_remoting_connections", figures.remoting_connections),
                 ("zns_remoting_max_connections", figures.remoting_max_connections),
                 ("zns_event_subscribers_cut", figures.subscribers_cut),
-                ((_WORKER_STALLS if server.worker else _STALLS)[0], figures.stalls),
+                ("zns_worker_stalls" if server.worker else "zns_stalls", figures.stalls),
+                ("zns_worker_writes_refused", figures.writes_refused),
+                ("zns_worker_writes_timed_out", figures.writes_timed_out),
+                ("zns_worker_request_pauses", figures.requests_paused),
             ):
-                per_worker[name].add_metric(label, value)
+                if name in per_worker:  # the writes': only workers forward them
+                    per_worker[name].add_metric(label, value)
         yield from (requests, remoting, encoded, published, seconds, *per_worker.values())
         for name, text, value in (
             ("zns_brokers", "Broker names held", table.broker_count()),
@@ -225,7 +229,17 @@ _PER_WORKER = (
 # Stalls: a single process's own; under --workers N each worker's, labelled, while
 # zns_stalls is the state process's (the stalls that shift the expiry).
 _STALLS = ("zns_stalls", True, "Stalls measured (§8): the loop did not run")
-_WORKER_STALLS = ("zns_worker_stalls", True, "Stalls measured in a worker: its loop did not run")
+# Only under --workers N, each worker's: its loop's stalls, and its writes forwarded to
+# the state process (zns.core.forwarding, zns.drivers.request_router).
+_WORKER_ONLY = (
+    ("zns_worker_stalls", True, "Stalls measured in a worker: its loop did not run"),
+    ("zns_worker_writes_refused", True, "Writes the worker refused busy: as many as it "
+     "holds were already at the state process"),
+    ("zns_worker_writes_timed_out", True, "Writes the worker answered busy: the state "
+     "process did not answer them in time"),
+    ("zns_worker_request_pauses", True, "Times the worker stopped reading ZNS/1 requests: "
+     "as many (or as many bytes) as it holds waited behind writes at the state process"),
+)
 
 
 def own_figures(server: Observed) -> WorkerFigures:
@@ -234,6 +248,7 @@ def own_figures(server: Observed) -> WorkerFigures:
     service = server.service
     times = server.request_times
     listener = server.remoting
+    writes = service.forwarded
     return WorkerFigures(
         worker=server.worker, pid=os.getpid(),
         requests=[(tag_of(kind), "ok", n) for kind, n in dict(service.ok_counts).items()]
@@ -248,6 +263,9 @@ def own_figures(server: Observed) -> WorkerFigures:
         remoting_connections=len(listener.connections) if listener is not None else 0,
         remoting_max_connections=listener.max_connections if listener is not None else 0,
         subscribers_cut=server.subscribers.budget.cut,
+        writes_refused=writes.refused if writes is not None else 0,
+        writes_timed_out=writes.timed_out if writes is not None else 0,
+        requests_paused=writes.requests_paused if writes is not None else 0,
         **process_usage(),
     )
 

@@ -246,6 +246,9 @@ class RequestRouter:
         if over and not self._paused and self._poll is not None:
             self._paused = True
             self._poll.unregister(self.router)
+            writes = self.service.forwarded
+            assert writes is not None  # requests are held only where writes are forwarded
+            writes.requests_paused += 1
         return over
 
     def _resume_ready(self, now: int) -> bool:
