@@ -942,7 +942,8 @@ def run_memory(config: RunConfig) -> BenchResult:
     if not reason:
         for name, starter in ((JAVA_SMALL, start_java), (JAVA_STOCK, start_stock_java)):
             with ExitStack() as stack:
-                addr, pid = starter(config, stack, "memory")
+                addr, pid = starter(config, stack, "memory-stock" if starter is start_stock_java
+                                    else "memory")
                 fill(addr, p, stack)
                 java[name] = rss_kib(pid) / 1024
                 config.log(f"{name}: RSS {java[name]:.1f} MiB")
