@@ -1,9 +1,72 @@
-"""What keeps the memory of `zns serve --workers N` down (bench/workers.py, workers_memory)."""
+"""What keeps the memory of `zns serve --workers N` down (bench/workers.py, workers_memory):
+the pages forked workers share with the state process stay shared (gc.freeze at each fork,
+and a state that makes no reference cycles, which a frozen object could never free), and no
+process imports asyncio and ssl unless CURVE is on."""
 
 from __future__ import annotations
 
+import gc
+import os
 import subprocess
 import sys
+
+from helpers import register_fields, zns1_events, zns1_ok
+from zns.core.replication import Primary
+from zns.core.service import NameService
+from zns.drivers.kv_file import KvStore
+from zns.drivers.replication_link import PrimaryLink, fork_worker
+
+
+def test_a_fork_freezes_what_is_alive_in_both_processes() -> None:
+    """After the fork neither process's collector writes to the objects alive at it: they
+    are in the permanent generation, in the worker and in the state process."""
+    gc.unfreeze()
+    alive = [{"n": n} for n in range(1_000)]  # containers the collector tracks
+    link = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=lambda w, r: (None, b""))
+
+    def main(sock: object) -> int:
+        return 0 if gc.get_freeze_count() >= len(alive) else 3
+
+    try:
+        pid, _ = fork_worker(link, main, 0)
+        assert gc.get_freeze_count() >= len(alive)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the worker's objects were not frozen"
+    finally:
+        link.close()
+        gc.unfreeze()
+
+
+def churn(service: NameService) -> None:
+    """Registrations, re-registrations that change and that do not, unregistrations,
+    expiry, KV writes: every kind of change the state sees."""
+    for rnd in range(3):
+        for b in range(60):
+            topics = {f"T{b // 2 * 5 + t}": {"read_queue_nums": 4 + rnd % 2} for t in range(5)}
+            zns1_ok(service, "register_broker", now=1000 * rnd + b, **register_fields(
+                broker_name=f"b{b}", addr=f"10.0.0.{b}:10911", topics=topics,
+                heartbeat_timeout_ms=10_000 + 1000 * (b % 3)))
+        for b in range(0, 60, 7):
+            zns1_ok(service, "unregister_broker", cluster="c1", broker_name=f"b{b}",
+                    broker_id=0, broker_addr=f"10.0.0.{b}:10911")
+        zns1_ok(service, "kv_put", namespace="ns", key=f"k{rnd}", value="v")
+        zns1_ok(service, "kv_delete", namespace="ns", key=f"k{rnd}")
+    for now in range(10_000, 40_000, 500):
+        service.expire(now)
+    assert service.table.broker_count() == 0
+
+
+def test_the_state_makes_no_reference_cycles() -> None:
+    """A frozen object is never freed as part of a cycle: what the state drops must go by
+    its reference count alone, or every fork would leak what it froze."""
+    service = NameService(KvStore(None), epoch="e", started_at_ms=0)
+    gc.collect()
+    gc.disable()
+    try:
+        churn(service)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
 
 
 def test_serving_imports_no_asyncio_and_no_ssl() -> None:
