@@ -1,7 +1,8 @@
 """What keeps the memory of `zns serve --workers N` down (bench/workers.py, workers_memory):
 the pages forked workers share with the state process stay shared (gc.freeze at each fork,
-and a state that makes no reference cycles, which a frozen object could never free), and no
-process imports asyncio and ssl unless CURVE is on."""
+and a state that makes no reference cycles, which a frozen object could never free), the
+state process encodes nothing only a reader needs, and no process imports asyncio and ssl
+unless CURVE is on."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import sys
 from helpers import register_fields, zns1_events, zns1_ok
 from zns.core.replication import Primary
 from zns.core.service import NameService
+from zns.drivers.heap import HeapTrim
 from zns.drivers.kv_file import KvStore
 from zns.drivers.replication_link import PrimaryLink, fork_worker
+from zns.drivers.state_process import PrimaryService
 
 
 def test_a_fork_freezes_what_is_alive_in_both_processes() -> None:
@@ -67,6 +70,22 @@ def test_the_state_makes_no_reference_cycles() -> None:
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_the_state_process_encodes_no_event() -> None:
+    """Its events are counted (and trim the heap) but never encoded: it publishes none (each
+    worker's replica makes its own) and answers no read."""
+    service = PrimaryService(KvStore(None), epoch="e", started_at_ms=0)
+    service.heap = HeapTrim(None, 0)
+    _, events = zns1_events(service, "register_broker", **register_fields(
+        topics={"T1": {}, "T2": {}}))
+    assert events == []
+    assert service.published["route"] == 2 and service.published["broker"] == 1
+    zns1_ok(service, "unregister_broker", cluster="c1", broker_name="broker-a", broker_id=0,
+            broker_addr="10.0.0.1:10911")
+    assert service.removals == {"unregistered": 1}
+    assert service.heap.pending == 2 + 1 + 2 + 1
+    assert len(service.encoded) == 0
 
 
 def test_serving_imports_no_asyncio_and_no_ssl() -> None:
