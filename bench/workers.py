@@ -921,47 +921,50 @@ def start_stock_java(config: RunConfig, stack: ExitStack, tag: str) -> tuple[str
 def run_memory(config: RunConfig) -> BenchResult:
     p = QUICK if config.quick else FULL
     reason = java_side(config, p)
-    rss: dict[str, float] = {}  # MiB, by "<shape>: <process>"
-    pss: dict[str, float] = {}
-    whole: dict[int, tuple[float, float, float]] = {}  # workers -> (RSS sum, PSS sum, resident)
-    java: dict[str, float] = {}  # JVM -> RSS, MiB
-    for w in WORKER_COUNTS:  # one at a time: none of them shares a page with another
-        with ExitStack() as stack:
-            zns = stack.enter_context(_closing(start(config, w, "memory")))
-            fill(zns.remoting, p, stack)
-            time.sleep(1.0)  # the workers' figures and any trim settle
-            pids = zns.pids()
-            for role, pid in pids.items():
-                rss[f"{label(w)}: {role}"] = rss_kib(pid) / 1024
-                pss[f"{label(w)}: {role}"] = pss_kib(pid) / 1024
-            whole[w] = (sum(rss_kib(pid) for pid in pids.values()) / 1024,
-                        sum(pss_kib(pid) for pid in pids.values()) / 1024,
-                        resident_kib(list(pids.values())) / 1024)
-            config.log(f"{label(w)}: RSS {whole[w][0]:.1f}, PSS {whole[w][1]:.1f}, "
-                       f"resident (each page once) {whole[w][2]:.1f} MiB")
-    if not reason:
-        for name, starter in ((JAVA_SMALL, start_java), (JAVA_STOCK, start_stock_java)):
+    rss: dict[str, list[float]] = {}  # MiB, by "<shape>: <process>", one per round
+    pss: dict[str, list[float]] = {}
+    sums: dict[tuple[int, str], list[float]] = {}  # (workers, RSS|PSS|resident) -> MiB
+    java: dict[str, list[float]] = {}  # JVM -> RSS, MiB
+    for r in range(config.rounds):
+        for w in WORKER_COUNTS:  # one at a time: none of them shares a page with another
             with ExitStack() as stack:
-                addr, pid = starter(config, stack, "memory-stock" if starter is start_stock_java
-                                    else "memory")
-                fill(addr, p, stack)
-                java[name] = rss_kib(pid) / 1024
-                config.log(f"{name}: RSS {java[name]:.1f} MiB")
-    figures = [Figure(f"RSS: {role}", "MiB", [mib]) for role, mib in rss.items()]
-    figures += [Figure(f"PSS: {role}", "MiB", [mib]) for role, mib in pss.items()]
-    figures += [Figure(f"RSS: {name}", "MiB", [mib]) for name, mib in java.items()]
+                zns = stack.enter_context(_closing(start(config, w, f"memory{r}")))
+                fill(zns.remoting, p, stack)
+                time.sleep(1.0)  # the workers' figures and any trim settle
+                pids = zns.pids()
+                for role, pid in pids.items():
+                    rss.setdefault(f"{label(w)}: {role}", []).append(rss_kib(pid) / 1024)
+                    pss.setdefault(f"{label(w)}: {role}", []).append(pss_kib(pid) / 1024)
+                for what, mib in (
+                        ("RSS", sum(rss_kib(pid) for pid in pids.values()) / 1024),
+                        ("PSS", sum(pss_kib(pid) for pid in pids.values()) / 1024),
+                        ("resident", resident_kib(list(pids.values())) / 1024)):
+                    sums.setdefault((w, what), []).append(mib)
+            config.log(f"round {r + 1}, {label(w)}: " + ", ".join(
+                f"{what} {sums[w, what][-1]:.1f}" for what in ("RSS", "PSS", "resident"))
+                + " MiB (resident: each page once)")
+        if not reason:
+            for name, starter, tag in ((JAVA_SMALL, start_java, f"memory{r}"),
+                                       (JAVA_STOCK, start_stock_java, f"memory{r}-stock")):
+                with ExitStack() as stack:
+                    addr, pid = starter(config, stack, tag)
+                    fill(addr, p, stack)
+                    java.setdefault(name, []).append(rss_kib(pid) / 1024)
+                    config.log(f"round {r + 1}, {name}: RSS {java[name][-1]:.1f} MiB")
+    figures = [Figure(f"RSS: {role}", "MiB", mib) for role, mib in rss.items()]
+    figures += [Figure(f"PSS: {role}", "MiB", mib) for role, mib in pss.items()]
+    figures += [Figure(f"RSS: {name}", "MiB", mib) for name, mib in java.items()]
     for w in WORKER_COUNTS:
-        rss_sum, pss_sum, resident = whole[w]
         shape = label(w) + (" (the default)" if w == 1 else "")
-        figures.append(Figure(f"RSS of every process added up, {shape}", "MiB", [rss_sum],
+        figures.append(Figure(f"RSS of every process added up, {shape}", "MiB", sums[w, "RSS"],
                               note="pages shared since the fork counted in every process"))
-        figures.append(Figure(f"PSS of every process added up, {shape}", "MiB", [pss_sum],
+        figures.append(Figure(f"PSS of every process added up, {shape}", "MiB", sums[w, "PSS"],
                               note="each shared page split among the processes that map it, "
                               "those outside zns too (other programs' libc, libpython)"))
         for name in (JAVA_STOCK, JAVA_SMALL) if java else (JAVA_STOCK,):
             figures.append(Figure(
                 f"memory of the whole (each page once), {shape}, against the {name}", "MiB",
-                [resident], f"{name}: RSS" if java else "", [java[name]] if java else [],
+                sums[w, "resident"], f"{name}: RSS" if java else "", java.get(name, []),
                 Target("ratio", "<=", 0.25) if java else None,
                 note="" if java else f"the Java side was skipped: {reason}"))
     method = MEMORY_METHOD.format(brokers=p.mem_brokers, topics=p.mem_topics,
@@ -985,9 +988,9 @@ it (the distinct page frames of their present pages, /proc/<pid>/pagemap): the w
 forked from the state process and share the pages neither has written since, so adding up
 RSS counts those pages once per process. PSS added up counts them once too, but also splits
 pages shared with programs outside zns (libc, libpython) among those, so it comes out lower.
-The Java NameServer is one process: its RSS. One measurement (memory does not move with the
-machine's load). Budget (issue 30): the whole of zns under ¼ of the Java NameServer's RSS,
-given against each JVM.
+The Java NameServer is one process: its RSS. Each round starts every server afresh, one at
+a time; a ratio is the round's zns figure over the same round's JVM. Budget (issue 30): the
+whole of zns under ¼ of the Java NameServer's RSS, given against each JVM.
 """
 
 
