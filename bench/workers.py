@@ -956,11 +956,8 @@ def run_memory(config: RunConfig) -> BenchResult:
     figures += [Figure(f"RSS: {name}", "MiB", mib) for name, mib in java.items()]
     for w in WORKER_COUNTS:
         shape = label(w) + (" (the default)" if w == 1 else "")
-        figures.append(Figure(f"RSS of every process added up, {shape}", "MiB", sums[w, "RSS"],
-                              note="pages shared since the fork counted in every process"))
-        figures.append(Figure(f"PSS of every process added up, {shape}", "MiB", sums[w, "PSS"],
-                              note="each shared page split among the processes that map it, "
-                              "those outside zns too (other programs' libc, libpython)"))
+        figures.append(Figure(f"RSS of every process added up, {shape}", "MiB", sums[w, "RSS"]))
+        figures.append(Figure(f"PSS of every process added up, {shape}", "MiB", sums[w, "PSS"]))
         for name in (JAVA_STOCK, JAVA_SMALL) if java else (JAVA_STOCK,):
             figures.append(Figure(
                 f"memory of the whole (each page once), {shape}, against the {name}", "MiB",
