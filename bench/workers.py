@@ -972,7 +972,7 @@ def run_memory(config: RunConfig) -> BenchResult:
 MEMORY_METHOD = """
 `zns serve --workers 0` (one process), `--workers 1` (the default: a state process and one
 worker) and `--workers 2`, and RocketMQ 5.3.3's Java NameServer twice: with the interop
-harness's JVM (`-Xms64m -Xmx128m`, serial GC, C1 only: tests/interop/rocketmq.py) and with
+harness's JVM (tests/interop/rocketmq.py: `-Xms64m -Xmx128m`, serial GC; the full JIT, as in `workers_reads`) and with
 the options RocketMQ's own start script gives it on JDK 17 (distribution/bin/runserver.sh,
 `choose_gc_options` for Java 9 and later: `{stock}`, its GC log to a file; the script has no
 rule for small machines, and this one has the RAM for the 4 GB heap). Each, started alone,
