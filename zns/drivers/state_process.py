@@ -421,7 +421,7 @@ class _Expiry:
         return self.timers.next_deadline()
 
     def run(self, ready: Ready, now: int, until: int) -> None:
-        self.timers.on_timer(now, 0)  # the events (encoded lazily) are the workers' to publish
+        self.timers.on_timer(now, 0)  # the events are the workers' to publish (none encoded here)
 
 
 class _Links:
