@@ -9,8 +9,9 @@ Five benchmarks, each its own section of bench/results.md, each rerunnable alone
 - `workers_lag`: a write's way to the other worker (replication lag) idle and under 1,000
   registrations/s; push latency with 0, 1 and 2 workers;
 - `workers_storm`: read latency while brokers register 10,000 topics each;
-- `workers_memory`: RSS of every process at 1,000 brokers and 10,000 topics, against the
-  Java NameServer;
+- `workers_memory`: the memory of every process at 1,000 brokers and 10,000 topics, with 0, 1
+  and 2 workers, against the Java NameServer with the harness's small heap and with its start
+  script's;
 - `workers_recovery`: a worker's SIGKILL to its slot answering again; a state process's
   SIGTERM and a new start to its first route answer.
 
@@ -29,6 +30,7 @@ import re
 import signal
 import socket
 import statistics
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -818,15 +820,40 @@ bench.workers workers_storm`.
 """
 
 
-# --- workers_memory: RSS of every process at 1,000 brokers / 10,000 topics -----------------
+# --- workers_memory: the memory of every process at 1,000 brokers / 10,000 topics --------
 
 
 def pss_kib(pid: int) -> int:
-    """Proportional set size: pages shared after the fork counted once over the processes."""
+    """Proportional set size: each resident page divided by the processes that map it."""
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
         if line.startswith("Pss:"):
             return int(line.split()[1])
     raise BenchError(f"no Pss for pid {pid}")
+
+
+PAGE_FRAME = (1 << 55) - 1  # /proc/<pid>/pagemap: bits 0-54 of an entry name the page frame
+PAGE_PRESENT = 1 << 63
+
+
+def resident_kib(pids: Sequence[int]) -> int:
+    """The resident memory of a group of processes, each physical page counted once however
+    many of them map it: the distinct page frames of their present pages
+    (/proc/<pid>/pagemap; the frame numbers need CAP_SYS_ADMIN: 0 without it)."""
+    frames: set[int] = set()
+    page = os.sysconf("SC_PAGE_SIZE")
+    for pid in pids:
+        with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/pagemap", "rb") as pagemap:
+            for line in maps:
+                low, high = (int(x, 16) for x in line.split()[0].split("-"))
+                if line.rstrip().endswith("[vsyscall]"):
+                    continue
+                pagemap.seek(low // page * 8)
+                entries = pagemap.read((high - low) // page * 8)
+                for (entry,) in struct.iter_unpack("<Q", entries):
+                    if entry & PAGE_PRESENT:
+                        frames.add(entry & PAGE_FRAME)
+    frames.discard(0)
+    return len(frames) * page // 1024
 
 
 def fill(addr: str, p: Params, stack: ExitStack) -> None:
@@ -855,48 +882,112 @@ def fill(addr: str, p: Params, stack: ExitStack) -> None:
             reader.close()
 
 
+# RocketMQ 5.3.3's distribution/bin/runserver.sh on a JDK of 9 or later (its
+# choose_gc_options; the same on any machine: the script has no rule for small ones), as
+# options that override the interop harness's (tests/interop/rocketmq.py JVM_BASE and
+# NAMESRV_HEAP; the last of two options wins). The harness's C1-only JIT, small stacks and
+# disabled perf data are put back to the JVM's defaults, which the script keeps; its GC log
+# goes to the run's folder, not /dev/shm.
+STOCK_JVM = [
+    "-XX:-UseSerialGC", "-XX:TieredStopAtLevel=4", "-XX:+UsePerfData", "-Xss1m",
+    "-server", "-Xms4g", "-Xmx4g", "-XX:MetaspaceSize=128m", "-XX:MaxMetaspaceSize=320m",
+    "-XX:+UseG1GC", "-XX:G1HeapRegionSize=16m", "-XX:G1ReservePercent=25",
+    "-XX:InitiatingHeapOccupancyPercent=30", "-XX:SoftRefLRUPolicyMSPerMB=0",
+    "-XX:-OmitStackTraceInFastThrow", "-XX:-UseLargePages",
+]
+JAVA_SMALL = "Java NameServer, the harness's JVM (64-128 MB heap, serial GC)"
+JAVA_STOCK = "Java NameServer, runserver.sh's JVM (4 GB heap, G1)"
+
+
+def start_stock_java(config: RunConfig, stack: ExitStack, tag: str) -> tuple[str, int]:
+    """The Java NameServer as RocketMQ's start script runs it (STOCK_JVM), without the
+    harness's class-data archive (made for its own options; the script has none)."""
+    group = stack.enter_context(rocketmq.ProcessGroup(config.workdir / f"rocketmq-{tag}"))
+    gc_log = config.workdir / f"rocketmq-{tag}" / "rmq_srv_gc_%p_%t.log"
+    saved = os.environ.get(rocketmq.CDS_ENV)
+    os.environ[rocketmq.CDS_ENV] = "0"
+    try:
+        ns = group.namesrv(jvm_args=[*STOCK_JVM, f"-Xlog:gc*:file={gc_log}:time,tags:"
+                                                 "filecount=5,filesize=30M"])
+    finally:
+        if saved is None:
+            del os.environ[rocketmq.CDS_ENV]
+        else:
+            os.environ[rocketmq.CDS_ENV] = saved
+    config.log(f"Java NameServer (runserver.sh's JVM) at {ns.addr} up in {ns.ready_after:.1f} s")
+    return ns.addr, ns.pid
+
+
 def run_memory(config: RunConfig) -> BenchResult:
     p = QUICK if config.quick else FULL
     reason = java_side(config, p)
-    rss: dict[str, float] = {}
-    pss: dict[str, float] = {}
-    with ExitStack() as stack:
-        for w in (0, 2):
-            zns = stack.enter_context(_closing(start(config, w, "memory")))
-            fill(zns.remoting, p, stack)
-            for role, pid in zns.pids().items():
-                rss[f"{label(w)}: {role}"] = rss_kib(pid) / 1024
-                pss[f"{label(w)}: {role}"] = pss_kib(pid) / 1024
+    rss: dict[str, list[float]] = {}  # MiB, by "<shape>: <process>", one per round
+    pss: dict[str, list[float]] = {}
+    sums: dict[tuple[int, str], list[float]] = {}  # (workers, RSS|PSS|resident) -> MiB
+    java: dict[str, list[float]] = {}  # JVM -> RSS, MiB
+    for r in range(config.rounds):
+        for w in WORKER_COUNTS:  # one at a time: none of them shares a page with another
+            with ExitStack() as stack:
+                zns = stack.enter_context(_closing(start(config, w, f"memory{r}")))
+                fill(zns.remoting, p, stack)
+                time.sleep(1.0)  # the workers' figures and any trim settle
+                pids = zns.pids()
+                for role, pid in pids.items():
+                    rss.setdefault(f"{label(w)}: {role}", []).append(rss_kib(pid) / 1024)
+                    pss.setdefault(f"{label(w)}: {role}", []).append(pss_kib(pid) / 1024)
+                for what, mib in (
+                        ("RSS", sum(rss_kib(pid) for pid in pids.values()) / 1024),
+                        ("PSS", sum(pss_kib(pid) for pid in pids.values()) / 1024),
+                        ("resident", resident_kib(list(pids.values())) / 1024)):
+                    sums.setdefault((w, what), []).append(mib)
+            config.log(f"round {r + 1}, {label(w)}: " + ", ".join(
+                f"{what} {sums[w, what][-1]:.1f}" for what in ("RSS", "PSS", "resident"))
+                + " MiB (resident: each page once)")
         if not reason:
-            addr, pid = start_java(config, stack, "memory")
-            fill(addr, p, stack)
-            rss["Java NameServer"] = rss_kib(pid) / 1024
-    java = rss.get("Java NameServer")
-    figures = [Figure(f"RSS: {role}", "MiB", [mib]) for role, mib in rss.items()]
-    figures += [Figure(f"PSS: {role}", "MiB", [mib]) for role, mib in pss.items()]
-    for w in (0, 2):
-        whole = sum(v for k, v in rss.items() if k.startswith(label(w)))
-        pss_whole = sum(v for k, v in pss.items() if k.startswith(label(w)))
-        for what, value in (("RSS", whole), ("PSS", pss_whole)):
+            for name, starter, tag in ((JAVA_SMALL, start_java, f"memory{r}"),
+                                       (JAVA_STOCK, start_stock_java, f"memory{r}-stock")):
+                with ExitStack() as stack:
+                    addr, pid = starter(config, stack, tag)
+                    fill(addr, p, stack)
+                    java.setdefault(name, []).append(rss_kib(pid) / 1024)
+                    config.log(f"round {r + 1}, {name}: RSS {java[name][-1]:.1f} MiB")
+    figures = [Figure(f"RSS: {role}", "MiB", mib) for role, mib in rss.items()]
+    figures += [Figure(f"PSS: {role}", "MiB", mib) for role, mib in pss.items()]
+    figures += [Figure(f"RSS: {name}", "MiB", mib) for name, mib in java.items()]
+    for w in WORKER_COUNTS:
+        shape = label(w) + (" (the default)" if w == 1 else "")
+        figures.append(Figure(f"RSS of every process added up, {shape}", "MiB", sums[w, "RSS"]))
+        figures.append(Figure(f"PSS of every process added up, {shape}", "MiB", sums[w, "PSS"]))
+        for name in (JAVA_STOCK, JAVA_SMALL) if java else (JAVA_STOCK,):
             figures.append(Figure(
-                f"{what} of every process together, {label(w)}", "MiB", [value],
-                "Java NameServer's RSS" if java else "", [java] if java else [],
+                f"memory of the whole (each page once), {shape}, against the {name}", "MiB",
+                sums[w, "resident"], f"{name}: RSS" if java else "", java.get(name, []),
                 Target("ratio", "<=", 0.25) if java else None,
                 note="" if java else f"the Java side was skipped: {reason}"))
-    method = MEMORY_METHOD.format(brokers=p.mem_brokers, topics=p.mem_topics)
+    method = MEMORY_METHOD.format(brokers=p.mem_brokers, topics=p.mem_topics,
+                                  stock=" ".join(STOCK_JVM[4:]))
     return BenchResult("workers_memory", "Workers: memory of every process", method, figures)
 
 
 MEMORY_METHOD = """
-`zns serve --workers 0`, `zns serve --workers 2` and RocketMQ 5.3.3's Java NameServer (the
-interop harness's JVM: `-Xms64m -Xmx128m`, serial GC; RocketMQ's own start script gives it 4 GB)
-each get {brokers:,} brokers registered over remoting connections kept open, brokers 2k and
+`zns serve --workers 0` (one process), `--workers 1` (the default: a state process and one
+worker) and `--workers 2`, and RocketMQ 5.3.3's Java NameServer twice: with the interop
+harness's JVM (tests/interop/rocketmq.py: `-Xms64m -Xmx128m`, serial GC; the full JIT, as in `workers_reads`) and with
+the options RocketMQ's own start script gives it on JDK 17 (distribution/bin/runserver.sh,
+`choose_gc_options` for Java 9 and later: `{stock}`, its GC log to a file; the script has no
+rule for small machines, and this one has the RAM for the 4 GB heap). Each, started alone,
+gets {brokers:,} brokers registered over remoting connections kept open, brokers 2k and
 2k+1 hosting the same topics ({topics:,} topics, each on 2 brokers, 8 queues each), then every
-route read once over remoting (so every cache is filled); then VmRSS of every process
-(/proc/<pid>/status), and for zns also PSS (/proc/<pid>/smaps_rollup: pages the workers still
-share with the state process after the fork counted once). One measurement (memory does not
-move with the machine's load). Budget: every zns process together under ¼ of the Java
-NameServer's RSS.
+route read once over remoting (so every cache is filled); 1 s later, for every process:
+VmRSS (/proc/<pid>/status) and PSS (/proc/<pid>/smaps_rollup). *The whole* of zns is its
+processes' resident memory with each physical page counted once, however many of them map
+it (the distinct page frames of their present pages, /proc/<pid>/pagemap): the workers are
+forked from the state process and share the pages neither has written since, so adding up
+RSS counts those pages once per process. PSS added up counts them once too, but also splits
+pages shared with programs outside zns (libc, libpython) among those, so it comes out lower.
+The Java NameServer is one process: its RSS. Each round starts every server afresh, one at
+a time; a ratio is the round's zns figure over the same round's JVM. Budget (issue 30): the
+whole of zns under ¼ of the Java NameServer's RSS, given against each JVM.
 """
 
 

@@ -142,6 +142,9 @@ class NameService:
     # Whether each broker change is logged here (one line each): a worker's replica leaves
     # it to the state process, which applies every change once, whatever the workers.
     logs_broker_changes = True
+    # Whether each step's events are encoded as frames to publish; the state process of
+    # `--workers N` publishes none (its workers' replicas make their own): it only counts them.
+    publishes_events = True
 
     def __init__(
         self,
@@ -288,7 +291,12 @@ class NameService:
         """Feed one command to the state machine: its outcome, and its events as frames."""
         outcome = self.state.apply(command)
         events = outcome.events
-        return outcome, self._publish(events) if events else []
+        if not events:
+            return outcome, []
+        if not self.publishes_events:
+            self._count(events)
+            return outcome, []
+        return outcome, self._publish(events)
 
     def _zns1_sender(self, peer_key: str | None, peer: Any) -> str:
         """A ZNS/1 peer as its audit line names it: its CURVE key's name, else its key and
@@ -535,15 +543,28 @@ class NameService:
 
     # --- internals --------------------------------------------------------
 
-    def _publish(self, events: list[RouteEvent | BrokerEvent]) -> EventFrames:
+    def _count(self, events: list[RouteEvent | BrokerEvent]) -> None:
+        """What every step's events leave besides their frames: the counts, and a line per
+        broker change."""
         published = self.published
+        for event in events:
+            if isinstance(event, RouteEvent):
+                published["route"] += 1
+            else:
+                published["broker"] += 1
+                if event.change == "removed":
+                    self.removals[event.reason] += 1
+                if self.logs_broker_changes:
+                    _log_broker_event(event)
+
+    def _publish(self, events: list[RouteEvent | BrokerEvent]) -> EventFrames:
+        self._count(events)
         # Routes of one step share their queue and broker lists and filter servers
         # (RouteTable._build_route): encode each once; they are alive (held by the
         # routes) while we do.
         encoded: dict[int, Raw] = {}
         for event in events:
             if isinstance(event, RouteEvent):
-                published["route"] += 1
                 self.encoded.forget(event.topic)
                 route = event.route
                 if isinstance(route, TopicRoute):  # from the table: never encoded yet
@@ -558,12 +579,6 @@ class NameService:
                     event.route = msgspec.structs.replace(
                         route, queues=raw_q, brokers=raw_b,
                         filter_servers=raw_f if servers else servers)
-            else:
-                published["broker"] += 1
-                if event.change == "removed":
-                    self.removals[event.reason] += 1
-                if self.logs_broker_changes:
-                    _log_broker_event(event)
         return EventFrames(events, self._exact)
 
 

@@ -44,7 +44,6 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from zns.core.accept_pause import AcceptPause
 from zns.core.addresses import url_host
@@ -212,6 +211,20 @@ class DescriptorGuard:
             listener.close()
         self.listeners.clear()
         self.shedder.close()
+
+
+_MONITOR_EVENT = struct.Struct("=hi")
+
+
+def parse_monitor_message(frames: list[bytes]) -> dict[str, Any]:
+    """A socket monitor's message, as pyzmq's zmq.utils.monitor parses it: the event (16
+    bits) and its value (32 bits, native order), then the endpoint. Not imported from there:
+    that module imports zmq.asyncio, and with it asyncio and ssl, some megabytes in every
+    process of a server that uses neither."""
+    if len(frames) != 2 or len(frames[0]) != _MONITOR_EVENT.size:
+        raise RuntimeError(f"a socket monitor sent {frames!r}, not an event")
+    event, value = _MONITOR_EVENT.unpack(frames[0])
+    return {"event": zmq.Event(event), "value": value, "endpoint": frames[1]}
 
 
 def monitor_events(monitor: zmq.Socket, most: int | None = None) -> Iterator[Mapping[str, Any]]:

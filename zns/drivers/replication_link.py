@@ -28,6 +28,7 @@ Every socket error of the channel becomes `ConnectionLost` here
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import select
@@ -397,6 +398,12 @@ def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: in
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     sys.stdout.flush()
     sys.stderr.flush()
+    # Every object alive now (the modules, the state as forked) leaves the collected
+    # generations for good, in both processes: no collection writes to their headers
+    # again, so the pages that hold them stay shared instead of being copied by the first
+    # full collection on either side (CPython's gc.freeze, meant for this). A frozen object
+    # is never freed as part of a cycle; the state makes none (tests/test_workers_memory.py).
+    gc.freeze()
     pid = os.fork()
     if pid == 0:
         code = 1

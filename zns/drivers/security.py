@@ -13,15 +13,19 @@ import logging
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 
 from zns.core.errors import KeyFileError, NoPermission
 from zns.core.keys import BROKER_NAMES, KeyPolicy
 from zns.core.schema import AnyRequest
 from zns.drivers.io_errors import configured
+
+if TYPE_CHECKING:  # imported by `start` only: zmq.auth.thread imports asyncio and ssl, some
+    # megabytes in every process of a server that runs without CURVE
+    from zmq.auth.thread import ThreadAuthenticator
 
 log = logging.getLogger("zns")
 
@@ -120,6 +124,8 @@ class Security:
 
     def start(self, ctx: zmq.Context) -> None:
         """Start the ZAP handler; one per context (it binds a fixed inproc endpoint)."""
+        from zmq.auth.thread import ThreadAuthenticator
+
         self._auth = ThreadAuthenticator(ctx, log=logging.getLogger("zns.zap"))
         self._auth.start()
         self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self)

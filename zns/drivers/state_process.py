@@ -56,6 +56,7 @@ from zns.core.config import ServerConfig
 from zns.core.workers import StartWorker, StopWorker, WorkerPool
 from zns.drivers import state_file
 from zns.drivers.descriptors import tcp_address
+from zns.drivers.heap import HeapTrim, glibc_malloc_trim
 from zns.drivers.kv_file import KvStore
 from zns.drivers.metrics import require_library as metrics_library
 from zns.drivers.loop import Loop, PollSet, Ready, Source
@@ -77,9 +78,15 @@ class PrimaryService(NameService):
     and every worker forwards the hints it takes, so each hint arrives once per worker."""
 
     link: PrimaryLink | None = None
+    heap: HeapTrim | None = None  # told of every event: replaced routes leave free heap
+    # Its events are counted and logged, never encoded: it publishes none and answers no
+    # read (each worker's replica makes its own events as it applies the command).
+    publishes_events = False
 
     def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
         result = super().apply(command)  # a refused command raises: nothing to replicate
+        if self.heap is not None:
+            self.heap.published(len(result[0].events))
         link = self.link
         if type(command) is Suspect and not result[0].shortened:
             return result
@@ -188,8 +195,9 @@ class StateProcess:
         self.pids: dict[int, int] = {}  # channel (PrimaryLink's worker id) -> pid
         self.timers = ServerTimers(self.service, now=now, heartbeat_interval_ms=round(
             config.heartbeat_interval_s * 1000))
+        self.service.heap = HeapTrim(glibc_malloc_trim(), now)
         sources: list[Source] = [_Pool(self), _Expiry(self.timers), _Links(self.link),
-                                 _Figures(self)]
+                                 _Figures(self), self.service.heap]
         if self.state is not None:
             sources.append(self.state)
         self.loop = Loop(sources, clock=self._now, stall=self.timers, poll=PollSet())
@@ -413,7 +421,7 @@ class _Expiry:
         return self.timers.next_deadline()
 
     def run(self, ready: Ready, now: int, until: int) -> None:
-        self.timers.on_timer(now, 0)  # the events (encoded lazily) are the workers' to publish
+        self.timers.on_timer(now, 0)  # the events are the workers' to publish (none encoded here)
 
 
 class _Links:
