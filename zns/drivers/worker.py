@@ -211,6 +211,9 @@ class ReplicaService(NameService):
         return reply
 
 
+_READ, _READ_WRITE = int(zmq.POLLIN), int(zmq.POLLIN | zmq.POLLOUT)
+
+
 class ReplicaSource:
     """The replication channel as a source of the worker's loop, and the deadlines of the
     writes it forwarded."""
@@ -240,7 +243,7 @@ class ReplicaSource:
         poll = self._poll
         if poll is None:  # not in a loop (yet)
             return
-        flags = zmq.POLLIN | (zmq.POLLOUT if self._link.channel.pending else 0)
+        flags = _READ_WRITE if self._link.channel.pending else _READ  # ints: once per pass
         if flags != self._flags:
             fd = self._link.channel.fileno()
             poll.unregister(fd)
