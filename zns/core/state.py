@@ -14,8 +14,8 @@ commands in the same order and hold the same state, as Redis feeds its replicas)
 - **One way in.** Every change goes through `apply(command) -> Outcome`. A
   command is a tagged msgspec Struct (`Write`, `Renew`, `Expire`,
   `CloseConnections`, `ShiftDeadlines`, `Suspect`, `Restore`), so a log of them
-  encodes, decodes and replays. A warm restart's dump comes in as `Restore` too (zns.core.warm), not
-  through the table.
+  encodes, decodes and replays. A warm restart's dump comes in as `Restore` too
+  (zns.core.warm), not through the table.
   Nothing else may change the route table, the ties, the KV entries or the
   emptied namespaces; the read methods and the `table` attribute are for reading.
 - **No clock, no randomness, no I/O of its own.** Time is the command's `now`;
