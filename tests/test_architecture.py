@@ -267,7 +267,7 @@ def test_the_private_name_check_can_fail(tmp_path, monkeypatch):
 TABLE_MUTATORS = frozenset({
     "register_broker", "heartbeat", "unregister_broker", "unregister_brokers", "expire",
     "suspect", "shift_deadlines", "wipe_write_perm", "add_write_perm", "delete_topic",
-    "register_topic", "set_order_conf", "restore"})
+    "register_topic", "set_order_conf", "restore", "renew"})
 KV_MUTATORS = frozenset({"put", "delete"})
 STATE_OWNERS = ("zns.core.state", "zns.core.routes")
 

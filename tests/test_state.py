@@ -23,7 +23,10 @@ import pytest
 
 from zns.core.errors import ErrorReply, UsageError
 from zns.core.limits import Limits
-from zns.core.schema import ORDER_TOPIC_CONFIG, KvDelete, KvPut, tag_of
+from zns.core.schema import (
+    ORDER_TOPIC_CONFIG, DataVersion, Heartbeat, KvDelete, KvPut, RegisterBroker, WipeWritePerm,
+    tag_of,
+)
 from zns.core.state import (
     WRITE_REQUESTS,
     AnyCommand,
@@ -300,3 +303,141 @@ def test_a_machine_loaded_from_a_dump_remembers_at_most_its_bound_of_emptied_nam
     smaller = StateMachine.load(larger.dump(), KvStore(None), limits=Limits(max_kv_namespaces=2))
     assert smaller.emptied_namespaces() == ["c", "a"]  # the oldest, b, forgotten
     assert not smaller.emptied("b")
+
+
+def fleet_log(seed: int, steps: int) -> list[AnyCommand]:
+    """A fleet re-registering mostly unchanged (what `Renew` stands for), with each field a
+    registration carries changed now and then, and everything else that moves liveness,
+    ties and routes in between: the random log's commands."""
+    rnd = random.Random(seed)
+    others = random_log(seed, steps)
+    now = 1_000
+    # Per broker address: its registration's fields, changed by the steps below.
+    fleet: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, addr in enumerate(ADDRS):
+        name = NAMES[i % len(NAMES)]
+        fleet[(CLUSTERS[i % 2], addr)] = {
+            "cluster": CLUSTERS[i % 2], "broker_name": name, "broker_id": i // len(NAMES),
+            "broker_addr": addr, "ha_addr": "", "zone": "", "filter_servers": [],
+            "data_version": {"state": 0, "counter": 0}, "heartbeat_timeout_ms": 30_000,
+            "incremental": False,
+            "topics": {t: {"read_queues": 4, "write_queues": 4, "perm": 6, "sys_flag": 0}
+                       for t in rnd.sample(TOPICS, rnd.randint(0, 5))}}
+    connections = {key: rnd.choice([None, 1, 2]) for key in fleet}
+    log: list[AnyCommand] = []
+    for step in range(steps):
+        now += rnd.choice([0, 1, 1_000, 7_000])
+        key = rnd.choice(list(fleet))
+        fields = fleet[key]
+        roll = rnd.random()
+        if roll < 0.2:  # anything else, from the random log
+            other = others[step]
+            log.append(msgspec.structs.replace(other, now=now)
+                       if hasattr(other, "now") else other)
+            continue
+        if roll < 0.4:  # one field changed, for good
+            what = rnd.choice(["zone", "ha_addr", "filter_servers", "version", "version_topics",
+                               "timeout", "topic_perm", "topics", "connection", "broker_id"])
+            if what == "zone":
+                fields["zone"] = rnd.choice(["", "z1"])
+            elif what == "ha_addr":
+                fields["ha_addr"] = rnd.choice(["", "10.0.0.9:10912"])
+            elif what == "filter_servers":
+                fields["filter_servers"] = rnd.sample(["10.0.1.1:1", "10.0.1.2:1"],
+                                                      rnd.randint(0, 2))
+            elif what in ("version", "version_topics"):
+                fields["data_version"] = {"state": rnd.randint(0, 1),
+                                          "counter": rnd.randint(0, 3)}
+                if what == "version_topics":
+                    fields["topics"] = {t: {"read_queues": 4, "write_queues": 4, "perm": 6,
+                                            "sys_flag": 0}
+                                        for t in rnd.sample(TOPICS, rnd.randint(0, 5))}
+            elif what == "timeout":
+                fields["heartbeat_timeout_ms"] = rnd.choice([5_000, 30_000])
+            elif what == "topic_perm" and fields["topics"]:
+                topic = rnd.choice(list(fields["topics"]))
+                fields["topics"][topic] = {**fields["topics"][topic], "perm": rnd.choice([4, 6])}
+            elif what == "topics":
+                fields["topics"][rnd.choice(TOPICS)] = {"read_queues": 8, "write_queues": 8,
+                                                        "perm": 6, "sys_flag": 0}
+            elif what == "connection":
+                connections[key] = rnd.choice([None, 1, 2, 3])
+            else:
+                fields["broker_id"] = rnd.choice([0, 1])
+        if roll < 0.85:
+            request = msgspec.convert({**fields, "id": step,
+                                       "incremental": rnd.random() < 0.1}, RegisterBroker)
+            log.append(Write(request=request, now=now, connection=connections[key]))
+        else:
+            log.append(Write(request=Heartbeat(
+                id=step, cluster=fields["cluster"], broker_name=fields["broker_name"],
+                broker_id=fields["broker_id"], broker_addr=fields["broker_addr"],
+                data_version=msgspec.convert(fields["data_version"], DataVersion)),
+                now=now, connection=connections[key]))
+    return log
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_replica_fed_the_renewals_instead_of_the_registrations_holds_the_same_state(seed):
+    # The state process replicates a registration that changed nothing but liveness as
+    # the `Renew` its outcome carries. One machine applies the log; the other applies each
+    # registration's renewal instead, through msgspec as a replica takes it: after every
+    # step the outcomes (reply, events, what a remoting reply needs) and the dumps agree.
+    primary, replica = fresh(), fresh()
+    renewals = registrations = 0
+    kinds: set[tuple[bool, bool, bool]] = set()
+    for command in fleet_log(seed, 3_000):
+        before = primary.table.revision
+        outcome = apply(primary, command)
+        renewal = outcome.renewal if isinstance(outcome, Outcome) else None
+        if type(command) is Write and type(command.request) is RegisterBroker:
+            registrations += 1
+        if renewal is not None:
+            renewals += 1
+            assert not outcome.events and primary.table.revision == before
+            assert len(msgspec.msgpack.encode(renewal)) < 200
+            live = replica.table.liveness(renewal.cluster, renewal.broker_addr)
+            kinds.add((live.data_version != renewal.data_version, renewal.broker_id != 0,
+                       renewal.connection is not None))
+            command = decode_command(msgspec.msgpack.encode(renewal))
+        assert apply(replica, command) == outcome
+        assert replica.dump() == primary.dump()
+        assert replica.changes == primary.changes
+    replica.table.check_invariants()
+    # Many registrations were renewals, and so were ones of each kind: with another
+    # DataVersion, of a slave, over remoting.
+    assert renewals > registrations // 3
+    assert {k[0] for k in kinds} == {k[1] for k in kinds} == {k[2] for k in kinds} == {
+        False, True}
+
+
+def test_a_registration_that_changes_anything_else_is_replicated_whole():
+    machine = fresh()
+    fields: dict[str, Any] = {
+        "cluster": "c1", "broker_name": "broker-a", "broker_id": 0, "broker_addr": ADDRS[0],
+        "topics": {"T1": {"read_queues": 4, "write_queues": 4, "perm": 6, "sys_flag": 0}}}
+
+    def register(connection: int | None = 1, **changed: Any) -> Outcome:
+        request = msgspec.convert({**fields, **changed, "id": 1}, RegisterBroker)
+        return machine.apply(Write(request=request, now=1_000, connection=connection))
+
+    assert register().renewal is None  # new
+    renewal = register().renewal
+    assert renewal is not None and renewal.connection == 1
+    assert register(connection=None).renewal is not None  # a tie moved: liveness
+    assert register(data_version={"state": 0, "counter": 1}).renewal is not None
+    for changed in ({"zone": "z1"}, {"ha_addr": "10.0.0.9:1"},
+                    {"filter_servers": ["10.0.1.1:1"]},
+                    {"topics": {"T2": fields["topics"]["T1"]}}):
+        assert register(**changed).renewal is None, changed
+        register()  # back as it was
+    # An admin's wipe lasts through a registration with the same DataVersion (a renewal),
+    # not through one with another (it rewrites the queue data).
+    machine.apply(Write(request=WipeWritePerm(id=2, broker_name="broker-a"), now=1_000))
+    assert register().renewal is not None
+    assert register(data_version={"state": 0, "counter": 2}).renewal is None
+    # A renewal of what the machine does not hold is refused, changing nothing.
+    dump = machine.dump()
+    with pytest.raises(UsageError):
+        machine.apply(msgspec.structs.replace(renewal, broker_addr=ADDRS[1]))
+    assert machine.dump() == dump

@@ -7,7 +7,8 @@ from __future__ import annotations
 import msgspec
 
 from helpers import register_fields, zns1_ok
-from zns.core.state import AnyCommand, Suspect, decode_command
+from zns.core.schema import RegisterBroker
+from zns.core.state import AnyCommand, Renew, Suspect, Write, decode_command
 from zns.drivers.kv_file import KvStore
 from zns.drivers.state_process import PrimaryService, execute
 from zns.drivers.worker import ReplicaService, WriteAnswer
@@ -65,3 +66,21 @@ def test_a_worker_forwards_no_hint_about_an_address_its_replica_does_not_hold() 
     service = ReplicaService(1, started_at_ms=0, version="test")  # no link: nothing to forward
     for n in range(100):  # a peer flooding hints about brokers nobody registered here
         assert not service.suspect("c1", f"10.0.0.{n}:10911", 1000, 2000)
+
+
+def test_an_unchanged_re_registration_is_replicated_as_its_renewal() -> None:
+    service = PrimaryService(KvStore(None), epoch="e", started_at_ms=0, version="test")
+    link = RecordingLink()
+    service.link = link  # type: ignore[assignment]
+    request = msgspec.convert({"id": 1, **register_fields(
+        addr=ADDR, topics={f"T{i}": {} for i in range(100)})}, RegisterBroker)
+    forwarded = msgspec.msgpack.encode(Write(request=request, now=0, connection=7))
+    answers = [msgspec.msgpack.decode(execute(service, forwarded, now)[1], type=WriteAnswer)
+               for now in (1000, 31_000, 61_000)]
+    assert [type(c) for c in link.replicated] == [Write, Renew, Renew]
+    renewal = link.replicated[2]
+    assert isinstance(renewal, Renew) and (renewal.now, renewal.connection) == (61_000, 7)
+    assert len(msgspec.msgpack.encode(renewal)) < 200 < len(forwarded)
+    # The worker's answer carries the reply, not the renewal (replicated already).
+    assert all(a.outcome is not None and a.outcome.renewal is None for a in answers)
+    assert answers[1].reply == answers[2].reply

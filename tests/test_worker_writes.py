@@ -287,3 +287,51 @@ def test_a_write_answered_is_replied_from_its_answer_then_the_requests_behind_it
     assert (type(second), second.id) == (schema.StatusReply, 2)
     assert requests.held_requests == 0 and requests.held_bytes == 0
     assert not service.forwarded.ready and service.forwarded.resuming is None
+
+
+def test_a_forwarded_write_larger_than_the_channel_buffer_goes_on_as_the_state_process_reads():
+    # A registration of thousands of topics is larger than the socketpair's buffer: the
+    # worker's loop polls its channel for writing while bytes are pending, and writes the
+    # rest as the state process reads. Before, the channel was polled for reading only, and
+    # the rest waited for the state process's next message (up to a second: its expiry
+    # step, the figures), about 0.4 s of the 0.5 s a 10,000-topic registration took in the
+    # storm benchmark with 2 workers.
+    import socket
+
+    from zns.core.forwarding import ForwardedWrites
+    from zns.core.replication import Forward, Replica, decode_to_primary
+    from zns.drivers.loop import PollSet
+    from zns.drivers.replication_link import HEADER, ReplicaLink
+    from zns.drivers.worker import ReplicaSource
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    theirs.setblocking(False)
+    link = ReplicaLink(ours, Replica(), apply=lambda seq, command: [],
+                       load=lambda seq, dump: None, publish=lambda seq, events: None)
+    source = ReplicaSource(link, ForwardedWrites(timeout_ms=30_000), lambda: None)
+    poll = PollSet()
+    source.attach(poll)
+    request = os.urandom(4 << 20)  # more than any socketpair buffer holds
+    token = link.forward(request)
+    assert link.channel.pending
+    received = bytearray()
+    while link.channel.pending:
+        source.next_deadline(0)  # the loop asks every source before it polls
+        while True:  # the state process reads what is there
+            try:
+                received += theirs.recv(1 << 20)
+            except BlockingIOError:
+                break
+        ready = dict(poll.poller.poll(1_000))  # the worker's loop
+        assert ready.get(ours.fileno(), 0) & zmq.POLLOUT, "the channel is not polled for writing"
+        source.run(ready, 0, 10**9)
+    while len(received) < HEADER.size + len(request) + 64:
+        try:
+            received += theirs.recv(1 << 20)
+        except BlockingIOError:
+            break
+    (size,) = HEADER.unpack_from(received)
+    assert decode_to_primary(bytes(received[HEADER.size:HEADER.size + size])) == Forward(
+        token, request)
+    ours.close()
+    theirs.close()

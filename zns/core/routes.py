@@ -206,12 +206,17 @@ class RouteTable:
 
     def _record_liveness(self, req: RegisterBroker, now: int) -> Liveness:
         """Step 5: alive now, with the broker's timeout, DataVersion and HA address."""
-        held = self._live.get(req.cluster, req.broker_addr)
+        return self._heard_registration(req.cluster, req.broker_addr, req.broker_name, now,
+                                        req.heartbeat_timeout_ms, req.data_version, req.ha_addr)
+
+    def _heard_registration(self, cluster: str, addr: str, name: str, now: int,
+                            timeout_ms: int, data_version: DataVersion,
+                            ha_addr: str) -> Liveness:
+        held = self._live.get(cluster, addr)
         if held is None or (held.timeout_ms, held.data_version, held.ha_addr) != (
-                req.heartbeat_timeout_ms, req.data_version, req.ha_addr):
+                timeout_ms, data_version, ha_addr):
             self.changes += 1
-        return self._live.record(req.cluster, req.broker_addr, now, req.heartbeat_timeout_ms,
-                                 req.data_version, req.ha_addr, req.broker_name)
+        return self._live.record(cluster, addr, now, timeout_ms, data_version, ha_addr, name)
 
     @staticmethod
     def _is_topic_source(rec: BrokerRecord, broker_id: int) -> bool:
@@ -239,6 +244,56 @@ class RouteTable:
         master_addr = rec.addrs[MASTER_ID]
         master_live = self._live.get(rec.addr_cluster[master_addr], master_addr)
         return master_addr, master_live.ha_addr if master_live else ""
+
+    # --- a registration that changes nothing but liveness (zns.core.state.Renew) ---
+
+    def renews_only(self, req: RegisterBroker) -> bool:
+        """Whether `register_broker(req, now)` would change nothing but its address's
+        liveness: when it was heard (and what hearing clears: stall credit, a peer's
+        suspicion, a restored address's pending confirmation), its timeout and its
+        DataVersion. That holds when the name holds this address at this id in this
+        cluster, with the same zone, HA address and filter servers, and, when the
+        registration is the name's topic source (step 4), its topics change no queue data:
+        with an unchanged DataVersion every listed topic is held already; with another,
+        every listed topic holds exactly the listed queue data and, unless incremental, no
+        other. Then the registration makes no revision and no event, and `renew` does
+        exactly what it does."""
+        name, addr = req.broker_name, req.broker_addr
+        rec = self._brokers.get(name)
+        live = self._live.get(req.cluster, addr)
+        if (rec is None or live is None or name not in live.names or rec.zone != req.zone
+                or rec.addrs.get(req.broker_id) != addr
+                or rec.addr_cluster.get(addr) != req.cluster or live.ha_addr != req.ha_addr
+                or self._filter_servers.get((req.cluster, addr), []) != req.filter_servers):
+            return False
+        if not self._is_topic_source(rec, req.broker_id):
+            return True
+        held = self._broker_topics[name]
+        if live.data_version == req.data_version:
+            return held.issuperset(req.topics)
+        if not req.incremental and len(held) != len(req.topics):
+            return False
+        queues = self._queues
+        return all(topic in held and queues[topic][name] == QueueData(
+            name, cfg.read_queues, cfg.write_queues, cfg.perm, cfg.sys_flag)
+            for topic, cfg in req.topics.items())
+
+    def renew(self, cluster: str, name: str, addr: str, broker_id: int, now: int,
+              timeout_ms: int, data_version: DataVersion) -> tuple[str, str]:
+        """What `register_broker` does for a registration `renews_only` accepted: the
+        address heard at `now` with this timeout and DataVersion. Returns the reply's
+        (master address, its HA address). UsageError for an address the name does not hold
+        at this id (a registration `renews_only` could not have accepted), changing
+        nothing."""
+        rec = self._brokers.get(name)
+        live = self._live.get(cluster, addr)
+        if (rec is None or live is None or name not in live.names
+                or rec.addrs.get(broker_id) != addr or rec.addr_cluster.get(addr) != cluster):
+            raise UsageError(f"no renewal of {cluster}/{name} id {broker_id} at {addr}: "
+                             f"not held so")
+        self._heard_registration(cluster, addr, name, now, timeout_ms, data_version,
+                                 live.ha_addr)
+        return self._master_of(rec, broker_id)
 
     def heartbeat(
         self, cluster: str, name: str, addr: str, data_version: DataVersion, now: int

@@ -12,10 +12,10 @@ Rules a contributor keeps here (they are what lets replicas be fed the same
 commands in the same order and hold the same state, as Redis feeds its replicas):
 
 - **One way in.** Every change goes through `apply(command) -> Outcome`. A
-  command is a tagged msgspec Struct (`Write`, `Expire`, `CloseConnections`,
-  `ShiftDeadlines`, `Suspect`, `Restore`), so a log of them encodes, decodes and
-  replays. A warm restart's dump comes in as `Restore` too (zns.core.warm), not
-  through the table.
+  command is a tagged msgspec Struct (`Write`, `Renew`, `Expire`,
+  `CloseConnections`, `ShiftDeadlines`, `Suspect`, `Restore`), so a log of them
+  encodes, decodes and replays. A warm restart's dump comes in as `Restore` too
+  (zns.core.warm), not through the table.
   Nothing else may change the route table, the ties, the KV entries or the
   emptied namespaces; the read methods and the `table` attribute are for reading.
 - **No clock, no randomness, no I/O of its own.** Time is the command's `now`;
@@ -37,6 +37,16 @@ commands in the same order and hold the same state, as Redis feeds its replicas)
   write: what the remoting replies need of the state at the same step (the
   DataVersion a heartbeat replaced, the count Java's perm writes answer, the order
   configurations a registration is answered with) is in the `Outcome`.
+- **A replica may be fed a smaller command with the same effect, never another
+  effect.** A registration that changes nothing but its address's liveness (when
+  it was heard, its timeout, its DataVersion, its tie: `RouteTable.renews_only`)
+  carries in its outcome the `Renew` that stands for it (`Outcome.renewal`), and
+  the state process replicates that instead of the whole registration: applied
+  to the same state it leaves the same state (the same dump) and the same
+  outcome, in O(1). Whoever changes what a registration may change keeps
+  `renews_only` and `RouteTable.renew` exact: tests/test_state.py feeds one
+  machine the registrations and another their renewals and compares every
+  outcome and the dumps.
 - **The whole state dumps and loads** (`dump`, `load`: zns.core.state_dump): a
   machine loaded from another's dump answers every later command as that one does.
 """
@@ -131,6 +141,26 @@ class Suspect(Command, tag="suspect", frozen=True):
     now: int
 
 
+class Renew(Command, tag="renew", frozen=True):
+    """A remoting or ZNS/1 registration that changed nothing but its address's liveness
+    (`RouteTable.renews_only`), as the state process replicates it (`Outcome.renewal`):
+    the address heard at `now` with this timeout and DataVersion, tied to `connection`
+    (None: untied) as the registration ties it. It leaves the state as the registration
+    left it and has the same outcome, in a few dictionary operations however many topics
+    the registration listed. Made by a machine, never sent by a peer: one that does not
+    hold the address at this id raises UsageError, having changed nothing."""
+
+    id: int  # the registration's request id, for the same reply
+    cluster: str
+    broker_name: str
+    broker_id: int
+    broker_addr: str
+    heartbeat_timeout_ms: int
+    data_version: DataVersion
+    now: int
+    connection: int | None = None
+
+
 class Restore(Command, tag="restore", frozen=True):
     """A warm restart (zns.core.warm): take a dumped table into this machine, which holds
     no broker yet, as one revision and no events. Each of `table.addresses` is alive from
@@ -147,7 +177,7 @@ class Restore(Command, tag="restore", frozen=True):
     emptied: list[str] = []
 
 
-AnyCommand = Union[Write, Expire, CloseConnections, ShiftDeadlines, Suspect, Restore]
+AnyCommand = Union[Write, Renew, Expire, CloseConnections, ShiftDeadlines, Suspect, Restore]
 
 
 class Change(Struct, frozen=True):
@@ -179,6 +209,10 @@ class Outcome(Struct):
     # (None: Java would hold no such table, and answers no body).
     order_conf: dict[str, str] | None = None
     shortened: bool = False  # Suspect: the deadline was shortened
+    # A RegisterBroker that changed nothing but liveness, and a Renew: the `Renew` a
+    # replica applies instead of the command, to the same state and the same outcome.
+    # None: the command itself.
+    renewal: Renew | None = None
 
 
 _command_decoder = msgspec.msgpack.Decoder(AnyCommand)
@@ -217,6 +251,8 @@ class StateMachine:
         if type(command) is Write:
             return self._write(command.request, command.now, command.connection)
         match command:
+            case Renew():
+                return self._renew(command)
             case Expire(now=now):
                 return Outcome(events=self._settled(self.table.expire(now)))
             case CloseConnections(connections=connections):
@@ -369,18 +405,20 @@ class StateMachine:
                 return Outcome(reply=HeartbeatReply(id=rid, known=known, changed=changed),
                                data_version=before)
             case RegisterBroker():
+                renews = table.renews_only(request)  # asked before: it reads the state
                 registered = table.register_broker(request, now)
                 events = self._settled(registered.events)
                 change = _displacement(request, events) if events else None
                 self._tie_to((request.cluster, request.broker_addr, request.broker_name),
                              connection)
-                order_conf = None
-                if connection is not None:
-                    entries = self.kv.list(ORDER_TOPIC_CONFIG)
-                    if entries or ORDER_TOPIC_CONFIG in self._emptied:
-                        order_conf = entries
-                return Outcome(events=events, order_conf=order_conf, change=change,
-                               reply=RegisterBrokerReply(
+                renewal = Renew(id=rid, cluster=request.cluster,
+                                broker_name=request.broker_name, broker_id=request.broker_id,
+                                broker_addr=request.broker_addr,
+                                heartbeat_timeout_ms=request.heartbeat_timeout_ms,
+                                data_version=request.data_version, now=now,
+                                connection=connection) if renews else None
+                return Outcome(events=events, order_conf=self._order_conf_reply(connection),
+                               change=change, renewal=renewal, reply=RegisterBrokerReply(
                     id=rid, master_addr=registered.master_addr, ha_addr=registered.ha_addr))
             case UnregisterBroker(cluster=c, broker_name=n, broker_addr=a):
                 removed, events = table.unregister_broker(c, n, a)
@@ -437,6 +475,24 @@ class StateMachine:
                                change=Change(what="kv_delete", target=f"{ns}/{key}",
                                              before=old, after=None))
         raise Internal(f"no write {type(request).__name__}")
+
+    def _renew(self, renew: Renew) -> Outcome:
+        """What the registration `renew` stands for did (`RouteTable.renews_only`)."""
+        master_addr, ha_addr = self.table.renew(
+            renew.cluster, renew.broker_name, renew.broker_addr, renew.broker_id, renew.now,
+            renew.heartbeat_timeout_ms, renew.data_version)
+        self._tie_to((renew.cluster, renew.broker_addr, renew.broker_name), renew.connection)
+        return Outcome(order_conf=self._order_conf_reply(renew.connection), renewal=renew,
+                       reply=RegisterBrokerReply(id=renew.id, master_addr=master_addr,
+                                                 ha_addr=ha_addr))
+
+    def _order_conf_reply(self, connection: int | None) -> dict[str, str] | None:
+        """The ORDER_TOPIC_CONFIG entries a registration over remoting is answered with
+        (None: over ZNS/1, or Java would hold no such table and answers no body)."""
+        if connection is None:
+            return None
+        entries = self.kv.list(ORDER_TOPIC_CONFIG)
+        return entries if entries or ORDER_TOPIC_CONFIG in self._emptied else None
 
     def _remember_emptied(self, namespace: str) -> None:
         self._emptied_changes += 1
