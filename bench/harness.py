@@ -2,9 +2,10 @@
 
 - `start_zns` / `start_echo`: a server in its own process, endpoints read from its log line.
 - `Session`: the orchestrator's own DEALER, to set state up and check replies.
-- `LoadClients`: client processes, spawned once, that keep N requests in flight
-  against an endpoint for a timed window — the same code drives zns and the echo
-  server, so their ratio compares servers, not clients.
+- `LoadPool`: load processes, spawned once and reused, each running a job per drive;
+  `LoadClients`, the pool whose processes keep N requests in flight on a DEALER against an
+  endpoint for a timed window — the same code drives zns and the echo server, so their
+  ratio compares servers, not clients.
 - `run_in_group`: a benchmark as a subprocess in a process group of its own, ended as a
   whole on timeout or interrupt, so no server it started outlives it.
 - `Subscribers`: SUB sockets spread over a few processes that timestamp every
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -324,49 +325,50 @@ class Load:
         return self.server_cpu / self.total * 1e6 if self.total else float("nan")
 
 
-class LoadClients:
-    """Client processes, spawned once and reused: each keeps requests in flight on a DEALER."""
+class LoadPool:
+    """Load processes, spawned once (a timed window must not include a process start) and
+    reused by every server a benchmark drives. Each runs `setup(*setup_args)` once (its
+    sockets' context, the frames it will send), then `job(what setup made, *args)` for each
+    `run`, and sends back the job's outcome, or one line saying why the job failed. `job`
+    and `setup` are module-level functions: the processes are spawned, not forked, so
+    they inherit no socket of the benchmark's."""
 
-    def __init__(self, processes: int = 2) -> None:
+    def __init__(self, processes: int, job: Callable[..., Any], setup: Callable[..., Any],
+                 *setup_args: Any, what: str = "a load process") -> None:
         mp = multiprocessing.get_context("spawn")
+        self.what = what
         self._conns: list[Connection] = []
         self._procs = []
         for _ in range(processes):
             parent, child = mp.Pipe()
-            proc = mp.Process(target=_client_main, args=(child,), daemon=True)
+            proc = mp.Process(target=_pool_main, args=(child, setup, setup_args, job),
+                              daemon=True)
             proc.start()
             self._conns.append(parent)
             self._procs.append(proc)
-        for conn in self._conns:  # a timed window must not include a process start
+        for conn in self._conns:
             if not conn.poll(START_TIMEOUT_S) or conn.recv() != "ready":
-                raise BenchError("a client process did not start")
+                raise BenchError(f"{what} did not start")
 
-    def drive(
-        self, server: ServerProcess, bodies: Sequence[bytes], *, in_flight: int, duration: float,
-        processes: int = 1, warmup: float = 0.3,
-    ) -> Load:
-        """Keep `in_flight` requests outstanding in total, split over `processes`, cycling
-        through `bodies`; count the replies that arrive during `duration` after `warmup`."""
-        if processes > len(self._conns):
-            raise ValueError(f"only {len(self._conns)} client processes")
-        start_at = time.monotonic() + warmup
-        shares = [in_flight // processes + (i < in_flight % processes) for i in range(processes)]
-        record = in_flight == processes  # one request in flight per process: latency counts
-        cpu_before = server.cpu_seconds()
-        for conn, share in zip(self._conns, shares):
-            conn.send((server.router, list(bodies), share, start_at, duration, record))
-        replies, total, latencies = 0, 0, []
-        for conn in self._conns[:processes]:
-            if not conn.poll(warmup + duration + REPLY_TIMEOUT_S + 10):
-                raise BenchError("a client process did not report")
+    def __len__(self) -> int:
+        return len(self._conns)
+
+    def run(self, jobs: Sequence[tuple[Any, ...]], timeout: float) -> list[Any]:
+        """Job i's arguments to process i, all sent before any outcome is awaited (fewer
+        jobs than processes: the first ones); their outcomes, in order."""
+        if len(jobs) > len(self._conns):
+            raise ValueError(f"only {len(self._conns)} load processes")
+        for conn, args in zip(self._conns, jobs):
+            conn.send(args)
+        outcomes = []
+        for conn in self._conns[:len(jobs)]:
+            if not conn.poll(timeout):
+                raise BenchError(f"{self.what} did not report")
             outcome = conn.recv()
             if isinstance(outcome, str):
-                raise BenchError(outcome)
-            replies += outcome[0]
-            total += outcome[1]
-            latencies.extend(outcome[2])
-        server_cpu = server.cpu_seconds() - cpu_before
-        return Load(replies / duration, replies, total, latencies, server_cpu)
+                raise BenchError(f"{self.what} failed: {outcome}")
+            outcomes.append(outcome)
+        return outcomes
 
     def close(self) -> None:
         for conn in self._conns:
@@ -376,25 +378,56 @@ class LoadClients:
             if proc.is_alive():
                 proc.kill()
 
-    def __enter__(self) -> LoadClients:
+    def __enter__(self) -> LoadPool:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
 
 
-def _client_main(conn: Connection) -> None:
-    ctx = zmq.Context.instance()
+def _pool_main(conn: Connection, setup: Callable[..., Any], setup_args: tuple[Any, ...],
+               job: Callable[..., Any]) -> None:
+    made = setup(*setup_args)
     conn.send("ready")
     while True:
         try:
-            job = conn.recv()
+            args = conn.recv()
         except EOFError:
             return
         try:
-            conn.send(_drive(ctx, *job))
-        except zmq.Again:
-            conn.send(f"no reply from {job[0]} within {REPLY_TIMEOUT_S} s")
+            conn.send(job(made, *args))
+        except Exception as exc:  # noqa: BLE001 - reported to the orchestrator (outcomes are never str)
+            conn.send(f"{type(exc).__name__}: {exc}")
+
+
+def zmq_context() -> zmq.Context:
+    """A load process's sockets' context (`LoadPool`'s `setup` for ZeroMQ load)."""
+    return zmq.Context.instance()
+
+
+class LoadClients(LoadPool):
+    """Client processes, spawned once and reused: each keeps requests in flight on a DEALER."""
+
+    def __init__(self, processes: int = 2) -> None:
+        super().__init__(processes, _drive, zmq_context, what="a client process")
+
+    def drive(
+        self, server: ServerProcess, bodies: Sequence[bytes], *, in_flight: int, duration: float,
+        processes: int = 1, warmup: float = 0.3,
+    ) -> Load:
+        """Keep `in_flight` requests outstanding in total, split over `processes`, cycling
+        through `bodies`; count the replies that arrive during `duration` after `warmup`."""
+        start_at = time.monotonic() + warmup
+        shares = [in_flight // processes + (i < in_flight % processes) for i in range(processes)]
+        record = in_flight == processes  # one request in flight per process: latency counts
+        cpu_before = server.cpu_seconds()
+        outcomes = self.run([(server.router, list(bodies), share, start_at, duration, record)
+                             for share in shares], warmup + duration + REPLY_TIMEOUT_S + 10)
+        server_cpu = server.cpu_seconds() - cpu_before
+        replies = sum(outcome[0] for outcome in outcomes)
+        total = sum(outcome[1] for outcome in outcomes)
+        latencies = [latency for outcome in outcomes for latency in outcome[2]]
+        return Load(replies / duration, replies, total, latencies, server_cpu)
 
 
 def _drive(
@@ -433,6 +466,8 @@ def _drive(
                 sent_at.append(clock())
             send(bodies[i % count])
             i += 1
+    except zmq.Again:  # RCVTIMEO passed
+        raise BenchError(f"no reply from {endpoint} within {REPLY_TIMEOUT_S} s") from None
     finally:
         sock.close(0)
     return replies, total, latencies

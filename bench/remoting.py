@@ -35,7 +35,9 @@ from typing import Any
 
 import zmq
 
-from bench.harness import REPO, START_TIMEOUT_S, BenchError, cpu_seconds, percentile, rss_kib, start_zns
+from bench.harness import (
+    REPO, START_TIMEOUT_S, BenchError, LoadPool, cpu_seconds, percentile, rss_kib, start_zns,
+)
 from bench.report import BenchResult, Figure, RunConfig, Target, cli
 from zns.core import schema
 from zns.core.remoting import FrameDecoder, RemotingCommand, body_crc32, encode_command
@@ -257,64 +259,24 @@ class Drive:
         return self.server_cpu / self.total * 1e6 if self.total else float("nan")
 
 
-class Generator:
+class Generator(LoadPool):
     """Load processes, spawned once and reused for every server."""
 
     def __init__(self, processes: int, topics: Sequence[str]) -> None:
-        mp = multiprocessing.get_context("spawn")
-        self.conns: list[Connection] = []
-        self.procs = []
-        for _ in range(processes):
-            parent, child = mp.Pipe()
-            proc = mp.Process(target=_load_main, args=(child, list(topics)), daemon=True)
-            proc.start()
-            self.conns.append(parent)
-            self.procs.append(proc)
-        for conn in self.conns:
-            if not conn.poll(START_TIMEOUT_S) or conn.recv() != "ready":
-                raise BenchError("a load process did not start")
+        super().__init__(processes, _run_load, route_frames, list(topics))
 
     def drive(self, addr: str, pid: int, *, conns: int, depth: int = 0, rate: float = 0.0,
               duration: float, warmup: float) -> Drive:
         """Saturation (`depth` in flight per connection) or a fixed `rate` in all."""
         start_at = time.monotonic() + warmup
-        share = rate / len(self.conns)
+        share = rate / len(self)
         before = cpu_seconds(pid)
-        for conn in self.conns:
-            conn.send((addr, conns, depth, share, start_at, duration))
-        replies, total, latencies = 0, 0, []
-        for conn in self.conns:
-            if not conn.poll(warmup + duration + 30):
-                raise BenchError("a load process did not report")
-            outcome = conn.recv()
-            if isinstance(outcome, str):
-                raise BenchError(outcome)
-            replies += outcome[0]
-            total += outcome[1]
-            latencies += outcome[2]
-        return Drive(replies / duration, total, latencies, cpu_seconds(pid) - before)
-
-    def close(self) -> None:
-        for conn in self.conns:
-            conn.close()
-        for proc in self.procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-
-
-def _load_main(pipe: Connection, topics: list[str]) -> None:
-    frames = route_frames(topics)
-    pipe.send("ready")
-    while True:
-        try:
-            job = pipe.recv()
-        except EOFError:
-            return
-        try:
-            pipe.send(_run_load(frames, *job))
-        except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
-            pipe.send(f"load process failed: {type(exc).__name__}: {exc}")
+        outcomes = self.run([(addr, conns, depth, share, start_at, duration)] * len(self),
+                            warmup + duration + 30)
+        latencies = [latency for outcome in outcomes for latency in outcome[2]]
+        return Drive(sum(outcome[0] for outcome in outcomes) / duration,
+                     sum(outcome[1] for outcome in outcomes), latencies,
+                     cpu_seconds(pid) - before)
 
 
 def _run_load(frames: list[bytes], addr: str, nconns: int, depth: int, rate: float,

@@ -44,8 +44,9 @@ import zmq
 
 from bench import push_latency
 from bench.harness import (
-    REPLY_TIMEOUT_S, START_TIMEOUT_S, BenchError, Probe, ServerProcess, Session, broker_addr,
-    check_reply, cpu_seconds, percentile, register_request, request, rss_kib, start_zns,
+    REPLY_TIMEOUT_S, START_TIMEOUT_S, BenchError, LoadPool, Probe, ServerProcess, Session,
+    broker_addr, check_reply, cpu_seconds, percentile, register_request, request, rss_kib,
+    start_zns, zmq_context,
 )
 from bench.remoting import (
     CLUSTER, VERSION, FakeBrokers, Generator, Params as RemotingParams, RemotingClient,
@@ -192,59 +193,17 @@ def start_java(config: RunConfig, stack: ExitStack, tag: str) -> tuple[str, int]
 # --- ZNS/1 load: several DEALERs per process, so the kernel spreads them over workers -------
 
 
-class Zns1Load:
+class Zns1Load(LoadPool):
     def __init__(self, processes: int) -> None:
-        mp = multiprocessing.get_context("spawn")
-        self.conns: list[Connection] = []
-        self.procs = []
-        for _ in range(processes):
-            parent, child = mp.Pipe()
-            proc = mp.Process(target=_zns1_main, args=(child,), daemon=True)
-            proc.start()
-            self.conns.append(parent)
-            self.procs.append(proc)
-        for conn in self.conns:
-            if not conn.poll(START_TIMEOUT_S) or conn.recv() != "ready":
-                raise BenchError("a ZNS/1 load process did not start")
+        super().__init__(processes, _zns1_drive, zmq_context, what="a ZNS/1 load process")
 
     def drive(self, endpoint: str, bodies: list[bytes], sockets: int, depth: int,
               duration: float, warmup: float) -> tuple[float, int]:
         """(replies/s in the window, replies in all)."""
         start_at = time.monotonic() + warmup
-        for conn in self.conns:
-            conn.send((endpoint, bodies, sockets, depth, start_at, duration))
-        replies = total = 0
-        for conn in self.conns:
-            if not conn.poll(warmup + duration + REPLY_TIMEOUT_S + 10):
-                raise BenchError("a ZNS/1 load process did not report")
-            outcome = conn.recv()
-            if isinstance(outcome, str):
-                raise BenchError(outcome)
-            replies += outcome[0]
-            total += outcome[1]
-        return replies / duration, total
-
-    def close(self) -> None:
-        for conn in self.conns:
-            conn.close()
-        for proc in self.procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-
-
-def _zns1_main(pipe: Connection) -> None:
-    ctx = zmq.Context()
-    pipe.send("ready")
-    while True:
-        try:
-            job = pipe.recv()
-        except EOFError:
-            return
-        try:
-            pipe.send(_zns1_drive(ctx, *job))
-        except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
-            pipe.send(f"ZNS/1 load failed: {type(exc).__name__}: {exc}")
+        outcomes = self.run([(endpoint, bodies, sockets, depth, start_at, duration)] * len(self),
+                            warmup + duration + REPLY_TIMEOUT_S + 10)
+        return sum(outcome[0] for outcome in outcomes) / duration, sum(o[1] for o in outcomes)
 
 
 def _zns1_drive(ctx: zmq.Context, endpoint: str, bodies: list[bytes], sockets: int, depth: int,
