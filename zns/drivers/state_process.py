@@ -47,7 +47,7 @@ from zns.core.figures import (
 )
 from zns.core.figures import encode as encode_figures
 from zns.core.readiness import Readiness
-from zns.core.replication import Primary
+from zns.core.replication import Primary, shipped_events
 from zns.core.schema import encode
 from zns.core.service import Frames, NameService
 from zns.core.state import AnyCommand, CloseConnections, Outcome, Suspect, Write, decode_command
@@ -95,8 +95,12 @@ class PrimaryService(NameService):
             return result
         if link is not None:
             now = _now()
+            # The events go with the command, encoded here once (not by every worker, and
+            # not after the worker applied it: it publishes them first). Nothing else here
+            # reads them: a worker's forwarded write and the expiry steps publish nothing.
             renewal = result[0].renewal
-            link.append(_encode(command if renewal is None else renewal), now)
+            link.append(_encode(command if renewal is None else renewal), now,
+                        shipped_events(result[1]))
             link.flush(now)
         return result
 
