@@ -163,6 +163,7 @@ class PrimaryLink:
         self._awaiting_dump: list[int] = []  # the workers it is for
         self._forked: set[int] = set()  # workers whose first state is the fork's copy
         self._execute = execute
+        self._executing = False  # in `execute`: `append` leaves the writing to its answer
         self._dropped = dropped
         self._max_pending = max_pending_bytes
         self.channels: dict[int, Channel] = {}
@@ -182,9 +183,12 @@ class PrimaryLink:
     def append(self, command: bytes, now: int, events: list[bytes] | None = None) -> int:
         """The state machine applied `command`, which made `events` (shipped in its `Apply`:
         zns.core.replication.shipped_events): replicate it; returns its seq. What it sends
-        is queued: the next `run` (or `flush`) writes it."""
+        is written at once; during a forwarded write's `execute`, once its answer is queued
+        after it (one write, one wake-up of the worker for both)."""
         seq = self.primary.append(command, now, events)
         self._carry_out(now)
+        if not self._executing:
+            self.flush(now)
         return seq
 
     def run(self, now: int) -> None:
@@ -289,10 +293,15 @@ class PrimaryLink:
                     if self._steps is None:
                         self._steps = self._dump_in_steps()
                 case Execute(worker=worker, token=token, request=request):
-                    command, reply = self._execute(worker, request)
+                    self._executing = True
+                    try:
+                        command, reply = self._execute(worker, request)
+                    finally:
+                        self._executing = False
                     seq = self.primary.seq if command is None else self.primary.append(command, now)
                     self.primary.answer(worker, token, seq, reply)
                     self._carry_out(now)
+                    self.flush(now)  # its command and its answer, sent as soon as decided
                 case Drop(worker=worker, reason=reason):
                     channel = self.channels.pop(worker, None)
                     if channel is not None:

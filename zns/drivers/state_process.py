@@ -101,7 +101,6 @@ class PrimaryService(NameService):
             renewal = result[0].renewal
             link.append(_encode(command if renewal is None else renewal), now,
                         shipped_events(result[1]))
-            link.flush(now)
         return result
 
 
