@@ -103,15 +103,18 @@ class Channel:
         """The whole frames readable now (reading at most `budget` bytes)."""
         read = 0
         while read < budget:
+            asked = min(CHUNK, budget - read)
             try:
                 with WORKER_CHANNEL:
-                    data = self.sock.recv(min(CHUNK, budget - read))
+                    data = self.sock.recv(asked)
             except (BlockingIOError, InterruptedError):
                 break
             if not data:
                 raise ConnectionLost("the other end closed the channel")
             self._in += data
             read += len(data)
+            if len(data) < asked:
+                break  # all there was: another recv would only fail (a system call per hop)
         frames = []
         start = 0
         while len(self._in) - start >= HEADER.size:
