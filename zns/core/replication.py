@@ -100,6 +100,9 @@ MAX_LAG_SAMPLES = 65_536  # append times kept for the lag measurement
 # bytes); past it the replica makes its own, once applied. It bounds what the primary
 # encodes in vain and what each `Apply` adds to the tail (counted in its bytes).
 MAX_SHIPPED_EVENT_BYTES = 64 * 1024
+# ... and of at most this many events: the primary makes no frames of a larger step's
+# (a registration of thousands of topics), which would only be thrown away.
+MAX_SHIPPED_EVENTS = 256
 
 
 # --- the channel's messages ---------------------------------------------------------------
