@@ -432,7 +432,7 @@ class _Expiry:
         return self.timers.next_deadline()
 
     def run(self, ready: Ready, now: int, until: int) -> None:
-        self.timers.on_timer(now, 0)  # the events are the workers' to publish (none encoded here)
+        self.timers.on_timer(now, 0)  # the events are the workers' to publish (shipped: apply)
 
 
 class _Links:
