@@ -1,8 +1,8 @@
 """What keeps the memory of `zns serve --workers N` down (bench/workers.py, workers_memory):
 the pages forked workers share with the state process stay shared (gc.freeze at each fork,
 and a state that makes no reference cycles, which a frozen object could never free), the
-state process encodes no event but those it ships with their command, and no process imports asyncio and ssl
-unless CURVE is on."""
+state process encodes no event but those it ships with their command, and no process
+imports asyncio and ssl unless CURVE is on."""
 
 from __future__ import annotations
 

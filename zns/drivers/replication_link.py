@@ -326,8 +326,9 @@ class ReplicaLink:
     """A worker's side: a `Replica` fed from its channel.
 
     `apply(seq, command, produce)` applies a command to the worker's state machine and
-    returns the events it made if `produce` (else they came with the command: none); `load(seq, dump)` replaces its state; `publish(seq, events)`
-    hands events to the worker's subscribers; `reply(token, reply)` answers a
+    returns the events it made if `produce` (else they came with the command: none);
+    `load(seq, dump)` replaces its state; `publish(seq, events)` hands events to the
+    worker's subscribers; `reply(token, reply)` answers a
     forwarded write; `whole(body)` gets the state process's figures of the whole
     (zns.core.figures). `run()` raises `ConnectionLost` when the state process is gone,
     and msgspec.DecodeError on a message it cannot read (the state process's bug): either
