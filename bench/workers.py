@@ -710,8 +710,8 @@ connections meanwhile (their figure says how many were answered).
 
 Push latency: bench/push_latency.py (its method: one SUB per subscriber socket, route
 changes sent on one connection, the next only after every socket got the previous one; here
-{changes} changes a round, {subs} subscribers) against `--workers 0` and `--workers 2`; the
-subscribers' and the sender's connections land wherever the kernel puts them.
+{changes} changes a round, {subs} subscribers) against `--workers 0`, `--workers 1` and
+`--workers 2`; the subscribers' and the sender's connections land wherever the kernel puts them.
 """
 
 

@@ -112,7 +112,7 @@ def test_figures_pass_the_links_beside_the_replication_and_leave_it_alone():
     primary = PrimaryLink(Primary(now=0), dump=lambda: b"dump", execute=lambda w, r: (None, b""),
                           reported=lambda worker, body: reported.append((worker, body)))
     worker = primary.add(ours, 0)
-    replica = ReplicaLink(theirs, Replica(), apply=lambda seq, c: [], load=lambda seq, d: None,
+    replica = ReplicaLink(theirs, Replica(), apply=lambda seq, c, produce: [], load=lambda seq, d: None,
                           publish=lambda seq, e: None, whole=wholes.append)
     primary.flush(0)
     replica.wait(5000)

@@ -3,12 +3,15 @@ simulated in one process, driven by random schedules (hypothesis) with an inject
 
 Commands and states are opaque to the objects under test; here command `seq` is
 b"c<seq>" and a state dump is b"s<seq>", so a replica's content is checked by its seq.
+Command `seq` makes the events `events_of(seq)`, which the primary ships in its `Apply`
+or not (at random): a replica publishes the same either way.
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -20,9 +23,14 @@ from zns.core.replication import (
     Ack, Answer, Apply, ApplyCommand, Deliver, Drop, Execute, Fence, Forward, LoadState, Primary,
     MAX_LAG_SAMPLES, PrimaryAction, Publish, Received, Replica, ReplicaAction, Reply, Resync,
     SendState, SendToPrimary, State,
-    decode_to_primary,
+    decode_to_primary, shipped_events,
     decode_to_worker, encode,
 )
+
+
+def events_of(seq: int) -> list[bytes]:
+    """What command `seq` makes: one event, none for every tenth."""
+    return [] if seq % 10 == 0 else [b"e%d" % seq]
 
 
 @dataclass
@@ -43,8 +51,9 @@ class Cluster:
     """A primary and its workers, with checks after every step."""
 
     def __init__(self, rng: random.Random, *, window: int = 4, tail: int = 8,
-                 ack_timeout_ms: int = 1000, lossy: bool = False) -> None:
+                 ack_timeout_ms: int = 1000, lossy: bool = False, shipped: float = 0.5) -> None:
         self.rng = rng
+        self.shipped = shipped  # the share of commands whose events come in their Apply
         self.now = 0
         # States ("s<seq>") sent a byte a part, two unacknowledged at most.
         self.primary = Primary(now=0, window=window, max_tail_commands=tail,
@@ -59,9 +68,15 @@ class Cluster:
     # --- steps ------------------------------------------------------------------
 
     def append(self) -> int:
-        seq = self.primary.append(b"c%d" % (self.primary.seq + 1), self.now)
+        seq = self._append()
         self.carry_out()
         return seq
+
+    def _append(self) -> int:
+        """The next command, its events shipped or not (too large, in a real primary)."""
+        seq = self.primary.seq + 1
+        shipped = events_of(seq) if self.rng.random() < self.shipped else None
+        return self.primary.append(b"c%d" % seq, self.now, shipped)
 
     def join(self) -> int:
         worker = self.primary.join(self.now)
@@ -121,7 +136,7 @@ class Cluster:
                     self.primary.dumped(w, seq, b"s%d" % seq)
                     self.carry_out()
                 case Execute(worker=w, token=token):
-                    seq = self.primary.append(b"c%d" % (self.primary.seq + 1), self.now)
+                    seq = self._append()
                     self.nodes[w].expected[token] = seq
                     self.primary.answer(w, token, seq, b"r%d" % seq)
                     self.carry_out()
@@ -136,23 +151,31 @@ class Cluster:
             self._carry_out_replica(node, actions)
 
     def _carry_out_replica(self, node: Node, actions: list[ReplicaAction]) -> None:
-        for action in actions:
+        # A worker carries out a batch in one turn, serving nothing in between: what it
+        # applies later in the batch counts as applied already.
+        applying = [a.seq for a in actions if isinstance(a, (ApplyCommand, LoadState))]
+        for index, action in enumerate(actions):
             match action:
-                case ApplyCommand(seq=seq, command=command):
+                case ApplyCommand(seq=seq, command=command, produce=produce):
                     assert node.loaded, "nothing is applied before the first state"
                     assert seq == node.state + 1, "commands are applied in order, none twice"
                     assert command == b"c%d" % seq
                     node.state = seq
-                    node.replica.produced(seq, [b"e%d" % seq])
+                    if produce:
+                        node.replica.produced(seq, events_of(seq))
                 case LoadState(seq=seq, dump=dump):
                     assert dump == b"s%d" % seq and seq >= node.state
                     node.state, node.loaded = seq, True
                 case Publish(seq=seq, events=events):
-                    assert events == [b"e%d" % seq]
+                    assert events == events_of(seq) != []
+                    assert max([node.state, *applying]) >= seq, \
+                        "a worker publishes an event only in the turn that applies it, or after"
                     for other in self.nodes.values():
-                        if other.loaded:
+                        if other.loaded and other is not node:
                             assert other.state >= seq, \
                                 "an event is published only once every live worker applied it"
+                    assert not node.published or node.published[-1] < seq, \
+                        "events are published in order, each once"
                     node.published.append(seq)
                 case Reply(token=token, reply=reply):
                     seq = node.expected[token]
@@ -309,7 +332,7 @@ def test_an_idle_primary_wants_no_timer() -> None:
 
 
 def test_a_worker_past_the_tail_gets_a_state_instead() -> None:
-    cluster = Cluster(random.Random(5), window=2, tail=3)
+    cluster = Cluster(random.Random(5), window=2, tail=3, shipped=0)  # commands only
     a, b = cluster.join(), cluster.join()
     cluster.settle()
     transfers = cluster.primary.transfers
@@ -336,8 +359,8 @@ def test_a_gap_makes_the_replica_ask_for_a_state_and_ignore_commands_until_then(
                                  SendToPrimary(Resync(6))]
     replica.on_message(State(9, b"s9"))
     replica.on_message(Apply(10, b"c10"))
-    assert replica.actions() == [LoadState(9, b"s9"), ApplyCommand(10, b"c10"),
-                                 SendToPrimary(Ack(10))]
+    assert replica.actions() == [SendToPrimary(Ack(10)), LoadState(9, b"s9"),
+                                 ApplyCommand(10, b"c10")]
     assert replica.resyncs == 1
 
 
@@ -361,14 +384,76 @@ def test_a_forwarded_reply_waits_for_its_seq() -> None:
     replica = Replica()
     replica.on_message(State(3, b"s3"))
     token = replica.forward(b"write")
-    assert replica.actions() == [LoadState(3, b"s3"), SendToPrimary(Forward(token, b"write")),
-                                 SendToPrimary(Ack(3))]
+    assert replica.actions() == [SendToPrimary(Ack(3)), LoadState(3, b"s3"),
+                                 SendToPrimary(Forward(token, b"write"))]
     replica.on_message(Answer(token, 5, b"ok"))
     replica.on_message(Apply(4, b"c4"))
-    assert replica.actions() == [ApplyCommand(4, b"c4"), SendToPrimary(Ack(4))]
+    assert replica.actions() == [SendToPrimary(Ack(4)), ApplyCommand(4, b"c4")]
     replica.on_message(Apply(5, b"c5"))
-    assert replica.actions() == [ApplyCommand(5, b"c5"), Reply(token, b"ok"),
-                                 SendToPrimary(Ack(5))]
+    assert replica.actions() == [SendToPrimary(Ack(5)), ApplyCommand(5, b"c5"),
+                                 Reply(token, b"ok")]
+
+
+def test_shipped_events_and_the_ack_go_before_the_commands_are_applied() -> None:
+    # A lone worker (each Apply's fence is its seq): the events the primary shipped are
+    # published, and the batch acknowledged, before its commands are applied; the worker
+    # applies them in the same turn, before it serves anything else.
+    replica = Replica()
+    replica.on_message(State(0, b"s0"))
+    replica.actions()
+    replica.on_message(Apply(1, b"c1", 1, [b"route/T", b"r1"]))
+    replica.on_message(Apply(2, b"c2", 2, []))  # a command that made no event
+    assert replica.actions() == [Publish(1, [b"route/T", b"r1"]), SendToPrimary(Ack(2)),
+                                 ApplyCommand(1, b"c1", produce=False),
+                                 ApplyCommand(2, b"c2", produce=False)]
+    # Behind another worker (fence 2): held, published as the Fence passes them.
+    replica.on_message(Apply(3, b"c3", 2, [b"route/T", b"r3"]))
+    assert replica.actions() == [SendToPrimary(Ack(3)), ApplyCommand(3, b"c3", produce=False)]
+    assert replica.held == (1, len(b"route/Tr3"))
+    replica.on_message(Fence(3))
+    assert replica.actions() == [Publish(3, [b"route/T", b"r3"])]
+
+
+def test_events_wait_for_the_command_before_them_whose_replica_makes_its_own() -> None:
+    replica = Replica()
+    replica.on_message(State(0, b"s0"))
+    replica.actions()
+    replica.on_message(Apply(1, b"c1", 1, None))  # too large to ship: made by the replica
+    replica.on_message(Apply(2, b"c2", 2, [b"e2"]))
+    assert replica.actions() == [SendToPrimary(Ack(2)), ApplyCommand(1, b"c1"),
+                                 ApplyCommand(2, b"c2", produce=False)]
+    replica.produced(1, [b"e1"])  # as the driver does once it applied command 1
+    assert replica.actions() == [Publish(1, [b"e1"]), Publish(2, [b"e2"])]
+    assert replica.held == (0, 0)
+
+
+def test_the_primary_ships_a_commands_events_in_its_apply_and_counts_them_in_the_tail() -> None:
+    primary = Primary(now=0)
+    worker = primary.join(0)
+    primary.actions()  # its state is not dumped yet: its commands wait in the tail
+    primary.append(b"c1", 0, [b"route/T", b"r1"])
+    primary.append(b"c2", 0, None)
+    assert primary.tail == (2, len(b"c1route/Tr1c2"))
+    primary.dumped(worker, 0, b"s0")
+    assert deliveries(primary.actions()) == [State(0, b"s0", 0, 2, 1),
+                                             Apply(1, b"c1", 1, [b"route/T", b"r1"]),
+                                             Apply(2, b"c2", 2, None)]
+    assert decode_to_worker(encode(Apply(1, b"c1", 1, [b"route/T", b"r1"]))) == \
+        Apply(1, b"c1", 1, [b"route/T", b"r1"])
+
+
+def test_events_are_shipped_up_to_a_size() -> None:
+    read: list[int] = []
+
+    def frames(count: int) -> Iterator[tuple[bytes, bytes]]:
+        for i in range(count):
+            read.append(i)
+            yield b"route/T", b"x" * 93  # 100 bytes a frame
+    assert shipped_events(frames(3), limit=300) == [b"route/T", b"x" * 93] * 3
+    assert shipped_events([], limit=300) == []
+    read.clear()
+    assert shipped_events(frames(10), limit=300) is None
+    assert read == [0, 1, 2, 3], "no frame is read (encoded) past the limit"
 
 
 def test_acks_are_one_per_batch() -> None:
@@ -544,8 +629,8 @@ def test_a_state_is_sent_in_parts_within_its_window_and_the_commands_of_meanwhil
     assert not replica.loaded
     replica.on_message(State(0, b"9", 9, 10, 1))
     replica.on_message(Apply(1, b"c1"))
-    assert replica.actions() == [LoadState(0, b"0123456789"), ApplyCommand(1, b"c1"),
-                                 SendToPrimary(Received(1, 10)), SendToPrimary(Ack(1))]
+    assert replica.actions() == [SendToPrimary(Ack(1)), LoadState(0, b"0123456789"),
+                                 ApplyCommand(1, b"c1"), SendToPrimary(Received(1, 10))]
 
 
 def test_a_transfer_replaced_by_another_stops_and_the_replica_starts_again() -> None:

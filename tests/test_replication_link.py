@@ -31,7 +31,7 @@ def worker_main(path: Path, forward: bool = False, runs: bool = False) -> Callab
         out = open(path, "a", buffering=1)
         link = ReplicaLink(
             sock, Replica(),
-            apply=lambda seq, command: (out.write(f"apply {seq} {command.decode()}\n"),
+            apply=lambda seq, command, produce: (out.write(f"apply {seq} {command.decode()}\n"),
                                         [b"e%d" % seq])[1],
             load=lambda seq, dump: out.write(f"load {seq} {dump.decode()}\n") and None,
             publish=lambda seq, events: out.write(f"publish {seq}\n") and None,
@@ -184,7 +184,8 @@ def test_a_new_worker_joins_by_a_state_transfer_and_follows(harness) -> None:
     assert primary.fence == 50  # a new worker counts at the seq of its state
     for _ in range(10):
         harness.append()
-    harness.serve_until(lambda: primary.applied(c) == 60 and primary.fence == 60)
+    harness.serve_until(lambda: primary.applied(c) == 60 and primary.fence == 60
+                        and len(harness.lines("c")) >= 11)  # acknowledged before applied
     lines = harness.lines("c")
     assert lines[0] == "load 50 dump-at-50"
     assert [x for x in lines if x.startswith("apply")] == [
@@ -334,6 +335,8 @@ def test_a_large_state_reaches_a_new_worker_in_parts_and_its_channel_holds_a_win
             most = max(most, harness.link.channels[c].pending)
         # Before, the whole dump waited in the channel's buffer at once.
         assert most <= DEFAULT_TRANSFER_WINDOW_BYTES + DEFAULT_CHUNK_BYTES, most
+        # Acknowledged as received, before applied (zns.core.replication): wait for them.
+        harness.serve_until(lambda: len(harness.lines("c")) >= 11)
         lines = harness.lines("c")
         assert lines[0] == "load 0 dump-at-0-" + "x" * size
         assert lines[1:11] == [f"apply {s} c{s}" for s in range(1, 11)]
@@ -363,7 +366,8 @@ def test_a_state_made_in_steps_is_as_of_its_last_step_and_serves_every_worker_th
         harness.serve_until(lambda: not harness.link.dumping)
         harness.append()
         primary = harness.link.primary
-        harness.serve_until(lambda: primary.applied(a) == primary.applied(b) == 3)
+        harness.serve_until(lambda: primary.applied(a) == primary.applied(b) == 3
+                            and all(len(harness.lines(n)) >= 2 for n in "ab"))
         for name in ("a", "b"):
             lines = harness.lines(name)
             assert lines[0] == "load 2 dump-at-2"  # the commands before its last step

@@ -21,9 +21,11 @@ class RecordingLink:
 
     def __init__(self) -> None:
         self.replicated: list[AnyCommand] = []
+        self.shipped: list[list[bytes] | None] = []  # the events sent with each
 
-    def append(self, command: bytes, now: int) -> int:
+    def append(self, command: bytes, now: int, events: list[bytes] | None = None) -> int:
         self.replicated.append(decode_command(command))
+        self.shipped.append(events)
         return len(self.replicated)
 
     def flush(self, now: int) -> None:
@@ -78,6 +80,10 @@ def test_an_unchanged_re_registration_is_replicated_as_its_renewal() -> None:
     answers = [msgspec.msgpack.decode(execute(service, forwarded, now)[1], type=WriteAnswer)
                for now in (1000, 31_000, 61_000)]
     assert [type(c) for c in link.replicated] == [Write, Renew, Renew]
+    # The registration's events (the broker's and 100 routes') travel with it; a renewal
+    # makes none.
+    first = link.shipped[0]
+    assert first is not None and len(first) == 2 * 101 and link.shipped[1:] == [[], []]
     renewal = link.replicated[2]
     assert isinstance(renewal, Renew) and (renewal.now, renewal.connection) == (61_000, 7)
     assert len(msgspec.msgpack.encode(renewal)) < 200 < len(forwarded)

@@ -1,8 +1,8 @@
 """What keeps the memory of `zns serve --workers N` down (bench/workers.py, workers_memory):
 the pages forked workers share with the state process stay shared (gc.freeze at each fork,
 and a state that makes no reference cycles, which a frozen object could never free), the
-state process encodes nothing only a reader needs, and no process imports asyncio and ssl
-unless CURVE is on."""
+state process encodes no event but those it ships with their command, and no process
+imports asyncio and ssl unless CURVE is on."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from helpers import register_fields, zns1_events, zns1_ok
-from zns.core.replication import Primary
+from zns.core.replication import MAX_SHIPPED_EVENTS, Primary
 from zns.core.service import NameService
 from zns.drivers.heap import HeapTrim
 from zns.drivers.kv_file import KvStore
@@ -72,19 +72,25 @@ def test_the_state_makes_no_reference_cycles() -> None:
         gc.enable()
 
 
-def test_the_state_process_encodes_no_event() -> None:
-    """Its events are counted (and trim the heap) but never encoded: it publishes none (each
-    worker's replica makes its own) and answers no read."""
+def test_the_state_process_encodes_only_the_events_it_ships() -> None:
+    """Its events are counted (and trim the heap); it makes frames of a step's events only
+    when they are few enough to travel with the command (MAX_SHIPPED_EVENTS: each worker
+    publishes them as they come), never of a large registration's (each worker's replica
+    makes its own), and answers no read."""
     service = PrimaryService(KvStore(None), epoch="e", started_at_ms=0)
     service.heap = HeapTrim(None, 0)
-    _, events = zns1_events(service, "register_broker", **register_fields(
-        topics={"T1": {}, "T2": {}}))
+    many = {f"T{i}": {} for i in range(MAX_SHIPPED_EVENTS)}  # and the broker's: one too many
+    _, events = zns1_events(service, "register_broker", **register_fields(topics=many))
     assert events == []
-    assert service.published["route"] == 2 and service.published["broker"] == 1
+    assert service.published["route"] == MAX_SHIPPED_EVENTS and service.published["broker"] == 1
+    _, events = zns1_events(service, "register_broker", **register_fields(
+        broker_name="broker-b", addr="10.0.0.2:10911", topics={"U1": {}, "U2": {}}))
+    assert [channel for channel, _ in events] == [b"broker/c1/broker-b\0", b"route/U1\0",
+                                                  b"route/U2\0"]
     zns1_ok(service, "unregister_broker", cluster="c1", broker_name="broker-a", broker_id=0,
             broker_addr="10.0.0.1:10911")
     assert service.removals == {"unregistered": 1}
-    assert service.heap.pending == 2 + 1 + 2 + 1
+    assert service.heap.pending == 2 * (MAX_SHIPPED_EVENTS + 1) + 3
     assert len(service.encoded) == 0
 
 

@@ -40,13 +40,25 @@ state.
 
 The commit fence is the lowest seq every live worker has applied (the current
 seq when there is none). Whenever it moves, it is announced to every worker.
-A worker holds the events its replica produced for seq S until the fence
-reaches S, and only then publishes them. So when any client has seen the event
-of S, every live worker has applied S, and a pull made afterwards, on whatever
-worker, answers at S or later. A worker joins at the current seq (which the
-fence never exceeds) and must answer nothing before its first state is
-loaded, so the fence never passes a worker that can answer reads. The fence
-never moves back.
+A worker holds the events of seq S until the fence reaches S, and only then
+publishes them. So when any client has seen the event of S, every live worker
+has applied S, and a pull made afterwards, on whatever worker, answers at S or
+later. A worker joins at the current seq (which the fence never exceeds) and
+must answer nothing before its first state is loaded, so the fence never passes
+a worker that can answer reads. The fence never moves back.
+
+"Applied" here means: carried out before the worker serves anything else. A
+worker is one thread that carries out every message of a batch (`actions()`,
+until none is left) in one turn of its loop, serving no read in between. So the
+replica acknowledges a batch, and publishes the events the fence already passed,
+*before* the batch's commands are applied: no read sees the state before them
+after that anyway, and the fence (and the subscribers) need not wait for the
+applying. The events come with the command: the primary's state machine made
+them when it executed it, and `Apply` carries them encoded (`shipped_events`:
+up to MAX_SHIPPED_EVENT_BYTES; the replica of a command whose events were
+larger produces its own as it applies it, and its events and every later
+command's wait for that). A replica's state machine is deterministic (the same
+commands give the same events): the events shipped are the ones it would make.
 
 A lone worker need not wait for that round trip (its `Ack`, then the `Fence`):
 each `Apply` carries the fence as it will be once its worker applied it, as far
@@ -64,12 +76,13 @@ applied that seq.
 
 Acknowledgements are batched: the replica acknowledges once per `actions()`
 call (the driver calls it once per batch of messages it drained), with the
-highest seq applied, never on a timer.
+highest seq received, never on a timer.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -83,6 +96,13 @@ DEFAULT_MAX_HELD_BYTES = 64 * 1024 * 1024  # events a replica holds for the fenc
 DEFAULT_CHUNK_BYTES = 256 * 1024  # one part of a state transfer
 DEFAULT_TRANSFER_WINDOW_BYTES = 1024 * 1024  # of it handed out and not yet received
 MAX_LAG_SAMPLES = 65_536  # append times kept for the lag measurement
+# A command's events travel in its `Apply` up to this size (a route change: a few hundred
+# bytes); past it the replica makes its own, once applied. It bounds what the primary
+# encodes in vain and what each `Apply` adds to the tail (counted in its bytes).
+MAX_SHIPPED_EVENT_BYTES = 64 * 1024
+# ... and of at most this many events: the primary makes no frames of a larger step's
+# (a registration of thousands of topics), which would only be thrown away.
+MAX_SHIPPED_EVENTS = 256
 
 
 # --- the channel's messages ---------------------------------------------------------------
@@ -93,11 +113,14 @@ class Apply(msgspec.Struct, tag="apply", frozen=True):
     worker applied it, as far as the primary knew when it sent it (the lowest seq every
     other worker had acknowledged, and `seq` itself: `seq` when this worker is the only
     one), so that a lone worker publishes an event without the round trip of an `Ack`
-    and a `Fence`."""
+    and a `Fence`. `events`: the events the command made in the primary, as frames
+    [channel, body, ...] (`shipped_events`); None when they were too large to ship (the
+    replica publishes its own)."""
 
     seq: int
     command: bytes
     fence: int = 0
+    events: list[bytes] | None = None
 
 
 class State(msgspec.Struct, tag="state", frozen=True):
@@ -127,7 +150,8 @@ class Answer(msgspec.Struct, tag="answer", frozen=True):
 
 
 class Ack(msgspec.Struct, tag="ack", frozen=True):
-    """Worker -> primary: my replica has applied every command up to `seq`."""
+    """Worker -> primary: my replica has applied every command up to `seq`, or is applying
+    them before it serves anything else (see the module's docstring)."""
 
     seq: int
 
@@ -187,6 +211,20 @@ def decode_to_worker(body: bytes) -> ToWorker:
 def decode_to_primary(body: bytes) -> ToPrimary:
     """A worker's message; raises msgspec.DecodeError on anything else."""
     return _to_primary.decode(body)
+
+
+def shipped_events(frames: Iterable[tuple[bytes, bytes]],
+                   limit: int = MAX_SHIPPED_EVENT_BYTES) -> list[bytes] | None:
+    """A command's event frames (channel, body) as `Apply.events`, or None once they pass
+    `limit` bytes (read no further: each frame may be encoded only as it is read)."""
+    events: list[bytes] = []
+    size = 0
+    for channel, body in frames:
+        size += len(channel) + len(body)
+        if size > limit:
+            return None
+        events += (channel, body)
+    return events
 
 
 # --- the primary's actions ----------------------------------------------------------------
@@ -281,7 +319,8 @@ class Primary:
         self._now = now
         self._workers: dict[int, _Follower] = {}
         self._next_id = 1
-        self._tail: deque[tuple[int, bytes]] = deque()  # (seq, command), seqs consecutive
+        # (seq, command, its events), seqs consecutive
+        self._tail: deque[tuple[int, bytes, list[bytes] | None]] = deque()
         self._tail_bytes = 0
         self._announced = seq  # the fence last announced
         self._appended_at: deque[tuple[int, int]] = deque()  # (seq, now) not yet committed
@@ -291,12 +330,13 @@ class Primary:
 
     # --- inputs ---------------------------------------------------------
 
-    def append(self, command: bytes, now: int) -> int:
-        """The state machine applied `command`: number it and send it on; returns its seq."""
+    def append(self, command: bytes, now: int, events: list[bytes] | None = None) -> int:
+        """The state machine applied `command`, which made `events` (`shipped_events`; None:
+        too large to ship): number it and send it on; returns its seq."""
         self._now = max(self._now, now)
         self.seq += 1
-        self._tail.append((self.seq, command))
-        self._tail_bytes += len(command)
+        self._tail.append((self.seq, command, events))
+        self._tail_bytes += _size(command, events)
         if len(self._appended_at) >= MAX_LAG_SAMPLES:
             self._appended_at.popleft()
         self._appended_at.append((self.seq, self._now))
@@ -458,10 +498,10 @@ class Primary:
             if follower.sent + 1 < first:
                 self._transfer(worker)
                 return
-            seq, command = self._tail[follower.sent + 1 - first]
+            seq, command, events = self._tail[follower.sent + 1 - first]
             others = min((f.applied for w, f in self._workers.items() if w != worker),
                          default=seq)
-            self._actions.append(Deliver(worker, Apply(seq, command, min(seq, others))))
+            self._actions.append(Deliver(worker, Apply(seq, command, min(seq, others), events)))
             if follower.sent == follower.applied:
                 follower.waiting_since = self._now
             follower.sent = seq
@@ -503,10 +543,10 @@ class Primary:
         that needed what is forgotten gets a state instead)."""
         lowest = min((f.sent for f in self._workers.values()), default=self.seq)
         while self._tail and self._tail[0][0] <= lowest:
-            self._tail_bytes -= len(self._tail.popleft()[1])
+            self._tail_bytes -= _size(*self._tail.popleft()[1:])
         while self._tail and (len(self._tail) > self.max_tail_commands
                               or self._tail_bytes > self.max_tail_bytes):
-            self._tail_bytes -= len(self._tail.popleft()[1])
+            self._tail_bytes -= _size(*self._tail.popleft()[1:])
 
     def _drop(self, worker: int, reason: str) -> None:
         self.dropped += 1
@@ -515,16 +555,23 @@ class Primary:
         self._trim()
 
 
+def _size(command: bytes, events: list[bytes] | None) -> int:
+    """What a command and its shipped events count in the tail's bytes."""
+    return len(command) + (sum(map(len, events)) if events else 0)
+
+
 # --- the replica ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ApplyCommand:
-    """Apply `command` (seq `seq`) to the replica's state machine, then call
-    `Replica.produced(seq, events)` with the events it made."""
+    """Apply `command` (seq `seq`) to the replica's state machine; if `produce`, then call
+    `Replica.produced(seq, events)` with the events it made (else they came with the
+    command, and need not even be encoded)."""
 
     seq: int
     command: bytes
+    produce: bool = True
 
 
 @dataclass(frozen=True)
@@ -563,7 +610,9 @@ class Replica:
     """A worker's side: applies in order, holds events for the fence and replies for its
     replica. Until its first state arrives it applies nothing (and its worker answers
     nothing); a gap or a duplicate makes it ask for a state and ignore commands until
-    one arrives.
+    one arrives. Each `actions()` hands out first what need not wait for the batch's
+    commands to be applied (the events the fence passed, the acknowledgement: see the
+    module's docstring), then the rest in order.
 
     Events held for the fence are bounded by `max_held_bytes`: past it the oldest are
     dropped (counted in `dropped_events`); their subscribers see a gap in revisions
@@ -579,8 +628,10 @@ class Replica:
         self.dropped_events = 0
         self.max_held_bytes = max_held_bytes
         self._acked = 0
-        self._held: deque[tuple[int, list[bytes]]] = deque()
+        # (seq, its events) in seq order; None: to be produced by its replica (not shipped)
+        self._held: deque[tuple[int, list[bytes] | None]] = deque()
         self._held_bytes = 0
+        self._ahead: list[ReplicaAction] = []  # carried out before this batch's commands
         self._answers: deque[tuple[int, int, bytes]] = deque()  # (seq, token, reply)
         self._next_token = 1
         self._actions: list[ReplicaAction] = []
@@ -592,18 +643,22 @@ class Replica:
 
     def on_message(self, message: ToWorker) -> None:
         match message:
-            case Apply(seq=seq, command=command, fence=fence):
+            case Apply(seq=seq, command=command, fence=fence, events=events):
                 if self.awaiting_state:
                     return  # stale: a state is on its way
                 if seq != self.applied + 1:
                     self._ask_state()
                     return
                 self.applied = seq
-                self._actions.append(ApplyCommand(seq, command))
+                if events is None:
+                    self._held.append((seq, None))
+                elif events:
+                    self._hold(seq, events)
+                self._actions.append(ApplyCommand(seq, command, produce=events is None))
                 self._release_answers()
                 if min(fence, seq) > self.fence:
                     self.fence = min(fence, seq)
-                    self._release_events()
+                self._release_events(self._ahead)
             case State(seq=seq, dump=dump, offset=offset, total=total, transfer=number):
                 if total >= 0:  # a part
                     whole = self._assemble(number, seq, dump, offset, total)
@@ -621,24 +676,25 @@ class Replica:
             case Fence(seq=seq):
                 if seq > self.fence:
                     self.fence = seq
-                    self._release_events()
+                    self._release_events(self._ahead)
             case Answer(token=token, seq=seq, reply=reply):
                 self._answers.append((seq, token, reply))
                 self._release_answers()
 
     def produced(self, seq: int, events: list[bytes]) -> None:
-        """The command `seq` (just applied) made `events`: held until the fence passes it."""
-        if not events:
-            return
-        if seq <= self.fence:
-            self._actions.append(Publish(seq, events))
-            return
-        self._held.append((seq, events))
-        self._held_bytes += sum(len(e) for e in events)
-        while self._held_bytes > self.max_held_bytes and self._held:
-            _, dropped = self._held.popleft()
-            self._held_bytes -= sum(len(e) for e in dropped)
-            self.dropped_events += len(dropped)
+        """The command `seq` (just applied, its events not shipped) made `events`: held until
+        the fence passes it, and the events of the commands before it were handed out."""
+        for index, (held, waited) in enumerate(self._held):
+            if held == seq and waited is None:
+                del self._held[index]
+                if events:
+                    self._held.insert(index, (seq, events))
+                    self._held_bytes += sum(map(len, events))
+                    self._drop_oldest()
+                break
+        else:  # its place was dropped (past `max_held_bytes`) while it was being applied
+            self.dropped_events += len(events)
+        self._release_events(self._actions)
 
     def forward(self, request: bytes) -> int:
         """Send a write to the primary; returns the token its `Reply` will carry."""
@@ -655,16 +711,18 @@ class Replica:
         return len(self._held), self._held_bytes
 
     def actions(self) -> list[ReplicaAction]:
-        """What to do now, in order; each action is handed out once. It ends with one
-        acknowledgement of the highest seq applied, if that moved: call it once per batch
-        of messages, after feeding them all."""
+        """What to do now, in order; each action is handed out once. It starts with the
+        events the fence passed and one acknowledgement of the highest seq received, if that
+        moved (carry both out before applying: see the module's docstring); call it once per
+        batch of messages, after feeding them all, and again until it returns nothing."""
         if self._received is not None:
             self._actions.append(SendToPrimary(Received(*self._received)))
             self._received = None
         if self.applied > self._acked and not self.awaiting_state:
             self._acked = self.applied
-            self._actions.append(SendToPrimary(Ack(self.applied)))
-        actions, self._actions = self._actions, []
+            self._ahead.append(SendToPrimary(Ack(self.applied)))
+        actions = self._ahead + self._actions
+        self._ahead, self._actions = [], []
         return actions
 
     # --- internals ------------------------------------------------------
@@ -700,11 +758,26 @@ class Replica:
         self.resyncs += 1
         self._actions.append(SendToPrimary(Resync(self.applied)))
 
-    def _release_events(self) -> None:
-        while self._held and self._held[0][0] <= self.fence:
-            seq, events = self._held.popleft()
-            self._held_bytes -= sum(len(e) for e in events)
-            self._actions.append(Publish(seq, events))
+    def _hold(self, seq: int, events: list[bytes]) -> None:
+        self._held.append((seq, events))
+        self._held_bytes += sum(map(len, events))
+        self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        while self._held_bytes > self.max_held_bytes and self._held:
+            _, dropped = self._held.popleft()
+            if dropped is not None:  # else its events are dropped as they are produced
+                self._held_bytes -= sum(map(len, dropped))
+                self.dropped_events += len(dropped)
+
+    def _release_events(self, into: list[ReplicaAction]) -> None:
+        """Hand out the events the fence passed, in seq order: up to the first still to be
+        produced by its replica."""
+        held = self._held
+        while held and held[0][0] <= self.fence and (events := held[0][1]) is not None:
+            seq = held.popleft()[0]
+            self._held_bytes -= sum(map(len, events))
+            into.append(Publish(seq, events))
 
     def _release_answers(self) -> None:
         while self._answers and self._answers[0][0] <= self.applied and not self.awaiting_state:

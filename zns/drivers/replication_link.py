@@ -43,7 +43,7 @@ import msgspec
 
 from zns.core.errors import ConnectionLost
 from zns.core.replication import (
-    ApplyCommand, Deliver, Drop, Execute, LoadState, Primary, Publish, Replica, Reply, Report,
+    Ack, ApplyCommand, Deliver, Drop, Execute, LoadState, Primary, Publish, Replica, Reply, Report,
     SendState, SendToPrimary, Whole, decode_to_primary, decode_to_worker, encode,
 )
 from zns.drivers.io_errors import map_exceptions
@@ -103,15 +103,18 @@ class Channel:
         """The whole frames readable now (reading at most `budget` bytes)."""
         read = 0
         while read < budget:
+            asked = min(CHUNK, budget - read)
             try:
                 with WORKER_CHANNEL:
-                    data = self.sock.recv(min(CHUNK, budget - read))
+                    data = self.sock.recv(asked)
             except (BlockingIOError, InterruptedError):
                 break
             if not data:
                 raise ConnectionLost("the other end closed the channel")
             self._in += data
             read += len(data)
+            if len(data) < asked:
+                break  # all there was: another recv would only fail (a system call per hop)
         frames = []
         start = 0
         while len(self._in) - start >= HEADER.size:
@@ -163,6 +166,7 @@ class PrimaryLink:
         self._awaiting_dump: list[int] = []  # the workers it is for
         self._forked: set[int] = set()  # workers whose first state is the fork's copy
         self._execute = execute
+        self._executing = False  # in `execute`: `append` leaves the writing to its answer
         self._dropped = dropped
         self._max_pending = max_pending_bytes
         self.channels: dict[int, Channel] = {}
@@ -179,11 +183,15 @@ class PrimaryLink:
         self._carry_out(now)
         return worker
 
-    def append(self, command: bytes, now: int) -> int:
-        """The state machine applied `command`: replicate it; returns its seq. What it
-        sends is queued: the next `run` (or `flush`) writes it."""
-        seq = self.primary.append(command, now)
+    def append(self, command: bytes, now: int, events: list[bytes] | None = None) -> int:
+        """The state machine applied `command`, which made `events` (shipped in its `Apply`:
+        zns.core.replication.shipped_events): replicate it; returns its seq. What it sends
+        is written at once; during a forwarded write's `execute`, once its answer is queued
+        after it (one write, one wake-up of the worker for both)."""
+        seq = self.primary.append(command, now, events)
         self._carry_out(now)
+        if not self._executing:
+            self.flush(now)
         return seq
 
     def run(self, now: int) -> None:
@@ -288,10 +296,15 @@ class PrimaryLink:
                     if self._steps is None:
                         self._steps = self._dump_in_steps()
                 case Execute(worker=worker, token=token, request=request):
-                    command, reply = self._execute(worker, request)
+                    self._executing = True
+                    try:
+                        command, reply = self._execute(worker, request)
+                    finally:
+                        self._executing = False
                     seq = self.primary.seq if command is None else self.primary.append(command, now)
                     self.primary.answer(worker, token, seq, reply)
                     self._carry_out(now)
+                    self.flush(now)  # its command and its answer, sent as soon as decided
                 case Drop(worker=worker, reason=reason):
                     channel = self.channels.pop(worker, None)
                     if channel is not None:
@@ -312,9 +325,10 @@ class PrimaryLink:
 class ReplicaLink:
     """A worker's side: a `Replica` fed from its channel.
 
-    `apply(seq, command)` applies a command to the worker's state machine and returns
-    the events it made; `load(seq, dump)` replaces its state; `publish(seq, events)`
-    hands events to the worker's subscribers; `reply(token, reply)` answers a
+    `apply(seq, command, produce)` applies a command to the worker's state machine and
+    returns the events it made if `produce` (else they came with the command: none);
+    `load(seq, dump)` replaces its state; `publish(seq, events)` hands events to the
+    worker's subscribers; `reply(token, reply)` answers a
     forwarded write; `whole(body)` gets the state process's figures of the whole
     (zns.core.figures). `run()` raises `ConnectionLost` when the state process is gone,
     and msgspec.DecodeError on a message it cannot read (the state process's bug): either
@@ -326,7 +340,7 @@ class ReplicaLink:
         sock: socket.socket,
         replica: Replica,
         *,
-        apply: Callable[[int, bytes], list[bytes]],
+        apply: Callable[[int, bytes, bool], list[bytes]],
         load: Callable[[int, bytes], None],
         publish: Callable[[int, list[bytes]], None],
         reply: Callable[[int, bytes], None] = lambda token, reply: None,
@@ -369,14 +383,17 @@ class ReplicaLink:
         poller.poll(timeout_ms)
 
     def _carry_out(self) -> None:
-        # Until none is left: applying a command the fence already passed (a lone worker's,
-        # or one whose `Fence` came in the same batch) releases its events as a new action,
-        # to be published now, not when the next message happens to arrive.
+        # Until none is left: applying a command whose events were not shipped releases them
+        # as a new action, to be published now, not when the next message happens to arrive.
+        # The acknowledgement comes before the commands are applied, and is written at once:
+        # the fence moves on while this worker applies (zns.core.replication).
         while actions := self.replica.actions():
             for action in actions:
                 match action:
-                    case ApplyCommand(seq=seq, command=command):
-                        self.replica.produced(seq, self._apply_command(seq, command))
+                    case ApplyCommand(seq=seq, command=command, produce=produce):
+                        events = self._apply_command(seq, command, produce)
+                        if produce:
+                            self.replica.produced(seq, events)
                     case LoadState(seq=seq, dump=dump):
                         self._load_state(seq, dump)
                     case Publish(seq=seq, events=events):
@@ -385,6 +402,8 @@ class ReplicaLink:
                         self._answer(token, reply)
                     case SendToPrimary(message=message):
                         self.channel.send(encode(message))
+                        if type(message) is Ack:
+                            self.channel.flush()
 
 
 def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: int, *,

@@ -47,7 +47,7 @@ from zns.core.figures import (
 )
 from zns.core.figures import encode as encode_figures
 from zns.core.readiness import Readiness
-from zns.core.replication import Primary
+from zns.core.replication import MAX_SHIPPED_EVENTS, Primary, shipped_events
 from zns.core.schema import encode
 from zns.core.service import Frames, NameService
 from zns.core.state import AnyCommand, CloseConnections, Outcome, Suspect, Write, decode_command
@@ -82,9 +82,10 @@ class PrimaryService(NameService):
 
     link: PrimaryLink | None = None
     heap: HeapTrim | None = None  # told of every event: replaced routes leave free heap
-    # Its events are counted and logged, never encoded: it publishes none and answers no
-    # read (each worker's replica makes its own events as it applies the command).
-    publishes_events = False
+    # It publishes no event and answers no read: it encodes the events of a command only to
+    # ship them with it (zns.core.replication.shipped_events), when they are few; those of
+    # a larger one are counted and logged, and each worker's replica makes its own.
+    max_published_events = MAX_SHIPPED_EVENTS
 
     def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
         result = super().apply(command)  # a refused command raises: nothing to replicate
@@ -95,9 +96,14 @@ class PrimaryService(NameService):
             return result
         if link is not None:
             now = _now()
-            renewal = result[0].renewal
-            link.append(_encode(command if renewal is None else renewal), now)
-            link.flush(now)
+            # The events go with the command, encoded here once (not by every worker, and
+            # not after the worker applied it: it publishes them first). Nothing else here
+            # reads them: a worker's forwarded write and the expiry steps publish nothing.
+            outcome, frames = result  # no frames past MAX_SHIPPED_EVENTS: none shipped
+            shipped = shipped_events(frames) if len(outcome.events) <= MAX_SHIPPED_EVENTS \
+                else None
+            renewal = outcome.renewal
+            link.append(_encode(command if renewal is None else renewal), now, shipped)
         return result
 
 
@@ -426,7 +432,7 @@ class _Expiry:
         return self.timers.next_deadline()
 
     def run(self, ready: Ready, now: int, until: int) -> None:
-        self.timers.on_timer(now, 0)  # the events are the workers' to publish (none encoded here)
+        self.timers.on_timer(now, 0)  # the events are the workers' to publish (shipped: apply)
 
 
 class _Links:

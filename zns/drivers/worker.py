@@ -104,10 +104,11 @@ class ReplicaService(NameService):
 
     # --- the replica's side (ReplicaLink's callbacks) ---------------------
 
-    def apply_command(self, seq: int, command: bytes) -> list[bytes]:
-        """Apply the state process's command `seq`; its events as [channel, body, ...]."""
+    def apply_command(self, seq: int, command: bytes, produce: bool) -> list[bytes]:
+        """Apply the state process's command `seq`; if `produce`, its events as [channel,
+        body, ...] (else the state process shipped them: they are not even encoded here)."""
         _, frames = NameService.apply(self, decode_command(command))
-        return [part for frame in frames for part in frame]
+        return [part for frame in frames for part in frame] if produce else []
 
     def load(self, seq: int, dump: bytes) -> None:
         """The state transfer at `seq`. A worker's first one is at the seq it was forked at,
@@ -344,8 +345,9 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket, started_at
         frames = list(zip(events[::2], events[1::2]))
         if server is None:
             held.append(frames)
-        else:
+        else:  # sent now: usually before the command is applied (zns.core.replication)
             server.outbox.put(frames)
+            server.outbox.run({}, 0, 0)
 
     def whole(body: bytes) -> None:
         try:
