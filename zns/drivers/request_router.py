@@ -178,7 +178,7 @@ class RequestRouter:
                     response = respond(frame.bytes, now, _user_id(frame) if with_key else None,
                                        frame)
                 except WriteInFlight as parked:  # answered once the write's answer is here
-                    self._hold(envelope, frame, parked.token)
+                    self._hold(envelope, frame, parked)
                     if self._over_held():
                         return False
                     continue
@@ -228,15 +228,20 @@ class RequestRouter:
 
     # --- requests held behind a forwarded write (a worker's: zns.core.forwarding) -----
 
-    def _hold(self, envelope: list[Any], frame: Any, token: int | None) -> None:
-        """Park a request: the one whose write is at `token`, or (None) one waiting behind
+    def _hold(self, envelope: list[Any], frame: Any, parked: WriteInFlight | None) -> None:
+        """Park a request: the one whose write is `parked`, or (None) one waiting behind
         its connection's write."""
         identity = envelope[0].bytes
-        self._held.setdefault(identity, deque()).append(_Held(envelope, frame, token))
+        held = _Held(envelope, frame, None, None)
+        self._held.setdefault(identity, deque()).append(held)
         self.held_requests += 1
         self.held_bytes += len(frame) + sum(len(part) for part in envelope)
-        if token is not None:
-            self._waiting[token] = identity
+        if parked is not None:
+            self._park(held, parked, identity)
+
+    def _park(self, held: _Held, parked: WriteInFlight, identity: bytes) -> None:
+        held.token, held.resume = parked.token, parked.resume
+        self._waiting[parked.token] = identity
 
     def _over_held(self) -> bool:
         """Past a held bound, stop reading requests (the socket is not polled) until some
@@ -262,16 +267,17 @@ class RequestRouter:
             queue = self._held[identity]
             while queue:  # its head is the request of `token`, then those behind it
                 held = queue[0]
-                resumed, held.token = held.token, None
-                if resumed is not None:
-                    writes.resume(resumed)  # handled again: its write takes the answer
+                resumed, resume = held.token, held.resume
+                held.token = held.resume = None
                 try:
-                    response = self.service.respond(
-                        held.frame.bytes, now, _user_id(held.frame) if self.with_key else None,
-                        held.frame)
+                    if resume is not None:  # finished from its write's answer: not decoded again
+                        response = resume()
+                    else:
+                        response = self.service.respond(
+                            held.frame.bytes, now,
+                            _user_id(held.frame) if self.with_key else None, held.frame)
                 except WriteInFlight as parked:
-                    held.token = parked.token
-                    self._waiting[parked.token] = identity
+                    self._park(held, parked, identity)
                     break
                 finally:
                     if resumed is not None:
@@ -312,12 +318,14 @@ class RequestRouter:
 
 @dataclass
 class _Held:
-    """A request parked behind a forwarded write: the write's own (`token`), or a later one
-    of the same connection (`token` None until its own write is forwarded)."""
+    """A request parked behind a forwarded write: the write's own (`token`, and `resume`,
+    which finishes it from the write's answer: zns.core.forwarding), or a later one of the
+    same connection (both None until its own write is forwarded)."""
 
     envelope: list[Any]
     frame: Any
     token: int | None
+    resume: Callable[[], Response] | None
 
 
 def peer_address(frame: Any) -> str:
