@@ -256,12 +256,17 @@ class NameService:
         is finished from its id and op alone once the answer is here: the decoded request
         is not kept (a registration's takes several times its bytes)."""
         request_id, op, kind = request.id, request_op(request), type(request)
+        named: str | None = None
+
+        def sender() -> str:
+            return named if named is not None else self._zns1_sender(peer_key, peer)
+
         try:
             return self._write_response(
-                request_id, op, kind,
-                lambda: self.write(request, now, None, lambda: self._zns1_sender(peer_key, peer)),
-                request)
+                request_id, op, kind, lambda: self.write(request, now, None, sender), request)
         except WriteInFlight as parked:
+            # The peer named now: the parked write keeps its name, not its message.
+            named, peer = sender(), None
             parked.then(lambda written: self._write_response(request_id, op, kind, written))
             raise
 

@@ -39,6 +39,10 @@ MAX_ENVELOPE_FRAMES = 32
 # when its peer is slow to read (at 1,024, replies 1,000 on were dropped under load).
 MAX_HELD_REQUESTS = 512
 MAX_HELD_BYTES = 64 * 1024 * 1024
+# What a parked write keeps besides its request's bytes (what its reply needs: its id and
+# op, its sender, a registration's broker names; never its decoded request) is at most
+# this (tests/test_worker_writes.py measures it with the longest names).
+PARKED_WRITE_BYTES = 16 * 1024
 # A peer that reads nothing for this long is disconnected and its unread replies freed.
 TCP_TIMEOUT_MS = 10_000
 # Plain ints, and the backend's send: pyzmq's IntFlag arithmetic and its Python-level
@@ -232,15 +236,16 @@ class RequestRouter:
         """Park a request: the one whose write is `parked`, or (None) one waiting behind
         its connection's write."""
         identity = envelope[0].bytes
-        held = _Held(envelope, frame, None, None)
+        held = _Held(envelope, frame, len(frame) + sum(len(part) for part in envelope))
         self._held.setdefault(identity, deque()).append(held)
         self.held_requests += 1
-        self.held_bytes += len(frame) + sum(len(part) for part in envelope)
+        self.held_bytes += held.size
         if parked is not None:
             self._park(held, parked, identity)
 
     def _park(self, held: _Held, parked: WriteInFlight, identity: bytes) -> None:
-        held.token, held.resume = parked.token, parked.resume
+        """`held`'s write is `parked`: it keeps what finishes it, not its message."""
+        held.token, held.resume, held.frame = parked.token, parked.resume, None
         self._waiting[parked.token] = identity
 
     def _over_held(self) -> bool:
@@ -273,9 +278,9 @@ class RequestRouter:
                     if resume is not None:  # finished from its write's answer: not decoded again
                         response = resume()
                     else:
+                        frame = held.frame
                         response = self.service.respond(
-                            held.frame.bytes, now,
-                            _user_id(held.frame) if self.with_key else None, held.frame)
+                            frame.bytes, now, _user_id(frame) if self.with_key else None, frame)
                 except WriteInFlight as parked:
                     self._park(held, parked, identity)
                     break
@@ -284,7 +289,7 @@ class RequestRouter:
                         writes.done(resumed)
                 queue.popleft()
                 self.held_requests -= 1
-                self.held_bytes -= len(held.frame) + sum(len(part) for part in held.envelope)
+                self.held_bytes -= held.size
                 made_events |= self._send(held.envelope, response, now)
             if not queue:
                 del self._held[identity]
@@ -319,13 +324,14 @@ class RequestRouter:
 @dataclass
 class _Held:
     """A request parked behind a forwarded write: the write's own (`token`, and `resume`,
-    which finishes it from the write's answer: zns.core.forwarding), or a later one of the
-    same connection (both None until its own write is forwarded)."""
+    which finishes it from the write's answer (zns.core.forwarding); its `frame` dropped),
+    or a later one of the same connection (both None until its own write is forwarded)."""
 
     envelope: list[Any]
     frame: Any
-    token: int | None
-    resume: Callable[[], Response] | None
+    size: int  # what it counts against max_held_bytes: its frames' bytes
+    token: int | None = None
+    resume: Callable[[], Response] | None = None
 
 
 def peer_address(frame: Any) -> str:
