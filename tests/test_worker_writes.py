@@ -255,7 +255,7 @@ def test_a_write_whose_answer_does_not_come_in_time_is_answered_busy_and_its_lat
     assert requests.next_deadline(1000 + WRITE_TIMEOUT_MS - 1) is None  # not yet
     now = 1000 + WRITE_TIMEOUT_MS
     source.run({}, now, 10**9)
-    assert requests.next_deadline(now) == now  # its request is handled again: `busy`
+    assert requests.next_deadline(now) == now  # its request is finished: `busy`
     requests.run({}, now, now + 5)
     answer = schema.decode_reply(peer.recv())
     assert isinstance(answer, schema.Error) and answer.id == 5 and answer.code == "busy", answer

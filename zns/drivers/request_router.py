@@ -212,7 +212,8 @@ class RequestRouter:
 
     def _send(self, envelope: list[Any], response: Response, now: int) -> bool:
         """Send `response` back along `envelope`; True if it made events (put in the outbox).
-        For a request handled again after its write (`run` has the same lines inline)."""
+        For a request held behind a write, or finished from its answer (`run` has the same
+        lines inline)."""
         reply = response.reply
         budget = self.reply_budget
         if len(reply) >= budget.heavy_bytes and not budget.allow(envelope[0].bytes, len(reply),

@@ -12,7 +12,8 @@ SO_REUSEPORT beside the other workers. Its replica is fed the state process's co
   with its outcome; the worker replies only once its replica has applied that
   write's command (read-your-writes). It does not wait: the request is parked
   (`WriteInFlight`, zns.core.forwarding) and the worker goes on serving;
-  the driver that read it handles it again once the answer is here. A
+  the driver that read it finishes it once the answer is here, from what
+  its one decode kept (`WriteInFlight.resume`). A
   connection's later requests wait behind its write, so each connection is
   answered in order. At most `ForwardedWrites.max_in_flight` writes are out
   at once (past it: `busy`), each for at most WRITE_TIMEOUT_MS (then: `busy`);
