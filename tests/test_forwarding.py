@@ -17,9 +17,10 @@ def test_an_answer_is_ready_once_it_comes_and_taken_once_by_the_resumed_request(
     assert writes.in_flight == 2 and not writes.ready
     writes.answered(2, b"two")
     assert writes.ready == {2: b"two"} and writes.in_flight == 1
-    writes.resume(2)
-    assert writes.take() == b"two"
-    assert writes.resuming is None and not writes.ready
+    assert writes.take(2) == b"two"
+    assert not writes.ready
+    with pytest.raises(KeyError):
+        writes.take(2)  # taken once
     writes.done(2)  # nothing left to drop
     assert writes.in_flight == 1
 
@@ -62,13 +63,12 @@ def test_deadlines_never_go_back_so_the_first_in_flight_is_the_first_due() -> No
     assert writes.ready == {1: None, 2: None}
 
 
-def test_an_answer_the_resumed_request_did_not_take_is_dropped_not_handed_to_another() -> None:
+def test_an_answer_the_parked_request_did_not_take_is_dropped() -> None:
     writes = ForwardedWrites(max_in_flight=8, timeout_ms=1000)
     writes.sent(1, now=0)
     writes.answered(1, b"one")
-    writes.resume(1)
-    writes.done(1)  # its handler failed before its write (say, a decoding bug)
-    assert writes.resuming is None and not writes.ready
+    writes.done(1)  # its request will never be finished (its connection closed)
+    assert not writes.ready
 
 
 def test_an_answer_to_a_write_nobody_waits_for_is_dropped() -> None:
@@ -80,10 +80,17 @@ def test_an_answer_to_a_write_nobody_waits_for_is_dropped() -> None:
 def test_write_in_flight_passes_every_catch_all_for_errors() -> None:
     with pytest.raises(WriteInFlight) as caught:
         try:
-            raise WriteInFlight(3)
+            raise WriteInFlight(3, lambda: "answer")
         except Exception:  # a boundary's catch-all (an `internal` reply): not taken
             pytest.fail("WriteInFlight was taken for an error")
     assert caught.value.token == 3
+
+
+def test_each_boundary_left_finishes_the_resumed_request_innermost_first() -> None:
+    parked = WriteInFlight(1, lambda: "outcome")
+    parked.then(lambda written: f"reply to {written()}")  # the write's boundary
+    parked.then(lambda written: f"frame of {written()}")  # the request's boundary
+    assert parked.resume() == "frame of reply to outcome"
 
 
 def test_bounds_must_be_positive() -> None:

@@ -6,9 +6,12 @@ wait for the answer: the request that made the write is parked by the driver
 that read it (the ZNS/1 request router, the remoting listener), the loop goes
 on serving, and once the answer is here (the state process applied the write
 AND this worker's replica applied its command: read-your-writes) the driver
-handles the same request again. This time the write finds its answer ready
-(`resume`), and the reply is built by exactly the code that builds it in a
-single process.
+finishes the request from where its write left off (`WriteInFlight.resume`):
+the request is decoded once, and the reply is built by exactly the code that
+builds it in a single process. What a parked write keeps is only what its
+reply needs (its id and op, the remoting command it answers, the sender of an
+audit line), never its decoded request: a decoded registration takes several
+times its bytes.
 
 This object holds what that needs, and decides the two bounds:
 
@@ -24,6 +27,9 @@ BaseException, so that no boundary's catch-all (which turns a bug into an
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from zns.core.errors import Busy
 
 DEFAULT_MAX_IN_FLIGHT = 256
@@ -31,17 +37,29 @@ DEFAULT_TIMEOUT_MS = 30_000
 
 
 class WriteInFlight(BaseException):
-    """The write of the request being handled was forwarded as `token`: park the request
-    and handle it again once `ForwardedWrites.ready` holds `token`."""
+    """The write of the request being handled was forwarded as `token`: park the request,
+    and once `ForwardedWrites.ready` holds `token`, call `resume` for what its handler
+    returns (its reply), without decoding the request again.
 
-    def __init__(self, token: int) -> None:
+    `resume` starts as what the write returns once answered (or raises); every boundary
+    the exception leaves through adds what it does with that (`then`), so the request is
+    finished by the same code that finishes a write applied at once."""
+
+    def __init__(self, token: int, answer: Callable[[], Any]) -> None:
         super().__init__(token)
         self.token = token
+        self.resume = answer
+
+    def then(self, finish: Callable[[Callable[[], Any]], Any]) -> None:
+        """The boundary being left finishes the request as `finish(written)`, `written()`
+        being what the code below it returns (or raises) once the write is answered."""
+        written = self.resume
+        self.resume = lambda: finish(written)
 
 
 class ForwardedWrites:
     """Forwarded writes by token: in flight (with a deadline) until answered or timed out,
-    then ready until the request that made them is handled again."""
+    then ready until the request that made them is resumed."""
 
     def __init__(self, *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                  timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
@@ -57,7 +75,6 @@ class ForwardedWrites:
         # token -> deadline; insertion order is deadline order (`now` never moves back)
         self._in_flight: dict[int, int] = {}
         self.ready: dict[int, bytes | None] = {}  # token -> answer (None: timed out)
-        self.resuming: int | None = None  # the token whose request is being handled again
 
     @property
     def in_flight(self) -> int:
@@ -95,22 +112,13 @@ class ForwardedWrites:
         """When `on_timer` must next run (None: no write in flight)."""
         return next(iter(self._in_flight.values()), None)
 
-    def resume(self, token: int) -> None:
-        """The request of ready write `token` is about to be handled again: its write takes
-        the answer (`take`) instead of being forwarded."""
-        self.resuming = token
-
-    def take(self) -> bytes | None:
-        """The answer of the write being resumed (None: it timed out: `busy`)."""
-        token, self.resuming = self.resuming, None
-        assert token is not None, "take() outside a resumed request"
+    def take(self, token: int) -> bytes | None:
+        """The answer of ready write `token`, once (None: it timed out: `busy`)."""
         return self.ready.pop(token)
 
     def done(self, token: int) -> None:
-        """The resumed request of `token` was handled: whatever it did not take is dropped
-        (a request handled again must never hand its answer to another write)."""
-        if self.resuming == token:
-            self.resuming = None
+        """The parked request of `token` was finished, or will never be (its connection
+        closed): an answer it did not take is dropped."""
         self.ready.pop(token, None)
 
     def _last_deadline(self) -> int:

@@ -25,7 +25,7 @@ from msgspec import Raw
 
 from zns.core.encoded_routes import EncodedRoutes
 from zns.core.errors import BadRequest, Busy, ErrorReply, Internal, NotFound, UnknownOp
-from zns.core.forwarding import ForwardedWrites
+from zns.core.forwarding import ForwardedWrites, WriteInFlight
 from zns.core.kv import KvBackend
 from zns.core.limits import LIMITED_REQUESTS, Limits
 from zns.core.routes import filter_zone
@@ -231,15 +231,10 @@ class NameService:
                 self.authorize(peer_key, request)
             # execute's branch, inline: a read pays no call more than before the audit trail.
             if type(request) in WRITE_REQUESTS:
-                outcome, frames = self.write(
-                    request, now, None,  # type: ignore[arg-type]
-                    lambda: self._zns1_sender(peer_key, peer))
-                reply = outcome.reply
-                assert reply is not None  # a Write's outcome always has one
-            else:
-                reply, frames = self.read(request, now), []
+                return self._respond_write(request, now, peer_key, peer)  # type: ignore[arg-type]
+            reply = self.read(request, now)
             # Inside the try: a bug while encoding must not escape to the socket loop.
-            response = Response(encode(reply), request.id, frames, request_op(request))
+            response = Response(encode(reply), request.id, (), request_op(request))
             self.ok_counts[type(request)] += 1
             return response
         except ErrorReply as exc:
@@ -254,6 +249,50 @@ class NameService:
             self.error_counts[op, Internal.code] += 1
             return Response(encode(Internal("internal error; see the server log").reply(request.id)),
                             request.id, (), op)
+
+    def _respond_write(self, request: WriteRequest, now: int, peer_key: str | None,
+                       peer: Any) -> Response:
+        """`respond` for a decoded, authorized write. Forwarded (WriteInFlight), the request
+        is finished from its id and op alone once the answer is here: the decoded request
+        is not kept (a registration's takes several times its bytes)."""
+        request_id, op, kind = request.id, request_op(request), type(request)
+        named: str | None = None
+
+        def sender() -> str:
+            return named if named is not None else self._zns1_sender(peer_key, peer)
+
+        try:
+            return self._write_response(
+                request_id, op, kind, lambda: self.write(request, now, None, sender), request)
+        except WriteInFlight as parked:
+            # The peer named now: the parked write keeps its name, not its message.
+            named, peer = sender(), None
+            parked.then(lambda written: self._write_response(request_id, op, kind, written))
+            raise
+
+    def _write_response(self, request_id: int, op: str, kind: type,
+                        written: Callable[[], tuple[Outcome, Sequence[Frames]]],
+                        request: AnyRequest | None = None) -> Response:
+        """The response to a write: `written()` makes it, or returns what a forwarded one
+        did. `request`: quoted if a bug is logged (None: it was not kept)."""
+        try:
+            outcome, frames = written()
+            reply = outcome.reply
+            assert reply is not None  # a Write's outcome always has one
+            response = Response(encode(reply), request_id, frames, op)
+            self.ok_counts[kind] += 1
+            return response
+        except ErrorReply as exc:
+            if isinstance(exc, Internal):
+                log.error("internal error on %s: %s", kind.__name__, exc)
+            self.error_counts[op, exc.code] += 1
+            return Response(encode(exc.reply(request_id)), request_id, (), op)
+        except Exception:
+            log.exception("bug while handling %s", quote(request, 300) if request is not None
+                          else f"{kind.__name__}(id={request_id}) once its write was answered")
+            self.error_counts[op, Internal.code] += 1
+            return Response(encode(Internal("internal error; see the server log").reply(
+                request_id)), request_id, (), op)
 
     def execute(self, request: AnyRequest, now: int,
                 connection: int | None = None) -> tuple[Reply, Sequence[Frames]]:
@@ -278,16 +317,33 @@ class NameService:
         listeners get the same checks and the same events. `connection`: see
         zns.core.state.Write. `sender`: who sent it, for the audit line of a write that
         changed what one names (docs/operations.md, "The audit trail")."""
+        # What the lines below need of the request, and all that a forwarded write keeps
+        # of it (WriteInFlight): not its topics.
+        broker = (request.cluster, request.broker_name, request.broker_id,
+                  request.broker_addr) if type(request) is RegisterBroker else None
         try:
-            outcome, frames = self.apply(Write(request=request, now=now, connection=connection))
-            if outcome.change is not None:
-                _log_change(outcome.change, sender() if sender is not None else "unknown")
-            return outcome, frames
-        except ErrorReply as exc:
-            if type(request) is RegisterBroker:
-                log.warning("broker %s/%s id %d at %s refused: %s", request.cluster,
-                            request.broker_name, request.broker_id, request.broker_addr, exc)
+            return self._written(
+                lambda: self.apply(Write(request=request, now=now, connection=connection)),
+                broker, sender)
+        except WriteInFlight as parked:
+            parked.then(lambda applied: self._written(applied, broker, sender))
             raise
+
+    @staticmethod
+    def _written(applied: Callable[[], tuple[Outcome, Sequence[Frames]]],
+                 broker: tuple[str, str, int, str] | None,
+                 sender: Sender | None) -> tuple[Outcome, Sequence[Frames]]:
+        """`write`'s lines around `applied()` (the state machine's outcome, or a forwarded
+        write's answer): the audit line of a change, the warning of a refused broker."""
+        try:
+            outcome, frames = applied()
+        except ErrorReply as exc:
+            if broker is not None:
+                log.warning("broker %s/%s id %d at %s refused: %s", *broker, exc)
+            raise
+        if outcome.change is not None:
+            _log_change(outcome.change, sender() if sender is not None else "unknown")
+        return outcome, frames
 
     def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
         """Feed one command to the state machine: its outcome, and its events as frames."""

@@ -60,6 +60,7 @@ from zns.core.config import DEFAULT_REMOTING_MAX_PER_HOST as DEFAULT_MAX_PER_HOS
 from zns.core.forwarding import ForwardedWrites, WriteInFlight
 from zns.core.remoting.connections import Account, Close, ConnectionPolicy
 from zns.core.remoting.handler import Connection, RemotingService
+from zns.core.service import Frames
 from zns.core.remoting.zmtp import ZmtpRedirect, looks_like_zmtp
 from zns.core.addresses import parse_host_port, resolve_pub_endpoint, url_host
 from zns.drivers.descriptors import OUT_OF_FDS, DescriptorGuard, listen_tcp
@@ -101,8 +102,10 @@ class _Conn:
     zmtp: ZmtpRedirect | None = None
     pending_bytes: int = 0  # what `pending` holds
     # A worker's: the write of the first pending request is at the state process
-    # (zns.core.forwarding); the connection's requests wait until its answer is here.
+    # (zns.core.forwarding); the connection's requests wait until its answer is here, and
+    # `resume` finishes that request from it (its body is not decoded again).
     token: int | None = None
+    resume: Callable[[], tuple[RemotingCommand | None, list[Frames]]] | None = None
 
     def holds(self) -> int:
         """What it counts against max_buffer_bytes: a frame begun whole (its buffer is
@@ -403,17 +406,19 @@ class RemotingListener:
         pending, unsent = entry.pending, entry.unsent
         while pending and may_answer(len(unsent)):
             command = pending[0]
-            token = entry.token
+            token, resume = entry.token, entry.resume
             if token is not None:  # its write is at the state process
                 writes = self._writes()
                 if token not in writes.ready:
                     break
-                writes.resume(token)  # handled again: its write takes the answer
-                entry.token = None
+                entry.token = entry.resume = None
             try:
-                reply, events = handle(command, entry.conn, now)
+                if resume is not None:  # finished from its write's answer: not decoded again
+                    reply, events = resume()
+                else:
+                    reply, events = handle(command, entry.conn, now)
             except WriteInFlight as parked:  # answered once the write's answer is here
-                entry.token = parked.token
+                entry.token, entry.resume = parked.token, parked.resume
                 self._waiting[parked.token] = entry
                 break
             finally:

@@ -39,6 +39,10 @@ MAX_ENVELOPE_FRAMES = 32
 # when its peer is slow to read (at 1,024, replies 1,000 on were dropped under load).
 MAX_HELD_REQUESTS = 512
 MAX_HELD_BYTES = 64 * 1024 * 1024
+# What a parked write keeps besides its request's bytes (what its reply needs: its id and
+# op, its sender, a registration's broker names; never its decoded request) is at most
+# this (tests/test_worker_writes.py measures it with the longest names).
+PARKED_WRITE_BYTES = 16 * 1024
 # A peer that reads nothing for this long is disconnected and its unread replies freed.
 TCP_TIMEOUT_MS = 10_000
 # Plain ints, and the backend's send: pyzmq's IntFlag arithmetic and its Python-level
@@ -178,7 +182,7 @@ class RequestRouter:
                     response = respond(frame.bytes, now, _user_id(frame) if with_key else None,
                                        frame)
                 except WriteInFlight as parked:  # answered once the write's answer is here
-                    self._hold(envelope, frame, parked.token)
+                    self._hold(envelope, frame, parked)
                     if self._over_held():
                         return False
                     continue
@@ -208,7 +212,8 @@ class RequestRouter:
 
     def _send(self, envelope: list[Any], response: Response, now: int) -> bool:
         """Send `response` back along `envelope`; True if it made events (put in the outbox).
-        For a request handled again after its write (`run` has the same lines inline)."""
+        For a request held behind a write, or finished from its answer (`run` has the same
+        lines inline)."""
         reply = response.reply
         budget = self.reply_budget
         if len(reply) >= budget.heavy_bytes and not budget.allow(envelope[0].bytes, len(reply),
@@ -228,15 +233,21 @@ class RequestRouter:
 
     # --- requests held behind a forwarded write (a worker's: zns.core.forwarding) -----
 
-    def _hold(self, envelope: list[Any], frame: Any, token: int | None) -> None:
-        """Park a request: the one whose write is at `token`, or (None) one waiting behind
+    def _hold(self, envelope: list[Any], frame: Any, parked: WriteInFlight | None) -> None:
+        """Park a request: the one whose write is `parked`, or (None) one waiting behind
         its connection's write."""
         identity = envelope[0].bytes
-        self._held.setdefault(identity, deque()).append(_Held(envelope, frame, token))
+        held = _Held(envelope, frame, len(frame) + sum(len(part) for part in envelope))
+        self._held.setdefault(identity, deque()).append(held)
         self.held_requests += 1
-        self.held_bytes += len(frame) + sum(len(part) for part in envelope)
-        if token is not None:
-            self._waiting[token] = identity
+        self.held_bytes += held.size
+        if parked is not None:
+            self._park(held, parked, identity)
+
+    def _park(self, held: _Held, parked: WriteInFlight, identity: bytes) -> None:
+        """`held`'s write is `parked`: it keeps what finishes it, not its message."""
+        held.token, held.resume, held.frame = parked.token, parked.resume, None
+        self._waiting[parked.token] = identity
 
     def _over_held(self) -> bool:
         """Past a held bound, stop reading requests (the socket is not polled) until some
@@ -262,23 +273,24 @@ class RequestRouter:
             queue = self._held[identity]
             while queue:  # its head is the request of `token`, then those behind it
                 held = queue[0]
-                resumed, held.token = held.token, None
-                if resumed is not None:
-                    writes.resume(resumed)  # handled again: its write takes the answer
+                resumed, resume = held.token, held.resume
+                held.token = held.resume = None
                 try:
-                    response = self.service.respond(
-                        held.frame.bytes, now, _user_id(held.frame) if self.with_key else None,
-                        held.frame)
+                    if resume is not None:  # finished from its write's answer: not decoded again
+                        response = resume()
+                    else:
+                        frame = held.frame
+                        response = self.service.respond(
+                            frame.bytes, now, _user_id(frame) if self.with_key else None, frame)
                 except WriteInFlight as parked:
-                    held.token = parked.token
-                    self._waiting[parked.token] = identity
+                    self._park(held, parked, identity)
                     break
                 finally:
                     if resumed is not None:
                         writes.done(resumed)
                 queue.popleft()
                 self.held_requests -= 1
-                self.held_bytes -= len(held.frame) + sum(len(part) for part in held.envelope)
+                self.held_bytes -= held.size
                 made_events |= self._send(held.envelope, response, now)
             if not queue:
                 del self._held[identity]
@@ -312,12 +324,15 @@ class RequestRouter:
 
 @dataclass
 class _Held:
-    """A request parked behind a forwarded write: the write's own (`token`), or a later one
-    of the same connection (`token` None until its own write is forwarded)."""
+    """A request parked behind a forwarded write: the write's own (`token`, and `resume`,
+    which finishes it from the write's answer (zns.core.forwarding); its `frame` dropped),
+    or a later one of the same connection (both None until its own write is forwarded)."""
 
     envelope: list[Any]
     frame: Any
-    token: int | None
+    size: int  # what it counts against max_held_bytes: its frames' bytes
+    token: int | None = None
+    resume: Callable[[], Response] | None = None
 
 
 def peer_address(frame: Any) -> str:

@@ -12,7 +12,8 @@ SO_REUSEPORT beside the other workers. Its replica is fed the state process's co
   with its outcome; the worker replies only once its replica has applied that
   write's command (read-your-writes). It does not wait: the request is parked
   (`WriteInFlight`, zns.core.forwarding) and the worker goes on serving;
-  the driver that read it handles it again once the answer is here. A
+  the driver that read it finishes it once the answer is here, from what
+  its one decode kept (`WriteInFlight.resume`). A
   connection's later requests wait behind its write, so each connection is
   answered in order. At most `ForwardedWrites.max_in_flight` writes are out
   at once (past it: `busy`), each for at most WRITE_TIMEOUT_MS (then: `busy`);
@@ -132,10 +133,11 @@ class ReplicaService(NameService):
 
     def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
         """A write, closed remoting connections or a peer's hint: applied by the state
-        process. A write is forwarded and leaves as WriteInFlight; handled again once its
-        answer is here (and this replica applied it), it returns that answer
-        (NameService.write around it logs the audit line with the sender known here). The
-        events come from the replica, once committed."""
+        process. A write is forwarded and leaves as WriteInFlight, whose `resume` returns
+        its answer once here (and this replica applied it); the boundaries around it
+        (NameService.write logs the audit line with the sender known here) finish the
+        request from that, without decoding it again. The events come from the replica,
+        once committed."""
         if type(command) is CloseConnections:
             try:  # nobody waits for its answer: `answered` drops it
                 self._send(command)
@@ -148,12 +150,14 @@ class ReplicaService(NameService):
         if type(command) is not Write:
             raise Internal(f"a worker applies no {type(command).__name__} of its own")
         writes = self.forwarded
-        if writes.resuming is None:
-            writes.admit()
-            token = self._send(command)
-            writes.sent(token, command.now)
-            raise WriteInFlight(token)
-        body = writes.take()
+        writes.admit()
+        token = self._send(command)
+        writes.sent(token, command.now)
+        raise WriteInFlight(token, lambda: self._answer(token))
+
+    def _answer(self, token: int) -> tuple[Outcome, Sequence[Frames]]:
+        """What forwarded write `token` did, from the state process's answer."""
+        body = self.forwarded.take(token)
         if body is None:
             raise Busy("the state process did not answer this write in time; retry")
         answer = _answer_decoder.decode(body)

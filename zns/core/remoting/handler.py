@@ -15,11 +15,14 @@ Rules this module keeps:
   `NameService.read`, a writer's through `NameService.write` to the state
   machine (zns.core.state) -- the same limits, the same events, the same
   revision rules as over ZeroMQ. A refusal changes nothing.
-- **A writer answers from its outcome.** It makes one write and builds its
-  reply from the `Outcome` alone (the DataVersion a QUERY_DATA_VERSION
-  replaced, the count a perm write answers, the ORDER_TOPIC_CONFIG table a
+- **A writer answers from its outcome.** A writer turns the request into its
+  one write (or answers it without one), and its replier builds the reply
+  from the `Outcome` alone (the DataVersion a QUERY_DATA_VERSION replaced,
+  the count a perm write answers, the ORDER_TOPIC_CONFIG table a
   registration is answered with), never by reading the state around the
-  write: so a write forwarded elsewhere is answered the same.
+  write: so a write forwarded elsewhere is answered the same, and its
+  request (its body decoded once) is finished from the replier once the
+  answer is here (zns.core.forwarding).
 - **Who may write** is decided by the connection's source address (the
   listener has no CURVE): broker codes from `brokers` networks, admin codes
   from `admins` networks; reads are open, as in RocketMQ.
@@ -49,6 +52,7 @@ import msgspec
 
 from zns.core.addresses import LOOPBACK, Network, in_networks, parse_networks
 from zns.core.errors import ErrorReply, NoPermission, NotFound
+from zns.core.forwarding import WriteInFlight
 from zns.core.schema import (
     AddWritePerm,
     AnyRequest,
@@ -174,7 +178,6 @@ class RemotingService:
         processor (PROCESSORS, below the class) if the connection's address may send it."""
         if cmd.is_response:
             return None, []  # a server sends no requests, so no response is awaited
-        frames: Sequence[Frames] = ()
         try:
             processor = PROCESSORS.get(cmd.code, UNSUPPORTED)
             networks, option = self._networks[processor.access]
@@ -185,16 +188,55 @@ class RemotingService:
                 assert processor.read is not None  # a processor has one or the other
                 reply = processor.read(self, cmd, ext, conn)
             else:
-                reply, frames = processor.write(self, cmd, ext, conn, now)
-        except NoPermission as exc:  # a network the operator did not list (or a key)
-            reply = _error(cmd, ResponseCode.NO_PERMISSION, str(exc))
-        except RemotingBodyError as exc:
-            reply = _error(cmd, ResponseCode.SYSTEM_ERROR, str(exc))
-        except ErrorReply as exc:
-            reply = _error(cmd, ResponseCode.SYSTEM_ERROR, f"{exc.code}: {exc}")
-        except Exception:
-            log.exception("bug while handling remoting request %d from %s", cmd.code, conn.host)
-            reply = _error(cmd, ResponseCode.SYSTEM_ERROR, "internal error; see the server log")
+                request = processor.write(self, cmd, ext, conn)
+                if not isinstance(request, RemotingCommand):
+                    return self._write(cmd, conn, request, processor.reply, now)
+                reply = request  # answered without a write
+        except Exception as exc:
+            reply = self._refused(cmd, conn, exc)
+        return self._answered(cmd, reply, ())
+
+    def _write(self, cmd: RemotingCommand, conn: Connection, request: WriteRequest,
+               replier: Replier, now: int) -> tuple[RemotingCommand | None, list[Frames]]:
+        """`handle`'s end for a write: `request` applied over `conn` (zns.core.state.Write
+        says what the connection does), the reply built by `replier` from its outcome. A
+        write forwarded elsewhere (WriteInFlight) is finished the same way once its answer
+        is here, from `cmd` and `replier`: its request is not kept, nor decoded again."""
+
+        def finish(written: Callable[[], tuple[Outcome, Sequence[Frames]]]
+                   ) -> tuple[RemotingCommand | None, list[Frames]]:
+            frames: Sequence[Frames] = ()
+            try:
+                outcome, frames = written()
+                reply = replier(self, cmd, outcome)
+            except Exception as exc:
+                reply = self._refused(cmd, conn, exc)
+            return self._answered(cmd, reply, frames)
+
+        try:
+            return finish(lambda: self.service.write(request, now, conn.conn_id,
+                                                     lambda: conn.host))
+        except WriteInFlight as parked:
+            parked.then(finish)
+            raise
+
+    def _refused(self, cmd: RemotingCommand, conn: Connection, exc: Exception
+                 ) -> RemotingCommand:
+        """The reply to a request refused (or that met a bug: logged) with `exc`."""
+        if isinstance(exc, NoPermission):  # a network the operator did not list (or a key)
+            return _error(cmd, ResponseCode.NO_PERMISSION, str(exc))
+        if isinstance(exc, RemotingBodyError):
+            return _error(cmd, ResponseCode.SYSTEM_ERROR, str(exc))
+        if isinstance(exc, ErrorReply):
+            return _error(cmd, ResponseCode.SYSTEM_ERROR, f"{exc.code}: {exc}")
+        log.error("bug while handling remoting request %d from %s", cmd.code, conn.host,
+                  exc_info=exc)
+        return _error(cmd, ResponseCode.SYSTEM_ERROR, "internal error; see the server log")
+
+    def _answered(self, cmd: RemotingCommand, reply: RemotingCommand, frames: Sequence[Frames]
+                  ) -> tuple[RemotingCommand | None, list[Frames]]:
+        """What `handle` returns for `cmd` answered `reply`: counted by code and response
+        code, the reply None for a one-way request."""
         # Unknown codes count as one (-1): a peer cannot grow the counts.
         self._counts[cmd.code if cmd.code in NAMESERVER_REQUEST_CODES else -1, reply.code] += 1
         events = list(frames)  # encoded now (a ZNS/1 request's are encoded as they are sent)
@@ -320,10 +362,10 @@ class RemotingService:
         return _error(cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                       f" request type {cmd.code} not supported")
 
-    # --- writers: the reply from the outcome of the write alone -------------------------
+    # --- writers: the request's one write; repliers: the reply from its outcome alone ---
 
-    def _register(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
-                  now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
+    def _register(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                  conn: Connection) -> WriteRequest | RemotingCommand:
         cluster, addr = require(ext, "clusterName"), require(ext, "brokerAddr")
         fields: dict[str, Any] = dict(
             cluster=cluster, broker_name=require(ext, "brokerName"),
@@ -336,7 +378,7 @@ class RemotingService:
         try:
             check_body_crc32(cmd.body, ext)
         except RemotingBodyError as exc:  # Java's reply has its (empty) response header
-            return _error(cmd, ResponseCode.SYSTEM_ERROR, str(exc), ext_fields={}), []
+            return _error(cmd, ResponseCode.SYSTEM_ERROR, str(exc), ext_fields={})
         body = decode_register_broker_body(
             cmd.body, compressed=parse_bool(ext, "compressed"), version=cmd.version,
             max_topics=self.service.limits.max_topics_per_request)
@@ -348,7 +390,9 @@ class RemotingService:
             for name, t in wrapper.topic_config_table.items()
         } if may_serve_topics(ext, fields["broker_id"]) else {}
         fields["filter_servers"] = body.filter_server_list
-        outcome, frames = self._write(RegisterBroker, now, conn, **fields)
+        return self._request(RegisterBroker, **fields)
+
+    def _registered(self, cmd: RemotingCommand, outcome: Outcome) -> RemotingCommand:
         reply = outcome.reply
         assert isinstance(reply, RegisterBrokerReply)
         reply_ext: dict[str, str] = {}
@@ -358,14 +402,13 @@ class RemotingService:
             reply_ext["masterAddr"] = reply.master_addr
         order = outcome.order_conf  # None: Java holds no such table (an emptied one is {})
         kv_body = b"" if order is None else encode_kv_table(_java_kv_order(order))
-        return _ok(cmd, ext_fields=reply_ext, body=kv_body), frames
+        return _ok(cmd, ext_fields=reply_ext, body=kv_body)
 
-    def _heartbeat(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
-                   now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
+    def _heartbeat(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                   conn: Connection) -> WriteRequest | RemotingCommand:
         cluster, addr = require(ext, "clusterName"), require(ext, "brokerAddr")
         name = require(ext, "brokerName")
-        query = cmd.code == R.QUERY_DATA_VERSION
-        if query:
+        if cmd.code == R.QUERY_DATA_VERSION:
             broker_id = parse_long(ext, "brokerId")
             version = _zns_version(decode_data_version(cmd.body)) if cmd.body else DataVersion()
         else:  # 904 carries no DataVersion (its `changed` is not answered) and needs no id (§12)
@@ -373,70 +416,74 @@ class RemotingService:
             version = DataVersion()
         # Through the connection: it refreshes only a broker registered over remoting,
         # and never moves which connection that was (zns.core.state).
-        outcome, frames = self._write(Heartbeat, now, conn, cluster=cluster, broker_name=name,
-                                      broker_id=broker_id, broker_addr=addr,
-                                      data_version=version)
-        if not query:
-            return _ok(cmd), frames
+        return self._request(Heartbeat, cluster=cluster, broker_name=name, broker_id=broker_id,
+                             broker_addr=addr, data_version=version)
+
+    def _heartbeat_reply(self, cmd: RemotingCommand, outcome: Outcome) -> RemotingCommand:
+        if cmd.code != R.QUERY_DATA_VERSION:
+            return _ok(cmd)
         body = b""
         if (stored := outcome.data_version) is not None:  # the version before this heartbeat
             body = encode_data_version(WireDataVersion(
                 state_version=stored.state, timestamp=stored.timestamp, counter=stored.counter))
         assert isinstance(outcome.reply, HeartbeatReply)
         changed = "true" if outcome.reply.changed else "false"
-        return _ok(cmd, ext_fields={"changed": changed}, body=body), frames
+        return _ok(cmd, ext_fields={"changed": changed}, body=body)
 
-    def _unregister(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
-                    now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
-        _, frames = self._write(UnregisterBroker, now, conn, cluster=require(ext, "clusterName"),
-                                broker_name=require(ext, "brokerName"),
-                                broker_id=parse_long(ext, "brokerId"),
-                                broker_addr=require(ext, "brokerAddr"))
-        return _ok(cmd), frames
+    def _unregister(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                    conn: Connection) -> WriteRequest | RemotingCommand:
+        return self._request(UnregisterBroker, cluster=require(ext, "clusterName"),
+                             broker_name=require(ext, "brokerName"),
+                             broker_id=parse_long(ext, "brokerId"),
+                             broker_addr=require(ext, "brokerAddr"))
 
-    def _wipe_write_perm(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
-                         now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
-        outcome, frames = self._write(WipeWritePerm, now, conn, broker_name=require(ext, "brokerName"))
+    def _wipe_write_perm(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                         conn: Connection) -> WriteRequest | RemotingCommand:
+        return self._request(WipeWritePerm, broker_name=require(ext, "brokerName"))
+
+    def _wiped(self, cmd: RemotingCommand, outcome: Outcome) -> RemotingCommand:
         # Java's count: every topic with queue data of the broker, changed or not (ZNS/1's
         # `changed` counts only changed ones).
-        return _ok(cmd, ext_fields={"wipeTopicCount": str(outcome.broker_topics)}), frames
+        return _ok(cmd, ext_fields={"wipeTopicCount": str(outcome.broker_topics)})
 
-    def _add_write_perm(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
-                        now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
-        outcome, frames = self._write(AddWritePerm, now, conn, broker_name=require(ext, "brokerName"))
-        return _ok(cmd, ext_fields={"addTopicCount": str(outcome.broker_topics)}), frames
+    def _add_write_perm(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                        conn: Connection) -> WriteRequest | RemotingCommand:
+        return self._request(AddWritePerm, broker_name=require(ext, "brokerName"))
 
-    def _delete_topic(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
-                      now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
-        _, frames = self._write(DeleteTopic, now, conn, topic=require(ext, "topic"),
-                                cluster=optional(ext, "clusterName") or "")
-        return _ok(cmd), frames
+    def _added(self, cmd: RemotingCommand, outcome: Outcome) -> RemotingCommand:
+        return _ok(cmd, ext_fields={"addTopicCount": str(outcome.broker_topics)})
 
-    def _register_topic(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
-                        now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
+    def _delete_topic(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                      conn: Connection) -> WriteRequest | RemotingCommand:
+        return self._request(DeleteTopic, topic=require(ext, "topic"),
+                             cluster=optional(ext, "clusterName") or "")
+
+    def _register_topic(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                        conn: Connection) -> WriteRequest | RemotingCommand:
         topic = require(ext, "topic")
         if not cmd.body:
-            return _ok(cmd), []  # Java registers nothing without a body
+            return _ok(cmd)  # Java registers nothing without a body
         data = decode_topic_route_data(cmd.body, max_brokers=self.service.limits.max_brokers)
         queues = [{"broker_name": q.broker_name, "read_queues": q.read_queues,
                    "write_queues": q.write_queues, "perm": q.perm, "sys_flag": q.sys_flag}
                   for q in data.queues]
-        _, frames = self._write(RegisterTopic, now, conn, topic=topic, queues=queues)
-        return _ok(cmd), frames
+        return self._request(RegisterTopic, topic=topic, queues=queues)
 
-    def _kv_put(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
-                now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
-        _, frames = self._write(KvPut, now, conn, namespace=require(ext, "namespace"),
-                                key=require(ext, "key"), value=require(ext, "value"))
-        return _ok(cmd), frames
+    def _kv_put(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                conn: Connection) -> WriteRequest | RemotingCommand:
+        return self._request(KvPut, namespace=require(ext, "namespace"),
+                             key=require(ext, "key"), value=require(ext, "value"))
 
-    def _kv_delete(self, cmd: RemotingCommand, ext: Mapping[str, str], conn: Connection,
-                   now: int) -> tuple[RemotingCommand, Sequence[Frames]]:
+    def _kv_delete(self, cmd: RemotingCommand, ext: Mapping[str, str],
+                   conn: Connection) -> WriteRequest | RemotingCommand:
         # Over a connection: a delete that empties the namespace is remembered (Java keeps
         # the emptied table; GET_KVLIST_BY_NAMESPACE answers it {"table":{}}).
-        _, frames = self._write(KvDelete, now, conn, namespace=require(ext, "namespace"),
-                                key=require(ext, "key"))
-        return _ok(cmd), frames
+        return self._request(KvDelete, namespace=require(ext, "namespace"),
+                             key=require(ext, "key"))
+
+    def _done(self, cmd: RemotingCommand, outcome: Outcome) -> RemotingCommand:
+        """The reply of a write that answers nothing but success."""
+        return _ok(cmd)
 
     # --- helpers ------------------------------------------------------------
 
@@ -447,14 +494,12 @@ class RemotingService:
             self.keyless(request)
         return self.service.read(request, 0)
 
-    def _write(self, kind: type[WriteRequest], now: int, conn: Connection,
-               **fields: Any) -> tuple[Outcome, Sequence[Frames]]:
-        """Build the ZNS/1 write request (the schema's bounds apply) and have the state
-        machine apply it over `conn` (zns.core.state.Write says what the connection does)."""
-        request = _convert(fields, kind, tag_of(kind))
+    def _request(self, kind: type[WriteRequest], **fields: Any) -> WriteRequest:
+        """Build the ZNS/1 write request (the schema's bounds apply), which `handle` makes."""
+        request: WriteRequest = _convert(fields, kind, tag_of(kind))
         if self.keyless is not None:
             self.keyless(request)
-        return self.service.write(request, now, conn.conn_id, lambda: conn.host)
+        return request
 
     @staticmethod
     def _refusal(conn: Connection, option: str, code: int) -> NoPermission:
@@ -533,18 +578,23 @@ class RemotingService:
 
 Reader = Callable[[RemotingService, RemotingCommand, Mapping[str, str], Connection],
                   RemotingCommand]
-Writer = Callable[[RemotingService, RemotingCommand, Mapping[str, str], Connection, int],
-                  tuple[RemotingCommand, Sequence[Frames]]]
+# A writer's request (or, answered without a write, its reply), and its replier: the reply
+# from the outcome of that write alone.
+Writer = Callable[[RemotingService, RemotingCommand, Mapping[str, str], Connection],
+                  WriteRequest | RemotingCommand]
+Replier = Callable[[RemotingService, RemotingCommand, Outcome], RemotingCommand]
 
 
 @dataclass(frozen=True)
 class Processor:
     """What answers one request code: who may send it, and the reader (the reply from the
-    state as it is) or the writer (the reply from the outcome of its one write)."""
+    state as it is) or the writer (its one write) and its replier (the reply from the
+    outcome of that write)."""
 
     access: Access
     read: Reader | None = None
     write: Writer | None = None
+    reply: Replier = RemotingService._done
 
 
 RS = RemotingService
@@ -552,9 +602,10 @@ RS = RemotingService
 # listed is a read no NameServer answers (REQUEST_CODE_NOT_SUPPORTED).
 PROCESSORS: dict[int, Processor] = {
     R.GET_ROUTEINFO_BY_TOPIC: Processor(Access.READ, read=RS._route),
-    R.REGISTER_BROKER: Processor(Access.BROKER, write=RS._register),
-    R.QUERY_DATA_VERSION: Processor(Access.BROKER, write=RS._heartbeat),
-    R.BROKER_HEARTBEAT: Processor(Access.BROKER, write=RS._heartbeat),
+    R.REGISTER_BROKER: Processor(Access.BROKER, write=RS._register, reply=RS._registered),
+    R.QUERY_DATA_VERSION: Processor(Access.BROKER, write=RS._heartbeat,
+                                    reply=RS._heartbeat_reply),
+    R.BROKER_HEARTBEAT: Processor(Access.BROKER, write=RS._heartbeat, reply=RS._heartbeat_reply),
     R.UNREGISTER_BROKER: Processor(Access.BROKER, write=RS._unregister),
     R.REGISTER_TOPIC_IN_NAMESRV: Processor(Access.BROKER, write=RS._register_topic),
     R.GET_BROKER_CLUSTER_INFO: Processor(Access.READ, read=RS._cluster_info_reply),
@@ -565,8 +616,10 @@ PROCESSORS: dict[int, Processor] = {
     R.GET_HAS_UNIT_SUB_UNUNIT_TOPIC_LIST: Processor(Access.READ, read=RS._unit_sub_ununit_topics),
     R.GET_SYSTEM_TOPIC_LIST_FROM_NS: Processor(Access.READ, read=RS._system_topics_reply),
     R.GET_BROKER_MEMBER_GROUP: Processor(Access.READ, read=RS._broker_member_group),
-    R.WIPE_WRITE_PERM_OF_BROKER: Processor(Access.ADMIN, write=RS._wipe_write_perm),
-    R.ADD_WRITE_PERM_OF_BROKER: Processor(Access.ADMIN, write=RS._add_write_perm),
+    R.WIPE_WRITE_PERM_OF_BROKER: Processor(Access.ADMIN, write=RS._wipe_write_perm,
+                                           reply=RS._wiped),
+    R.ADD_WRITE_PERM_OF_BROKER: Processor(Access.ADMIN, write=RS._add_write_perm,
+                                          reply=RS._added),
     R.DELETE_TOPIC_IN_NAMESRV: Processor(Access.ADMIN, write=RS._delete_topic),
     R.PUT_KV_CONFIG: Processor(Access.ADMIN, write=RS._kv_put),
     R.DELETE_KV_CONFIG: Processor(Access.ADMIN, write=RS._kv_delete),
