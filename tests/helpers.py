@@ -165,6 +165,9 @@ class ThreadedServer:
         self.thread.start()
         self.peers: list[Peer] = []
 
+    def never_crashed(self) -> bool:
+        return self.thread.is_alive()
+
     @property
     def remoting(self) -> str:
         assert self.server.remoting is not None, "made without remoting="
@@ -238,6 +241,18 @@ class SplitServer:
 
     def output(self) -> str:
         return self.process.output()
+
+    def never_crashed(self) -> bool:
+        """The state process runs and has started no worker to replace one."""
+        starts = sum(" started (pid " in line and "worker " in line
+                     for line in self.output().splitlines())
+        return self.process.proc.poll() is None and starts == self.workers
+
+    @property
+    def workers(self) -> int:
+        line = self.process.line("zns state process (pid ")
+        assert line is not None
+        return int(line.split("): ", 1)[1].split()[0])
 
     def peer(self) -> Peer:
         peer = Peer(self.router, self.pub)
