@@ -191,6 +191,17 @@ class ThreadedServer:
         assert not self.thread.is_alive()
 
 
+def metric_sum(srv: Any, name: str) -> float:
+    """`name`'s samples on the /metrics of `srv` (made with `metrics=`), summed over their
+    labels (a split server labels some by worker)."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics",
+                                timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((name + " ", name + "{")))
+
+
 def serve_options(overrides: dict[str, Any]) -> list[str]:
     """ServerConfig field values as `zns serve` options: `heartbeat_interval_s=0.5` ->
     `--heartbeat-interval 0.5`, a list as the option repeated, a flag as --x/--no-x."""
