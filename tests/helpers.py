@@ -238,11 +238,15 @@ class SplitServer:
 
     @property
     def remoting(self) -> str:
-        """The remoting listener's HOST:PORT (the server was made with `remoting=`)."""
-        line = self.process.line("RocketMQ remoting on ")
-        remoting = line.rsplit(" ", 1)[1]
-        assert remoting != "none", "made without remoting="
-        return remoting
+        """The remoting listener's HOST:PORT (the server was made with `remoting=`), as
+        `status` names it."""
+        peer = Peer(self.router)
+        try:
+            remoting = peer.ok("status").remoting
+        finally:
+            peer.close()
+        assert remoting, "made without remoting="
+        return str(remoting)
 
     @property
     def metrics_port(self) -> int:
