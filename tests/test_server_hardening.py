@@ -21,7 +21,7 @@ from zns.core.text import quote
 from zns.drivers.logs import RepeatFilter
 from zns.drivers.server import MAX_ENVELOPE_FRAMES, MAX_SUBSCRIPTION_BYTES
 
-from helpers import LOADED_DEADLINE, Peer, SplitServer, ThreadedServer, register_fields, wait_for
+from helpers import LOADED_DEADLINE, Peer, SplitServer, register_fields, wait_for
 
 
 def dropped(srv: SplitServer) -> int:
