@@ -109,8 +109,9 @@ Server = SplitServer | ThreadedServer
 
 def _make(request: pytest.FixtureRequest, tmp_path: Path, **overrides: Any) -> Server:
     """`zns serve` with its default workers; a ThreadedServer for a test marked
-    single_process (server_kwargs, such as an injected clock, need one)."""
-    if request.node.get_closest_marker("single_process"):
+    single_process (server_kwargs, such as an injected clock, need one), and under mutation
+    testing (helpers.served)."""
+    if request.node.get_closest_marker("single_process") or MUTATION:
         return ThreadedServer(tmp_path, **overrides)
     return SplitServer(tmp_path, **overrides)
 

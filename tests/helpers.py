@@ -158,6 +158,13 @@ class ThreadedServer:
         )
         for key, value in overrides.items():
             setattr(config, key, value)
+        # What the 'zns' logger says while it runs, for output() (the log of SplitServer).
+        self._log = _Lines()
+        self._logger = logging.getLogger("zns")
+        self._level = self._logger.level
+        self._logger.addHandler(self._log)
+        if not self._logger.isEnabledFor(logging.INFO):
+            self._logger.setLevel(logging.INFO)
         self.server = Server(config, **(server_kwargs or {}))
         self.router = self.server.router_endpoint
         self.pub = self.server.pub_endpoint
@@ -167,6 +174,10 @@ class ThreadedServer:
 
     def never_crashed(self) -> bool:
         return self.thread.is_alive()
+
+    def output(self) -> str:
+        """What the 'zns' logger said since this server was made (any thread's lines)."""
+        return "".join(f"{line}\n" for line in self._log.lines)
 
     @property
     def remoting(self) -> str:
@@ -188,7 +199,27 @@ class ThreadedServer:
             peer.close()
         self.server.stop()
         self.thread.join(10)
+        self._logger.removeHandler(self._log)
+        self._logger.setLevel(self._level)
         assert not self.thread.is_alive()
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+def served(tmp_path: Path, **overrides: Any) -> SplitServer | ThreadedServer:
+    """`zns serve` with its default workers (SplitServer); under mutation testing a
+    ThreadedServer instead: mutmut credits a test only with what runs in its own process."""
+    if MUTATION:
+        return ThreadedServer(tmp_path, **overrides)
+    return SplitServer(tmp_path, **overrides)
 
 
 def metric_sum(srv: Any, name: str) -> float:

@@ -17,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import (
-    Peer, SplitServer, ThreadedServer, records_here, register_fields, wait_for, zns1_ok,
+    MUTATION, Peer, SplitServer, ThreadedServer, records_here, register_fields, served, wait_for,
+    zns1_ok,
 )
 from zns.cli import main as zns_main
 from zns.core.errors import ConfigError, EndpointError
@@ -255,7 +256,7 @@ def test_remoting_requests_are_counted_by_code_and_outcome(tmp_path: Path):
     from test_remoting_listener import Client, register_cmd
     from zns.core.remoting import RemotingCommand
 
-    srv = SplitServer(tmp_path, metrics="127.0.0.1:0", remoting="127.0.0.1:0")
+    srv = served(tmp_path, metrics="127.0.0.1:0", remoting="127.0.0.1:0")
     try:
         client = Client(srv.remoting)
         assert client.call(register_cmd(topics=("T1",))).code == 0
@@ -352,7 +353,8 @@ SPLIT_HELP = {
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("expected", [
-    pytest.param({**HELP, **SPLIT_HELP}, id="workers"),
+    pytest.param({**HELP, **SPLIT_HELP}, id="workers", marks=pytest.mark.skipif(
+        MUTATION, reason="under mutation testing every server is a ThreadedServer")),
     pytest.param(HELP, id="one-process", marks=pytest.mark.single_process(
         "the metrics of --workers 0, which the split's replace or add to")),
 ])

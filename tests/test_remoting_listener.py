@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 import zns.cli.serve
-from helpers import Peer, SplitServer, ThreadedServer, wait_for
+from helpers import Peer, ThreadedServer, served, wait_for
 from test_remoting_codec import frame
 from zns.cli import main as zns_main
 from zns.core import schema
@@ -513,7 +513,7 @@ def test_namesrv_config_shows_booleans_as_java_does(rserver):
 
 
 def test_closing_the_server_closes_the_listener_and_its_connections(tmp_path):
-    srv = SplitServer(tmp_path, remoting="127.0.0.1:0")
+    srv = served(tmp_path, remoting="127.0.0.1:0")
     endpoint = srv.remoting
     client = Client(endpoint)
     assert client.call(cluster_info()).code == 0
