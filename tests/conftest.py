@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 import zmq
 
+import helpers
 from zns.drivers.logs import RepeatFilter
 from helpers import (  # noqa: F401  (re-exported for modules that import them from here)
-    LOADED_DEADLINE, MUTATION, Peer, ProcessServer, ThreadedServer, examples, register_fields,
-    wait_for,
+    LOADED_DEADLINE, MUTATION, Peer, ProcessServer, SplitServer, ThreadedServer, examples,
+    register_fields, wait_for,
 )
 
 SERVER_FIXTURES = {"server", "make_server", "process_server", "rocketmq_env", "rmq", "rmq_module"}
@@ -89,19 +90,45 @@ def ctx() -> Iterator[zmq.Context]:
     context.destroy(linger=0)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "single_process(why): the test's servers are "
+                            "ThreadedServers (one process, in a thread: internals readable, clock "
+                            "injectable), not zns serve with its default workers; say why")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures (a module's too): may it build a ThreadedServer, and why."""
+    marker = item.get_closest_marker("single_process")
+    helpers.SINGLE_PROCESS_REASON = marker.args[0] if marker else None
+    if marker is not None:
+        assert marker.args and marker.args[0], "single_process needs its reason"
+
+
+Server = SplitServer | ThreadedServer
+
+
+def _make(request: pytest.FixtureRequest, tmp_path: Path, **overrides: Any) -> Server:
+    """`zns serve` with its default workers; a ThreadedServer for a test marked
+    single_process (server_kwargs, such as an injected clock, need one), and under mutation
+    testing (helpers.served)."""
+    if request.node.get_closest_marker("single_process") or MUTATION:
+        return ThreadedServer(tmp_path, **overrides)
+    return SplitServer(tmp_path, **overrides)
+
+
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[ThreadedServer]:
-    srv = ThreadedServer(tmp_path)
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    srv = _make(request, tmp_path)
     yield srv
     srv.stop()
 
 
 @pytest.fixture
-def make_server(tmp_path: Path) -> Iterator[Callable[..., ThreadedServer]]:
-    servers: list[ThreadedServer] = []
+def make_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    servers: list[Server] = []
 
-    def make(**overrides: Any) -> ThreadedServer:
-        srv = ThreadedServer(tmp_path / f"s{len(servers)}", **overrides)
+    def make(**overrides: Any) -> Server:
+        srv = _make(request, tmp_path / f"s{len(servers)}", **overrides)
         servers.append(srv)
         return srv
 

@@ -22,6 +22,7 @@ from hypothesis import settings
 
 from zns.core import schema
 from zns.core.routes import RouteTable
+from zns.core.config import settings as config_settings
 from zns.core.service import NameService
 from zns.drivers.server import Server, ServerConfig
 
@@ -133,22 +134,60 @@ class Peer:
             self.sub.close(0)
 
 
+# Why the running test may build a ThreadedServer: its `single_process` marker's reason, set
+# by conftest before each test's fixtures. Every other test runs against `zns serve` as
+# shipped (SplitServer): a state process and its default workers.
+SINGLE_PROCESS_REASON: str | None = None
+
+
 class ThreadedServer:
+    """`zns.drivers.server.Server` (`--workers 0`) in a thread of the test process: for the
+    tests that read its internals or inject its clock, each marked
+    `@pytest.mark.single_process("why")` (docs/development.md, Testing)."""
+
     def __init__(self, tmp_path: Path, *, server_kwargs: dict[str, Any] | None = None,
                  **overrides: Any) -> None:
         """`overrides` set ServerConfig fields; `server_kwargs` go to Server (e.g. clock)."""
+        if not (SINGLE_PROCESS_REASON or MUTATION):
+            raise AssertionError("a ThreadedServer runs one process, not zns serve's workers: "
+                                 "use SplitServer, or mark the test "
+                                 "@pytest.mark.single_process(\"why\")")
         config = ServerConfig(
             router="tcp://127.0.0.1:*", pub="tcp://127.0.0.1:*",
             kv_path=str(tmp_path / "kv.json"), heartbeat_interval_s=0.2,
         )
         for key, value in overrides.items():
             setattr(config, key, value)
+        # What the 'zns' logger says while it runs, for output() (the log of SplitServer).
+        self._log = _Lines()
+        self._logger = logging.getLogger("zns")
+        self._level = self._logger.level
+        self._logger.addHandler(self._log)
+        if not self._logger.isEnabledFor(logging.INFO):
+            self._logger.setLevel(logging.INFO)
         self.server = Server(config, **(server_kwargs or {}))
         self.router = self.server.router_endpoint
         self.pub = self.server.pub_endpoint
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         self.peers: list[Peer] = []
+
+    def never_crashed(self) -> bool:
+        return self.thread.is_alive()
+
+    def output(self) -> str:
+        """What the 'zns' logger said since this server was made (any thread's lines)."""
+        return "".join(f"{line}\n" for line in self._log.lines)
+
+    @property
+    def remoting(self) -> str:
+        assert self.server.remoting is not None, "made without remoting="
+        return self.server.remoting.endpoint
+
+    @property
+    def metrics_port(self) -> int:
+        assert self.server.metrics is not None, "made without metrics="
+        return self.server.metrics.port
 
     def peer(self) -> Peer:
         peer = Peer(self.router, self.pub)
@@ -160,7 +199,115 @@ class ThreadedServer:
             peer.close()
         self.server.stop()
         self.thread.join(10)
+        self._logger.removeHandler(self._log)
+        self._logger.setLevel(self._level)
         assert not self.thread.is_alive()
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+def served(tmp_path: Path, **overrides: Any) -> SplitServer | ThreadedServer:
+    """`zns serve` with its default workers (SplitServer); under mutation testing a
+    ThreadedServer instead: mutmut credits a test only with what runs in its own process."""
+    if MUTATION:
+        return ThreadedServer(tmp_path, **overrides)
+    return SplitServer(tmp_path, **overrides)
+
+
+def metric_sum(srv: Any, name: str) -> float:
+    """`name`'s samples on the /metrics of `srv` (made with `metrics=`), summed over their
+    labels (a split server labels some by worker)."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics",
+                                timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((name + " ", name + "{")))
+
+
+def serve_options(overrides: dict[str, Any]) -> list[str]:
+    """ServerConfig field values as `zns serve` options: `heartbeat_interval_s=0.5` ->
+    `--heartbeat-interval 0.5`, a list as the option repeated, a flag as --x/--no-x."""
+    by_attr = {setting.attr: setting for setting in config_settings(ServerConfig)}
+    options: list[str] = []
+    for attr, value in overrides.items():
+        setting = by_attr[attr]
+        if setting.is_flag:
+            options.append(setting.option if value else f"--no-{setting.option[2:]}")
+        elif setting.is_list:
+            for each in value:
+                options += [setting.option, str(each)]
+        else:
+            options += [setting.option, "" if value is None else str(value)]
+    return options
+
+
+class SplitServer:
+    """`zns serve` as shipped, with its default workers (a state process and worker
+    processes), on ephemeral ports: ThreadedServer's interface for the tests that only speak
+    to its endpoints. `overrides` are ServerConfig fields, given as options."""
+
+    def __init__(self, tmp_path: Path, **overrides: Any) -> None:
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        overrides = {"heartbeat_interval_s": 0.2, **overrides}
+        kv_path = overrides.pop("kv_path", tmp_path / "kv.json")
+        if kv_path is None:
+            overrides["kv_path"] = None
+        self.process = ProcessServer(tmp_path, *serve_options(overrides),
+                                     kv_path=None if kv_path is None else Path(kv_path))
+        self.router, self.pub = self.process.router, self.process.pub
+        self.kv_path = self.process.kv_path
+        self.peers: list[Peer] = []
+
+    @property
+    def remoting(self) -> str:
+        """The remoting listener's HOST:PORT (the server was made with `remoting=`), from the
+        state process's first line; a host `*` named 0.0.0.0, as `status` names it."""
+        line = self.process.line("RocketMQ remoting on ")
+        assert line is not None
+        remoting = line.rsplit(" ", 1)[1]
+        assert remoting != "none", "made without remoting="
+        return "0.0.0.0" + remoting[1:] if remoting.startswith("*:") else remoting
+
+    @property
+    def metrics_port(self) -> int:
+        """The port of /metrics (the server was made with `metrics=`): as a worker logs it."""
+        line = wait_for(lambda: self.process.line("metrics on http://", required=False))
+        return int(line.split("metrics on http://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+
+    def output(self) -> str:
+        return self.process.output()
+
+    def never_crashed(self) -> bool:
+        """The state process runs and has started no worker to replace one."""
+        starts = sum(" started (pid " in line and "worker " in line
+                     for line in self.output().splitlines())
+        return self.process.proc.poll() is None and starts == self.workers
+
+    @property
+    def workers(self) -> int:
+        line = self.process.line("zns state process (pid ")
+        assert line is not None
+        return int(line.split("): ", 1)[1].split()[0])
+
+    def peer(self) -> Peer:
+        peer = Peer(self.router, self.pub)
+        self.peers.append(peer)
+        return peer
+
+    def stop(self) -> None:
+        for peer in self.peers:
+            peer.close()
+        code = self.process.stop()
+        assert code == 0, f"zns serve exited {code}: {self.process.output()}"
 
 
 class ProcessServer:
@@ -191,6 +338,12 @@ class ProcessServer:
 
     def output(self) -> str:
         return self.log_path.read_text()
+
+    def line(self, text: str, required: bool = True) -> str | None:
+        """The first line of the server's log that holds `text`."""
+        found = next((line for line in self.output().splitlines() if text in line), None)
+        assert found is not None or not required, f"no {text!r} in: {self.output()}"
+        return found
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from helpers import Peer, ThreadedServer, peer_state, register_fields
+from helpers import Peer, peer_state, register_fields, served
 from zns.core import schema
 
 A = "10.0.0.1:10911"
@@ -102,7 +102,7 @@ GOOD = [
 
 @pytest.fixture(scope="module")
 def wire(tmp_path_factory) -> Iterator[Peer]:
-    srv = ThreadedServer(tmp_path_factory.mktemp("bounds"))
+    srv = served(tmp_path_factory.mktemp("bounds"))
     peer = srv.peer()
     peer.ok("register_broker", **reg(topics={"T": {}, "U": {"perm": 4}}))
     peer.ok("kv_put", namespace="ns", key="k", value="before")

@@ -65,9 +65,9 @@ def test_close_unregisters_from_all_within_bounds(make_server):
 
 @pytest.mark.timeout(30)
 def test_reregisters_after_nameserver_restart_by_heartbeat(make_server, tmp_path: Path):
-    endpoints = dict(router=f"ipc://{tmp_path}/r", pub=f"ipc://{tmp_path}/p",
-                     kv_path=str(tmp_path / "kv.json"))
-    first = make_server(**endpoints)
+    first = make_server(kv_path=str(tmp_path / "kv.json"))
+    # The second binds the first's ports (workers share tcp:// ports only).
+    endpoints = dict(router=first.router, pub=first.pub, kv_path=str(tmp_path / "kv.json"))
     with agent_for(first.router) as agent:
         wait_for(lambda: route_of(first.peer(), "T1"))
         first.stop()

@@ -53,6 +53,7 @@ def test_peers_are_bounded_and_full_buckets_forgotten_first():
     assert len(budget._peers) <= 100
 
 
+@pytest.mark.single_process("reads the reply budget's burst, rate and refusals, which no endpoint shows")
 def test_a_peer_that_asks_for_snapshots_and_never_reads_is_bounded(make_server, tmp_path: Path):
     srv = make_server()
     admin = srv.peer()
@@ -80,6 +81,7 @@ def test_a_peer_that_asks_for_snapshots_and_never_reads_is_bounded(make_server, 
         hog.close(0)
 
 
+@pytest.mark.single_process("reads the reply budget's refusals, which no endpoint shows")
 def test_a_peer_that_reads_is_not_refused(make_server):
     srv = make_server()
     admin = srv.peer()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from helpers import ThreadedServer
+from helpers import SplitServer
 from zns.cli import main
 from zns.drivers.security import write_keypair
 
@@ -58,7 +58,7 @@ def test_a_name_that_does_not_resolve_is_said_at_once():
 @pytest.mark.timeout(60)
 def test_no_answer_from_a_curve_server_says_it_may_need_the_key(tmp_path: Path):
     secret = write_keypair(tmp_path / "keys", "server")[1]
-    srv = ThreadedServer(tmp_path, curve_secret=str(secret))
+    srv = SplitServer(tmp_path, curve_secret=str(secret))
     try:
         result = CliRunner().invoke(main, ["status", "--ns", srv.router, "--timeout", "0.5"])
         assert result.exit_code == 3
@@ -70,7 +70,7 @@ def test_no_answer_from_a_curve_server_says_it_may_need_the_key(tmp_path: Path):
 
 @pytest.mark.timeout(60)
 def test_watch_blames_a_dead_events_endpoint_and_never_exits_0_without_it(tmp_path: Path):
-    srv = ThreadedServer(tmp_path)
+    srv = SplitServer(tmp_path)
     try:
         srv.peer().ok("kv_put", namespace="ns", key="k", value="v")  # the NameServer answers
         result = CliRunner().invoke(main, ["watch", "--events", "tcp://127.0.0.1:1", "--count",
@@ -95,12 +95,13 @@ def test_a_kv_path_where_no_file_can_be_created_is_refused_at_start(tmp_path: Pa
 
 
 @pytest.mark.timeout(60)
-def test_a_kv_path_in_a_missing_directory_says_it_will_create_it(tmp_path: Path, caplog):
+def test_a_kv_path_in_a_missing_directory_says_it_will_create_it(tmp_path: Path):
     missing = tmp_path / "nonexistent" / "dir"
-    srv = ThreadedServer(tmp_path, kv_path=str(missing / "kv.log"))
+    srv = SplitServer(tmp_path, kv_path=str(missing / "kv.log"))
     try:
         assert not missing.parent.exists()  # nothing made at start
-        assert [r.getMessage() for r in caplog.records if "does not exist" in r.getMessage()] == [
+        assert [line.split(" zns: ", 1)[1] for line in srv.output().splitlines()
+                if "does not exist" in line] == [
             f"KV file {missing}/kv.log: directory {missing} does not exist; the first KV write "
             "creates it"]
     finally:

@@ -499,9 +499,9 @@ def test_missing_topic_then_created(server):
 
 @pytest.mark.timeout(30)
 def test_nameserver_restart_is_resynced(make_server, tmp_path: Path):
-    endpoints = dict(router=f"ipc://{tmp_path}/r", pub=f"ipc://{tmp_path}/p",
-                     kv_path=str(tmp_path / "kv.json"))
-    first = make_server(**endpoints)
+    first = make_server(kv_path=str(tmp_path / "kv.json"))
+    # The second binds the first's ports (workers share tcp:// ports only).
+    endpoints = dict(router=first.router, pub=first.pub, kv_path=str(tmp_path / "kv.json"))
     first.peer().ok("register_broker", **register_fields())
     with client_for(first.router) as client:
         epoch = client.route("TopicA") and client.session.cache.epoch

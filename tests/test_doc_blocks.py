@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ThreadedServer
+from helpers import SplitServer
 from zns.drivers.broker_agent import BrokerAgent
 from zns.core.schema import BROKER_PREFIX, DEFAULT_ROUTER, HB_CHANNEL, BrokerEvent
 
@@ -67,7 +67,7 @@ def test_the_readmes_python_blocks_all_claim_to_run_and_are_found():
 
 @pytest.fixture(scope="module")
 def orders_server(tmp_path_factory: pytest.TempPathFactory):
-    server = ThreadedServer(tmp_path_factory.mktemp("docs"))
+    server = SplitServer(tmp_path_factory.mktemp("docs"))
     agent = BrokerAgent(server.router, cluster="DocCluster", broker_name="broker-docs",
                         broker_addr="127.0.0.1:10999", topics=["Orders"])
     assert agent.wait_registered(timeout=20)

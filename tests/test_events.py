@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from helpers import Peer, ThreadedServer, register_fields
+from helpers import Peer, SplitServer, register_fields
 from zns.core import schema
 
 
@@ -31,14 +31,14 @@ def events_until_quiet(peer: Peer) -> list[tuple[bytes, Any]]:
             seen.append((channel, event))
 
 
-def subscriber(server: ThreadedServer, *prefixes: bytes) -> Peer:
+def subscriber(server: SplitServer, *prefixes: bytes) -> Peer:
     peer = server.peer()
     peer.subscribe(schema.HB_CHANNEL, *prefixes)
     peer.wait_subscribed()
     return peer
 
 
-def test_exact_channel_gets_one_topic_and_prefix_gets_all(server: ThreadedServer):
+def test_exact_channel_gets_one_topic_and_prefix_gets_all(server: SplitServer):
     exact = subscriber(server, schema.route_channel("T"))
     prefix = subscriber(server, schema.ROUTE_PREFIX)
     broker_only = subscriber(server, schema.BROKER_PREFIX)
@@ -58,7 +58,7 @@ def test_exact_channel_gets_one_topic_and_prefix_gets_all(server: ThreadedServer
     assert channel == b"route/TT\0" and event.route is None
 
 
-def test_route_event_carries_what_get_route_returns(server: ThreadedServer):
+def test_route_event_carries_what_get_route_returns(server: SplitServer):
     peer = subscriber(server, schema.ROUTE_PREFIX)
     peer.ok("register_broker", **register_fields(topics={"T": {"read_queues": 3}}))
     [(_, event)] = events_until_quiet(peer)
@@ -67,7 +67,7 @@ def test_route_event_carries_what_get_route_returns(server: ThreadedServer):
     assert (event.revision, event.epoch) == (reply.revision, reply.epoch)
 
 
-def test_broker_events_for_every_change_and_reason(server: ThreadedServer):
+def test_broker_events_for_every_change_and_reason(server: SplitServer):
     peer = subscriber(server, schema.BROKER_PREFIX)
 
     def broker_events() -> list[tuple[str, str, str, int]]:
@@ -106,7 +106,7 @@ def test_broker_events_for_every_change_and_reason(server: ThreadedServer):
     assert (event.change, event.reason, event.broker_addr) == ("removed", "expired", a3)
 
 
-def test_prev_chain_links_every_change_of_a_topic(server: ThreadedServer):
+def test_prev_chain_links_every_change_of_a_topic(server: SplitServer):
     peer = subscriber(server, schema.route_channel("T"))
     assert peer.call("get_route", topic="T").revision == 0
 
@@ -135,7 +135,7 @@ def test_prev_chain_links_every_change_of_a_topic(server: ThreadedServer):
     assert event.route.order_conf == "broker-a:4"
 
 
-def test_one_revision_per_request_shared_by_all_its_events(server: ThreadedServer):
+def test_one_revision_per_request_shared_by_all_its_events(server: SplitServer):
     peer = subscriber(server, schema.ROUTE_PREFIX, schema.BROKER_PREFIX)
     before = peer.ok("status").revision
     peer.ok("register_broker", **register_fields(topics={f"T{i}": {} for i in range(5)}))
@@ -180,7 +180,7 @@ NO_CHANGE_REQUESTS = [
 @pytest.fixture(scope="module")
 def quiet_server(tmp_path_factory) -> Iterator[tuple[Peer, Peer]]:
     """One server for the no-change cases (each checks it changed nothing)."""
-    srv = ThreadedServer(tmp_path_factory.mktemp("quiet"))
+    srv = SplitServer(tmp_path_factory.mktemp("quiet"))
     watcher = subscriber(srv, schema.ROUTE_PREFIX, schema.BROKER_PREFIX)
     watcher.ok("register_broker", **register_fields(topics={"T": {}}))
     events_until_quiet(watcher)
@@ -202,7 +202,7 @@ def test_requests_that_change_nothing_publish_nothing(quiet_server, op, fields):
 
 
 @pytest.mark.timeout(30)
-def test_hb_every_interval_with_current_epoch_revision_and_time(server: ThreadedServer):
+def test_hb_every_interval_with_current_epoch_revision_and_time(server: SplitServer):
     peer = subscriber(server)
     status = peer.ok("status")
     hbs = []

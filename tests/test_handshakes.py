@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from helpers import ThreadedServer, records_here, wait_for
+from helpers import SplitServer, records_here, wait_for
 from zns.core.handshakes import WARN_EVERY_MS, HandshakeWatch
 from zns.drivers.security import write_keypair
 
@@ -62,10 +62,8 @@ def test_a_handshake_that_succeeds_clears_the_waiting_and_a_failure_names_curve(
 
 
 @pytest.mark.timeout(60)
-def test_rocketmq_bytes_at_the_request_port_are_warned_about_naming_remoting(
-        tmp_path: Path, caplog):
-    caplog.set_level(logging.WARNING, logger="zns")
-    srv = ThreadedServer(tmp_path)
+def test_rocketmq_bytes_at_the_request_port_are_warned_about_naming_remoting(tmp_path: Path):
+    srv = SplitServer(tmp_path)
     try:
         host, port = srv.router.removeprefix("tcp://").rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as sock:
@@ -75,30 +73,28 @@ def test_rocketmq_bytes_at_the_request_port_are_warned_about_naming_remoting(
                     pass
             except ConnectionResetError:
                 pass
-        found = wait_for(lambda: [r.getMessage() for r in caplog.records
-                                  if "closed before completing the ZeroMQ handshake"
-                                  in r.getMessage()])
+        found = wait_for(lambda: [line for line in srv.output().splitlines()
+                                  if "closed before completing the ZeroMQ handshake" in line])
         assert len(found) == 1 and "--remoting HOST:PORT" in found[0]
         assert srv.router in found[0]
         # A ZeroMQ client at the same port is no such connection.
         srv.peer().ok("status")
-        assert len([r for r in caplog.records if "handshake" in r.getMessage()]) == 1
+        assert len([line for line in srv.output().splitlines() if "handshake" in line]) == 1
     finally:
         srv.stop()
 
 
 @pytest.mark.timeout(60)
-def test_a_client_without_the_curve_key_is_warned_about(tmp_path: Path, caplog):
-    caplog.set_level(logging.WARNING, logger="zns")
+def test_a_client_without_the_curve_key_is_warned_about(tmp_path: Path):
     secret = write_keypair(tmp_path / "server", "server")[1]
-    srv = ThreadedServer(tmp_path, curve_secret=str(secret))
+    srv = SplitServer(tmp_path, curve_secret=str(secret))
     ctx = zmq.Context.instance()
     dealer = ctx.socket(zmq.DEALER)  # no CURVE: what `zns status` without --server-key is
     try:
         dealer.connect(srv.router)
         dealer.send(b"x")
-        found = wait_for(lambda: [r.getMessage() for r in caplog.records
-                                  if "failed the handshake" in r.getMessage()])
+        found = wait_for(lambda: [line for line in srv.output().splitlines()
+                                  if "failed the handshake" in line])
         assert "this server uses CURVE" in found[0]
     finally:
         dealer.close(0)

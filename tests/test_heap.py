@@ -58,6 +58,7 @@ def test_the_real_malloc_trim_is_harmless() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.single_process("patches the server module's heap trim in this process")
 def test_the_server_trims_when_calm_after_many_route_events(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     trim = FakeTrim()

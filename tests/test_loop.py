@@ -165,6 +165,7 @@ def test_the_outbox_sends_every_sources_events_once_per_pass_in_order():
     assert outbox.next_deadline(6) is None
 
 
+@pytest.mark.single_process("counts the loop's wakeups")
 def test_an_idle_server_wakes_for_its_deadlines_only(make_server):
     # The loop used to wake every 100 ms whatever it had to do (the remoting idle scan, the
     # descriptor guard and the heap trim ran only because of it). With a 1 s hb interval
@@ -519,6 +520,7 @@ def gil_hold_size(at_least_s: float) -> int:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.single_process("a thread of the server's own process holds the GIL")
 def test_another_thread_of_the_process_holding_the_gil_is_not_a_stall(tmp_path, caplog):
     # 3,000 metrics requests completing at once kept the loop thread from the GIL for 2-3 s:
     # its own CPU time stood still, that was read as the process stopped, every deadline

@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from helpers import Peer, ThreadedServer, records_here, register_fields, wait_for, zns1_ok
+from helpers import (
+    MUTATION, Peer, SplitServer, ThreadedServer, records_here, register_fields, served, wait_for,
+    zns1_ok,
+)
 from zns.cli import main as zns_main
 from zns.core.errors import ConfigError, EndpointError
 from zns.core.service import NameService
@@ -37,23 +40,41 @@ def get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def scrape(srv: ThreadedServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of /metrics as {(name, sorted labels): value}."""
-    status, text = get(f"http://127.0.0.1:{srv.server.metrics.port}/metrics")
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(srv: SplitServer | ThreadedServer) -> Samples:
+    """Every sample of /metrics as {(name, sorted labels): value}; a split server's samples
+    of each worker (label `worker`) summed: the whole NameServer's."""
+    status, text = get(f"http://127.0.0.1:{srv.metrics_port}/metrics")
     assert status == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "worker")))
+            samples[key] = samples.get(key, 0) + s.value
+    return samples
+
+
+def scrape_until(srv: SplitServer | ThreadedServer, expected: Samples) -> Samples:
+    """The first scrape that shows every sample of `expected`: a split server's workers
+    report their counts once a second."""
+    try:
+        return wait_for(lambda: (m := scrape(srv)) and all(
+            m.get(key) == value for key, value in expected.items()) and m)
+    except AssertionError:
+        m = scrape(srv)
+        assert {key: m.get(key) for key in expected} == expected
+        raise
 
 
 @pytest.fixture
-def metered(tmp_path: Path):
-    srv = ThreadedServer(tmp_path, metrics="127.0.0.1:0")
-    yield srv
-    srv.stop()
+def metered(make_server):
+    return make_server(metrics="127.0.0.1:0")
 
 
 @pytest.mark.timeout(60)
-def test_metrics_count_what_happened(metered: ThreadedServer):
+def test_metrics_count_what_happened(metered: SplitServer):
     peer = metered.peer()
     for name in ("b1", "b2"):
         peer.ok("register_broker", **register_fields(broker_name=name,
@@ -68,17 +89,20 @@ def test_metrics_count_what_happened(metered: ThreadedServer):
     peer.ok("unregister_broker", cluster="c1", broker_name="b2", broker_id=0,
             broker_addr="10.0.0.2:10911")
 
-    m = scrape(metered)
-    assert m["zns_requests_total", (("op", "get_route"), ("outcome", "ok"))] == 3
-    assert m["zns_requests_total", (("op", "get_route"), ("outcome", "not_found"))] == 1
-    assert m["zns_requests_total", (("op", "register_broker"), ("outcome", "ok"))] == 2
-    assert m["zns_requests_total", (("op", "unknown"), ("outcome", "bad_request"))] == 1
-    assert m["zns_brokers", ()] == 1
-    assert m["zns_broker_addresses", ()] == 1
-    assert m["zns_topics", ()] == 2
-    assert m["zns_queue_entries", ()] == 2
-    assert m["zns_broker_removals_total", (("reason", "unregistered"),)] == 1
-    assert m["zns_events_published_total", (("channel_kind", "broker"),)] == 3
+    epoch = peer.ok("status").epoch
+    m = scrape_until(metered, {
+        ("zns_requests_total", (("op", "get_route"), ("outcome", "ok"))): 3,
+        ("zns_requests_total", (("op", "get_route"), ("outcome", "not_found"))): 1,
+        ("zns_requests_total", (("op", "register_broker"), ("outcome", "ok"))): 2,
+        ("zns_requests_total", (("op", "unknown"), ("outcome", "bad_request"))): 1,
+        ("zns_requests_total", (("op", "unregister_broker"), ("outcome", "ok"))): 1,
+        ("zns_brokers", ()): 1,
+        ("zns_broker_addresses", ()): 1,
+        ("zns_topics", ()): 2,
+        ("zns_queue_entries", ()): 2,
+        ("zns_broker_removals_total", (("reason", "unregistered"),)): 1,
+        ("zns_events_published_total", (("channel_kind", "broker"),)): 3,
+    })
     assert m["zns_events_published_total", (("channel_kind", "route"),)] >= 4
     assert m["zns_events_published_total", (("channel_kind", "hb"),)] >= 1
     assert m["zns_kv_writes_total", ()] == 1
@@ -88,13 +112,12 @@ def test_metrics_count_what_happened(metered: ThreadedServer):
     assert m["zns_dropped_replies_total", ()] == 0
     assert m["zns_stalls_total", ()] == 0
     assert m["zns_remoting_connections", ()] == 0
-    assert m["zns_info", (("epoch", metered.server.service.epoch), ("version", "0.1.0"))] == 1
+    assert m["zns_info", (("epoch", epoch), ("version", "0.1.0"))] == 1
     assert m["process_resident_memory_bytes", ()] > 0
 
     # Counters only grow, and a second scrape sees the requests made since.
     peer.ok("get_route", topic="T1")
-    m = scrape(metered)
-    assert m["zns_requests_total", (("op", "get_route"), ("outcome", "ok"))] == 4
+    m = scrape_until(metered, {("zns_requests_total", (("op", "get_route"), ("outcome", "ok"))): 4})
     # Kept until T1's route changes (the unregister above dropped the earlier one).
     assert m["zns_encoded_route_bytes", (("form", "msgpack"),)] > 0
 
@@ -107,6 +130,7 @@ def test_peer_connected_gauge(make_server):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.single_process("holds the loop inside a request (the service monkeypatched)")
 def test_healthz_fails_while_the_loop_is_stuck(metered: ThreadedServer):
     url = f"http://127.0.0.1:{metered.server.metrics.port}/healthz"
     assert get(url)[0] == 200
@@ -190,13 +214,11 @@ def test_serve_logs_json_lines(process_server):
 
 
 @pytest.mark.timeout(60)
-def test_broker_addresses_count_a_master_and_its_slave_apart(metered: ThreadedServer):
+def test_broker_addresses_count_a_master_and_its_slave_apart(metered: SplitServer):
     peer = metered.peer()
     peer.ok("register_broker", **register_fields(broker_name="b1", broker_id=0, addr="10.0.0.1:1"))
     peer.ok("register_broker", **register_fields(broker_name="b1", broker_id=1, addr="10.0.0.2:1"))
-    m = scrape(metered)
-    assert m["zns_brokers", ()] == 1
-    assert m["zns_broker_addresses", ()] == 2
+    scrape_until(metered, {("zns_brokers", ()): 1, ("zns_broker_addresses", ()): 2})
 
 
 class AgedLoop:
@@ -234,9 +256,9 @@ def test_remoting_requests_are_counted_by_code_and_outcome(tmp_path: Path):
     from test_remoting_listener import Client, register_cmd
     from zns.core.remoting import RemotingCommand
 
-    srv = ThreadedServer(tmp_path, metrics="127.0.0.1:0", remoting="127.0.0.1:0")
+    srv = served(tmp_path, metrics="127.0.0.1:0", remoting="127.0.0.1:0")
     try:
-        client = Client(srv.server.remoting.endpoint)
+        client = Client(srv.remoting)
         assert client.call(register_cmd(topics=("T1",))).code == 0
         for _ in range(3):
             route = client.call(RemotingCommand(code=105, version=479, ext_fields={"topic": "T1"}))
@@ -244,16 +266,18 @@ def test_remoting_requests_are_counted_by_code_and_outcome(tmp_path: Path):
         missing = RemotingCommand(code=105, version=479, ext_fields={"topic": "Nope"})
         assert client.call(missing).code == 17
         assert client.call(RemotingCommand(code=4242, version=479)).code == 3
-        m = scrape(srv)
-        client.close()
-        counted = {labels: value for (name, labels), value in m.items()
-                   if name == "zns_remoting_requests_total"}
-        assert counted == {
+        expected = {
             (("code", "REGISTER_BROKER"), ("outcome", "ok")): 1,
             (("code", "GET_ROUTEINFO_BY_TOPIC"), ("outcome", "ok")): 3,
             (("code", "GET_ROUTEINFO_BY_TOPIC"), ("outcome", "topic_not_exist")): 1,
             (("code", "OTHER"), ("outcome", "request_code_not_supported")): 1,
         }
+        m = scrape_until(srv, {("zns_remoting_requests_total", labels): value
+                               for labels, value in expected.items()})
+        client.close()
+        counted = {labels: value for (name, labels), value in m.items()
+                   if name == "zns_remoting_requests_total"}
+        assert counted == expected
         assert m["zns_encoded_route_bytes", (("form", "json"),)] > 0
     finally:
         srv.stop()
@@ -294,19 +318,59 @@ HELP = {
 }
 
 
+# What a split server (`--workers` N > 0) shows besides, or says otherwise.
+SPLIT_HELP = {
+    "zns_stalls": "Stalls measured (§8) in the state process: its loop did not run",
+    "zns_worker_stalls": "Stalls measured in a worker: its loop did not run",
+    "zns_answering_worker": "The worker that answered this scrape (the kernel spreads "
+                            "connections over them)",
+    "zns_replication_seq": "The last command the state process applied and replicated",
+    "zns_replication_fence": "The last command every live worker has applied",
+    "zns_worker_applied_seq": "The last replicated command the worker's replica applied",
+    "zns_worker_lag_commands": "Commands the state process applied that the worker has not",
+    "zns_worker_lag_seconds": "How long ago the state process applied the oldest command the "
+                              "worker has not (0: none)",
+    "zns_worker_loaded": "1 while the worker serves (loaded its state), 0 while it starts or "
+                         "is down",
+    "zns_worker_restarts": "Workers started again after one died",
+    "zns_replication_transfers": "State transfers sent to workers (a start, a resync, a worker "
+                                 "past the held commands)",
+    "zns_replication_workers_dropped": "Workers dropped for acknowledging nothing in time or "
+                                       "breaking the protocol",
+    "zns_process_resident_memory_bytes": "Resident memory of each process of the whole (state, "
+                                         "or a worker's number)",
+    "zns_process_cpu_seconds": "CPU time (user and system) of each process of the whole "
+                               "(state, or a worker's number)",
+    "zns_worker_writes_refused": "Writes the worker refused busy: as many as it holds were "
+                                 "already at the state process",
+    "zns_worker_writes_timed_out": "Writes the worker answered busy: the state process did not "
+                                   "answer them in time",
+    "zns_worker_request_pauses": "Times the worker stopped reading ZNS/1 requests: as many (or "
+                                 "as many bytes) as it holds waited behind writes at the state "
+                                 "process",
+}
+
+
 @pytest.mark.timeout(60)
-def test_every_metric_says_what_it_counts_and_remoting_connections_are_counted(make_server):
+@pytest.mark.parametrize("expected", [
+    pytest.param({**HELP, **SPLIT_HELP}, id="workers", marks=pytest.mark.skipif(
+        MUTATION, reason="under mutation testing every server is a ThreadedServer")),
+    pytest.param(HELP, id="one-process", marks=pytest.mark.single_process(
+        "the metrics of --workers 0, which the split's replace or add to")),
+])
+def test_every_metric_says_what_it_counts_and_remoting_connections_are_counted(make_server,
+                                                                               expected):
     from test_remoting_listener import Client
 
     srv = make_server(metrics="http://127.0.0.1:0", remoting="127.0.0.1:0",
                       peers=["tcp://127.0.0.1:1"])
-    client = Client(srv.server.remoting.endpoint)
+    client = Client(srv.remoting)
     try:
         wait_for(lambda: scrape(srv)[("zns_remoting_connections", ())] == 1)
-        status, text = get(f"http://127.0.0.1:{srv.server.metrics.port}/metrics")
+        status, text = get(f"http://127.0.0.1:{srv.metrics_port}/metrics")
         helps = {f.name: f.documentation for f in text_string_to_metric_families(text)
                  if f.name.startswith("zns")}
-        assert helps == HELP  # the HELP lines an operator reads, one per metric
+        assert helps == expected  # the HELP lines an operator reads, one per metric
         # A peer that does not answer is 0, not 1.
         assert scrape(srv)[("zns_peer_connected", (("peer", "tcp://127.0.0.1:1"),))] == 0
     finally:
@@ -581,7 +645,7 @@ def test_request_latency_is_a_histogram_by_protocol_and_op(make_server):
     for _ in range(3):
         peer.ok("status")
     peer.call("no_such_op")  # an op no one knows: one label, "unknown"
-    client = Client(srv.server.remoting.endpoint)
+    client = Client(srv.remoting)
     try:
         client.call(RemotingCommand(code=106))  # GET_BROKER_CLUSTER_INFO
         m = wait_for(lambda: (m := scrape(srv)).get(

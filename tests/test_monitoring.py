@@ -81,6 +81,7 @@ def test_every_dashboard_query_parses(tmp_path: Path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.single_process("the metrics of --workers 0; a server with workers is scraped next")
 def test_every_metric_named_is_one_a_server_exports(tmp_path: Path):
     # An alert on a misspelt metric never fires: each name must be in a real scrape.
     pytest.importorskip("prometheus_client")

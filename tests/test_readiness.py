@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ThreadedServer, register_fields, wait_for
+from helpers import SplitServer, register_fields, wait_for
 from zns.core.readiness import Readiness
 
 A, B = ("c1", "10.0.0.1:10911"), ("c1", "10.0.0.2:10911")
@@ -47,15 +47,15 @@ def test_after_a_warm_restart_readyz_waits_for_the_restored_brokers(tmp_path: Pa
     pytest.importorskip("prometheus_client")
     from test_metrics import get
 
-    first = ThreadedServer(tmp_path)
+    first = SplitServer(tmp_path)
     peer = first.peer()
     for name, addr, timeout in (("broker-a", "10.0.0.1:10911", 2_000),
                                 ("broker-b", "10.0.0.2:10911", 120_000)):
         peer.ok("register_broker", heartbeat_timeout_ms=timeout,
                 **register_fields(name, 0, addr, topics={f"T-{name}": {}}))
     first.stop()
-    again = ThreadedServer(tmp_path, metrics="127.0.0.1:0")
-    url = f"http://127.0.0.1:{again.server.metrics.port}/readyz"
+    again = SplitServer(tmp_path, metrics="127.0.0.1:0")
+    url = f"http://127.0.0.1:{again.metrics_port}/readyz"
     try:
         status, why = get(url)
         assert (status, why.split(" (")[0]) == (503, "warming: 2 of 2 brokers known before the "
@@ -63,7 +63,8 @@ def test_after_a_warm_restart_readyz_waits_for_the_restored_brokers(tmp_path: Pa
         again.peer().ok("register_broker", heartbeat_timeout_ms=120_000,
                         **register_fields("broker-b", 0, "10.0.0.2:10911",
                                           topics={"T-broker-b": {}}))
-        assert get(url)[1].startswith("warming: 1 of 2")
+        # The state process sends its readiness to the workers once a second.
+        wait_for(lambda: get(url)[1].startswith("warming: 1 of 2"))
         wait_for(lambda: get(url) == (200, "ready: every broker known before the restart has "
                                            "registered again or is gone\n"))
     finally:

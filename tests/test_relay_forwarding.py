@@ -8,7 +8,7 @@ import time
 import pytest
 import zmq
 
-from helpers import ThreadedServer, register_fields, wait_for
+from helpers import SplitServer, ThreadedServer, register_fields, wait_for
 from zns.core import schema
 from zns.core.subscriptions import (
     DEFAULT_PEER_BUDGET,
@@ -83,6 +83,7 @@ def _attacker(endpoint: str) -> zmq.Socket:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.single_process("reads the NameServer's events budget's cuts at once (a split server's /metrics shows them a report interval late)")
 def test_subscribers_over_the_nameserver_s_budget_do_not_get_the_relay_cut(tmp_path):
     # Before: 400 subscriptions of 1 KB made the NameServer cut the relay's upstream, again at
     # every resubscription (41-64 cuts), and no relay subscriber got an `hb` for 20-30 s.
@@ -118,6 +119,7 @@ def test_subscribers_over_the_nameserver_s_budget_do_not_get_the_relay_cut(tmp_p
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.single_process("cuts the relay's connection through the server's subscribers")
 def test_a_relay_cut_by_the_nameserver_waits_before_it_subscribes_again(tmp_path, caplog):
     srv = ThreadedServer(tmp_path, heartbeat_interval_s=0.2)
     relay = Relay(srv.router, "tcp://127.0.0.1:*")
@@ -147,7 +149,7 @@ def test_a_relay_cut_by_the_nameserver_waits_before_it_subscribes_again(tmp_path
 def test_a_relay_s_subscribers_that_read_nothing_hold_its_total_not_each_their_mark(tmp_path):
     # As on the NameServer (tests/test_queued_events.py), with a total of 4 MiB: subscribers
     # reading nothing are cut once they hold more together; one that reads is not.
-    srv = ThreadedServer(tmp_path, heartbeat_interval_s=0.2)
+    srv = SplitServer(tmp_path, heartbeat_interval_s=0.2)
     relay = Relay(srv.router, "tcp://127.0.0.1:*", max_queued_bytes=4 * 1024 * 1024)
     ctx = zmq.Context.instance()
     idle = []

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from helpers import Peer, ThreadedServer, register_fields, wait_for
+from helpers import Peer, SplitServer, register_fields, wait_for
 from zns.core import schema
 from zns.core.errors import EndpointError, NameServerUnavailable, UsageError
 from zns.drivers.async_client import AsyncRouteClient
@@ -54,7 +54,7 @@ def _rebind(upstream: str, endpoint: str) -> Relay:
 
 
 @pytest.mark.timeout(60)
-def test_relay_carries_changes_and_a_restart_is_repaired(server: ThreadedServer):
+def test_relay_carries_changes_and_a_restart_is_repaired(server: SplitServer):
     peer = server.peer()
     _register(peer, "b1", "10.0.0.1:1", {"T1": {"write_queues": 1, "read_queues": 1}})
     relay = Relay(server.router, "tcp://127.0.0.1:*")
@@ -82,7 +82,7 @@ def test_relay_carries_changes_and_a_restart_is_repaired(server: ThreadedServer)
 
 
 @pytest.mark.timeout(60)
-def test_async_client_through_a_relay(server: ThreadedServer):
+def test_async_client_through_a_relay(server: SplitServer):
     peer = server.peer()
     _register(peer, "b1", "10.0.0.1:1", {"T1": {}})
 
@@ -177,7 +177,7 @@ def _stop(proc: subprocess.Popen[str]) -> int:
 
 
 @pytest.mark.timeout(90)
-def test_watch_prints_what_a_topic_gained_and_lost(server: ThreadedServer):
+def test_watch_prints_what_a_topic_gained_and_lost(server: SplitServer):
     peer = server.peer()
     _register(peer, "b1", "10.0.0.1:10911", {"T": {"read_queues": 4, "write_queues": 4}})
     proc = _zns("watch", "T", "--ns", server.router, "--count", "3", "--timeout", "3")
@@ -200,7 +200,7 @@ def test_watch_prints_what_a_topic_gained_and_lost(server: ThreadedServer):
 
 
 @pytest.mark.timeout(90)
-def test_watch_everything_shows_brokers_and_new_topics(server: ThreadedServer):
+def test_watch_everything_shows_brokers_and_new_topics(server: SplitServer):
     peer = server.peer()
     proc = _zns("watch", "--ns", server.router, "--timeout", "3")
     try:
@@ -224,7 +224,7 @@ def test_watch_everything_shows_brokers_and_new_topics(server: ThreadedServer):
 
 
 @pytest.mark.timeout(90)
-def test_watch_everything_prints_one_line_per_change_of_a_followed_topic(server: ThreadedServer):
+def test_watch_everything_prints_one_line_per_change_of_a_followed_topic(server: SplitServer):
     peer = server.peer()
     proc = _zns("watch", "--ns", server.router, "--timeout", "3")
     try:
@@ -255,7 +255,7 @@ def test_watch_everything_prints_one_line_per_change_of_a_followed_topic(server:
 
 
 @pytest.mark.timeout(90)
-def test_watch_json_prints_raw_events_through_a_relay(server: ThreadedServer):
+def test_watch_json_prints_raw_events_through_a_relay(server: SplitServer):
     peer = server.peer()
     _register(peer, "b1", "10.0.0.1:1", {"TopicJ": {}})
     with Relay(server.router, "tcp://127.0.0.1:*") as relay:
@@ -284,7 +284,7 @@ def test_watch_json_prints_raw_events_through_a_relay(server: ThreadedServer):
 
 
 @pytest.mark.timeout(60)
-def test_relay_command_serves_subscribers_and_stops_on_sigterm(server: ThreadedServer):
+def test_relay_command_serves_subscribers_and_stops_on_sigterm(server: SplitServer):
     proc = _zns("relay", "--from", server.router, "--bind", "tcp://127.0.0.1:*")
     try:
         line = ""
@@ -406,7 +406,7 @@ def test_relay_drops_for_a_subscriber_behind_by_its_high_water_mark():
 # --- zns watch's lines, without processes ----------------------------------------------------
 
 
-def test_watch_starts_with_every_topics_route_each_line_stamped(server: ThreadedServer):
+def test_watch_starts_with_every_topics_route_each_line_stamped(server: SplitServer):
     from click.testing import CliRunner
 
     from zns.cli import main

@@ -86,6 +86,7 @@ def _attack(endpoint: str, sources: list[str], per_source: int) -> list[socket.s
     (["127.0.0.2"], 894),
     (["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"], 400),
 ])
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_a_broker_registers_3500_topics_next_to_stalled_frames_over_the_budget(
         rserver, sources, per_source):
     # Issue 32 item 2: the shed closed "the connections holding the most", always the broker
@@ -120,6 +121,7 @@ def test_a_broker_registers_3500_topics_next_to_stalled_frames_over_the_budget(
     wait_for(lambda: not listener.connections, timeout=60)
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_four_hosts_at_the_per_host_cap_leave_room_for_a_fifth(rserver):
     # Issue 32 item 9: four source addresses at the per-host cap filled every slot and a
     # fifth host was refused. The last 1/8 of the slots are for addresses holding fewer than 4.

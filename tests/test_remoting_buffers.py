@@ -32,6 +32,7 @@ from test_remoting_service import new_service
 pytestmark = pytest.mark.timeout(90)
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_frames_begun_and_never_finished_are_bounded_all_together(rserver, caplog):
     srv, listener, endpoint = rserver(remoting_max_buffer_bytes=4 << 20)
     hogs = [Client(endpoint) for _ in range(6)]
@@ -53,6 +54,7 @@ def test_frames_begun_and_never_finished_are_bounded_all_together(rserver, caplo
         hog.close()
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_a_client_that_pipelines_and_never_reads_holds_one_reply_past_the_mark(rserver):
     srv, listener, endpoint = rserver()
     setup = register_many(endpoint)
@@ -73,6 +75,7 @@ def test_a_client_that_pipelines_and_never_reads_holds_one_reply_past_the_mark(r
     hog.close()
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_a_frame_not_finished_within_the_deadline_closes_its_connection(rserver):
     srv, listener, endpoint = rserver()
     listener.policy.frame_deadline_ms = 600
@@ -101,6 +104,7 @@ def test_a_frame_not_finished_within_the_deadline_closes_its_connection(rserver)
     slow.close()
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_a_frame_begun_counts_at_its_announced_length_not_at_what_arrived(rserver, caplog):
     # Its buffer is allocated whole once the head is in, so that is what is counted: five
     # connections announcing 1 MiB each against a 4 MiB budget, each sending 100 bytes

@@ -56,7 +56,7 @@ def test_a_keyless_remoting_connection_on_loopback_cannot_touch_a_key_bound_brok
     owner = CurvePeer(srv.router, srv.pub, keys.server_public, bound)
     try:
         assert owner.ok("register_broker", **register_fields("broker-a", addr="127.0.0.1:10911"))
-        remoting = Client(srv.server.remoting.endpoint)
+        remoting = Client(srv.remoting)
         ext = {"clusterName": "c1", "brokerName": "broker-a", "brokerId": "0",
                "brokerAddr": "127.0.0.1:10911"}
         refused = [
@@ -70,9 +70,9 @@ def test_a_keyless_remoting_connection_on_loopback_cannot_touch_a_key_bound_brok
             assert reply.code == ResponseCode.NO_PERMISSION, (command.code, reply.remark)
             assert "bound to a broker key" in (reply.remark or "")
         assert remoting.call(register_cmd("broker-b", addr="127.0.0.1:10912")).code == 0
-        table = srv.server.service.broker_table()
-        assert set(table["broker-a"].addrs.values()) == {"127.0.0.1:10911"}
-        assert "broker-b" in table
+        brokers = owner.ok("get_cluster_info").brokers
+        assert set(brokers["broker-a"].addrs.values()) == {"127.0.0.1:10911"}
+        assert "broker-b" in brokers
         remoting.close()
     finally:
         owner.close()

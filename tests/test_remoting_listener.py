@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 import zns.cli.serve
-from helpers import Peer, ThreadedServer, wait_for
+from helpers import Peer, ThreadedServer, served, wait_for
 from test_remoting_codec import frame
 from zns.cli import main as zns_main
 from zns.core import schema
@@ -105,11 +105,12 @@ def probe(endpoint: str) -> None:
 
 @pytest.fixture
 def rserver(make_server):
-    def make(**overrides: Any) -> tuple[ThreadedServer, RemotingListener, str]:
+    """(server, its listener: None in a split server, whose listeners are in its workers,
+    the listener's HOST:PORT)."""
+    def make(**overrides: Any) -> tuple[Any, RemotingListener | None, str]:
         srv = make_server(remoting="127.0.0.1:0", **overrides)
-        listener = srv.server.remoting
-        assert listener is not None
-        return srv, listener, listener.endpoint
+        listener = srv.server.remoting if isinstance(srv, ThreadedServer) else None
+        return srv, listener, srv.remoting
 
     return make
 
@@ -128,6 +129,7 @@ def register_cmd(name: str = "broker-a", addr: str = "127.0.0.1:10911",
 # --- pipelining ------------------------------------------------------------------------------
 
 
+@pytest.mark.single_process("counts the listener's sends: socket.send patched in this process")
 def test_pipelined_requests_answered_in_order_in_few_sends(rserver, monkeypatch):
     sends = []
     original = socket.socket.send
@@ -152,17 +154,16 @@ def test_pipelined_requests_answered_in_order_in_few_sends(rserver, monkeypatch)
 # --- bad input -------------------------------------------------------------------------------
 
 
-def test_oversized_frame_closes_only_that_connection(rserver, caplog):
+def test_oversized_frame_closes_only_that_connection(rserver):
     srv, listener, endpoint = rserver(max_message_bytes=1 << 16)
     good = Client(endpoint)
     assert good.call(cluster_info()).code == 0
     bad = Client(endpoint)
     assert bad.call(cluster_info()).code == 0
-    with caplog.at_level(logging.WARNING, logger="zns"):
-        bad.sock.sendall(struct.pack(">i", 1 << 16) + b"\0" * 100)  # 4 + 65536 > 65536
-        assert bad.closed_by_server()
+    bad.sock.sendall(struct.pack(">i", 1 << 16) + b"\0" * 100)  # 4 + 65536 > 65536
+    assert bad.closed_by_server()
     assert good.call(cluster_info()).code == 0
-    assert "exceeds the limit" in caplog.text
+    wait_for(lambda: "exceeds the limit" in srv.output())
     # exactly at the limit is still a frame
     edge = Client(endpoint)
     padding = (1 << 16) - len(encode_command(cluster_info()))
@@ -179,12 +180,12 @@ def test_oversized_frame_closes_only_that_connection(rserver, caplog):
 ])
 def test_unframeable_input_closes_the_connection(rserver, raw):
     srv, listener, endpoint = rserver()
-    before = srv.server.service.table.revision
+    before = srv.peer().ok("status").revision
     client = Client(endpoint)
     client.sock.sendall(raw)
     assert client.closed_by_server()
     probe(endpoint)
-    assert srv.server.service.table.revision == before
+    assert srv.peer().ok("status").revision == before
 
 
 def test_bad_body_is_a_system_error_and_the_connection_stays(rserver):
@@ -199,7 +200,7 @@ def test_bad_body_is_a_system_error_and_the_connection_stays(rserver):
     cmd.body, cmd.ext_fields["compressed"] = b"\x78\xda garbage", "true"
     cmd.ext_fields["bodyCrc32"] = "0"
     assert client.call(cmd).code == 1
-    assert srv.server.service.table.broker_count() == 0
+    assert srv.peer().ok("status").brokers == 0
     assert client.call(cluster_info()).code == 0  # same connection
 
 
@@ -212,6 +213,7 @@ def register_many(endpoint: str, count: int = 30) -> Client:
     return client
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_reader_that_never_reads_is_held_at_the_high_water_mark(rserver):
     srv, listener, endpoint = rserver()
     setup = register_many(endpoint)
@@ -252,6 +254,7 @@ def test_reader_that_never_reads_is_held_at_the_high_water_mark(rserver):
     wait_for(lambda: not listener.connections)
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_slow_reader_is_paused_not_cut_off(rserver):
     srv, listener, endpoint = rserver()
     setup = register_many(endpoint)
@@ -276,6 +279,7 @@ def test_slow_reader_is_paused_not_cut_off(rserver):
 # --- connections ------------------------------------------------------------------------------
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_max_connections(rserver, caplog):
     srv, listener, endpoint = rserver(remoting_max_connections=2)
     a, b = Client(endpoint), Client(endpoint)
@@ -292,6 +296,7 @@ def test_max_connections(rserver, caplog):
     assert b.call(cluster_info()).code == 0
 
 
+@pytest.mark.single_process("injects the server's clock")
 def test_idle_connections_are_closed(rserver):
     # The server's clock is the test's: a loaded machine can delay a call by seconds, and
     # then a real 1.5 s timeout would close the busy connection too.
@@ -316,6 +321,7 @@ def test_idle_connections_are_closed(rserver):
     assert busy.closed_by_server(timeout=10)
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_dribbling_connection_is_bounded_and_blocks_nobody(rserver):
     srv, listener, endpoint = rserver(max_message_bytes=4096)
     silent = Client(endpoint)  # opens and never sends
@@ -352,7 +358,7 @@ def test_zns1_watcher_sees_remoting_broker_come_and_go(rserver):
     broker.close()
     _, event = watcher.next_event(lambda ch, ev: ch.startswith(b"broker/"))
     assert (event.change, event.reason) == ("removed", "disconnected")
-    assert srv.server.service.table.broker_count() == 0
+    assert watcher.ok("status").brokers == 0
     watcher.close()
 
 
@@ -457,11 +463,13 @@ def test_namesrv_config_shows_the_bound_endpoints(rserver):
     """GET_NAMESRV_CONFIG shows where the server listens (the Java NameServer shows its bound
     listenPort), not the configured `*` or port 0 (seen with mqadmin getNamesrvConfig)."""
     srv, listener, endpoint = rserver()
-    shown = listener.service.properties
+    reply = Client(endpoint).call(RemotingCommand(code=319, version=479))  # GET_NAMESRV_CONFIG
+    shown = dict(line.split("=", 1) for line in reply.body.decode().splitlines())
     assert (shown["router"], shown["pub"], shown["remoting"]) == (srv.router, srv.pub, endpoint)
     assert not endpoint.endswith(":0") and "*" not in shown["router"] + shown["pub"]
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_a_connection_that_only_sends_one_way_requests_is_not_idle(rserver):
     srv, listener, endpoint = rserver()
     listener.policy.idle_timeout_ms = 1500
@@ -487,7 +495,7 @@ def test_requests_before_a_bad_frame_are_answered_before_the_close(rserver):
 
 
 def test_a_star_endpoint_listens_on_every_interface(make_server):
-    endpoint = make_server(remoting="*:0").server.remoting.endpoint
+    endpoint = make_server(remoting="*:0").remoting
     port = endpoint.rsplit(":", 1)[1]
     assert endpoint == f"0.0.0.0:{port}"
     for host in ("127.0.0.1", "127.0.0.2"):
@@ -505,8 +513,8 @@ def test_namesrv_config_shows_booleans_as_java_does(rserver):
 
 
 def test_closing_the_server_closes_the_listener_and_its_connections(tmp_path):
-    srv = ThreadedServer(tmp_path, remoting="127.0.0.1:0")
-    endpoint = srv.server.remoting.endpoint
+    srv = served(tmp_path, remoting="127.0.0.1:0")
+    endpoint = srv.remoting
     client = Client(endpoint)
     assert client.call(cluster_info()).code == 0
     srv.stop()
@@ -538,7 +546,7 @@ def test_a_zeromq_client_at_the_remoting_port_is_told_where_zns1_is(make_server)
     from zns.drivers.requests import call
 
     srv = make_server(remoting="127.0.0.1:0")
-    wrong = f"tcp://{srv.server.service.remoting_endpoint}"
+    wrong = f"tcp://{srv.remoting}"
     with pytest.raises(BadRequest, match=rf"ZNS/1 requests go to {srv.router} "
                                          rf"\(export ZNS_ADDR={srv.router}\)"):
         call(wrong, Status(), timeout=10)
@@ -571,6 +579,7 @@ class CountingDict(dict):
         return super().__iter__()
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_idle_connections_cost_no_pass_a_walk_nor_the_loop_a_poll_entry(rserver):
     # Idle deadlines sit in a heap and connections in the listener's own epoll: with 200
     # idle connections open, serving ZNS/1 requests never walks them (the loop did, every
@@ -598,6 +607,7 @@ def test_idle_connections_cost_no_pass_a_walk_nor_the_loop_a_poll_entry(rserver)
     assert len(srv.server.loop.poll.owners) == owners
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_an_idle_connection_is_closed_at_its_deadline_and_one_that_spoke_is_not(rserver):
     srv, listener, endpoint = rserver()
     listener.policy.idle_timeout_ms = 1500
@@ -615,6 +625,7 @@ def test_an_idle_connection_is_closed_at_its_deadline_and_one_that_spoke_is_not(
         talker.close()
 
 
+@pytest.mark.single_process("sets or reads the remoting listener's internals (its policy, connections or counters)")
 def test_a_source_address_holds_at_most_its_share_of_connections(rserver):
     srv, listener, endpoint = rserver(remoting_max_connections_per_host=3)
     clients = [Client(endpoint) for _ in range(5)]
@@ -632,6 +643,7 @@ def test_a_source_address_holds_at_most_its_share_of_connections(rserver):
             client.close()
 
 
+@pytest.mark.single_process("a buffer budget below what zns serve accepts (1 MiB), and the listener's counters")
 def test_over_the_buffer_budget_a_stalled_frame_goes_before_one_arriving(rserver, caplog):
     # Issue 32 item 2: the shed closed "the connections holding the most", which is a broker
     # whose large registration is arriving. Now the bytes that have waited longest go first.

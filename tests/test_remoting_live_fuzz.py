@@ -196,7 +196,7 @@ def state(peer: Peer) -> tuple:
 def test_fuzz_live_listener(make_server, capsys):
     main = make_server(remoting="127.0.0.1:0", max_message_bytes=MAX_FRAME)
     scratch = make_server(remoting="127.0.0.1:0", max_message_bytes=MAX_FRAME)
-    main_ep, scratch_ep = main.server.remoting.endpoint, scratch.server.remoting.endpoint
+    main_ep, scratch_ep = main.remoting, scratch.remoting
     peer = main.peer()
     peer.ok("register_broker", cluster="DefaultCluster", broker_name="broker-a", broker_id=0,
             broker_addr="127.0.0.1:10911", topics={"TopicTest": {}},
@@ -237,7 +237,7 @@ def test_fuzz_live_listener(make_server, capsys):
     scratch_probe.check()
     elapsed = time.monotonic() - started
     assert state(peer) == before
-    assert main.thread.is_alive() and scratch.thread.is_alive()
+    assert main.never_crashed() and scratch.never_crashed()
     with capsys.disabled():
         print(f"\nfuzz: {counts['inputs']} inputs (live remoting listener, "
               f"{counts['sessions']} connections, {counts['mutated']} mutated golden frames to a "

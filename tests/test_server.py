@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 import zmq
 
-from helpers import LOADED_DEADLINE, Peer, ThreadedServer, register_fields, wait_for
+from helpers import (
+    LOADED_DEADLINE, Peer, SplitServer, ThreadedServer, metric_sum, register_fields, served,
+    wait_for,
+)
 from zns.core import schema
 
 Call = Callable[..., Any]
@@ -99,20 +102,20 @@ class Requester:
         return reply
 
 
-def test_every_op_over_dealer_with_envelope_frames(server: ThreadedServer, ctx: zmq.Context):
+def test_every_op_over_dealer_with_envelope_frames(server: SplitServer, ctx: zmq.Context):
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(server.router)
     exercise_every_op(Requester(dealer, envelope=(b"hop-1", b"", b"\x00\xffhop-2")))
 
 
-def test_every_op_over_req(server: ThreadedServer, ctx: zmq.Context):
+def test_every_op_over_req(server: SplitServer, ctx: zmq.Context):
     req = ctx.socket(zmq.REQ)
     req.connect(server.router)
     exercise_every_op(Requester(req))
 
 
 @pytest.fixture
-def proxy(server: ThreadedServer, ctx: zmq.Context) -> Iterator[str]:
+def proxy(server: SplitServer, ctx: zmq.Context) -> Iterator[str]:
     """A ROUTER/DEALER proxy in a thread in front of the server; yields its endpoint."""
     frontend, backend = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
     control_in, control_out = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
@@ -138,7 +141,7 @@ def test_every_op_through_router_dealer_proxy(proxy: str, ctx: zmq.Context, sock
     exercise_every_op(Requester(sock, envelope))
 
 
-def test_pipelined_dealer_requests_are_matched_by_id(server: ThreadedServer):
+def test_pipelined_dealer_requests_are_matched_by_id(server: SplitServer):
     peer = server.peer()
     peer.ok("register_broker", **register_fields(topics={f"T{i}": {} for i in range(20)}))
     sent = {}
@@ -187,7 +190,7 @@ def _snapshot_body(peer: Peer) -> bytes:
     ([schema.encode({"id": 3})], "op"),
     ([schema.encode({"op": 5, "id": 3})], "op"),
 ], ids=["not-msgpack", "array", "string", "empty", "no-op", "op-not-str"])
-def test_malformed_bodies_get_bad_request(server: ThreadedServer, frames, needle):
+def test_malformed_bodies_get_bad_request(server: SplitServer, frames, needle):
     peer = server.peer()
     peer.ok("register_broker", **register_fields())
     before = _snapshot_body(peer)
@@ -212,7 +215,7 @@ def test_multi_frame_message_echoes_envelope_and_reads_only_the_last_frame(serve
     assert reply.code == "bad_request" and reply.id == 0
 
 
-def test_unknown_op_keeps_its_id(server: ThreadedServer):
+def test_unknown_op_keeps_its_id(server: SplitServer):
     reply = server.peer().call("make_coffee", id=42)
     assert reply.code == "unknown_op" and reply.id == 42 and "make_coffee" in reply.message
 
@@ -245,6 +248,7 @@ def test_oversized_request_disconnects_the_peer_which_then_reconnects(make_serve
     assert other.call("kv_get", namespace="ns", key="big").code == "not_found"
 
 
+@pytest.mark.single_process("holds a reply in the service (monkeypatched) until its peer is gone")
 def test_vanished_peer_does_not_block_the_loop(server: ThreadedServer, monkeypatch):
     service = server.server.service
     respond = service.respond
@@ -273,7 +277,8 @@ def test_vanished_peer_does_not_block_the_loop(server: ThreadedServer, monkeypat
 
 
 @pytest.mark.timeout(90)
-def test_peer_that_never_reads_does_not_block_the_loop(server: ThreadedServer):
+def test_peer_that_never_reads_does_not_block_the_loop(make_server):
+    server = make_server(metrics="127.0.0.1:0")
     ctx = zmq.Context.instance()
     stuck = ctx.socket(zmq.DEALER)
     stuck.setsockopt(zmq.LINGER, 0)
@@ -288,7 +293,8 @@ def test_peer_that_never_reads_does_not_block_the_loop(server: ThreadedServer):
         # buffers fill long before 5000 of them, after which replies must be dropped.
         for _ in range(5000):
             stuck.send(request)
-        wait_for(lambda: other.ok("status") and server.server.dropped_replies > 0, timeout=30)
+        wait_for(lambda: other.ok("status") and metric_sum(server, "zns_dropped_replies_total"),
+                 timeout=30)
         for _ in range(10):
             assert other.ok("kv_get", namespace="ns", key="k").value == "v" * 16_000
     finally:
@@ -346,6 +352,7 @@ class SteppedClock:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.single_process("injects the server's clock")
 def test_stall_moves_deadlines_with_an_injected_clock(tmp_path):
     clock = SteppedClock()
     srv = ThreadedServer(tmp_path, server_kwargs={"clock": clock})
@@ -424,6 +431,7 @@ def test_stall_of_the_process_does_not_evict_brokers(process_server):
 # --- internal errors ----------------------------------------------------------
 
 
+@pytest.mark.single_process("makes the service's read raise (monkeypatched)")
 def test_internal_error_is_replied_logged_and_survived(server: ThreadedServer, monkeypatch,
                                                        caplog):
     service = server.server.service
@@ -446,6 +454,7 @@ def test_internal_error_is_replied_logged_and_survived(server: ThreadedServer, m
     assert peer.ok("status").brokers == 1
 
 
+@pytest.mark.single_process("makes the service's publishing raise (monkeypatched)")
 def test_bug_while_publishing_is_internal_too(server: ThreadedServer, monkeypatch):
     service = server.server.service
     publish = service._publish
@@ -462,7 +471,7 @@ def test_bug_while_publishing_is_internal_too(server: ThreadedServer, monkeypatc
     assert peer.ok("status").epoch == service.epoch  # still serving
 
 
-def test_reconnecting_peer_with_the_same_routing_id_takes_over(server: ThreadedServer,
+def test_reconnecting_peer_with_the_same_routing_id_takes_over(server: SplitServer,
                                                                 ctx: zmq.Context):
     first = ctx.socket(zmq.DEALER)
     first.setsockopt(zmq.ROUTING_ID, b"broker-a-agent")
@@ -476,7 +485,7 @@ def test_reconnecting_peer_with_the_same_routing_id_takes_over(server: ThreadedS
 
 
 @pytest.mark.timeout(60)
-def test_burst_of_one_large_broker_reaches_a_slow_subscriber(server: ThreadedServer):
+def test_burst_of_one_large_broker_reaches_a_slow_subscriber(server: SplitServer):
     topics = 10_000  # ten times the default high-water mark of 1000
     peer = server.peer()
     peer.subscribe(schema.ROUTE_PREFIX, schema.HB_CHANNEL)
@@ -491,6 +500,7 @@ def test_burst_of_one_large_broker_reaches_a_slow_subscriber(server: ThreadedSer
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.single_process("an inproc:// events socket (no kernel buffers): one process only")
 def test_pub_hwm_bounds_what_a_subscriber_behind_is_sent(tmp_path):
     # inproc: no kernel buffers, so a pipe holds exactly what the marks allow.
     pub = f"inproc://zns-test-pub-hwm-{id(tmp_path)}"
@@ -530,12 +540,11 @@ def test_pub_hwm_bounds_what_a_subscriber_behind_is_sent(tmp_path):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("host, warned", [("[::1]", False), ("127.0.0.2", False), ("0.0.0.0", True)])
-def test_only_a_non_loopback_bind_warns_about_plain_text(tmp_path, caplog, host: str, warned: bool):
-    with caplog.at_level(logging.WARNING, logger="zns"):
-        try:
-            srv = ThreadedServer(tmp_path, router=f"tcp://{host}:*")
-        except Exception as exc:  # pragma: no cover - a machine without IPv6 loopback
-            pytest.skip(f"cannot bind {host}: {exc}")
-        srv.stop()
-    warnings = [r.getMessage() for r in caplog.records if "without CURVE" in r.getMessage()]
+def test_only_a_non_loopback_bind_warns_about_plain_text(tmp_path, host: str, warned: bool):
+    try:
+        srv = served(tmp_path, router=f"tcp://{host}:*")
+    except Exception as exc:  # pragma: no cover - a machine without IPv6 loopback
+        pytest.skip(f"cannot bind {host}: {exc}")
+    srv.stop()  # its worker had bound and logged: SplitServer waits for its serving line
+    warnings = [line for line in srv.output().splitlines() if "without CURVE" in line]
     assert bool(warnings) == warned, warnings

@@ -131,6 +131,7 @@ def _closed(sock: socket.socket) -> bool:
         return True
 
 
+@pytest.mark.single_process("the server's memory is the test process's RSS, and the budget's held bytes are read from it")
 def test_a_subscriber_of_2000_distinct_kib_subscriptions_is_cut_and_memory_stays_bounded(
         make_server):
     srv: ThreadedServer = make_server()
@@ -156,6 +157,7 @@ def test_a_subscriber_of_2000_distinct_kib_subscriptions_is_cut_and_memory_stays
     assert other.next_event(timeout=5)  # everyone else is still served
 
 
+@pytest.mark.single_process("reads the events budget's cuts at once (a split server's /metrics shows them a report interval late)")
 def test_a_client_following_3000_long_topics_works_within_the_budget(make_server):
     srv: ThreadedServer = make_server()
     peer = srv.peer()
