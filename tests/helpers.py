@@ -323,7 +323,13 @@ class ProcessServer:
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        line = wait_for(self._serving_line, timeout=3 * LOADED_DEADLINE)  # a whole interpreter
+        try:
+            line = wait_for(self._serving_line, timeout=3 * LOADED_DEADLINE)  # a whole interpreter
+        except BaseException:  # a start that failed or timed out leaves no server running
+            self.proc.kill()  # the state process; its workers stop when their channel closes
+            self.proc.wait(15)
+            self.log.close()
+            raise
         words = line.split()
         self.router = words[words.index("on") + 1].rstrip(",")
         self.pub = words[words.index("events") + 2]
