@@ -61,7 +61,7 @@ def _worker(sock: socket.socket) -> int:
     published = [0]
     link = ReplicaLink(
         sock, Replica(),
-        apply=lambda seq, command: (applied.__setitem__(0, seq), [EVENT])[1],
+        apply=lambda seq, command, produce: (applied.__setitem__(0, seq), [EVENT] if produce else [])[1],
         load=lambda seq, dump: applied.__setitem__(0, seq),
         publish=lambda seq, events: published.__setitem__(0, published[0] + len(events)),
     )

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import zmq
+import zmq.auth.thread
 from zmq.auth.thread import ThreadAuthenticator
 
 from helpers import register_fields
 from zns.core import schema
 from zns.core.errors import KeyFileError, NoPermission
-from zns.drivers import security as security_module
 from zns.drivers.security import (
     ZAP_DOMAIN, Security, _public_keys, client_keys, curve_client,
     curve_context, load_policy, read_certificate, write_keypair,
@@ -226,7 +226,7 @@ def test_start_runs_zap_and_stop_ends_it(tmp_path, ctx, caplog, monkeypatch):
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(security_module, "ThreadAuthenticator", Recorded)
+    monkeypatch.setattr(zmq.auth.thread, "ThreadAuthenticator", Recorded)  # imported when CURVE starts
     security = Security(write_keypair(tmp_path, "server")[1], clients="listed")
     security.stop()  # never started: nothing to stop
     with caplog.at_level(logging.INFO, logger="zns"):

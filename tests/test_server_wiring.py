@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 import zmq
+import zmq.auth.thread
 from zmq.auth.thread import ThreadAuthenticator
 
 from zns.core.config import ServerConfig
 from zns.core.errors import EndpointError
 from zns.drivers import server as server_module
 from zns.drivers.heap import TRIM_AFTER_EVENTS
-from zns.drivers import security as security_module
 from zns.drivers.security import read_certificate, write_keypair
 from zns.drivers.server import FREED_TRIM_BYTES, MAX_SUBSCRIPTION_BYTES, Server, is_loopback
 
@@ -479,7 +479,7 @@ def test_the_key_directories_reach_security(tmp_path, made, monkeypatch):
             started.append(self)
             super().start()
 
-    monkeypatch.setattr(security_module, "ThreadAuthenticator", Recorded)
+    monkeypatch.setattr(zmq.auth.thread, "ThreadAuthenticator", Recorded)  # imported when CURVE starts
     srv = make(made, config(tmp_path, curve_secret=secret, brokers_keys=str(dirs[0]),
                             admins_keys=str(dirs[1]), clients_keys=str(dirs[2]), clients="listed"))
     policy = srv.security.policy
