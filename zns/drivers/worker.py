@@ -112,7 +112,8 @@ class ReplicaService(NameService):
 
     def apply_command(self, seq: int, command: bytes, produce: bool) -> list[bytes]:
         """Apply the state process's command `seq`; if `produce`, its events as [channel,
-        body, ...] (else the state process shipped them: they are not even encoded here)."""
+        body, ...] (else the state process shipped them: their frames are not made here,
+        though their routes' lists are still encoded, by `NameService._publish`)."""
         _, frames = NameService.apply(self, decode_command(command))
         return [part for frame in frames for part in frame] if produce else []
 
