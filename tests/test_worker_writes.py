@@ -306,7 +306,7 @@ def test_a_forwarded_write_larger_than_the_channel_buffer_goes_on_as_the_state_p
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     theirs.setblocking(False)
-    link = ReplicaLink(ours, Replica(), apply=lambda seq, command: [],
+    link = ReplicaLink(ours, Replica(), apply=lambda seq, command, produce: [],
                        load=lambda seq, dump: None, publish=lambda seq, events: None)
     source = ReplicaSource(link, ForwardedWrites(timeout_ms=30_000), lambda: None)
     poll = PollSet()
