@@ -306,7 +306,7 @@ def test_a_forwarded_write_larger_than_the_channel_buffer_goes_on_as_the_state_p
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     theirs.setblocking(False)
-    link = ReplicaLink(ours, Replica(), apply=lambda seq, command: [],
+    link = ReplicaLink(ours, Replica(), apply=lambda seq, command, produce: [],
                        load=lambda seq, dump: None, publish=lambda seq, events: None)
     source = ReplicaSource(link, ForwardedWrites(timeout_ms=30_000), lambda: None)
     poll = PollSet()
@@ -335,6 +335,49 @@ def test_a_forwarded_write_larger_than_the_channel_buffer_goes_on_as_the_state_p
         token, request)
     ours.close()
     theirs.close()
+
+
+def test_a_worker_whose_replica_fails_to_apply_a_command_stops():
+    # The replica acknowledges a batch before applying it (the fence moves on at once:
+    # zns.core.replication), so a worker that then fails to apply a command (a bug, or a
+    # Renew of what its replica does not hold) must not serve on: other workers would
+    # publish that command's events while this one answers from a state without it, and
+    # its later events would wait behind the one never produced. It stops, and the state
+    # process starts another from a state transfer. Before, the loop logged the exception
+    # and the worker carried on.
+    import socket
+
+    from zns.core.forwarding import ForwardedWrites
+    from zns.core.replication import Ack, Apply, Replica, State, decode_to_primary, encode
+    from zns.drivers.replication_link import HEADER, ReplicaLink
+    from zns.drivers.worker import ReplicaSource
+
+    def apply(seq: int, command: bytes, produce: bool) -> list[bytes]:
+        raise RuntimeError("a bug while applying")
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    link = ReplicaLink(ours, Replica(), apply=apply, load=lambda seq, dump: None,
+                       publish=lambda seq, events: None)
+    stopped: list[bool] = []
+    source = ReplicaSource(link, ForwardedWrites(timeout_ms=30_000), lambda: stopped.append(True))
+    for message in (State(seq=0, dump=b""), Apply(seq=1, command=b"command", events=None)):
+        body = encode(message)
+        theirs.sendall(HEADER.pack(len(body)) + body)
+    wait_for(lambda: select_readable(ours))
+    source.run({}, 0, 10**9)
+    assert stopped == [True] and source.failed  # the worker exits with code 1
+    # It had acknowledged the command before applying it: the reason it must stop.
+    received = theirs.recv(1 << 16)
+    (size,) = HEADER.unpack_from(received)
+    assert decode_to_primary(received[HEADER.size:HEADER.size + size]) == Ack(1)
+    ours.close()
+    theirs.close()
+
+
+def select_readable(sock: Any) -> bool:
+    import select
+
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 # --- a forwarded write is decoded once: finished from what its first decode produced -------

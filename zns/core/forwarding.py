@@ -10,7 +10,8 @@ finishes the request from where its write left off (`WriteInFlight.resume`):
 the request is decoded once, and the reply is built by exactly the code that
 builds it in a single process. What a parked write keeps is only what its
 reply needs (its id and op, the remoting command it answers, the sender of an
-audit line), never its decoded request: a decoded registration takes several
+audit line, a registration's broker names for the line of a refusal), never
+its decoded request: a decoded registration takes several
 times its bytes.
 
 This object holds what that needs, and decides the two bounds:

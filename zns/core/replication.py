@@ -55,16 +55,18 @@ replica acknowledges a batch, and publishes the events the fence already passed,
 after that anyway, and the fence (and the subscribers) need not wait for the
 applying. The events come with the command: the primary's state machine made
 them when it executed it, and `Apply` carries them encoded (`shipped_events`:
-up to MAX_SHIPPED_EVENT_BYTES; the replica of a command whose events were
-larger produces its own as it applies it, and its events and every later
-command's wait for that). A replica's state machine is deterministic (the same
+up to MAX_SHIPPED_EVENT_BYTES, and the state process ships none of a command
+that made more than MAX_SHIPPED_EVENTS; the replica of a command whose events
+were not shipped produces its own as it applies it, and its events and every
+later command's wait for that). A replica's state machine is deterministic (the same
 commands give the same events): the events shipped are the ones it would make.
 
 A lone worker need not wait for that round trip (its `Ack`, then the `Fence`):
 each `Apply` carries the fence as it will be once its worker applied it, as far
 as the primary knows when sending it: the lowest seq every *other* worker has
 acknowledged, capped at the command's own seq. With one worker that is the
-command's seq, so the worker publishes the event as it applies it. A worker
+command's seq, so the worker publishes the event as it receives the command
+(before applying it, in the same turn). A worker
 that joins later counts at once at the seq of its state, so every command sent
 after the join carries a fence no higher than that seq, and the first worker
 waits for the `Fence` again.
@@ -74,9 +76,10 @@ executes it (`Execute`) and returns the reply with the seq of the command it
 made (`Primary.answer`); the replica hands the reply out only once it has
 applied that seq.
 
-Acknowledgements are batched: the replica acknowledges once per `actions()`
-call (the driver calls it once per batch of messages it drained), with the
-highest seq received, never on a timer.
+Acknowledgements are batched: the replica acknowledges at most once per batch
+of messages the driver drained (the driver feeds them all, then calls
+`actions()` until it returns nothing; only the first call after a batch has a
+seq to acknowledge), with the highest seq received, never on a timer.
 """
 
 from __future__ import annotations

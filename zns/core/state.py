@@ -43,8 +43,10 @@ commands in the same order and hold the same state, as Redis feeds its replicas)
   carries in its outcome the `Renew` that stands for it (`Outcome.renewal`), and
   the state process replicates that instead of the whole registration: applied
   to the same state it leaves the same state (the same dump) and the same
-  outcome, in O(1). Whoever changes what a registration may change keeps
-  `renews_only` and `RouteTable.renew` exact: tests/test_state.py feeds one
+  outcome, in time independent of the topics it listed (a remoting one's
+  outcome still copies the ORDER_TOPIC_CONFIG entries). Whoever changes what a
+  registration may change keeps `renews_only` and `RouteTable.renew` exact:
+  tests/test_state.py feeds one
   machine the registrations and another their renewals and compares every
   outcome and the dumps.
 - **The whole state dumps and loads** (`dump`, `load`: zns.core.state_dump): a
@@ -147,7 +149,8 @@ class Renew(Command, tag="renew", frozen=True):
     the address heard at `now` with this timeout and DataVersion, tied to `connection`
     (None: untied) as the registration ties it. It leaves the state as the registration
     left it and has the same outcome, in a few dictionary operations however many topics
-    the registration listed. Made by a machine, never sent by a peer: one that does not
+    the registration listed (over remoting, plus a copy of the ORDER_TOPIC_CONFIG entries
+    its outcome carries). Made by a machine, never sent by a peer: one that does not
     hold the address at this id raises UsageError, having changed nothing."""
 
     id: int  # the registration's request id, for the same reply

@@ -5,7 +5,10 @@ a `NameService`), the KV file, the expiry and stall timers, the warm-state
 writer. Every command its state machine applies (a forwarded write, an expiry
 step, a stall shift, a peer's hint that shortened a deadline) is numbered and
 sent to every worker
-(`zns.core.replication.Primary` behind `PrimaryLink`). It forks the workers
+(`zns.core.replication.Primary` behind `PrimaryLink`), with the events it made
+when they are few enough to ship (else each worker's replica makes its own); a
+registration that changed nothing but liveness is sent as its `Renew`
+(zns.core.state). The state process publishes no event and answers no read. It forks the workers
 (zns.drivers.worker) and keeps N of them alive (`zns.core.workers.WorkerPool`):
 one that dies is out of the commit fence at once (its channel reads EOF) and
 replaced.

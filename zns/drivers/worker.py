@@ -17,9 +17,12 @@ SO_REUSEPORT beside the other workers. Its replica is fed the state process's co
   connection's later requests wait behind its write, so each connection is
   answered in order. At most `ForwardedWrites.max_in_flight` writes are out
   at once (past it: `busy`), each for at most WRITE_TIMEOUT_MS (then: `busy`);
-- **events** are made by the replica as it applies each command and published
-  to this worker's subscribers only once the commit fence has passed that
-  command (every live worker applied it: zns.core.replication);
+- **events** come with each command, made by the state process (the replica
+  makes its own only for a command whose events were too many to ship), and
+  are published to this worker's subscribers only once the commit fence has
+  passed that command (every live worker applied it: zns.core.replication),
+  usually as the command arrives, before the replica applies it in the same
+  turn;
 - the **remoting listener** (when configured) shares its port too; its
   connection ids start at `worker << CONNECTION_ID_BITS`, and the connections
   that close are forwarded as one `CloseConnections` command;
@@ -32,7 +35,9 @@ SO_REUSEPORT beside the other workers. Its replica is fed the state process's co
   so a hint every worker took changes the state once.
 
 A worker whose state process is gone stops (nothing to follow); systemd or the
-caller restarts the whole.
+caller restarts the whole. A worker whose replica fails to apply a command
+stops too (it acknowledged the command already), and the state process starts
+another in its place.
 """
 
 from __future__ import annotations
@@ -107,7 +112,8 @@ class ReplicaService(NameService):
 
     def apply_command(self, seq: int, command: bytes, produce: bool) -> list[bytes]:
         """Apply the state process's command `seq`; if `produce`, its events as [channel,
-        body, ...] (else the state process shipped them: they are not even encoded here)."""
+        body, ...] (else the state process shipped them: their frames are not made here,
+        though their routes' lists are still encoded, by `NameService._publish`)."""
         _, frames = NameService.apply(self, decode_command(command))
         return [part for frame in frames for part in frame] if produce else []
 
@@ -228,6 +234,7 @@ class ReplicaSource:
     def __init__(self, link: ReplicaLink, writes: ForwardedWrites,
                  gone: Callable[[], None]) -> None:
         self._link, self._writes, self._gone = link, writes, gone
+        self.failed = False  # its replica failed to apply a command (then it stops)
         self._poll: PollSet | None = None
         self._flags = 0  # what the channel is polled for
 
@@ -260,6 +267,14 @@ class ReplicaSource:
             self._link.run()
         except (ConnectionLost, msgspec.DecodeError) as exc:
             log.error("worker: the state process is gone (%s); stopping", exc)
+            self._gone()
+        except Exception:
+            # Its replica acknowledged the batch before applying it (zns.core.replication):
+            # one that failed to apply a command must not answer from a state without it,
+            # nor hold every later event behind one never produced. Another worker, started
+            # from a state transfer, takes its place.
+            log.exception("worker: a bug while applying the state process's commands; stopping")
+            self.failed = True  # the worker exits with code 1: replaced at once
             self._gone()
         self._writes.on_timer(now)
 
@@ -374,10 +389,10 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket, started_at
         log.error("no state from the state process (%s)", exc)  # named by the filter
         return 1
     reporter = _Reporter(link, lambda: service.gone())
+    replicating = ReplicaSource(link, service.forwarded, lambda: service.gone())
     server = WorkerServer(config, worker, context=zmq.Context(), service=service,
                           reuse_port=True, first_connection_id=(worker << CONNECTION_ID_BITS) + 1,
-                          extra_sources=[ReplicaSource(link, service.forwarded,
-                                                       lambda: service.gone()), reporter])
+                          extra_sources=[replicating, reporter])
     server.overview = service.overview
     reporter.server = server
     service.gone = server.stop
@@ -385,7 +400,7 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket, started_at
         server.outbox.put(frames)
     log.info("loaded the state at seq %d (pid %d)", link.replica.applied, os.getpid())
     server.run()
-    return 0
+    return 1 if replicating.failed else 0
 
 
 def name_worker_lines(worker: int) -> None:
