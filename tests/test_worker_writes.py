@@ -485,6 +485,28 @@ def test_a_forwarded_remoting_write_is_decoded_once(
     assert not service.forwarded.ready
 
 
+def test_a_remoting_connection_closed_with_its_answered_write_unresumed_leaves_no_answer(
+        worker_listener: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A parked write whose answer came while its connection could not be answered (over its
+    # unsent replies: it waits for them to drain) is out of the listener's waiting list; if
+    # the connection then closed, its answer stayed in `ready` for good, one per such close.
+    from test_remoting_listener import register_cmd
+
+    service, listener, client = worker_listener
+    client.send(register_cmd(topics=("T1",)))
+    wait_for(lambda: (listener.run({}, 1000, 10**9), service.forwarded.in_flight == 1)[1])
+    monkeypatch.setattr(listener.policy, "may_answer", lambda unsent: False)
+    (entry,) = listener.connections.values()
+    entry.unsent += b"\0" * (8 << 20)  # replies the client has not read (never drained here)
+    _answer_register(service, 1)
+    listener.run({}, 1000, 10**9)  # resumed, but not answered: the policy says wait
+    assert service.forwarded.ready
+    client.close()  # with replies unread: a reset, so the listener's next send fails
+    wait_for(lambda: (listener.run({}, 1000, 10**9), not listener.connections)[1])
+    listener.run({}, 1000, 10**9)
+    assert not service.forwarded.ready
+
+
 def test_a_parked_write_keeps_what_its_reply_needs_not_its_decoded_request(
         worker_router: tuple[Any, Any, zmq.Socket], ctx: zmq.Context) -> None:
     # docs/operations.md: besides the bytes the router counts, each parked write keeps at

@@ -524,6 +524,11 @@ class RemotingListener:
             pass
         entry.sock.close()
         entry.pending.clear()
+        if entry.token is not None:
+            # Its parked write is done with once answered (_resume_ready drops a closed
+            # connection's answer); one answered while the connection waited for its unsent
+            # replies to drain is already out of the waiting list, and would stay in `ready`.
+            self._waiting[entry.token] = entry
         self._closed.append(entry.conn.conn_id)
 
 
