@@ -259,11 +259,11 @@ class RouteTable:
         other. Then the registration makes no revision and no event, and `renew` does
         exactly what it does."""
         name, addr = req.broker_name, req.broker_addr
-        rec = self._brokers.get(name)
-        live = self._live.get(req.cluster, addr)
-        if (rec is None or live is None or name not in live.names or rec.zone != req.zone
-                or rec.addrs.get(req.broker_id) != addr
-                or rec.addr_cluster.get(addr) != req.cluster or live.ha_addr != req.ha_addr
+        held_at = self._held_at(req.cluster, name, addr, req.broker_id)
+        if held_at is None:
+            return False
+        rec, live = held_at
+        if (rec.zone != req.zone or live.ha_addr != req.ha_addr
                 or self._filter_servers.get((req.cluster, addr), []) != req.filter_servers):
             return False
         if not self._is_topic_source(rec, req.broker_id):
@@ -285,15 +285,25 @@ class RouteTable:
         (master address, its HA address). UsageError for an address the name does not hold
         at this id (a registration `renews_only` could not have accepted), changing
         nothing."""
+        held_at = self._held_at(cluster, name, addr, broker_id)
+        if held_at is None:
+            raise UsageError(f"no renewal of {cluster}/{name} id {broker_id} at {addr}: "
+                             f"not held so")
+        rec, live = held_at
+        self._heard_registration(cluster, addr, name, now, timeout_ms, data_version,
+                                 live.ha_addr)
+        return self._master_of(rec, broker_id)
+
+    def _held_at(self, cluster: str, name: str, addr: str,
+                 broker_id: int) -> tuple[BrokerRecord, Liveness] | None:
+        """The name's record and the address's liveness when the name holds `addr` at
+        `broker_id` in `cluster` and the address is alive for it (None: not so)."""
         rec = self._brokers.get(name)
         live = self._live.get(cluster, addr)
         if (rec is None or live is None or name not in live.names
                 or rec.addrs.get(broker_id) != addr or rec.addr_cluster.get(addr) != cluster):
-            raise UsageError(f"no renewal of {cluster}/{name} id {broker_id} at {addr}: "
-                             f"not held so")
-        self._heard_registration(cluster, addr, name, now, timeout_ms, data_version,
-                                 live.ha_addr)
-        return self._master_of(rec, broker_id)
+            return None
+        return rec, live
 
     def heartbeat(
         self, cluster: str, name: str, addr: str, data_version: DataVersion, now: int
