@@ -237,18 +237,9 @@ class NameService:
             response = Response(encode(reply), request.id, (), request_op(request))
             self.ok_counts[type(request)] += 1
             return response
-        except ErrorReply as exc:
-            if isinstance(exc, Internal):
-                log.error("internal error on %s: %s", type(request).__name__, exc)
-            op = request_op(request)
-            self.error_counts[op, exc.code] += 1
-            return Response(encode(exc.reply(request.id)), request.id, (), op)
-        except Exception:
-            log.exception("bug while handling %s", quote(request, 300))
-            op = request_op(request)
-            self.error_counts[op, Internal.code] += 1
-            return Response(encode(Internal("internal error; see the server log").reply(request.id)),
-                            request.id, (), op)
+        except Exception as exc:
+            return self._refused(request.id, request_op(request), type(request), exc,
+                                 lambda: quote(request, 300))
 
     def _respond_write(self, request: WriteRequest, now: int, peer_key: str | None,
                        peer: Any) -> Response:
@@ -282,17 +273,26 @@ class NameService:
             response = Response(encode(reply), request_id, frames, op)
             self.ok_counts[kind] += 1
             return response
-        except ErrorReply as exc:
+        except Exception as exc:
+            return self._refused(
+                request_id, op, kind, exc,
+                lambda: quote(request, 300) if request is not None
+                else f"{kind.__name__}(id={request_id}) once its write was answered")
+
+    def _refused(self, request_id: int, op: str, kind: type, exc: Exception,
+                 named: Callable[[], str]) -> Response:
+        """The response to a decoded request that `exc` ended: an ErrorReply is its reply;
+        anything else is a bug, logged with the request as `named()` says and answered
+        `internal`. Either is counted by op and code."""
+        if isinstance(exc, ErrorReply):
             if isinstance(exc, Internal):
                 log.error("internal error on %s: %s", kind.__name__, exc)
-            self.error_counts[op, exc.code] += 1
-            return Response(encode(exc.reply(request_id)), request_id, (), op)
-        except Exception:
-            log.exception("bug while handling %s", quote(request, 300) if request is not None
-                          else f"{kind.__name__}(id={request_id}) once its write was answered")
-            self.error_counts[op, Internal.code] += 1
-            return Response(encode(Internal("internal error; see the server log").reply(
-                request_id)), request_id, (), op)
+            error = exc
+        else:
+            log.error("bug while handling %s", named(), exc_info=exc)
+            error = Internal("internal error; see the server log")
+        self.error_counts[op, error.code] += 1
+        return Response(encode(error.reply(request_id)), request_id, (), op)
 
     def execute(self, request: AnyRequest, now: int,
                 connection: int | None = None) -> tuple[Reply, Sequence[Frames]]:
