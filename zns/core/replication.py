@@ -496,14 +496,15 @@ class Primary:
         follower = self._workers[worker]
         if follower.transfer is not None:
             return
+        # What the other workers have applied does not move while this one is pumped.
+        others = min((f.applied for w, f in self._workers.items() if w != worker),
+                     default=self.seq)
         while follower.sent < self.seq and follower.sent - follower.applied < self.window:
             first = self._tail[0][0] if self._tail else self.seq + 1
             if follower.sent + 1 < first:
                 self._transfer(worker)
                 return
             seq, command, events = self._tail[follower.sent + 1 - first]
-            others = min((f.applied for w, f in self._workers.items() if w != worker),
-                         default=seq)
             self._actions.append(Deliver(worker, Apply(seq, command, min(seq, others), events)))
             if follower.sent == follower.applied:
                 follower.waiting_since = self._now
