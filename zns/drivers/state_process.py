@@ -438,6 +438,10 @@ class _Expiry:
         self.timers.on_timer(now, 0)  # the events are the workers' to publish (shipped: apply)
 
 
+# Plain ints: or-ing zmq's flag enums on every pass costs more than the rest of it.
+_READ, _READ_WRITE = int(zmq.POLLIN), int(zmq.POLLIN | zmq.POLLOUT)
+
+
 class _Links:
     """Every worker's channel: what they sent, and writing what is pending."""
 
@@ -463,7 +467,7 @@ class _Links:
         """Poll every channel for reading, and for writing while bytes are pending."""
         poll = self._poll
         assert poll is not None
-        wanted = {c.fileno(): zmq.POLLIN | (zmq.POLLOUT if c.pending else 0)
+        wanted = {c.fileno(): _READ_WRITE if c.pending else _READ
                   for c in self._link.channels.values()}
         for fd in [fd for fd in self._watched if wanted.get(fd) != self._watched[fd]]:
             poll.unregister(fd)
