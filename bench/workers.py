@@ -27,10 +27,13 @@ import json
 import multiprocessing
 import os
 import re
+import select
 import signal
 import socket
 import statistics
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -675,6 +678,12 @@ def run_lag(config: RunConfig) -> BenchResult:
         figures.append(Figure("background registrations answered", "req/s", rates,
                               note="all servers' rounds together: whether the load was met"))
     push = {w: push_latency.measure(config, p.push, "--workers", str(w)) for w in (0, 1, 2)}
+    hops = [process_round_trips(p.push.changes) for _ in range(config.rounds)]
+    for q in (50, 99):
+        figures.append(Figure(
+            f"bare round trip between two Python processes over a socketpair, p{q}", "µs",
+            [percentile(h, q) * 1e6 for h in hops],
+            note="the least a forwarded write's two hops (worker → state → worker) add"))
     for workers in (1, 2):
         for before, after in zip(push[0], push[workers]):
             if "max" in before.name:
@@ -691,6 +700,51 @@ def run_lag(config: RunConfig) -> BenchResult:
                                subs=", ".join(map(str, p.push.subscribers)))
     return BenchResult("workers_lag", "Workers: replication lag and push latency", method,
                        figures)
+
+
+# The other end of `process_round_trips`: echoes each byte until EOF, waiting in poll as a
+# worker and the state process do.
+_ECHO = """
+import os, select, socket, sys
+sock = socket.socket(fileno=int(sys.argv[1]))
+poller = select.poll()
+poller.register(sock.fileno(), select.POLLIN)
+while True:
+    poller.poll()
+    data = sock.recv(64)
+    if not data:
+        break
+    sock.send(data)
+"""
+
+
+def process_round_trips(count: int, gap_s: float = 0.002) -> list[float]:
+    """`count` round trips of one byte to another Python process over an AF_UNIX socketpair
+    (the channel of a worker and the state process), each side waiting in poll, `gap_s`
+    apart (as the push benchmark paces its changes): what two process wake-ups cost here."""
+    ours, theirs = socket.socketpair()
+    echo = subprocess.Popen([sys.executable, "-c", _ECHO, str(theirs.fileno())],
+                            pass_fds=[theirs.fileno()])
+    theirs.close()
+    poller = select.poll()
+    poller.register(ours.fileno(), select.POLLIN)
+    times = []
+    try:
+        ours.send(b"x")  # the echo process started: its first answer
+        poller.poll(10_000)
+        ours.recv(64)
+        for _ in range(count):
+            time.sleep(gap_s)
+            start = time.perf_counter()
+            ours.send(b"x")
+            poller.poll(10_000)
+            if not ours.recv(64):
+                raise BenchError("the echo process of process_round_trips died")
+            times.append(time.perf_counter() - start)
+    finally:
+        ours.close()
+        echo.wait(10)
+    return times
 
 
 LAG_METHOD = """
@@ -712,6 +766,13 @@ Push latency: bench/push_latency.py (its method: one SUB per subscriber socket, 
 changes sent on one connection, the next only after every socket got the previous one; here
 {changes} changes a round, {subs} subscribers) against `--workers 0`, `--workers 1` and
 `--workers 2`; the subscribers' and the sender's connections land wherever the kernel puts them.
+
+The *bare round trip between two Python processes* is the floor of what a forwarded write's
+way adds to a push: one byte sent over an AF_UNIX socketpair to another Python process that
+waits in poll and echoes it, and the answer awaited in poll the same way, {changes} times a
+round, 2 ms apart (so each side has gone to sleep, as between route changes). It is all
+system calls and wake-ups, no Python work: whatever runs between them in zns (decoding,
+applying, encoding) comes on top.
 """
 
 
