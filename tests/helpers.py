@@ -140,7 +140,24 @@ class Peer:
 SINGLE_PROCESS_REASON: str | None = None
 
 
-class ThreadedServer:
+class _PeeredServer:
+    """What both in-test servers share: raw ZNS/1 peers on their endpoints, closed at stop."""
+
+    router: str
+    pub: str
+    peers: list[Peer]
+
+    def peer(self) -> Peer:
+        peer = Peer(self.router, self.pub)
+        self.peers.append(peer)
+        return peer
+
+    def close_peers(self) -> None:
+        for peer in self.peers:
+            peer.close()
+
+
+class ThreadedServer(_PeeredServer):
     """`zns.drivers.server.Server` (`--workers 0`) in a thread of the test process: for the
     tests that read its internals or inject its clock, each marked
     `@pytest.mark.single_process("why")` (docs/development.md, Testing)."""
@@ -189,14 +206,8 @@ class ThreadedServer:
         assert self.server.metrics is not None, "made without metrics="
         return self.server.metrics.port
 
-    def peer(self) -> Peer:
-        peer = Peer(self.router, self.pub)
-        self.peers.append(peer)
-        return peer
-
     def stop(self) -> None:
-        for peer in self.peers:
-            peer.close()
+        self.close_peers()
         self.server.stop()
         self.thread.join(10)
         self._logger.removeHandler(self._log)
@@ -250,7 +261,7 @@ def serve_options(overrides: dict[str, Any]) -> list[str]:
     return options
 
 
-class SplitServer:
+class SplitServer(_PeeredServer):
     """`zns serve` as shipped, with its default workers (a state process and worker
     processes), on ephemeral ports: ThreadedServer's interface for the tests that only speak
     to its endpoints. `overrides` are ServerConfig fields, given as options."""
@@ -298,14 +309,8 @@ class SplitServer:
         assert line is not None
         return int(line.split("): ", 1)[1].split()[0])
 
-    def peer(self) -> Peer:
-        peer = Peer(self.router, self.pub)
-        self.peers.append(peer)
-        return peer
-
     def stop(self) -> None:
-        for peer in self.peers:
-            peer.close()
+        self.close_peers()
         code = self.process.stop()
         assert code == 0, f"zns serve exited {code}: {self.process.output()}"
 
