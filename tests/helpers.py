@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -374,6 +374,39 @@ def register_fields(
     )
     fields.update(extra)
     return fields
+
+
+def register_until(stop: threading.Event, router: str, pub: str, acknowledged: list[str],
+                   prefix: str, reads: Sequence[str] = (), pause_s: float = 0.0) -> None:
+    """Load across a worker's death, until `stop`: registrations one after the other of
+    broker and topic `{prefix}{n}`, each on a new connection (either worker), each followed
+    by a get_route of the next of `reads` (if any), then `pause_s`. A connection that gets
+    no answer (its worker died) is dropped for a new one; a registration refused or a read
+    answered without a route fails (AssertionError); each answered one appends its topic to
+    `acknowledged`."""
+    load_ctx = zmq.Context()
+    n = 0
+    try:
+        while not stop.is_set():
+            peer = Peer(router, pub, load_ctx)
+            try:
+                reply = peer.call("register_broker", timeout=2.0, **register_fields(
+                    broker_name=f"{prefix}{n}", addr=f"10.1.{n // 250}.{n % 250}:10911",
+                    topics={f"{prefix}{n}": {}}))
+                read = (peer.call("get_route", timeout=2.0, topic=reads[n % len(reads)])
+                        if reads else None)
+            except AssertionError:  # no reply: its worker died
+                continue
+            finally:
+                peer.close()
+            assert not isinstance(reply, schema.Error), reply
+            assert read is None or isinstance(read, schema.GetRouteReply), read
+            acknowledged.append(f"{prefix}{n}")
+            n += 1
+            if pause_s:
+                time.sleep(pause_s)
+    finally:
+        load_ctx.destroy(linger=0)
 
 
 # --- a NameService without sockets -------------------------------------------------------------

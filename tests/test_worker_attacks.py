@@ -32,7 +32,9 @@ from typing import Any
 import pytest
 import zmq
 
-from helpers import LOADED_DEADLINE, Peer, ProcessServer, register_fields, wait_for
+from helpers import (
+    LOADED_DEADLINE, Peer, ProcessServer, register_fields, register_until, wait_for,
+)
 from test_peer_resets import (
     LIBZMQ_ASSERTION, _pings_past_the_budget, _pipeline, _reset, _reset_after_pings,
 )
@@ -239,31 +241,12 @@ def test_an_attacked_worker_dies_alone_and_nothing_else_notices(
                     survivor_events.append(schema.decode_event(body))
 
     def load() -> None:
-        """Writes (each on a new connection: a dead worker's is dropped for a new one) and
-        reads of the seeds, until stopped."""
-        load_ctx = zmq.Context()
-        n = 0
+        """Writes and reads of the seeds until stopped; a failure kept for the test's end."""
         try:
-            while not stop.is_set():
-                peer = Peer(server.router, server.pub, load_ctx)
-                try:
-                    reply = peer.call("register_broker", timeout=2.0, **register_fields(
-                        broker_name=f"L{n}", addr=f"10.1.{n // 250}.{n % 250}:10911",
-                        topics={f"L{n}": {}}))
-                    read = peer.call("get_route", timeout=2.0, topic=SEEDS[n % len(SEEDS)])
-                except AssertionError:  # no reply: its worker died
-                    continue
-                finally:
-                    peer.close()
-                assert not isinstance(reply, schema.Error), reply
-                assert isinstance(read, schema.GetRouteReply), read
-                acknowledged.append(f"L{n}")
-                n += 1
-                time.sleep(0.01)  # at most 100 brokers a second: max_brokers is 10,000
+            register_until(stop, server.router, server.pub, acknowledged, "L", reads=SEEDS,
+                           pause_s=0.01)  # at most 100 brokers a second: max_brokers is 10,000
         except BaseException as exc:
             failures.append(exc)
-        finally:
-            load_ctx.destroy(linger=0)
 
     try:
         wait_for(lambda: server.output().count("serving requests on") == workers)

@@ -18,7 +18,9 @@ import pytest
 import zmq
 
 from zns.core import schema
-from helpers import LOADED_DEADLINE, Peer, ProcessServer, register_fields, wait_for
+from helpers import (
+    LOADED_DEADLINE, Peer, ProcessServer, register_fields, register_until, wait_for,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -159,29 +161,6 @@ def test_a_worker_killed_under_load_loses_no_route_and_is_replaced(tmp_path: Pat
     server = ProcessServer(tmp_path, "--workers", "2", "--heartbeat-interval", "0.2")
     acknowledged: list[str] = []
     stop = threading.Event()
-
-    def register_forever() -> None:
-        """Registrations one after the other, each on a new connection (either worker); a
-        connection that gets no answer (its worker died) is dropped for a new one."""
-        load_ctx = zmq.Context()
-        n = 0
-        try:
-            while not stop.is_set():
-                peer = Peer(server.router, server.pub, load_ctx)
-                try:
-                    reply = peer.call("register_broker", timeout=2.0, **register_fields(
-                        broker_name=f"b{n}", addr=f"10.1.{n // 250}.{n % 250}:10911",
-                        topics={f"T{n}": {}}))
-                except AssertionError:  # no reply: its worker was killed
-                    continue
-                finally:
-                    peer.close()
-                assert not isinstance(reply, schema.Error), reply
-                acknowledged.append(f"T{n}")
-                n += 1
-        finally:
-            load_ctx.destroy(linger=0)
-
     try:
         wait_for(lambda: len(children(server.proc.pid)) == 2
                  and server.output().count("serving requests on") == 2)
@@ -189,7 +168,8 @@ def test_a_worker_killed_under_load_loses_no_route_and_is_replaced(tmp_path: Pat
         before = survivor_peer.ok("status")
         survivor_sub = sub_on_worker(server, 2, ctx)
         survivor_sub.subscribe(b"route/")
-        load = threading.Thread(target=register_forever)
+        load = threading.Thread(target=register_until, args=(
+            stop, server.router, server.pub, acknowledged, "T"))
         load.start()
         wait_for(lambda: len(acknowledged) >= 30)
         victim = worker_pid(server, 1)
