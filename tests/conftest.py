@@ -83,6 +83,39 @@ def _forget_repeated_log_lines() -> None:
 
 
 @pytest.fixture
+def serve_in_process(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[Any, Any]]:
+    """`run(*ARGS, env=ENV)` runs `zns serve ARGS` in process with env ENV and no other ZNS_
+    variable, its server (Server, or StateProcess for --workers 1 or more) replaced by one
+    that only keeps its configuration: (click's result, the ServerConfig it was given, or
+    None when the command refused before making a server)."""
+    import zns.cli.serve
+    from click.testing import CliRunner
+    from zns.cli import main as zns_main
+
+    for name in [n for n in os.environ if n.startswith("ZNS_")]:
+        monkeypatch.delenv(name)
+    configs: list[Any] = []
+
+    class Captured:
+        def __init__(self, config: Any) -> None:
+            configs.append(config)
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(zns.cli.serve, "Server", Captured)
+    monkeypatch.setattr(zns.cli.serve, "StateProcess", Captured)
+
+    def run(*args: str, env: dict[str, str] | None = None) -> tuple[Any, Any]:
+        configs.clear()
+        result = CliRunner().invoke(zns_main, ["serve", *args], env=env or {})
+        assert len(configs) <= 1, configs
+        return result, (configs[0] if configs else None)
+
+    return run
+
+
+@pytest.fixture
 def ctx() -> Iterator[zmq.Context]:
     """A ZeroMQ context of the test's own, destroyed after it with whatever sockets it left."""
     context = zmq.Context()

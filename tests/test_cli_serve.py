@@ -19,7 +19,6 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-import zns.cli.serve
 from zns.cli import main as zns_main
 from helpers import Peer, register_fields, wait_for
 from zns import __version__
@@ -47,33 +46,14 @@ def test_help_shows_every_default():
     assert "--config" in text
 
 
-class CapturedServer:
-    """Stands in for Server: records the configuration `zns serve` built."""
-
-    configs: list[ServerConfig] = []
-
-    def __init__(self, config: ServerConfig) -> None:
-        self.configs.append(config)
-
-    def run(self) -> None:
-        pass
-
-
 @pytest.fixture
-def serve_config(monkeypatch) -> Callable[..., ServerConfig]:
+def serve_config(serve_in_process) -> Callable[..., ServerConfig]:
     """Run `zns serve ARGS` with env ENV in process; return the ServerConfig it built."""
-    for name in list(os.environ):
-        if name.startswith("ZNS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setattr(zns.cli.serve, "Server", CapturedServer)
-    monkeypatch.setattr(zns.cli.serve, "StateProcess", CapturedServer)  # --workers 1 or more
-    CapturedServer.configs.clear()
 
     def run(*args: str, env: dict[str, str] | None = None) -> ServerConfig:
-        CapturedServer.configs.clear()
-        result = CliRunner().invoke(zns_main, ["serve", *args], env=env or {})
+        result, config = serve_in_process(*args, env=env)
         assert result.exit_code == 0, result.output
-        [config] = CapturedServer.configs
+        assert config is not None
         return config
 
     return run
@@ -139,12 +119,12 @@ def test_precedence_cli_over_env_over_file(serve_config, tmp_path: Path):
     ('router = \n', "cannot read"),
     ('heartbeat_interval = "fast"\n', "fast"),
 ])
-def test_bad_config_file_is_refused_clearly(serve_config, tmp_path: Path, content, needle):
+def test_bad_config_file_is_refused_clearly(serve_in_process, tmp_path: Path, content, needle):
     conf = tmp_path / "zns.toml"
     conf.write_text(content)
-    result = CliRunner().invoke(zns_main, ["serve", "--config", str(conf)])
+    result, config = serve_in_process("--config", str(conf))
     assert result.exit_code != 0 and needle in result.output
-    assert CapturedServer.configs == []
+    assert config is None
 
 
 # --- real processes -------------------------------------------------------

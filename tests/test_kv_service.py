@@ -8,12 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-import zns.cli.serve
 import helpers
 from helpers import register_fields, zns1_events, zns1_ok_events
-from zns.cli.app import main as zns_main
 from zns.core import schema
 from zns.core.limits import Limits
 from zns.core.schema import ORDER_TOPIC_CONFIG
@@ -99,17 +96,11 @@ def test_max_kv_bytes_refuses_growth_and_applies_nothing(tmp_path):
     kv.close()
 
 
-def test_max_kv_bytes_option_and_environment(monkeypatch):
-    configs = []
-    captured = lambda config: configs.append(config) or type("S", (), {"run": lambda self: None})()
-    monkeypatch.setattr(zns.cli.serve, "Server", captured)
-    monkeypatch.setattr(zns.cli.serve, "StateProcess", captured)  # --workers 1 or more
-    for name in [n for n in os.environ if n.startswith("ZNS_")]:
-        monkeypatch.delenv(name)
-    assert CliRunner().invoke(zns_main, ["serve"]).exit_code == 0
-    assert configs[-1].limits.max_kv_bytes == 64 * 1024 * 1024
-    assert CliRunner().invoke(zns_main, ["serve", "--max-kv-bytes", "1000"]).exit_code == 0
-    assert configs[-1].limits.max_kv_bytes == 1000
-    result = CliRunner().invoke(zns_main, ["serve"], env={"ZNS_MAX_KV_BYTES": "2000"})
-    assert result.exit_code == 0 and configs[-1].limits.max_kv_bytes == 2000
-    assert CliRunner().invoke(zns_main, ["serve", "--max-kv-bytes", "0"]).exit_code != 0
+def test_max_kv_bytes_option_and_environment(serve_in_process):
+    result, config = serve_in_process()
+    assert result.exit_code == 0 and config.limits.max_kv_bytes == 64 * 1024 * 1024
+    result, config = serve_in_process("--max-kv-bytes", "1000")
+    assert result.exit_code == 0 and config.limits.max_kv_bytes == 1000
+    result, config = serve_in_process(env={"ZNS_MAX_KV_BYTES": "2000"})
+    assert result.exit_code == 0 and config.limits.max_kv_bytes == 2000
+    assert serve_in_process("--max-kv-bytes", "0")[0].exit_code != 0

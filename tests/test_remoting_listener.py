@@ -20,16 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-import zns.cli.serve
 from helpers import Peer, ThreadedServer, served, wait_for
 from test_remoting_codec import frame
-from zns.cli import main as zns_main
 from zns.core import schema
 from zns.core.remoting import FLAG_ONEWAY, FrameDecoder, RemotingCommand, body_crc32, encode_command
 from zns.drivers.remoting_listener import RemotingListener
-from zns.drivers.server import ServerConfig
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -365,62 +361,38 @@ def test_zns1_watcher_sees_remoting_broker_come_and_go(rserver):
 # --- zns serve --remoting ----------------------------------------------------------------------
 
 
-class CapturedServer:
-    configs: list[ServerConfig] = []
-
-    def __init__(self, config: ServerConfig) -> None:
-        self.configs.append(config)
-
-    def run(self) -> None:
-        pass
-
-
-@pytest.fixture
-def serve(monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("ZNS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setattr(zns.cli.serve, "Server", CapturedServer)
-    monkeypatch.setattr(zns.cli.serve, "StateProcess", CapturedServer)  # --workers 1 or more
-
-    def run(*args: str, env: dict[str, str] | None = None):
-        CapturedServer.configs.clear()
-        result = CliRunner().invoke(zns_main, ["serve", *args], env=env or {})
-        return result, (CapturedServer.configs[0] if CapturedServer.configs else None)
-
-    return run
-
-
-def test_cli_remoting_option_env_and_file(serve, tmp_path: Path):
-    result, config = serve()
+def test_cli_remoting_option_env_and_file(serve_in_process, tmp_path: Path):
+    result, config = serve_in_process()
     assert result.exit_code == 0 and config.remoting is None
     assert config.remoting_brokers == [] and config.remoting_admins == ["127.0.0.0/8", "::1/128"]
-    _, config = serve("--remoting", "127.0.0.1:9000")
+    _, config = serve_in_process("--remoting", "127.0.0.1:9000")
     assert config.remoting == "127.0.0.1:9000"
-    _, config = serve(env={"ZNS_REMOTING": "tcp://127.0.0.1:9001"})
+    _, config = serve_in_process(env={"ZNS_REMOTING": "tcp://127.0.0.1:9001"})
     assert config.remoting == "tcp://127.0.0.1:9001"
     conf = tmp_path / "zns.toml"
     conf.write_text('remoting = "127.0.0.1:9002"\nremoting-brokers = ["10.0.0.0/8"]\n'
                     'remoting_max_connections = 7\n')
-    _, config = serve("--config", str(conf))
+    _, config = serve_in_process("--config", str(conf))
     assert (config.remoting, config.remoting_brokers, config.remoting_max_connections) == (
         "127.0.0.1:9002", ["10.0.0.0/8"], 7)
-    _, config = serve("--config", str(conf), "--remoting", "127.0.0.1:9003")
+    _, config = serve_in_process("--config", str(conf), "--remoting", "127.0.0.1:9003")
     assert config.remoting == "127.0.0.1:9003"
 
 
-def test_cli_remoting_networks(serve):
-    result, config = serve("--remoting", "127.0.0.1:9000", "--remoting-brokers", "10.0.0.0/8",
-                           "--remoting-brokers", "192.168.1.7", "--remoting-admins", "10.1.0.0/16")
+def test_cli_remoting_networks(serve_in_process):
+    result, config = serve_in_process(
+        "--remoting", "127.0.0.1:9000", "--remoting-brokers", "10.0.0.0/8",
+        "--remoting-brokers", "192.168.1.7", "--remoting-admins", "10.1.0.0/16")
     assert result.exit_code == 0, result.output
     assert config.remoting_brokers == ["10.0.0.0/8", "192.168.1.7"]
     assert config.remoting_admins == ["10.1.0.0/16"]  # replaces the loopback default
-    _, config = serve(env={"ZNS_REMOTING_BROKERS": "10.0.0.0/8 172.16.0.0/12"})
+    _, config = serve_in_process(env={"ZNS_REMOTING_BROKERS": "10.0.0.0/8 172.16.0.0/12"})
     assert config.remoting_brokers == ["10.0.0.0/8", "172.16.0.0/12"]
-    _, config = serve("--remoting", "127.0.0.1:9000", "--remoting-clients", "10.2.0.0/16")
+    _, config = serve_in_process("--remoting", "127.0.0.1:9000",
+                                 "--remoting-clients", "10.2.0.0/16")
     assert config.remoting_clients == ["10.2.0.0/16"]
     for option in ("--remoting-brokers", "--remoting-admins", "--remoting-clients"):
-        result, config = serve("--remoting", "127.0.0.1:9000", option, "10.0.0.0/33")
+        result, config = serve_in_process("--remoting", "127.0.0.1:9000", option, "10.0.0.0/33")
         assert result.exit_code == 2 and config is None
         assert option in result.output and "10.0.0.0/33" in result.output
 
