@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,25 @@ def _ready_line(proc: _Proc, timeout: float) -> str | None:
     return line
 
 
+def _register_until_seen(peer: Peer, proc: _Proc, seen: str, name: str,
+                         registration: Callable[[int], tuple[str, dict]]) -> tuple[list[str], int]:
+    """Subscriptions take effect some time after the watcher starts: register broker `name`
+    at data versions 1, 2, ... (`registration(version)`: its address and topics) until
+    `proc` prints a line containing `seen`, within 30 s. (The lines so far, the last version.)"""
+    lines: list[str] = []
+    deadline = time.monotonic() + 30
+    version = 0
+    while not any(seen in line for line in lines):
+        assert time.monotonic() < deadline, lines
+        version += 1
+        addr, topics = registration(version)
+        _register(peer, name, addr, topics, version)
+        line = _ready_line(proc, 0.2)
+        if line is not None:
+            lines.append(line)
+    return lines, version
+
+
 def _stop(proc: subprocess.Popen[str]) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
@@ -204,17 +224,9 @@ def test_watch_everything_shows_brokers_and_new_topics(server: SplitServer):
     peer = server.peer()
     proc = _zns("watch", "--ns", server.router, "--timeout", "3")
     try:
-        lines: list[str] = []
-        deadline = time.monotonic() + 30
-        version = 0
-        # Subscriptions take effect some time after the watcher starts: register until seen.
-        while not any("broker registered c1/bw" in line for line in lines):
-            assert time.monotonic() < deadline, lines
-            version += 1
-            _register(peer, "bw", f"10.0.0.{version % 250 + 1}:1", {"NewT": {}}, version)
-            line = _ready_line(proc, 0.2)
-            if line is not None:
-                lines.append(line)
+        lines, _ = _register_until_seen(
+            peer, proc, "broker registered c1/bw", "bw",
+            lambda version: (f"10.0.0.{version % 250 + 1}:1", {"NewT": {}}))
         while not any("route NewT rev" in line for line in lines):
             lines.append(_line(proc))
         assert any(re.search(r"broker registered c1/bw id 0 at 10\.0\.0\.\d+:1 \(rev \d+\)", l)
@@ -228,18 +240,9 @@ def test_watch_everything_prints_one_line_per_change_of_a_followed_topic(server:
     peer = server.peer()
     proc = _zns("watch", "--ns", server.router, "--timeout", "3")
     try:
-        lines: list[str] = []
-        deadline = time.monotonic() + 30
-        version = 0
-        # Subscriptions take effect some time after the watcher starts: register until seen.
-        while not any("route CountT rev" in line for line in lines):
-            assert time.monotonic() < deadline, lines
-            version += 1
-            _register(peer, "bq", "10.0.0.9:1", {"CountT": {"write_queues": 1 + version % 2}},
-                      version)
-            line = _ready_line(proc, 0.2)
-            if line is not None:
-                lines.append(line)
+        lines, version = _register_until_seen(
+            peer, proc, "route CountT rev", "bq",
+            lambda version: ("10.0.0.9:1", {"CountT": {"write_queues": 1 + version % 2}}))
         for read_queues in (7, 5):  # queue counts, not perm, change: each is one line
             version += 1
             _register(peer, "bq", "10.0.0.9:1",
