@@ -154,9 +154,14 @@ def route_frames(topics: Sequence[str], count: int = FRAMES) -> list[bytes]:
 
 
 def register_frame(b: int, p: Params, opaque: int) -> bytes:
-    name, addr = f"bench-broker-{b:02d}", f"10.0.0.{b + 1}:10911"
+    return broker_frame(f"bench-broker-{b:02d}", f"10.0.0.{b + 1}:10911", broker_topics(b, p),
+                        opaque)
+
+
+def broker_frame(name: str, addr: str, topics: Sequence[str], opaque: int) -> bytes:
+    """REGISTER_BROKER of master `name` at `addr` hosting `topics` (8 queues each, perm 6)."""
     table = {t: {"topicName": t, "readQueueNums": 8, "writeQueueNums": 8, "perm": 6}
-             for t in broker_topics(b, p)}
+             for t in topics}
     body = json.dumps({"topicConfigSerializeWrapper": {
         "dataVersion": {"counter": 1, "stateVersion": 0, "timestamp": 1},
         "topicConfigTable": table}, "filterServerList": []}).encode()
@@ -183,6 +188,10 @@ class RemotingClient:
 
     def call(self, frame: bytes) -> RemotingCommand:
         self.sock.sendall(frame)
+        return self.reply()
+
+    def reply(self) -> RemotingCommand:
+        """The next reply on this connection (the frames sent before are the caller's)."""
         while not self.pending:
             data = self.sock.recv(1 << 16)
             if not data:

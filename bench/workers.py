@@ -23,7 +23,6 @@ its sections of bench/results.md and keeps the others.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import re
@@ -52,15 +51,13 @@ from bench.harness import (
     start_zns, zmq_context,
 )
 from bench.remoting import (
-    CLUSTER, VERSION, FakeBrokers, Generator, Params as RemotingParams, RemotingClient,
-    java_reason, route_brokers, route_frames, rocketmq,
+    FakeBrokers, Generator, Params as RemotingParams, RemotingClient,
+    broker_frame, java_reason, route_brokers, route_frames, rocketmq,
 )
 from bench.remoting import register_frame as fake_broker_frame
 from bench.report import BENCH_DIR, BenchFn, BenchResult, Figure, RunConfig, Target, cli
 from zns.core import schema
-from zns.core.remoting import RemotingCommand, body_crc32, encode_command
 
-REGISTER_BROKER = 103
 _REMOTING_LINE = re.compile(r"RocketMQ remoting listener on (\S+)")
 _WORKER_LINE = re.compile(r"worker (\d+) started \(pid (\d+)")
 WORKER_COUNTS = (0, 1, 2)
@@ -258,17 +255,7 @@ def _zns1_drive(ctx: zmq.Context, endpoint: str, bodies: list[bytes], sockets: i
 
 def register_frame(b: int, topics: Sequence[str], opaque: int = 1) -> bytes:
     """REGISTER_BROKER of broker `b` (any of 65,536 addresses) hosting `topics`."""
-    name, addr = f"wbench-broker-{b:04d}", broker_addr(b)
-    table = {t: {"topicName": t, "readQueueNums": 8, "writeQueueNums": 8, "perm": 6}
-             for t in topics}
-    body = json.dumps({"topicConfigSerializeWrapper": {
-        "dataVersion": {"counter": 1, "stateVersion": 0, "timestamp": 1},
-        "topicConfigTable": table}, "filterServerList": []}).encode()
-    ext = {"brokerId": "0", "bodyCrc32": str(body_crc32(body)), "clusterName": CLUSTER,
-           "brokerAddr": addr, "haServerAddr": addr, "compressed": "false", "brokerName": name,
-           "heartbeatTimeoutMillis": "120000"}
-    return encode_command(RemotingCommand(code=REGISTER_BROKER, version=VERSION, opaque=opaque,
-                                          ext_fields=ext, body=body))
+    return broker_frame(f"wbench-broker-{b:04d}", broker_addr(b), topics, opaque)
 
 
 def pipelined(clients: Sequence[RemotingClient], frames: Sequence[Sequence[bytes]]) -> None:
@@ -277,18 +264,9 @@ def pipelined(clients: Sequence[RemotingClient], frames: Sequence[Sequence[bytes
         client.sock.sendall(b"".join(batch))
     for client, batch in zip(clients, frames):
         for _ in batch:
-            reply = read_reply(client)
+            reply = client.reply()
             if reply.code != 0:
                 raise BenchError(f"remoting reply {reply.code}: {reply.remark}")
-
-
-def read_reply(client: RemotingClient) -> RemotingCommand:
-    while not client.pending:
-        data = client.sock.recv(1 << 16)
-        if not data:
-            raise BenchError("the server closed the connection")
-        client.pending.extend(client.decoder.feed(data))
-    return client.pending.pop(0)
 
 
 # --- workers_reads: throughput, CPU per read and per write, projection ----------------------
