@@ -36,12 +36,13 @@ from pathlib import Path
 
 import zmq
 
+from bench.harness import ask, free_port, request
 from zns.core import schema
 from zns.drivers.supervisor import STABLE_S
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from test_peer_resets import _ask, _free_port, _reset, _subscribe_pinging  # noqa: E402
+from test_peer_resets import _reset, _subscribe_pinging  # noqa: E402  (the attack itself)
 
 DIED = "died of SIGABRT"
 
@@ -59,7 +60,7 @@ def main() -> None:
         workers(args.deaths, args.gap, args.cause)
         return
     tmp = Path(tempfile.mkdtemp(prefix="zns-abort-"))
-    router, pub = (f"tcp://127.0.0.1:{_free_port()}" for _ in range(2))
+    router, pub = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     log_path = tmp / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
     started = time.monotonic()
@@ -68,11 +69,10 @@ def main() -> None:
             [sys.executable, "-m", "zns", "serve", "--router", router, "--pub", pub,
              "--kv-path", str(tmp / "kv.log"), "--supervise", "--workers", "0"],
             stdout=log, stderr=subprocess.STDOUT, env=env)
-    ctx = zmq.Context()
 
     def status() -> schema.StatusReply:
         while True:
-            reply = _ask(ctx, router, "status")
+            reply = ask(router, request("status", id=1), 2000)
             if isinstance(reply, schema.StatusReply):
                 return reply
 
@@ -82,7 +82,7 @@ def main() -> None:
     try:
         epoch = status().epoch
         print(f"first start: serving {time.monotonic() - started:.2f} s after the command")
-        put = _ask(ctx, router, "kv_put", namespace="NS", key="k", value="kept")
+        put = ask(router, request("kv_put", id=1, namespace="NS", key="k", value="kept"), 2000)
         assert isinstance(put, schema.KvPutReply), put
         back: list[float] = []
         for run in range(args.runs):
@@ -103,14 +103,13 @@ def main() -> None:
                 reply = status()
             back.append(time.monotonic() - reset_at)
             epoch = reply.epoch
-            kept = _ask(ctx, router, "kv_get", namespace="NS", key="k")
+            kept = ask(router, request("kv_get", id=1, namespace="NS", key="k"), 2000)
             assert isinstance(kept, schema.KvGetReply) and kept.value == "kept", kept
             print(f"run {run + 1}: aborted at try {tries}, serving again (KV kept) "
                   f"{back[-1]:.3f} s after the reset")
         print(f"serving again after the reset: median {statistics.median(back):.3f} s, "
               f"min {min(back):.3f} s, max {max(back):.3f} s over {len(back)} runs")
     finally:
-        ctx.destroy(linger=0)
         proc.terminate()
         code = proc.wait(30)
     print(f"supervisor exit {code}; log: {log_path}")
@@ -119,18 +118,6 @@ def main() -> None:
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
-
-
-def answered(ctx: zmq.Context, router: str, timeout_ms: int) -> bool:
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.setsockopt(zmq.RECONNECT_IVL, 10)
-    dealer.connect(router)
-    try:
-        dealer.send(schema.encode({"op": "status", "id": 1}))
-        return bool(dealer.poll(timeout_ms))
-    finally:
-        dealer.close()
 
 
 def fill(ctx: zmq.Context, router: str) -> None:
@@ -154,7 +141,7 @@ def fill(ctx: zmq.Context, router: str) -> None:
 
 def workers(deaths: int, gap: float, causes: str) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="zns-abort-workers-"))
-    router, pub = (f"tcp://127.0.0.1:{_free_port()}" for _ in range(2))
+    router, pub = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     log_path = tmp / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
     with open(log_path, "w") as log:
@@ -170,7 +157,7 @@ def workers(deaths: int, gap: float, causes: str) -> None:
 
     back: dict[str, list[float]] = {"SIGKILL": [], "SIGABRT": []}
     try:
-        while not answered(ctx, router, 1000):
+        while ask(router, request("status", id=1), 1000) is None:
             pass
         fill(ctx, router)
         print("holding 1,000 brokers and 10,000 topics")
@@ -195,7 +182,7 @@ def workers(deaths: int, gap: float, causes: str) -> None:
                 died = time.monotonic()
             finally:
                 os.close(pidfd)
-            while not answered(ctx, router, 100):
+            while ask(router, request("status", id=1), 100) is None:
                 pass
             back[cause].append(time.monotonic() - died)
             print(f"death {death + 1} ({cause}, pid {pid}): answering again "

@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -227,6 +228,30 @@ def check_reply(body: bytes) -> Any:
     if isinstance(reply, schema.Error):
         raise BenchError(f"the server answered {reply.code}: {reply.message}")
     return reply
+
+
+def free_port() -> int:
+    """A loopback TCP port free now (for a server that must keep its port across restarts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ask(endpoint: str, body: bytes, timeout_ms: int = 200) -> schema.Reply | None:
+    """One request on a fresh connection (a new connection, so the kernel places it anew)."""
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    # A refused connection is retried after 5 ms, not libzmq's 100: times to a server's
+    # first answer would otherwise come in steps of 100 ms while no process listens.
+    sock.setsockopt(zmq.RECONNECT_IVL, 5)
+    sock.connect(endpoint)
+    try:
+        sock.send(body)
+        if not sock.poll(timeout_ms):
+            return None
+        return schema.decode_reply(sock.recv())
+    finally:
+        sock.close(0)
 
 
 class Session:

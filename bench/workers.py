@@ -47,8 +47,8 @@ import zmq
 from bench import push_latency
 from bench.harness import (
     REPLY_TIMEOUT_S, START_TIMEOUT_S, BenchError, LoadPool, Probe, ServerProcess, Session,
-    broker_addr, check_reply, cpu_seconds, percentile, register_request, request, rss_kib,
-    start_zns, zmq_context,
+    ask, broker_addr, check_reply, cpu_seconds, free_port, percentile, register_request,
+    request, rss_kib, start_zns, zmq_context,
 )
 from bench.remoting import (
     FakeBrokers, Generator, Params as RemotingParams, RemotingClient,
@@ -990,29 +990,6 @@ whole of zns under ¼ of the Java NameServer's RSS, given against each JVM.
 
 
 # --- workers_recovery: a worker's death, a state process's restart ------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def ask(endpoint: str, body: bytes, timeout_ms: int = 200) -> schema.Reply | None:
-    """One request on a fresh connection (a new connection, so the kernel places it anew)."""
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    # A refused connection is retried after 5 ms, not libzmq's 100: the times below would
-    # otherwise come in steps of 100 ms while no process listens.
-    sock.setsockopt(zmq.RECONNECT_IVL, 5)
-    sock.connect(endpoint)
-    try:
-        sock.send(body)
-        if not sock.poll(timeout_ms):
-            return None
-        return schema.decode_reply(sock.recv())
-    finally:
-        sock.close(0)
 
 
 def run_recovery(config: RunConfig) -> BenchResult:

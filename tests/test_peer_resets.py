@@ -128,14 +128,8 @@ def _reset(sock: socket.socket) -> None:
 
 
 def _status(ctx: zmq.Context, endpoint: str) -> bool:
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(endpoint)
-    try:
-        dealer.send(schema.encode({"op": "status", "id": 7}))
-        return bool(dealer.poll(5000)) and schema.decode_reply(dealer.recv()).id == 7
-    finally:
-        dealer.close()
+    """A `status` on a new connection is answered within 5 s."""
+    return isinstance(_ask(ctx, endpoint, "status", timeout_ms=5000), schema.StatusReply)
 
 
 def _attack(busy_s: float, wait_s: float, ping_every: int | None) -> subprocess.Popen[str]:
@@ -269,14 +263,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _ask(ctx: zmq.Context, endpoint: str, op: str, **fields: object) -> object:
-    """The decoded reply to one request, or None when none comes within 2 s."""
+def _ask(ctx: zmq.Context, endpoint: str, op: str, timeout_ms: int = 2000,
+         **fields: object) -> object:
+    """The decoded reply to one request on a new connection, or None when none comes within
+    `timeout_ms`."""
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(endpoint)
     try:
         dealer.send(schema.encode({"op": op, "id": 1, **fields}))
-        return schema.decode_reply(dealer.recv()) if dealer.poll(2000) else None
+        return schema.decode_reply(dealer.recv()) if dealer.poll(timeout_ms) else None
     finally:
         dealer.close()
 
