@@ -142,11 +142,11 @@ class NameService:
     # Whether each broker change is logged here (one line each): a worker's replica leaves
     # it to the state process, which applies every change once, whatever the workers.
     logs_broker_changes = True
-    # Up to how many events of a step are made frames to publish (None: all); past it they
-    # are only counted. The state process of `--workers N` publishes none itself: it makes
-    # frames only of a step whose events are few enough to travel with its command
-    # (zns.core.replication.MAX_SHIPPED_EVENTS); its workers' replicas make the others.
-    max_published_events: int | None = None
+    # Up to how many events of a step are encoded as frames (None: all); past it they are
+    # only counted. Here the frames are published; the state process of `--workers N`
+    # publishes none: it encodes only a step whose events are few enough to travel with its
+    # command (zns.core.replication.MAX_SHIPPED_EVENTS); its workers' replicas make the others.
+    max_encoded_events: int | None = None
 
     def __init__(
         self,
@@ -351,7 +351,7 @@ class NameService:
         events = outcome.events
         if not events:
             return outcome, []
-        limit = self.max_published_events
+        limit = self.max_encoded_events
         if limit is not None and len(events) > limit:
             self._count(events)
             return outcome, []

@@ -88,7 +88,7 @@ class PrimaryService(NameService):
     # It publishes no event and answers no read: it encodes the events of a command only to
     # ship them with it (zns.core.replication.shipped_events), when they are few; those of
     # a larger one are counted and logged, and each worker's replica makes its own.
-    max_published_events = MAX_SHIPPED_EVENTS
+    max_encoded_events = MAX_SHIPPED_EVENTS
 
     def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
         result = super().apply(command)  # a refused command raises: nothing to replicate
