@@ -1,5 +1,5 @@
 """The heap trim: glibc's malloc_trim called at a calm moment once many route events were
-published, at most once per interval; harmless where it runs, absent without glibc."""
+made, at most once per interval; harmless where it runs, absent without glibc."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ class FakeTrim:
 def test_trims_after_enough_events_and_at_most_once_per_interval() -> None:
     trim = FakeTrim()
     heap_trim = HeapTrim(trim, now=0, after_events=100, every_ms=10_000)
-    heap_trim.published(99)
+    heap_trim.events_made(99)
     heap_trim.calm(1)
     assert trim.calls == []  # not enough changed
-    heap_trim.published(1)
+    heap_trim.events_made(1)
     heap_trim.calm(2)
     assert trim.calls == [0] and heap_trim.pending == 0
-    heap_trim.published(1_000)
+    heap_trim.events_made(1_000)
     heap_trim.calm(9_999)
     assert trim.calls == [0]  # too soon after the last
     heap_trim.calm(10_002)
@@ -42,7 +42,7 @@ def test_without_glibc_nothing_is_called(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(heap.platform, "libc_ver", lambda: ("musl", "1.2"))
     assert heap.glibc_malloc_trim() is None
     heap_trim = HeapTrim(None, now=0, after_events=1, every_ms=0)
-    heap_trim.published(10)
+    heap_trim.events_made(10)
     heap_trim.calm(1)
     assert heap_trim.trims == 0
 
@@ -91,8 +91,8 @@ def test_deadline_busy_and_log_of_a_trim(caplog) -> None:
     trim = FakeTrim()
     busy = [True]
     heap_trim = HeapTrim(trim, now=0, after_events=100, every_ms=10_000, busy=lambda: busy[0])
-    assert heap_trim.next_deadline(5) is None  # nothing published
-    heap_trim.published(100)
+    assert heap_trim.next_deadline(5) is None  # no event made
+    heap_trim.events_made(100)
     assert heap_trim.next_deadline(5) == 5  # exactly enough, and the first trim is due at once
     heap_trim.run({}, 5, 10)
     assert trim.calls == []  # a request is waiting: not now
@@ -102,11 +102,11 @@ def test_deadline_busy_and_log_of_a_trim(caplog) -> None:
     assert trim.calls == [0]
     assert re.fullmatch(r"malloc_trim: memory returned to the OS in \d+\.\d ms",
                         caplog.records[-1].getMessage())
-    heap_trim.published(100)
+    heap_trim.events_made(100)
     assert heap_trim.next_deadline(7) == 10_006  # the interval after the last trim
     assert HeapTrim(None, now=0, after_events=1).next_deadline(0) is None  # no glibc
     idle = HeapTrim(lambda pad: 0, now=0, after_events=1)
-    idle.published(1)
+    idle.events_made(1)
     with caplog.at_level(logging.DEBUG, logger="zns"):
         idle.run({}, 1, 6)  # the default: never busy
     assert idle.trims == 1
@@ -137,7 +137,7 @@ def test_a_trim_logs_how_long_it_took_in_milliseconds(monkeypatch, caplog) -> No
     readings = iter([1.0, 1.25])  # the clock before and after the trim
     monkeypatch.setattr(heap, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
     heap_trim = HeapTrim(FakeTrim(), now=0, after_events=1)
-    heap_trim.published(1)
+    heap_trim.events_made(1)
     with caplog.at_level(logging.DEBUG, logger="zns"):
         heap_trim.calm(1)
     assert caplog.records[-1].getMessage() == "malloc_trim: memory returned to the OS in 250.0 ms"

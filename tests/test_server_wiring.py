@@ -446,7 +446,7 @@ def test_the_service_heap_subscribers_and_metrics_get_what_they_are_given(tmp_pa
     assert srv.service.max_reply_bytes == srv.reply_budget.burst
     assert srv.service.kv.path is not None and srv.service.kv.path.parent == tmp_path
     assert srv.service.authorize is None  # no CURVE
-    srv.heap.published(TRIM_AFTER_EVENTS)
+    srv.heap.events_made(TRIM_AFTER_EVENTS)
     assert srv.heap.next_deadline(0) is not None  # glibc's malloc_trim, found: a trim is due
     assert srv.subscribers.budget is not None and srv.subscribers.freed == srv.subscriptions_freed
     assert srv.metrics.stuck_after_s == 8.0

@@ -6,8 +6,8 @@ a server whose routes churned keeps the RSS of its busiest moment (bench/memory.
 2,000,000 queue data values through a table of 10,000 topics left RSS 104 MiB above
 its start with 4 MiB of live objects). glibc's `malloc_trim(0)` gives the free pages
 back. `HeapTrim` is a source of the server's loop (`zns.drivers.loop`): it asks to
-run once at least TRIM_AFTER_EVENTS events were published since the last trim (every
-replaced or removed route is one), at most once per TRIM_EVERY_MS, and trims only
+run once at least TRIM_AFTER_EVENTS events were made since the last trim (every
+replaced or removed route is one, whether or not this process publishes it), at most once per TRIM_EVERY_MS, and trims only
 when no request is waiting (`busy`): a trim walks the whole heap, so it must not run
 per request. Without glibc it does nothing.
 """
@@ -43,7 +43,7 @@ def glibc_malloc_trim() -> Trim | None:
 
 
 class HeapTrim:
-    """Counts published events; at a calm moment after many, trims the heap (rate-limited)."""
+    """Counts the events made; at a calm moment after many, trims the heap (rate-limited)."""
 
     what = "trimming the heap"
 
@@ -53,10 +53,10 @@ class HeapTrim:
         self.busy = busy
         self._after_events, self._every_ms = after_events, every_ms
         self._last = now - every_ms  # the first trim needs only the events
-        self.pending = 0  # events published since the last trim
+        self.pending = 0  # events made since the last trim
         self.trims = 0
 
-    def published(self, events: int) -> None:
+    def events_made(self, events: int) -> None:
         self.pending += events
 
     # --- the loop's side (a `zns.drivers.loop.Source`) --------------------

@@ -149,7 +149,7 @@ class Server:
         self.subscribers = Subscribers(
             self.pub, SubscriptionBudget(), freed=self.subscriptions_freed,
             queued=QueuedEvents(config.pub_max_queued_bytes, hwm=config.pub_hwm))
-        self.outbox = Outbox(self._send_event, self.heap.published)
+        self.outbox = Outbox(self._send_event, self.heap.events_made)
         self.request_times = LatencyHistogram()  # zns_request_seconds
         self.requests = RequestRouter(
             self.router, timed_service(self.service, self.request_times), self.outbox,
@@ -355,7 +355,7 @@ class Server:
     def subscriptions_freed(self, cost: int) -> None:
         # Freed trie nodes stay in glibc's heap; a large release is worth a trim.
         if cost >= FREED_TRIM_BYTES:
-            self.heap.published(TRIM_AFTER_EVENTS)
+            self.heap.events_made(TRIM_AFTER_EVENTS)
 
     def _reload(self) -> None:
         if self.security is not None:

@@ -93,7 +93,7 @@ class PrimaryService(NameService):
     def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
         result = super().apply(command)  # a refused command raises: nothing to replicate
         if self.heap is not None:
-            self.heap.published(len(result[0].events))
+            self.heap.events_made(len(result[0].events))
         link = self.link
         if type(command) is Suspect and not result[0].shortened:
             return result
