@@ -345,9 +345,10 @@ SPLIT_HELP = {
                                  "already at the state process",
     "zns_worker_writes_timed_out": "Writes the worker answered busy: the state process did not "
                                    "answer them in time",
-    "zns_worker_request_pauses": "Times the worker stopped reading ZNS/1 requests: as many (or "
-                                 "as many bytes) as it holds waited behind writes at the state "
-                                 "process",
+    "zns_worker_request_pauses": "Times the worker stopped reading ZNS/1 requests: those it "
+                                 "held (its writes at the state process and the later requests "
+                                 "of their connections) reached its bound, in number or in "
+                                 "bytes",
 }
 
 

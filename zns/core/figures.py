@@ -43,10 +43,11 @@ class WorkerFigures(msgspec.Struct, frozen=True, kw_only=True):
     subscribers_cut: int = 0
     # Writes forwarded to the state process (zns.core.forwarding): refused `busy` past the
     # in-flight bound, answered `busy` for want of an answer in time; and the times ZNS/1
-    # requests stopped being read past the bounds of those held behind them.
+    # requests stopped being read, past the bounds of those held (the writes' own and the
+    # later requests of their connections).
     writes_refused: int = 0
     writes_timed_out: int = 0
-    requests_paused: int = 0
+    request_pauses: int = 0
     rss_bytes: int = 0
     cpu_seconds: float = 0.0
 

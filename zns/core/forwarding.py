@@ -70,9 +70,10 @@ class ForwardedWrites:
         self.timeout_ms = timeout_ms
         self.timed_out = 0  # writes answered `busy` for want of an answer in time
         self.refused = 0  # writes refused `busy` past max_in_flight
-        # Times the ZNS/1 router stopped reading requests, past its bounds of requests held
-        # behind these writes (zns.drivers.request_router counts them here, for /metrics).
-        self.requests_paused = 0
+        # Times the ZNS/1 router stopped reading requests: the requests it held (these
+        # writes' own and the later requests of their connections) reached its bounds
+        # (zns.drivers.request_router counts them here, for /metrics).
+        self.request_pauses = 0
         # token -> deadline; insertion order is deadline order (`now` never moves back)
         self._in_flight: dict[int, int] = {}
         self.ready: dict[int, bytes | None] = {}  # token -> answer (None: timed out)

@@ -164,7 +164,7 @@ class _Collector:
                 ("zns_worker_stalls" if server.worker else "zns_stalls", figures.stalls),
                 ("zns_worker_writes_refused", figures.writes_refused),
                 ("zns_worker_writes_timed_out", figures.writes_timed_out),
-                ("zns_worker_request_pauses", figures.requests_paused),
+                ("zns_worker_request_pauses", figures.request_pauses),
             ):
                 if name in per_worker:  # the writes': only workers forward them
                     per_worker[name].add_metric(label, value)
@@ -238,7 +238,8 @@ _WORKER_ONLY = (
     ("zns_worker_writes_timed_out", True, "Writes the worker answered busy: the state "
      "process did not answer them in time"),
     ("zns_worker_request_pauses", True, "Times the worker stopped reading ZNS/1 requests: "
-     "as many (or as many bytes) as it holds waited behind writes at the state process"),
+     "those it held (its writes at the state process and the later requests of their "
+     "connections) reached its bound, in number or in bytes"),
 )
 
 
@@ -265,7 +266,7 @@ def own_figures(server: Observed) -> WorkerFigures:
         subscribers_cut=server.subscribers.budget.cut,
         writes_refused=writes.refused if writes is not None else 0,
         writes_timed_out=writes.timed_out if writes is not None else 0,
-        requests_paused=writes.requests_paused if writes is not None else 0,
+        request_pauses=writes.request_pauses if writes is not None else 0,
         **process_usage(),
     )
 

@@ -259,7 +259,7 @@ class RequestRouter:
             self._poll.unregister(self.router)
             writes = self.service.forwarded
             assert writes is not None  # requests are held only where writes are forwarded
-            writes.requests_paused += 1
+            writes.request_pauses += 1
         return over
 
     def _resume_ready(self, now: int) -> bool:
