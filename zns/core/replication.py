@@ -624,6 +624,9 @@ class Replica:
     """
 
     def __init__(self, *, max_held_bytes: int = DEFAULT_MAX_HELD_BYTES) -> None:
+        # The last seq handed out to apply (its ApplyCommand, or the state of a LoadState):
+        # applied as the module's docstring means it, since the driver carries it out
+        # before it serves anything else, though after `on_message` returns.
         self.applied = 0
         self.fence = 0
         self.loaded = False  # a state arrived: the worker may answer reads
