@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -63,6 +64,14 @@ def wait_for(condition: Callable[[], Any], timeout: float = LOADED_DEADLINE,
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now: for a server that must keep its port
+    across restarts, or a peer that is down at start."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class Peer:

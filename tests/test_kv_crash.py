@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from helpers import LOADED_DEADLINE, Peer, ProcessServer, wait_for
+from helpers import LOADED_DEADLINE, Peer, ProcessServer, free_port, wait_for
 from rocketmq import REQUIRE_ENV, interop_required
 from zns.core import schema
 from zns.drivers.kv_file import KvStore, read_kv_file
@@ -211,13 +210,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def free_bytes(directory: Path) -> int:
     stat = os.statvfs(directory)
     return stat.f_bavail * stat.f_frsize
-
-
-def free_port() -> int:
-    """A port the system just handed out: a supervised server needs fixed ones."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def serving_lines(srv: ProcessServer) -> list[str]:

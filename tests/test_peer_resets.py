@@ -37,7 +37,7 @@ import zmq
 
 from zns.core import schema
 
-from helpers import LOADED_DEADLINE, wait_for
+from helpers import LOADED_DEADLINE, free_port, wait_for
 
 BUSY_SERVER = """
 import sys, time
@@ -257,12 +257,6 @@ def test_a_subscriber_that_pings_ends_the_server_only_by_libzmqs_abort(
     _serving_or_dead_of_libzmqs_assertion(*_stop(proc))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ask(ctx: zmq.Context, endpoint: str, op: str, timeout_ms: int = 2000,
          **fields: object) -> object:
     """The decoded reply to one request on a new connection, or None when none comes within
@@ -280,7 +274,7 @@ def _ask(ctx: zmq.Context, endpoint: str, op: str, timeout_ms: int = 2000,
 @pytest.mark.timeout(180)
 def test_a_supervised_server_serves_again_soon_after_the_abort(tmp_path):
     """The containment: the process dies, `--supervise` starts a new one on the same ports."""
-    router, pub = (f"tcp://127.0.0.1:{_free_port()}" for _ in range(2))
+    router, pub = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     log_path = tmp_path / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
     with open(log_path, "w") as log:

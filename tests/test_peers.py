@@ -14,7 +14,7 @@ import time
 import pytest
 import zmq
 
-from helpers import Peer, register_fields, wait_for
+from helpers import Peer, free_port, register_fields, wait_for
 from zns.core import schema
 from zns.core.errors import EndpointError
 from zns.drivers.peers import PeerLinks
@@ -26,13 +26,6 @@ ADDR = "10.0.0.1:10911"
 # far enough away not to come first under load.
 ON_B_TIMEOUT_MS = 12_000
 BROKER = dict(cluster="c1", broker_name="broker-a", broker_id=0, broker_addr=ADDR)
-
-
-def free_port() -> int:
-    """A port nothing listens on now (for a peer that is down at start)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def listening(endpoint: str) -> bool:

@@ -9,22 +9,15 @@ remoting is covered by tests/test_audit.py."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import rocketmq
-from helpers import Peer, ProcessServer, register_fields, wait_for
+from helpers import Peer, ProcessServer, free_port, register_fields, wait_for
 
 pytestmark = pytest.mark.interop
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def audit_lines(server: ProcessServer) -> list[dict[str, Any]]:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +11,9 @@ from pathlib import Path
 import pytest
 
 import rocketmq
-from helpers import ProcessServer, wait_for
+from helpers import ProcessServer, free_port, wait_for
 
 pytestmark = pytest.mark.interop
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(300)

@@ -30,7 +30,7 @@ import msgspec
 import pytest
 
 import rocketmq
-from helpers import Peer, ProcessServer
+from helpers import Peer, ProcessServer, free_port
 from rocketmq import Broker, JavaNameServer, Phases, ProcessGroup, unique_topic, wait_until
 from zns.core import schema
 from zns.core.remoting import FrameDecoder, RemotingCommand, encode_command, loads_lenient
@@ -43,12 +43,6 @@ GET_ALL_TOPIC_CONFIG = 21  # a broker request code: the broker's whole topic tab
 
 
 # ---- helpers -------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class Zns(ProcessServer):
     """`zns serve --remoting 127.0.0.1:0` in a subprocess; the remoting port is read from its log."""
