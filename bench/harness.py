@@ -482,7 +482,9 @@ def _drive(
             if record:
                 started = sent_at.popleft()
             if now >= start_at:
-                if now >= end_at:
+                # A latency run ends with at least one sample: on a loaded machine the whole
+                # window can pass before the first reply (percentile has nothing to rank).
+                if now >= end_at and (latencies or not record):
                     break
                 replies += 1
                 if record:
