@@ -5,7 +5,10 @@ otherwise)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,8 @@ from zns.core.errors import Internal
 from zns.core.replication import Primary, State, decode_to_worker
 from zns.core.service import NameService
 from zns.drivers.kv_file import KvStore
-from zns.drivers.replication_link import Channel, PrimaryLink
+from zns.drivers.replication_link import Channel, PrimaryLink, fork_worker
+from zns.drivers.sockets import Waker, handle_signals
 from zns.drivers.worker import Forked, ReplicaService
 
 
@@ -77,3 +81,39 @@ def test_a_state_without_a_dump_and_no_copy_at_its_seq_ends_the_worker() -> None
     replica = ReplicaService(1, forked=None, started_at_ms=0)
     with pytest.raises(Internal):
         replica.load(3, b"")
+
+
+def test_a_sighup_sent_while_a_worker_starts_reaches_the_handler_it_installs() -> None:
+    """A key reload (SIGHUP) that reaches a worker between its fork and its Server's handler
+    is held, not lost (nor run by the state process's copied handler, nor, here, the test
+    process's default action, which ends the process): it is handled once the worker
+    installs its own."""
+    link = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=lambda w, r: (None, b""))
+    go_read, go_write = os.pipe()
+
+    def main(sock: object) -> int:
+        os.read(go_read, 1)  # the SIGHUP was sent meanwhile
+        handled: list[int] = []
+        waker = Waker()
+        restore_wakeup, restore_handlers = handle_signals(
+            {signal.SIGHUP: lambda: handled.append(1)}, waker)
+        deadline = time.monotonic() + 10
+        while not handled and time.monotonic() < deadline:
+            time.sleep(0.01)  # Python runs the handler between two bytecodes
+        restore_wakeup()
+        restore_handlers()
+        return 0 if handled == [1] else 3
+
+    try:
+        pid, _ = fork_worker(link, main, 0)
+        assert not signal.pthread_sigmask(signal.SIG_BLOCK, set()) & {signal.SIGHUP}, \
+            "the state process's own mask is restored after the fork"
+        os.kill(pid, signal.SIGHUP)
+        os.write(go_write, b"g")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, \
+            f"the worker's SIGHUP was not handled (status {os.waitstatus_to_exitcode(status)})"
+    finally:
+        link.close()
+        os.close(go_read)
+        os.close(go_write)

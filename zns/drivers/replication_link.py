@@ -413,7 +413,7 @@ class ReplicaLink:
 def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: int, *,
                 forked: bool = False) -> tuple[int, int]:
     """Fork a worker that runs `main(its end of a new socketpair)` and exits with what it
-    returns; returns (pid, worker id). `forked`: `main` serves the state its fork copied,
+    returns, with SIGHUP blocked until it installs its handler; returns (pid, worker id). `forked`: `main` serves the state its fork copied,
     so the worker's first state transfer carries no dump (`PrimaryLink.add`). The child first closes the state process's end of
     every other worker's channel, so that each worker reads EOF as soon as the state
     process dies (not only once every worker forked after it died too). The caller must
@@ -427,7 +427,14 @@ def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: in
     # full collection on either side (CPython's gc.freeze, meant for this). A frozen object
     # is never freed as part of a cycle; the state makes none (tests/test_workers_memory.py).
     gc.freeze()
+    # The child starts with SIGHUP blocked, until the code it runs installs a handler of its
+    # own (zns.drivers.sockets.handle_signals unblocks it): a SIGHUP that comes meanwhile (a
+    # key reload while a worker starts) waits for that handler instead of running the
+    # state process's copied one, or being lost while the worker reads the old keys.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     pid = os.fork()
+    if pid != 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if pid == 0:
         code = 1
         try:

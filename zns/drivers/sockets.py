@@ -176,6 +176,9 @@ def handle_signals(handlers: dict[int, Callable[[], None]],
     for sig, handler in handlers.items():
         signal.signal(sig, lambda *_, handler=handler: handler())
     old_fd = signal.set_wakeup_fd(waker.fileno())
+    # One that came while it was blocked until now (a forked worker's SIGHUP:
+    # zns.drivers.replication_link.fork_worker) is handled here, not lost.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(handlers))
 
     def restore_wakeup() -> None:
         signal.set_wakeup_fd(old_fd)

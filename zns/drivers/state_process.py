@@ -270,9 +270,8 @@ class StateProcess:
     def start_worker(self, slot: int, now: int) -> None:
         def main(channel: socket.socket) -> int:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            # Not the state process's handler; the worker's Server installs its own, and
-            # reads the keys as it starts anyway.
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            # SIGHUP stays blocked (fork_worker) until the worker's Server installs its
+            # handler: a key reload while it starts reaches it then.
             for sock in self._reserved:
                 sock.close()
             # The machine as forked, at the seq the state transfer will name (nothing is
