@@ -133,9 +133,13 @@ class Client:
         cache = Cache()
 
 
-def printer(*, as_json: bool = False, follow_new: bool = True) -> _Printer:
+def printer(*, as_json: bool = False, follow_new: bool = True, listed: bool = True) -> _Printer:
+    """A printer fed as the route client feeds it; `listed`: its starting topics (none) were
+    listed, so events print as they come."""
     made = _Printer(as_json=as_json, follow_new=follow_new)
     made.client = Client()  # type: ignore[assignment]
+    if listed:
+        made.listed()
     return made
 
 
@@ -167,6 +171,35 @@ def test_every_topic_is_followed_once_from_its_first_event():
         "route New rev 9: gone"]
     p.on_route("Gone", None)  # only its first None after being followed is `gone`
     assert body(drained(p)[0][1]) == "route Gone rev 9: no route"
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_events_before_the_starting_routes_are_printed_after_them(as_json):
+    """The first lines are every topic's starting route, whatever events came meanwhile
+    (they come from another socket than the routes, and may come first)."""
+    p = printer(as_json=as_json, listed=False)
+    routed = route([broker("b1", "h:1")], [queues("b1", 4, 4)])
+    registered = schema.encode(BrokerEvent(epoch="e1", revision=4, cluster="c1",
+                                           broker_name="b1", broker_id=0, broker_addr="h:1",
+                                           change="registered"))
+    p.on_event(registered)  # before the topics are even listed
+    p.start("TA")
+    p.start("TB")
+    p.on_route("TA", routed)
+    p.on_event(route_event("New", 5, routed))
+    p.listed()
+    assert [kind for kind, _ in drained(p)] == ["line"]  # TA's; TB's route is still due
+    p.on_route("TB", None)
+    lines = drained(p)
+    if as_json:
+        assert [json.loads(text)["op"] for _, text in lines] == ["state", "broker", "route"]
+    else:
+        assert [(kind, body(text) if kind == "line" else text) for kind, text in lines] == [
+            ("line", "route TB rev 9: no route"),
+            ("line", "broker registered c1/b1 id 0 at h:1 (rev 4)"),
+            ("follow", "New")]
+    p.on_event(registered)  # from now on, as they come
+    assert len(drained(p)) == 1
 
 
 def test_topics_given_by_name_follow_nothing_new_and_broker_events_are_lines():
@@ -415,11 +448,14 @@ def test_watch_says_reconnected_waits_through_a_quiet_spell_and_times_requests_b
             self.on_event = kwargs["on_event"]
             self.followed = [("tcp://a:1", "tcp://a:2"), ("tcp://b:1", None), ("tcp://b:1", "tcp://b:2")]
             self.quiet_spells = 0
+            self.routing = False
             self.on_event(broker_event(1))
             self.on_event(broker_event(2))
 
         @property
-        def session(self) -> Any:  # read once per turn (nothing prints a route here)
+        def session(self) -> Any:  # read once per turn, and by the route's line (in `watch`)
+            if self.routing:
+                return types.SimpleNamespace(cache=types.SimpleNamespace(revision=lambda t: 2))
             endpoint, pub = self.followed.pop(0) if len(self.followed) > 1 else self.followed[0]
             return types.SimpleNamespace(endpoint=endpoint, pub_endpoint=pub)
 
@@ -430,18 +466,21 @@ def test_watch_says_reconnected_waits_through_a_quiet_spell_and_times_requests_b
             return None
 
         def watch(self, topic: str, callback: Any) -> None:
-            pass
+            self.routing = True  # the topic's route, as a client's first pull brings it
+            callback(topic, None)
+            self.routing = False
 
         def close(self) -> None:
             pass
 
     monkeypatch.setattr(watch_module, "RouteClient", ScriptedClient)
     monkeypatch.setattr(watch_module, "ask", lambda target, request: None)
-    out = CliRunner().invoke(main, ["watch", "TA", "--ns", "tcp://127.0.0.1:1", "--count", "3",
+    out = CliRunner().invoke(main, ["watch", "TA", "--ns", "tcp://127.0.0.1:1", "--count", "4",
                                     "--timeout", "7"])
     assert out.exit_code == 0, out.output
-    # The quiet spell did not end the command: it waited for its third line.
-    assert [body(line) for line in out.stdout.splitlines()] == [
+    # The quiet spell did not end the command: it waited for its last line. The events that
+    # came first follow the topic's starting route.
+    assert [body(line) for line in out.stdout.splitlines()] == ["route TA rev 2: no route"] + [
         f"broker registered c1/b1 id 0 at h:1 (rev {n})" for n in (1, 2, 3)]
     assert [body(note) for note in out.stderr.splitlines()[1:]] == [
         "following tcp://a:1 (events on tcp://a:2)",

@@ -12,8 +12,9 @@ event on (its first line is its whole route; `gone` when it was deleted before
 it could be followed). `--json` starts with each topic's route as well, one
 `state` line per topic (`{"time", "op": "state", "topic", "revision", "route"}`,
 `route` as in a route event, null when the topic has none), then prints the
-events themselves, one JSON object per line with the time it arrived (a
-starting line and the first events may interleave: `revision` orders them).
+events themselves, one JSON object per line with the time it arrived. Events
+that arrive before every starting route is printed wait for them, so the
+starting lines always come first (`revision` orders what follows).
 Every line starts with the time; on stderr
 it says which NameServer it follows, when it moved to another one, and when the
 NameServer's epoch changed (it restarted: the routes were re-synced).
@@ -131,6 +132,32 @@ class _Printer:
         self.epoch: str | None = None
         self.client: RouteClient | None = None
         self.heard = threading.Event()  # an `hb` came through the events endpoint
+        # What events make before every starting route is printed waits here (None: they
+        # are); `starting` and it change on both threads, under the lock.
+        self._held: list[tuple[str, str]] | None = []
+        self._listed = False  # every starting topic was given to `start`
+        self._lock = threading.Lock()
+
+    def _put(self, kind: str, value: str) -> None:
+        """An event's line (or topic to follow): held while starting routes are due."""
+        with self._lock:
+            if self._held is not None:
+                self._held.append((kind, value))
+                return
+        self.lines.put((kind, value))
+
+    def listed(self) -> None:
+        """Every starting topic was given to `start` (main thread)."""
+        with self._lock:
+            self._listed = True
+            self._release()
+
+    def _release(self) -> None:
+        """Once every starting route is printed, the lines held behind them (lock held)."""
+        if self._held is not None and self._listed and not self.starting:
+            for line in self._held:
+                self.lines.put(line)
+            self._held = None
 
     def on_event(self, body: bytes) -> None:
         """Every event body the client receives (on its thread)."""
@@ -148,19 +175,20 @@ class _Printer:
             return
         if self.as_json:
             data = {"time": _stamp(), **msgspec.to_builtins(event)}
-            self.lines.put(("line", json.dumps(data)))
+            self._put("line", json.dumps(data))
         elif isinstance(event, BrokerEvent):
-            self.lines.put(("line", describe_broker_event(event)))
+            self._put("line", describe_broker_event(event))
         elif isinstance(event, RouteEvent) and self.follow_new and event.topic not in self.routes:
             self.routes[event.topic] = None
             if event.route is None:
                 self.deleted_unfollowed.add(event.topic)
-            self.lines.put(("follow", event.topic))
+            self._put("follow", event.topic)
 
     def start(self, topic: str) -> None:
         """Follow `topic` from its whole route (the first line it gets)."""
         self.routes[topic] = None
-        self.starting.add(topic)
+        with self._lock:
+            self.starting.add(topic)
 
     def on_route(self, topic: str, route: TopicRoute | None) -> None:
         """A followed topic's route changed (also after a re-sync), on the client's thread."""
@@ -175,7 +203,9 @@ class _Printer:
                                                           existed=existed)))
         elif topic in self.starting:  # later changes come as the events themselves
             self.lines.put(("line", json.dumps(state_json(topic, route, revision))))
-        self.starting.discard(topic)
+        with self._lock:
+            self.starting.discard(topic)
+            self._release()
 
 
 def state_json(topic: str, route: TopicRoute | None, revision: int) -> dict[str, Any]:
@@ -242,6 +272,7 @@ def _watch(target: Target, topics: tuple[str, ...], count: int | None, events: s
         for topic in topics or ask(target, GetTopics())[1].topics:
             printer.start(topic)  # every topic starts with its whole route
             client.watch(topic, printer.on_route)
+        printer.listed()  # the events that came meanwhile follow the starting routes
         # A relay named with --events must be heard (its first hb) before any line counts: a
         # wrong endpoint is an error, not a watch that prints the starting routes and exits 0.
         if events is not None and not printer.heard.wait(target.timeout + HB_WAIT_S):
