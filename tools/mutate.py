@@ -93,7 +93,11 @@ MODULES: dict[str, list[str]] = {
     # The KV log's record format, compaction and space rules, without files.
     "kv_log": ["tests/test_kv_policy.py"],
     # The split's log, fences and worker supervision, under random schedules (no processes).
-    "replication": ["tests/test_replication.py"],
+    # The primary also in process against forked workers (tests/test_replication_link.py, about
+    # a second): mutmut sees the primary's side there; a replica in a forked child it does not.
+    # tests/test_figures.py: the lag `zns status` shows (Primary.unapplied_since).
+    "replication": ["tests/test_replication.py", "tests/test_replication_link.py",
+                    "tests/test_figures.py"],
     "workers": ["tests/test_workers.py"],
     # The descriptor guard's pause and its retry, without sockets.
     "accept_pause": ["tests/test_accept_pause.py"],
@@ -945,6 +949,63 @@ EQUIVALENT: dict[str, str] = {
         "`edited or True`: past the first return, `edited` is never empty (a topic without a "
         "route always has an edit), so the edits are read either way",
     "zns.core.revisions.xǁSharedListsǁderived__mutmut_8": "cast(None, ...) for cast(T, ...): typing.cast returns its value unchanged",
+    # zns.core.replication (issue 30).
+    **{f"zns.core.replication.xǁPrimaryǁ__init____mutmut_{n}":
+       "the text of the error for a bound below 1: the one caller (zns.drivers.state_process) "
+       "passes no bound, so it is a programming error's text, shown to no user"
+       for n in (16, 17, 18, 19, 20)},
+    "zns.core.replication.xǁPrimaryǁdumped__mutmut_15":
+        "the text of the error for a dump past the last command: a driver's bug, shown to no user",
+    "zns.core.replication.xǁPrimaryǁ__init____mutmut_35":
+        "worker ids from 2, not 1: they only need to be distinct (the link keys its channels by "
+        "them and logs them)",
+    "zns.core.replication.xǁPrimaryǁjoin__mutmut_8": "ids 1, 0, -1, ...: as __init____mutmut_35, still distinct",
+    "zns.core.replication.xǁPrimaryǁjoin__mutmut_9": "ids 1, 3, 5, ...: as __init____mutmut_35",
+    "zns.core.replication.xǁReplicaǁ__init____mutmut_22":
+        "tokens from 2, not 1: they only need to be distinct (the drivers key dicts by them and "
+        "test them with `is not None`)",
+    "zns.core.replication.xǁReplicaǁforward__mutmut_3": "tokens 1, 0, -1, ...: as __init____mutmut_22",
+    "zns.core.replication.xǁReplicaǁforward__mutmut_4": "tokens 1, 3, 5, ...: as __init____mutmut_22",
+    "zns.core.replication.xǁPrimaryǁjoin__mutmut_12":
+        "a joining follower's sent = None: the _transfer join calls next sets it to the current seq",
+    "zns.core.replication.xǁPrimaryǁ_drop__mutmut_6":
+        "pop without a default: _drop is called only for a worker the primary holds (on_message "
+        "looked it up, on_timer iterates the workers)",
+    "zns.core.replication.xǁPrimaryǁ_pump__mutmut_19":
+        "seq + 2 for seq + 1 when the tail is empty: `sent + 1 < first` holds for both, as the "
+        "loop runs only while sent < seq",
+    "zns.core.replication.xǁPrimaryǁ_send_parts__mutmut_3":
+        "`or` in an assert that always holds there (dumped and Received call it with a transfer "
+        "whose dump is set: a Received of a transfer not dumped yet has no size in 0 < size <= 0)",
+    "zns.core.replication.xǁPrimaryǁunapplied_since__mutmut_23":
+        "the clamp's upper end + 1: never reached, as the append times run without a gap up to "
+        "the current seq and the worker's applied is below it",
+    "zns.core.replication.xǁReplicaǁ__init____mutmut_5":
+        "loaded = None for False: only ever read as a truth value",
+    "zns.core.replication.xǁReplicaǁon_message__mutmut_53":
+        "awaiting_state = None for False: only ever read as a truth value",
+    "zns.core.replication.xǁReplicaǁ__init____mutmut_24":
+        "_parts = '' before any part: read only for a part at offset > 0, which always follows "
+        "its transfer's first part (offset 0, which sets _parts): the channel is ordered and "
+        "loses nothing",
+    "zns.core.replication.xǁReplicaǁ_assemble__mutmut_20":
+        "_parts = '' once a state is whole: as __init____mutmut_24 (the next part is a new "
+        "transfer's first)",
+    "zns.core.replication.xǁReplicaǁon_message__mutmut_27":
+        "`>=` for `>`: at an unchanged fence nothing new is released (every held event at or "
+        "below it was released when the fence got there or as its command's events were produced)",
+    "zns.core.replication.xǁReplicaǁon_message__mutmut_60": "as on_message__mutmut_27 (a Fence at the fence held)",
+    "zns.core.replication.xǁReplicaǁon_message__mutmut_34":
+        "an empty state (total 0: a forked worker's first) loaded without assembling it: the same "
+        "LoadState; only its Received(n, 0) is not sent, which the primary ignores (the "
+        "transfer ended as its one part was handed out), and no other assembly is under way",
+    "zns.core.replication.xǁReplicaǁon_message__mutmut_35": "as on_message__mutmut_34 (total >= 1)",
+    "zns.core.replication.xǁReplicaǁon_message__mutmut_38":
+        "parts assembled without comparing their seq: every part of one transfer (its number) "
+        "carries the same seq",
+    "zns.core.replication.xǁReplicaǁproduced__mutmut_2":
+        "`or` in the search for the command's place: commands are applied, and their events "
+        "produced, in seq order, so the first place still waiting for events is its own",
 }
 
 # A test process that aborts or segfaults did not pass: the mutant is caught (mutmut calls
