@@ -99,6 +99,9 @@ MODULES: dict[str, list[str]] = {
     "replication": ["tests/test_replication.py", "tests/test_replication_link.py",
                     "tests/test_figures.py"],
     "workers": ["tests/test_workers.py"],
+    # A worker's writes at the state process: in flight, answered, timed out (no sockets).
+    # tests/test_worker_writes.py runs the same bounds in a live server (not here: processes).
+    "forwarding": ["tests/test_forwarding.py"],
     # The descriptor guard's pause and its retry, without sockets.
     "accept_pause": ["tests/test_accept_pause.py"],
     # The drivers and the CLI: in-process socket tests (seconds each; see the module docstring).
@@ -1006,6 +1009,17 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.replication.xǁReplicaǁproduced__mutmut_2":
         "`or` in the search for the command's place: commands are applied, and their events "
         "produced, in seq order, so the first place still waiting for events is its own",
+    # zns.core.forwarding (issue 30).
+    **{f"zns.core.forwarding.xǁForwardedWritesǁ__init____mutmut_{n}":
+       "the text of the error for a bound below 1: the one caller (zns.drivers.worker) passes "
+       "a constant, so it is a programming error's text, shown to no user"
+       for n in (6, 7, 8)},
+    "zns.core.forwarding.xǁForwardedWritesǁ_last_deadline__mutmut_6":
+        "a first write's deadline max(now + timeout_ms, 1) for max(now + timeout_ms, 0): equal, as "
+        "`now` (the loop's monotonic ms) is never negative and timeout_ms >= 1",
+    "zns.core.forwarding.xǁWriteInFlightǁ__init____mutmut_1":
+        "the exception's args None for the token: every boundary catches it by type and reads "
+        "`.token`, none its args",
 }
 
 # A test process that aborts or segfaults did not pass: the mutant is caught (mutmut calls
