@@ -1020,6 +1020,16 @@ EQUIVALENT: dict[str, str] = {
     "zns.core.forwarding.xǁWriteInFlightǁ__init____mutmut_1":
         "the exception's args None for the token: every boundary catches it by type and reads "
         "`.token`, none its args",
+    # zns.core.workers (issue 30).
+    **{f"zns.core.workers.xǁWorkerPoolǁ__init____mutmut_{n}":
+       "the text of the error for a pool of no worker: `zns serve` makes a pool only for "
+       "--workers >= 1 (0 runs one process), so it is a programming error's text, shown to no user"
+       for n in (3, 4, 5)},
+    "zns.core.workers.xǁWorkerPoolǁ__init____mutmut_7": "stopping = None for False: only ever read as a truth value",
+    "zns.core.workers.xǁWorkerPoolǁstart_failed__mutmut_4":
+        "deaths = 1 for += 1 after a failed start: deaths is read only by exited, after adding 1, "
+        "as `deaths == 1`; it is >= 2 there after a failed start either way",
+    "zns.core.workers.xǁWorkerPoolǁstart_failed__mutmut_6": "deaths += 2: as start_failed__mutmut_4 (>= 3 there)",
 }
 
 # A test process that aborts or segfaults did not pass: the mutant is caught (mutmut calls
