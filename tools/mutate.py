@@ -102,6 +102,12 @@ MODULES: dict[str, list[str]] = {
     # A worker's writes at the state process: in flight, answered, timed out (no sockets).
     # tests/test_worker_writes.py runs the same bounds in a live server (not here: processes).
     "forwarding": ["tests/test_forwarding.py"],
+    # The state machine: its own log, dump and transfer tests, then the boundary that feeds it
+    # every write (the services' tests, the audit trail's changes) and the warm restart's
+    # Restore (seconds in all).
+    "state": ["tests/test_state.py", "tests/test_state_transfer.py", "tests/test_state_process.py",
+              "tests/test_warm.py", "tests/test_service.py", "tests/test_remoting_service.py",
+              "tests/test_kv_service.py", "tests/test_limits.py", "tests/test_audit.py"],
     # The descriptor guard's pause and its retry, without sockets.
     "accept_pause": ["tests/test_accept_pause.py"],
     # The drivers and the CLI: in-process socket tests (seconds each; see the module docstring).
@@ -1030,6 +1036,42 @@ EQUIVALENT: dict[str, str] = {
         "deaths = 1 for += 1 after a failed start: deaths is read only by exited, after adding 1, "
         "as `deaths == 1`; it is >= 2 there after a failed start either way",
     "zns.core.workers.xǁWorkerPoolǁstart_failed__mutmut_6": "deaths += 2: as start_failed__mutmut_4 (>= 3 there)",
+    # zns.core.state (issue 30).
+    "zns.core.state.xǁStateMachineǁ__init____mutmut_10":
+        "the change count 1 higher from the start: `changes` is only compared for equality with "
+        "an earlier count of the same machine (DumpSchedule's `written` is read from it)",
+    "zns.core.state.xǁStateMachineǁload__mutmut_26": "as __init____mutmut_10, for a loaded machine",
+    "zns.core.state.xǁStateMachineǁload__mutmut_29": "as __init____mutmut_10, for a loaded machine",
+    "zns.core.state.xǁStateMachineǁ_remember_emptied__mutmut_3":
+        "the emptied namespaces counted 2 a change for 1: the count still only grows, and is only "
+        "compared for equality with an earlier one",
+    "zns.core.state.xǁStateMachineǁ_remember_emptied__mutmut_7":
+        "'' for None as the value in _emptied: the dict is an ordered set, its values never read",
+    "zns.core.state.xǁStateMachineǁ_dump_steps__mutmut_15":
+        "the guard loop after the queue steps never has a revision step left: a queue step ends "
+        "after at most `work` topics (each has a queue entry), so there are as many queue steps "
+        "as revision steps or more",
+    "zns.core.state.xǁStateMachineǁ_dump_steps__mutmut_11":
+        "next(revision_steps, None) for [] once the revision steps ran out (topics on several "
+        "brokers): EncodedList.extend ignores an empty (falsy) list, None alike",
+    "zns.core.state.xǁStateMachineǁ_write__mutmut_165":
+        "a wipe's audit `after` counted for the name None: after a wipe the name has no writable "
+        "topic, 0 as for a name nobody holds",
+    "zns.core.state.xǁStateMachineǁ_write__mutmut_75":
+        "_displacement called for no events: it finds no displaced address and returns None, as "
+        "the guard does",
+    "zns.core.state.xǁStateMachineǁ_restore__mutmut_2":
+        "the text of the error for a Restore with a window list of another length: "
+        "zns.core.warm makes one window per address, so no user sees it",
+    **{f"zns.core.state.xǁStateMachineǁ{name}":
+       "the text of the Internal raised for a request or command outside the typed unions, "
+       "which the decoders never produce (unreachable)"
+       for name in ("_write__mutmut_315", "_write__mutmut_316", "apply__mutmut_39",
+                    "apply__mutmut_40")},
+    **{f"zns.core.state.xǁStateMachineǁ{name}":
+       "the text of a programming error (the drivers load and move into a new, empty store), "
+       "still matching what its test reads ('empty store')"
+       for name in ("load__mutmut_4", "load__mutmut_5", "move_kv__mutmut_2")},
 }
 
 # A test process that aborts or segfaults did not pass: the mutant is caught (mutmut calls
