@@ -108,6 +108,10 @@ MODULES: dict[str, list[str]] = {
     "state": ["tests/test_state.py", "tests/test_state_transfer.py", "tests/test_state_process.py",
               "tests/test_warm.py", "tests/test_service.py", "tests/test_remoting_service.py",
               "tests/test_kv_service.py", "tests/test_limits.py", "tests/test_audit.py"],
+    # A state dump's formats: the lists encoded in steps, then the dumps that hold them.
+    "state_dump": ["tests/test_state_transfer.py", "tests/test_state.py"],
+    # The warm restart's dump, its checks and its schedule, without files.
+    "warm": ["tests/test_warm.py", "tests/test_state.py"],
     # The descriptor guard's pause and its retry, without sockets.
     "accept_pause": ["tests/test_accept_pause.py"],
     # The drivers and the CLI: in-process socket tests (seconds each; see the module docstring).
@@ -1072,6 +1076,24 @@ EQUIVALENT: dict[str, str] = {
        "the text of a programming error (the drivers load and move into a new, empty store), "
        "still matching what its test reads ('empty store')"
        for name in ("load__mutmut_4", "load__mutmut_5", "move_kv__mutmut_2")},
+    # zns.core.state_dump (issue 30).
+    "zns.core.state_dump.x_array_header__mutmut_15":
+        "to_bytes(2) without 'big': its byteorder defaults to 'big' since Python 3.11, the "
+        "oldest pyproject.toml allows",
+    "zns.core.state_dump.x_array_header__mutmut_24": "as array_header__mutmut_15 (to_bytes(4))",
+    # zns.core.warm (issue 30).
+    **{f"zns.core.warm.{name}":
+       "int.to_bytes / int.from_bytes without 'big': the byteorder defaults to 'big' since "
+       "Python 3.11, the oldest pyproject.toml allows"
+       for name in ("x_encode_dump__mutmut_9", "x_encode_dump__mutmut_16",
+                    "x_decode_dump__mutmut_10", "x_decode_dump__mutmut_21")},
+    "zns.core.warm.xǁDumpScheduleǁ__init____mutmut_1":
+        "written=1 by default: the one caller (zns.drivers.state_file) passes the machine's count",
+    "zns.core.warm.xǁDumpScheduleǁ__init____mutmut_4": "_writing = None for False: only ever read as a truth value",
+    "zns.core.warm.xǁDumpScheduleǁfinished__mutmut_1": "as __init____mutmut_4",
+    "zns.core.warm.xǁDumpScheduleǁ__init____mutmut_7":
+        "_pending = None at first: read only by finished(), which the driver calls only after "
+        "started() set it",
 }
 
 # A test process that aborts or segfaults did not pass: the mutant is caught (mutmut calls
