@@ -859,3 +859,14 @@ def test_events_of_a_command_whose_place_was_dropped_are_counted_as_they_are_pro
     assert replica.held == (0, 0) and replica.dropped_events == 1
     replica.produced(1, [b"e1", b"e1"])
     assert replica.dropped_events == 3 and replica.held == (0, 0)
+
+
+def test_the_primary_knows_no_applied_seq_for_a_worker_it_dropped_or_never_had() -> None:
+    # `zns status` asks it of every channel it still has a process for: a dropped worker's
+    # process may not be reaped yet.
+    primary = Primary(now=0)
+    worker = primary.join(0)
+    send_states(primary)
+    assert primary.applied(worker) == 0
+    primary.on_message(worker, Ack(5), 0)  # outside what it was sent: dropped
+    assert primary.applied(worker) is None and primary.applied(worker + 1) is None
