@@ -102,6 +102,19 @@ def test_only_a_displacing_registration_carries_a_change() -> None:
         before="c1/broker-a id 0 at 10.0.0.1:10911", after=A2)
 
 
+def test_a_registration_that_displaces_two_addresses_lists_both_before() -> None:
+    # broker-a id 1 at A1 in c2 and id 0 at A2 in c1; A1 registers as id 0 in c1: it leaves
+    # c2 (§4 step 2) and takes id 0 from A2 (step 3).
+    state = StateMachine(KvStore(None), epoch=EPOCH)
+    state.apply(Write(request=registration(A2), now=0))
+    state.apply(Write(request=msgspec.structs.replace(registration(A1), cluster="c2",
+                                                      broker_id=1), now=0))
+    assert change(state, registration(A1, state=1)) == Change(
+        what="register_broker", target="c1/broker-a id 0",
+        before="c2/broker-a id 1 at 10.0.0.1:10911, c1/broker-a id 0 at 10.0.0.2:10911",
+        after=A1)
+
+
 # --- the boundary: one line, who, the fields ---------------------------------------------
 
 def audit_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

@@ -98,3 +98,37 @@ def test_bounds_must_be_positive() -> None:
         ForwardedWrites(max_in_flight=0)
     with pytest.raises(ValueError):
         ForwardedWrites(timeout_ms=0)
+
+
+def test_bounds_of_one_are_taken() -> None:
+    writes = ForwardedWrites(max_in_flight=1, timeout_ms=1)
+    writes.admit()
+    writes.sent(1, now=100)
+    with pytest.raises(Busy):
+        writes.admit()  # one in flight: the bound
+    assert writes.next_deadline() == 101
+    writes.on_timer(101)
+    assert writes.ready == {1: None}
+    writes.admit()  # room again
+
+
+def test_the_counters_start_at_zero_and_count_every_refusal_and_every_timeout() -> None:
+    # They are /metrics' zns_worker_writes_refused, _timed_out and _request_pauses.
+    writes = ForwardedWrites(max_in_flight=1, timeout_ms=1000)
+    assert (writes.refused, writes.timed_out, writes.request_pauses) == (0, 0, 0)
+    writes.sent(1, now=0)
+    for _ in range(2):
+        with pytest.raises(Busy):
+            writes.admit()
+    writes.sent(2, now=0)
+    writes.on_timer(1000)
+    assert (writes.refused, writes.timed_out) == (2, 2)
+
+
+def test_a_refused_write_is_told_how_many_writes_are_at_the_state_process_and_to_retry() -> None:
+    writes = ForwardedWrites(max_in_flight=2, timeout_ms=1000)
+    writes.sent(1, now=0)
+    writes.sent(2, now=0)
+    with pytest.raises(Busy) as refused:
+        writes.admit()
+    assert str(refused.value) == "2 writes are already at the state process on this worker; retry"

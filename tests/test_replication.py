@@ -687,3 +687,186 @@ def test_an_acknowledgement_of_more_than_was_handed_out_is_ignored() -> None:
     assert primary.actions() == [] and primary.workers == [worker]
     primary.on_message(worker, Received(1, 2), 1)
     assert deliveries(primary.actions()) == [State(0, b"cd", 2, 6, 1)]
+
+
+# --- what mutation testing found unpinned -----------------------------------------------------
+
+
+@pytest.mark.parametrize("bound", ["window", "max_tail_commands", "max_tail_bytes",
+                                   "ack_timeout_ms", "chunk_bytes", "transfer_window_bytes"])
+def test_each_bound_of_the_primary_must_be_positive(bound: str) -> None:
+    with pytest.raises(ValueError):
+        Primary(now=0, **{bound: 0})
+
+
+def test_every_worker_dropped_is_counted() -> None:
+    primary = Primary(now=0, ack_timeout_ms=1000)
+    primary.join(0), primary.join(0)
+    send_states(primary)
+    primary.append(b"c1", 0)  # neither acknowledges it
+    primary.actions()
+    primary.on_timer(1001)
+    assert [type(a) for a in primary.actions()] == [Drop, Drop]
+    assert primary.dropped == 2 and primary.workers == []
+
+
+def test_a_worker_whose_next_command_just_left_the_tail_gets_a_state() -> None:
+    primary = Primary(now=0, window=1, max_tail_commands=2)
+    a, b = primary.join(0), primary.join(0)
+    send_states(primary)
+    primary.actions()
+    primary.append(b"c1", 0)  # both are sent c1; b never acknowledges it (its window is full)
+    for seq in (2, 3, 4):
+        primary.on_message(a, Ack(seq - 1), 0)
+        primary.append(b"c%d" % seq, 0)
+    assert primary.tail == (2, len(b"c3c4"))  # c2, b's next, is one before the tail
+    primary.actions()
+    primary.on_message(b, Ack(1), 0)
+    assert [a for a in primary.actions() if not isinstance(a, Deliver)] == [SendState(b, 4)]
+
+
+def test_a_worker_behind_a_tail_holding_nothing_gets_a_state() -> None:
+    primary = Primary(now=0, window=1, max_tail_bytes=1)  # no command fits in the tail
+    worker = primary.join(0)
+    send_states(primary)
+    primary.actions()
+    primary.append(b"c1", 0)
+    primary.append(b"c2", 0)  # past the window: dropped from the tail at once
+    assert primary.tail == (0, 0)
+    assert deliveries(primary.actions()) == [Apply(1, b"c1", 1)]
+    primary.on_message(worker, Ack(1), 0)
+    assert [a for a in primary.actions() if not isinstance(a, Deliver)] == [SendState(worker, 2)]
+
+
+def test_an_empty_dump_is_sent_as_one_empty_part_and_the_commands_follow_it() -> None:
+    # A forked worker's first state: it holds the fork's copy, so its dump is empty.
+    primary = Primary(now=0)
+    worker = primary.join(0)
+    assert primary.actions() == [SendState(worker, 0)]
+    primary.append(b"c1", 0)
+    primary.dumped(worker, 0, b"")
+    actions = primary.actions()
+    assert actions == [Deliver(worker, State(0, b"", 0, 0, 1)), Deliver(worker, Apply(1, b"c1", 1))]
+    sent = deliveries(actions)
+    replica = Replica()
+    for message in sent:
+        replica.on_message(decode_to_worker(encode(message)))
+    actions = replica.actions()
+    assert LoadState(0, b"") in actions and ApplyCommand(1, b"c1") in actions
+    assert replica.loaded and replica.applied == 1
+
+
+def test_the_tail_holds_only_what_some_worker_was_not_sent() -> None:
+    primary = Primary(now=0)
+    primary.join(0)
+    send_states(primary)
+    for seq in range(1, 4):
+        primary.append(b"c%d" % seq, 0)
+    assert primary.tail == (0, 0)
+
+
+def test_a_dump_for_a_worker_gone_or_already_sent_its_state_is_ignored() -> None:
+    primary = Primary(now=0)
+    gone = primary.join(0)
+    primary.actions()
+    primary.leave(gone)
+    primary.dumped(gone, 0, b"s0")  # it left while its dump was being made
+    assert primary.actions() == []
+    worker = primary.join(0)
+    primary.actions()
+    primary.dumped(worker, 0, b"s0")
+    assert deliveries(primary.actions()) == [State(0, b"s0", 0, 2, 2)]
+    primary.dumped(worker, 0, b"s0")  # handed over twice: sent once
+    assert primary.actions() == []
+
+
+def test_a_worker_that_joins_later_acknowledges_the_seq_of_its_state_and_stays() -> None:
+    cluster = Cluster(random.Random(8), window=10, tail=10)
+    cluster.join()
+    cluster.settle()
+    for _ in range(3):
+        cluster.append()
+    cluster.settle()
+    late = cluster.join()  # at seq 3: its replica acknowledges 3 once loaded
+    cluster.settle()
+    assert late in cluster.primary.workers and cluster.primary.dropped == 0
+    assert cluster.primary.applied(late) == 3
+
+
+def test_a_silent_worker_in_a_transfer_is_dropped_its_timeout_after_its_last_new_part() -> None:
+    primary = Primary(now=5000, ack_timeout_ms=1000, chunk_bytes=2, transfer_window_bytes=2)
+    worker = primary.join(5000)
+    primary.actions()
+    primary.dumped(worker, 0, b"abcdef")
+    primary.actions()
+    primary.on_message(worker, Received(1, 2), 5500)  # the first part: its clock restarts
+    assert deliveries(primary.actions()) == [State(0, b"cd", 2, 6, 1)]
+    assert primary.next_deadline() == 6501
+    primary.on_message(worker, Received(1, 2), 6000)  # nothing new: the clock runs on
+    assert primary.next_deadline() == 6501
+    primary.on_timer(6500)
+    assert primary.workers == [worker]
+    primary.on_timer(6501)
+    assert primary.actions() == [Drop(worker, "no acknowledgement for 1001 ms")]
+
+
+def test_leave_of_a_worker_already_dropped_changes_nothing() -> None:
+    # The link may see a dropped worker's channel fail (sending what was queued for it
+    # before its Drop) and report it gone.
+    primary = Primary(now=0)
+    worker, other = primary.join(0), primary.join(0)
+    send_states(primary)
+    primary.on_message(worker, Ack(5), 0)  # outside what it was sent: dropped
+    primary.leave(worker)
+    assert primary.workers == [other] and primary.dropped == 1
+
+
+def test_every_resync_is_counted() -> None:
+    replica = Replica()
+    replica.on_message(State(1, b"s1"))
+    replica.on_message(Apply(3, b"c3"))  # a gap
+    replica.on_message(State(3, b"s3"))
+    replica.on_message(Apply(3, b"c3"))  # a duplicate
+    assert replica.resyncs == 2
+
+
+def test_a_part_past_its_total_or_over_the_part_before_is_refused() -> None:
+    for parts in ([State(5, b"abcdef", 0, 4, 7)],  # past its total
+                  [State(5, b"ab", 0, 4, 7), State(5, b"cd", 1, 4, 7)]):  # overlapping
+        replica = Replica()
+        replica.on_message(State(3, b"s3"))
+        replica.actions()
+        for part in parts:
+            replica.on_message(part)
+        assert replica.actions() == [SendToPrimary(Resync(3))]
+        assert not any(isinstance(a, LoadState) for a in replica.actions())
+
+
+def test_held_events_up_to_the_bound_exactly_are_kept() -> None:
+    replica = Replica(max_held_bytes=8)
+    replica.on_message(State(0, b"s0"))
+    for seq in (1, 2):
+        replica.on_message(Apply(seq, b"c"))
+        replica.produced(seq, [b"eeee"])
+    assert replica.held == (2, 8) and replica.dropped_events == 0
+
+
+def test_events_of_a_command_whose_place_was_dropped_are_counted_as_they_are_produced() -> None:
+    replica = Replica(max_held_bytes=4)
+    replica.on_message(State(0, b"s0"))
+    replica.on_message(Apply(1, b"c1", 0, None))  # its events to be made by the replica
+    replica.on_message(Apply(2, b"c2", 0, [b"eeeee"]))  # past the bound: 1's place and 2 go
+    assert replica.held == (0, 0) and replica.dropped_events == 1
+    replica.produced(1, [b"e1", b"e1"])
+    assert replica.dropped_events == 3 and replica.held == (0, 0)
+
+
+def test_the_primary_knows_no_applied_seq_for_a_worker_it_dropped_or_never_had() -> None:
+    # `zns status` asks it of every channel it still has a process for: a dropped worker's
+    # process may not be reaped yet.
+    primary = Primary(now=0)
+    worker = primary.join(0)
+    send_states(primary)
+    assert primary.applied(worker) == 0
+    primary.on_message(worker, Ack(5), 0)  # outside what it was sent: dropped
+    assert primary.applied(worker) is None and primary.applied(worker + 1) is None

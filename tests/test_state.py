@@ -24,8 +24,8 @@ import pytest
 from zns.core.errors import ErrorReply, UsageError
 from zns.core.limits import Limits
 from zns.core.schema import (
-    ORDER_TOPIC_CONFIG, DataVersion, Heartbeat, KvDelete, KvPut, RegisterBroker, WipeWritePerm,
-    tag_of,
+    ORDER_TOPIC_CONFIG, AddWritePerm, DataVersion, Heartbeat, KvDelete, KvPut, RegisterBroker,
+    TopicConfig, WipeWritePerm, tag_of,
 )
 from zns.core.state import (
     WRITE_REQUESTS,
@@ -441,3 +441,77 @@ def test_a_registration_that_changes_anything_else_is_replicated_whole():
     with pytest.raises(UsageError):
         machine.apply(msgspec.structs.replace(renewal, broker_addr=ADDRS[1]))
     assert machine.dump() == dump
+
+
+def test_a_forked_copy_moves_its_kv_entries_into_a_store_of_its_own():
+    # A forked worker's machine (zns.drivers.worker.Forked): the KV store the fork copied is
+    # the state process's file; from the move on, the copy reads and writes its own.
+    machine = fresh()
+    for command in random_log(4, 300):
+        apply(machine, command)
+    shared = machine.kv
+    before = machine.dump()
+    assert shared.count() > 0
+    own = KvStore(None)
+    machine.move_kv(own)
+    assert machine.kv is own and machine.dump() == before
+    assert [(ns, own.list(ns)) for ns in own.namespaces()] == [
+        (ns, shared.list(ns)) for ns in shared.namespaces()]
+    namespace, key = next((ns, k) for ns in own.namespaces() for k in own.list(ns))
+    machine.apply(Write(request=KvPut(id=1, namespace=namespace, key=key, value="moved"), now=0))
+    assert own.get(namespace, key) == "moved" != shared.get(namespace, key)
+    with pytest.raises(UsageError, match="empty store"):
+        machine.move_kv(own)  # not empty
+
+
+def registration(connection: int | None, **fields: Any) -> Write:
+    request = RegisterBroker(id=1, cluster="c1", broker_name="broker-a", broker_id=0,
+                             broker_addr=ADDRS[0], topics={"T1": TopicConfig(4, 4, 6, 0)},
+                             data_version=DataVersion(1, 2, 3))
+    return Write(request=msgspec.structs.replace(request, **fields), now=1_000,
+                 connection=connection)
+
+
+def test_a_remoting_heartbeat_of_a_broker_registered_over_zns1_reports_its_data_version():
+    # QUERY_DATA_VERSION answers from it, though the heartbeat keeps nothing alive.
+    machine = fresh()
+    machine.apply(registration(None))
+    heartbeat = Heartbeat(id=2, cluster="c1", broker_name="broker-a", broker_id=0,
+                          broker_addr=ADDRS[0], data_version=DataVersion(9, 9, 9))
+    outcome = machine.apply(Write(request=heartbeat, now=2_000, connection=7))
+    assert outcome.data_version == DataVersion(1, 2, 3)
+    assert machine.apply(Write(request=heartbeat, now=2_000)).data_version is None  # ZNS/1
+
+
+def test_giving_back_write_perm_makes_the_route_events():
+    machine = fresh()
+    machine.apply(registration(None))
+    wiped = machine.apply(Write(request=WipeWritePerm(id=2, broker_name="broker-a"), now=1_000))
+    added = machine.apply(Write(request=AddWritePerm(id=3, broker_name="broker-a"), now=1_000))
+    assert wiped.events and added.events
+    assert [type(e) for e in added.events] == [type(e) for e in wiped.events]
+
+
+def test_deleting_a_key_of_another_namespace_leaves_the_order_configuration_of_its_topic():
+    machine = fresh()
+    machine.apply(registration(None))
+    machine.apply(Write(request=KvPut(id=2, namespace=ORDER_TOPIC_CONFIG, key="T1",
+                                      value="broker-a:4"), now=1_000))
+    machine.apply(Write(request=KvPut(id=3, namespace="ns1", key="T1", value="v"), now=1_000))
+    before = machine.table.exact_dump()
+    outcome = machine.apply(Write(request=KvDelete(id=4, namespace="ns1", key="T1"), now=1_000))
+    assert outcome.events == [] and machine.table.exact_dump() == before
+
+
+def test_a_change_and_then_an_emptied_namespace_never_bring_the_change_count_back():
+    # The warm restart's dump is written again whenever the count differs from the one it was
+    # written at (zns.core.warm.DumpSchedule): a count that came back would lose both changes.
+    machine = fresh()
+    machine.apply(registration(None))
+    machine.apply(Write(request=KvPut(id=2, namespace="ns1", key="k", value="v"), now=1_000))
+    written = machine.changes
+    machine.apply(registration(None, topics={"T1": TopicConfig(4, 4, 6, 0),
+                                             "T2": TopicConfig(4, 4, 6, 0)}))
+    machine.apply(Write(request=KvDelete(id=3, namespace="ns1", key="k"), now=1_000,
+                        connection=7))  # over remoting: "ns1" is remembered emptied
+    assert machine.emptied("ns1") and machine.changes != written

@@ -100,3 +100,13 @@ def test_a_stream_of_changes_cannot_keep_a_dump_from_ending(machine: StateMachin
         machine.apply(register(f"x{n}", 1, first=20_000 + n))  # a change after every step
     assert made == 3  # one step of each of the three tries, then the whole in one step
     assert step == machine.dump()
+
+
+def test_topics_held_by_several_brokers_dump_in_steps_as_in_one() -> None:
+    # Two queue entries a topic: the queue data take more steps than the topics' revisions,
+    # whose steps run out first.
+    machine = StateMachine(KvStore(None), epoch="e")
+    machine.apply(register("a", 5))
+    machine.apply(register("b", 5))
+    steps = list(machine.dump_in_steps(work=2))
+    assert steps.count(None) == 5 and steps[-1] == machine.dump()

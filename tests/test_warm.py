@@ -314,6 +314,24 @@ def test_a_damaged_dump_is_corrupt(damage):
         warm.decode_dump(damage(good_dump()))
 
 
+def with_header(body: bytes) -> bytes:
+    return warm.MAGIC + warm.FORMAT.to_bytes(2, "big") + zlib.crc32(body).to_bytes(4, "big") + body
+
+
+@pytest.mark.parametrize(("data", "says"), [
+    (b"garbage", "not a zns state dump (7 bytes, no header)"),
+    (with_header(b"\x93\x01")[:-1] + b"\x02", "its checksum does not match (2 bytes of body: "
+                                                "truncated or altered)"),
+    (with_header(b"\x93\x01"), "it does not decode: "),
+    (with_header(b""), "it does not decode: "),  # a header and nothing else
+])
+def test_a_corrupt_dump_says_what_is_wrong_with_it(data, says):
+    # The server logs it as it starts empty: the line must say why.
+    with pytest.raises(warm.CorruptDump) as corrupt:
+        warm.decode_dump(data)
+    assert str(corrupt.value).startswith(says)
+
+
 def test_a_dump_of_a_newer_format_is_refused():
     data = good_dump()
     newer = warm.MAGIC + (warm.FORMAT + 1).to_bytes(2, "big") + data[len(warm.MAGIC) + 2:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -184,3 +185,97 @@ def test_never_more_than_n_alive_and_every_slot_is_refilled(
         p.on_timer(now)
         carry_out()
     assert len(p.alive) == desired
+
+
+def quick_deaths(p: WorkerPool, slot: int, pid: int, now: int, deaths: int) -> list[int]:
+    """`deaths` workers in `slot` each dying 10 ms after its start, from `pid` at `now`:
+    how long each replacement waited (0: started at once)."""
+    waits = []
+    p.started(slot, pid, now)
+    for _ in range(deaths):
+        now += 10
+        p.exited(pid, now)
+        due = now if p.actions() else p.next_deadline()
+        assert due is not None
+        if due > now:
+            p.on_timer(due)
+            assert p.actions() == [StartWorker(slot)]
+        waits.append(due - now)
+        now, pid = due, pid + 1
+        p.started(slot, pid, now)
+    return waits
+
+
+def test_quick_deaths_are_timed_from_the_worker_s_own_start() -> None:
+    p = pool(1, stable_ms=1000)
+    p.actions()
+    # Started long after the pool: each lives 10 ms, the second and third wait a backoff.
+    waits = quick_deaths(p, 0, 1, 50_000, 3)
+    assert waits[0] == 0 and all(w > 0 for w in waits[1:])
+
+
+def test_the_first_quick_death_after_a_worker_that_lived_long_is_replaced_at_once() -> None:
+    p = pool(1, stable_ms=1000)
+    p.actions()
+    quick_deaths(p, 0, 1, 0, 2)  # 1 and 2 die quickly; 3 is started
+    p.exited(3, 60_000)  # lived long: at once, and its slot counts no quick death
+    assert p.actions() == [StartWorker(0)]
+    assert quick_deaths(p, 0, 4, 60_000, 1) == [0]
+
+
+def test_a_quick_death_after_a_failed_start_waits_a_backoff() -> None:
+    p = pool(1, stable_ms=1000)
+    p.actions()
+    p.start_failed(0, 0)
+    due = p.next_deadline()
+    assert due is not None
+    p.on_timer(due)
+    assert p.actions() == [StartWorker(0)]
+    waits = quick_deaths(p, 0, 1, due, 2)  # the failed start counts as the first quick death
+    assert all(w > 0 for w in waits)
+
+
+def test_every_restart_is_counted() -> None:
+    # /metrics' zns_worker_restarts (the state process's figures).
+    p = pool(2)
+    start_all(p, 0, 10)
+    p.exited(10, 5_000)
+    p.exited(11, 5_000)
+    assert p.restarts == 2
+
+
+def test_the_backoff_s_jitter_comes_from_the_random_source_given() -> None:
+    p = WorkerPool(1, now=0, stable_ms=1000, first_delay_ms=1000, max_delay_ms=100_000,
+                   rng=random.Random(7))
+    p.actions()
+    waits = quick_deaths(p, 0, 1, 0, 5)
+    source = random.Random(7)
+    assert waits == [0] + [int(1000 * 2 ** n * source.uniform(0.5, 1.0)) for n in range(4)]
+
+
+def test_a_worker_started_after_stop_is_stopped_and_a_failed_start_after_stop_is_not_retried() -> None:
+    p = pool(2)
+    assert p.actions() == [StartWorker(0), StartWorker(1)]
+    p.stop()  # while the driver starts them
+    p.started(0, 10, 0)
+    assert p.actions() == [StopWorker(10)]
+    p.start_failed(1, 0)
+    assert p.next_deadline() is None and p.actions() == []
+
+
+def test_each_exit_and_failed_start_is_logged_with_the_worker_s_number_and_the_wait(
+        caplog: pytest.LogCaptureFixture) -> None:
+    p = pool(2, first_delay_ms=100, stable_ms=1000)
+    start_all(p, 1_000, 10)
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        p.exited(11, 61_000)
+        p.actions()
+        p.start_failed(1, 61_000)
+        due = p.next_deadline()
+        assert due is not None
+    messages = [r.getMessage() for r in caplog.records if r.name == "zns"]
+    assert messages == [
+        "worker 2 (pid 11) exited after 60000 ms; the next starts in 0 ms",
+        f"worker 2 could not start; trying again in {due - 61_000} ms",
+    ]
+    assert due > 61_000

@@ -93,8 +93,25 @@ MODULES: dict[str, list[str]] = {
     # The KV log's record format, compaction and space rules, without files.
     "kv_log": ["tests/test_kv_policy.py"],
     # The split's log, fences and worker supervision, under random schedules (no processes).
-    "replication": ["tests/test_replication.py"],
+    # The primary also in process against forked workers (tests/test_replication_link.py, about
+    # a second): mutmut sees the primary's side there; a replica in a forked child it does not.
+    # tests/test_figures.py: the lag `zns status` shows (Primary.unapplied_since).
+    "replication": ["tests/test_replication.py", "tests/test_replication_link.py",
+                    "tests/test_figures.py"],
     "workers": ["tests/test_workers.py"],
+    # A worker's writes at the state process: in flight, answered, timed out (no sockets).
+    # tests/test_worker_writes.py runs the same bounds in a live server (not here: processes).
+    "forwarding": ["tests/test_forwarding.py"],
+    # The state machine: its own log, dump and transfer tests, then the boundary that feeds it
+    # every write (the services' tests, the audit trail's changes) and the warm restart's
+    # Restore (seconds in all).
+    "state": ["tests/test_state.py", "tests/test_state_transfer.py", "tests/test_state_process.py",
+              "tests/test_warm.py", "tests/test_service.py", "tests/test_remoting_service.py",
+              "tests/test_kv_service.py", "tests/test_limits.py", "tests/test_audit.py"],
+    # A state dump's formats: the lists encoded in steps, then the dumps that hold them.
+    "state_dump": ["tests/test_state_transfer.py", "tests/test_state.py"],
+    # The warm restart's dump, its checks and its schedule, without files.
+    "warm": ["tests/test_warm.py", "tests/test_state.py"],
     # The descriptor guard's pause and its retry, without sockets.
     "accept_pause": ["tests/test_accept_pause.py"],
     # The drivers and the CLI: in-process socket tests (seconds each; see the module docstring).
@@ -945,6 +962,138 @@ EQUIVALENT: dict[str, str] = {
         "`edited or True`: past the first return, `edited` is never empty (a topic without a "
         "route always has an edit), so the edits are read either way",
     "zns.core.revisions.xǁSharedListsǁderived__mutmut_8": "cast(None, ...) for cast(T, ...): typing.cast returns its value unchanged",
+    # zns.core.replication (issue 30).
+    **{f"zns.core.replication.xǁPrimaryǁ__init____mutmut_{n}":
+       "the text of the error for a bound below 1: the one caller (zns.drivers.state_process) "
+       "passes no bound, so it is a programming error's text, shown to no user"
+       for n in (16, 17, 18, 19, 20)},
+    "zns.core.replication.xǁPrimaryǁdumped__mutmut_15":
+        "the text of the error for a dump past the last command: a driver's bug, shown to no user",
+    "zns.core.replication.xǁPrimaryǁ__init____mutmut_35":
+        "worker ids from 2, not 1: they only need to be distinct (the link keys its channels by "
+        "them and logs them)",
+    "zns.core.replication.xǁPrimaryǁjoin__mutmut_8": "ids 1, 0, -1, ...: as __init____mutmut_35, still distinct",
+    "zns.core.replication.xǁPrimaryǁjoin__mutmut_9": "ids 1, 3, 5, ...: as __init____mutmut_35",
+    "zns.core.replication.xǁReplicaǁ__init____mutmut_22":
+        "tokens from 2, not 1: they only need to be distinct (the drivers key dicts by them and "
+        "test them with `is not None`)",
+    "zns.core.replication.xǁReplicaǁforward__mutmut_3": "tokens 1, 0, -1, ...: as __init____mutmut_22",
+    "zns.core.replication.xǁReplicaǁforward__mutmut_4": "tokens 1, 3, 5, ...: as __init____mutmut_22",
+    "zns.core.replication.xǁPrimaryǁjoin__mutmut_12":
+        "a joining follower's sent = None: the _transfer join calls next sets it to the current seq",
+    "zns.core.replication.xǁPrimaryǁ_drop__mutmut_6":
+        "pop without a default: _drop is called only for a worker the primary holds (on_message "
+        "looked it up, on_timer iterates the workers)",
+    "zns.core.replication.xǁPrimaryǁ_pump__mutmut_19":
+        "seq + 2 for seq + 1 when the tail is empty: `sent + 1 < first` holds for both, as the "
+        "loop runs only while sent < seq",
+    "zns.core.replication.xǁPrimaryǁ_send_parts__mutmut_3":
+        "`or` in an assert that always holds there (dumped and Received call it with a transfer "
+        "whose dump is set: a Received of a transfer not dumped yet has no size in 0 < size <= 0)",
+    "zns.core.replication.xǁPrimaryǁunapplied_since__mutmut_23":
+        "the clamp's upper end + 1: never reached, as the append times run without a gap up to "
+        "the current seq and the worker's applied is below it",
+    "zns.core.replication.xǁReplicaǁ__init____mutmut_5":
+        "loaded = None for False: only ever read as a truth value",
+    "zns.core.replication.xǁReplicaǁon_message__mutmut_53":
+        "awaiting_state = None for False: only ever read as a truth value",
+    "zns.core.replication.xǁReplicaǁ__init____mutmut_24":
+        "_parts = '' before any part: read only for a part at offset > 0, which always follows "
+        "its transfer's first part (offset 0, which sets _parts): the channel is ordered and "
+        "loses nothing",
+    "zns.core.replication.xǁReplicaǁ_assemble__mutmut_20":
+        "_parts = '' once a state is whole: as __init____mutmut_24 (the next part is a new "
+        "transfer's first)",
+    "zns.core.replication.xǁReplicaǁon_message__mutmut_27":
+        "`>=` for `>`: at an unchanged fence nothing new is released (every held event at or "
+        "below it was released when the fence got there or as its command's events were produced)",
+    "zns.core.replication.xǁReplicaǁon_message__mutmut_60": "as on_message__mutmut_27 (a Fence at the fence held)",
+    "zns.core.replication.xǁReplicaǁon_message__mutmut_34":
+        "an empty state (total 0: a forked worker's first) loaded without assembling it: the same "
+        "LoadState; only its Received(n, 0) is not sent, which the primary ignores (the "
+        "transfer ended as its one part was handed out), and no other assembly is under way",
+    "zns.core.replication.xǁReplicaǁon_message__mutmut_35": "as on_message__mutmut_34 (total >= 1)",
+    "zns.core.replication.xǁReplicaǁon_message__mutmut_38":
+        "parts assembled without comparing their seq: every part of one transfer (its number) "
+        "carries the same seq",
+    "zns.core.replication.xǁReplicaǁproduced__mutmut_2":
+        "`or` in the search for the command's place: commands are applied, and their events "
+        "produced, in seq order, so the first place still waiting for events is its own",
+    # zns.core.forwarding (issue 30).
+    **{f"zns.core.forwarding.xǁForwardedWritesǁ__init____mutmut_{n}":
+       "the text of the error for a bound below 1: the one caller (zns.drivers.worker) passes "
+       "a constant, so it is a programming error's text, shown to no user"
+       for n in (6, 7, 8)},
+    "zns.core.forwarding.xǁForwardedWritesǁ_last_deadline__mutmut_6":
+        "a first write's deadline max(now + timeout_ms, 1) for max(now + timeout_ms, 0): equal, as "
+        "`now` (the loop's monotonic ms) is never negative and timeout_ms >= 1",
+    "zns.core.forwarding.xǁWriteInFlightǁ__init____mutmut_1":
+        "the exception's args None for the token: every boundary catches it by type and reads "
+        "`.token`, none its args",
+    # zns.core.workers (issue 30).
+    **{f"zns.core.workers.xǁWorkerPoolǁ__init____mutmut_{n}":
+       "the text of the error for a pool of no worker: `zns serve` makes a pool only for "
+       "--workers >= 1 (0 runs one process), so it is a programming error's text, shown to no user"
+       for n in (3, 4, 5)},
+    "zns.core.workers.xǁWorkerPoolǁ__init____mutmut_7": "stopping = None for False: only ever read as a truth value",
+    "zns.core.workers.xǁWorkerPoolǁstart_failed__mutmut_4":
+        "deaths = 1 for += 1 after a failed start: deaths is read only by exited, after adding 1, "
+        "as `deaths == 1`; it is >= 2 there after a failed start either way",
+    "zns.core.workers.xǁWorkerPoolǁstart_failed__mutmut_6": "deaths += 2: as start_failed__mutmut_4 (>= 3 there)",
+    # zns.core.state (issue 30).
+    "zns.core.state.xǁStateMachineǁ__init____mutmut_10":
+        "the change count 1 higher from the start: `changes` is only compared for equality with "
+        "an earlier count of the same machine (DumpSchedule's `written` is read from it)",
+    "zns.core.state.xǁStateMachineǁload__mutmut_26": "as __init____mutmut_10, for a loaded machine",
+    "zns.core.state.xǁStateMachineǁload__mutmut_29": "as __init____mutmut_10, for a loaded machine",
+    "zns.core.state.xǁStateMachineǁ_remember_emptied__mutmut_3":
+        "the emptied namespaces counted 2 a change for 1: the count still only grows, and is only "
+        "compared for equality with an earlier one",
+    "zns.core.state.xǁStateMachineǁ_remember_emptied__mutmut_7":
+        "'' for None as the value in _emptied: the dict is an ordered set, its values never read",
+    "zns.core.state.xǁStateMachineǁ_dump_steps__mutmut_15":
+        "the guard loop after the queue steps never has a revision step left: a queue step ends "
+        "after at most `work` topics (each has a queue entry), so there are as many queue steps "
+        "as revision steps or more",
+    "zns.core.state.xǁStateMachineǁ_dump_steps__mutmut_11":
+        "next(revision_steps, None) for [] once the revision steps ran out (topics on several "
+        "brokers): EncodedList.extend ignores an empty (falsy) list, None alike",
+    "zns.core.state.xǁStateMachineǁ_write__mutmut_165":
+        "a wipe's audit `after` counted for the name None: after a wipe the name has no writable "
+        "topic, 0 as for a name nobody holds",
+    "zns.core.state.xǁStateMachineǁ_write__mutmut_75":
+        "_displacement called for no events: it finds no displaced address and returns None, as "
+        "the guard does",
+    "zns.core.state.xǁStateMachineǁ_restore__mutmut_2":
+        "the text of the error for a Restore with a window list of another length: "
+        "zns.core.warm makes one window per address, so no user sees it",
+    **{f"zns.core.state.xǁStateMachineǁ{name}":
+       "the text of the Internal raised for a request or command outside the typed unions, "
+       "which the decoders never produce (unreachable)"
+       for name in ("_write__mutmut_315", "_write__mutmut_316", "apply__mutmut_39",
+                    "apply__mutmut_40")},
+    **{f"zns.core.state.xǁStateMachineǁ{name}":
+       "the text of a programming error (the drivers load and move into a new, empty store), "
+       "still matching what its test reads ('empty store')"
+       for name in ("load__mutmut_4", "load__mutmut_5", "move_kv__mutmut_2")},
+    # zns.core.state_dump (issue 30).
+    "zns.core.state_dump.x_array_header__mutmut_15":
+        "to_bytes(2) without 'big': its byteorder defaults to 'big' since Python 3.11, the "
+        "oldest pyproject.toml allows",
+    "zns.core.state_dump.x_array_header__mutmut_24": "as array_header__mutmut_15 (to_bytes(4))",
+    # zns.core.warm (issue 30).
+    **{f"zns.core.warm.{name}":
+       "int.to_bytes / int.from_bytes without 'big': the byteorder defaults to 'big' since "
+       "Python 3.11, the oldest pyproject.toml allows"
+       for name in ("x_encode_dump__mutmut_9", "x_encode_dump__mutmut_16",
+                    "x_decode_dump__mutmut_10", "x_decode_dump__mutmut_21")},
+    "zns.core.warm.xǁDumpScheduleǁ__init____mutmut_1":
+        "written=1 by default: the one caller (zns.drivers.state_file) passes the machine's count",
+    "zns.core.warm.xǁDumpScheduleǁ__init____mutmut_4": "_writing = None for False: only ever read as a truth value",
+    "zns.core.warm.xǁDumpScheduleǁfinished__mutmut_1": "as __init____mutmut_4",
+    "zns.core.warm.xǁDumpScheduleǁ__init____mutmut_7":
+        "_pending = None at first: read only by finished(), which the driver calls only after "
+        "started() set it",
 }
 
 # A test process that aborts or segfaults did not pass: the mutant is caught (mutmut calls
