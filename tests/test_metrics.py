@@ -349,6 +349,11 @@ SPLIT_HELP = {
                                  "held (its writes at the state process and the later requests "
                                  "of their connections) reached its bound, in number or in "
                                  "bytes",
+    "zns_worker_events_dropped": "Events the worker dropped unpublished: more were held for the "
+                                 "commit fence than its bound (64 MiB); its subscribers see a "
+                                 "gap and pull",
+    "zns_worker_resyncs": "States the worker asked the state process for: a command came out "
+                          "of order",
 }
 
 
@@ -433,6 +438,7 @@ class Idle(AgedLoop):
         self.service = NameService(DictKv(), epoch="e" * 16, started_at_ms=0)
         self.timers = type("Timers", (), {"stalls": 0})()
         self.remoting = None
+        self.replica = None
         self.dropped_replies = 0
         self.request_times = LatencyHistogram()
         self.clock_ms = 0

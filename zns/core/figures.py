@@ -48,6 +48,11 @@ class WorkerFigures(msgspec.Struct, frozen=True, kw_only=True):
     writes_refused: int = 0
     writes_timed_out: int = 0
     request_pauses: int = 0
+    # Its replica's (zns.core.replication.Replica): events dropped unpublished past the bound
+    # of those held for the commit fence, and the states it asked for after a command out of
+    # order.
+    events_dropped: int = 0
+    resyncs: int = 0
     rss_bytes: int = 0
     cpu_seconds: float = 0.0
 

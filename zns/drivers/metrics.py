@@ -67,6 +67,7 @@ class Observed(Protocol):
     overview: Overview | None  # the whole's last figures under --workers N, else None
     remoting: Any  # None, or .connections and .max_connections
     subscribers: Any  # .budget.cut
+    replica: Any  # a worker's zns.core.replication.Replica (.dropped_events, .resyncs), or None
 
     @property
     def dropped_replies(self) -> int:
@@ -165,6 +166,8 @@ class _Collector:
                 ("zns_worker_writes_refused", figures.writes_refused),
                 ("zns_worker_writes_timed_out", figures.writes_timed_out),
                 ("zns_worker_request_pauses", figures.request_pauses),
+                ("zns_worker_events_dropped", figures.events_dropped),
+                ("zns_worker_resyncs", figures.resyncs),
             ):
                 if name in per_worker:  # the writes': only workers forward them
                     per_worker[name].add_metric(label, value)
@@ -240,6 +243,10 @@ _WORKER_ONLY = (
     ("zns_worker_request_pauses", True, "Times the worker stopped reading ZNS/1 requests: "
      "those it held (its writes at the state process and the later requests of their "
      "connections) reached its bound, in number or in bytes"),
+    ("zns_worker_events_dropped", True, "Events the worker dropped unpublished: more were held "
+     "for the commit fence than its bound (64 MiB); its subscribers see a gap and pull"),
+    ("zns_worker_resyncs", True, "States the worker asked the state process for: a command "
+     "came out of order"),
 )
 
 
@@ -250,6 +257,7 @@ def own_figures(server: Observed) -> WorkerFigures:
     times = server.request_times
     listener = server.remoting
     writes = service.forwarded
+    replica = server.replica
     return WorkerFigures(
         worker=server.worker, pid=os.getpid(),
         requests=[(tag_of(kind), "ok", n) for kind, n in dict(service.ok_counts).items()]
@@ -267,6 +275,8 @@ def own_figures(server: Observed) -> WorkerFigures:
         writes_refused=writes.refused if writes is not None else 0,
         writes_timed_out=writes.timed_out if writes is not None else 0,
         request_pauses=writes.request_pauses if writes is not None else 0,
+        events_dropped=replica.dropped_events if replica is not None else 0,
+        resyncs=replica.resyncs if replica is not None else 0,
         **process_usage(),
     )
 

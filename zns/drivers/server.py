@@ -36,6 +36,7 @@ from zns.core.figures import Overview
 from zns.core.handshakes import HandshakeWatch
 from zns.core.latency import LatencyHistogram
 from zns.core.readiness import Readiness
+from zns.core.replication import Replica
 from zns.core.subscriptions import QueuedEvents, SubscriptionBudget
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.handshakes import HANDSHAKE_EVENTS, HandshakeLog
@@ -83,6 +84,7 @@ class Server:
 
     worker = 0  # a worker's number under --workers N (zns.drivers.worker), for /metrics
     overview: Overview | None = None  # the whole's figures, a worker's (zns.core.figures)
+    replica: Replica | None = None  # a worker's replica (its counts go to /metrics)
 
     def __init__(
         self,

@@ -394,6 +394,7 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket, started_at
                           reuse_port=True, first_connection_id=(worker << CONNECTION_ID_BITS) + 1,
                           extra_sources=[replicating, reporter])
     server.overview = service.overview
+    server.replica = link.replica
     reporter.server = server
     service.gone = server.stop
     for frames in held:
