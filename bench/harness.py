@@ -322,9 +322,21 @@ class Probe(threading.Thread):
         finally:
             sock.close(0)
 
+    def started(self, timeout: float = 30.0) -> Probe:
+        """Start it, and return once it has its first round trip (a thread on a loaded
+        machine can start late enough to miss a short window)."""
+        self.start()
+        deadline = time.monotonic() + timeout
+        while not self.samples:
+            if not self.is_alive() or time.monotonic() > deadline:
+                raise BenchError(f"the probe had no round trip within {timeout:g} s")
+            time.sleep(0.005)
+        return self
+
     def stop(self) -> None:
         self._halt.set()
-        self.join(70)
+        if self.ident is not None:  # started
+            self.join(70)
 
     def worst_ms(self, start: float, end: float) -> float:
         window = [rtt for sent, rtt in self.samples if start - 0.5 <= sent <= end]

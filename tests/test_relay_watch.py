@@ -440,6 +440,7 @@ def test_watch_says_gone_for_a_topic_deleted_before_it_was_followed_and_notes_a_
 
     printer = _Printer(as_json=False, follow_new=True)
     printer.client = Client()  # type: ignore[assignment]
+    printer.listed()  # no topic to start with: events print as they come
     deleted = schema.RouteEvent(epoch="e1", revision=9, prev=8, topic="Old", route=None)
     printer.on_event(schema.encode(deleted))
     printer.on_route("Old", None)  # the pull after following: no route
