@@ -187,8 +187,9 @@ def test_events_before_the_starting_routes_are_printed_after_them(as_json):
     p.start("TB")
     p.on_route("TA", routed)
     p.on_event(route_event("New", 5, routed))
+    p.on_route("TA", None)  # a change of TA (text: its line; JSON: its event says it)
     p.listed()
-    assert [kind for kind, _ in drained(p)] == ["line"]  # TA's; TB's route is still due
+    assert [kind for kind, _ in drained(p)] == ["line"]  # TA's start; TB's is still due
     p.on_route("TB", None)
     lines = drained(p)
     if as_json:
@@ -197,7 +198,8 @@ def test_events_before_the_starting_routes_are_printed_after_them(as_json):
         assert [(kind, body(text) if kind == "line" else text) for kind, text in lines] == [
             ("line", "route TB rev 9: no route"),
             ("line", "broker registered c1/b1 id 0 at h:1 (rev 4)"),
-            ("follow", "New")]
+            ("follow", "New"),
+            ("line", "route TA rev 9: gone")]
     p.on_event(registered)  # from now on, as they come
     assert len(drained(p)) == 1
 

@@ -198,12 +198,17 @@ class _Printer:
         existed = topic in self.deleted_unfollowed
         self.deleted_unfollowed.discard(topic)
         revision = self.client.session.cache.revision(topic)
-        if not self.as_json:
-            self.lines.put(("line", describe_route_change(topic, old, route, revision,
-                                                          existed=existed)))
-        elif topic in self.starting:  # later changes come as the events themselves
-            self.lines.put(("line", json.dumps(state_json(topic, route, revision))))
-        with self._lock:
+        with self._lock:  # a starting line goes out now; a later change waits as events do
+            starting = topic in self.starting
+            if not self.as_json:
+                line = ("line", describe_route_change(topic, old, route, revision,
+                                                      existed=existed))
+                if starting or self._held is None:
+                    self.lines.put(line)
+                else:
+                    self._held.append(line)
+            elif starting:  # later changes come as the events themselves
+                self.lines.put(("line", json.dumps(state_json(topic, route, revision))))
             self.starting.discard(topic)
             self._release()
 
