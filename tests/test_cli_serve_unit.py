@@ -59,3 +59,36 @@ def test_a_supervised_child_shows_the_error_and_returns_its_code(servers, capsys
     FakeServer.fail = ConfigError("bad key file")
     assert _serve_once(ServerConfig()) == 1
     assert capsys.readouterr().err == "Error: bad key file\n"
+
+
+RELOAD_WHILE_STARTING = """
+import os, signal, sys, time
+import zns.cli.serve
+from zns.core.config import ServerConfig
+from zns.drivers.sockets import Waker, handle_signals
+
+class Starting:
+    def __init__(self, config):
+        os.kill(os.getpid(), signal.SIGHUP)  # `systemctl reload` while zns starts
+
+    def run(self):
+        reloaded = []
+        handle_signals({signal.SIGHUP: lambda: reloaded.append(1)}, Waker())
+        deadline = time.monotonic() + 10
+        while not reloaded and time.monotonic() < deadline:
+            time.sleep(0.01)  # Python runs the handler between two bytecodes
+        sys.exit(0 if reloaded else 3)
+
+zns.cli.serve.Server = zns.cli.serve.StateProcess = Starting
+zns.cli.serve._serve(ServerConfig())
+"""
+
+
+def test_a_sighup_while_the_server_starts_waits_for_its_handler() -> None:
+    # In a process of its own: without the fix, the SIGHUP ends the process that gets it.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", RELOAD_WHILE_STARTING], timeout=20,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])

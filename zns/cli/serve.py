@@ -8,6 +8,7 @@ by `--config`; the command line wins over the environment, which wins over the f
 from __future__ import annotations
 
 import logging
+import signal
 
 import click
 
@@ -42,13 +43,21 @@ def serve(config: ServerConfig) -> None:
 
 
 def _serve(config: ServerConfig) -> None:
+    # A SIGHUP (`systemctl reload`) while the server starts (keys read, a state restored)
+    # waits for the server's handler, which unblocks it (zns.drivers.sockets.handle_signals),
+    # instead of ending the process by SIGHUP's default action.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     try:
-        server = StateProcess(config) if config.workers else Server(config)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if config.kv_path:  # `make run` keeps ~/.zns/kv.log from one experiment to the next
-        log.info("KV store in %s, kept across restarts (--kv-path for another)", config.kv_path)
-    server.run()
+        try:
+            server = StateProcess(config) if config.workers else Server(config)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from exc
+        if config.kv_path:  # `make run` keeps ~/.zns/kv.log from one experiment to the next
+            log.info("KV store in %s, kept across restarts (--kv-path for another)",
+                     config.kv_path)
+        server.run()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _serve_once(config: ServerConfig) -> int:
