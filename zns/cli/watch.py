@@ -133,13 +133,15 @@ class _Printer:
         self.client: RouteClient | None = None
         self.heard = threading.Event()  # an `hb` came through the events endpoint
         # What events make before every starting route is printed waits here (None: they
-        # are); `starting` and it change on both threads, under the lock.
+        # are); `starting` and it change on both threads, under the lock (re-entrant:
+        # `on_route` holds it across `_put`).
         self._held: list[tuple[str, str]] | None = []
         self._listed = False  # every starting topic was given to `start`
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def _put(self, kind: str, value: str) -> None:
-        """An event's line (or topic to follow): held while starting routes are due."""
+        """An event's line, a topic to follow or a later change of a followed topic: held
+        while starting routes are due."""
         with self._lock:
             if self._held is not None:
                 self._held.append((kind, value))
@@ -201,12 +203,11 @@ class _Printer:
         with self._lock:  # a starting line goes out now; a later change waits as events do
             starting = topic in self.starting
             if not self.as_json:
-                line = ("line", describe_route_change(topic, old, route, revision,
-                                                      existed=existed))
-                if starting or self._held is None:
-                    self.lines.put(line)
+                line = describe_route_change(topic, old, route, revision, existed=existed)
+                if starting:
+                    self.lines.put(("line", line))
                 else:
-                    self._held.append(line)
+                    self._put("line", line)
             elif starting:  # later changes come as the events themselves
                 self.lines.put(("line", json.dumps(state_json(topic, route, revision))))
             self.starting.discard(topic)

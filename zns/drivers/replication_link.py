@@ -413,8 +413,9 @@ class ReplicaLink:
 def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: int, *,
                 forked: bool = False) -> tuple[int, int]:
     """Fork a worker that runs `main(its end of a new socketpair)` and exits with what it
-    returns, with SIGHUP blocked until it installs its handler; returns (pid, worker id). `forked`: `main` serves the state its fork copied,
-    so the worker's first state transfer carries no dump (`PrimaryLink.add`). The child first closes the state process's end of
+    returns, with SIGHUP blocked until it installs its handler; returns (pid, worker id).
+    `forked`: `main` serves the state its fork copied, so the worker's first state transfer
+    carries no dump (`PrimaryLink.add`). The child first closes the state process's end of
     every other worker's channel, so that each worker reads EOF as soon as the state
     process dies (not only once every worker forked after it died too). The caller must
     have no threads."""
