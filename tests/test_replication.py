@@ -665,12 +665,19 @@ def test_a_part_that_does_not_follow_ends_the_assembly_and_asks_for_a_state_once
     assert replica.awaiting_state and replica.applied == 3
 
 
-def test_a_worker_that_acknowledges_no_part_is_dropped_and_its_dump_let_go() -> None:
-    primary = Primary(now=0, ack_timeout_ms=1000, chunk_bytes=2, transfer_window_bytes=2)
-    worker = primary.join(0)
+def sending_a_state(now: int = 0, **bounds: int) -> tuple[Primary, int]:
+    """A primary sending a new worker the 6-byte state b"abcdef" in parts of 2 bytes, one at
+    a time (its first part handed out already); the primary and the worker."""
+    primary = Primary(now=now, chunk_bytes=2, transfer_window_bytes=2, **bounds)
+    worker = primary.join(now)
     primary.actions()
     primary.dumped(worker, 0, b"abcdef")
     primary.actions()
+    return primary, worker
+
+
+def test_a_worker_that_acknowledges_no_part_is_dropped_and_its_dump_let_go() -> None:
+    primary, worker = sending_a_state(ack_timeout_ms=1000)
     assert primary.transfer_bytes == 6 and primary.next_deadline() == 1001
     primary.on_timer(1001)
     assert primary.actions() == [Drop(worker, "no acknowledgement for 1001 ms")]
@@ -678,11 +685,7 @@ def test_a_worker_that_acknowledges_no_part_is_dropped_and_its_dump_let_go() -> 
 
 
 def test_an_acknowledgement_of_more_than_was_handed_out_is_ignored() -> None:
-    primary = Primary(now=0, chunk_bytes=2, transfer_window_bytes=2)
-    worker = primary.join(0)
-    primary.actions()
-    primary.dumped(worker, 0, b"abcdef")
-    primary.actions()
+    primary, worker = sending_a_state()
     primary.on_message(worker, Received(1, 4), 1)  # more than it was sent
     assert primary.actions() == [] and primary.workers == [worker]
     primary.on_message(worker, Received(1, 2), 1)
@@ -794,11 +797,7 @@ def test_a_worker_that_joins_later_acknowledges_the_seq_of_its_state_and_stays()
 
 
 def test_a_silent_worker_in_a_transfer_is_dropped_its_timeout_after_its_last_new_part() -> None:
-    primary = Primary(now=5000, ack_timeout_ms=1000, chunk_bytes=2, transfer_window_bytes=2)
-    worker = primary.join(5000)
-    primary.actions()
-    primary.dumped(worker, 0, b"abcdef")
-    primary.actions()
+    primary, worker = sending_a_state(5000, ack_timeout_ms=1000)
     primary.on_message(worker, Received(1, 2), 5500)  # the first part: its clock restarts
     assert deliveries(primary.actions()) == [State(0, b"cd", 2, 6, 1)]
     assert primary.next_deadline() == 6501
