@@ -169,7 +169,7 @@ class _Collector:
                 ("zns_worker_events_dropped", figures.events_dropped),
                 ("zns_worker_resyncs", figures.resyncs),
             ):
-                if name in per_worker:  # the writes': only workers forward them
+                if name in per_worker:  # only workers forward writes and hold a replica
                     per_worker[name].add_metric(label, value)
         yield from (requests, remoting, encoded, published, seconds, *per_worker.values())
         for name, text, value in (
