@@ -436,8 +436,8 @@ def test_the_primary_ships_a_commands_events_in_its_apply_and_counts_them_in_the
     assert primary.tail == (2, len(b"c1route/Tr1c2"))
     primary.dumped(worker, 0, b"s0")
     assert deliveries(primary.actions()) == [State(0, b"s0", 0, 2, 1),
-                                             Apply(1, b"c1", 1, [b"route/T", b"r1"]),
-                                             Apply(2, b"c2", 2, None)]
+                                             Apply(1, b"c1", 1, [b"route/T", b"r1"], awaited=False),
+                                             Apply(2, b"c2", 2, None, awaited=False)]
     assert decode_to_worker(encode(Apply(1, b"c1", 1, [b"route/T", b"r1"]))) == \
         Apply(1, b"c1", 1, [b"route/T", b"r1"])
 
@@ -576,6 +576,48 @@ def test_lag_samples_are_bounded() -> None:
     assert len(lags) == MAX_LAG_SAMPLES and set(lags) == {4}
 
 
+def test_a_lone_workers_ack_comes_after_its_commands_are_applied() -> None:
+    # Nobody awaits a lone worker's Ack (Apply.awaited is False): it comes after the batch
+    # is applied, so that it does not wake the state process while the events are on their
+    # way. One command of the batch that another worker awaits puts it first again.
+    replica = Replica()
+    replica.on_message(State(0, b"s0"))
+    replica.actions()
+    replica.on_message(Apply(1, b"c1", 1, [b"route/T", b"r1"], awaited=False))
+    replica.on_message(Apply(2, b"c2", 2, [], awaited=False))
+    assert replica.actions() == [Publish(1, [b"route/T", b"r1"]),
+                                 ApplyCommand(1, b"c1", produce=False),
+                                 ApplyCommand(2, b"c2", produce=False), SendToPrimary(Ack(2))]
+    replica.on_message(Apply(3, b"c3", 3, [], awaited=True))
+    replica.on_message(Apply(4, b"c4", 4, [], awaited=False))
+    assert replica.actions() == [SendToPrimary(Ack(4)), ApplyCommand(3, b"c3", produce=False),
+                                 ApplyCommand(4, b"c4", produce=False)]
+    replica.on_message(Apply(5, b"c5", 5, [], awaited=False))
+    assert replica.actions() == [ApplyCommand(5, b"c5", produce=False), SendToPrimary(Ack(5))]
+
+
+def test_an_apply_says_whether_another_worker_awaits_its_ack() -> None:
+    primary = Primary(now=0)
+    a = primary.join(0)
+    send_states(primary)
+    primary.actions()
+    primary.append(b"c1", 0)
+    assert deliveries(primary.actions()) == [Apply(1, b"c1", 1, awaited=False)]
+    primary.on_message(a, Ack(1), 0)
+    b = primary.join(0)
+    send_states(primary)
+    primary.actions()
+    primary.append(b"c2", 0)
+    sent = {(d.worker, d.message.awaited) for d in primary.actions()
+            if isinstance(d, Deliver) and isinstance(d.message, Apply)}
+    assert sent == {(a, True), (b, True)}
+    primary.leave(b)
+    primary.on_message(a, Ack(2), 0)
+    primary.actions()
+    primary.append(b"c3", 0)
+    assert deliveries(primary.actions()) == [Apply(3, b"c3", 3, awaited=False)]
+
+
 def test_a_lone_worker_publishes_as_it_applies_and_waits_again_once_another_joins() -> None:
     cluster = Cluster(random.Random(7), window=10, tail=10)
     a = cluster.join()
@@ -618,7 +660,7 @@ def test_a_state_is_sent_in_parts_within_its_window_and_the_commands_of_meanwhil
     primary.on_message(worker, Received(1, 3), 2)  # nothing new: nothing more
     assert deliveries(primary.actions()) == []
     primary.on_message(worker, Received(1, 6), 3)
-    assert deliveries(primary.actions()) == [State(0, b"9", 9, 10, 1), Apply(1, b"c1", 1)]
+    assert deliveries(primary.actions()) == [State(0, b"9", 9, 10, 1), Apply(1, b"c1", 1, awaited=False)]
     assert primary.transfer_bytes == 0
 
     replica = Replica()
@@ -736,7 +778,7 @@ def test_a_worker_behind_a_tail_holding_nothing_gets_a_state() -> None:
     primary.append(b"c1", 0)
     primary.append(b"c2", 0)  # past the window: dropped from the tail at once
     assert primary.tail == (0, 0)
-    assert deliveries(primary.actions()) == [Apply(1, b"c1", 1)]
+    assert deliveries(primary.actions()) == [Apply(1, b"c1", 1, awaited=False)]
     primary.on_message(worker, Ack(1), 0)
     assert [a for a in primary.actions() if not isinstance(a, Deliver)] == [SendState(worker, 2)]
 
@@ -749,7 +791,8 @@ def test_an_empty_dump_is_sent_as_one_empty_part_and_the_commands_follow_it() ->
     primary.append(b"c1", 0)
     primary.dumped(worker, 0, b"")
     actions = primary.actions()
-    assert actions == [Deliver(worker, State(0, b"", 0, 0, 1)), Deliver(worker, Apply(1, b"c1", 1))]
+    assert actions == [Deliver(worker, State(0, b"", 0, 0, 1)),
+                       Deliver(worker, Apply(1, b"c1", 1, awaited=False))]
     sent = deliveries(actions)
     replica = Replica()
     for message in sent:
