@@ -18,7 +18,7 @@ from bench.harness import BenchError, percentile
 from bench.report import BenchResult, Figure, RunConfig, cli
 from zns.core.errors import ConnectionLost
 from zns.core.replication import Primary, Replica
-from zns.drivers.replication_link import PrimaryLink, ReplicaLink, fork_worker
+from zns.drivers.replication_link import PrimaryLink, ReplicaLink, WrittenSeq, fork_worker
 
 COMMAND_BYTES = 200  # about a broker registration of a few topics
 EVENT = b"e" * 120
@@ -56,7 +56,7 @@ event (held for the fence, then counted as published). Commands are {size} bytes
 """
 
 
-def _worker(sock: socket.socket) -> int:
+def _worker(sock: socket.socket, written: WrittenSeq) -> int:
     applied = [0]
     published = [0]
     link = ReplicaLink(
@@ -64,6 +64,7 @@ def _worker(sock: socket.socket) -> int:
         apply=lambda seq, command, produce: (applied.__setitem__(0, seq), [EVENT] if produce else [])[1],
         load=lambda seq, dump: applied.__setitem__(0, seq),
         publish=lambda seq, events: published.__setitem__(0, published[0] + len(events)),
+        written=written,
     )
     while True:
         link.wait(1000)

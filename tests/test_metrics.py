@@ -325,7 +325,8 @@ SPLIT_HELP = {
     "zns_answering_worker": "The worker that answered this scrape (the kernel spreads "
                             "connections over them)",
     "zns_replication_seq": "The last command the state process applied and replicated",
-    "zns_replication_fence": "The last command every live worker has applied",
+    "zns_replication_fence": "The last command written to every live worker (each applies it "
+                             "before its next read)",
     "zns_worker_applied_seq": "The last replicated command the worker's replica applied",
     "zns_worker_lag_commands": "Commands the state process applied that the worker has not",
     "zns_worker_lag_seconds": "How long ago the state process applied the oldest command the "

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from zns.core.errors import ConnectionLost
-from zns.core.replication import Primary, Replica
-from zns.drivers.replication_link import Channel, PrimaryLink, ReplicaLink, fork_worker
+from zns.core.errors import Busy, ConnectionLost
+from zns.core.replication import Apply, Primary, Replica, encode
+from zns.drivers.replication_link import (
+    HEADER, Channel, PrimaryLink, ReplicaLink, WrittenSeq, fork_worker,
+)
 
 from helpers import LOADED_DEADLINE
 
@@ -25,8 +27,9 @@ def clock() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-def worker_main(path: Path, forward: bool = False, runs: bool = False) -> Callable[[socket.socket], int]:
-    def main(sock: socket.socket) -> int:
+def worker_main(path: Path, forward: bool = False,
+                runs: bool = False) -> Callable[[socket.socket, WrittenSeq], int]:
+    def main(sock: socket.socket, written: WrittenSeq) -> int:
         faulthandler.disable()  # pytest's, inherited by the fork
         out = open(path, "a", buffering=1)
         link = ReplicaLink(
@@ -36,6 +39,7 @@ def worker_main(path: Path, forward: bool = False, runs: bool = False) -> Callab
             load=lambda seq, dump: out.write(f"load {seq} {dump.decode()}\n") and None,
             publish=lambda seq, events: out.write(f"publish {seq}\n") and None,
             reply=lambda token, reply: out.write(f"reply {token} {reply.decode()}\n") and None,
+            written=written,
         )
         forwarded = not forward
         while True:
@@ -79,9 +83,9 @@ class Harness:
         self.pids[worker] = pid
         return worker
 
-    def append(self) -> int:
+    def append(self, pad: int = 0) -> int:
         self.state += 1
-        return self.link.append(b"c%d" % self.state, clock())
+        return self.link.append(b"c%d" % self.state + b"." * pad, clock())
 
     def serve_until(self, done: Callable[[], bool], deadline_s: float = LOADED_DEADLINE) -> float:
         started = time.monotonic()
@@ -139,7 +143,7 @@ def test_commands_reach_every_worker_in_order_and_events_wait_for_the_fence(harn
 
 @pytest.mark.timeout(120)
 def test_a_lone_worker_publishes_as_it_applies_without_waiting_for_a_fence(harness) -> None:
-    harness.fork("a", runs=True)
+    a = harness.fork("a", runs=True)
     harness.serve_until(lambda: "load 0 dump-at-0" in harness.lines("a"))
     harness.append()  # the command goes out at once; the primary reads nothing after this
     assert all(channel.pending == 0 for channel in harness.link.channels.values())
@@ -147,7 +151,8 @@ def test_a_lone_worker_publishes_as_it_applies_without_waiting_for_a_fence(harne
     while "publish 1" not in harness.lines("a"):
         assert time.monotonic() < deadline, harness.lines("a")
         time.sleep(0.01)
-    assert harness.link.primary.fence == 0, "published with no Ack read and no Fence sent"
+    assert harness.link.primary.fence == 1 and harness.link.primary.applied(a) == 0, \
+        "the fence moved once the command was written, with no Ack read"
     lines = harness.lines("a")
     assert "run" not in lines[lines.index("apply 1 c1"):lines.index("publish 1")], \
         "published in the pass that applied it, not at the worker's next wake-up"
@@ -158,17 +163,20 @@ def test_a_worker_killed_with_sigkill_leaves_the_fence_at_once(harness) -> None:
     a, b = harness.fork("a"), harness.fork("b")
     primary = harness.link.primary
     harness.serve_until(lambda: primary.applied(a) == 0 and len(harness.lines("b")) > 0)
-    os.kill(harness.pids[b], signal.SIGSTOP)  # b applies nothing more: the fence waits
-    for _ in range(100):
-        harness.append()
-    harness.serve_until(lambda: primary.applied(a) == 100)
-    assert primary.fence == 0
+    os.kill(harness.pids[b], signal.SIGSTOP)  # b reads nothing more: its socket fills up
+    while primary.fence == harness.state:  # then the fence waits
+        assert harness.state < 1000, "b's socket never filled up"
+        harness.append(pad=16 * 1024)
+    seq = harness.state
+    harness.serve_until(lambda: primary.applied(a) == seq)
+    fence = primary.fence
+    assert fence < seq
     killed = time.monotonic()
     os.kill(harness.pids[b], signal.SIGKILL)
     # Seen by the channel's EOF, not the ack timeout (60 s here).
-    took = harness.serve_until(lambda: primary.fence == 100, deadline_s=10)
+    took = harness.serve_until(lambda: primary.fence == seq, deadline_s=10)
     assert primary.workers == [a] and harness.dropped[0][0] == b
-    harness.serve_until(lambda: harness.lines("a")[-1:] == ["publish 100"])
+    harness.serve_until(lambda: harness.lines("a")[-1:] == [f"publish {seq}"])
     assert time.monotonic() - killed < 10 and took < 10
 
 
@@ -376,3 +384,67 @@ def test_a_state_made_in_steps_is_as_of_its_last_step_and_serves_every_worker_th
         for pid in harness.pids.values():
             os.kill(pid, signal.SIGKILL)
         harness.close()
+
+
+def test_a_read_first_applies_what_was_written_to_its_worker() -> None:
+    # The fence passes a command once it is in every worker's socket (zns.core.replication):
+    # before a read, a worker applies whatever its counter says was written to it.
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    written = WrittenSeq()
+    primary = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=lambda w, r: (None, b""))
+    primary.add(ours, 0, written=written)
+    applied: list[bytes] = []
+    replica = ReplicaLink(theirs, Replica(), apply=lambda seq, c, produce: applied.append(c) or [],
+                          load=lambda seq, dump: None, publish=lambda seq, events: None,
+                          written=written)
+    primary.flush(0)
+    replica.wait(5000)
+    replica.run()  # the first state
+    for n in range(3):
+        primary.append(b"c%d" % n, 0)
+    assert written.get() == 3 and primary.primary.fence == 3
+    assert replica.replica.applied == 0 and applied == []  # it has read nothing yet
+    replica.catch_up()
+    assert replica.replica.applied == 3 and applied == [b"c0", b"c1", b"c2"]
+    replica.catch_up()  # nothing written since: nothing to do
+    # A replica that must wait for a state cannot catch up: the read is refused, not answered
+    # from a state that misses what the fence passed.
+    body = encode(Apply(seq=9, command=b"c9"))  # a gap: 4 to 8 never came
+    primary.channels[1].sock.sendall(HEADER.pack(len(body)) + body)
+    written.set(9)
+    with pytest.raises(Busy):
+        replica.catch_up()
+    assert replica.replica.awaiting_state
+    primary.close()
+    replica.channel.close()
+
+
+def test_the_writers_apply_carries_the_fence_the_other_workers_writes_made() -> None:
+    # A forwarded write's worker is written to last: its Apply then says the other workers
+    # have the command already, so it publishes the write's events as it reads them,
+    # without waiting for the Fence that the others get after its own write.
+    from zns.core.replication import Answer, Fence, Forward, decode_to_worker
+
+    socks = {name: socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for name in "ab"}
+    link: PrimaryLink
+
+    def execute(worker: int, request: bytes) -> tuple[bytes | None, bytes]:
+        link.append(b"c-" + request, 0)  # as the state machine's apply does
+        return None, b"ok"
+
+    link = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=execute)
+    workers = {name: link.add(socks[name][0], 0) for name in "ab"}
+    link.flush(0)
+
+    def frames(name: str) -> list[object]:
+        channel = Channel(socks[name][1])
+        return [decode_to_worker(body) for body in channel.receive()]
+
+    assert all(frames(name) for name in "ab")  # the first states
+    body = encode(Forward(7, b"w"))
+    socks["a"][1].sendall(HEADER.pack(len(body)) + body)
+    link.wait(5000)
+    link.run(0)
+    assert frames("a") == [Apply(1, b"c-w", 1), Answer(7, 1, b"ok")]  # and no Fence of 1
+    assert frames("b") == [Apply(1, b"c-w", 0), Fence(1)]
+    link.close()

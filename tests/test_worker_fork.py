@@ -91,7 +91,7 @@ def test_a_sighup_sent_while_a_worker_starts_reaches_the_handler_it_installs() -
     link = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=lambda w, r: (None, b""))
     go_read, go_write = os.pipe()
 
-    def main(sock: object) -> int:
+    def main(sock: object, written: object) -> int:
         os.read(go_read, 1)  # the SIGHUP was sent meanwhile
         handled: list[int] = []
         waker = Waker()

@@ -35,6 +35,7 @@ import os
 import random
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -551,22 +552,25 @@ def test_a_remoting_pull_after_an_event_never_answers_an_older_route(
             assert route_brokers(reply) >= seen, (event.topic, event.revision, worker)
 
         # The fence, seen directly: with the other worker stopped, a broker's registration
-        # over remoting is answered by its worker, and no subscriber on either worker sees
-        # its event until the stopped worker applied it too; then that worker's remoting
-        # reads answer the new route.
+        # over remoting is answered by its worker, and its event published at once (the
+        # stopped worker's channel took the command); a remoting read sent to the stopped
+        # worker is answered once it runs again, with the new route: it applies what was
+        # written to it before it answers.
         n = 0
         for writer_worker in (1, 2):
             other = 3 - writer_worker
+            resume = threading.Timer(1.0, os.kill, (server.pids[other - 1], signal.SIGCONT))
             os.kill(server.pids[other - 1], signal.SIGSTOP)
             try:
                 register(n, writer_worker, remoting=True)
                 assert route_brokers(apps[writer_worker].call(
                     rd.request(105, {"topic": f"T{n % 7}"}))) >= {f"b{n}"}
-                assert events(writer_worker, 500) == []
+                held = wait_for(lambda: events(writer_worker, 100))
+                resume.start()
+                pull_after(held[0], other)
             finally:
+                resume.cancel()
                 os.kill(server.pids[other - 1], signal.SIGCONT)
-            held = wait_for(lambda: events(writer_worker, 100))
-            pull_after(held[0], other)
             for sub_worker in (1, 2):  # the other subscriber's copy, out of the way
                 if sub_worker != writer_worker:
                     wait_for(lambda: events(sub_worker, 100))

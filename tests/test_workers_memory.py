@@ -27,7 +27,7 @@ def test_a_fork_freezes_what_is_alive_in_both_processes() -> None:
     alive = [{"n": n} for n in range(1_000)]  # containers the collector tracks
     link = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=lambda w, r: (None, b""))
 
-    def main(sock: object) -> int:
+    def main(sock: object, written: object) -> int:
         return 0 if gc.get_freeze_count() >= len(alive) else 3
 
     try:

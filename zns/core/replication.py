@@ -38,22 +38,30 @@ transfer) and follow the last part. The replica assembles the parts in order;
 one that does not follow the part before ends the assembly and asks for a
 state.
 
-The commit fence is the lowest seq every live worker has applied (the current
-seq when there is none). Whenever it moves, it is announced to every worker.
-A worker holds the events of seq S until the fence reaches S, and only then
-publishes them. So when any client has seen the event of S, every live worker
-has applied S, and a pull made afterwards, on whatever worker, answers at S or
-later. A worker joins at the current seq (which the fence never exceeds) and
-must answer nothing before its first state is loaded, so the fence never passes
-a worker that can answer reads. The fence never moves back.
+The commit fence is the lowest seq the primary has *written* to every live
+worker (the current seq when there is none): the driver tells it (`written`)
+once the kernel has taken every byte of a command's `Apply` (or of the last part
+of a state) into that worker's channel. Whenever the fence moves, it is
+announced to every worker. A worker holds the events of seq S until the fence
+reaches S, and only then publishes them. A worker answers no read while a
+command written to it is not applied: before each read it compares what its
+channel was written (a counter the state process sets, in memory shared across
+the fork, before it tells the primary) with what its replica applied, and reads
+its channel until it has applied it all (the bytes are in its socket already).
+So when any client has seen the event of S, S was written to every live worker,
+and a pull made afterwards, on whatever worker, answers at S or later, though no
+worker had to say it applied S: an event waits for no other process's turn. A
+worker joins at the current seq (which the fence never exceeds) and must answer
+nothing before its first state is loaded, so the fence never passes a worker
+that can answer reads. The fence never moves back.
 
-"Applied" here means: carried out before the worker serves anything else. A
-worker is one thread that carries out every message of a batch (`actions()`,
+A worker is one thread that carries out every message of a batch (`actions()`,
 until none is left) in one turn of its loop, serving no read in between. So the
-replica acknowledges a batch, and publishes the events the fence already passed,
-*before* the batch's commands are applied: no read sees the state before them
-after that anyway, and the fence (and the subscribers) need not wait for the
-applying. The events come with the command: the primary's state machine made
+replica publishes the events the fence already passed *before* the batch's
+commands are applied: no read sees the state before them after that anyway. It
+acknowledges the batch once applied (`Ack`: it opens the worker's window and
+measures the replication lag; the fence needs none). The events come with the
+command: the primary's state machine made
 them when it executed it, and `Apply` carries them encoded (`shipped_events`:
 up to MAX_SHIPPED_EVENT_BYTES, and the state process ships none of a command
 that made more than MAX_SHIPPED_EVENTS; the replica of a command whose events
@@ -61,20 +69,15 @@ were not shipped produces its own as it applies it, and its events and every
 later command's wait for that). A replica's state machine is deterministic (the same
 commands give the same events): the events shipped are the ones it would make.
 
-A lone worker need not wait for that round trip (its `Ack`, then the `Fence`):
-each `Apply` carries the fence as it will be once its worker applied it, as far
-as the primary knows when sending it: the lowest seq every *other* worker has
-acknowledged, capped at the command's own seq. With one worker that is the
-command's seq, so the worker publishes the event as it receives the command
-(before applying it, in the same turn). A worker
-that joins later counts at once at the seq of its state, so every command sent
-after the join carries a fence no higher than that seq, and the first worker
-waits for the `Fence` again. Nobody waits for a lone worker's `Ack` either (it
-only opens its window), and each `Apply` says whether another worker does
-(`awaited`): a batch of commands none of which is awaited is acknowledged after
-it is applied, not before. The acknowledgement wakes the state process, and
-waking it while the event is on its way to the subscribers takes a core from
-the threads that carry it there (+50 to +100 us of push latency on 2 cores).
+A lone worker need not wait for the `Fence`: each `Apply` carries the fence as
+it will be once it is written, as far as the primary knows when sending it: the
+lowest seq written to every *other* worker, capped at the command's own seq.
+With one worker that is the command's seq, so the worker publishes the event as
+it receives the command (before applying it, in the same turn). With several,
+the `Fence` follows the `Apply`s as soon as the driver has written them all,
+usually before the workers wake to read them. A worker that joins later counts
+at once at the seq of its state, so every command sent after the join carries a
+fence no higher than that seq until it is written to the new worker too.
 
 Read-your-writes: a worker forwards a write (`Replica.forward`); the primary
 executes it (`Execute`) and returns the reply with the seq of the command it
@@ -118,19 +121,16 @@ MAX_SHIPPED_EVENTS = 256
 
 class Apply(msgspec.Struct, tag="apply", frozen=True):
     """Primary -> worker: the command numbered `seq`. `fence`: what the fence is once this
-    worker applied it, as far as the primary knew when it sent it (the lowest seq every
-    other worker had acknowledged, and `seq` itself: `seq` when this worker is the only
-    one), so that a lone worker publishes an event without the round trip of an `Ack`
-    and a `Fence`. `events`: the events the command made in the primary, as frames
+    is written, as far as the primary knew when it was written (the lowest seq written to
+    every other worker, and `seq` itself: `seq` when this worker is the only one), so that
+    a worker publishes an event without waiting for a `Fence` when it can. `events`: the events the command made in the primary, as frames
     [channel, body, ...] (`shipped_events`); None when they were too large to ship (the
-    replica publishes its own). `awaited`: another worker waits for this worker's `Ack`
-    of it (to publish its events): acknowledge it before applying it, not after."""
+    replica publishes its own)."""
 
     seq: int
     command: bytes
     fence: int = 0
     events: list[bytes] | None = None
-    awaited: bool = True
 
 
 class State(msgspec.Struct, tag="state", frozen=True):
@@ -146,7 +146,7 @@ class State(msgspec.Struct, tag="state", frozen=True):
 
 
 class Fence(msgspec.Struct, tag="fence", frozen=True):
-    """Primary -> worker: every live worker has applied `seq`; publish events up to it."""
+    """Primary -> worker: `seq` is written to every live worker; publish events up to it."""
 
     seq: int
 
@@ -160,8 +160,7 @@ class Answer(msgspec.Struct, tag="answer", frozen=True):
 
 
 class Ack(msgspec.Struct, tag="ack", frozen=True):
-    """Worker -> primary: my replica has applied every command up to `seq`, or is applying
-    them before it serves anything else (see the module's docstring)."""
+    """Worker -> primary: my replica has applied every command up to `seq`."""
 
     seq: int
 
@@ -294,6 +293,8 @@ class _Transfer:
 class _Follower:
     applied: int  # the highest seq it acknowledged (its transfer's seq when it joined)
     sent: int  # the highest seq handed out for it (as a command or a state)
+    written: int  # the highest seq in its channel (`Primary.written`; the join's seq at first)
+    told: int = 0  # the highest fence it was sent (in a `Fence`, or with an `Apply`)
     waiting_since: int | None = None  # when it last had nothing unacknowledged, or last acked
     transfer: _Transfer | None = None  # its commands wait (in the tail) until it is sent
 
@@ -362,7 +363,7 @@ class Primary:
         self._now = max(self._now, now)
         worker = self._next_id
         self._next_id += 1
-        self._workers[worker] = _Follower(applied=self.seq, sent=self.seq)
+        self._workers[worker] = _Follower(applied=self.seq, sent=self.seq, written=self.seq)
         self._transfer(worker)
         return worker
 
@@ -400,6 +401,19 @@ class Primary:
             case Forward(token=token, request=request):
                 self._executes.append(Execute(worker, token, request))
 
+    def written(self, worker: int, seq: int) -> None:
+        """The kernel took every byte of the `Apply` of `seq` into `worker`'s channel (or of
+        the last part of its state at `seq`), and so of everything handed out for it before:
+        the worker will apply it before it answers another read (see the module's
+        docstring). The fence may pass it."""
+        follower = self._workers.get(worker)
+        if follower is None or seq <= follower.written:
+            return  # dropped meanwhile, or said already
+        if seq > follower.sent:
+            raise ValueError(f"seq {seq} written to worker {worker}, past what was handed "
+                             f"out for it ({follower.sent})")
+        follower.written = seq
+
     def dumped(self, worker: int, seq: int, dump: bytes) -> None:
         """The dump a `SendState` asked for, as of `seq` (the state's seq when the dump
         was made: its seq or later, when it was made in steps while commands came): it
@@ -434,8 +448,21 @@ class Primary:
 
     @property
     def fence(self) -> int:
-        """The lowest seq every live worker has applied (the current seq with no worker)."""
-        return min((f.applied for f in self._workers.values()), default=self.seq)
+        """The lowest seq written to every live worker (the current seq with no worker)."""
+        return min((f.written for f in self._workers.values()), default=self.seq)
+
+    def fence_for(self, worker: int, seq: int) -> int:
+        """The fence an `Apply` of `seq` carries to `worker`: what it will be once that is
+        written, as far as known now (the lowest seq written to every other worker, capped
+        at `seq`). A driver that writes the other workers' channels first may ask again
+        just before it writes this one's (zns.drivers.replication_link). The worker is
+        sent no `Fence` of what it was told so (a lone worker is sent none)."""
+        fence = min(seq, min((f.written for w, f in self._workers.items() if w != worker),
+                             default=seq))
+        follower = self._workers.get(worker)
+        if follower is not None:
+            follower.told = max(follower.told, fence)
+        return fence
 
     def applied(self, worker: int) -> int | None:
         follower = self._workers.get(worker)
@@ -475,18 +502,22 @@ class Primary:
         fence = self.fence
         if fence > self._announced:
             self._announced = fence
-            while self._appended_at and self._appended_at[0][0] <= fence:
-                _, at = self._appended_at.popleft()
-                if len(self._lags) < MAX_LAG_SAMPLES:
-                    self._lags.append(self._now - at)
-            self._actions.extend(Deliver(w, Fence(fence)) for w in self._workers)
+            for worker, follower in self._workers.items():
+                if follower.told < fence:
+                    follower.told = fence
+                    self._actions.append(Deliver(worker, Fence(fence)))
+        applied = min((f.applied for f in self._workers.values()), default=self.seq)
+        while self._appended_at and self._appended_at[0][0] <= applied:
+            _, at = self._appended_at.popleft()
+            if len(self._lags) < MAX_LAG_SAMPLES:
+                self._lags.append(self._now - at)
         actions, self._actions, self._executes = self._actions + self._executes, [], []
         return actions
 
     def take_lags(self) -> list[int]:
-        """Replication lag of each command committed since the last call, in ms: from its
-        `append` to the fence passing it (every live worker applied it), as `now` saw it
-        (at most MAX_LAG_SAMPLES kept between calls)."""
+        """Replication lag of each command every live worker applied since the last call, in
+        ms: from its `append` to the last worker's `Ack` of it, as `now` saw it (at most
+        MAX_LAG_SAMPLES kept between calls)."""
         lags, self._lags = self._lags, []
         return lags
 
@@ -503,17 +534,14 @@ class Primary:
         follower = self._workers[worker]
         if follower.transfer is not None:
             return
-        # What the other workers have applied does not move while this one is pumped.
-        others = min((f.applied for w, f in self._workers.items() if w != worker),
-                     default=self.seq)
         while follower.sent < self.seq and follower.sent - follower.applied < self.window:
             first = self._tail[0][0] if self._tail else self.seq + 1
             if follower.sent + 1 < first:
                 self._transfer(worker)
                 return
             seq, command, events = self._tail[follower.sent + 1 - first]
-            self._actions.append(Deliver(worker, Apply(seq, command, min(seq, others), events,
-                                                       awaited=len(self._workers) > 1)))
+            self._actions.append(Deliver(worker, Apply(seq, command, self.fence_for(worker, seq),
+                                                       events)))
             if follower.sent == follower.applied:
                 follower.waiting_since = self._now
             follower.sent = seq
@@ -623,8 +651,8 @@ class Replica:
     replica. Until its first state arrives it applies nothing (and its worker answers
     nothing); a gap or a duplicate makes it ask for a state and ignore commands until
     one arrives. Each `actions()` hands out first what need not wait for the batch's
-    commands to be applied (the events the fence passed, the acknowledgement: see the
-    module's docstring), then the rest in order.
+    commands to be applied (the events the fence passed: see the module's docstring),
+    then the rest in order, the acknowledgement last.
 
     Events held for the fence are bounded by `max_held_bytes`: past it the oldest are
     dropped (counted in `dropped_events`); their subscribers see a gap in revisions
@@ -643,7 +671,6 @@ class Replica:
         self.dropped_events = 0
         self.max_held_bytes = max_held_bytes
         self._acked = 0
-        self._ack_first = False  # acknowledge before applying: another worker waits for it
         # (seq, its events) in seq order; None: to be produced by its replica (not shipped)
         self._held: deque[tuple[int, list[bytes] | None]] = deque()
         self._held_bytes = 0
@@ -659,14 +686,13 @@ class Replica:
 
     def on_message(self, message: ToWorker) -> None:
         match message:
-            case Apply(seq=seq, command=command, fence=fence, events=events, awaited=awaited):
+            case Apply(seq=seq, command=command, fence=fence, events=events):
                 if self.awaiting_state:
                     return  # stale: a state is on its way
                 if seq != self.applied + 1:
                     self._ask_state()
                     return
                 self.applied = seq
-                self._ack_first |= awaited
                 if events is None:
                     self._held.append((seq, None))
                 elif events:
@@ -686,7 +712,6 @@ class Replica:
                     self._ask_state()
                     return
                 self.applied = seq
-                self._ack_first = True
                 self.loaded = True
                 self.awaiting_state = False
                 self._actions.append(LoadState(seq, dump))
@@ -730,19 +755,16 @@ class Replica:
 
     def actions(self) -> list[ReplicaAction]:
         """What to do now, in order; each action is handed out once. It starts with the
-        events the fence passed and one acknowledgement of the highest seq received, if that
-        moved (carry both out before applying: see the module's docstring; the
-        acknowledgement comes last instead when no other worker awaits it, `Apply.awaited`);
-        call it once per batch of messages, after feeding them all, and again until it
-        returns nothing."""
+        events the fence passed (publish them before applying: see the module's docstring)
+        and ends with one acknowledgement of the highest seq received, if that moved (sent
+        once the batch is applied); call it once per batch of messages, after feeding them
+        all, and again until it returns nothing."""
         if self._received is not None:
             self._actions.append(SendToPrimary(Received(*self._received)))
             self._received = None
         if self.applied > self._acked and not self.awaiting_state:
             self._acked = self.applied
-            ack = SendToPrimary(Ack(self.applied))
-            (self._ahead if self._ack_first else self._actions).append(ack)
-        self._ack_first = False  # said of this batch
+            self._actions.append(SendToPrimary(Ack(self.applied)))
         actions = self._ahead + self._actions
         self._ahead, self._actions = [], []
         return actions

@@ -477,6 +477,11 @@ class NameService:
 
     # --- reads -----------------------------------------------------------
 
+    def catch_up(self) -> None:
+        """Called before each read, over either protocol: a worker's replica first applies
+        what the state process has written to it (zns.drivers.worker.ReplicaService); one
+        process has nothing to do."""
+
     def read(self, request: AnyRequest, now: int) -> Reply:
         """Answer one read request from the state; raises an ErrorReply on refusal."""
         t, rid = self.table, request.id

@@ -298,8 +298,8 @@ def _replication(state: StateFigures | None, overview: Overview | None, own: Wor
     """The state process's view of the workers (zns.core.figures), under --workers N."""
     yield gauge("zns_replication_seq", "The last command the state process applied and "
                 "replicated", value=state.seq if state else 0)
-    yield gauge("zns_replication_fence", "The last command every live worker has applied",
-                value=state.fence if state else 0)
+    yield gauge("zns_replication_fence", "The last command written to every live worker "
+                "(each applies it before its next read)", value=state.fence if state else 0)
     applied = gauge("zns_worker_applied_seq", "The last replicated command the worker's "
                     "replica applied", labels=["worker"])
     lag = gauge("zns_worker_lag_commands", "Commands the state process applied that the "

@@ -9,6 +9,15 @@ to it, so the state process has no endpoint an outside peer can reach, and no
 ZMTP (hence none of libzmq's aborts) between them. A message is a 4-byte
 big-endian length and a msgpack body (`zns.core.replication.encode`).
 
+Beside each socketpair, 8 bytes of memory shared across the fork (`WrittenSeq`)
+hold the highest seq whose `Apply` (or last part of a state) the kernel has
+taken into that worker's socket. The state process sets it as soon as a write
+completes, before it tells the primary (`Primary.written`), hence before any
+worker may publish that seq's events; a worker compares it with what it applied
+before each read (`ReplicaLink.catch_up`) and reads its channel first if it is
+behind: the bytes are there already. This is what lets the commit fence move
+without any worker saying it applied anything (zns.core.replication).
+
 What each end does when the other end misbehaves:
 
 - **dies** (SIGKILL, an abort): the kernel closes its end; the other end reads
@@ -30,21 +39,24 @@ from __future__ import annotations
 
 import gc
 import logging
+import mmap
 import os
 import select
 import signal
 import socket
 import struct
 import sys
+import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterator
 
 import msgspec
 
-from zns.core.errors import ConnectionLost
+from zns.core.errors import Busy, ConnectionLost
 from zns.core.replication import (
-    Ack, ApplyCommand, Deliver, Drop, Execute, LoadState, Primary, Publish, Replica, Reply, Report,
-    SendState, SendToPrimary, Whole, decode_to_primary, decode_to_worker, encode,
+    Apply, ApplyCommand, Deliver, Drop, Execute, LoadState, Primary, Publish, Replica, Reply, Report,
+    SendState, SendToPrimary, State, ToWorker, Whole, decode_to_primary, decode_to_worker, encode,
 )
 from zns.drivers.io_errors import map_exceptions
 
@@ -62,6 +74,32 @@ CHUNK = 64 * 1024
 # A read from or a write to the other process's end: whatever the kernel refuses (reset,
 # broken pipe) means that process is gone.
 WORKER_CHANNEL = map_exceptions([(OSError, None, ConnectionLost)])
+# A worker behind what was written to it reads its channel before a read: the bytes are in
+# its socket, so this bound is only met when the state process is gone or broken.
+CATCH_UP_TIMEOUT_MS = 1_000
+WAIT_SLICE_MS = 100
+
+
+class WrittenSeq:
+    """The highest seq written into one worker's channel, in 8 bytes of memory the state
+    process and that worker share (an anonymous shared mapping made before the fork). Only
+    the state process sets it; an aligned 8-byte store and load are whole on the machines
+    CPython runs on, and the system calls between the store and any read that depends on
+    it (the event's way to a client and the client's request) order them."""
+
+    def __init__(self) -> None:
+        self._map = mmap.mmap(-1, 8)
+        self._view = memoryview(self._map).cast("q")
+
+    def get(self) -> int:
+        return self._view[0]
+
+    def set(self, seq: int) -> None:
+        self._view[0] = seq
+
+    def close(self) -> None:
+        self._view.release()
+        self._map.close()
 
 
 class Channel:
@@ -76,6 +114,10 @@ class Channel:
         self._in = bytearray()
         self._out = bytearray()
         self._scratch = memoryview(bytearray(CHUNK))
+        self._queued = 0  # bytes ever queued
+        self._taken = 0  # of them, bytes the kernel took
+        self._marks: deque[tuple[int, int]] = deque()  # (end, seq) of frames marked by `send`
+        self._written: int | None = None  # the last marked seq taken whole, not yet asked for
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -85,23 +127,39 @@ class Channel:
         """Bytes written and not yet taken by the kernel."""
         return len(self._out)
 
-    def send(self, body: bytes) -> None:
-        """Queue one frame; `flush` writes it (one system call for a whole batch)."""
+    def send(self, body: bytes, mark: int | None = None) -> None:
+        """Queue one frame; `flush` writes it (one system call for a whole batch). `mark`:
+        a seq that `take_written` returns once the kernel has taken the whole frame."""
         if len(self._out) + len(body) > self.max_pending_bytes:
             raise ConnectionLost(f"the other end reads nothing: {len(self._out)} bytes pending")
         self._out += HEADER.pack(len(body))
         self._out += body
+        self._queued += HEADER.size + len(body)
+        if mark is not None:
+            self._marks.append((self._queued, mark))
+
+    def take_written(self) -> int | None:
+        """The seq of the last marked frame the kernel has taken whole since the last call
+        (None: none)."""
+        written, self._written = self._written, None
+        return written
 
     def flush(self) -> bool:
         """Write what the socket takes; True when nothing is left pending."""
-        while self._out:
-            try:
-                with WORKER_CHANNEL:
-                    sent = self.sock.send(self._out)
-            except (BlockingIOError, InterruptedError):
-                return False
-            del self._out[:sent]
-        return True
+        try:
+            while self._out:
+                try:
+                    with WORKER_CHANNEL:
+                        sent = self.sock.send(self._out)
+                except (BlockingIOError, InterruptedError):
+                    return False
+                del self._out[:sent]
+                self._taken += sent
+            return True
+        finally:
+            marks = self._marks
+            while marks and marks[0][0] <= self._taken:
+                self._written = marks.popleft()[1]
 
     def receive(self, budget: int = READ_BUDGET) -> list[bytes]:
         """The whole frames readable now (reading at most `budget` bytes)."""
@@ -135,6 +193,17 @@ class Channel:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def written_mark(message: ToWorker) -> int | None:
+    """The seq a message completes in the worker's channel: an `Apply`'s, or the last part
+    of a state's (None for any other)."""
+    if type(message) is Apply:
+        return message.seq
+    if type(message) is State and (message.total < 0
+                                   or message.offset + len(message.dump) >= message.total):
+        return message.seq
+    return None
 
 
 class PrimaryLink:
@@ -171,17 +240,26 @@ class PrimaryLink:
         self._forked: set[int] = set()  # workers whose first state is the fork's copy
         self._execute = execute
         self._executing = False  # in `execute`: `append` leaves the writing to its answer
+        # The worker whose forwarded write is being carried out, and what is sent to it
+        # meanwhile: written after every other worker's channel (`flush`).
+        self._writer: int | None = None
+        self._to_writer: list[ToWorker] = []
         self._dropped = dropped
         self._max_pending = max_pending_bytes
         self.channels: dict[int, Channel] = {}
+        self._written: dict[int, WrittenSeq] = {}
 
-    def add(self, sock: socket.socket, now: int, *, forked: bool = False) -> int:
+    def add(self, sock: socket.socket, now: int, *, forked: bool = False,
+            written: WrittenSeq | None = None) -> int:
         """A new worker at the other end of `sock`: it joins by a state transfer. `forked`:
         the worker was forked from this process just now, so it holds the state as of the
         current seq already (the fork's copy): its first transfer names that seq and
-        carries no dump (zns.drivers.worker.ReplicaService.load)."""
+        carries no dump (zns.drivers.worker.ReplicaService.load). `written`: the counter
+        shared with the worker (`WrittenSeq`; a worker given none reads no counter)."""
         worker = self.primary.join(now)
         self.channels[worker] = Channel(sock, max_pending_bytes=self._max_pending)
+        self._written[worker] = written if written is not None else WrittenSeq()
+        self._written[worker].set(self.primary.seq)
         if forked:
             self._forked.add(worker)
         self._carry_out(now)
@@ -248,12 +326,41 @@ class PrimaryLink:
         self._carry_out(now)
 
     def flush(self, now: int) -> None:
-        """Write what is queued for every worker (what its socket takes now)."""
-        for worker, channel in list(self.channels.items()):
-            try:
-                channel.flush()
-            except ConnectionLost as exc:
-                self._lose(worker, str(exc), now)
+        """Write what is queued for every worker (what its socket takes now); each seq
+        written whole goes to the worker's shared counter, then to the primary, and the
+        fence that moves with it is written too. The worker whose forwarded write was just
+        carried out comes last: its `Apply` then carries the fence as the other workers'
+        writes made it, so it publishes the write's events as it reads it, without waiting
+        for a `Fence` (it is often still running when the others are written to)."""
+        writer, self._writer = self._writer, None
+        self._flush_all(now)
+        if writer is None:
+            return
+        messages, self._to_writer = self._to_writer, []
+        for message in messages:
+            if type(message) is Apply:
+                fence = max(message.fence, self.primary.fence_for(writer, message.seq))
+                message = msgspec.structs.replace(message, fence=fence)
+            self._send(writer, encode(message), now, written_mark(message))
+        self._flush_all(now)
+
+    def _flush_all(self, now: int) -> None:
+        while True:
+            moved = False
+            for worker, channel in list(self.channels.items()):
+                try:
+                    channel.flush()
+                except ConnectionLost as exc:
+                    self._lose(worker, str(exc), now)
+                    continue
+                seq = channel.take_written()
+                if seq is not None:
+                    self._written[worker].set(seq)  # first: see the module's docstring
+                    self.primary.written(worker, seq)
+                    moved = True
+            if not moved:
+                return
+            self._carry_out(now)
 
     def wait(self, timeout_ms: int | None) -> None:
         """Block until a channel is readable (or writable with bytes pending), or the timeout."""
@@ -267,15 +374,19 @@ class PrimaryLink:
         return self.primary.next_deadline()
 
     def close(self) -> None:
-        for channel in self.channels.values():
+        for worker in list(self.channels):
+            self._close(worker)
+
+    def _close(self, worker: int) -> Channel | None:
+        channel = self.channels.pop(worker, None)
+        if channel is not None:
             channel.close()
-        self.channels.clear()
+            self._written.pop(worker).close()
+        return channel
 
     def _lose(self, worker: int, reason: str, now: int) -> None:
-        channel = self.channels.pop(worker, None)
-        if channel is None:
+        if self._close(worker) is None:
             return
-        channel.close()
         self.primary.leave(worker)
         log.warning("worker channel %d closed (%s): out of the fence", worker, reason)
         self._dropped(worker, reason)
@@ -285,7 +396,10 @@ class PrimaryLink:
         for action in self.primary.actions():
             match action:
                 case Deliver(worker=worker, message=message):
-                    self._send(worker, encode(message), now)
+                    if worker == self._writer:
+                        self._to_writer.append(message)  # after the others: `flush`
+                        continue
+                    self._send(worker, encode(message), now, written_mark(message))
                 case SendState(worker=worker, seq=seq):
                     if worker in self._forked:  # join's, at the seq of the fork: no dump
                         self._forked.discard(worker)
@@ -301,6 +415,8 @@ class PrimaryLink:
                         self._steps = self._dump_in_steps()
                 case Execute(worker=worker, token=token, request=request):
                     self._executing = True
+                    if len(self.channels) > 1:  # else no other worker to write to first
+                        self._writer = worker
                     try:
                         command, reply = self._execute(worker, request)
                     finally:
@@ -310,18 +426,16 @@ class PrimaryLink:
                     self._carry_out(now)
                     self.flush(now)  # its command and its answer, sent as soon as decided
                 case Drop(worker=worker, reason=reason):
-                    channel = self.channels.pop(worker, None)
-                    if channel is not None:
-                        channel.close()
+                    if self._close(worker) is not None:
                         log.warning("worker channel %d dropped: %s", worker, reason)
                         self._dropped(worker, reason)
 
-    def _send(self, worker: int, body: bytes, now: int) -> None:
+    def _send(self, worker: int, body: bytes, now: int, mark: int | None = None) -> None:
         channel = self.channels.get(worker)
         if channel is None:
             return
         try:
-            channel.send(body)
+            channel.send(body, mark)
         except ConnectionLost as exc:
             self._lose(worker, str(exc), now)
 
@@ -336,7 +450,8 @@ class ReplicaLink:
     forwarded write; `whole(body)` gets the state process's figures of the whole
     (zns.core.figures). `run()` raises `ConnectionLost` when the state process is gone,
     and msgspec.DecodeError on a message it cannot read (the state process's bug): either
-    way the worker exits, and the state process starts another.
+    way the worker exits, and the state process starts another. `written`: the counter
+    the state process sets (`WrittenSeq`), which `catch_up` reads.
     """
 
     def __init__(
@@ -349,8 +464,10 @@ class ReplicaLink:
         publish: Callable[[int, list[bytes]], None],
         reply: Callable[[int, bytes], None] = lambda token, reply: None,
         whole: Callable[[bytes], None] = lambda body: None,
+        written: WrittenSeq | None = None,
     ) -> None:
         self.channel = Channel(sock)
+        self.written = written
         self.replica = replica
         self._whole = whole
         self._apply_command, self._load_state = apply, load
@@ -367,6 +484,32 @@ class ReplicaLink:
                 self.replica.on_message(message)
         self._carry_out()
         self.channel.flush()
+
+    def catch_up(self) -> None:
+        """Before a read: apply every command the state process has written to this worker
+        (its counter says which; the bytes are in the socket already), so that no read
+        answers older than an event some worker may have published (the commit fence:
+        zns.core.replication). Raises `Busy` when that cannot be done: the replica waits for
+        a state, or nothing came for CATCH_UP_TIMEOUT_MS; `ConnectionLost`, msgspec's
+        DecodeError or a bug of the replica's as `run` does."""
+        written = self.written
+        if written is None:
+            return
+        target = written.get()
+        if target <= self.replica.applied:
+            return
+        give_up = time.monotonic() + CATCH_UP_TIMEOUT_MS / 1000
+        while True:
+            self.run()
+            if self.replica.applied >= target:
+                return
+            if self.replica.awaiting_state:
+                raise Busy("this worker is loading a new state; retry")
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise Busy(f"this worker's replica is behind seq {target} for "
+                           f"{CATCH_UP_TIMEOUT_MS} ms; retry")
+            self.wait(min(WAIT_SLICE_MS, max(1, round(left * 1000))))
 
     def forward(self, request: bytes) -> int:
         """Send a write to the state process; `reply` gets its answer with this token."""
@@ -389,8 +532,7 @@ class ReplicaLink:
     def _carry_out(self) -> None:
         # Until none is left: applying a command whose events were not shipped releases them
         # as a new action, to be published now, not when the next message happens to arrive.
-        # The acknowledgement comes before the commands are applied, and is written at once:
-        # the fence moves on while this worker applies (zns.core.replication).
+        # The acknowledgement comes last; the fence waits for none (zns.core.replication).
         while actions := self.replica.actions():
             for action in actions:
                 match action:
@@ -405,21 +547,20 @@ class ReplicaLink:
                     case Reply(token=token, reply=reply):
                         self._answer(token, reply)
                     case SendToPrimary(message=message):
-                        self.channel.send(encode(message))
-                        if type(message) is Ack:
-                            self.channel.flush()
+                        self.channel.send(encode(message))  # written by the caller
 
 
-def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: int, *,
-                forked: bool = False) -> tuple[int, int]:
-    """Fork a worker that runs `main(its end of a new socketpair)` and exits with what it
-    returns, with SIGHUP blocked until it installs its handler; returns (pid, worker id).
+def fork_worker(link: PrimaryLink, main: Callable[[socket.socket, WrittenSeq], int], now: int,
+                *, forked: bool = False) -> tuple[int, int]:
+    """Fork a worker that runs `main(its end of a new socketpair, the counter of what is
+    written to it)` and exits with what it returns, with SIGHUP blocked until it installs its handler; returns (pid, worker id).
     `forked`: `main` serves the state its fork copied, so the worker's first state transfer
     carries no dump (`PrimaryLink.add`). The child first closes the state process's end of
     every other worker's channel, so that each worker reads EOF as soon as the state
     process dies (not only once every worker forked after it died too). The caller must
     have no threads."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    written = WrittenSeq()
     sys.stdout.flush()
     sys.stderr.flush()
     # Every object alive now (the modules, the state as forked) leaves the collected
@@ -444,7 +585,7 @@ def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: in
             ours.close()
             for channel in link.channels.values():
                 channel.sock.close()
-            code = main(theirs)
+            code = main(theirs, written)
         except BaseException:
             traceback.print_exc()
         finally:
@@ -452,4 +593,4 @@ def fork_worker(link: PrimaryLink, main: Callable[[socket.socket], int], now: in
             sys.stderr.flush()
             os._exit(code)
     theirs.close()
-    return pid, link.add(ours, now, forked=forked)
+    return pid, link.add(ours, now, forked=forked, written=written)

@@ -64,7 +64,7 @@ from zns.drivers.kv_file import KvStore
 from zns.drivers.metrics import require_library as metrics_library
 from zns.drivers.loop import Loop, PollSet, Ready, Source
 from zns.drivers.metrics import process_usage
-from zns.drivers.replication_link import PrimaryLink, fork_worker
+from zns.drivers.replication_link import PrimaryLink, WrittenSeq, fork_worker
 from zns.drivers.server import new_epoch
 from zns.drivers.sockets import Waker, handle_signals
 from zns.drivers.worker import Forked, WriteAnswer, worker_main
@@ -268,7 +268,7 @@ class StateProcess:
     # --- workers --------------------------------------------------------
 
     def start_worker(self, slot: int, now: int) -> None:
-        def main(channel: socket.socket) -> int:
+        def main(channel: socket.socket, written: WrittenSeq) -> int:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             # SIGHUP stays blocked (fork_worker) until the worker's Server installs its
             # handler: a key reload while it starts reaches it then.
@@ -276,7 +276,7 @@ class StateProcess:
                 sock.close()
             # The machine as forked, at the seq the state transfer will name (nothing is
             # applied between the fork and the worker's join): the worker serves it.
-            return worker_main(self.config, slot + 1, channel,
+            return worker_main(self.config, slot + 1, channel, written,
                                started_at_ms=self.service.started_at_ms,
                                forked=Forked(self.link.primary.seq, self.service.state))
 

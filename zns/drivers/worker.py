@@ -66,7 +66,7 @@ from zns.core.state import (
 from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import PollSet, Ready
 from zns.drivers.metrics import own_figures
-from zns.drivers.replication_link import ReplicaLink
+from zns.drivers.replication_link import ReplicaLink, WrittenSeq
 from zns.drivers.request_router import peer_address
 from zns.drivers.server import Server
 
@@ -106,6 +106,7 @@ class ReplicaService(NameService):
         self.overview: Overview | None = None  # the whole's last figures (`status`)
         self.link: ReplicaLink | None = None
         self.gone: Callable[[], None] = lambda: None  # the state process is gone: stop
+        self.behind: Callable[[], None] = lambda: None  # ReplicaSource.catch_up, once serving
         self.forwarded = ForwardedWrites(timeout_ms=WRITE_TIMEOUT_MS)
 
     # --- the replica's side (ReplicaLink's callbacks) ---------------------
@@ -211,7 +212,11 @@ class ReplicaService(NameService):
     def shift_deadlines(self, stall_ms: int) -> None:
         pass
 
+    def catch_up(self) -> None:
+        self.behind()
+
     def read(self, request: AnyRequest, now: int) -> Reply:
+        self.behind()
         reply = super().read(request, now)
         if type(request) is Status:
             assert isinstance(reply, StatusReply)
@@ -263,20 +268,39 @@ class ReplicaSource:
             self._flags = flags
 
     def run(self, ready: Ready, now: int, until: int) -> None:
+        self._follow(self._link.run)
+        self._writes.on_timer(now)
+
+    def catch_up(self) -> None:
+        """Before a read: apply what the state process wrote to this worker
+        (`ReplicaLink.catch_up`); `Busy` if that cannot be done, and the worker stops if the
+        state process is gone or its replica failed."""
+        link = self._link
+        written = link.written
+        if written is None or written.get() <= link.replica.applied:  # nearly always
+            return
+        if not self._follow(link.catch_up):
+            raise Busy("this worker is stopping; retry")
+
+    def _follow(self, step: Callable[[], None]) -> bool:
+        """Run a step of the replica's; False when it ended the worker."""
         try:
-            self._link.run()
+            step()
         except (ConnectionLost, msgspec.DecodeError) as exc:
             log.error("worker: the state process is gone (%s); stopping", exc)
             self._gone()
+            return False
+        except Busy:
+            raise
         except Exception:
-            # Its replica acknowledged the batch before applying it (zns.core.replication):
-            # one that failed to apply a command must not answer from a state without it,
-            # nor hold every later event behind one never produced. Another worker, started
-            # from a state transfer, takes its place.
+            # A replica that failed to apply a command must not answer from a state
+            # without it, nor hold every later event behind one never produced. Another
+            # worker, started from a state transfer, takes its place.
             log.exception("worker: a bug while applying the state process's commands; stopping")
             self.failed = True  # the worker exits with code 1: replaced at once
             self._gone()
-        self._writes.on_timer(now)
+            return False
+        return True
 
 
 class WorkerServer(Server):
@@ -335,8 +359,9 @@ class Forked:
         return self._machine
 
 
-def worker_main(config: ServerConfig, worker: int, channel: socket.socket, *,
-                started_at_ms: int, forked: Forked | None = None) -> int:
+def worker_main(config: ServerConfig, worker: int, channel: socket.socket,
+                written: WrittenSeq | None = None, *, started_at_ms: int,
+                forked: Forked | None = None) -> int:
     """A forked worker's life: load the first state, bind, serve until the state process
     goes or a signal stops it. Returns the exit code. `started_at_ms`: when the state
     process started (time.monotonic, one clock for every process of the host): `status`
@@ -346,14 +371,14 @@ def worker_main(config: ServerConfig, worker: int, channel: socket.socket, *,
     transfer's dump when that is at the same seq."""
     name_worker_lines(worker)
     try:
-        return _serve(config, worker, channel, started_at_ms, forked)
+        return _serve(config, worker, channel, written, started_at_ms, forked)
     except Exception:
         log.critical("stopped by an uncaught error", exc_info=True)
         return 1
 
 
-def _serve(config: ServerConfig, worker: int, channel: socket.socket, started_at_ms: int,
-           forked: Forked | None) -> int:
+def _serve(config: ServerConfig, worker: int, channel: socket.socket,
+           written: WrittenSeq | None, started_at_ms: int, forked: Forked | None) -> int:
     service = ReplicaService(worker, forked=forked, started_at_ms=started_at_ms,
                              address_of=peer_address,
                              version=__version__, limits=config.limits)
@@ -384,7 +409,7 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket, started_at
             server.overview = overview
 
     link = ReplicaLink(channel, Replica(), apply=service.apply_command, load=service.load,
-                       publish=publish, reply=service.answered, whole=whole)
+                       publish=publish, reply=service.answered, whole=whole, written=written)
     service.link = link
     try:
         while not link.replica.loaded:
@@ -402,6 +427,7 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket, started_at
     server.replica = link.replica
     reporter.server = server
     service.gone = server.stop
+    service.behind = replicating.catch_up
     for frames in held:
         server.outbox.put(frames)
     log.info("loaded the state at seq %d (pid %d)", link.replica.applied, os.getpid())

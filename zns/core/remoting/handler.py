@@ -183,6 +183,7 @@ class RemotingService:
             networks, option = self._networks[processor.access]
             if networks is not None and not in_networks(conn.host, networks):
                 raise self._refusal(conn, option, cmd.code)
+            self.service.catch_up()  # before reading anything (a writer reads too)
             ext = cmd.ext_fields or {}
             if processor.write is None:
                 assert processor.read is not None  # a processor has one or the other
