@@ -70,6 +70,9 @@ def test_reregisters_after_nameserver_restart_by_heartbeat(make_server, tmp_path
     endpoints = dict(router=first.router, pub=first.pub, kv_path=str(tmp_path / "kv.json"))
     with agent_for(first.router) as agent:
         wait_for(lambda: route_of(first.peer(), "T1"))
+        # Its reply too: a stop before it reaches the agent would leave the agent to count
+        # one registration of two (the route is readable before the reply has arrived).
+        wait_for(lambda: agent.status()[0].registrations >= 1)
         first.stop()
         # A cold restart (no state dump: a warm one knows the broker, test_warm_restart.py).
         second = make_server(**endpoints, state_path=str(tmp_path / "none" / "state.dump"))
