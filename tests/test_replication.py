@@ -99,6 +99,7 @@ class Cluster:
 
     def kill(self, worker: int) -> None:
         self.nodes.pop(worker)
+        self.stuck.pop(worker, None)
         self.dead.add(worker)
         self.primary.leave(worker)
         self.carry_out()
@@ -175,6 +176,7 @@ class Cluster:
                     self.carry_out()
                 case Drop(worker=w):
                     self.nodes.pop(w)
+                    self.stuck.pop(w, None)
                     self.dead.add(w)
         for w, seq in written:
             self.primary.written(w, seq)
@@ -249,6 +251,11 @@ class Cluster:
     def settle(self) -> None:
         """Deliver everything, losslessly, until nothing moves."""
         self.lossy = False
+        for worker in list(self.stuck):
+            if worker in self.nodes:
+                self.release(worker)
+            else:
+                del self.stuck[worker]
         for _ in range(10_000):
             busy = [w for w, n in self.nodes.items() if n.inbox or n.outbox]
             if not busy:
@@ -289,6 +296,12 @@ def run_schedule(seed: int, steps: int, *, lossy: bool = False) -> Cluster:
             cluster.kill(rng.choice(alive))
         elif roll < 0.91 and len(alive) < 4:
             cluster.join()
+        elif roll < 0.94 and alive:  # a channel that takes nothing for a while (a full socket)
+            worker = rng.choice(alive)
+            if worker in cluster.stuck:
+                cluster.release(worker)
+            else:
+                cluster.stuck[worker] = []
         else:
             cluster.tick(rng.randint(1, 400))
     return cluster
@@ -360,7 +373,6 @@ def test_a_dead_worker_leaves_the_fence_at_once() -> None:
         cluster.to_worker(a)
     assert cluster.primary.fence == seq - 1 and cluster.nodes[a].published == []
     cluster.kill(b)
-    cluster.stuck.pop(b, None)
     assert cluster.primary.fence == seq
     cluster.settle()
     assert cluster.nodes[a].published == [seq]
