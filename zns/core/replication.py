@@ -123,9 +123,10 @@ class Apply(msgspec.Struct, tag="apply", frozen=True):
     """Primary -> worker: the command numbered `seq`. `fence`: what the fence is once this
     is written, as far as the primary knew when it was written (the lowest seq written to
     every other worker, and `seq` itself: `seq` when this worker is the only one), so that
-    a worker publishes an event without waiting for a `Fence` when it can. `events`: the events the command made in the primary, as frames
-    [channel, body, ...] (`shipped_events`); None when they were too large to ship (the
-    replica publishes its own)."""
+    a worker publishes an event without waiting for a `Fence` when it can. `events`: the
+    events the command made in the primary, as frames [channel, body, ...]
+    (`shipped_events`); None when they were too large to ship (the replica publishes its
+    own)."""
 
     seq: int
     command: bytes

@@ -66,7 +66,7 @@ from zns.core.state import (
 from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import PollSet, Ready
 from zns.drivers.metrics import own_figures
-from zns.drivers.replication_link import ReplicaLink, WrittenSeq
+from zns.drivers.replication_link import WAIT_SLICE_MS, ReplicaLink, WrittenSeq
 from zns.drivers.request_router import peer_address
 from zns.drivers.server import Server
 
@@ -75,7 +75,6 @@ log = logging.getLogger("zns")
 # A forwarded write not answered within this long is answered `busy` (the state process
 # drops a worker that acknowledges nothing for 10 s; this is the same bound the other way).
 WRITE_TIMEOUT_MS = 30_000
-WAIT_SLICE_MS = 100
 # A worker's remoting connection ids are its index in the bits above these: the state
 # process ties each broker to the connection that registered it, whatever worker holds it.
 CONNECTION_ID_BITS = 40
@@ -275,11 +274,7 @@ class ReplicaSource:
         """Before a read: apply what the state process wrote to this worker
         (`ReplicaLink.catch_up`); `Busy` if that cannot be done, and the worker stops if the
         state process is gone or its replica failed."""
-        link = self._link
-        written = link.written
-        if written is None or written.get() <= link.replica.applied:  # nearly always
-            return
-        if not self._follow(link.catch_up):
+        if not self._follow(self._link.catch_up):
             raise Busy("this worker is stopping; retry")
 
     def _follow(self, step: Callable[[], None]) -> bool:
