@@ -448,3 +448,46 @@ def test_the_writers_apply_carries_the_fence_the_other_workers_writes_made() -> 
     assert frames("a") == [Apply(1, b"c-w", 1), Answer(7, 1, b"ok")]  # and no Fence of 1
     assert frames("b") == [Apply(1, b"c-w", 0), Fence(1)]
     link.close()
+
+
+def test_what_was_held_for_the_writer_goes_out_even_when_its_write_fails() -> None:
+    # A write's worker is written to last (its messages are held meanwhile): a write whose
+    # execution raises (a bug) must still let them out, in order, to that worker.
+    from zns.core.replication import Forward, decode_to_worker
+
+    socks = {name: socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for name in "ab"}
+    link: PrimaryLink
+
+    def execute(worker: int, request: bytes) -> tuple[bytes | None, bytes]:
+        link.append(b"c-" + request, 0)
+        raise RuntimeError("a bug after the command was applied")
+
+    link = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=execute)
+    for name in "ab":
+        link.add(socks[name][0], 0)
+    link.flush(0)
+    received = {name: Channel(socks[name][1]) for name in "ab"}
+    for channel in received.values():
+        assert channel.receive()  # the first states
+    body = encode(Forward(7, b"w"))
+    socks["a"][1].sendall(HEADER.pack(len(body)) + body)
+    link.wait(5000)
+    with pytest.raises(RuntimeError):
+        link.run(0)
+    for name in "ab":
+        assert [m for m in map(decode_to_worker, received[name].receive())
+                if isinstance(m, Apply)] == [Apply(1, b"c-w", 1 if name == "a" else 0)]
+    link.close()
+
+
+def test_a_fork_that_fails_leaves_sighup_unblocked(monkeypatch) -> None:
+    link = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=lambda w, r: (None, b""))
+
+    def no_fork() -> int:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    with pytest.raises(OSError):
+        fork_worker(link, lambda sock, written: 0, 0)
+    assert signal.SIGHUP not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    assert link.channels == {}

@@ -55,8 +55,9 @@ import msgspec
 
 from zns.core.errors import Busy, ConnectionLost
 from zns.core.replication import (
-    Apply, ApplyCommand, Deliver, Drop, Execute, LoadState, Primary, Publish, Replica, Reply, Report,
-    SendState, SendToPrimary, State, ToWorker, Whole, decode_to_primary, decode_to_worker, encode,
+    Apply, ApplyCommand, Deliver, Drop, Execute, LoadState, Primary, Publish, Replica, Reply,
+    Report, SendState, SendToPrimary, State, ToWorker, Whole, decode_to_primary,
+    decode_to_worker, encode,
 )
 from zns.drivers.io_errors import map_exceptions
 
@@ -419,12 +420,16 @@ class PrimaryLink:
                         self._writer = worker
                     try:
                         command, reply = self._execute(worker, request)
+                        self._executing = False
+                        seq = self.primary.seq if command is None \
+                            else self.primary.append(command, now)
+                        self.primary.answer(worker, token, seq, reply)
+                        self._carry_out(now)
                     finally:
                         self._executing = False
-                    seq = self.primary.seq if command is None else self.primary.append(command, now)
-                    self.primary.answer(worker, token, seq, reply)
-                    self._carry_out(now)
-                    self.flush(now)  # its command and its answer, sent as soon as decided
+                        # Its command and its answer, sent as soon as decided; and whatever
+                        # was held for the writer goes out, in order, whatever was raised.
+                        self.flush(now)
                 case Drop(worker=worker, reason=reason):
                     if self._close(worker) is not None:
                         log.warning("worker channel %d dropped: %s", worker, reason)
@@ -553,12 +558,12 @@ class ReplicaLink:
 def fork_worker(link: PrimaryLink, main: Callable[[socket.socket, WrittenSeq], int], now: int,
                 *, forked: bool = False) -> tuple[int, int]:
     """Fork a worker that runs `main(its end of a new socketpair, the counter of what is
-    written to it)` and exits with what it returns, with SIGHUP blocked until it installs its handler; returns (pid, worker id).
-    `forked`: `main` serves the state its fork copied, so the worker's first state transfer
-    carries no dump (`PrimaryLink.add`). The child first closes the state process's end of
-    every other worker's channel, so that each worker reads EOF as soon as the state
-    process dies (not only once every worker forked after it died too). The caller must
-    have no threads."""
+    written to it)` and exits with what it returns, with SIGHUP blocked until it installs
+    its handler; returns (pid, worker id). `forked`: `main` serves the state its fork
+    copied, so the worker's first state transfer carries no dump (`PrimaryLink.add`). The
+    child first closes the state process's end of every other worker's channel, so that
+    each worker reads EOF as soon as the state process dies (not only once every worker
+    forked after it died too). The caller must have no threads."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     written = WrittenSeq()
     sys.stdout.flush()
@@ -574,7 +579,14 @@ def fork_worker(link: PrimaryLink, main: Callable[[socket.socket, WrittenSeq], i
     # key reload while a worker starts) waits for that handler instead of running the
     # state process's copied one, or being lost while the worker reads the old keys.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except BaseException:  # no child: this process's reloads, sockets and counter as before
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        ours.close()
+        theirs.close()
+        written.close()
+        raise
     if pid != 0:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if pid == 0:
