@@ -656,6 +656,10 @@ def run_lag(config: RunConfig) -> BenchResult:
         figures.append(Figure("background registrations answered", "req/s", rates,
                               note="all servers' rounds together: whether the load was met"))
     push = {w: push_latency.measure(config, p.push, "--workers", str(w)) for w in (0, 1, 2)}
+    # --cpus: the state process beside worker 1 on the first CPU, worker 2 on the second.
+    cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))[:2]))
+    pinned = {w: push_latency.measure(config, p.push, "--workers", str(w), "--cpus", cpus)
+              for w in (0, 1, 2)}
     hops = [process_round_trips(p.push.changes) for _ in range(config.rounds)]
     for q in (50, 99):
         figures.append(Figure(
@@ -672,6 +676,16 @@ def run_lag(config: RunConfig) -> BenchResult:
                 after.rounds, "1 process", before.rounds,
                 note=f"{extra:+,.0f} µs against one process"
                 + (" (budget: +100 µs at p50)" if "p50" in before.name else "")))
+    for workers in (0, 1, 2):  # pinned, against one process as it runs by default
+        for before, after in zip(push[0], pinned[workers]):
+            if "max" in before.name:
+                continue
+            extra = statistics.median(after.rounds) - statistics.median(before.rounds)
+            shape = label(workers) if workers else "1 process"
+            figures.append(Figure(
+                f"{before.name}, {shape}, --cpus {cpus}", "µs", after.rounds,
+                "1 process (not pinned)", before.rounds,
+                note=f"{extra:+,.0f} µs against one process, not pinned"))
     method = LAG_METHOD.format(samples=p.lag_samples, rate=p.lag_rate,
                                brokers=BACKGROUND_BROKERS, topics=BACKGROUND_TOPICS,
                                changes=p.push.changes,
@@ -744,6 +758,9 @@ Push latency: bench/push_latency.py (its method: one SUB per subscriber socket, 
 changes sent on one connection, the next only after every socket got the previous one; here
 {changes} changes a round, {subs} subscribers) against `--workers 0`, `--workers 1` and
 `--workers 2`; the subscribers' and the sender's connections land wherever the kernel puts them.
+Then the same three again with `--cpus` naming the machine's first two CPUs (the state process
+and worker 1 pinned to the first, worker 2 to the second; one process to the first), each
+against one process not pinned, as it runs by default. The servers run one after another.
 
 The *bare round trip between two Python processes* is the floor of what a forwarded write's
 way adds to a push: one byte sent over an AF_UNIX socketpair to another Python process that

@@ -16,7 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from zns.cli.options import config_options
-from zns.core.config import BrokerConfig, RelayConfig, ServerConfig, Setting, load, settings
+from zns.core.config import (
+    BrokerConfig, RelayConfig, ServerConfig, Setting, load, parse_cpus, settings,
+)
 from zns.core.errors import InvalidSetting
 
 CONFIGS = [ServerConfig, RelayConfig, BrokerConfig]
@@ -53,6 +55,8 @@ def sample(setting: Setting, i: int) -> Any:
         return setting.default + (i + 1) / 4
     if setting.check == "networks":
         text = f"10.{i + 1}.0.0/16"
+    elif setting.check == "cpus":
+        text = f"{i},{i + 2}-{i + 3}"
     elif setting.check in ("bind", "connect"):  # as checked: with its scheme
         text = f"tcp://127.0.0.1:{1000 + i}"
     else:
@@ -166,6 +170,10 @@ def test_a_bad_value_is_one_line_naming_where_it_came_from(route, tmp_path, clea
     (["--peer", "tcp//h:1"], "is not a host"),
     (["--remoting", "127.0.0.1:99999"], "port '99999'"),
     (["--metrics", "tcp://127.0.0.1:9"], "not tcp://"),
+    (["--cpus", "0;1"], "'0;1' is not a CPU number or a range of them"),
+    (["--cpus", "0,3-1"], "'3-1': a range goes from low to high"),
+    (["--cpus", "0,"], "'' is not a CPU number"),
+    (["--cpus", "9000"], "CPU 9000: CPUs are numbered 0 to 8191 at most"),
 ])
 def test_server_checks_name_the_option(args, needle, clean_env):
     line = one_line_usage_error(run(ServerConfig, args)[0])
@@ -287,3 +295,12 @@ def test_option_tables_match_the_definition(doc, heading):
     if doc == "README.md":  # the full table: every option of `zns serve`
         files = {"--config", "--namesrv-config"}
         assert listed == set(fields) | files, set(fields) ^ (listed - files)
+
+
+def test_cpus_name_each_process_its_cpu_in_the_order_given():
+    """--cpus: the state process (or the one process) and worker 1 on the first CPU, each
+    later worker on the next, round again past the last; a CPU given twice counts once."""
+    assert parse_cpus("3,0-1, 1,7") == [3, 0, 1, 7]
+    config = ServerConfig(cpus="3,0-1,1", workers=4)
+    assert [config.cpu_of(w) for w in range(6)] == [3, 3, 0, 1, 3, 0]
+    assert ServerConfig().cpu_of(0) is None and ServerConfig(cpus="").cpu_of(1) is None

@@ -459,3 +459,63 @@ def test_a_dead_workers_remoting_brokers_stay_until_they_register_again(
         assert "broker-a id 0 at 127.0.0.1:10911 (disconnected)" in server.output()
     finally:
         assert server.stop() == 0
+
+
+def cpus_of_threads(pid: int) -> set[str]:
+    """The CPUs each thread of `pid` may run on (/proc's Cpus_allowed_list), as a set."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                found.add(line.split()[1])
+    return found
+
+
+def test_cpus_pin_the_state_process_beside_worker_1_and_each_worker_to_its_cpu(
+        tmp_path: Path, ctx: Any) -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    first, last = allowed[-1], allowed[0]  # the same CPU on a machine that gives us one
+    server = ProcessServer(tmp_path, "--workers", "2", "--cpus", f"{first},{last}",
+                           "--metrics", "127.0.0.1:0")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        state, one, two = server.proc.pid, worker_pid(server, 1), worker_pid(server, 2)
+        assert cpus_of_threads(state) == {str(first)}
+        # Every thread of a worker: libzmq's I/O threads and the metrics server's too.
+        assert len(list(Path(f"/proc/{one}/task").iterdir())) > 2
+        assert cpus_of_threads(one) == {str(first)} and cpus_of_threads(two) == {str(last)}
+        assert f"the state process pinned to CPU {first} (--cpus)" in server.output()
+        assert f"worker 2: pinned to CPU {last} (--cpus)" in server.output()
+        peer = Peer(server.router, server.pub, ctx)
+        peer.ok("register_broker", **register_fields(topics={"T": {}}))
+        peer.close()
+        os.kill(two, signal.SIGKILL)  # its replacement takes its CPU
+        wait_for(lambda: worker_pid(server, 2) != two, timeout=LOADED_DEADLINE)
+        assert cpus_of_threads(worker_pid(server, 2)) == {str(last)}
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_cpu_this_process_may_not_run_on_is_refused_in_one_line(tmp_path: Path) -> None:
+    outside = max(os.sched_getaffinity(0)) + 1
+    for workers in ("0", "1"):
+        done = subprocess.run(
+            [sys.executable, "-m", "zns", "serve", "--workers", workers, "--cpus", f"0,{outside}",
+             "--router", "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*",
+             "--kv-path", str(tmp_path / "kv.json")],
+            capture_output=True, text=True, timeout=60,
+            env={k: v for k, v in os.environ.items() if not k.startswith("ZNS_")})
+        assert done.returncode == 1 and not done.stdout, done
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith(f"Error: cpus: CPU {outside}: not one this process may run "
+                               f"on ("), line
+
+
+def test_cpus_pin_one_process_to_the_first(tmp_path: Path) -> None:
+    cpu = max(os.sched_getaffinity(0))
+    server = ProcessServer(tmp_path, "--workers", "0", "--cpus", f"{cpu},0")
+    try:
+        assert cpus_of_threads(server.proc.pid) == {str(cpu)}
+        assert f"the server pinned to CPU {cpu} (--cpus)" in server.output()
+    finally:
+        assert server.stop() == 0

@@ -13,8 +13,9 @@ import signal
 import click
 
 from zns.cli.options import config_options
-from zns.core.config import ServerConfig
+from zns.core.config import ServerConfig, parse_cpus
 from zns.core.errors import ConfigError
+from zns.drivers import cpus
 from zns.drivers.logs import configure_logging
 from zns.drivers.security import write_keypair
 from zns.drivers.server import Server
@@ -49,6 +50,10 @@ def _serve(config: ServerConfig) -> None:
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     try:
         try:
+            if config.cpus:  # before the server starts a thread, or the state process a worker
+                cpus.check(parse_cpus(config.cpus))
+            if (cpu := config.cpu_of(0)) is not None:
+                cpus.pin(cpu, "the state process" if config.workers else "the server")
             server = StateProcess(config) if config.workers else Server(config)
         except ConfigError as exc:
             raise click.ClickException(str(exc)) from exc

@@ -95,6 +95,35 @@ def _network(value: str) -> str:
     return value
 
 
+# The highest CPU number `--cpus` takes: Linux's own limit (NR_CPUS) is at most 8192.
+MAX_CPU = 8191
+_CPU_RANGE = re.compile(r"(\d{1,4})(?:-(\d{1,4}))?")
+
+
+def parse_cpus(text: str) -> list[int]:
+    """A CPU list as `taskset -c` and cpusets write it ("0", "0,2", "2-5,7"): the CPUs in the
+    order given, each once (the order says which process goes where: `ServerConfig.cpu_of`);
+    ValueError for anything else."""
+    cpus: list[int] = []
+    for part in text.split(","):
+        match = _CPU_RANGE.fullmatch(part.strip())
+        if match is None:
+            raise ValueError(f"{part.strip()!r} is not a CPU number or a range of them (0,2-3)")
+        first = int(match[1])
+        last = int(match[2]) if match[2] is not None else first
+        if first > last:
+            raise ValueError(f"{part.strip()!r}: a range goes from low to high")
+        if last > MAX_CPU:
+            raise ValueError(f"CPU {last}: CPUs are numbered 0 to {MAX_CPU} at most")
+        cpus += [cpu for cpu in range(first, last + 1) if cpu not in cpus]
+    return cpus
+
+
+def _cpus(value: str) -> str:
+    parse_cpus(value)
+    return value
+
+
 # What a string value must be, by the `check` a field names (zns.core.addresses, the one parser
 # of endpoints and addresses): each returns the value as it is to be used, or raises ValueError.
 CHECKS: dict[str, Callable[[str], str]] = {
@@ -105,6 +134,7 @@ CHECKS: dict[str, Callable[[str], str]] = {
     "address": _address,  # a HOST:PORT others reach (a broker's)
     "nameservers": _nameservers,  # a NameServer list, 'h1:9876;h2:9876'
     "networks": _network,  # a CIDR or an address
+    "cpus": _cpus,  # a CPU list, '0,2-3'
 }
 
 
@@ -257,6 +287,13 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         "the expiry, opens no port, and keeps this many workers alive; each worker binds the "
         "request and events ports (SO_REUSEPORT) and answers from a replica "
         "(docs/operations.md, Workers).", metavar="N")] = 1
+    cpus: Annotated[str | None, _doc(
+        "Pin each process to one CPU of this list (as taskset -c writes it: 0,2-3): the state "
+        "process and worker 1 to the first, worker 2 to the second, and so on (round again "
+        "past the last); one process (--workers 0) to the first. Every thread of a process "
+        "runs where it does. Off by default: the kernel places them. Pinned, a forwarded "
+        "write's hand-offs stay on one core (docs/operations.md, Workers).",
+        metavar="LIST", check="cpus")] = None
 
     def __post_init__(self) -> None:
         if self.rocketmq:  # before the checks: the values they check are these
@@ -288,6 +325,15 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         found += [name for name, value, schemes in listeners
                   if value and parse_host_port(value, schemes=schemes)[1] == 0]
         return found
+
+    def cpu_of(self, worker: int) -> int | None:
+        """The CPU `--cpus` gives worker `worker` (1..N; 0: the state process, or the one
+        process of --workers 0); None without --cpus. The state process shares worker 1's: a
+        write that worker forwards is handed over and back on one core."""
+        if not self.cpus:
+            return None
+        cpus = parse_cpus(self.cpus)
+        return cpus[max(worker - 1, 0) % len(cpus)]
 
     @property
     def limits(self) -> Limits:

@@ -63,6 +63,7 @@ from zns.core.service import Frames, NameService
 from zns.core.state import (
     AnyCommand, CloseConnections, Outcome, StateMachine, Suspect, Write, decode_command,
 )
+from zns.drivers import cpus
 from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import PollSet, Ready
 from zns.drivers.metrics import own_figures
@@ -366,6 +367,9 @@ def worker_main(config: ServerConfig, worker: int, channel: socket.socket,
     transfer's dump when that is at the same seq."""
     name_worker_lines(worker)
     try:
+        cpu = config.cpu_of(worker)
+        if cpu is not None:  # before this worker starts a thread (checked by `zns serve`)
+            cpus.pin(cpu)  # its lines name the worker
         return _serve(config, worker, channel, written, started_at_ms, forked)
     except Exception:
         log.critical("stopped by an uncaught error", exc_info=True)

@@ -1,0 +1,63 @@
+"""`zns serve --cpus`: each process pinned to its CPU (sched_setaffinity).
+
+Why: a forwarded write is handed from its worker to the state process and back, and its
+event from the worker to its libzmq I/O thread. When the process handed to sleeps on
+another core that is idle, waking it costs more than the work itself: on a VM, 50-80 us
+each, the time for the host to run that virtual CPU again. Pinned to one core, the state
+process, worker 1 and its threads hand over by a context switch: push latency p50 with one
+worker about 100 us lower on the 2-core test VM (docs/operations.md, *Pinning processes to
+CPUs*).
+
+What it costs: the kernel no longer moves a pinned process off a core that other work keeps
+busy; and the state process shares worker 1's core. So it is off by default, as in nginx
+(`worker_cpu_affinity`) and HAProxy (`cpu-map`), for hosts whose cores are given to zns.
+
+A process pins every thread it has, and the threads it starts later (libzmq's I/O threads,
+the metrics server) inherit it; a worker forked from the pinned state process pins itself
+again as it starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+from zns.core.errors import InvalidSetting
+
+log = logging.getLogger("zns")
+
+
+def check(cpus: Iterable[int]) -> None:
+    """Refuse, in one line, a list with a CPU this process may not run on (offline, or
+    outside its cpuset), before any process is pinned or forked."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise InvalidSetting("cpus", "this system cannot pin a process to a CPU "
+                                     "(no sched_setaffinity)")
+    allowed = os.sched_getaffinity(0)
+    refused = [cpu for cpu in cpus if cpu not in allowed]
+    if refused:
+        raise InvalidSetting("cpus", f"CPU {', '.join(map(str, refused))}: not one this "
+                                     f"process may run on ({_ranges(sorted(allowed))})")
+
+
+def pin(cpu: int, who: str = "") -> None:
+    """Run the calling process on `cpu` only (checked by `check`): every thread it has (a
+    thread's affinity is its own) and so every thread they start later."""
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), {cpu})
+        except ProcessLookupError:
+            pass  # a thread that ended meanwhile
+    log.info("%spinned to CPU %d (--cpus)", f"{who} " if who else "", cpu)
+
+
+def _ranges(cpus: list[int]) -> str:
+    """0,1,2,5 as 0-2,5 (as taskset and /proc say it)."""
+    spans: list[list[int]] = []
+    for cpu in cpus:
+        if spans and cpu == spans[-1][1] + 1:
+            spans[-1][1] = cpu
+        else:
+            spans.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
