@@ -783,6 +783,7 @@ def run_storm(config: RunConfig) -> BenchResult:
     p99: dict[int, list[float]] = {0: [], 2: []}
     worst: dict[int, list[float]] = {0: [], 2: []}
     took: dict[int, list[float]] = {0: [], 2: []}
+    answered: dict[int, list[float]] = {0: [], 2: []}  # probe reads a second of the storm
     for r in range(config.rounds):
         for w in ((0, 2) if r % 2 == 0 else (2, 0)):
             with _closing(start(config, w, f"storm{r}")) as zns, \
@@ -806,6 +807,7 @@ def run_storm(config: RunConfig) -> BenchResult:
                 p99[w].append(percentile(window, 99) * 1000)
                 worst[w].append(max(window) * 1000)
                 took[w].append(ended - began)
+                answered[w].append(len(window) / (ended - began))
                 config.log(f"{label(w)} round {r + 1}: storm {took[w][-1]:.2f} s, read p99 "
                            f"{p99[w][-1]:.1f} ms, max {worst[w][-1]:.1f} ms, "
                            f"{len(window)} reads")
@@ -815,6 +817,9 @@ def run_storm(config: RunConfig) -> BenchResult:
                worst[0]),
         Figure("the storm's registrations answered in, 2 workers", "s", took[2], "1 process",
                took[0]),
+        Figure("probe reads answered per second during the storm, 2 workers", "reads/s",
+               answered[2], "1 process", answered[0],
+               note="4 probes, each waiting for its reply, then 5 ms: 800/s at most"),
     ]
     method = STORM_METHOD.format(brokers=p.storm_brokers, topics=p.storm_topics,
                                  count=2 * p.storm_brokers)
@@ -829,8 +834,9 @@ connection, wherever the kernel puts it) send `get_route` for a one-broker topic
 and time each round trip; meanwhile one connection sends the storm: {brokers} brokers each
 registering the same {topics:,} topics, then each again with other queue counts ({count}
 registrations of {topics:,} topics, one in flight, as fast as they are answered). The figures
-are the p99 and the longest of the probes' round trips sent while the storm lasted, and how
-long it lasted. Rerun alone (after a change to the write path) with `.venv/bin/python -m
+are the p99 and the longest of the probes' round trips sent while the storm lasted, how
+long it lasted, and how many probe reads were answered per second of it (each probe waits
+for its reply, then 5 ms: 800/s at most; reads a server holds back do not happen). Rerun alone (after a change to the write path) with `.venv/bin/python -m
 bench.workers workers_storm`.
 """
 
