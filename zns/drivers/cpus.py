@@ -44,9 +44,13 @@ def check(cpus: Iterable[int]) -> None:
 def pin(cpu: int, who: str = "") -> None:
     """Run the calling process on `cpu` only (checked by `check`): every thread it has (a
     thread's affinity is its own) and so every thread they start later."""
-    for task in os.listdir("/proc/self/task"):
+    try:
+        tasks = [int(task) for task in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: this thread, and those it starts
+        tasks = [0]
+    for task in tasks:
         try:
-            os.sched_setaffinity(int(task), {cpu})
+            os.sched_setaffinity(task, {cpu})
         except ProcessLookupError:
             pass  # a thread that ended meanwhile
     log.info("%spinned to CPU %d (--cpus)", f"{who} " if who else "", cpu)
