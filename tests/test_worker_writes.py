@@ -295,7 +295,7 @@ def test_a_forwarded_write_takes_in_what_the_state_process_wrote_before_it_is_pa
     # write, so the write's command, events and answer are in the channel when the send
     # returns. The worker takes them in at once (the catch-up a read makes), before it parks
     # the request: the events leave and the answer is ready at once. Before, they waited
-    # for the worker's next pass over its channel (push p50 +75 against +19 us).
+    # for the worker's next pass over its channel (push p50 +82 against +34 us).
     import msgspec
 
     from zns.core.state import Outcome

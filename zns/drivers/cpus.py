@@ -4,9 +4,10 @@ Why: a forwarded write is handed from its worker to the state process and back, 
 event from the worker to its libzmq I/O thread. When the process handed to sleeps on
 another core that is idle, waking it costs more than the work itself: on a VM, 50-80 us
 each, the time for the host to run that virtual CPU again. Pinned to one core, the state
-process, worker 1 and its threads hand over by a context switch: push latency p50 with one
-worker about 100 us lower on the 2-core test VM (docs/operations.md, *Pinning processes to
-CPUs*).
+process, worker 1 and its threads hand over by a context switch, and the worker finds the
+state process's answer in its channel as soon as its own send returns: push latency p50 with
+one worker +30 us over one process instead of +140 to +200 on the 2-core test VM
+(docs/operations.md, *Pinning processes to CPUs*).
 
 What it costs: the kernel no longer moves a pinned process off a core that other work keeps
 busy; and the state process shares worker 1's core. So it is off by default, as in nginx

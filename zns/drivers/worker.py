@@ -163,7 +163,7 @@ class ReplicaService(NameService):
         # What the state process wrote to this worker already is taken in now, as before a
         # read: when it ran while this worker was sending (on this core, as under --cpus, it
         # does), the write's events leave and its answer is here before this worker goes on
-        # with anything else: push p50 with one pinned worker +19 instead of +75 us over one
+        # with anything else: push p50 with one pinned worker +34 instead of +82 us over one
         # process (bench/results.md). Else there is nothing yet, and this costs a comparison.
         try:
             self.behind()
