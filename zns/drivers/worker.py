@@ -13,7 +13,9 @@ SO_REUSEPORT beside the other workers. Its replica is fed the state process's co
   write's command (read-your-writes). It does not wait: the request is parked
   (`WriteInFlight`, zns.core.forwarding) and the worker goes on serving;
   the driver that read it finishes it once the answer is here, from what
-  its one decode kept (`WriteInFlight.resume`). A
+  its one decode kept (`WriteInFlight.resume`). Right after the forward it
+  takes in what the state process wrote to it already, as before a read (the
+  state process may have run while the worker sent: on its core, it does). A
   connection's later requests wait behind its write, so each connection is
   answered in order. At most `ForwardedWrites.max_in_flight` writes are out
   at once (past it: `busy`), each for at most WRITE_TIMEOUT_MS (then: `busy`);
