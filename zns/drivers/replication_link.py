@@ -115,8 +115,7 @@ class Channel:
         self._in = bytearray()
         self._out = bytearray()
         self._scratch = memoryview(bytearray(CHUNK))
-        self._queued = 0  # bytes ever queued
-        self._taken = 0  # of them, bytes the kernel took
+        self._queued = 0  # bytes ever queued (those the kernel took: less `pending`)
         self._marks: deque[tuple[int, int]] = deque()  # (end, seq) of frames marked by `send`
         self._written: int | None = None  # the last marked seq taken whole, not yet asked for
 
@@ -155,11 +154,10 @@ class Channel:
                 except (BlockingIOError, InterruptedError):
                     return False
                 del self._out[:sent]
-                self._taken += sent
             return True
         finally:
-            marks = self._marks
-            while marks and marks[0][0] <= self._taken:
+            marks, taken = self._marks, self._queued - len(self._out)
+            while marks and marks[0][0] <= taken:
                 self._written = marks.popleft()[1]
 
     def receive(self, budget: int = READ_BUDGET) -> list[bytes]:
