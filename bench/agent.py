@@ -55,7 +55,9 @@ retries off, started twice, with and without `-javaagent:zns-agent.jar`. The app
 reads its own client's tables every 5 ms and prints when they change (wall clock), so a
 figure is the time until the client's state changed, not until a send happened to show it.
 Kill figures start at the SIGKILL (zns's own detection included: the broker's connection
-closes); join and wipe figures start when a ZNS/1 watcher received zns's route event.
+closes); join and wipe figures, and "zns's route event → ...", start when a ZNS/1 watcher
+received zns's route event (a client that acted on it before that watcher read it counts as
+0 ms: the watcher's own delay is measured by no clock here).
 """
 
 
@@ -63,6 +65,15 @@ def _sh(*args: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "zns", *args], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         raise BenchError(f"zns {' '.join(args)}: {proc.stdout}{proc.stderr}")
+
+
+def _since_event(wall_ms: float, event_at: float) -> float:
+    """Ms from the watcher's receipt of zns's event (`event_at`, s) to a client's line at
+    `wall_ms`. The watcher is a Python process on a loaded machine: it can read the event
+    after the application already acted on it (seen: -35 ms). The change then took less
+    than the watcher's own delay, which no clock here measures: such a sample counts as
+    0 ms, never negative."""
+    return max(0.0, wall_ms - event_at * 1000)
 
 
 def _failed_between(p: zns_agent.Probe, start: float, end: float) -> int:
@@ -181,7 +192,7 @@ def run(config: RunConfig) -> BenchResult:
             if ev_at >= ended_at:  # else zns's event beat the pidfd's wake-up: the sockets
                 out["ended_zns"].append((ev_at - ended_at) * 1000)  # close first; no sample
             out["kill_agent"].append(seen["wall_ms"] - killed_at * 1000)
-            out["kill_agent_after_zns"].append(seen["wall_ms"] - ev_at * 1000)
+            out["kill_agent_after_zns"].append(_since_event(seen["wall_ms"], ev_at))
             kill_split = _split(out, "kill", agent, topic, ev_at, seen["wall_ms"])
             dropped = agent.wait_for("assigned", lambda ln: victim not in ln["brokers"], 60,
                                      "the agent's consumer drops its queues", since=killed_at)
@@ -210,8 +221,8 @@ def run(config: RunConfig) -> BenchResult:
                                       "the agent's consumer is assigned its queues", since=joined - 1)
             for line in agent.agent_lines()[-4:]:
                 config.log("    " + line)
-            out["join_agent"].append(used["wall_ms"] - joined * 1000)
-            out["assign_agent"].append(assigned["wall_ms"] - joined * 1000)
+            out["join_agent"].append(_since_event(used["wall_ms"], joined))
+            out["assign_agent"].append(_since_event(assigned["wall_ms"], joined))
             join_split = _split(out, "join", agent, topic, joined, used["wall_ms"])
             refreshed = _agent_refresh(agent, topic, joined - 0.1)
             if refreshed is not None:
@@ -223,8 +234,8 @@ def run(config: RunConfig) -> BenchResult:
                                       "the plain producer uses it", since=joined - 1)
                 assigned = plain.wait_for("assigned", lambda ln: victim in ln["brokers"], 2 * POLL_S + 30,
                                           "the plain consumer is assigned its queues", since=joined - 1)
-                out["join_plain"].append(used["wall_ms"] - joined * 1000)
-                out["assign_plain"].append(assigned["wall_ms"] - joined * 1000)
+                out["join_plain"].append(_since_event(used["wall_ms"], joined))
+                out["assign_plain"].append(_since_event(assigned["wall_ms"], joined))
             config.log(f"    route event at {joined:.3f}, assigned at {assigned['wall_ms'] / 1000:.3f}")
             config.log(f"kill {i + 1}/{kills_n} {victim}: zns {out['kill_zns'][-1]:.0f} ms, agent "
                        f"{out['kill_agent'][-1]:.0f} ms" + (f", plain {out['kill_plain'][-1]:.0f} ms" if reference else "")
@@ -251,13 +262,9 @@ def run(config: RunConfig) -> BenchResult:
             # from the line that showed the wipe: an earlier line lists the broker too
             again = agent.wait_for("publish", lambda ln: target in ln["brokers"], 30, "writes again",
                                    since=max(added - 1, stopped["wall_ms"] / 1000 + 0.001))
-            # Both from the watcher's receipt of zns's event. The watcher is a Python process
-            # on a loaded machine: it can read the event after the application already acted
-            # on it (seen: -35 ms). The change then took less than the watcher's own delay,
-            # which no clock here measures: such a sample counts as 0 ms, never negative.
-            out["wipe_agent"].append(max(0.0, stopped["wall_ms"] - wiped * 1000))
+            out["wipe_agent"].append(_since_event(stopped["wall_ms"], wiped))
             wipe_split = _split(out, "wipe", agent, topic, wiped, stopped["wall_ms"])
-            out["unwipe_agent"].append(max(0.0, again["wall_ms"] - added * 1000))
+            out["unwipe_agent"].append(_since_event(again["wall_ms"], added))
             config.log(f"wipe {i + 1}/{wipes_n} {target}: stopped writing after {out['wipe_agent'][-1]:.0f} ms, "
                        f"writing again after {out['unwipe_agent'][-1]:.0f} ms ({wipe_split})")
 
