@@ -780,12 +780,12 @@ def run_storm(config: RunConfig) -> BenchResult:
     storm = [register_request(f"storm-{k}", broker_addr(100 + k), topics,
                               topic_config={"read_queues": 8 - again, "write_queues": 8})
              for again in (0, 1) for k in range(p.storm_brokers)]
-    p99: dict[int, list[float]] = {0: [], 2: []}
-    worst: dict[int, list[float]] = {0: [], 2: []}
-    took: dict[int, list[float]] = {0: [], 2: []}
-    answered: dict[int, list[float]] = {0: [], 2: []}  # probe reads a second of the storm
+    p99: dict[int, list[float]] = {w: [] for w in WORKER_COUNTS}
+    worst: dict[int, list[float]] = {w: [] for w in WORKER_COUNTS}
+    took: dict[int, list[float]] = {w: [] for w in WORKER_COUNTS}
+    answered: dict[int, list[float]] = {w: [] for w in WORKER_COUNTS}  # probe reads a second
     for r in range(config.rounds):
-        for w in ((0, 2) if r % 2 == 0 else (2, 0)):
+        for w in (WORKER_COUNTS if r % 2 == 0 else WORKER_COUNTS[::-1]):
             with _closing(start(config, w, f"storm{r}")) as zns, \
                     Session(zns.server.router) as session:
                 session.call("register_broker", cluster="bench", broker_name="probe-broker",
@@ -811,16 +811,20 @@ def run_storm(config: RunConfig) -> BenchResult:
                 config.log(f"{label(w)} round {r + 1}: storm {took[w][-1]:.2f} s, read p99 "
                            f"{p99[w][-1]:.1f} ms, max {worst[w][-1]:.1f} ms, "
                            f"{len(window)} reads")
-    figures = [
-        Figure("get_route p99 during the storm, 2 workers", "ms", p99[2], "1 process", p99[0]),
-        Figure("get_route max during the storm, 2 workers", "ms", worst[2], "1 process",
-               worst[0]),
-        Figure("the storm's registrations answered in, 2 workers", "s", took[2], "1 process",
-               took[0]),
-        Figure("probe reads answered per second during the storm, 2 workers", "reads/s",
-               answered[2], "1 process", answered[0],
-               note="4 probes, each waiting for its reply, then 5 ms: 800/s at most"),
-    ]
+    figures = []
+    for w in WORKER_COUNTS[1:]:
+        shape = label(w) + (" (the default)" if w == 1 else "")
+        figures += [
+            Figure(f"get_route p99 during the storm, {shape}", "ms", p99[w], "1 process",
+                   p99[0]),
+            Figure(f"get_route max during the storm, {shape}", "ms", worst[w], "1 process",
+                   worst[0]),
+            Figure(f"the storm's registrations answered in, {shape}", "s", took[w],
+                   "1 process", took[0]),
+            Figure(f"probe reads answered per second during the storm, {shape}", "reads/s",
+                   answered[w], "1 process", answered[0],
+                   note="4 probes, each waiting for its reply, then 5 ms: 800/s at most"),
+        ]
     method = STORM_METHOD.format(brokers=p.storm_brokers, topics=p.storm_topics,
                                  count=2 * p.storm_brokers)
     return BenchResult("workers_storm", "Workers: reads during a registration storm", method,
@@ -828,10 +832,10 @@ def run_storm(config: RunConfig) -> BenchResult:
 
 
 STORM_METHOD = """
-A fresh `zns serve --workers 2`, and `--workers 0` as the reference, each round (rounds
-alternate which goes first). Four probes (bench/harness.py's `Probe`, each its own ZNS/1
-connection, wherever the kernel puts it) send `get_route` for a one-broker topic every 5 ms
-and time each round trip; meanwhile one connection sends the storm: {brokers} brokers each
+A fresh `zns serve --workers 1` (the default) and `--workers 2`, and `--workers 0` as the
+reference, each round (rounds alternate the order: 0, 1, 2 then 2, 1, 0). Four probes
+(bench/harness.py's `Probe`, each its own ZNS/1 connection, wherever the kernel puts it)
+send `get_route` for a one-broker topic every 5 ms and time each round trip; meanwhile one connection sends the storm: {brokers} brokers each
 registering the same {topics:,} topics, then each again with other queue counts ({count}
 registrations of {topics:,} topics, one in flight, as fast as they are answered). The figures
 are the p99 and the longest of the probes' round trips sent while the storm lasted, how
