@@ -949,3 +949,49 @@ def test_the_primary_knows_no_applied_seq_for_a_worker_it_dropped_or_never_had()
     assert primary.applied(worker) == 0
     primary.on_message(worker, Ack(5), 0)  # outside what it was sent: dropped
     assert primary.applied(worker) is None and primary.applied(worker + 1) is None
+
+
+def test_a_replica_waiting_for_a_state_still_takes_the_fence_an_ignored_command_carries() -> None:
+    # The primary sends a worker no Fence of what it was told in an Apply (`told`), so
+    # an Apply the replica ignores (it waits for a state after a gap or a duplicate) must
+    # not lose the fence it carries: it held for that Apply's channel, which the replica
+    # read. Before, the events the replica held for that fence stayed held until some
+    # later command happened to carry a higher one (none, while nothing is written).
+    primary = Primary(now=0)
+    a, b = primary.join(0), primary.join(0)
+    for action in primary.actions():
+        assert isinstance(action, SendState)
+        primary.dumped(action.worker, 0, b"s0")
+    replicas = {a: Replica(), b: Replica()}
+    channels: dict[int, list[object]] = {a: [], b: []}
+
+    def carry_out() -> None:
+        for action in primary.actions():
+            assert isinstance(action, Deliver)
+            channels[action.worker].append(action.message)
+
+    carry_out()
+    for worker in (a, b):  # the states, written and loaded
+        for message in channels[worker]:
+            replicas[worker].on_message(message)
+        channels[worker].clear()
+        replicas[worker].actions()
+    primary.append(b"c1", 0, [b"ch", b"e1"])
+    carry_out()
+    primary.written(b, 1)  # b's channel took Apply 1; a's is full for now
+    carry_out()
+    primary.append(b"c2", 0, [])
+    carry_out()
+    first, second = channels[a]
+    assert first == Apply(1, b"c1", 0, [b"ch", b"e1"]) and second == Apply(2, b"c2", 1, [])
+    replica = replicas[a]
+    replica.on_message(first)  # a holds e1 for the fence ...
+    assert not [x for x in replica.actions() if isinstance(x, Publish)]
+    replica.on_message(first)  # ... sees a duplicate (a channel's bug) and waits for a state
+    assert replica.awaiting_state
+    replica.on_message(second)  # ignored, but written to a: the fence is 1 now
+    primary.written(a, 2)
+    assert primary.fence == 1
+    carry_out()
+    assert not any(isinstance(m, Fence) for m in channels[a]), "told by Apply 2 already"
+    assert Publish(1, [b"ch", b"e1"]) in replica.actions()

@@ -491,3 +491,46 @@ def test_a_fork_that_fails_leaves_sighup_unblocked(monkeypatch) -> None:
         fork_worker(link, lambda sock, written: 0, 0)
     assert signal.SIGHUP not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
     assert link.channels == {}
+
+
+def test_a_dump_in_steps_that_raises_drops_the_workers_it_was_for_instead_of_spinning(
+        caplog) -> None:
+    # A step of the dump that raises (a bug) left the finished generator in place: `dumping`
+    # stayed true, so the state process's loop ran the link at once, every pass, forever,
+    # and each run raised (StopIteration, once the generator was done) before its timer and
+    # its flush: a loop at full CPU that logged a bug every pass, writes waiting for the
+    # next command, and the workers that waited for the state never dropped. Now the
+    # dump is given up and each worker it was for is dropped (the pool forks another).
+    from zns.core.replication import decode_to_worker
+
+    def steps() -> Iterator[bytes | None]:
+        yield None
+        raise RuntimeError("a bug while dumping")
+
+    dropped: list[int] = []
+    link = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=lambda w, r: (None, b""),
+                       dump_in_steps=steps, dropped=lambda worker, reason: dropped.append(worker))
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
+    forked = link.add(pairs[0][0], 0, forked=True)  # the fork's copy: needs no dump
+    a, b = (link.add(pair[0], 0) for pair in pairs[1:])
+    assert link.dumping
+    link.run(0)  # the first step
+    with caplog.at_level("ERROR", logger="zns"):
+        link.run(0)  # the step that raises: logged, not raised
+    assert "a bug while dumping" in caplog.text
+    assert not link.dumping and sorted(dropped) == [a, b]
+    assert link.primary.workers == [forked] and list(link.channels) == [forked]
+    link.run(0)  # and the link serves on
+    for pair in pairs[1:]:  # each dropped worker reads the end of its channel
+        pair[1].settimeout(5)
+        assert pair[1].recv(1 << 16) == b""
+    link.append(b"c1", 0)  # the worker left is written to, as before
+    forked_end = Channel(pairs[0][1])
+    deadline = time.monotonic() + LOADED_DEADLINE
+    received: list[object] = []
+    while Apply(1, b"c1", 1) not in received:
+        assert time.monotonic() < deadline, received
+        received += [decode_to_worker(body) for body in forked_end.receive()]
+    link.close()
+    for pair in pairs:
+        pair[1].close()

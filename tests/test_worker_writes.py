@@ -413,6 +413,56 @@ def test_a_worker_whose_replica_fails_to_apply_a_command_stops():
     theirs.close()
 
 
+@pytest.mark.parametrize("failure", ["apply", "decode"])
+def test_a_worker_that_stopped_on_its_channel_answers_no_more_reads(failure: str) -> None:
+    # A replica hands out a command (its `applied` moves) before the driver applies it; when
+    # applying it raises, or a later message of the batch cannot be decoded, the commands
+    # handed out are not all applied, and the worker stops. It stops at the end of its
+    # loop's pass, though, and every read meanwhile first catches up (`ReplicaSource.
+    # catch_up`): the counter of what was written is no higher than `applied`, so, before,
+    # that read was answered, from a state without the commands, while other workers had
+    # published their events. Now the source refuses every read once it stopped the worker.
+    import socket
+
+    from zns.core.errors import Busy
+    from zns.core.forwarding import ForwardedWrites
+    from zns.core.replication import Apply, Replica, State, encode
+    from zns.drivers.replication_link import HEADER, ReplicaLink, WrittenSeq
+    from zns.drivers.worker import ReplicaSource
+
+    applied: list[int] = []
+
+    def apply(seq: int, command: bytes, produce: bool) -> list[bytes]:
+        if failure == "apply" and seq == 1:
+            raise RuntimeError("a bug while applying")
+        applied.append(seq)
+        return []
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    written = WrittenSeq()
+    link = ReplicaLink(ours, Replica(), apply=apply, load=lambda seq, dump: None,
+                       publish=lambda seq, events: None, written=written)
+    stopped: list[bool] = []
+    source = ReplicaSource(link, ForwardedWrites(timeout_ms=30_000), lambda: stopped.append(True))
+    bodies = [encode(State(seq=0, dump=b"")), encode(Apply(seq=1, command=b"c1", events=[])),
+              encode(Apply(seq=2, command=b"c2", events=[]))]
+    if failure == "decode":  # no msgpack at all (the state process's bug) after both
+        bodies.append(b"\xc1")
+    theirs.sendall(b"".join(HEADER.pack(len(body)) + body for body in bodies))
+    written.set(2)  # as the state process does once the kernel took them
+    wait_for(lambda: select_readable(ours))
+    with pytest.raises(Busy):
+        source.catch_up()  # the read that met the failure
+    assert stopped == [True] and 2 not in applied
+    with pytest.raises(Busy):
+        source.catch_up()  # a later read of the same pass: refused too
+    source.run({}, 0, 10**9)  # and the loop's turn applies nothing more
+    assert 2 not in applied and stopped == [True]
+    written.close()
+    ours.close()
+    theirs.close()
+
+
 def select_readable(sock: Any) -> bool:
     import select
 

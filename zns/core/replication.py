@@ -688,10 +688,15 @@ class Replica:
     def on_message(self, message: ToWorker) -> None:
         match message:
             case Apply(seq=seq, command=command, fence=fence, events=events):
-                if self.awaiting_state:
-                    return  # stale: a state is on its way
-                if seq != self.applied + 1:
-                    self._ask_state()
+                if self.awaiting_state or seq != self.applied + 1:
+                    # Not applied (stale: a state is on its way; or a gap or a duplicate),
+                    # but read, so written to this worker: the fence it carries holds, and
+                    # the primary sends no Fence of what it told so (`Primary.fence_for`).
+                    if min(fence, seq) > self.fence:
+                        self.fence = min(fence, seq)
+                        self._release_events(self._ahead)
+                    if not self.awaiting_state:
+                        self._ask_state()
                     return
                 self.applied = seq
                 if events is None:

@@ -315,7 +315,19 @@ class PrimaryLink:
 
     def _step_dump(self, now: int) -> None:
         assert self._steps is not None
-        dump = next(self._steps)
+        try:
+            dump = next(self._steps)
+        except Exception as exc:
+            # A bug in the dump: the generator is finished, and left in place it would keep
+            # `dumping` true and raise on every `run` from then on (before its timer and its
+            # flush). No state is coming for the workers it was for: each is dropped (the
+            # pool forks another, which serves the fork's copy and needs no dump).
+            log.exception("the state could not be dumped for a state transfer")
+            self._steps = None
+            workers, self._awaiting_dump = self._awaiting_dump, []
+            for worker in dict.fromkeys(workers):
+                self._lose(worker, f"no state for it: {exc!r}", now)
+            return
         if dump is None:
             return
         self._steps = None

@@ -251,6 +251,9 @@ class ReplicaSource:
                  gone: Callable[[], None]) -> None:
         self._link, self._writes, self._gone = link, writes, gone
         self.failed = False  # its replica failed to apply a command (then it stops)
+        # It ended the worker (`_follow`): its replica may have handed out commands it did not
+        # apply, and the worker serves on until its loop's pass ends.
+        self.stopped = False
         self._poll: PollSet | None = None
         self._flags = 0  # what the channel is polled for
 
@@ -290,11 +293,18 @@ class ReplicaSource:
             raise Busy("this worker is stopping; retry")
 
     def _follow(self, step: Callable[[], None]) -> bool:
-        """Run a step of the replica's; False when it ended the worker."""
+        """Run a step of the replica's; False when it ended the worker (now or before)."""
+        if self.stopped:
+            # Refused, not stepped: the replica's `applied` may count commands that were
+            # handed out and never applied (the failure, or a message that could not be
+            # decoded, cut the batch short), so a catch-up would find nothing to take in and
+            # a read would be answered from a state without them until the loop ends.
+            return False
         try:
             step()
         except (ConnectionLost, msgspec.DecodeError) as exc:
             log.error("worker: the state process is gone (%s); stopping", exc)
+            self.stopped = True
             self._gone()
             return False
         except Busy:
@@ -304,7 +314,7 @@ class ReplicaSource:
             # without it, nor hold every later event behind one never produced. Another
             # worker, started from a state transfer, takes its place.
             log.exception("worker: a bug while applying the state process's commands; stopping")
-            self.failed = True  # the worker exits with code 1: replaced at once
+            self.failed = self.stopped = True  # the worker exits with code 1: replaced at once
             self._gone()
             return False
         return True
