@@ -289,6 +289,39 @@ def test_a_write_answered_is_replied_from_its_answer_then_the_requests_behind_it
     assert not service.forwarded.ready
 
 
+def test_past_the_held_bytes_the_worker_stops_reading_requests_the_one_that_crossed_held(
+        worker_router: tuple[Any, Any, zmq.Socket]) -> None:
+    # docs/operations.md: past MAX_HELD_BYTES of held requests the worker reads no more
+    # until some are answered. The request that crossed the bound was read already and is
+    # held: the bytes held reach at most the bound plus one request. Here at 10,000 bytes.
+    import msgspec
+
+    from zns.core.state import Outcome
+    from zns.drivers.worker import WriteAnswer
+
+    service, requests, peer = worker_router
+    requests.max_held_bytes = 10_000
+    bodies = [schema.encode({"op": "kv_put", "id": n, "namespace": "ns", "key": f"k{n}",
+                             "value": "x" * 4_000}) for n in range(1, 5)]
+    for body in bodies:
+        peer.send(body)
+    # The first is forwarded; the next two wait behind it, and the third crosses the bound.
+    wait_for(lambda: (requests.run({}, 1000, 10**9), requests.held_requests == 3)[1])
+    for _ in range(3):
+        requests.run({}, 1000, 10**9)
+    assert requests.held_requests == 3 and service.forwarded.request_pauses == 1
+    assert 10_000 <= requests.held_bytes < 10_000 + len(bodies[2]) + 64  # and its routing id
+    assert service.forwarded.in_flight == 1
+    service.answered(1, msgspec.msgpack.encode(WriteAnswer(
+        outcome=Outcome(), reply=schema.encode(schema.KvPutReply(id=1)))))
+    # The first is answered and the second forwarded in its turn: under the bound again,
+    # the worker reads on, the fourth, which crosses it again.
+    wait_for(lambda: (requests.run({}, 1000, 10**9), requests.held_requests == 3)[1])
+    assert schema.decode_reply(peer.recv()).id == 1
+    assert service.forwarded.in_flight == 1 and service.forwarded.request_pauses == 2
+    assert 10_000 <= requests.held_bytes < 10_000 + len(bodies[3]) + 64
+
+
 def test_a_forwarded_write_takes_in_what_the_state_process_wrote_before_it_is_parked(
         worker_router: tuple[Any, Any, zmq.Socket]) -> None:
     # Under --cpus the state process runs on the worker's core while the worker sends the
