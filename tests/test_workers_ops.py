@@ -265,6 +265,27 @@ def test_a_stop_signal_to_every_process_at_once_starts_no_worker(tmp_path: Path)
     assert "starting another" not in server.output()
 
 
+def test_a_worker_that_does_not_stop_is_killed_after_the_grace_and_the_state_still_written(
+        tmp_path: Path, ctx: Any) -> None:
+    # docs/operations.md: SIGTERM to the state process stops its workers (SIGTERM, SIGKILL
+    # after STOP_GRACE_S), writes the state dump and exits 0. A stopped worker (SIGSTOP)
+    # handles no SIGTERM.
+    from zns.drivers.state_process import STOP_GRACE_S
+
+    server = ProcessServer(tmp_path, "--workers", "1")
+    wait_for(lambda: "serving requests on" in server.output())
+    Peer(server.router, None, ctx).ok("register_broker", **register_fields())
+    (pid,) = worker_pids(server).values()
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    assert server.stop() == 0
+    assert STOP_GRACE_S <= time.monotonic() - started < STOP_GRACE_S + 5
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed, and reaped by the state process
+    assert (tmp_path / "state.dump").exists()
+    assert server.output().rstrip().endswith("zns stopped"), server.output()
+
+
 def test_a_metrics_port_in_use_is_refused_in_one_line_naming_it(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
