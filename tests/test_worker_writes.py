@@ -9,6 +9,7 @@ its in-flight bound with `busy`, and stop reading ZNS/1 requests past its held b
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -402,7 +403,8 @@ def test_a_forwarded_write_larger_than_the_channel_buffer_goes_on_as_the_state_p
     theirs.close()
 
 
-def test_a_worker_whose_replica_fails_to_apply_a_command_stops():
+def test_a_worker_whose_replica_fails_to_apply_a_command_stops(
+        caplog: pytest.LogCaptureFixture) -> None:
     # The fence passes a command once it is written to every worker (zns.core.replication),
     # so a worker that fails to apply one (a bug, or a Renew of what its replica does not
     # hold) must not serve on: other workers would publish that command's events while this
@@ -428,8 +430,14 @@ def test_a_worker_whose_replica_fails_to_apply_a_command_stops():
         body = encode(message)
         theirs.sendall(HEADER.pack(len(body)) + body)
     wait_for(lambda: select_readable(ours))
-    source.run({}, 0, 10**9)
+    with caplog.at_level(logging.ERROR, logger="zns"):
+        source.run({}, 0, 10**9)
     assert stopped == [True] and source.failed  # the worker exits with code 1
+    # At ERROR, with its traceback (docs/operations.md, Workers); the worker's filter names it.
+    (record,) = [r for r in caplog.records if r.exc_info]
+    assert record.levelno == logging.ERROR and "a bug while applying" in caplog.text
+    assert record.getMessage() == ("a bug while applying the state process's commands; "
+                                   "stopping")
     # It acknowledged nothing: not the command it failed to apply.
     theirs.setblocking(False)
     try:

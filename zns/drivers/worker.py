@@ -309,7 +309,7 @@ class ReplicaSource:
         try:
             step()
         except (ConnectionLost, msgspec.DecodeError) as exc:
-            log.error("worker: the state process is gone (%s); stopping", exc)
+            log.error("the state process is gone (%s); stopping", exc)
             self._gone()
             return False
         except Busy:
@@ -318,7 +318,7 @@ class ReplicaSource:
             # A replica that failed to apply a command must not answer from a state
             # without it, nor hold every later event behind one never produced. Another
             # worker, started from a state transfer, takes its place.
-            log.exception("worker: a bug while applying the state process's commands; stopping")
+            log.exception("a bug while applying the state process's commands; stopping")
             self.failed = True  # the worker exits with code 1: replaced at once
             self._gone()
             return False
