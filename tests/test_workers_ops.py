@@ -201,6 +201,33 @@ def test_every_line_of_a_traceback_a_worker_logs_names_it(
     assert all(line.startswith("worker 3: ") for line in lines), lines
 
 
+def test_a_workers_json_line_carries_its_number_as_a_field_and_its_traceback_in_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/operations.md: with --log-format json the worker is the field `worker`, the
+    # message carries no prefix, and a traceback is the `exception` field of its one line.
+    import json
+
+    from zns.drivers.logs import JsonFormatter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+    name_worker_lines(3)
+    logging.getLogger("zns").warning("from zns")
+    try:
+        raise RuntimeError("made to fail")
+    except RuntimeError:
+        logging.getLogger("zns.zap").exception("caught")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(line["worker"], line["message"]) for line in lines] == [
+        (3, "from zns"), (3, "caught")]
+    assert "exception" not in lines[0]
+    assert lines[1]["exception"].startswith("Traceback (most recent call last)")
+    assert lines[1]["exception"].endswith("RuntimeError: made to fail")
+    assert "worker 3: " not in lines[1]["exception"]
+
+
 # A worker that raises as it starts (its Server cannot be made), and so every replacement.
 _BROKEN_WORKER = """
 import sys
