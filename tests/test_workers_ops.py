@@ -378,3 +378,31 @@ def test_status_shows_a_stopped_worker_falling_behind_and_catching_up(
         assert worker_pids(server) == pids
     finally:
         assert server.stop() == 0
+
+
+def test_a_worker_that_acknowledges_nothing_for_10_s_is_killed_and_replaced(
+        tmp_path: Path, ctx: Any) -> None:
+    # docs/operations.md: a worker that acknowledges no replicated command for 10 s
+    # (DEFAULT_ACK_TIMEOUT_MS) is killed (SIGKILL) and replaced; not before.
+    from zns.core.replication import DEFAULT_ACK_TIMEOUT_MS
+
+    server = ProcessServer(tmp_path, "--workers", "2")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        one = peer_on_worker(server, 1, ctx)
+        pids = worker_pids(server)
+        os.kill(pids[2], signal.SIGSTOP)  # it reads nothing and acknowledges nothing
+        one.ok("register_broker", **register_fields())
+        written = time.monotonic()
+        wait_for(lambda: worker_pids(server)[2] != pids[2],
+                 timeout=DEFAULT_ACK_TIMEOUT_MS / 1000 + 10)
+        assert time.monotonic() - written >= DEFAULT_ACK_TIMEOUT_MS / 1000 - 0.5
+        assert re.search(r"worker channel \d+ dropped: no acknowledgement for \d+ ms",
+                         server.output()), server.output()
+        assert "worker 2 (pid %d) died (signal 9)" % pids[2] in server.output()
+        with pytest.raises(ProcessLookupError):
+            os.kill(pids[2], 0)
+        assert worker_pids(server)[1] == pids[1]
+        assert peer_on_worker(server, 2, ctx).ok("get_route", topic="TopicA").route.brokers
+    finally:
+        assert server.stop() == 0
