@@ -227,6 +227,16 @@ def test_load_names_the_field_without_a_command_line():
     assert load(ServerConfig, {"peer_grace": "2.5"}).peer_grace_s == 2.5
 
 
+def test_workers_are_0_to_64():
+    # docs/operations.md, Workers: N from 1 to 64 (0: one process).
+    assert load(ServerConfig, {"workers": 64}).workers == 64
+    assert load(ServerConfig, {"workers": 0}).workers == 0
+    with pytest.raises(InvalidSetting, match="workers: Expected `int` <= 64, got 65"):
+        load(ServerConfig, {"workers": 65})
+    with pytest.raises(InvalidSetting, match="workers: Expected `int` >= 0"):
+        load(ServerConfig, {"workers": -1})
+
+
 def test_namesrv_config_shows_every_field_but_paths_and_keys():
     config = ServerConfig(peers=["tcp://a:1", "tcp://b:2"], curve_secret="/s",
                           brokers_keys="/b")

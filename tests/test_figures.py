@@ -105,6 +105,23 @@ def test_a_report_with_every_label_filled_is_under_20_kib():
     assert len(encode(figures)) < 20 * 1024
 
 
+def test_the_state_processs_own_figures_with_64_workers_are_under_7_kib():
+    # docs/operations.md: the whole a worker receives is the reports and these.
+    from zns.core.schema import WorkerStatus
+
+    big = 2**62
+    workers = [WorkerStatus(worker=w, pid=4_000_000, state="starting", applied=big,
+                            lag_commands=big, lag_ms=big) for w in range(1, 65)]
+    reasons = ("unregistered", "expired", "peer_expired", "disconnected", "displaced",
+               "not_confirmed")
+    state = StateFigures(pid=4_000_000, seq=big, fence=big, ready=False, ready_why="x" * 200,
+                         stalls=big, removals={r: big for r in reasons},
+                         kv_write_counts=[big] * 20, kv_write_seconds=1e12,
+                         worker_restarts=big, transfers=big, workers_dropped=big,
+                         workers=workers, rss_bytes=big, cpu_seconds=1e12)
+    assert len(encode(Overview(state=state))) < 7 * 1024
+
+
 def test_figures_pass_the_links_beside_the_replication_and_leave_it_alone():
     reported: list[tuple[int, bytes]] = []
     wholes: list[bytes] = []

@@ -353,8 +353,8 @@ SPLIT_HELP = {
     "zns_worker_events_dropped": "Events the worker dropped unpublished: more were held for the "
                                  "commit fence than its bound (64 MiB); its subscribers see a "
                                  "gap and pull",
-    "zns_worker_resyncs": "States the worker asked the state process for: a command came out "
-                          "of order",
+    "zns_worker_resyncs": "States the worker asked the state process for: a command or a "
+                          "part of a state came out of order",
 }
 
 

@@ -419,6 +419,34 @@ def test_a_read_first_applies_what_was_written_to_its_worker() -> None:
     replica.channel.close()
 
 
+def test_a_read_refused_when_what_was_written_does_not_arrive_within_the_catch_up_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/protocol.md §7: a worker that has not applied what was written to it within
+    # CATCH_UP_TIMEOUT_MS of starting to answers `busy` (here its counter names a seq whose
+    # bytes never come: a broken state process), and does not give up before.
+    import zns.drivers.replication_link as replication_link
+
+    monkeypatch.setattr(replication_link, "CATCH_UP_TIMEOUT_MS", 300)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    written = WrittenSeq()
+    primary = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=lambda w, r: (None, b""))
+    primary.add(ours, 0, written=written)
+    replica = ReplicaLink(theirs, Replica(), apply=lambda seq, c, produce: [],
+                          load=lambda seq, dump: None, publish=lambda seq, events: None,
+                          written=written)
+    primary.flush(0)
+    replica.wait(5000)
+    replica.run()  # the first state
+    written.set(1)  # said written, never sent
+    started = time.monotonic()
+    with pytest.raises(Busy, match="behind seq 1 for 300 ms"):
+        replica.catch_up()
+    assert 0.3 <= time.monotonic() - started < 0.3 + LOADED_DEADLINE
+    assert not replica.replica.awaiting_state
+    primary.close()
+    replica.channel.close()
+
+
 def test_the_writers_apply_carries_the_fence_the_other_workers_writes_made() -> None:
     # A forwarded write's worker is written to last: its Apply then says the other workers
     # have the command already, so it publishes the write's events as it reads them,

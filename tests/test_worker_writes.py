@@ -9,6 +9,7 @@ its in-flight bound with `busy`, and stop reading ZNS/1 requests past its held b
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -289,6 +290,39 @@ def test_a_write_answered_is_replied_from_its_answer_then_the_requests_behind_it
     assert not service.forwarded.ready
 
 
+def test_past_the_held_bytes_the_worker_stops_reading_requests_the_one_that_crossed_held(
+        worker_router: tuple[Any, Any, zmq.Socket]) -> None:
+    # docs/operations.md: past MAX_HELD_BYTES of held requests the worker reads no more
+    # until some are answered. The request that crossed the bound was read already and is
+    # held: the bytes held reach at most the bound plus one request. Here at 10,000 bytes.
+    import msgspec
+
+    from zns.core.state import Outcome
+    from zns.drivers.worker import WriteAnswer
+
+    service, requests, peer = worker_router
+    requests.max_held_bytes = 10_000
+    bodies = [schema.encode({"op": "kv_put", "id": n, "namespace": "ns", "key": f"k{n}",
+                             "value": "x" * 4_000}) for n in range(1, 5)]
+    for body in bodies:
+        peer.send(body)
+    # The first is forwarded; the next two wait behind it, and the third crosses the bound.
+    wait_for(lambda: (requests.run({}, 1000, 10**9), requests.held_requests == 3)[1])
+    for _ in range(3):
+        requests.run({}, 1000, 10**9)
+    assert requests.held_requests == 3 and service.forwarded.request_pauses == 1
+    assert 10_000 <= requests.held_bytes < 10_000 + len(bodies[2]) + 64  # and its routing id
+    assert service.forwarded.in_flight == 1
+    service.answered(1, msgspec.msgpack.encode(WriteAnswer(
+        outcome=Outcome(), reply=schema.encode(schema.KvPutReply(id=1)))))
+    # The first is answered and the second forwarded in its turn: under the bound again,
+    # the worker reads on, the fourth, which crosses it again.
+    wait_for(lambda: (requests.run({}, 1000, 10**9), requests.held_requests == 3)[1])
+    assert schema.decode_reply(peer.recv()).id == 1
+    assert service.forwarded.in_flight == 1 and service.forwarded.request_pauses == 2
+    assert 10_000 <= requests.held_bytes < 10_000 + len(bodies[3]) + 64
+
+
 def test_a_forwarded_write_takes_in_what_the_state_process_wrote_before_it_is_parked(
         worker_router: tuple[Any, Any, zmq.Socket]) -> None:
     # Under --cpus the state process runs on the worker's core while the worker sends the
@@ -369,7 +403,8 @@ def test_a_forwarded_write_larger_than_the_channel_buffer_goes_on_as_the_state_p
     theirs.close()
 
 
-def test_a_worker_whose_replica_fails_to_apply_a_command_stops():
+def test_a_worker_whose_replica_fails_to_apply_a_command_stops(
+        caplog: pytest.LogCaptureFixture) -> None:
     # The fence passes a command once it is written to every worker (zns.core.replication),
     # so a worker that fails to apply one (a bug, or a Renew of what its replica does not
     # hold) must not serve on: other workers would publish that command's events while this
@@ -395,8 +430,14 @@ def test_a_worker_whose_replica_fails_to_apply_a_command_stops():
         body = encode(message)
         theirs.sendall(HEADER.pack(len(body)) + body)
     wait_for(lambda: select_readable(ours))
-    source.run({}, 0, 10**9)
+    with caplog.at_level(logging.ERROR, logger="zns"):
+        source.run({}, 0, 10**9)
     assert stopped == [True] and source.failed  # the worker exits with code 1
+    # At ERROR, with its traceback (docs/operations.md, Workers); the worker's filter names it.
+    (record,) = [r for r in caplog.records if r.exc_info]
+    assert record.levelno == logging.ERROR and "a bug while applying" in caplog.text
+    assert record.getMessage() == ("a bug while applying the state process's commands; "
+                                   "stopping")
     # It acknowledged nothing: not the command it failed to apply.
     theirs.setblocking(False)
     try:

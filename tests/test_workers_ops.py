@@ -201,6 +201,33 @@ def test_every_line_of_a_traceback_a_worker_logs_names_it(
     assert all(line.startswith("worker 3: ") for line in lines), lines
 
 
+def test_a_workers_json_line_carries_its_number_as_a_field_and_its_traceback_in_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/operations.md: with --log-format json the worker is the field `worker`, the
+    # message carries no prefix, and a traceback is the `exception` field of its one line.
+    import json
+
+    from zns.drivers.logs import JsonFormatter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+    name_worker_lines(3)
+    logging.getLogger("zns").warning("from zns")
+    try:
+        raise RuntimeError("made to fail")
+    except RuntimeError:
+        logging.getLogger("zns.zap").exception("caught")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(line["worker"], line["message"]) for line in lines] == [
+        (3, "from zns"), (3, "caught")]
+    assert "exception" not in lines[0]
+    assert lines[1]["exception"].startswith("Traceback (most recent call last)")
+    assert lines[1]["exception"].endswith("RuntimeError: made to fail")
+    assert "worker 3: " not in lines[1]["exception"]
+
+
 # A worker that raises as it starts (its Server cannot be made), and so every replacement.
 _BROKEN_WORKER = """
 import sys
@@ -263,6 +290,27 @@ def test_a_stop_signal_to_every_process_at_once_starts_no_worker(tmp_path: Path)
     assert server.stop() == 0
     assert server.output().count(" started (pid") == 2, server.output()
     assert "starting another" not in server.output()
+
+
+def test_a_worker_that_does_not_stop_is_killed_after_the_grace_and_the_state_still_written(
+        tmp_path: Path, ctx: Any) -> None:
+    # docs/operations.md: SIGTERM to the state process stops its workers (SIGTERM, SIGKILL
+    # after STOP_GRACE_S), writes the state dump and exits 0. A stopped worker (SIGSTOP)
+    # handles no SIGTERM.
+    from zns.drivers.state_process import STOP_GRACE_S
+
+    server = ProcessServer(tmp_path, "--workers", "1")
+    wait_for(lambda: "serving requests on" in server.output())
+    Peer(server.router, None, ctx).ok("register_broker", **register_fields())
+    (pid,) = worker_pids(server).values()
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    assert server.stop() == 0
+    assert STOP_GRACE_S <= time.monotonic() - started < STOP_GRACE_S + 5
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed, and reaped by the state process
+    assert (tmp_path / "state.dump").exists()
+    assert server.output().rstrip().endswith("zns stopped"), server.output()
 
 
 def test_a_metrics_port_in_use_is_refused_in_one_line_naming_it(tmp_path: Path) -> None:
@@ -328,5 +376,33 @@ def test_status_shows_a_stopped_worker_falling_behind_and_catching_up(
         caught_up = wait_for(lambda: (w := worker_two()).lag_commands == 0 and w)
         assert caught_up.lag_ms == 0 and caught_up.applied >= behind.applied + 3
         assert worker_pids(server) == pids
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_worker_that_acknowledges_nothing_for_10_s_is_killed_and_replaced(
+        tmp_path: Path, ctx: Any) -> None:
+    # docs/operations.md: a worker that acknowledges no replicated command for 10 s
+    # (DEFAULT_ACK_TIMEOUT_MS) is killed (SIGKILL) and replaced; not before.
+    from zns.core.replication import DEFAULT_ACK_TIMEOUT_MS
+
+    server = ProcessServer(tmp_path, "--workers", "2")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        one = peer_on_worker(server, 1, ctx)
+        pids = worker_pids(server)
+        os.kill(pids[2], signal.SIGSTOP)  # it reads nothing and acknowledges nothing
+        one.ok("register_broker", **register_fields())
+        written = time.monotonic()
+        wait_for(lambda: worker_pids(server)[2] != pids[2],
+                 timeout=DEFAULT_ACK_TIMEOUT_MS / 1000 + 10)
+        assert time.monotonic() - written >= DEFAULT_ACK_TIMEOUT_MS / 1000 - 0.5
+        assert re.search(r"worker channel \d+ dropped: no acknowledgement for \d+ ms",
+                         server.output()), server.output()
+        assert "worker 2 (pid %d) died (signal 9)" % pids[2] in server.output()
+        with pytest.raises(ProcessLookupError):
+            os.kill(pids[2], 0)
+        assert worker_pids(server)[1] == pids[1]
+        assert peer_on_worker(server, 2, ctx).ok("get_route", topic="TopicA").route.brokers
     finally:
         assert server.stop() == 0

@@ -461,6 +461,47 @@ def test_a_dead_workers_remoting_brokers_stay_until_they_register_again(
         assert server.stop() == 0
 
 
+def test_a_replacement_worker_numbers_its_remoting_connections_apart_from_the_dead_ones(
+        tmp_path: Path, ctx: Any) -> None:
+    """The replacement keeps the dead worker's number, not its connection ids: its first
+    connection closing must not remove a broker tied to the dead worker's first
+    connection (docs/protocol.md §12: such a broker stays until it registers again)."""
+    from test_remoting_listener import Client, register_cmd
+
+    server = ProcessServer(tmp_path, "--workers", "1", "--remoting", "127.0.0.1:0")
+    try:
+        wait_for(lambda: "serving requests on" in server.output())
+        endpoint = re.findall(r"RocketMQ remoting on (\S+)", server.output())[0]
+        broker = Client(endpoint)  # the worker's first remoting connection
+        assert broker.call(register_cmd(topics=("Remote",))).code == 0
+        dead = worker_pid(server, 1)
+        os.kill(dead, signal.SIGKILL)
+        wait_for(lambda: worker_pid(server, 1) != dead)
+        peer = peer_on_worker(server, 1, ctx)  # the replacement serves
+        other = Client(endpoint)  # the replacement's first remoting connection
+        assert other.call(register_cmd(name="broker-x", addr="127.0.0.9:1",
+                                       topics=("X",))).code == 0
+        other.close()
+        # broker-x goes with its connection; a write after it is answered once applied.
+        wait_for(lambda: "broker-x id 0 at 127.0.0.9:1 (disconnected)" in server.output())
+        peer.ok("kv_put", namespace="ns", key="k", value="v")
+        assert peer.ok("get_route", topic="Remote").route.brokers[0].broker_name == "broker-a"
+        assert "broker-a id 0 at 127.0.0.1:10911 (disconnected)" not in server.output()
+        broker.close()
+    finally:
+        assert server.stop() == 0
+
+
+def test_connection_ranges_are_the_first_workers_numbers_then_new_ones_and_fit_msgpack() -> None:
+    from zns.drivers.worker import CONNECTION_ID_BITS, CONNECTION_RANGES, connection_range
+
+    assert [connection_range(n) for n in (1, 2, 64, 65)] == [1, 2, 64, 65]
+    assert connection_range(CONNECTION_RANGES - 1) == CONNECTION_RANGES - 1
+    assert connection_range(CONNECTION_RANGES) == 1  # round again, never range 0
+    last = ((CONNECTION_RANGES - 1) << CONNECTION_ID_BITS) + (1 << CONNECTION_ID_BITS) - 1
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(last)) == last < 2 ** 63
+
+
 def cpus_of_threads(pid: int) -> set[str]:
     """The CPUs each thread of `pid` may run on (/proc's Cpus_allowed_list), as a set."""
     found = set()

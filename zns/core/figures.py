@@ -62,7 +62,7 @@ class StateFigures(msgspec.Struct, frozen=True, kw_only=True):
 
     pid: int
     seq: int  # the last command applied and replicated
-    fence: int  # the lowest seq every live worker has applied
+    fence: int  # the lowest seq written to every live worker (the commit fence)
     ready: bool
     ready_why: str
     stalls: int = 0

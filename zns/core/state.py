@@ -311,9 +311,9 @@ class StateMachine:
         what it read; the last also reads and encodes the rest (the other records, the
         times, ties, KV) and joins the pieces. The steps read the
         table as it is when each runs: a change of what they read between two steps
-        (`RouteTable.changes`) starts them over, and after `max_restarts` of those the
-        dump is made in one step, so that a steady stream of changes cannot keep it from
-        ending."""
+        (`RouteTable.changes`) starts them over, at most `max_restarts` times: the next
+        change makes the dump in one step, so that a steady stream of changes cannot keep
+        it from ending."""
         for _ in range(max_restarts + 1):
             dump = yield from self._dump_steps(work)
             if dump is not None:

@@ -246,7 +246,7 @@ _WORKER_ONLY = (
     ("zns_worker_events_dropped", True, "Events the worker dropped unpublished: more were held "
      "for the commit fence than its bound (64 MiB); its subscribers see a gap and pull"),
     ("zns_worker_resyncs", True, "States the worker asked the state process for: a command "
-     "came out of order"),
+     "or a part of a state came out of order"),
 )
 
 

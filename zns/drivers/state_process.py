@@ -67,7 +67,7 @@ from zns.drivers.metrics import process_usage
 from zns.drivers.replication_link import PrimaryLink, WrittenSeq, fork_worker
 from zns.drivers.server import new_epoch
 from zns.drivers.sockets import Waker, handle_signals
-from zns.drivers.worker import Forked, WriteAnswer, worker_main
+from zns.drivers.worker import Forked, WriteAnswer, connection_range, worker_main
 
 log = logging.getLogger("zns")
 
@@ -206,6 +206,7 @@ class StateProcess:
         self.service.link = self.link
         self.pool = WorkerPool(config.workers, now=now)
         self.slots: dict[int, int] = {}  # pid -> slot
+        self.starts = 0  # workers started: each gets its own range of remoting connection ids
         self.pids: dict[int, int] = {}  # channel (PrimaryLink's worker id) -> pid
         self.timers = ServerTimers(self.service, now=now, heartbeat_interval_ms=round(
             config.heartbeat_interval_s * 1000))
@@ -268,6 +269,9 @@ class StateProcess:
     # --- workers --------------------------------------------------------
 
     def start_worker(self, slot: int, now: int) -> None:
+        self.starts += 1
+        connections = connection_range(self.starts)
+
         def main(channel: socket.socket, written: WrittenSeq) -> int:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             # SIGHUP stays blocked (fork_worker) until the worker's Server installs its
@@ -278,7 +282,8 @@ class StateProcess:
             # applied between the fork and the worker's join): the worker serves it.
             return worker_main(self.config, slot + 1, channel, written,
                                started_at_ms=self.service.started_at_ms,
-                               forked=Forked(self.link.primary.seq, self.service.state))
+                               forked=Forked(self.link.primary.seq, self.service.state),
+                               connections=connections)
 
         try:
             pid, worker = fork_worker(self.link, main, now, forked=True)

@@ -26,8 +26,10 @@ SO_REUSEPORT beside the other workers. Its replica is fed the state process's co
   usually as the command arrives, before the replica applies it in the same
   turn;
 - the **remoting listener** (when configured) shares its port too; its
-  connection ids start at `worker << CONNECTION_ID_BITS`, and the connections
-  that close are forwarded as one `CloseConnections` command;
+  connection ids start at `connection_range << CONNECTION_ID_BITS`, a range of
+  its own that the state process gives each worker it starts (a replacement
+  gets a new one), and the connections that close are forwarded as one
+  `CloseConnections` command;
 - **expiry and stalls** are the state process's: the replica applies the
   expiry steps it is sent and runs none itself. Each worker publishes its own
   `hb`, with the revision its replica is at;
@@ -78,9 +80,22 @@ log = logging.getLogger("zns")
 # A forwarded write not answered within this long is answered `busy` (the state process
 # drops a worker that acknowledges nothing for 10 s; this is the same bound the other way).
 WRITE_TIMEOUT_MS = 30_000
-# A worker's remoting connection ids are its index in the bits above these: the state
+# A worker's remoting connection ids carry its range in the bits above these: the state
 # process ties each broker to the connection that registered it, whatever worker holds it.
+# Each worker started gets a range of its own, a replacement too: the ties to a dead
+# worker's connections stay until their brokers register again (docs/protocol.md §12), and
+# the replacement's connections closing must not remove those brokers as `disconnected`.
 CONNECTION_ID_BITS = 40
+# Ranges 1..CONNECTION_RANGES - 1, taken in turn (range 0 is one process's): the ids stay
+# under 2**62, within msgpack's integers. A range comes round again only after that many
+# starts, long after the ties to its old connections were renewed or expired.
+CONNECTION_RANGES = 1 << 22
+
+
+def connection_range(start: int) -> int:
+    """The range of remoting connection ids of the `start`th worker started (1, 2, ...):
+    the first N workers' ranges are their numbers."""
+    return (start - 1) % (CONNECTION_RANGES - 1) + 1
 
 
 class WriteAnswer(msgspec.Struct, frozen=True):
@@ -303,7 +318,7 @@ class ReplicaSource:
         try:
             step()
         except (ConnectionLost, msgspec.DecodeError) as exc:
-            log.error("worker: the state process is gone (%s); stopping", exc)
+            log.error("the state process is gone (%s); stopping", exc)
             self.stopped = True
             self._gone()
             return False
@@ -313,7 +328,7 @@ class ReplicaSource:
             # A replica that failed to apply a command must not answer from a state
             # without it, nor hold every later event behind one never produced. Another
             # worker, started from a state transfer, takes its place.
-            log.exception("worker: a bug while applying the state process's commands; stopping")
+            log.exception("a bug while applying the state process's commands; stopping")
             self.failed = self.stopped = True  # the worker exits with code 1: replaced at once
             self._gone()
             return False
@@ -378,27 +393,30 @@ class Forked:
 
 def worker_main(config: ServerConfig, worker: int, channel: socket.socket,
                 written: WrittenSeq | None = None, *, started_at_ms: int,
-                forked: Forked | None = None) -> int:
+                forked: Forked | None = None, connections: int | None = None) -> int:
     """A forked worker's life: load the first state, bind, serve until the state process
     goes or a signal stops it. Returns the exit code. `started_at_ms`: when the state
     process started (time.monotonic, one clock for every process of the host): `status`
     answers the NameServer's uptime, whichever worker answers and however young it is.
     An uncaught error is logged (so its every line names the worker) and ends it.
     `forked`: the state machine the fork copied, served instead of the first state
-    transfer's dump when that is at the same seq."""
+    transfer's dump when that is at the same seq. `connections`: the range of its remoting
+    connection ids (`connection_range`; default: its number)."""
     name_worker_lines(worker)
     try:
         cpu = config.cpu_of(worker)
         if cpu is not None:  # before this worker starts a thread (checked by `zns serve`)
             cpus.pin(cpu)  # its lines name the worker
-        return _serve(config, worker, channel, written, started_at_ms, forked)
+        return _serve(config, worker, channel, written, started_at_ms, forked,
+                      worker if connections is None else connections)
     except Exception:
         log.critical("stopped by an uncaught error", exc_info=True)
         return 1
 
 
 def _serve(config: ServerConfig, worker: int, channel: socket.socket,
-           written: WrittenSeq | None, started_at_ms: int, forked: Forked | None) -> int:
+           written: WrittenSeq | None, started_at_ms: int, forked: Forked | None,
+           connections: int) -> int:
     service = ReplicaService(worker, forked=forked, started_at_ms=started_at_ms,
                              address_of=peer_address,
                              version=__version__, limits=config.limits)
@@ -441,7 +459,8 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket,
     reporter = _Reporter(link, lambda: service.gone())
     replicating = ReplicaSource(link, service.forwarded, lambda: service.gone())
     server = WorkerServer(config, worker, context=zmq.Context(), service=service,
-                          reuse_port=True, first_connection_id=(worker << CONNECTION_ID_BITS) + 1,
+                          reuse_port=True,
+                          first_connection_id=(connections << CONNECTION_ID_BITS) + 1,
                           extra_sources=[replicating, reporter])
     server.overview = service.overview
     server.replica = link.replica
