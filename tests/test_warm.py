@@ -474,6 +474,42 @@ def test_load_ignores_a_corrupt_file_in_one_log_line_and_refuses_a_newer_one(tmp
     assert "\n" not in str(exc.value)
 
 
+def test_a_file_that_is_no_dump_stops_the_start_and_is_left_as_it_was(tmp_path):
+    # Before: a file of something else at --state-path (the KV log given by mistake) was
+    # logged as a damaged dump and replaced by the first dump: the KV log's acknowledged
+    # writes went with it.
+    path = tmp_path / "kv.log"
+    kv = KvStore(str(path))
+    kv.put("ns", "k", "v")
+    kv.close()
+    for content in (path.read_bytes(), b"{}", b"hello, not a dump at all"):
+        path.write_bytes(content)
+        with pytest.raises(ConfigError, match="is not a zns state dump") as exc:
+            state_file.load(path)
+        assert "\n" not in str(exc.value) and "--state-path" in str(exc.value)
+        assert path.read_bytes() == content
+    for cut in (b"", warm.MAGIC[:4]):  # a dump cut short is a damaged dump: ignored
+        path.write_bytes(cut)
+        assert state_file.load(path) is None
+
+
+def test_a_state_path_that_is_the_kv_files_is_refused(tmp_path):
+    # Each dump renamed over the KV log would have cut its acknowledged writes off.
+    kv = tmp_path / "kv.log"
+    kv.write_bytes(b"")
+    (tmp_path / "link").symlink_to(kv)
+    for state, kv_path in [(str(kv), str(kv)), (f"{tmp_path}/./kv.log", str(kv)),
+                           (str(tmp_path / "link"), str(kv)),
+                           ("", str(tmp_path / "state.dump"))]:  # the default name, taken
+        with pytest.raises(ConfigError, match="is the KV file") as exc:
+            state_file.state_path_for(state, kv_path)
+        assert "\n" not in str(exc.value) and "--state-path" in str(exc.value)
+    # A symlink loop is no KV file: refused later, in one line (`load`: cannot be read).
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    assert state_file.state_path_for(str(tmp_path / "loop1"), str(kv)) == tmp_path / "loop1"
+
+
 def test_write_file_replaces_the_file_whole_and_makes_missing_directories(tmp_path):
     path = tmp_path / "new" / "state.dump"
     state_file.check_writable(path)

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from zns.cli import main
 from zns.core import schema, warm
 from zns.core.remoting import RemotingCommand
+from zns.drivers.kv_file import KvStore
 
 from helpers import LOADED_DEADLINE, Peer, register_fields, wait_for
 from test_remoting_listener import Client
@@ -125,6 +126,23 @@ def test_an_unusable_state_path_stops_the_start_in_one_line(tmp_path: Path):
         f"Error: state dump {blocker}/state.dump cannot be written: {blocker} is a file, not a "
         "directory (--state-path)"]
 
+
+
+def test_a_state_path_that_is_the_kv_file_stops_the_start_in_one_line(tmp_path: Path):
+    # Before: the server started, and its first dump replaced the KV log (every KV write
+    # acknowledged before it lost, the next start refused the KV file as corrupt).
+    kv_path = tmp_path / "kv.log"
+    kv = KvStore(str(kv_path))
+    kv.put("ns", "k", "v")
+    kv.close()
+    before = kv_path.read_bytes()
+    result = CliRunner().invoke(main, ["serve", "--router", "tcp://127.0.0.1:*", "--pub",
+                                       "tcp://127.0.0.1:*", "--kv-path", str(kv_path),
+                                       "--state-path", str(kv_path)])
+    assert result.exit_code == 1
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"Error: state dump {kv_path} is the KV file")
+    assert kv_path.read_bytes() == before
 
 
 def remoting_calls(srv, *requests: tuple[int, dict[str, str]]) -> list[tuple[int, bytes]]:

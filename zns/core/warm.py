@@ -7,7 +7,8 @@ back at start, before it serves:
 
 - `encode_dump`/`decode_dump`: the file's bytes. A header (magic, format version,
   CRC-32 of the body) and the body: `StateDump` in MessagePack. A body that fails its
-  CRC, its schema or `check_state` is `CorruptDump`; a newer format is `NewerDump`.
+  CRC, its schema or `check_state` is `CorruptDump`; a newer format is `NewerDump`;
+  bytes that do not even begin as a dump (`begins_as_dump`) are some other file.
   Format 2 added the emptied namespaces; a format-1 dump (written before) is read as
   one with none, so an upgrade is a warm restart too.
 - `restore`: the dump into a fresh NameService, as the state machine's `Restore`
@@ -97,6 +98,13 @@ def dump(service: NameService, written_ms: int, table: TableState | None = None)
 def encode_dump(state: StateDump) -> bytes:
     body = msgspec.msgpack.encode(state)
     return MAGIC + FORMAT.to_bytes(2, "big") + zlib.crc32(body).to_bytes(4, "big") + body
+
+
+def begins_as_dump(data: bytes) -> bool:
+    """Whether `data` begins as a dump this or any zns wrote: with the magic, or with a
+    part of it (a file cut short). Anything else is some other file, which a start
+    must not take for a damaged dump and replace."""
+    return data[:len(MAGIC)] == MAGIC[:len(data)]
 
 
 def decode_dump(data: bytes) -> StateDump:

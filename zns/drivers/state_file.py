@@ -41,12 +41,28 @@ DEFAULT_NAME = "state.dump"  # beside the KV file when --state-path is not given
 
 def state_path_for(state_path: str, kv_path: str | None) -> Path | None:
     """The dump's path: `state_path`, or DEFAULT_NAME beside the KV file when it is "";
-    None (no dump) when the KV store is held in memory and no path is given."""
+    None (no dump) when the KV store is held in memory and no path is given. ConfigError
+    when it is the KV file's: each dump would be renamed over the KV log, whose
+    acknowledged writes would then go to a file no longer there."""
     if state_path:
-        return Path(state_path).expanduser()
-    if kv_path is None:
+        path = Path(state_path).expanduser()
+    elif kv_path is None:
         return None
-    return Path(kv_path).expanduser().with_name(DEFAULT_NAME)
+    else:
+        path = Path(kv_path).expanduser().with_name(DEFAULT_NAME)
+    if kv_path is not None and _same_file(path, Path(kv_path).expanduser()):
+        raise ConfigError(f"state dump {path} is the KV file (--kv-path); give the state dump "
+                          "a file of its own (--state-path)")
+    return path
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    try:
+        return os.path.samefile(one, other)
+    except OSError:  # one is not there (yet), or cannot be reached: what it would be
+        # realpath, not Path.resolve: that raises RuntimeError on a symlink loop, which the
+        # later checks refuse in one line
+        return os.path.realpath(one) == os.path.realpath(other)
 
 
 def check_writable(path: Path) -> None:
@@ -69,13 +85,19 @@ def check_writable(path: Path) -> None:
 
 def load(path: Path) -> warm.StateDump | None:
     """The dump at `path`; None when there is none or it cannot be used (logged in one line).
-    A dump of a newer format stops the start (ConfigError): starting empty would replace it."""
+    A dump of a newer format, or a file that is no dump at all (a wrong path: the KV log,
+    a file of something else), stops the start (ConfigError): starting empty would
+    replace it with the first dump."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ConfigError(f"state dump {path} cannot be read: {exc.strerror} (--state-path)")
+    if not warm.begins_as_dump(data):
+        raise ConfigError(f"state dump {path} is not a zns state dump (it begins "
+                          f"{bytes(data[:16])!r}); zns will not replace it: give another "
+                          "--state-path, or move the file away")
     try:
         return warm.decode_dump(data)
     except warm.NewerDump as exc:
