@@ -5,6 +5,7 @@ restored brokers, unusable dumps, the write schedule and the file driver
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import zlib
@@ -447,6 +448,17 @@ def test_an_unusable_state_path_is_refused_in_one_line(tmp_path):
     for path, words in [(tmp_path, "is a directory"),
                         (tmp_path / "file" / "state.dump", "is a file, not a directory")]:
         with pytest.raises(ConfigError, match=words) as exc:
+            state_file.check_writable(path)
+        assert "\n" not in str(exc.value) and "--state-path" in str(exc.value)
+
+
+def test_a_path_that_is_no_regular_file_is_refused(tmp_path):
+    # Before: /dev/null passed, read as an empty (damaged) dump, and the first write renamed
+    # a regular file over the device (as root); a FIFO blocked the start on its read.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/null")):
+        with pytest.raises(ConfigError, match="is not a regular file") as exc:
             state_file.check_writable(path)
         assert "\n" not in str(exc.value) and "--state-path" in str(exc.value)
 

@@ -70,6 +70,11 @@ def check_writable(path: Path) -> None:
     directories are made at the first write, as the KV file's are."""
     if path.is_dir():
         raise ConfigError(f"state dump {path} is a directory; give a file path (--state-path)")
+    if path.exists() and not path.is_file():
+        # /dev/null (a way to say "no dump" that looks right) reads as an empty dump, and the
+        # first write would rename a regular file over the device; a FIFO blocks the start.
+        raise ConfigError(f"state dump {path} is not a regular file; give a file path "
+                          "(--state-path)")
     existing = existing_ancestor(path)
     if not existing.is_dir():
         raise ConfigError(f"state dump {path} cannot be written: {existing} is a file, not a "
