@@ -25,6 +25,7 @@ from zns.core.remoting.handler import Connection, RemotingService
 from zns.core.routes import RouteTable
 from zns.core.schema import ORDER_TOPIC_CONFIG, DataVersion, RegisterBroker, TopicConfig
 from zns.core.service import NameService
+from zns.core.state import MAX_DUMP_RESTARTS
 from zns.core.table_state import TableState
 from zns.drivers import state_file
 from zns.drivers.kv_file import KvStore
@@ -585,6 +586,26 @@ def test_a_dump_made_in_steps_starts_over_when_the_table_changes_between_them(tm
     writer.run({}, 0, until=1)
     assert writer.reading and not writer.writing  # a dump under way
     zns1_ok(service, "register_broker", 2001, id=1, **register_fields("later", 0, "10.7.0.2:1"))
+    drive(writer)
+    assert writer.written == 1
+    assert warm.decode_dump(writer.path.read_bytes()).table == service.table.dump()
+
+
+def test_a_steady_stream_of_changes_cannot_keep_the_dump_from_being_written(tmp_path):
+    # Before: each change between two steps started the reading over, without bound, so
+    # changes as frequent as a dump's steps (a large table, a busy cluster) kept every dump
+    # from ending: nothing reached the file, and a crash lost everything since the start.
+    service, _ = random_service(7)
+    clock = Clock()
+    clock.now = 5  # past `until` after each step: one step per run, as under load
+    writer = writer_for(service, tmp_path / "state.dump", clock=clock, step_work=20)
+    for i in range(40):
+        zns1_ok(service, "register_broker", 2000 + i, id=1,
+                **register_fields(f"late-{i}", 0, f"10.7.1.{i}:1"))
+        writer.run({}, 0, until=1)
+        if writer.writing:
+            break
+    assert writer.writing and i == MAX_DUMP_RESTARTS + 1  # the steps, then one pass
     drive(writer)
     assert writer.written == 1
     assert warm.decode_dump(writer.path.read_bytes()).table == service.table.dump()
