@@ -533,6 +533,23 @@ def test_write_file_replaces_the_file_whole_and_makes_missing_directories(tmp_pa
     assert path.stat().st_mode & 0o777 == 0o600
 
 
+def test_a_failed_write_leaves_no_partial_copy_behind(tmp_path, monkeypatch):
+    # Before: the temporary file of a write that failed (ENOSPC at the fsync) stayed, holding
+    # the disk space it had taken: the space a KV put needs on a full disk.
+    path = tmp_path / "state.dump"
+    state_file.write_file(path, b"old")
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        state_file.write_file(path, b"new" * 100_000)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.dump"]
+    assert path.read_bytes() == b"old"
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0

@@ -21,6 +21,7 @@ in full (`write_now`), after any write under way.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -139,12 +140,21 @@ def write_file(path: Path, data: bytes) -> None:
     """Replace `path` with `data` atomically and durably."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    # Readable by its owner only, as the KV file: it lists every broker and topic.
-    with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    try:
+        # Readable by its owner only, as the KV file: it lists every broker and topic.
+        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                  "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        # A write that failed (a full disk) leaves no partial copy behind: it would hold
+        # the space the KV log's next put needs until a write succeeds, for ever after a
+        # failed one at stop.
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
