@@ -367,6 +367,10 @@ def with_table(state: warm.StateDump, **changes: Any) -> warm.StateDump:
     lambda t: {"brokers": t.brokers[1:]},  # a broker name gone that topics and addresses list
     lambda t: {"topics": t.topics + [("Ghost", [len(t.queue_values)])]},  # no such queue value
     lambda t: {"clusters": t.clusters + [("empty", [])]},
+    # a name no broker holds: GET_BROKER_CLUSTER_INFO listed it in clusterAddrTable, absent
+    # from brokerAddrTable, until the cluster emptied (never, with it in it)
+    lambda t: {"clusters": t.clusters + [("ghosts", ["ghost"])]},
+    lambda t: {"clusters": [(t.clusters[0][0], t.clusters[0][1] + ["ghost"]), *t.clusters[1:]]},
     lambda t: {"addresses": t.addresses[:-1]},
     lambda t: {"topics": t.topics + t.topics[:1]},
 ])
