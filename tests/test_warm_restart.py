@@ -1,7 +1,8 @@
 """Warm restarts of real `zns serve` processes: a server killed with SIGKILL or stopped
 serves its routes again at once after a restart, with a new epoch; a restored broker
-that does not register again is removed as `not_confirmed`; an unusable dump never stops
-a start, a newer one does, in one line; a namespace emptied over remoting stays emptied."""
+that does not register again is removed as `not_confirmed`; a damaged dump never stops a
+start, a newer one or a file that is no dump does, in one line; a namespace emptied over
+remoting stays emptied."""
 
 from __future__ import annotations
 
