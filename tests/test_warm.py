@@ -200,6 +200,26 @@ def test_unconfirmed_brokers_are_removed_after_their_registration_period():
     assert restored.table.topic_count() == 0 and restored.removals["not_confirmed"] == 2
 
 
+def test_a_second_restart_gives_a_rocketmq_broker_not_heard_since_its_period_again():
+    # Tied to no connection after the first restart, broker-r was dumped as a ZNS/1 broker
+    # and given its own 120 s timeout by the second (test_warm_restart.py, end to end).
+    service = new_service()
+    register_both(service)
+    first = warm.dump(service, written_ms=0)
+    once = new_service(service.kv, epoch="fedcba9876543210")
+    warm.restore(once, warm.decode_dump(warm.encode_dump(first)), 100_000)
+    second = warm.dump(once, written_ms=0, restored_remoting=first.remoting)
+    assert second.remoting == first.remoting == [("DefaultCluster", "10.0.0.1:10911")]
+    twice = new_service(service.kv, epoch="0011223344556677")
+    warm.restore(twice, warm.decode_dump(warm.encode_dump(second)), 200_000)
+    assert twice.table.liveness("DefaultCluster", "10.0.0.1:10911").deadline == (
+        200_000 + CONFIRM_MS)
+    # Heard since (here a ZNS/1 registration of the address), it is what it is now: untied.
+    zns1_ok(once, "register_broker", 150_000, id=1, **register_fields(
+        "broker-r", 0, "10.0.0.1:10911", "DefaultCluster", topics={"TopicR": {}}))
+    assert warm.dump(once, written_ms=0, restored_remoting=first.remoting).remoting == []
+
+
 def test_a_registration_or_a_zns1_heartbeat_confirms_a_restored_broker():
     service = new_service()
     register_both(service)

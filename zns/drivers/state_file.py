@@ -171,10 +171,13 @@ class StateWriter:
                  clock: Callable[[], int], wall_ms: Callable[[], int],
                  interval_ms: int = warm.DEFAULT_DUMP_INTERVAL_MS,
                  write: Callable[[Path, bytes], None] = write_file,
-                 step_work: int = DUMP_STEP_WORK) -> None:
+                 step_work: int = DUMP_STEP_WORK,
+                 restored: warm.StateDump | None = None) -> None:
         """`clock`: the loop's (monotonic ms); `wake`: wakes the loop (from the thread);
-        `step_work`: queue entries per step (RouteTable.dump_in_steps)."""
+        `step_work`: queue entries per step (RouteTable.dump_in_steps); `restored`: the
+        dump the service was restored from (warm.dump's `restored_remoting`)."""
         self.path, self._service, self._wake, self._wall_ms = path, service, wake, wall_ms
+        self._restored_remoting = frozenset(restored.remoting) if restored else frozenset()
         self._clock, self._step_work = clock, step_work
         self._write = write
         self.schedule = warm.DumpSchedule(interval_ms, written=service.state.changes)
@@ -235,7 +238,7 @@ class StateWriter:
         self._steps = None
         # The table is as now (at _steps_of, or read in one pass); the emptied namespaces
         # are read now, with the count.
-        dump = warm.dump(self._service, self._wall_ms(), state)
+        dump = warm.dump(self._service, self._wall_ms(), state, self._restored_remoting)
         self.schedule.started(self._service.state.changes, now)
         self._thread = threading.Thread(target=self._write_in_thread, args=(dump,),
                                         name="zns-state-dump", daemon=True)
@@ -249,7 +252,7 @@ class StateWriter:
             self._finish()
         if self.schedule.written == self._service.state.changes:
             return
-        dump = warm.dump(self._service, self._wall_ms())
+        dump = warm.dump(self._service, self._wall_ms(), restored_remoting=self._restored_remoting)
         self.schedule.started(self._service.state.changes, 0)
         try:
             data = warm.encode_dump(dump)
