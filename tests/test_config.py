@@ -237,6 +237,16 @@ def test_workers_are_0_to_64():
         load(ServerConfig, {"workers": -1})
 
 
+@pytest.mark.parametrize("field", ["kv_path", "state_path", "curve_secret", "brokers_keys",
+                                   "admins_keys", "clients_keys"])
+def test_a_path_with_a_nul_character_is_one_line_naming_its_setting(field):
+    # Before: accepted, then a ValueError traceback from the os module at start (a TOML
+    # --config can hold "\u0000"; a command line or an environment variable cannot).
+    with pytest.raises(InvalidSetting) as caught:
+        load(ServerConfig, {field: "/tmp/a\0b"})
+    assert str(caught.value) == f"{field}: a path cannot hold a NUL character"
+
+
 def test_namesrv_config_shows_every_field_but_paths_and_keys():
     config = ServerConfig(peers=["tcp://a:1", "tcp://b:2"], curve_secret="/s",
                           brokers_keys="/b")

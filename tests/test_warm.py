@@ -5,6 +5,7 @@ restored brokers, unusable dumps, the write schedule and the file driver
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import zlib
@@ -24,6 +25,7 @@ from zns.core.remoting.handler import Connection, RemotingService
 from zns.core.routes import RouteTable
 from zns.core.schema import ORDER_TOPIC_CONFIG, DataVersion, RegisterBroker, TopicConfig
 from zns.core.service import NameService
+from zns.core.state import MAX_DUMP_RESTARTS
 from zns.core.table_state import TableState
 from zns.drivers import state_file
 from zns.drivers.kv_file import KvStore
@@ -198,6 +200,26 @@ def test_unconfirmed_brokers_are_removed_after_their_registration_period():
     assert restored.table.topic_count() == 0 and restored.removals["not_confirmed"] == 2
 
 
+def test_a_second_restart_gives_a_rocketmq_broker_not_heard_since_its_period_again():
+    # Tied to no connection after the first restart, broker-r was dumped as a ZNS/1 broker
+    # and given its own 120 s timeout by the second (test_warm_restart.py, end to end).
+    service = new_service()
+    register_both(service)
+    first = warm.dump(service, written_ms=0)
+    once = new_service(service.kv, epoch="fedcba9876543210")
+    warm.restore(once, warm.decode_dump(warm.encode_dump(first)), 100_000)
+    second = warm.dump(once, written_ms=0, restored_remoting=first.remoting)
+    assert second.remoting == first.remoting == [("DefaultCluster", "10.0.0.1:10911")]
+    twice = new_service(service.kv, epoch="0011223344556677")
+    warm.restore(twice, warm.decode_dump(warm.encode_dump(second)), 200_000)
+    assert twice.table.liveness("DefaultCluster", "10.0.0.1:10911").deadline == (
+        200_000 + CONFIRM_MS)
+    # Heard since (here a ZNS/1 registration of the address), it is what it is now: untied.
+    zns1_ok(once, "register_broker", 150_000, id=1, **register_fields(
+        "broker-r", 0, "10.0.0.1:10911", "DefaultCluster", topics={"TopicR": {}}))
+    assert warm.dump(once, written_ms=0, restored_remoting=first.remoting).remoting == []
+
+
 def test_a_registration_or_a_zns1_heartbeat_confirms_a_restored_broker():
     service = new_service()
     register_both(service)
@@ -365,6 +387,10 @@ def with_table(state: warm.StateDump, **changes: Any) -> warm.StateDump:
     lambda t: {"brokers": t.brokers[1:]},  # a broker name gone that topics and addresses list
     lambda t: {"topics": t.topics + [("Ghost", [len(t.queue_values)])]},  # no such queue value
     lambda t: {"clusters": t.clusters + [("empty", [])]},
+    # a name no broker holds: GET_BROKER_CLUSTER_INFO listed it in clusterAddrTable, absent
+    # from brokerAddrTable, until the cluster emptied (never, with it in it)
+    lambda t: {"clusters": t.clusters + [("ghosts", ["ghost"])]},
+    lambda t: {"clusters": [(t.clusters[0][0], t.clusters[0][1] + ["ghost"]), *t.clusters[1:]]},
     lambda t: {"addresses": t.addresses[:-1]},
     lambda t: {"topics": t.topics + t.topics[:1]},
 ])
@@ -451,6 +477,17 @@ def test_an_unusable_state_path_is_refused_in_one_line(tmp_path):
         assert "\n" not in str(exc.value) and "--state-path" in str(exc.value)
 
 
+def test_a_path_that_is_no_regular_file_is_refused(tmp_path):
+    # Before: /dev/null passed, read as an empty (damaged) dump, and the first write renamed
+    # a regular file over the device (as root); a FIFO blocked the start on its read.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/null")):
+        with pytest.raises(ConfigError, match="is not a regular file") as exc:
+            state_file.check_writable(path)
+        assert "\n" not in str(exc.value) and "--state-path" in str(exc.value)
+
+
 def test_a_directory_that_takes_no_new_files_is_refused(tmp_path):
     # /proc takes no new files, for root too (a directory without write permission would
     # not stop root, which CI runs as).
@@ -474,6 +511,42 @@ def test_load_ignores_a_corrupt_file_in_one_log_line_and_refuses_a_newer_one(tmp
     assert "\n" not in str(exc.value)
 
 
+def test_a_file_that_is_no_dump_stops_the_start_and_is_left_as_it_was(tmp_path):
+    # Before: a file of something else at --state-path (the KV log given by mistake) was
+    # logged as a damaged dump and replaced by the first dump: the KV log's acknowledged
+    # writes went with it.
+    path = tmp_path / "kv.log"
+    kv = KvStore(str(path))
+    kv.put("ns", "k", "v")
+    kv.close()
+    for content in (path.read_bytes(), b"{}", b"hello, not a dump at all"):
+        path.write_bytes(content)
+        with pytest.raises(ConfigError, match="is not a zns state dump") as exc:
+            state_file.load(path)
+        assert "\n" not in str(exc.value) and "--state-path" in str(exc.value)
+        assert path.read_bytes() == content
+    for cut in (b"", warm.MAGIC[:4]):  # a dump cut short is a damaged dump: ignored
+        path.write_bytes(cut)
+        assert state_file.load(path) is None
+
+
+def test_a_state_path_that_is_the_kv_files_is_refused(tmp_path):
+    # Each dump renamed over the KV log would have cut its acknowledged writes off.
+    kv = tmp_path / "kv.log"
+    kv.write_bytes(b"")
+    (tmp_path / "link").symlink_to(kv)
+    for state, kv_path in [(str(kv), str(kv)), (f"{tmp_path}/./kv.log", str(kv)),
+                           (str(tmp_path / "link"), str(kv)),
+                           ("", str(tmp_path / "state.dump"))]:  # the default name, taken
+        with pytest.raises(ConfigError, match="is the KV file") as exc:
+            state_file.state_path_for(state, kv_path)
+        assert "\n" not in str(exc.value) and "--state-path" in str(exc.value)
+    # A symlink loop is no KV file: refused later, in one line (`load`: cannot be read).
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    assert state_file.state_path_for(str(tmp_path / "loop1"), str(kv)) == tmp_path / "loop1"
+
+
 def test_write_file_replaces_the_file_whole_and_makes_missing_directories(tmp_path):
     path = tmp_path / "new" / "state.dump"
     state_file.check_writable(path)
@@ -482,6 +555,23 @@ def test_write_file_replaces_the_file_whole_and_makes_missing_directories(tmp_pa
     assert path.read_bytes() == b"two" and sorted(p.name for p in path.parent.iterdir()) == [
         "state.dump"]
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_failed_write_leaves_no_partial_copy_behind(tmp_path, monkeypatch):
+    # Before: the temporary file of a write that failed (ENOSPC at the fsync) stayed, holding
+    # the disk space it had taken: the space a KV put needs on a full disk.
+    path = tmp_path / "state.dump"
+    state_file.write_file(path, b"old")
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        state_file.write_file(path, b"new" * 100_000)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.dump"]
+    assert path.read_bytes() == b"old"
 
 
 class Clock:
@@ -537,6 +627,26 @@ def test_a_dump_made_in_steps_starts_over_when_the_table_changes_between_them(tm
     writer.run({}, 0, until=1)
     assert writer.reading and not writer.writing  # a dump under way
     zns1_ok(service, "register_broker", 2001, id=1, **register_fields("later", 0, "10.7.0.2:1"))
+    drive(writer)
+    assert writer.written == 1
+    assert warm.decode_dump(writer.path.read_bytes()).table == service.table.dump()
+
+
+def test_a_steady_stream_of_changes_cannot_keep_the_dump_from_being_written(tmp_path):
+    # Before: each change between two steps started the reading over, without bound, so
+    # changes as frequent as a dump's steps (a large table, a busy cluster) kept every dump
+    # from ending: nothing reached the file, and a crash lost everything since the start.
+    service, _ = random_service(7)
+    clock = Clock()
+    clock.now = 5  # past `until` after each step: one step per run, as under load
+    writer = writer_for(service, tmp_path / "state.dump", clock=clock, step_work=20)
+    for i in range(40):
+        zns1_ok(service, "register_broker", 2000 + i, id=1,
+                **register_fields(f"late-{i}", 0, f"10.7.1.{i}:1"))
+        writer.run({}, 0, until=1)
+        if writer.writing:
+            break
+    assert writer.writing and i == MAX_DUMP_RESTARTS + 1  # the steps, then one pass
     drive(writer)
     assert writer.written == 1
     assert warm.decode_dump(writer.path.read_bytes()).table == service.table.dump()

@@ -1,7 +1,8 @@
 """Warm restarts of real `zns serve` processes: a server killed with SIGKILL or stopped
 serves its routes again at once after a restart, with a new epoch; a restored broker
-that does not register again is removed as `not_confirmed`; an unusable dump never stops
-a start, a newer one does, in one line; a namespace emptied over remoting stays emptied."""
+that does not register again is removed as `not_confirmed`; a damaged dump never stops a
+start, a newer one or a file that is no dump does, in one line; a namespace emptied over
+remoting stays emptied."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from click.testing import CliRunner
 from zns.cli import main
 from zns.core import schema, warm
 from zns.core.remoting import RemotingCommand
+from zns.drivers.kv_file import KvStore
 
 from helpers import LOADED_DEADLINE, Peer, register_fields, wait_for
 from test_remoting_listener import Client
+from test_remoting_service import register_cmd
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,6 +130,23 @@ def test_an_unusable_state_path_stops_the_start_in_one_line(tmp_path: Path):
 
 
 
+def test_a_state_path_that_is_the_kv_file_stops_the_start_in_one_line(tmp_path: Path):
+    # Before: the server started, and its first dump replaced the KV log (every KV write
+    # acknowledged before it lost, the next start refused the KV file as corrupt).
+    kv_path = tmp_path / "kv.log"
+    kv = KvStore(str(kv_path))
+    kv.put("ns", "k", "v")
+    kv.close()
+    before = kv_path.read_bytes()
+    result = CliRunner().invoke(main, ["serve", "--router", "tcp://127.0.0.1:*", "--pub",
+                                       "tcp://127.0.0.1:*", "--kv-path", str(kv_path),
+                                       "--state-path", str(kv_path)])
+    assert result.exit_code == 1
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"Error: state dump {kv_path} is the KV file")
+    assert kv_path.read_bytes() == before
+
+
 def remoting_calls(srv, *requests: tuple[int, dict[str, str]]) -> list[tuple[int, bytes]]:
     """Each request over one remoting connection to `srv`: its reply's code and body."""
     line = wait_for(lambda: next((ln for ln in srv.output().splitlines()
@@ -161,3 +181,33 @@ def test_a_namespace_emptied_over_remoting_is_still_emptied_after_a_kill_and_res
 
     again = process_server(*args, kv_path=kv_path)
     assert remoting_calls(again, kv_list) == [before]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_restored_rocketmq_broker_not_heard_since_keeps_its_period_through_a_second_restart(
+        process_server, tmp_path: Path, workers: int):
+    # Before: a dump written after a restart listed as registered over remoting only the
+    # addresses tied to a connection, and a restored one is tied to none until it registers
+    # again: a RocketMQ broker that died while zns was down, with a change and a second
+    # restart in its 40 s (a crash loop under --supervise), was given its own 120 s timeout.
+    kv_path, dump = tmp_path / "kv.log", tmp_path / "state.dump"
+    args = ["--remoting", "127.0.0.1:0", "--workers", str(workers)]
+    rocketmq = ("DefaultCluster", "10.0.0.9:10911")
+    first = process_server(*args, kv_path=kv_path)
+    line = wait_for(lambda: first.line("RocketMQ remoting listener on", required=False))
+    client = Client(line.rsplit(" on ", 1)[1].split()[0])
+    try:  # the connection stays open: its close would remove the broker (disconnected)
+        assert client.call(register_cmd(0, rocketmq[1], {"TopicR": {}}, name="broker-r")).code == 0
+        wait_for(lambda: dump_holds(dump, "TopicR")
+                 and rocketmq in warm.decode_dump(dump.read_bytes()).remoting)
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(15)
+    finally:
+        client.close()
+
+    again = process_server(*args, kv_path=kv_path)  # broker-r never registers again
+    register(again, "broker-z", "10.0.0.2:10911", "TopicZ")  # a change: a new dump
+    wait_for(lambda: dump_holds(dump, "TopicZ"))
+    state = warm.decode_dump(dump.read_bytes())
+    assert any(t == "TopicR" for t, _ in state.table.topics)  # not yet removed
+    assert state.remoting == [rocketmq]

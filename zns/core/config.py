@@ -124,6 +124,14 @@ def _cpus(value: str) -> str:
     return value
 
 
+def _path(value: str) -> str:
+    # No file system takes one, and the os functions raise a ValueError of their own (a
+    # traceback at start) instead of saying which setting holds it.
+    if "\0" in value:
+        raise ValueError("a path cannot hold a NUL character")
+    return value
+
+
 # What a string value must be, by the `check` a field names (zns.core.addresses, the one parser
 # of endpoints and addresses): each returns the value as it is to be used, or raises ValueError.
 CHECKS: dict[str, Callable[[str], str]] = {
@@ -135,6 +143,7 @@ CHECKS: dict[str, Callable[[str], str]] = {
     "nameservers": _nameservers,  # a NameServer list, 'h1:9876;h2:9876'
     "networks": _network,  # a CIDR or an address
     "cpus": _cpus,  # a CPU list, '0,2-3'
+    "path": _path,  # a file or directory
 }
 
 
@@ -179,11 +188,11 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
     kv_path: Annotated[str | None, _doc(
         "File that holds the KV store (an append-only log; an existing ~/.zns/kv.json, the old "
         "default name, is used when the default is absent).", metavar="PATH",
-        shown=False)] = DEFAULT_KV_PATH
+        shown=False, check="path")] = DEFAULT_KV_PATH
     state_path: Annotated[str, _doc(
         "File the route table is dumped to after changes and at stop, and restored from at "
         "start (default: state.dump beside the KV file; none when the KV store is in memory).",
-        metavar="PATH", shown=False)] = ""
+        metavar="PATH", shown=False, check="path")] = ""
     heartbeat_interval_s: Annotated[float, Meta(ge=0.01), _doc(
         "Seconds between `hb` events.", metavar="SECONDS")] = field(
         default=1.0, name="heartbeat_interval")
@@ -218,16 +227,16 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
     # §9 CURVE: on when curve_secret is set.
     curve_secret: Annotated[str | None, _doc(
         "The server's NAME.key_secret (from `zns keygen`): turns CURVE on for both sockets.",
-        metavar="FILE", shown=False)] = None
+        metavar="FILE", shown=False, check="path")] = None
     brokers_keys: Annotated[str | None, _doc(
         "Directory of *.key public keys that may do broker ops.",
-        metavar="DIR", shown=False)] = None
+        metavar="DIR", shown=False, check="path")] = None
     admins_keys: Annotated[str | None, _doc(
         "Directory of *.key public keys that may do admin ops.",
-        metavar="DIR", shown=False)] = None
+        metavar="DIR", shown=False, check="path")] = None
     clients_keys: Annotated[str | None, _doc(
         "Directory of *.key public keys that may read routes (with --clients listed).",
-        metavar="DIR", shown=False)] = None
+        metavar="DIR", shown=False, check="path")] = None
     clients: Annotated[Literal["any", "listed"], _doc(
         "With CURVE: may any key read routes, or only listed ones?")] = "any"
     # §12 RocketMQ remoting listener: on when set.
@@ -404,7 +413,7 @@ class BrokerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         metavar="KEY|FILE", env="ZNS_SERVER_KEY")] = None
     keypair: Annotated[str | None, _doc(
         "Own CURVE NAME.key_secret (default: a fresh one, a plain client).",
-        metavar="FILE", env="ZNS_KEYPAIR")] = None
+        metavar="FILE", env="ZNS_KEYPAIR", check="path")] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

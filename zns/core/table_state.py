@@ -79,6 +79,8 @@ def check_state(state: TableState) -> None:
         _require(names and len(set(names)) == len(names) and cluster not in members,
                  f"cluster {cluster!r} is empty or listed twice")
         members[cluster] = set(names)
+        _require(members[cluster] <= brokers.keys(),
+                 f"cluster {cluster!r} lists a broker name not held")
     listed: set[tuple[str, str, str]] = set()
     for b in state.brokers:
         ids = [i for i, _, _ in b.addrs]

@@ -7,7 +7,8 @@ back at start, before it serves:
 
 - `encode_dump`/`decode_dump`: the file's bytes. A header (magic, format version,
   CRC-32 of the body) and the body: `StateDump` in MessagePack. A body that fails its
-  CRC, its schema or `check_state` is `CorruptDump`; a newer format is `NewerDump`.
+  CRC, its schema or `check_state` is `CorruptDump`; a newer format is `NewerDump`;
+  bytes that do not even begin as a dump (`begins_as_dump`) are some other file.
   Format 2 added the emptied namespaces; a format-1 dump (written before) is read as
   one with none, so an upgrade is a warm restart too.
 - `restore`: the dump into a fresh NameService, as the state machine's `Restore`
@@ -15,7 +16,8 @@ back at start, before it serves:
   yet confirmed, and is removed as `not_confirmed` unless it registers or heartbeats
   within `confirm_within_ms`: its registration period. Remoting connections are gone
   after a restart, so nothing is tied to one; a RocketMQ broker is tied again at its
-  next registration (§12). The namespaces a remoting delete emptied (§15: they
+  next registration (§12), and until then the next dump still counts it as one
+  (`dump`'s `restored_remoting`). The namespaces a remoting delete emptied (§15: they
   change GET_KVLIST_BY_NAMESPACE's reply) are remembered again, oldest first, at most
   `max_kv_namespaces` of them, the latest.
 - The epoch is new, and revisions start again at 1: the dump does not say which
@@ -33,6 +35,7 @@ delete emptied is not in the KV file (an empty namespace holds no entry): it is 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Collection
 
 import msgspec
 from msgspec import Struct
@@ -81,22 +84,40 @@ class StateDump(Struct, array_like=True, frozen=True):
 _dump_decoder = msgspec.msgpack.Decoder(StateDump)
 
 
-def dump(service: NameService, written_ms: int, table: TableState | None = None) -> StateDump:
+def dump(service: NameService, written_ms: int, table: TableState | None = None,
+         restored_remoting: Collection[tuple[str, str]] = ()) -> StateDump:
     """The service's state: `table` (its table's, made in steps by the caller while nothing
     changed) or, when None, the table's now, in one pass; the emptied namespaces as they
-    are now."""
+    are now. `restored_remoting`: the `remoting` of the dump this service was restored
+    from. An address of it not heard since is tied to no connection yet and is still a
+    RocketMQ broker's: it stays in `remoting`, or a second restart would give it its own
+    timeout (120 s for a RocketMQ broker by default) instead of the registration period."""
     if table is None:
         table = service.table.dump()
     remoting = [(a.cluster, a.addr) for a in table.addresses
                 if any(service.tied_connection(a.cluster, a.addr, name) is not None
-                       for name in a.names)]
+                       for name in a.names)
+                or ((a.cluster, a.addr) in restored_remoting
+                    and _unconfirmed(service, a.cluster, a.addr))]
     return StateDump(written_ms=written_ms, table=table, remoting=remoting,
                      emptied=service.state.emptied_namespaces())
+
+
+def _unconfirmed(service: NameService, cluster: str, addr: str) -> bool:
+    live = service.table.liveness(cluster, addr)
+    return live is not None and live.confirm_by is not None
 
 
 def encode_dump(state: StateDump) -> bytes:
     body = msgspec.msgpack.encode(state)
     return MAGIC + FORMAT.to_bytes(2, "big") + zlib.crc32(body).to_bytes(4, "big") + body
+
+
+def begins_as_dump(data: bytes) -> bool:
+    """Whether `data` begins as a dump this or any zns wrote: with the magic, or with a
+    part of it (a file cut short). Anything else is some other file, which a start
+    must not take for a damaged dump and replace."""
+    return data[:len(MAGIC)] == MAGIC[:len(data)]
 
 
 def decode_dump(data: bytes) -> StateDump:

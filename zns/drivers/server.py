@@ -352,7 +352,7 @@ class Server:
                 [(a.cluster, a.addr) for a in dump.table.addresses], self._now(),
                 round(config.ready_grace_s * 1000))
         return state_file.StateWriter(path, self.service, wake=self.wake, clock=self._now,
-                                      wall_ms=self._wall_ms)
+                                      wall_ms=self._wall_ms, restored=dump)
 
     def subscriptions_freed(self, cost: int) -> None:
         # Freed trie nodes stay in glibc's heap; a large release is worth a trim.

@@ -405,7 +405,7 @@ class StateProcess:
                 [(a.cluster, a.addr) for a in dump.table.addresses], self._now(),
                 round(config.ready_grace_s * 1000))
         return state_file.StateWriter(path, self.service, wake=self.waker.wake, clock=self._now,
-                                      wall_ms=_wall_ms)
+                                      wall_ms=_wall_ms, restored=dump)
 
     @staticmethod
     def _now() -> int:
