@@ -118,7 +118,7 @@ def test_the_state_processs_own_figures_with_64_workers_are_under_7_kib():
                          stalls=big, removals={r: big for r in reasons},
                          kv_write_counts=[big] * 20, kv_write_seconds=1e12,
                          worker_restarts=big, transfers=big, workers_dropped=big,
-                         workers=workers, rss_bytes=big, cpu_seconds=1e12)
+                         dumps_written=big, dump_failures=big, workers=workers, rss_bytes=big, cpu_seconds=1e12)
     assert len(encode(Overview(state=state))) < 7 * 1024
 
 

@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -300,6 +301,10 @@ HELP = {
     "zns_dropped_replies": "Replies dropped: the peer was gone or at its high-water mark",
     "zns_stalls": "Stalls measured (§8): the loop did not run",
     "zns_kv_writes": "Durable KV writes (append and fsync)",
+    "zns_state_dumps_written": "State dumps written (--state-path): what a restart serves its "
+                               "routes from",
+    "zns_state_dump_failures": "State dump writes that failed (a full or read-only disk); each "
+                               "tried again a second later",
     "zns_kv_write_seconds": "Seconds one durable KV write (append and fsync) took",
     "zns_peer_connected": "1 while the peer NameServer answers",
     "zns_request_seconds": "Seconds the loop took to answer one request, by protocol (zns1, "
@@ -440,6 +445,7 @@ class Idle(AgedLoop):
         self.timers = type("Timers", (), {"stalls": 0})()
         self.remoting = None
         self.replica = None
+        self.state: Any = None  # no --state-path
         self.dropped_replies = 0
         self.request_times = LatencyHistogram()
         self.clock_ms = 0
@@ -476,6 +482,18 @@ def test_a_fresh_server_shows_every_fixed_series_at_zero():
     assert buckets == {**{str(b): 0 for b in WRITE_BOUNDS}, "+Inf": 0}
     assert (m["zns_kv_writes_total", ()], m["zns_kv_write_seconds_count", ()],
             m["zns_kv_write_seconds_sum", ()]) == (0, 0, 0.0)
+    assert (m["zns_state_dumps_written_total", ()],
+            m["zns_state_dump_failures_total", ()]) == (0, 0)
+
+
+def test_the_state_dumps_written_and_failed_are_counted_for_an_alert():
+    # A full disk fails each write of the dump a restart serves from; the log alone (one
+    # ERROR line a second) gives no alert: monitoring/zns-alerts.yml's ZnsStateDumpFailing.
+    server = Idle()
+    server.state = type("Writer", (), {"written": 3, "failed": 2})()
+    m = collected(server)
+    assert (m["zns_state_dumps_written_total", ()],
+            m["zns_state_dump_failures_total", ()]) == (3, 2)
 
 
 def test_a_response_code_without_a_name_is_counted_by_its_number():

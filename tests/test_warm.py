@@ -667,10 +667,23 @@ def test_a_failed_write_is_logged_and_tried_again_after_the_interval(tmp_path, c
     with caplog.at_level(logging.ERROR, logger="zns"):
         drive(writer, now=0)
     [line] = [r.getMessage() for r in records_here(caplog)]
-    assert "No space left on device" in line and writer.written == 0
+    assert "No space left on device" in line and (writer.written, writer.failed) == (0, 1)
     assert writer.next_deadline(0) == writer.schedule.interval_ms
     drive(writer, now=writer.schedule.interval_ms)
     assert writer.written == 1 and len(calls) == 2
+    assert writer.failed == 1  # counted once: /metrics' zns_state_dump_failures_total
+
+
+def test_a_failed_write_at_stop_is_counted_too(tmp_path):
+    service, _ = random_service(8, steps=100)
+
+    def full_disk(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    writer = writer_for(service, tmp_path / "state.dump", write=full_disk)
+    zns1_ok(service, "register_broker", 2000, id=1, **register_fields("late", 0, "10.7.0.1:1"))
+    writer.write_now()
+    assert (writer.written, writer.failed) == (0, 1)
 
 
 def test_a_bug_in_the_writer_thread_reaches_the_loop_as_itself(tmp_path):

@@ -83,7 +83,10 @@ def test_every_scrape_on_any_worker_shows_both_workers_and_the_state_process(
 
         def both_counted() -> bool:
             m = scrape(server)
-            if m.get(reads) == 3 and m.get(writes) == 1:
+            # ... and the state process's dump of the change (the state file beside the KV
+            # file), written within a second: its count is the state process's too.
+            if m.get(reads) == 3 and m.get(writes) == 1 \
+                    and m.get(("zns_state_dumps_written_total", ()), 0) >= 1:
                 seen.add(m["zns_answering_worker", ()])
             return seen == {1, 2}
 
@@ -107,6 +110,8 @@ def test_every_scrape_on_any_worker_shows_both_workers_and_the_state_process(
             # The whole's figures: once, unlabelled; the state process's own.
             assert m["zns_brokers", ()] == 1 and m["zns_topics", ()] == 1
             assert m["zns_kv_writes_total", ()] == 1  # the KV file is the state process's
+            assert m["zns_state_dumps_written_total", ()] >= 1
+            assert m["zns_state_dump_failures_total", ()] == 0
             assert m["zns_replication_seq", ()] >= 2
             assert m["zns_worker_restarts_total", ()] == 0
             assert m["zns_process_resident_memory_bytes", (("process", "state"),)] > 0

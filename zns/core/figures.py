@@ -72,6 +72,8 @@ class StateFigures(msgspec.Struct, frozen=True, kw_only=True):
     worker_restarts: int = 0
     transfers: int = 0  # state transfers sent (joins, resyncs, workers past the tail)
     workers_dropped: int = 0  # workers dropped for silence or a protocol violation
+    dumps_written: int = 0  # state dumps written (--state-path), and those that failed
+    dump_failures: int = 0
     workers: list[WorkerStatus] = []
     rss_bytes: int = 0
     cpu_seconds: float = 0.0

@@ -68,6 +68,7 @@ class Observed(Protocol):
     remoting: Any  # None, or .connections and .max_connections
     subscribers: Any  # .budget.cut
     replica: Any  # a worker's zns.core.replication.Replica (.dropped_events, .resyncs), or None
+    state: Any  # one process's state dump writer (.written, .failed), or None
 
     @property
     def dropped_replies(self) -> int:
@@ -201,6 +202,17 @@ class _Collector:
         yield HistogramMetricFamily(
             "zns_kv_write_seconds", "Seconds one durable KV write (append and fsync) took",
             buckets=_cumulative(WRITE_BOUNDS, counts), sum_value=total)
+        # The state dump's writes: the state process's under --workers N, else this one's.
+        writer = server.state
+        dumps, failures = ((state.dumps_written, state.dump_failures) if state is not None
+                           else (writer.written, writer.failed) if writer is not None
+                           else (0, 0))
+        yield CounterMetricFamily("zns_state_dumps_written", "State dumps written "
+                                  "(--state-path): what a restart serves its routes from",
+                                  value=dumps)
+        yield CounterMetricFamily("zns_state_dump_failures", "State dump writes that failed "
+                                  "(a full or read-only disk); each tried again a second later",
+                                  value=failures)
         if server.worker:
             yield GaugeMetricFamily("zns_answering_worker", "The worker that answered this "
                                     "scrape (the kernel spreads connections over them)",

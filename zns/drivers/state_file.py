@@ -187,6 +187,7 @@ class StateWriter:
         self._thread: threading.Thread | None = None
         self._outcome: BaseException | None = None
         self.written = 0  # dumps written (metrics, tests)
+        self.failed = 0  # writes that failed (metrics: a full or read-only disk shows here)
         self.last_bytes = 0  # the size of the last dump written
 
     @property
@@ -259,6 +260,7 @@ class StateWriter:
             self._write(self.path, data)
         except OSError as exc:
             self.schedule.finished(False)
+            self.failed += 1
             log.error("cannot write the state dump %s at stop: %s", self.path, exc)
             return
         self.schedule.finished(True)
@@ -284,6 +286,7 @@ class StateWriter:
         if outcome is None:
             self.written += 1
         elif isinstance(outcome, OSError):
+            self.failed += 1
             log.error("cannot write the state dump %s (tried again in %d ms): %s", self.path,
                       self.schedule.interval_ms, outcome)
         else:

@@ -377,7 +377,9 @@ class StateProcess:
             stalls=self.timers.stalls, removals=dict(service.removals),
             kv_write_counts=list(times.counts), kv_write_seconds=times.total_seconds,
             worker_restarts=self.pool.restarts, transfers=primary.transfers,
-            workers_dropped=primary.dropped, workers=workers, **process_usage())
+            workers_dropped=primary.dropped, workers=workers,
+            dumps_written=self.state.written if self.state else 0,
+            dump_failures=self.state.failed if self.state else 0, **process_usage())
         return Overview(state=state, reports=[self.reports[c] for c in sorted(self.reports)])
 
     def _settled(self, cluster: str, addr: str) -> bool:
