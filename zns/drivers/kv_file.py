@@ -85,6 +85,7 @@ from zns.core.kv_log import (
     KvLogPolicy,
     encode_record,
 )
+from zns.drivers import file_lock
 from zns.drivers.io_errors import map_exceptions
 
 log = logging.getLogger("zns")
@@ -164,8 +165,15 @@ class KvStore:
         self._broken = ""  # why writes are refused, after a write that could not be undone
         self._put_off = False  # a compaction is due but does not fit (said once)
         self.write_times = Histogram(WRITE_BOUNDS)  # durable appends' seconds, for metrics
+        # One store per file (zns.drivers.file_lock): taken before the file is read, or at the
+        # first write when its directory does not exist yet.
+        self._lock: file_lock.FileLock | None = None
         if self.path is not None:
-            self._open()
+            try:
+                self._open()
+            except BaseException:
+                self.close()
+                raise
 
     # --- reads ------------------------------------------------------------
 
@@ -246,6 +254,9 @@ class KvStore:
                 os.close(fd)
         self._fd = self._old_fd = None
         self._compaction = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # --- internals: accounting ------------------------------------------------
 
@@ -333,6 +344,11 @@ class KvStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         for directory in reversed(created):  # a new directory is durable once its parent is
             _fsync_dir(directory.parent)
+        if self._lock is None:  # its directory was made just now: the lock could not be before
+            try:
+                self._lock = file_lock.hold(path, "--kv-path")
+            except KvFileError as exc:
+                raise OSError(str(exc)) from None
         tmp = _sibling(path, ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         try:
@@ -409,6 +425,8 @@ class KvStore:
         path, nxt = self.path, _sibling(self.path, ".next")
         backup = _sibling(path, ".bak")
         _check_writable(path)
+        if path.parent.is_dir():
+            self._lock = file_lock.hold(path, "--kv-path")
         _unlink_quietly(_sibling(path, ".tmp"))  # a first write or conversion cut short: never read
         if not path.exists():
             if backup.exists() or nxt.exists():

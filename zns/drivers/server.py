@@ -126,8 +126,12 @@ class Server:
         self.descriptor_limit = raise_descriptor_limit()
         self.descriptors = DescriptorGuard(self.descriptor_limit)
         install_repeat_filter(log)
+        # The KV store this server opened (and closes: its file's lock goes with it), if any.
+        self._kv: KvStore | None = None
+        if service is None:
+            self._kv = kv = KvStore(config.kv_path)
         self.service = service or NameService(
-            KvStore(config.kv_path), epoch=new_epoch(), started_at_ms=self._now(), version=__version__,
+            kv, epoch=new_epoch(), started_at_ms=self._now(), version=__version__,
             authorize=self.security.authorize if self.security else None, limits=config.limits,
             max_reply_bytes=self.reply_budget.burst,
             key_name=self.security.key_name if self.security else None,
@@ -296,6 +300,8 @@ class Server:
         if self.peers is not None:
             self.peers.close()
         self.waker.close()
+        if self._kv is not None:
+            self._kv.close()
         if self.security is not None:
             self.security.stop()
         if self._own_ctx is not None:

@@ -265,6 +265,8 @@ class StateProcess:
         self._reserved.clear()
         if hasattr(self, "link"):
             self.link.close()
+        if hasattr(self, "kv"):
+            self.kv.close()  # and its file's lock
 
     # --- workers --------------------------------------------------------
 

@@ -1,0 +1,110 @@
+"""One zns per KV file (zns.drivers.file_lock): a second one is refused at start in one line
+naming the first's pid; workers hold no copy of the lock, so it is free as soon as the
+state process is gone."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ProcessServer, wait_for
+from zns.core.errors import Internal, KvFileError
+from zns.drivers import file_lock
+from zns.drivers.kv_file import KvStore
+
+pytestmark = pytest.mark.timeout(120)
+
+HOLD = """
+import sys
+from zns.drivers.kv_file import KvStore
+store = KvStore(sys.argv[1])
+print("held", flush=True)
+"""
+WAIT = "sys.stdin.read()\n"
+
+
+def serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zns", "serve", "--router", "tcp://127.0.0.1:*", "--pub",
+         "tcp://127.0.0.1:*", *args], capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("ZNS_")})
+
+
+def test_a_kv_file_held_by_another_process_is_refused_naming_its_pid(tmp_path: Path) -> None:
+    kv = tmp_path / "kv.json"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD + WAIT, str(kv)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(KvFileError) as refused:
+            KvStore(kv)
+        assert str(refused.value) == (f"{kv} is in use by another zns (pid {holder.pid}): give "
+                                      f"each NameServer a file of its own (--kv-path)")
+    finally:
+        holder.communicate("")  # its end releases the lock: the kernel's, with the process
+    store = KvStore(kv)  # free once the holder is gone; the file it left blocks nothing
+    assert (tmp_path / "kv.json.lock").read_text() == f"{os.getpid()}\n"
+    store.put("ns", "k", "v")
+    store.close()  # and with it the lock
+    again = KvStore(kv)
+    assert again.get("ns", "k") == "v"
+    again.close()
+
+
+def test_in_a_directory_made_at_the_first_write_the_lock_is_taken_then(tmp_path: Path) -> None:
+    kv = tmp_path / "later" / "kv.json"
+    store = KvStore(kv)  # no directory yet: nothing to lock at start
+    assert not kv.parent.exists()
+    other = subprocess.Popen([sys.executable, "-c", HOLD + "store.put('ns', 'k', 'v')\n"
+                              "print('put', flush=True)\nsys.stdin.read()\n", str(kv)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "held\n"
+        assert other.stdout.readline() == "put\n"  # it made the directory, and took the lock
+        # Refused as a disk that cannot take the write is (an internal error, its reason said).
+        with pytest.raises(Internal, match=rf"{kv} is in use by another zns \(pid {other.pid}\)"):
+            store.put("ns", "k", "w")
+        assert store.get("ns", "k") is None  # refused, and nothing changed
+    finally:
+        other.communicate("")
+        store.close()
+    again = KvStore(kv)
+    assert again.get("ns", "k") == "v"
+    again.close()
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_second_zns_on_the_same_kv_file_is_refused_in_one_line(tmp_path: Path,
+                                                                   workers: str) -> None:
+    first = ProcessServer(tmp_path, "--workers", workers)
+    try:
+        second = serve("--workers", workers, "--kv-path", str(first.kv_path))
+        assert second.returncode == 1 and not second.stdout, second
+        [line] = second.stderr.strip().splitlines()
+        assert line == (f"Error: {first.kv_path} is in use by another zns (pid {first.proc.pid}"
+                        f"): give each NameServer a file of its own (--kv-path)")
+    finally:
+        assert first.stop() == 0
+
+
+def test_workers_hold_no_copy_of_the_lock(tmp_path: Path) -> None:
+    server = ProcessServer(tmp_path, "--workers", "2")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        pids = [int(p) for p in re.findall(r"loaded the state at seq \d+ \(pid (\d+)\)",
+                                           server.output())]
+        lock = str(server.kv_path.parent.resolve() / "kv.json.lock")
+
+        def holds(pid: int) -> bool:
+            return any(os.readlink(fd) == lock for fd in Path(f"/proc/{pid}/fd").iterdir()
+                       if fd.is_symlink())
+
+        assert holds(server.proc.pid) and len(pids) == 2
+        assert not any(holds(pid) for pid in pids)
+    finally:
+        assert server.stop() == 0
