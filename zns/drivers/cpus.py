@@ -39,7 +39,8 @@ def check(cpus: Iterable[int]) -> None:
     allowed = os.sched_getaffinity(0)
     refused = [cpu for cpu in cpus if cpu not in allowed]
     if refused:
-        raise InvalidSetting("cpus", f"CPU {', '.join(map(str, refused))}: not one this "
+        # As ranges: `0-8191` on a host of 2 CPUs is one short line, not 8,190 numbers.
+        raise InvalidSetting("cpus", f"CPU {_ranges(sorted(refused))}: not one this "
                                      f"process may run on ({_ranges(sorted(allowed))})")
 
 
