@@ -97,7 +97,7 @@ def _network(value: str) -> str:
 
 # The highest CPU number `--cpus` takes: Linux's own limit (NR_CPUS) is at most 8192.
 MAX_CPU = 8191
-_CPU_RANGE = re.compile(r"(\d{1,4})(?:-(\d{1,4}))?")
+_CPU_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")  # [0-9]: \d takes any script's digits
 
 
 def parse_cpus(text: str) -> list[int]:
@@ -109,14 +109,20 @@ def parse_cpus(text: str) -> list[int]:
         match = _CPU_RANGE.fullmatch(part.strip())
         if match is None:
             raise ValueError(f"{part.strip()!r} is not a CPU number or a range of them (0,2-3)")
-        first = int(match[1])
-        last = int(match[2]) if match[2] is not None else first
+        first, last = (_cpu_number(digits) for digits in (match[1], match[2] or match[1]))
         if first > last:
             raise ValueError(f"{part.strip()!r}: a range goes from low to high")
-        if last > MAX_CPU:
-            raise ValueError(f"CPU {last}: CPUs are numbered 0 to {MAX_CPU} at most")
         cpus += [cpu for cpu in range(first, last + 1) if cpu not in cpus]
     return cpus
+
+
+def _cpu_number(digits: str) -> int:
+    """A CPU number of the list, within 0..MAX_CPU (ValueError, saying so, past it)."""
+    # Its length first: Python refuses int() of thousands of digits, in its own words.
+    if len(digits.lstrip("0")) > len(str(MAX_CPU)) or int(digits) > MAX_CPU:
+        shown = digits if len(digits) <= 20 else f"{digits[:20]}..."
+        raise ValueError(f"CPU {shown}: CPUs are numbered 0 to {MAX_CPU} at most")
+    return int(digits)
 
 
 def _cpus(value: str) -> str:
