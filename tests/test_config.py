@@ -315,6 +315,15 @@ def test_a_cpu_number_past_the_highest_is_refused_as_such(text: str) -> None:
     assert len(str(refused.value)) < 100
 
 
+def test_a_range_with_a_stride_takes_every_nth_cpu_as_taskset_does() -> None:
+    assert parse_cpus("0-7:2") == [0, 2, 4, 6]
+    assert parse_cpus("1-8:3,0") == [1, 4, 7, 0]
+    assert parse_cpus("2-3:99999999999999") == [2]  # past the last: the first alone
+    for text in ("0-7:0", "0-7:", "3:2"):
+        with pytest.raises(ValueError, match=re.escape(repr(text))):
+            parse_cpus(text)
+
+
 def test_only_ascii_digits_name_a_cpu() -> None:
     with pytest.raises(ValueError, match="is not a CPU number"):
         parse_cpus("\u0663")  # ARABIC-INDIC DIGIT THREE: int() takes it, taskset does not
