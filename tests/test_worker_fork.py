@@ -117,3 +117,18 @@ def test_a_sighup_sent_while_a_worker_starts_reaches_the_handler_it_installs() -
         link.close()
         os.close(go_read)
         os.close(go_write)
+
+
+def test_a_disowned_copy_of_the_kv_store_reads_from_memory_and_writes_nothing(
+        tmp_path: Path) -> None:
+    """What a worker does with the state process's store the fork copied: its descriptors
+    closed, its entries still read (Forked.adopt copies them), and no write through it (a
+    second writer of the file)."""
+    store = KvStore(str(tmp_path / "kv.log"))
+    store.put("ns", "k", "v")
+    on_disk = (tmp_path / "kv.log").read_bytes()
+    store.disown()
+    assert store.list("ns") == {"k": "v"}
+    with pytest.raises(Internal):
+        store.put("ns", "k2", "v2")
+    assert (tmp_path / "kv.log").read_bytes() == on_disk

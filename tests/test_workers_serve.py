@@ -137,6 +137,39 @@ def test_the_state_process_listens_nowhere_and_its_workers_answer(tmp_path: Path
     assert not [pid for pid in children_or_none(server.proc.pid)]
 
 
+def open_files(pid: int) -> set[str]:
+    """What each descriptor of `pid` names (a path, socket:[inode], ...)."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue  # closed meanwhile
+    return found
+
+
+def test_a_worker_holds_no_descriptor_of_the_kv_file(tmp_path: Path, ctx: Any) -> None:
+    """The KV log is the state process's to write: a worker forked after it was opened
+    must not keep it (and so the log a compaction replaced) open for as long as it lives."""
+    server = ProcessServer(tmp_path, "--workers", "1", kv_path=tmp_path / "kv.log")
+    try:
+        peer = Peer(server.router, server.pub, ctx)
+        peer.ok("kv_put", namespace="ns", key="k", value="v")
+        peer.close()
+        kv_file = str(server.kv_path)
+        assert kv_file in open_files(server.proc.pid)  # the state process appends to it
+        first = worker_pid(server, 1)
+        os.kill(first, signal.SIGKILL)  # its replacement is forked with the log open
+        wait_for(lambda: worker_pid(server, 1) != first, timeout=LOADED_DEADLINE)
+        assert kv_file not in open_files(worker_pid(server, 1))
+        peer = Peer(server.router, server.pub, ctx)  # its entries came with the fork
+        assert peer.ok("kv_get", namespace="ns", key="k").value == "v"
+        peer.ok("kv_put", namespace="ns", key="k2", value="v2")  # the state process writes
+        peer.close()
+    finally:
+        assert server.stop() == 0
+
+
 def children_or_none(pid: int) -> list[int]:
     try:
         return children(pid)
