@@ -324,3 +324,26 @@ def test_cpus_name_each_process_its_cpu_in_the_order_given():
     config = ServerConfig(cpus="3,0-1,1", workers=4)
     assert [config.cpu_of(w) for w in range(6)] == [3, 3, 0, 1, 3, 0]
     assert ServerConfig().cpu_of(0) is None and ServerConfig(cpus="").cpu_of(1) is None
+
+
+@pytest.mark.parametrize("text", ["99999999999", "10000", "0-12345", "9" * 5000])
+def test_a_cpu_number_past_the_highest_is_refused_as_such(text: str) -> None:
+    """Not as 'not a CPU number' (it is one), nor in Python's words about long integers."""
+    with pytest.raises(ValueError, match=r"^CPU [0-9]+(\.\.\.)?: CPUs are numbered 0 to "
+                                         r"8191 at most$") as refused:
+        parse_cpus(text)
+    assert len(str(refused.value)) < 100
+
+
+def test_a_range_with_a_stride_takes_every_nth_cpu_as_taskset_does() -> None:
+    assert parse_cpus("0-7:2") == [0, 2, 4, 6]
+    assert parse_cpus("1-8:3,0") == [1, 4, 7, 0]
+    assert parse_cpus("2-3:99999999999999") == [2]  # past the last: the first alone
+    for text in ("0-7:0", "0-7:", "3:2"):
+        with pytest.raises(ValueError, match=re.escape(repr(text))):
+            parse_cpus(text)
+
+
+def test_only_ascii_digits_name_a_cpu() -> None:
+    with pytest.raises(ValueError, match="is not a CPU number"):
+        parse_cpus("\u0663")  # ARABIC-INDIC DIGIT THREE: int() takes it, taskset does not

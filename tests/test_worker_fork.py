@@ -117,3 +117,51 @@ def test_a_sighup_sent_while_a_worker_starts_reaches_the_handler_it_installs() -
         link.close()
         os.close(go_read)
         os.close(go_write)
+
+
+def test_a_disowned_copy_of_the_kv_store_reads_from_memory_and_writes_nothing(
+        tmp_path: Path) -> None:
+    """What a worker does with the state process's store the fork copied: its descriptors
+    closed, its entries still read (Forked.adopt copies them), and no write through it (a
+    second writer of the file)."""
+    store = KvStore(str(tmp_path / "kv.log"))
+    store.put("ns", "k", "v")
+    on_disk = (tmp_path / "kv.log").read_bytes()
+    store.disown()
+    assert store.list("ns") == {"k": "v"}
+    with pytest.raises(Internal):
+        store.put("ns", "k2", "v2")
+    assert (tmp_path / "kv.log").read_bytes() == on_disk
+
+
+def test_a_stop_signal_that_reaches_a_worker_as_it_is_forked_stops_it(monkeypatch) -> None:
+    """SIGTERM sent to a worker between its fork and the reset of the state process's
+    handlers (the state process stopping as it forks: it signals every worker at once)
+    must stop it, not run the state process's handler copied into it and be lost: the
+    worker would start serving and the state process wait its 5 s grace to SIGKILL it.
+    The signal is sent at the first reset, the earliest moment the child runs code."""
+    from zns.drivers import replication_link
+
+    stops: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stops.append(signum))
+    real_signal = signal.signal
+    parent = os.getpid()
+
+    def signal_at_the_reset(sig: int, handler: object) -> object:
+        if os.getpid() != parent and not stops:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # Python runs a handler between two bytecodes
+                pass
+        return real_signal(sig, handler)
+
+    link = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=lambda w, r: (None, b""))
+    try:
+        monkeypatch.setattr(replication_link.signal, "signal", signal_at_the_reset)
+        pid, _ = fork_worker(link, lambda sock, written: 0, 0)
+        monkeypatch.undo()
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, \
+            f"the worker went on (exit status {os.waitstatus_to_exitcode(status)})"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        link.close()

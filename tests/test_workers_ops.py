@@ -20,6 +20,7 @@ import zmq
 
 from helpers import Peer, ProcessServer, register_fields, wait_for
 from test_metrics import get
+from zns.drivers.security import write_keypair
 from zns.drivers.worker import name_worker_lines
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -267,6 +268,30 @@ def test_a_worker_that_raises_logs_its_traceback_every_line_naming_it(tmp_path: 
     assert untimed and all(line.startswith("worker 1: ") for line in untimed), lines
     assert sum("CRITICAL zns: worker 1: stopped by an uncaught error" in line
                for line in lines) >= 2, lines
+
+
+def test_a_worker_that_cannot_read_its_key_file_says_so_in_one_line_each_start(
+        tmp_path: Path) -> None:
+    """A key file read at start by the first worker, gone when a replacement starts: each
+    start fails, again after the backoff, until it is back. Each says why in one line
+    (as one process refuses it at start), not with a traceback of 30 lines."""
+    public, secret = write_keypair(str(tmp_path / "keys"), "server")
+    server = ProcessServer(tmp_path, "--workers", "1", "--curve-secret", secret)
+    try:
+        first = worker_pids(server)[1]
+        os.rename(secret, f"{secret}.moved")
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: server.output().count("worker 1: cannot start: ") >= 2
+                 or server.output().count("stopped by an uncaught error") >= 2)
+        output = server.output()
+        assert "Traceback" not in output and "uncaught error" not in output, output
+        line = server.line("worker 1: cannot start: ")
+        assert line.endswith(f"cannot read certificate {secret}: Invalid certificate file: "
+                             f"{secret}"), line
+        os.rename(f"{secret}.moved", secret)  # back: the next start serves
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+    finally:
+        assert server.stop() == 0
 
 
 def test_sighup_to_the_state_process_reloads_every_worker_and_ends_nothing(

@@ -18,6 +18,8 @@ import pytest
 import zmq
 
 from zns.core import schema
+from zns.core.config import MAX_CPU
+from zns.drivers import cpus
 from helpers import (
     LOADED_DEADLINE, Peer, ProcessServer, register_fields, register_until, wait_for,
 )
@@ -133,6 +135,39 @@ def test_the_state_process_listens_nowhere_and_its_workers_answer(tmp_path: Path
     finally:
         assert server.stop() == 0
     assert not [pid for pid in children_or_none(server.proc.pid)]
+
+
+def open_files(pid: int) -> set[str]:
+    """What each descriptor of `pid` names (a path, socket:[inode], ...)."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue  # closed meanwhile
+    return found
+
+
+def test_a_worker_holds_no_descriptor_of_the_kv_file(tmp_path: Path, ctx: Any) -> None:
+    """The KV log is the state process's to write: a worker forked after it was opened
+    must not keep it (and so the log a compaction replaced) open for as long as it lives."""
+    server = ProcessServer(tmp_path, "--workers", "1", kv_path=tmp_path / "kv.log")
+    try:
+        peer = Peer(server.router, server.pub, ctx)
+        peer.ok("kv_put", namespace="ns", key="k", value="v")
+        peer.close()
+        kv_file = str(server.kv_path)
+        assert kv_file in open_files(server.proc.pid)  # the state process appends to it
+        first = worker_pid(server, 1)
+        os.kill(first, signal.SIGKILL)  # its replacement is forked with the log open
+        wait_for(lambda: worker_pid(server, 1) != first, timeout=LOADED_DEADLINE)
+        assert kv_file not in open_files(worker_pid(server, 1))
+        peer = Peer(server.router, server.pub, ctx)  # its entries came with the fork
+        assert peer.ok("kv_get", namespace="ns", key="k").value == "v"
+        peer.ok("kv_put", namespace="ns", key="k2", value="v2")  # the state process writes
+        peer.close()
+    finally:
+        assert server.stop() == 0
 
 
 def children_or_none(pid: int) -> list[int]:
@@ -550,6 +585,46 @@ def test_a_cpu_this_process_may_not_run_on_is_refused_in_one_line(tmp_path: Path
         [line] = done.stderr.strip().splitlines()
         assert line.startswith(f"Error: cpus: CPU {outside}: not one this process may run "
                                f"on ("), line
+
+
+def test_a_worker_whose_cpu_is_gone_since_the_start_serves_unpinned(tmp_path: Path) -> None:
+    """`zns serve` checks --cpus once, as it starts; a CPU can go offline (or leave the
+    cpuset) later. A worker started after that (in place of a dead one) cannot take its
+    slot's CPU: it serves unpinned and says so, instead of dying at every start, its slot
+    (with one worker, the whole NameServer) never serving again. Here the check passes (as
+    it did before the CPU went: patched out) and worker 2's CPU is one this host lacks."""
+    first = min(os.sched_getaffinity(0))
+    script = ("from zns.drivers import cpus; cpus.check = lambda listed: None; "
+              "from zns.cli import main; main(prog_name='zns')")
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, "serve", "--router", "tcp://127.0.0.1:*",
+             "--pub", "tcp://127.0.0.1:*", "--kv-path", str(tmp_path / "kv.log"),
+             "--workers", "2", "--cpus", f"{first},{MAX_CPU}"],
+            stdout=log, stderr=subprocess.STDOUT,
+            env={k: v for k, v in os.environ.items() if not k.startswith("ZNS_")})
+    try:
+        wait_for(lambda: log_path.read_text().count("serving requests on") == 2
+                 or proc.poll() is not None, timeout=3 * LOADED_DEADLINE)
+        output = log_path.read_text()
+        assert output.count("serving requests on") == 2, output
+        assert f"worker 2: not pinned to CPU {MAX_CPU} (--cpus)" in output, output
+        assert "uncaught error" not in output, output
+        two = int(re.findall(r"worker 2: loaded the state at seq \d+ \(pid (\d+)\)",
+                             output)[-1])
+        allowed = cpus._ranges(sorted(os.sched_getaffinity(0)))
+        assert cpus_of_threads(two) == {allowed}  # where the kernel places it
+        assert f"worker 1: pinned to CPU {first} (--cpus)" in output
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+
+
+def test_pin_leaves_a_process_as_it_was_when_the_kernel_refuses_its_cpu() -> None:
+    before = os.sched_getaffinity(0)
+    assert cpus.pin(MAX_CPU) is False  # no host here has CPU 8191 online
+    assert os.sched_getaffinity(0) == before
 
 
 def test_cpus_pin_one_process_to_the_first(tmp_path: Path) -> None:

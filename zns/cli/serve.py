@@ -34,6 +34,11 @@ def serve(config: ServerConfig) -> None:
     --config file's key <option> (kv_path = "..."): command line, then environment, then file.
     """
     configure_logging(config.log_level, config.log_format)
+    if config.cpus:  # once, here: a server or worker started later pins what it can (cpus.pin)
+        try:
+            cpus.check(parse_cpus(config.cpus))
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from exc
     if config.supervise and config.workers:
         log.info("--supervise with --workers: the state process starts a new worker when one "
                  "dies (only workers speak ZMTP); nothing restarts the state process itself "
@@ -50,8 +55,7 @@ def _serve(config: ServerConfig) -> None:
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     try:
         try:
-            if config.cpus:  # before the server starts a thread, or the state process a worker
-                cpus.check(parse_cpus(config.cpus))
+            # Before the server starts a thread, or the state process a worker (they inherit it).
             if (cpu := config.cpu_of(0)) is not None:
                 cpus.pin(cpu, "the state process" if config.workers else "the server")
             server = StateProcess(config) if config.workers else Server(config)

@@ -97,26 +97,39 @@ def _network(value: str) -> str:
 
 # The highest CPU number `--cpus` takes: Linux's own limit (NR_CPUS) is at most 8192.
 MAX_CPU = 8191
-_CPU_RANGE = re.compile(r"(\d{1,4})(?:-(\d{1,4}))?")
+# "2", "2-5" or "0-6:2" (a stride). [0-9], not \d: \d takes any script's digits.
+_CPU_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
 
 
 def parse_cpus(text: str) -> list[int]:
-    """A CPU list as `taskset -c` and cpusets write it ("0", "0,2", "2-5,7"): the CPUs in the
-    order given, each once (the order says which process goes where: `ServerConfig.cpu_of`);
-    ValueError for anything else."""
+    """A CPU list as `taskset -c` and cpusets write it ("0", "0,2", "2-5,7", and "0-6:2" for
+    every second CPU of 0-6): the CPUs in the order given, each once (the order says which
+    process goes where: `ServerConfig.cpu_of`); ValueError for anything else."""
     cpus: list[int] = []
     for part in text.split(","):
         match = _CPU_RANGE.fullmatch(part.strip())
         if match is None:
-            raise ValueError(f"{part.strip()!r} is not a CPU number or a range of them (0,2-3)")
-        first = int(match[1])
-        last = int(match[2]) if match[2] is not None else first
+            raise ValueError(f"{part.strip()!r} is not a CPU number or a range of them "
+                             f"(0,2-3, or 0-6:2 for every second)")
+        first, last = (_cpu_number(digits) for digits in (match[1], match[2] or match[1]))
         if first > last:
             raise ValueError(f"{part.strip()!r}: a range goes from low to high")
-        if last > MAX_CPU:
-            raise ValueError(f"CPU {last}: CPUs are numbered 0 to {MAX_CPU} at most")
-        cpus += [cpu for cpu in range(first, last + 1) if cpu not in cpus]
+        stride = 1
+        if match[3] is not None:  # any stride past the last CPU takes the first alone
+            stride = int(match[3]) if len(match[3].lstrip("0")) <= 5 else MAX_CPU + 1
+            if stride == 0:
+                raise ValueError(f"{part.strip()!r}: a stride is 1 or more")
+        cpus += [cpu for cpu in range(first, last + 1, stride) if cpu not in cpus]
     return cpus
+
+
+def _cpu_number(digits: str) -> int:
+    """A CPU number of the list, within 0..MAX_CPU (ValueError, saying so, past it)."""
+    # Its length first: Python refuses int() of thousands of digits, in its own words.
+    if len(digits.lstrip("0")) > len(str(MAX_CPU)) or int(digits) > MAX_CPU:
+        shown = digits if len(digits) <= 20 else f"{digits[:20]}..."
+        raise ValueError(f"CPU {shown}: CPUs are numbered 0 to {MAX_CPU} at most")
+    return int(digits)
 
 
 def _cpus(value: str) -> str:

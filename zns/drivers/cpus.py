@@ -15,7 +15,8 @@ busy; and the state process shares worker 1's core. So it is off by default, as 
 
 A process pins every thread it has, and the threads it starts later (libzmq's I/O threads,
 the metrics server) inherit it; a worker forked from the pinned state process pins itself
-again as it starts.
+again as it starts. The list is checked once, when `zns serve` starts; a process started
+later (a worker in place of a dead one) whose CPU is gone by then runs unpinned (`pin`).
 """
 
 from __future__ import annotations
@@ -38,23 +39,55 @@ def check(cpus: Iterable[int]) -> None:
     allowed = os.sched_getaffinity(0)
     refused = [cpu for cpu in cpus if cpu not in allowed]
     if refused:
-        raise InvalidSetting("cpus", f"CPU {', '.join(map(str, refused))}: not one this "
+        # As ranges: `0-8191` on a host of 2 CPUs is one short line, not 8,190 numbers.
+        raise InvalidSetting("cpus", f"CPU {_ranges(sorted(refused))}: not one this "
                                      f"process may run on ({_ranges(sorted(allowed))})")
 
 
-def pin(cpu: int, who: str = "") -> None:
-    """Run the calling process on `cpu` only (checked by `check`): every thread it has (a
-    thread's affinity is its own) and so every thread they start later."""
+# The CPUs `zns serve` could run on before it pinned anything (as systemd's CPUAffinity= or
+# taskset gave them): where a process whose CPU the kernel refuses runs instead. Set by the
+# first `pin`, in the process that forks the others, so theirs is the same.
+_unpinned: set[int] | None = None
+
+
+def pin(cpu: int, who: str = "") -> bool:
+    """Run the calling process on `cpu` only: every thread it has (a thread's affinity is
+    its own) and so every thread they start later. False, logged, when the kernel refuses
+    `cpu` now: `zns serve` checked the list at start (`check`), but a CPU can go offline,
+    or the cpuset shrink, while it runs. A worker started in place of a dead one (or a
+    supervised server started again) then runs on the CPUs `zns serve` started with:
+    refused, it would fail every start, and its slot (with one worker, the whole
+    NameServer) would serve nothing again; left as forked, it would share the state
+    process's CPU."""
+    global _unpinned
+    if _unpinned is None:
+        _unpinned = os.sched_getaffinity(0)
+    named = f"{who} " if who else ""
     try:
         tasks = [int(task) for task in os.listdir("/proc/self/task")]
     except OSError:  # no /proc: this thread, and those it starts
         tasks = [0]
+    try:
+        _set(tasks, {cpu})
+    except OSError as exc:  # EINVAL: `cpu` is offline or outside this process's cpuset
+        try:  # the kernel keeps the part of it that is online and allowed
+            _set(tasks, _unpinned)
+        except OSError:
+            pass  # none of it is any more: where the kernel moved it
+        log.warning("%snot pinned to CPU %d (--cpus), not one this process may run on now "
+                    "(%s): it runs on CPUs %s", named, cpu, exc.strerror,
+                    _ranges(sorted(os.sched_getaffinity(0))))
+        return False
+    log.info("%spinned to CPU %d (--cpus)", named, cpu)
+    return True
+
+
+def _set(tasks: list[int], allowed: set[int]) -> None:
     for task in tasks:
         try:
-            os.sched_setaffinity(task, {cpu})
+            os.sched_setaffinity(task, allowed)
         except ProcessLookupError:
             pass  # a thread that ended meanwhile
-    log.info("%spinned to CPU %d (--cpus)", f"{who} " if who else "", cpu)
 
 
 def _ranges(cpus: list[int]) -> str:

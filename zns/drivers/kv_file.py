@@ -248,6 +248,14 @@ class KvStore:
         self._after_write()
         return True
 
+    def disown(self) -> None:
+        """In a process forked from the one that writes the file (a worker): close this
+        copy's descriptors, which would keep the log (and, after a compaction, the log it
+        replaced) open for as long as that process lives, and refuse any write through
+        this copy, which would be a second writer. Reads go on from memory."""
+        self.close()
+        self._broken = "a forked copy of the KV store: only the process that forked it writes"
+
     def close(self) -> None:
         for fd in (self._fd, self._old_fd):
             if fd is not None:

@@ -565,6 +565,9 @@ class ReplicaLink:
                         self.channel.send(encode(message))  # written by the caller
 
 
+_STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
 def fork_worker(link: PrimaryLink, main: Callable[[socket.socket, WrittenSeq], int], now: int,
                 *, forked: bool = False) -> tuple[int, int]:
     """Fork a worker that runs `main(its end of a new socketpair, the counter of what is
@@ -588,7 +591,11 @@ def fork_worker(link: PrimaryLink, main: Callable[[socket.socket, WrittenSeq], i
     # own (zns.drivers.sockets.handle_signals unblocks it): a SIGHUP that comes meanwhile (a
     # key reload while a worker starts) waits for that handler instead of running the
     # state process's copied one, or being lost while the worker reads the old keys.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    # SIGTERM and SIGINT wait too, until the child has reset them: one that came before
+    # would run the state process's handler copied into the child, and be lost there (the
+    # state process stopping as it forks signals the new worker at once: it would serve
+    # until the grace's SIGKILL). The parent takes its own as soon as the fork returns.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP, *_STOPS})
     try:
         pid = os.fork()
     except BaseException:  # no child: this process's reloads, sockets and counter as before
@@ -602,8 +609,9 @@ def fork_worker(link: PrimaryLink, main: Callable[[socket.socket, WrittenSeq], i
     if pid == 0:
         code = 1
         try:
-            for sig in (signal.SIGINT, signal.SIGTERM):  # not the state process's handlers
+            for sig in _STOPS:  # not the state process's handlers
                 signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # one sent since: ends it now
             ours.close()
             for channel in link.channels.values():
                 channel.sock.close()

@@ -280,6 +280,7 @@ class StateProcess:
             # handler: a key reload while it starts reaches it then.
             for sock in self._reserved:
                 sock.close()
+            self.kv.disown()  # the KV file is this process's to write (its entries: copied)
             # The machine as forked, at the seq the state transfer will name (nothing is
             # applied between the fork and the worker's join): the worker serves it.
             return worker_main(self.config, slot + 1, channel, written,

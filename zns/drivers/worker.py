@@ -57,7 +57,7 @@ import zmq
 
 from zns import __version__
 from zns.core.config import ServerConfig
-from zns.core.errors import Busy, ConnectionLost, Internal, from_reply
+from zns.core.errors import Busy, ConfigError, ConnectionLost, Internal, from_reply
 from zns.core.figures import REPORT_INTERVAL_MS, Overview, decode_overview
 from zns.core.figures import encode as encode_figures
 from zns.core.forwarding import ForwardedWrites, WriteInFlight
@@ -409,6 +409,12 @@ def worker_main(config: ServerConfig, worker: int, channel: socket.socket,
             cpus.pin(cpu)  # its lines name the worker
         return _serve(config, worker, channel, written, started_at_ms, forked,
                       worker if connections is None else connections)
+    except ConfigError as exc:
+        # A setting that held at start and fails now (a CURVE key file moved or damaged
+        # since): one line, as one process refuses it, not a traceback at every start the
+        # state process tries again (up to one every 5 s for as long as it stays so).
+        log.critical("cannot start: %s", exc)
+        return 1
     except Exception:
         log.critical("stopped by an uncaught error", exc_info=True)
         return 1
