@@ -165,3 +165,48 @@ def test_a_stop_signal_that_reaches_a_worker_as_it_is_forked_stops_it(monkeypatc
     finally:
         signal.signal(signal.SIGTERM, previous)
         link.close()
+
+
+def test_an_hbs_revision_is_the_last_the_fence_passed_and_what_it_keeps_is_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import msgspec
+
+    from zns.core.schema import decode_event, decode_request
+    from zns.core.state import Write
+    from zns.drivers import worker as worker_module
+
+    service = primary(tmp_path)
+    replica = ReplicaService(1, forked=Forked(7, service.state), started_at_ms=0)
+    replica.load(7, b"")
+    start = replica.table.revision
+    fence = SimpleNamespace(fence=0)
+    replica.link = SimpleNamespace(replica=fence)  # type: ignore[assignment]
+
+    def hb() -> int:
+        return int(decode_event(replica.heartbeat_event(0)[1]).revision)
+
+    def register(seq: int) -> None:
+        request = decode_request(msgspec.msgpack.encode(
+            {"op": "register_broker", "id": seq, **register_fields(
+                broker_name=f"b{seq}", addr=f"10.3.0.{seq % 250}:{seq}", topics={"T": {}})}))
+        replica.apply_command(seq, msgspec.msgpack.encode(
+            Write(request=request, now=1000, connection=None)), produce=False)
+
+    assert hb() == 0  # the state at seq 7: not passed by the fence yet
+    fence.fence = 7
+    assert hb() == start
+    for seq in (8, 9, 10):
+        register(seq)
+    assert replica.table.revision == start + 3 and hb() == start  # none passed yet
+    fence.fence = 9
+    assert hb() == start + 2
+    fence.fence = 10
+    assert hb() == start + 3
+    # A fence that stays behind (another worker reading nothing): at most this many kept,
+    # the oldest taken as passed past it.
+    monkeypatch.setattr(worker_module, "MAX_UNFENCED_REVISIONS", 4)
+    for seq in range(11, 21):
+        register(seq)
+    assert len(replica._unfenced) == 4 and hb() == start + 3 + 10 - 4

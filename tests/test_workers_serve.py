@@ -301,6 +301,48 @@ def test_a_pull_after_an_event_never_answers_an_older_revision_on_any_worker(
         assert server.stop() == 0
 
 
+def test_an_hb_carries_no_revision_another_worker_cannot_answer_yet(
+        tmp_path: Path, ctx: Any) -> None:
+    # An `hb` is an event: a pull after it answers no older revision (§7). Worker 2 stopped
+    # with a registration larger than its channel's buffer unwritten to it: worker 1 applied
+    # it, but a pull at worker 2 would answer the revision before it until the rest is
+    # written. Before, worker 1's `hb` carried its own table's revision, the newer one.
+    server = ProcessServer(tmp_path, "--workers", "2", "--heartbeat-interval", "0.1")
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        writer = peer_on_worker(server, 1, ctx)
+        writer.ok("register_broker", **register_fields(topics={"Small": {}}))
+        before = writer.ok("get_route", topic="Small").revision
+        sub = sub_on_worker(server, 1, ctx)
+        assert sub.sub is not None
+        os.kill(worker_pid(server, 2), signal.SIGSTOP)
+        try:
+            big = {f"BigTopic{i:05d}": {} for i in range(20_000)}  # about 1 MB: not written whole
+            writer.ok("register_broker", **register_fields(broker_name="big", addr="10.9.0.1:1",
+                                                           topics=big))
+            after = writer.ok("get_route", topic="BigTopic00000").revision
+            assert after > before
+            while sub.sub.poll(0):
+                sub.sub.recv_multipart()  # the hbs sent before the write
+            seen = set()
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                if sub.sub.poll(100):
+                    seen.add(schema.decode_event(sub.sub.recv_multipart()[1]).revision)
+            assert seen == {before}, (seen, before, after)
+        finally:
+            os.kill(worker_pid(server, 2), signal.SIGCONT)
+        # Once worker 2 took it all in, the fence passes it, and so does the hb.
+        def hb_revision() -> int:
+            assert sub.sub is not None
+            sub.sub.poll(1000)
+            return int(schema.decode_event(sub.sub.recv_multipart()[1]).revision)
+
+        wait_for(lambda: hb_revision() == after, timeout=30)
+    finally:
+        assert server.stop() == 0
+
+
 # --- the state process's life ----------------------------------------------------------------
 
 

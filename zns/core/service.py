@@ -471,9 +471,14 @@ class NameService:
         return self.apply(Expire(now=now))[1]
 
     def heartbeat_event(self, time_ms: int) -> Frames:
-        event = HbEvent(epoch=self.epoch, revision=self.table.revision, time_ms=time_ms)
+        event = HbEvent(epoch=self.epoch, revision=self.committed_revision(), time_ms=time_ms)
         self.published["hb"] += 1
         return event_channel(event), encode(event)
+
+    def committed_revision(self) -> int:
+        """The revision an `hb` carries: one every read answers at or after, whatever
+        worker it reaches (§7). One process: its table's."""
+        return self.table.revision
 
     # --- reads -----------------------------------------------------------
 

@@ -32,7 +32,7 @@ SO_REUSEPORT beside the other workers. Its replica is fed the state process's co
   `CloseConnections` command;
 - **expiry and stalls** are the state process's: the replica applies the
   expiry steps it is sent and runs none itself. Each worker publishes its own
-  `hb`, with the revision its replica is at;
+  `hb`, with the last revision the commit fence passed (`committed_revision`);
 - **peer hints** (§10): every worker runs its own peer links (they connect
   out, which the state process never does) and forwards each hint as a
   `Suspect`; the state process replicates only one that shortened a deadline,
@@ -50,6 +50,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -80,6 +81,9 @@ log = logging.getLogger("zns")
 # A forwarded write not answered within this long is answered `busy` (the state process
 # drops a worker that acknowledges nothing for 10 s; this is the same bound the other way).
 WRITE_TIMEOUT_MS = 30_000
+# Revisions past the commit fence kept for the `hb` (ReplicaService.committed_revision):
+# about 2 MiB at most; the events held for the fence are bounded too (64 MiB).
+MAX_UNFENCED_REVISIONS = 16_384
 # A worker's remoting connection ids carry its range in the bits above these: the state
 # process ties each broker to the connection that registered it, whatever worker holds it.
 # Each worker started gets a range of its own, a replacement too: the ties to a dead
@@ -125,6 +129,12 @@ class ReplicaService(NameService):
         self.gone: Callable[[], None] = lambda: None  # the state process is gone: stop
         self.behind: Callable[[], None] = lambda: None  # ReplicaSource.catch_up, once serving
         self.forwarded = ForwardedWrites(timeout_ms=WRITE_TIMEOUT_MS)
+        # The revisions this replica reached that the commit fence has not passed yet, as
+        # (seq, revision) in seq order, and the last one it passed: an `hb` carries that one,
+        # not the table's own, which a pull at another worker may not answer at yet (§7: a
+        # pull after any event, an `hb` too, answers no older revision).
+        self._unfenced: deque[tuple[int, int]] = deque()
+        self._fenced_revision = 0
 
     # --- the replica's side (ReplicaLink's callbacks) ---------------------
 
@@ -133,6 +143,7 @@ class ReplicaService(NameService):
         body, ...] (else the state process shipped them: their frames are not made here,
         though their routes' lists are still encoded, by `NameService._publish`)."""
         _, frames = NameService.apply(self, decode_command(command))
+        self._reached(seq)
         return [part for frame in frames for part in frame] if produce else []
 
     def load(self, seq: int, dump: bytes) -> None:
@@ -149,6 +160,28 @@ class ReplicaService(NameService):
                            f"of the state at that seq")
         else:
             self.load_state(dump, KvStore(None))
+        self._unfenced.clear()  # a state replaces every revision the commands before it made
+        self._reached(seq)
+
+    def _reached(self, seq: int) -> None:
+        revision = self.table.revision
+        last = self._unfenced[-1][1] if self._unfenced else self._fenced_revision
+        if revision != last:
+            self._unfenced.append((seq, revision))
+            if len(self._unfenced) > MAX_UNFENCED_REVISIONS:
+                # The fence far behind (another worker not reading): the oldest is taken as
+                # passed, as the oldest held events are dropped past their bound.
+                self._fenced_revision = self._unfenced.popleft()[1]
+
+    def committed_revision(self) -> int:
+        link = self.link
+        fence = link.replica.fence if link is not None else None
+        if fence is None:
+            return self.table.revision
+        unfenced = self._unfenced
+        while unfenced and unfenced[0][0] <= fence:
+            self._fenced_revision = unfenced.popleft()[1]
+        return self._fenced_revision
 
     def answered(self, token: int, reply: bytes) -> None:
         self.forwarded.answered(token, reply)
