@@ -62,6 +62,7 @@ from zns.drivers.descriptors import tcp_address
 from zns.drivers.heap import HeapTrim, glibc_malloc_trim
 from zns.drivers.kv_file import KvStore
 from zns.drivers.metrics import require_library as metrics_library
+from zns.drivers.logs import install_repeat_filter
 from zns.drivers.loop import Loop, PollSet, Ready, Source
 from zns.drivers.metrics import process_usage
 from zns.drivers.replication_link import PrimaryLink, WrittenSeq, fork_worker
@@ -168,6 +169,10 @@ class StateProcess:
     def __init__(self, config: ServerConfig) -> None:
         if config.metrics:
             metrics_library()  # refused here, in one line, not by every worker as it starts
+        # A peer makes this process log too (each broker change, a hint that shortened a
+        # deadline): its lines are held to the repeat filter as a single process's are
+        # (`Server` installs it there; this process makes none). The workers fork with it.
+        install_repeat_filter(log)
         self._reserved: list[socket.socket] = []
         try:
             router = self._reserve(config.router)
