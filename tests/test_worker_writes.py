@@ -130,6 +130,49 @@ def test_writes_of_many_connections_are_at_the_state_process_together(
     assert len(writers[0].ok("kv_list", namespace="ns").entries) == DEFAULT_MAX_IN_FLIGHT
 
 
+def test_writes_waiting_for_a_stalled_state_process_are_bounded_by_their_bytes_as_forwarded(
+        one_worker: ProcessServer, ctx: zmq.Context) -> None:
+    # A write is forwarded encoded with every field: a registration whose 20,000 topics
+    # came as `{}` (116 KB) is 1.1 MB on the channel. Under the in-flight count (256), 80
+    # such writes at a stopped state process made the worker hold 88 MB unsent (256 of them
+    # would be 285 MB, their requests counting 30 MB of the held 64 MiB; 256 of 127-character
+    # names 920 MB, past the 512 MiB at which the channel ends and the worker stops). Now
+    # the bytes waiting for the state process to read them are bounded (64 MiB): the writes
+    # past it are answered `busy` at once, the others once the state process runs again.
+    from zns.core.forwarding import DEFAULT_MAX_QUEUED_BYTES
+
+    topics = {f"{n:x}": {} for n in range(20_000)}
+    body = schema.encode({"op": "register_broker", "id": 1, **register_fields(topics=topics)})
+    writers = [Peer(one_worker.router, ctx=ctx) for _ in range(80)]
+    for peer in writers:
+        peer.ok("status")  # connected: each request below reaches the worker
+    with stopped(one_worker):
+        for peer in writers:
+            peer.send_raw(body)
+        poller = zmq.Poller()
+        for peer in writers:
+            poller.register(peer.dealer, zmq.POLLIN)
+        # Those past the bound are refused as the worker reads them; the others wait.
+        refused: list[Peer] = []
+        while events := dict(poller.poll(int(QUIET_S * 1000) * 3)):
+            for peer in [p for p in writers if p.dealer in events]:
+                answer = reply(peer)
+                assert isinstance(answer, schema.Error) and answer.code == "busy", answer
+                assert "bytes of writes wait for the state process" in answer.message
+                refused.append(peer)
+                poller.unregister(peer.dealer)
+        # ~1.1 MB each: 64 MiB takes about 61 of them (and the kernel's buffer one more).
+        forwarded = len(writers) - len(refused)
+        assert forwarded * 1_100_000 <= DEFAULT_MAX_QUEUED_BYTES + 2_000_000, forwarded
+        assert refused, "no write was refused: their bytes at the state process are unbounded"
+        assert worker_counter(one_worker, "zns_worker_writes_refused_total") == len(refused)
+    for peer in writers:
+        if peer not in refused:
+            answer = reply(peer)
+            assert not isinstance(answer, schema.Error), answer
+    assert writers[0].ok("status").topics == len(topics)
+
+
 def test_past_the_held_bound_the_worker_stops_reading_requests_until_its_writes_are_answered(
         one_worker: ProcessServer, ctx: zmq.Context) -> None:
     writer, other = Peer(one_worker.router, ctx=ctx), Peer(one_worker.router, ctx=ctx)
@@ -197,6 +240,8 @@ def test_remoting_a_write_at_the_state_process_delays_no_other_connection(
 
 class FakeLink:
     """What ReplicaService asks of its ReplicaLink: forward a command, get a token."""
+
+    pending = 0  # the state process reads every byte at once
 
     def __init__(self) -> None:
         self.forwarded: list[bytes] = []
@@ -594,6 +639,8 @@ def test_a_parked_write_keeps_what_its_reply_needs_not_its_decoded_request(
 
 class _TokensOnly:
     """A ReplicaLink that forwards nothing anywhere: a token per write, nothing kept."""
+
+    pending = 0
 
     def __init__(self) -> None:
         self.sent = 0

@@ -514,6 +514,12 @@ class ReplicaLink:
                            f"{CATCH_UP_TIMEOUT_MS} ms; retry")
             self.wait(min(WAIT_SLICE_MS, max(1, round(left * 1000))))
 
+    @property
+    def pending(self) -> int:
+        """Bytes sent to the state process that its socket has not taken yet (it reads
+        nothing, or slower than they come)."""
+        return self.channel.pending
+
     def forward(self, request: bytes) -> int:
         """Send a write to the state process; `reply` gets its answer with this token."""
         token = self.replica.forward(request)
