@@ -310,6 +310,34 @@ def test_a_write_whose_answer_does_not_come_in_time_is_answered_busy_and_its_lat
     assert not service.forwarded.ready and requests.next_deadline(now) is None
 
 
+def test_past_the_held_bytes_the_worker_stops_reading_having_held_at_most_one_request_more(
+        worker_router: tuple[Any, Any, zmq.Socket], ctx: zmq.Context) -> None:
+    # The held bytes' bound (MAX_HELD_BYTES) is checked once a request is held: the one that
+    # reaches it is held whole, so what is held is the bound plus at most one request of
+    # max_message_bytes (docs/operations.md: 64 MiB + 16 MiB). Nothing more is read until a
+    # write is answered, from any connection.
+    service, requests, peer = worker_router
+    requests.max_held_bytes = bound = 2 << 20
+    largest = requests.max_message_bytes  # the fixture's 1 MiB
+    peer.send(schema.encode({"op": "kv_put", "id": 1, "namespace": "ns", "key": "k",
+                             "value": "v"}))
+    wait_for(lambda: (requests.run({}, 1000, 10**9), service.forwarded.in_flight == 1)[1])
+    for _ in range(6):  # each as large as a request may be, held behind the write
+        peer.send(b"x" * largest)
+    other = ctx.socket(zmq.DEALER)
+    try:
+        other.connect("inproc://worker-router")
+        wait_for(lambda: (requests.run({}, 1000, 10**9), requests.held_bytes >= bound)[1])
+        other.send(schema.encode({"op": "status", "id": 2}))
+        for _ in range(20):
+            requests.run({}, 1000, 10**9)  # paused: reads nothing more
+        assert bound <= requests.held_bytes <= bound + largest + 64, requests.held_bytes
+        assert requests.held_requests == 3 and service.forwarded.request_pauses == 1
+        assert not other.poll(0)
+    finally:
+        other.close(0)
+
+
 def test_a_write_answered_is_replied_from_its_answer_then_the_requests_behind_it(
         worker_router: tuple[Any, Any, zmq.Socket]) -> None:
     import msgspec
