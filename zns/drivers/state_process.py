@@ -207,7 +207,8 @@ class StateProcess:
                                 dump_in_steps=lambda: self.service.state.dump_in_steps(),
                                 execute=lambda worker, request: execute(
                                     self.service, request, self._now()),
-                                dropped=self._dropped, reported=self._reported)
+                                dropped=self._dropped, reported=self._reported,
+                                clock=self._now)
         self.service.link = self.link
         self.pool = WorkerPool(config.workers, now=now)
         self.slots: dict[int, int] = {}  # pid -> slot
@@ -461,10 +462,11 @@ class _Links:
 
     def next_deadline(self, now: int) -> int | None:
         self._watch()
-        return now if self._link.dumping else self._link.next_deadline()
+        link = self._link
+        return now if link.dumping or link.behind else link.next_deadline()
 
     def run(self, ready: Ready, now: int, until: int) -> None:
-        self._link.run(now)
+        self._link.run(now, until)  # the writes it read past the slice: its next turn
         self._watch()
 
     def _watch(self) -> None:
