@@ -3,7 +3,8 @@
 It owns what a single process owns, except the sockets: the state machine (in
 a `NameService`), the KV file, the expiry and stall timers, the warm-state
 writer. Every command its state machine applies (a forwarded write, an expiry
-step, a stall shift, a peer's hint that shortened a deadline) is numbered and
+step, a stall shift, a peer's hint that shortened a deadline, remoting
+connections closed with a broker tied to one of them) is numbered and
 sent to every worker
 (`zns.core.replication.Primary` behind `PrimaryLink`), with the events it made
 when they are few enough to ship (else each worker's replica makes its own); a
@@ -92,11 +93,16 @@ class PrimaryService(NameService):
     max_encoded_events = MAX_SHIPPED_EVENTS
 
     def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
+        # Closed remoting connections that registered nothing change nothing: not replicated
+        # (a client fleet connecting for routes and leaving made one command per worker turn
+        # with a close, applied again by every worker).
+        unchanged = type(command) is CloseConnections \
+            and not self.state.ties_any(command.connections)
         result = super().apply(command)  # a refused command raises: nothing to replicate
         if self.heap is not None:
             self.heap.events_made(len(result[0].events))
         link = self.link
-        if type(command) is Suspect and not result[0].shortened:
+        if unchanged or (type(command) is Suspect and not result[0].shortened):
             return result
         if link is not None:
             now = _now()
