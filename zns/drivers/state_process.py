@@ -69,7 +69,7 @@ from zns.drivers.metrics import process_usage
 from zns.drivers.replication_link import PrimaryLink, WrittenSeq, fork_worker
 from zns.drivers.server import new_epoch
 from zns.drivers.sockets import Waker, handle_signals
-from zns.drivers.worker import Forked, WriteAnswer, worker_main
+from zns.drivers.worker import MAX_CONNECTION_SPACE, Forked, WriteAnswer, worker_main
 
 log = logging.getLogger("zns")
 
@@ -219,6 +219,7 @@ class StateProcess:
         self.pool = WorkerPool(config.workers, now=now)
         self.slots: dict[int, int] = {}  # pid -> slot
         self.pids: dict[int, int] = {}  # channel (PrimaryLink's worker id) -> pid
+        self._connection_space = 0  # the last given to a worker (zns.drivers.worker)
         self.timers = ServerTimers(self.service, now=now, heartbeat_interval_ms=round(
             config.heartbeat_interval_s * 1000))
         self.service.heap = HeapTrim(glibc_malloc_trim(), now)
@@ -280,6 +281,13 @@ class StateProcess:
     # --- workers --------------------------------------------------------
 
     def start_worker(self, slot: int, now: int) -> None:
+        # Each worker started numbers its remoting connections in a space of its own: a
+        # replacement that took its predecessor's (its slot's) closed, with its first
+        # connections, the ids the brokers of the dead one were still tied to, and the
+        # state process removed those live brokers as `disconnected`.
+        self._connection_space = self._connection_space % MAX_CONNECTION_SPACE + 1
+        space = self._connection_space
+
         def main(channel: socket.socket, written: WrittenSeq) -> int:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             # SIGHUP stays blocked (fork_worker) until the worker's Server installs its
@@ -290,7 +298,8 @@ class StateProcess:
             # applied between the fork and the worker's join): the worker serves it.
             return worker_main(self.config, slot + 1, channel, written,
                                started_at_ms=self.service.started_at_ms,
-                               forked=Forked(self.link.primary.seq, self.service.state))
+                               forked=Forked(self.link.primary.seq, self.service.state),
+                               connection_space=space)
 
         try:
             pid, worker = fork_worker(self.link, main, now, forked=True)

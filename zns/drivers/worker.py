@@ -27,7 +27,10 @@ SO_REUSEPORT beside the other workers. Its replica is fed the state process's co
   usually as the command arrives, before the replica applies it in the same
   turn;
 - the **remoting listener** (when configured) shares its port too; its
-  connection ids start at `worker << CONNECTION_ID_BITS`, and the connections
+  connection ids start at `space << CONNECTION_ID_BITS`, `space` a number the
+  state process gives each worker it starts (a replacement takes a new one: the
+  brokers tied to its dead predecessor's connections stay tied to them until
+  they register again, so its ids must not come back), and the connections
   that close are forwarded as one `CloseConnections` command;
 - **expiry and stalls** are the state process's: the replica applies the
   expiry steps it is sent and runs none itself. Each worker publishes its own
@@ -79,9 +82,16 @@ log = logging.getLogger("zns")
 # A forwarded write not answered within this long is answered `busy` (the state process
 # drops a worker that acknowledges nothing for 10 s; this is the same bound the other way).
 WRITE_TIMEOUT_MS = 30_000
-# A worker's remoting connection ids are its index in the bits above these: the state
-# process ties each broker to the connection that registered it, whatever worker holds it.
+# A worker's remoting connection ids are its connection space (one per worker started) in
+# the bits above these: the state process ties each broker to the connection that
+# registered it, whatever worker holds it, and a dead worker's ties outlive it.
 CONNECTION_ID_BITS = 40
+# Spaces are numbered 1..MAX_CONNECTION_SPACE, then again from 1 (ids stay under 2**63):
+# 8.4 million worker starts, over 18 hours at the fastest the pool starts 64 workers (two
+# starts a second each: it delays a second quick death in a row, zns.core.workers), while
+# a tie to a dead worker's connection lasts until its broker registers again or expires
+# (a heartbeat timeout is at most an hour).
+MAX_CONNECTION_SPACE = (1 << (63 - CONNECTION_ID_BITS)) - 1
 
 
 class WriteAnswer(msgspec.Struct, frozen=True):
@@ -378,27 +388,30 @@ class Forked:
 
 def worker_main(config: ServerConfig, worker: int, channel: socket.socket,
                 written: WrittenSeq | None = None, *, started_at_ms: int,
-                forked: Forked | None = None) -> int:
+                forked: Forked | None = None, connection_space: int | None = None) -> int:
     """A forked worker's life: load the first state, bind, serve until the state process
     goes or a signal stops it. Returns the exit code. `started_at_ms`: when the state
     process started (time.monotonic, one clock for every process of the host): `status`
     answers the NameServer's uptime, whichever worker answers and however young it is.
     An uncaught error is logged (so its every line names the worker) and ends it.
     `forked`: the state machine the fork copied, served instead of the first state
-    transfer's dump when that is at the same seq."""
+    transfer's dump when that is at the same seq. `connection_space`: where its remoting
+    connection ids are (`CONNECTION_ID_BITS`; default: `worker`), none other's."""
     name_worker_lines(worker)
     try:
         cpu = config.cpu_of(worker)
         if cpu is not None:  # before this worker starts a thread (checked by `zns serve`)
             cpus.pin(cpu)  # its lines name the worker
-        return _serve(config, worker, channel, written, started_at_ms, forked)
+        return _serve(config, worker, channel, written, started_at_ms, forked,
+                      worker if connection_space is None else connection_space)
     except Exception:
         log.critical("stopped by an uncaught error", exc_info=True)
         return 1
 
 
 def _serve(config: ServerConfig, worker: int, channel: socket.socket,
-           written: WrittenSeq | None, started_at_ms: int, forked: Forked | None) -> int:
+           written: WrittenSeq | None, started_at_ms: int, forked: Forked | None,
+           connection_space: int) -> int:
     service = ReplicaService(worker, forked=forked, started_at_ms=started_at_ms,
                              address_of=peer_address,
                              version=__version__, limits=config.limits)
@@ -441,7 +454,7 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket,
     reporter = _Reporter(link, lambda: service.gone())
     replicating = ReplicaSource(link, service.forwarded, lambda: service.gone())
     server = WorkerServer(config, worker, context=zmq.Context(), service=service,
-                          reuse_port=True, first_connection_id=(worker << CONNECTION_ID_BITS) + 1,
+                          reuse_port=True, first_connection_id=(connection_space << CONNECTION_ID_BITS) + 1,
                           extra_sources=[replicating, reporter])
     server.overview = service.overview
     server.replica = link.replica
