@@ -362,6 +362,49 @@ def test_a_write_answered_is_replied_from_its_answer_then_the_requests_behind_it
     assert not service.forwarded.ready
 
 
+def test_the_requests_an_answer_releases_are_served_in_the_loops_slices(
+        worker_router: tuple[Any, Any, zmq.Socket]) -> None:
+    # The requests held behind a write (up to 512) are answered once its answer is here.
+    # They were all answered in one turn, with no look at the clock: 450 `get_routes` of
+    # 20,000 topics (140 KB each: within the held bounds) held the worker's loop 9.1 s, its
+    # `hb` and every other connection waiting. Now they are served as requests read from
+    # the socket are: the clock read every CLOCK_EVERY requests, the rest left for the
+    # loop's next turn once the slice has ended (0.45 s).
+    import msgspec
+
+    from zns.core.state import Outcome
+    from zns.drivers.request_router import CLOCK_EVERY
+    from zns.drivers.worker import WriteAnswer
+
+    service, requests, peer = worker_router
+    peer.send(schema.encode({"op": "kv_put", "id": 0, "namespace": "ns", "key": "k",
+                             "value": "v"}))
+    for n in range(1, 101):
+        peer.send(schema.encode({"op": "status", "id": n}))
+    wait_for(lambda: (requests.run({}, 1000, 10**9), requests.held_requests == 101)[1])
+    service.answered(1, msgspec.msgpack.encode(WriteAnswer(
+        outcome=Outcome(), reply=schema.encode(schema.KvPutReply(id=0)))))
+    answered: list[int] = []
+
+    def take() -> int:
+        count = 0
+        while peer.poll(0):
+            answered.append(schema.decode_reply(peer.recv()).id)
+            count += 1
+        return count
+
+    requests.run({}, 1000, 1000)  # a slice over at once
+    assert 1 <= take() <= CLOCK_EVERY + 1
+    for _ in range(200):
+        if len(answered) == 101:
+            break
+        assert requests.next_deadline(1000) == 1000  # the rest is due at once
+        requests.run({}, 1000, 1000)
+        take()
+    assert answered == list(range(101))  # in order
+    assert requests.held_requests == 0 and requests.next_deadline(1000) is None
+
+
 def test_a_forwarded_write_takes_in_what_the_state_process_wrote_before_it_is_parked(
         worker_router: tuple[Any, Any, zmq.Socket]) -> None:
     # Under --cpus the state process runs on the worker's core while the worker sends the
