@@ -210,8 +210,18 @@ class ReplicaService(NameService):
         process. One about an address this replica does not hold is not sent, so a peer
         flooding hints about unknown brokers costs no message to the state process (a broker
         registered within the last replication round trip is held there and not here yet:
-        a hint about it is missed, as a hint that came before its registration would be)."""
+        a hint about it is missed, as a hint that came before its registration would be).
+        Nor is one sent while `max_queued_bytes` wait for the state process to read them."""
         if self.table.liveness(command.cluster, command.addr) is None:
+            return Outcome()
+        link = self.link
+        assert link is not None  # set before anything is served
+        if link.pending >= self.forwarded.max_queued_bytes:
+            # The state process reads nothing (stalled): a peer's hints would pile up here
+            # past the bound the writes keep to. One lost is an early warning missed (the
+            # broker still expires by its own silence), as when libzmq drops it.
+            log.debug("a peer hint about %s/%s dropped: the state process reads nothing",
+                      command.cluster, command.addr)
             return Outcome()
         try:
             self._send(command)
