@@ -337,6 +337,8 @@ class PrimaryLink:
             self.primary.on_message(worker, message, now)
             if type(message) is Forward:
                 self._carry_out(now)  # executed now: the slice is measured after it
+                if worker not in self.channels:
+                    return True  # lost meanwhile (its channel refused what it was sent)
                 if until is not None and inbox and self._clock() >= until:
                     return False
         self._carry_out(now)
