@@ -22,7 +22,7 @@ This object holds what that needs, and decides the two bounds:
   them (what its channel holds unsent); a write that would pass it is refused
   `busy` too, unless nothing waits. The count alone does not bound those bytes:
   a write is encoded for the state process with every field (a registration's
-  topics sent as `{}` grow tenfold: 1.1 MB for 116 KB of request), and a write
+  topics sent as `{}` grow almost tenfold: 1.1 MB for 116 KB of request), and a write
   that timed out no longer counts, though it still waits if the state process is
   stalled;
 - a write not answered within `timeout_ms` is answered `busy` (`on_timer`
