@@ -17,7 +17,7 @@ import pytest
 from zns.core.errors import Busy, ConnectionLost
 from zns.core.replication import Apply, Primary, Replica, encode
 from zns.drivers.replication_link import (
-    HEADER, Channel, PrimaryLink, ReplicaLink, WrittenSeq, fork_worker,
+    HEADER, MAX_FRAME_BYTES, Channel, PrimaryLink, ReplicaLink, WrittenSeq, fork_worker,
 )
 
 from helpers import LOADED_DEADLINE, wait_for
@@ -525,6 +525,35 @@ def test_the_state_process_executes_the_writes_it_read_within_the_slice_each_wor
     assert links.next_deadline(now) != now
     link.close()
     for name in "ab":
+        socks[name][1].close()
+
+
+def test_a_worker_that_sends_garbage_or_an_oversized_frame_is_dropped_and_costs_no_more(
+) -> None:
+    # What the module's docstring promises of a worker that misbehaves on its channel: an
+    # unreadable message, or a frame announced past max_frame_bytes (read no further),
+    # ends that worker's channel and takes it out of the fence; the other goes on.
+    import select
+
+    socks = {name: socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for name in "abc"}
+    dropped: list[tuple[int, str]] = []
+    link = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=lambda w, r: (None, b""),
+                       dropped=lambda worker, reason: dropped.append((worker, reason)))
+    workers = {name: link.add(socks[name][0], 0) for name in "abc"}
+    link.flush(0)
+    for name in "abc":
+        assert Channel(socks[name][1]).receive()  # the first states
+    socks["a"][1].sendall(HEADER.pack(8) + b"\x00garbage")
+    socks["b"][1].sendall(HEADER.pack(MAX_FRAME_BYTES + 1) + b"x" * 1024)
+    ours = [socks[name][0] for name in "ab"]
+    wait_for(lambda: select.select(ours, [], [], 0)[0] == ours)
+    link.run(0)
+    assert sorted(worker for worker, _ in dropped) == [workers["a"], workers["b"]]
+    reasons = dict(dropped)
+    assert "unreadable" in reasons[workers["a"]] and "frame of" in reasons[workers["b"]]
+    assert sorted(link.channels) == [workers["c"]] == link.primary.workers
+    link.close()
+    for name in "abc":
         socks[name][1].close()
 
 
