@@ -37,6 +37,26 @@ def test_past_max_in_flight_a_write_is_refused_busy_and_admitted_again_once_one_
     writes.admit()  # room again
 
 
+def test_a_write_whose_bytes_would_pass_what_may_wait_for_the_state_process_is_refused_busy(
+) -> None:
+    # What the worker holds for a stalled state process is bytes, not writes: the count
+    # alone let 256 registrations of 1.1 MB each wait (tests/test_worker_writes.py).
+    writes = ForwardedWrites(max_in_flight=100, timeout_ms=1000, max_queued_bytes=1000)
+    writes.admit(5000, queued=0)  # alone: admitted whatever its size
+    writes.admit(600, queued=400)  # exactly to the bound
+    with pytest.raises(Busy, match="400 bytes of writes wait for the state process"):
+        writes.admit(601, queued=400)
+    assert writes.refused == 1
+    # A write that timed out no longer counts against max_in_flight, but its bytes still
+    # wait while the state process reads nothing: they still refuse the next one.
+    writes.sent(1, now=0)
+    writes.on_timer(1000)
+    assert writes.in_flight == 0
+    with pytest.raises(Busy):
+        writes.admit(1, queued=1000)
+    assert writes.refused == 2
+
+
 def test_a_write_not_answered_in_time_gets_none_and_its_late_answer_is_dropped() -> None:
     writes = ForwardedWrites(max_in_flight=8, timeout_ms=1000)
     writes.sent(1, now=0)

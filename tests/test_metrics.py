@@ -348,7 +348,8 @@ SPLIT_HELP = {
     "zns_process_cpu_seconds": "CPU time (user and system) of each process of the whole "
                                "(state, or a worker's number)",
     "zns_worker_writes_refused": "Writes the worker refused busy: as many as it holds were "
-                                 "already at the state process",
+                                 "already at the state process, or as many bytes waited for "
+                                 "it to read",
     "zns_worker_writes_timed_out": "Writes the worker answered busy: the state process did not "
                                    "answer them in time",
     "zns_worker_request_pauses": "Times the worker stopped reading ZNS/1 requests: those it "

@@ -544,11 +544,11 @@ def test_held_events_are_bounded_and_the_oldest_dropped() -> None:
     replica.on_message(State(0, b"s0"))
     for seq in range(1, 5):
         replica.on_message(Apply(seq, b"c"))
-        replica.produced(seq, [b"eeee"])
+        replica.produced(seq, [b"ch", b"ee"])  # one event: its channel and body frames
     assert replica.held == (2, 8) and replica.dropped_events == 2
     replica.on_message(Fence(4))
     assert [a for a in replica.actions() if isinstance(a, Publish)] == [
-        Publish(3, [b"eeee"]), Publish(4, [b"eeee"])]
+        Publish(3, [b"ch", b"ee"]), Publish(4, [b"ch", b"ee"])]
 
 
 def test_an_ack_outside_what_was_sent_drops_the_worker() -> None:
@@ -926,7 +926,7 @@ def test_held_events_up_to_the_bound_exactly_are_kept() -> None:
     replica.on_message(State(0, b"s0"))
     for seq in (1, 2):
         replica.on_message(Apply(seq, b"c"))
-        replica.produced(seq, [b"eeee"])
+        replica.produced(seq, [b"ch", b"ee"])
     assert replica.held == (2, 8) and replica.dropped_events == 0
 
 
@@ -934,9 +934,9 @@ def test_events_of_a_command_whose_place_was_dropped_are_counted_as_they_are_pro
     replica = Replica(max_held_bytes=4)
     replica.on_message(State(0, b"s0"))
     replica.on_message(Apply(1, b"c1", 0, None))  # its events to be made by the replica
-    replica.on_message(Apply(2, b"c2", 0, [b"eeeee"]))  # past the bound: 1's place and 2 go
+    replica.on_message(Apply(2, b"c2", 0, [b"ch", b"eee"]))  # past the bound: 1's place, 2
     assert replica.held == (0, 0) and replica.dropped_events == 1
-    replica.produced(1, [b"e1", b"e1"])
+    replica.produced(1, [b"c", b"e1", b"c", b"e1"])  # two events
     assert replica.dropped_events == 3 and replica.held == (0, 0)
 
 
@@ -995,3 +995,31 @@ def test_a_replica_waiting_for_a_state_still_takes_the_fence_an_ignored_command_
     carry_out()
     assert not any(isinstance(m, Fence) for m in channels[a]), "told by Apply 2 already"
     assert Publish(1, [b"ch", b"e1"]) in replica.actions()
+
+
+@pytest.mark.timeout(60)
+def test_what_held_events_take_in_memory_is_about_twice_their_bytes_at_most() -> None:
+    # docs/operations.md: events held for the fence are bounded at their bytes (64 MiB);
+    # small ones take about twice that in memory (each held command is a tuple, a list and
+    # a bytes object per frame). A fence that never moves, and ten times the bound sent.
+    import os
+    import tracemalloc
+
+    bound = 2 * 1024 * 1024
+    replica = Replica(max_held_bytes=bound)
+    replica.on_message(State(0, b"s0"))
+    replica.actions()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for seq in range(1, 100_001):  # 212 bytes of events each: a small route event
+            replica.on_message(Apply(seq, b"", 0, [b"route/T%05d" % (seq % 100_000),
+                                                   os.urandom(200)]))
+            replica.actions()
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    commands, held = replica.held
+    # Each command made one event (two frames): the metric counts events, not frames.
+    assert held <= bound and replica.dropped_events == 100_000 - commands
+    assert taken <= 2.5 * bound, taken

@@ -17,10 +17,10 @@ import pytest
 from zns.core.errors import Busy, ConnectionLost
 from zns.core.replication import Apply, Primary, Replica, encode
 from zns.drivers.replication_link import (
-    HEADER, Channel, PrimaryLink, ReplicaLink, WrittenSeq, fork_worker,
+    HEADER, MAX_FRAME_BYTES, Channel, PrimaryLink, ReplicaLink, WrittenSeq, fork_worker,
 )
 
-from helpers import LOADED_DEADLINE
+from helpers import LOADED_DEADLINE, wait_for
 
 
 def clock() -> int:
@@ -506,6 +506,83 @@ def test_what_was_held_for_the_writer_goes_out_even_when_its_write_fails() -> No
         assert [m for m in map(decode_to_worker, received[name].receive())
                 if isinstance(m, Apply)] == [Apply(1, b"c-w", 1 if name == "a" else 0)]
     link.close()
+
+
+def test_the_state_process_executes_the_writes_it_read_within_the_slice_each_worker_in_turn(
+) -> None:
+    # The loop gives each source a slice (zns.drivers.loop) and runs the timers between
+    # them. The state process executed every write it had read in one turn, 256 per worker
+    # at most: 10 unregisterings of brokers of 20,000 topics (126 bytes each) held it
+    # 1.2 s, expiry and every other worker's writes waiting behind the whole batch. Now a
+    # write that ends past the slice ends the turn; the next starts with the next worker.
+    import select
+
+    from zns.core.replication import Forward
+    from zns.drivers.loop import PollSet
+    from zns.drivers.state_process import _Links
+
+    socks = {name: socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for name in "ab"}
+    executed: list[bytes] = []
+
+    def execute(worker: int, request: bytes) -> tuple[bytes | None, bytes]:
+        executed.append(request)
+        return None, b"ok"
+
+    link = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=execute)
+    for name in "ab":
+        link.add(socks[name][0], 0)
+    link.flush(0)
+    for name in "ab":
+        assert Channel(socks[name][1]).receive()  # the first states
+        socks[name][1].sendall(b"".join(
+            HEADER.pack(len(body)) + body
+            for body in (encode(Forward(n, b"%s%d" % (name.encode(), n))) for n in range(10))))
+    links = _Links(link)
+    links.attach(PollSet())
+    ours = [socks[name][0] for name in "ab"]
+    wait_for(lambda: select.select(ours, [], [], 0)[0] == ours)  # both batches are here
+    now = int(time.monotonic() * 1000)
+    links.run({}, now, now)  # a slice over already: one write, and the turn ends
+    assert executed == [b"a0"]
+    assert links.next_deadline(now) == now  # the rest is due at once
+    for _ in range(40):
+        if len(executed) == 20:
+            break
+        links.run({}, now, now)
+    assert executed == [b"%s%d" % (name, n) for n in range(10) for name in (b"a", b"b")]
+    assert links.next_deadline(now) != now
+    link.close()
+    for name in "ab":
+        socks[name][1].close()
+
+
+def test_a_worker_that_sends_garbage_or_an_oversized_frame_is_dropped_and_costs_no_more(
+) -> None:
+    # What the module's docstring promises of a worker that misbehaves on its channel: an
+    # unreadable message, or a frame announced past max_frame_bytes (read no further),
+    # ends that worker's channel and takes it out of the fence; the other goes on.
+    import select
+
+    socks = {name: socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for name in "abc"}
+    dropped: list[tuple[int, str]] = []
+    link = PrimaryLink(Primary(now=0), dump=lambda: b"", execute=lambda w, r: (None, b""),
+                       dropped=lambda worker, reason: dropped.append((worker, reason)))
+    workers = {name: link.add(socks[name][0], 0) for name in "abc"}
+    link.flush(0)
+    for name in "abc":
+        assert Channel(socks[name][1]).receive()  # the first states
+    socks["a"][1].sendall(HEADER.pack(8) + b"\x00garbage")
+    socks["b"][1].sendall(HEADER.pack(MAX_FRAME_BYTES + 1) + b"x" * 1024)
+    ours = [socks[name][0] for name in "ab"]
+    wait_for(lambda: select.select(ours, [], [], 0)[0] == ours)
+    link.run(0)
+    assert sorted(worker for worker, _ in dropped) == [workers["a"], workers["b"]]
+    reasons = dict(dropped)
+    assert "unreadable" in reasons[workers["a"]] and "frame of" in reasons[workers["b"]]
+    assert sorted(link.channels) == [workers["c"]] == link.primary.workers
+    link.close()
+    for name in "abc":
+        socks[name][1].close()
 
 
 def test_a_fork_that_fails_leaves_sighup_unblocked(monkeypatch) -> None:

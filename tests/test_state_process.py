@@ -90,3 +90,59 @@ def test_an_unchanged_re_registration_is_replicated_as_its_renewal() -> None:
     # The worker's answer carries the reply, not the renewal (replicated already).
     assert all(a.outcome is not None and a.outcome.renewal is None for a in answers)
     assert answers[1].reply == answers[2].reply
+
+
+def test_closed_connections_that_registered_nothing_are_not_replicated() -> None:
+    # Every worker turn in which remoting connections closed forwards them as one
+    # CloseConnections. Those of a client fleet reading routes tie no broker: closing them
+    # changes nothing, and was still replicated, applied again by every worker (one command
+    # per turn with a close, for every client that came and went). Now only a close that
+    # unties a broker is.
+    from zns.core.state import CloseConnections
+
+    service = PrimaryService(KvStore(None), epoch="e", started_at_ms=0, version="test")
+    link = RecordingLink()
+    service.link = link  # type: ignore[assignment]
+    request = msgspec.convert({"id": 1, **register_fields(addr=ADDR)}, RegisterBroker)
+    execute(service, msgspec.msgpack.encode(Write(request=request, now=0, connection=7)), 1000)
+    assert [type(c) for c in link.replicated] == [Write]
+    for closed in ([8], [9, 10], []):  # readers' connections
+        answer = msgspec.msgpack.decode(
+            execute(service, msgspec.msgpack.encode(CloseConnections(connections=closed)),
+                    2000)[1], type=WriteAnswer)
+        assert answer.error is None
+    assert [type(c) for c in link.replicated] == [Write]
+    # The registering connection's close removes its broker: replicated.
+    execute(service, msgspec.msgpack.encode(CloseConnections(connections=[11, 7])), 3000)
+    assert [type(c) for c in link.replicated] == [Write, CloseConnections]
+    assert service.table.liveness("c1", ADDR) is None
+
+
+def test_a_worker_forwards_no_hint_while_the_state_process_reads_nothing() -> None:
+    # A worker's writes keep what waits for the state process to read it under
+    # max_queued_bytes (zns.core.forwarding); a peer's hints were sent whatever waited, so
+    # a peer flooding hints about a held broker at a stalled state process could grow the
+    # worker's channel up to its 512 MiB, where it ends and the worker stops.
+    from zns.core.service import NameService
+
+    class Link:
+        pending = 0
+
+        def __init__(self) -> None:
+            self.forwarded: list[bytes] = []
+
+        def forward(self, body: bytes) -> int:
+            self.forwarded.append(body)
+            return len(self.forwarded)
+
+    service = ReplicaService(1, started_at_ms=0, version="test")
+    request = msgspec.convert({"id": 1, **register_fields(addr=ADDR)}, RegisterBroker)
+    NameService.apply(service, Write(request=request, now=0))  # as replicated to it
+    link = Link()
+    service.link = link  # type: ignore[assignment]
+    service.suspect("c1", ADDR, 1000, 2000)
+    assert len(link.forwarded) == 1
+    link.pending = service.forwarded.max_queued_bytes  # the state process reads nothing
+    for _ in range(100):
+        service.suspect("c1", ADDR, 1000, 2000)
+    assert len(link.forwarded) == 1

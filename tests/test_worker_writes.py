@@ -131,6 +131,49 @@ def test_writes_of_many_connections_are_at_the_state_process_together(
     assert len(writers[0].ok("kv_list", namespace="ns").entries) == DEFAULT_MAX_IN_FLIGHT
 
 
+def test_writes_waiting_for_a_stalled_state_process_are_bounded_by_their_bytes_as_forwarded(
+        one_worker: ProcessServer, ctx: zmq.Context) -> None:
+    # A write is forwarded encoded with every field: a registration whose 20,000 topics
+    # came as `{}` (116 KB) is 1.1 MB on the channel. Under the in-flight count (256), 80
+    # such writes at a stopped state process made the worker hold 88 MB unsent (256 of them
+    # would be 285 MB, their requests counting 30 MB of the held 64 MiB; 256 of 127-character
+    # names 920 MB, past the 512 MiB at which the channel ends and the worker stops). Now
+    # the bytes waiting for the state process to read them are bounded (64 MiB): the writes
+    # past it are answered `busy` at once, the others once the state process runs again.
+    from zns.core.forwarding import DEFAULT_MAX_QUEUED_BYTES
+
+    topics = {f"{n:x}": {} for n in range(20_000)}
+    body = schema.encode({"op": "register_broker", "id": 1, **register_fields(topics=topics)})
+    writers = [Peer(one_worker.router, ctx=ctx) for _ in range(80)]
+    for peer in writers:
+        peer.ok("status")  # connected: each request below reaches the worker
+    with stopped(one_worker):
+        for peer in writers:
+            peer.send_raw(body)
+        poller = zmq.Poller()
+        for peer in writers:
+            poller.register(peer.dealer, zmq.POLLIN)
+        # Those past the bound are refused as the worker reads them; the others wait.
+        refused: list[Peer] = []
+        while events := dict(poller.poll(int(QUIET_S * 1000) * 3)):
+            for peer in [p for p in writers if p.dealer in events]:
+                answer = reply(peer)
+                assert isinstance(answer, schema.Error) and answer.code == "busy", answer
+                assert "bytes of writes wait for the state process" in answer.message
+                refused.append(peer)
+                poller.unregister(peer.dealer)
+        # ~1.1 MB each: 64 MiB takes about 61 of them (and the kernel's buffer one more).
+        forwarded = len(writers) - len(refused)
+        assert forwarded * 1_100_000 <= DEFAULT_MAX_QUEUED_BYTES + 2_000_000, forwarded
+        assert refused, "no write was refused: their bytes at the state process are unbounded"
+        assert worker_counter(one_worker, "zns_worker_writes_refused_total") == len(refused)
+    for peer in writers:
+        if peer not in refused:
+            answer = reply(peer)
+            assert not isinstance(answer, schema.Error), answer
+    assert writers[0].ok("status").topics == len(topics)
+
+
 def test_past_the_held_bound_the_worker_stops_reading_requests_until_its_writes_are_answered(
         one_worker: ProcessServer, ctx: zmq.Context) -> None:
     writer, other = Peer(one_worker.router, ctx=ctx), Peer(one_worker.router, ctx=ctx)
@@ -199,6 +242,8 @@ def test_remoting_a_write_at_the_state_process_delays_no_other_connection(
 class FakeLink:
     """What ReplicaService asks of its ReplicaLink: forward a command, get a token."""
 
+    pending = 0  # the state process reads every byte at once
+
     def __init__(self) -> None:
         self.forwarded: list[bytes] = []
 
@@ -266,6 +311,34 @@ def test_a_write_whose_answer_does_not_come_in_time_is_answered_busy_and_its_lat
     assert not service.forwarded.ready and requests.next_deadline(now) is None
 
 
+def test_past_the_held_bytes_the_worker_stops_reading_having_held_at_most_one_request_more(
+        worker_router: tuple[Any, Any, zmq.Socket], ctx: zmq.Context) -> None:
+    # The held bytes' bound (MAX_HELD_BYTES) is checked once a request is held: the one that
+    # reaches it is held whole, so what is held is the bound plus at most one request of
+    # max_message_bytes (docs/operations.md: 64 MiB + 16 MiB). Nothing more is read until a
+    # write is answered, from any connection.
+    service, requests, peer = worker_router
+    requests.max_held_bytes = bound = 2 << 20
+    largest = requests.max_message_bytes  # the fixture's 1 MiB
+    peer.send(schema.encode({"op": "kv_put", "id": 1, "namespace": "ns", "key": "k",
+                             "value": "v"}))
+    wait_for(lambda: (requests.run({}, 1000, 10**9), service.forwarded.in_flight == 1)[1])
+    for _ in range(6):  # each as large as a request may be, held behind the write
+        peer.send(b"x" * largest)
+    other = ctx.socket(zmq.DEALER)
+    try:
+        other.connect("inproc://worker-router")
+        wait_for(lambda: (requests.run({}, 1000, 10**9), requests.held_bytes >= bound)[1])
+        other.send(schema.encode({"op": "status", "id": 2}))
+        for _ in range(20):
+            requests.run({}, 1000, 10**9)  # paused: reads nothing more
+        assert bound <= requests.held_bytes <= bound + largest + 64, requests.held_bytes
+        assert requests.held_requests == 3 and service.forwarded.request_pauses == 1
+        assert not other.poll(0)
+    finally:
+        other.close(0)
+
+
 def test_a_write_answered_is_replied_from_its_answer_then_the_requests_behind_it(
         worker_router: tuple[Any, Any, zmq.Socket]) -> None:
     import msgspec
@@ -321,6 +394,49 @@ def test_past_the_held_bytes_the_worker_stops_reading_requests_the_one_that_cros
     assert schema.decode_reply(peer.recv()).id == 1
     assert service.forwarded.in_flight == 1 and service.forwarded.request_pauses == 2
     assert 10_000 <= requests.held_bytes < 10_000 + len(bodies[3]) + 64
+
+
+def test_the_requests_an_answer_releases_are_served_in_the_loops_slices(
+        worker_router: tuple[Any, Any, zmq.Socket]) -> None:
+    # The requests held behind a write (up to 512) are answered once its answer is here.
+    # They were all answered in one turn, with no look at the clock: 450 `get_routes` of
+    # 20,000 topics (140 KB each: within the held bounds) held the worker's loop 9.1 s, its
+    # `hb` and every other connection waiting. Now they are served as requests read from
+    # the socket are: the clock read every CLOCK_EVERY requests, the rest left for the
+    # loop's next turn once the slice has ended (0.45 s).
+    import msgspec
+
+    from zns.core.state import Outcome
+    from zns.drivers.request_router import CLOCK_EVERY
+    from zns.drivers.worker import WriteAnswer
+
+    service, requests, peer = worker_router
+    peer.send(schema.encode({"op": "kv_put", "id": 0, "namespace": "ns", "key": "k",
+                             "value": "v"}))
+    for n in range(1, 101):
+        peer.send(schema.encode({"op": "status", "id": n}))
+    wait_for(lambda: (requests.run({}, 1000, 10**9), requests.held_requests == 101)[1])
+    service.answered(1, msgspec.msgpack.encode(WriteAnswer(
+        outcome=Outcome(), reply=schema.encode(schema.KvPutReply(id=0)))))
+    answered: list[int] = []
+
+    def take() -> int:
+        count = 0
+        while peer.poll(0):
+            answered.append(schema.decode_reply(peer.recv()).id)
+            count += 1
+        return count
+
+    requests.run({}, 1000, 1000)  # a slice over at once
+    assert 1 <= take() <= CLOCK_EVERY + 1
+    for _ in range(200):
+        if len(answered) == 101:
+            break
+        assert requests.next_deadline(1000) == 1000  # the rest is due at once
+        requests.run({}, 1000, 1000)
+        take()
+    assert answered == list(range(101))  # in order
+    assert requests.held_requests == 0 and requests.next_deadline(1000) is None
 
 
 def test_a_forwarded_write_takes_in_what_the_state_process_wrote_before_it_is_parked(
@@ -685,6 +801,8 @@ def test_a_parked_write_keeps_what_its_reply_needs_not_its_decoded_request(
 
 class _TokensOnly:
     """A ReplicaLink that forwards nothing anywhere: a token per write, nothing kept."""
+
+    pending = 0
 
     def __init__(self) -> None:
         self.sent = 0

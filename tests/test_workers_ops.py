@@ -436,3 +436,28 @@ def test_a_worker_that_acknowledges_nothing_for_10_s_is_killed_and_replaced(
         assert peer_on_worker(server, 2, ctx).ok("get_route", topic="TopicA").route.brokers
     finally:
         assert server.stop() == 0
+
+
+def test_a_peer_churning_brokers_writes_at_most_the_repeat_filters_lines_in_the_state_process(
+        tmp_path: Path, ctx: Any) -> None:
+    # With workers the state process logs each broker change (a worker logs none: it would
+    # be once per worker). A peer that registers and unregisters brokers as fast as it can
+    # must not make it write a line per change: every process holds its lines to the repeat
+    # filter's 20 per template per 10 s (docs/operations.md, *log lines*). Before, the
+    # filter was installed by `Server` only, which the state process never makes: 100
+    # registrations wrote 100 `broker registered` lines within a second.
+    server = ProcessServer(tmp_path, "--workers", "1")
+    try:
+        wait_for(lambda: "serving requests on" in server.output())
+        peer = Peer(server.router, None, ctx)
+        for n in range(100):
+            peer.ok("register_broker", **register_fields(
+                broker_name=f"broker-{n}", addr=f"10.0.0.{n + 1}:10911"))
+        # Every registration is applied and replicated (its reply came from the replica).
+        assert peer.ok("status").brokers == 100
+        lines = [line for line in server.output().splitlines()
+                 if "broker registered c1/broker-" in line]
+        assert 1 <= len(lines) <= 20, len(lines)
+        assert not any(line.split("zns: ", 1)[1].startswith("worker ") for line in lines)
+    finally:
+        assert server.stop() == 0

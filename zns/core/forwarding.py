@@ -18,6 +18,13 @@ This object holds what that needs, and decides the two bounds:
 
 - at most `max_in_flight` writes are forwarded and unanswered at once; past
   it a write is refused `busy` (`admit`), having been sent nowhere;
+- at most `max_queued_bytes` wait in the worker for the state process to read
+  them (what its channel holds unsent); a write that would pass it is refused
+  `busy` too, unless nothing waits. The count alone does not bound those bytes:
+  a write is encoded for the state process with every field (a registration's
+  topics sent as `{}` grow almost tenfold: 1.1 MB for 116 KB of request), and a write
+  that timed out no longer counts, though it still waits if the state process is
+  stalled;
 - a write not answered within `timeout_ms` is answered `busy` (`on_timer`
   makes its answer None); an answer that comes later is dropped.
 
@@ -35,6 +42,7 @@ from zns.core.errors import Busy
 
 DEFAULT_MAX_IN_FLIGHT = 256
 DEFAULT_TIMEOUT_MS = 30_000
+DEFAULT_MAX_QUEUED_BYTES = 64 * 1024 * 1024
 
 
 class WriteInFlight(BaseException):
@@ -63,13 +71,15 @@ class ForwardedWrites:
     then ready until the request that made them is resumed."""
 
     def __init__(self, *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-                 timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
-        if max_in_flight < 1 or timeout_ms < 1:
-            raise ValueError("max_in_flight and timeout_ms must be positive")
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                 max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES) -> None:
+        if max_in_flight < 1 or timeout_ms < 1 or max_queued_bytes < 1:
+            raise ValueError("max_in_flight, timeout_ms and max_queued_bytes must be positive")
         self.max_in_flight = max_in_flight
         self.timeout_ms = timeout_ms
+        self.max_queued_bytes = max_queued_bytes
         self.timed_out = 0  # writes answered `busy` for want of an answer in time
-        self.refused = 0  # writes refused `busy` past max_in_flight
+        self.refused = 0  # writes refused `busy` past max_in_flight or max_queued_bytes
         # Times the ZNS/1 router stopped reading requests: the requests it held (these
         # writes' own and the later requests of their connections) reached its bounds
         # (zns.drivers.request_router counts them here, for /metrics).
@@ -82,12 +92,18 @@ class ForwardedWrites:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
-    def admit(self) -> None:
-        """Raise Busy if one more write would exceed `max_in_flight`."""
+    def admit(self, size: int = 0, queued: int = 0) -> None:
+        """Raise Busy if one more write would exceed `max_in_flight`, or if its `size`
+        bytes (as forwarded) on top of the `queued` bytes the state process has not read yet
+        would exceed `max_queued_bytes` (a write alone is admitted whatever its size)."""
         if len(self._in_flight) >= self.max_in_flight:
             self.refused += 1
             raise Busy(f"{self.max_in_flight} writes are already at the state process on this "
                        "worker; retry")
+        if queued and queued + size > self.max_queued_bytes:
+            self.refused += 1
+            raise Busy(f"{queued} bytes of writes wait for the state process to read them on "
+                       f"this worker; retry")
 
     def sent(self, token: int, now: int) -> None:
         """Write `token` was forwarded at `now`."""

@@ -742,7 +742,7 @@ class Replica:
                     self._drop_oldest()
                 break
         else:  # its place was dropped (past `max_held_bytes`) while it was being applied
-            self.dropped_events += len(events)
+            self.dropped_events += len(events) // 2  # frames: a channel and a body each
         self._release_events(self._actions)
 
     def forward(self, request: bytes) -> int:
@@ -818,7 +818,7 @@ class Replica:
             _, dropped = self._held.popleft()
             if dropped is not None:  # else its events are dropped as they are produced
                 self._held_bytes -= sum(map(len, dropped))
-                self.dropped_events += len(dropped)
+                self.dropped_events += len(dropped) // 2  # a channel and a body each
 
     def _release_events(self, into: list[ReplicaAction]) -> None:
         """Hand out the events the fence passed, in seq order: up to the first still to be

@@ -55,7 +55,7 @@ commands in the same order and hold the same state, as Redis feeds its replicas)
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Union, get_args
 
 import msgspec
@@ -276,6 +276,12 @@ class StateMachine:
         """The remoting connection that registered this broker address under this name
         (None: registered over ZNS/1, or not held)."""
         return self._tie.get((cluster, addr, name))
+
+    def ties_any(self, connections: Iterable[int]) -> bool:
+        """Whether any of these remoting connections registered a broker still tied to it
+        (else closing them changes nothing)."""
+        tied = self._tied
+        return any(connection in tied for connection in connections)
 
     def emptied(self, namespace: str) -> bool:
         """Whether a remoting delete emptied this namespace (and it is remembered)."""

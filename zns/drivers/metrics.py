@@ -249,7 +249,7 @@ _STALLS = ("zns_stalls", True, "Stalls measured (§8): the loop did not run")
 _WORKER_ONLY = (
     ("zns_worker_stalls", True, "Stalls measured in a worker: its loop did not run"),
     ("zns_worker_writes_refused", True, "Writes the worker refused busy: as many as it "
-     "holds were already at the state process"),
+     "holds were already at the state process, or as many bytes waited for it to read"),
     ("zns_worker_writes_timed_out", True, "Writes the worker answered busy: the state "
      "process did not answer them in time"),
     ("zns_worker_request_pauses", True, "Times the worker stopped reading ZNS/1 requests: "

@@ -89,6 +89,9 @@ class RequestRouter:
         self.held_bytes = 0
         self._held: dict[bytes, deque[_Held]] = {}
         self._waiting: dict[int, bytes] = {}  # write token -> routing id
+        # Connections whose write is answered, with requests held behind it not yet served
+        # (the slice ended first), in the order their answers came.
+        self._released: deque[bytes] = deque()
         self._paused = False  # past the held bounds: the socket is not polled
         self._poll: PollSet | None = None
 
@@ -115,6 +118,8 @@ class RequestRouter:
     def next_deadline(self, now: int) -> int | None:
         if self._draining:
             return now
+        if self._released:
+            return now  # requests an answer released, left when a slice ended
         if self._waiting:
             writes = self.service.forwarded
             assert writes is not None  # a request is parked only where writes are forwarded
@@ -143,8 +148,11 @@ class RequestRouter:
         budget = self.reply_budget
         heavy = budget.heavy_bytes
         held = self._held
-        if self._waiting and self._resume_ready(now):
-            return True
+        if self._waiting or self._released:
+            if self._resume_ready(now, until):
+                return True
+            if self._released:
+                return False  # the slice ended first: the rest at the next turn
         if self._paused:
             return False
         if self._draining and not self._drain(until):
@@ -262,14 +270,20 @@ class RequestRouter:
             writes.request_pauses += 1
         return over
 
-    def _resume_ready(self, now: int) -> bool:
+    def _resume_ready(self, now: int, until: int) -> bool:
         """Answer every parked request whose write is answered, then the requests of its
-        connection that waited behind it, up to the next write; True if events were put."""
+        connection that waited behind it, up to the next write, until the slice ends (the
+        clock read every CLOCK_EVERY requests, as `run` reads it: a connection may hold
+        hundreds of requests, each as heavy as any); True if events were put."""
         writes = self.service.forwarded
         assert writes is not None
-        made_events = False
+        released = self._released
         for token in [t for t in writes.ready if t in self._waiting]:
-            identity = self._waiting.pop(token)
+            released.append(self._waiting.pop(token))
+        made_events = False
+        served = 0
+        while released:
+            identity = released[0]
             queue = self._held[identity]
             while queue:  # its head is the request of `token`, then those behind it
                 held = queue[0]
@@ -292,8 +306,19 @@ class RequestRouter:
                 self.held_requests -= 1
                 self.held_bytes -= held.size
                 made_events |= self._send(held.envelope, response, now)
-            if not queue:
+                served += 1
+                if queue and served % CLOCK_EVERY == 0:
+                    now = self.clock()
+                    if now >= until:
+                        break
+            else:
                 del self._held[identity]
+                released.popleft()
+                continue
+            if queue[0].token is not None:  # parked behind its next write
+                released.popleft()
+                continue
+            break  # the slice ended: this connection goes on at the next turn
         if self._paused and self.held_requests < self.max_held_requests \
                 and self.held_bytes < self.max_held_bytes:
             self._paused = False

@@ -3,7 +3,8 @@
 It owns what a single process owns, except the sockets: the state machine (in
 a `NameService`), the KV file, the expiry and stall timers, the warm-state
 writer. Every command its state machine applies (a forwarded write, an expiry
-step, a stall shift, a peer's hint that shortened a deadline) is numbered and
+step, a stall shift, a peer's hint that shortened a deadline, remoting
+connections closed with a broker tied to one of them) is numbered and
 sent to every worker
 (`zns.core.replication.Primary` behind `PrimaryLink`), with the events it made
 when they are few enough to ship (else each worker's replica makes its own); a
@@ -62,6 +63,7 @@ from zns.drivers.descriptors import tcp_address
 from zns.drivers.heap import HeapTrim, glibc_malloc_trim
 from zns.drivers.kv_file import KvStore
 from zns.drivers.metrics import require_library as metrics_library
+from zns.drivers.logs import install_repeat_filter
 from zns.drivers.loop import Loop, PollSet, Ready, Source
 from zns.drivers.metrics import process_usage
 from zns.drivers.replication_link import PrimaryLink, WrittenSeq, fork_worker
@@ -91,11 +93,16 @@ class PrimaryService(NameService):
     max_encoded_events = MAX_SHIPPED_EVENTS
 
     def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
+        # Closed remoting connections that registered nothing change nothing: not replicated
+        # (a client fleet connecting for routes and leaving made one command per worker turn
+        # with a close, applied again by every worker).
+        unchanged = type(command) is CloseConnections \
+            and not self.state.ties_any(command.connections)
         result = super().apply(command)  # a refused command raises: nothing to replicate
         if self.heap is not None:
             self.heap.events_made(len(result[0].events))
         link = self.link
-        if type(command) is Suspect and not result[0].shortened:
+        if unchanged or (type(command) is Suspect and not result[0].shortened):
             return result
         if link is not None:
             now = _now()
@@ -168,6 +175,10 @@ class StateProcess:
     def __init__(self, config: ServerConfig) -> None:
         if config.metrics:
             metrics_library()  # refused here, in one line, not by every worker as it starts
+        # A peer makes this process log too (each broker change, a hint that shortened a
+        # deadline): its lines are held to the repeat filter as a single process's are
+        # (`Server` installs it there; this process makes none). The workers fork with it.
+        install_repeat_filter(log)
         self._reserved: list[socket.socket] = []
         try:
             router = self._reserve(config.router)
@@ -202,7 +213,8 @@ class StateProcess:
                                 dump_in_steps=lambda: self.service.state.dump_in_steps(),
                                 execute=lambda worker, request: execute(
                                     self.service, request, self._now()),
-                                dropped=self._dropped, reported=self._reported)
+                                dropped=self._dropped, reported=self._reported,
+                                clock=self._now)
         self.service.link = self.link
         self.pool = WorkerPool(config.workers, now=now)
         self.slots: dict[int, int] = {}  # pid -> slot
@@ -466,10 +478,11 @@ class _Links:
 
     def next_deadline(self, now: int) -> int | None:
         self._watch()
-        return now if self._link.dumping else self._link.next_deadline()
+        link = self._link
+        return now if link.dumping or link.behind else link.next_deadline()
 
     def run(self, ready: Ready, now: int, until: int) -> None:
-        self._link.run(now)
+        self._link.run(now, until)  # the writes it read past the slice: its next turn
         self._watch()
 
     def _watch(self) -> None:

@@ -18,7 +18,8 @@ SO_REUSEPORT beside the other workers. Its replica is fed the state process's co
   state process may have run while the worker sent: on its core, it does). A
   connection's later requests wait behind its write, so each connection is
   answered in order. At most `ForwardedWrites.max_in_flight` writes are out
-  at once (past it: `busy`), each for at most WRITE_TIMEOUT_MS (then: `busy`);
+  at once, and `max_queued_bytes` of them wait for the state process to read
+  them (past either: `busy`), each for at most WRITE_TIMEOUT_MS (then: `busy`);
 - **events** come with each command, made by the state process (the replica
   makes its own only for a command whose events were too many to ship), and
   are published to this worker's subscribers only once the commit fence has
@@ -207,8 +208,13 @@ class ReplicaService(NameService):
         if type(command) is not Write:
             raise Internal(f"a worker applies no {type(command).__name__} of its own")
         writes = self.forwarded
-        writes.admit()
-        token = self._send(command)
+        body = msgspec.msgpack.encode(command)
+        link = self.link
+        assert link is not None  # set before anything is served
+        # Refused while what waits for the state process to read it would pass the bound:
+        # its bytes, not the writes' count, are what a stalled state process leaves here.
+        writes.admit(len(body), link.pending)
+        token = self._forward(body)
         writes.sent(token, command.now)
         # What the state process wrote to this worker already is taken in now, as before a
         # read: when it ran while this worker was sending (on this core, as under --cpus, it
@@ -242,8 +248,18 @@ class ReplicaService(NameService):
         process. One about an address this replica does not hold is not sent, so a peer
         flooding hints about unknown brokers costs no message to the state process (a broker
         registered within the last replication round trip is held there and not here yet:
-        a hint about it is missed, as a hint that came before its registration would be)."""
+        a hint about it is missed, as a hint that came before its registration would be).
+        Nor is one sent while `max_queued_bytes` wait for the state process to read them."""
         if self.table.liveness(command.cluster, command.addr) is None:
+            return Outcome()
+        link = self.link
+        assert link is not None  # set before anything is served
+        if link.pending >= self.forwarded.max_queued_bytes:
+            # The state process reads nothing (stalled): a peer's hints would pile up here
+            # past the bound the writes keep to. One lost is an early warning missed (the
+            # broker still expires by its own silence), as when libzmq drops it.
+            log.debug("a peer hint about %s/%s dropped: the state process reads nothing",
+                      command.cluster, command.addr)
             return Outcome()
         try:
             self._send(command)
@@ -252,12 +268,16 @@ class ReplicaService(NameService):
                         command.addr, exc)
         return Outcome()
 
-    def _send(self, command: Write | CloseConnections | Suspect) -> int:
+    def _send(self, command: CloseConnections | Suspect) -> int:
         """Send `command` to the state process; the token its answer will carry."""
+        return self._forward(msgspec.msgpack.encode(command))
+
+    def _forward(self, body: bytes) -> int:
+        """Send an encoded command to the state process; the token its answer will carry."""
         link = self.link
         assert link is not None  # set before anything is served
         try:
-            return link.forward(msgspec.msgpack.encode(command))
+            return link.forward(body)
         except ConnectionLost:
             self.gone()
             raise Busy("the state process is gone; retry at another NameServer") from None
