@@ -454,12 +454,12 @@ def test_a_forwarded_write_takes_in_what_the_state_process_wrote_before_it_is_pa
     service, requests, peer = worker_router
     caught_up: list[int] = []  # the writes in flight each time the worker caught up
 
-    def behind() -> None:  # the state process's answer, written while the worker sent
+    def take_in_written() -> None:  # the state process's answer, written while it sent
         caught_up.append(service.forwarded.in_flight)
         service.answered(1, msgspec.msgpack.encode(WriteAnswer(
             outcome=Outcome(), reply=schema.encode(schema.KvPutReply(id=1)))))
 
-    service.behind = behind
+    service.take_in_written = take_in_written
     peer.send(schema.encode({"op": "kv_put", "id": 1, "namespace": "ns", "key": "k",
                              "value": "v"}))
     wait_for(lambda: (requests.run({}, 1000, 10**9), requests.held_requests == 1)[1])

@@ -128,7 +128,9 @@ class ReplicaService(NameService):
         self.overview: Overview | None = None  # the whole's last figures (`status`)
         self.link: ReplicaLink | None = None
         self.gone: Callable[[], None] = lambda: None  # the state process is gone: stop
-        self.behind: Callable[[], None] = lambda: None  # ReplicaSource.catch_up, once serving
+        # Applies what the state process wrote to this worker (ReplicaSource.catch_up, set
+        # once it serves): `catch_up` runs it before each read and after each forward.
+        self.take_in_written: Callable[[], None] = lambda: None
         self.forwarded = ForwardedWrites(timeout_ms=WRITE_TIMEOUT_MS)
         # The revisions this replica reached that the commit fence has not passed yet, as
         # (seq, revision) in seq order, and the last one it passed: an `hb` carries that one,
@@ -222,7 +224,7 @@ class ReplicaService(NameService):
         # with anything else: push p50 with one pinned worker +34 instead of +82 us over one
         # process (bench/results.md). Else there is nothing yet, and this costs a comparison.
         try:
-            self.behind()
+            self.take_in_written()
         except Busy:
             pass  # a refusal is a read's; this write is at the state process either way
         raise WriteInFlight(token, lambda: self._answer(token))
@@ -292,10 +294,10 @@ class ReplicaService(NameService):
         pass
 
     def catch_up(self) -> None:
-        self.behind()
+        self.take_in_written()
 
     def read(self, request: AnyRequest, now: int) -> Reply:
-        self.behind()
+        self.take_in_written()  # the remoting listener's reads caught up already: a comparison
         reply = super().read(request, now)
         if type(request) is Status:
             assert isinstance(reply, StatusReply)
@@ -525,7 +527,7 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket,
     server.replica = link.replica
     reporter.server = server
     service.gone = server.stop
-    service.behind = replicating.catch_up
+    service.take_in_written = replicating.catch_up
     for frames in held:
         server.outbox.put(frames)
     log.info("loaded the state at seq %d (pid %d)", link.replica.applied, os.getpid())
