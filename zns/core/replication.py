@@ -452,12 +452,12 @@ class Primary:
         """The lowest seq written to every live worker (the current seq with no worker)."""
         return min((f.written for f in self._workers.values()), default=self.seq)
 
-    def fence_for(self, worker: int, seq: int) -> int:
-        """The fence an `Apply` of `seq` carries to `worker`: what it will be once that is
-        written, as far as known now (the lowest seq written to every other worker, capped
-        at `seq`). A driver that writes the other workers' channels first may ask again
-        just before it writes this one's (zns.drivers.replication_link). The worker is
-        sent no `Fence` of what it was told so (a lone worker is sent none)."""
+    def tell_fence(self, worker: int, seq: int) -> int:
+        """The fence an `Apply` of `seq` carries to `worker`, recorded as told to it (so it
+        is sent no `Fence` of that; a lone worker is sent none): what the fence will be once
+        that is written, as far as known now (the lowest seq written to every other worker,
+        capped at `seq`). A driver that writes the other workers' channels first may tell
+        it again just before it writes this one's (zns.drivers.replication_link)."""
         fence = min(seq, min((f.written for w, f in self._workers.items() if w != worker),
                              default=seq))
         follower = self._workers.get(worker)
@@ -541,7 +541,7 @@ class Primary:
                 self._transfer(worker)
                 return
             seq, command, events = self._tail[follower.sent + 1 - first]
-            self._actions.append(Deliver(worker, Apply(seq, command, self.fence_for(worker, seq),
+            self._actions.append(Deliver(worker, Apply(seq, command, self.tell_fence(worker, seq),
                                                        events)))
             if follower.sent == follower.applied:
                 follower.waiting_since = self._now
@@ -691,7 +691,7 @@ class Replica:
                 if self.awaiting_state or seq != self.applied + 1:
                     # Not applied (stale: a state is on its way; or a gap or a duplicate),
                     # but read, so written to this worker: the fence it carries holds, and
-                    # the primary sends no Fence of what it told so (`Primary.fence_for`).
+                    # the primary sends no Fence of what it told so (`Primary.tell_fence`).
                     if min(fence, seq) > self.fence:
                         self.fence = min(fence, seq)
                         self._release_events(self._ahead)

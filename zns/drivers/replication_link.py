@@ -392,7 +392,7 @@ class PrimaryLink:
         messages, self._to_writer = self._to_writer, []
         for message in messages:
             if type(message) is Apply:
-                fence = max(message.fence, self.primary.fence_for(writer, message.seq))
+                fence = max(message.fence, self.primary.tell_fence(writer, message.seq))
                 message = msgspec.structs.replace(message, fence=fence)
             self._send(writer, encode(message), now, written_mark(message))
         self._flush_all(now)
