@@ -54,9 +54,11 @@ def registrations(topics: int, brokers: int) -> list[bytes]:
     return [register_request(f"broker-{b}", broker_addr(b), hosted[b]) for b in range(brokers)]
 
 
-def start_loaded(config: RunConfig, topics: int, brokers: int) -> tuple[ServerProcess, int]:
-    """A fresh server holding `topics` × `brokers`; (it, its RSS growth in KiB)."""
-    server = start_zns(config.workdir / f"scale-{topics}-{brokers}")
+def start_loaded(config: RunConfig, topics: int, brokers: int,
+                 tag: str = "") -> tuple[ServerProcess, int]:
+    """A fresh server holding `topics` × `brokers`; (it, its RSS growth in KiB). `tag`: a
+    server running beside another of the same shape needs files of its own."""
+    server = start_zns(config.workdir / f"scale-{topics}-{brokers}{tag}")
     try:
         with Session(server.router) as session:
             session.call("status")
@@ -76,7 +78,7 @@ def run(config: RunConfig) -> BenchResult:
     ref_t, ref_b = p.topics[0], p.brokers[0]
     figures = []
     with LoadClients(1) as clients:
-        reference, _ = start_loaded(config, ref_t, ref_b)
+        reference, _ = start_loaded(config, ref_t, ref_b, "-reference")
         ref_body = [request("get_route", topic=f"S{ref_t // 2}")]
         with reference:
             for topics in p.topics:
