@@ -487,40 +487,6 @@ def server_side_open(client_port: int, server_port: int) -> bool:
     return False
 
 
-def test_a_replacement_workers_connections_are_never_the_dead_ones_its_brokers_stay_tied_to(
-        tmp_path: Path, ctx: Any) -> None:
-    # A dead worker's remoting brokers stay tied to its connections until they register
-    # again (below). Its replacement took the same connection ids (from its slot number),
-    # so the first client that connected to it and left closed the id a broker was tied
-    # to, and the state process removed that live broker as `disconnected`. Each worker
-    # started now numbers its connections apart from every one before it.
-    from test_remoting_listener import Client, register_cmd
-
-    server = ProcessServer(tmp_path, "--workers", "1", "--remoting", "127.0.0.1:0")
-    try:
-        wait_for(lambda: "serving requests on" in server.output())
-        endpoint = re.findall(r"RocketMQ remoting on (\S+)", server.output())[0]
-        broker = Client(endpoint)  # the worker's first remoting connection
-        assert broker.call(register_cmd(topics=("Remote",))).code == 0
-        dead = worker_pid(server, 1)
-        os.kill(dead, signal.SIGKILL)
-        wait_for(lambda: worker_pid(server, 1) != dead)
-        peer = peer_on_worker(server, 1, ctx)  # the replacement answers
-        reader = Client(endpoint)  # the replacement's first remoting connection
-        reader_port = reader.sock.getsockname()[1]
-        port = int(endpoint.rsplit(":", 1)[1])
-        assert reader.call(register_cmd(name="broker-x", addr="127.0.0.9:1",
-                                        topics=("X",))).code == 0  # accepted, and tied
-        reader.close()
-        wait_for(lambda: not server_side_open(reader_port, port))
-        wait_for(lambda: isinstance(peer.call("get_route", topic="X"), schema.Error))
-        assert peer.ok("get_route", topic="Remote").route.brokers[0].broker_name == "broker-a"
-        assert "broker-a id 0 at 127.0.0.1:10911 (disconnected)" not in server.output()
-        broker.close()
-    finally:
-        assert server.stop() == 0
-
-
 def test_a_dead_workers_remoting_brokers_stay_until_they_register_again(
         tmp_path: Path, ctx: Any) -> None:
     from test_remoting_listener import Client, register_cmd
