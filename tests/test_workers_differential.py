@@ -592,6 +592,97 @@ def test_a_remoting_pull_after_an_event_never_answers_an_older_route(
         server.close()
 
 
+# Each of these registrations is an `Apply` of about 60 KB (its command and its shipped
+# events), so a few fill a stopped worker's channel (a socketpair: 208 KiB of send buffer by
+# default); the rest wait in the state process, not written to that worker.
+FENCE_WRITES = 24
+FENCE_BULK_TOPICS = 120
+# The state process drops a worker that acknowledges nothing for 10 s
+# (zns.core.replication.DEFAULT_ACK_TIMEOUT_MS): the stopped one is resumed well before.
+FENCE_STOP_S = 4.0
+
+
+def test_an_event_waits_until_its_command_is_written_to_every_worker_and_no_pull_goes_back(
+        tmp_path: Path, ctx: Any) -> None:
+    """The commit fence itself (zns.core.replication), which the tests above never reach:
+    with worker 2 stopped (SIGSTOP) its channel still takes a command or two, so an event
+    its write made is published at once and worker 2 catches up before a read; only a
+    channel that cannot take the command makes the fence hold an event. Here worker 2's
+    channel is filled by large registrations through worker 1, so the later ones are not
+    written to worker 2 while it is stopped: worker 1 must not publish their events. Every
+    route event worker 1's subscriber saw meanwhile is then pulled on worker 2, over ZNS/1
+    and over remoting (the pulls sent while it is stopped, answered as it resumes): never
+    older than the event. Without the fence (events published as applied) the last
+    registrations' events are seen and those pulls answer `not_found`."""
+    server = Server(tmp_path, ctx, 2)
+    try:
+        assert server.pids is not None
+        writer, reader, sub = server.peers[0], server.peers[1], server.subs[0]  # 1, 2, 1
+        app = server.side.placed(2)  # an application's remoting connection on worker 2
+        assert sub.sub is not None
+        bulk = "x" * 100
+
+        def route_events(timeout_ms: int) -> list[Any]:
+            """The route events of the `P` topics worker 1's subscriber gets within
+            `timeout_ms` (its `hb`s, every 0.1 s, left out)."""
+            found = []
+            deadline = time.monotonic() + timeout_ms / 1000
+            while sub.sub.poll(max(0, round((deadline - time.monotonic()) * 1000))):
+                channel, body = sub.sub.recv_multipart()
+                if channel.startswith(b"route/P"):
+                    found.append(schema.decode_event(body))
+            return found
+
+        route_events(0)
+        stopped, state_process = server.pids[1], server.proc.proc.pid
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            written = 0
+            while written < FENCE_WRITES and time.monotonic() - started < FENCE_STOP_S:
+                n = written
+                topics: dict[str, Any] = {f"P{n}": {}}
+                topics.update({f"B{n}_{i}_{bulk}": {} for i in range(FENCE_BULK_TOPICS)})
+                writer.ok("register_broker", cluster="c1", broker_name=f"b{n}", broker_id=0,
+                          broker_addr=f"10.6.0.{n + 1}:10911", topics=topics)
+                written += 1
+            seen = route_events(300)
+            # Pulls of every topic whose event was seen, sent to the stopped worker (queued in
+            # its sockets), over ZNS/1 and over remoting ...
+            for event in seen:
+                reader.send_raw(schema.encode({"op": "get_route", "topic": event.topic,
+                                               "id": event.revision}))
+            pulled = app.send([rd.request(105, {"topic": event.topic}) for event in seen])
+            # ... answered with the state process stopped: the worker has only what was
+            # written to it (else it may be written the rest before it reads the pulls).
+            os.kill(state_process, signal.SIGSTOP)
+            try:
+                os.kill(stopped, signal.SIGCONT)
+                zns1 = [schema.decode_reply(reader.recv_raw()[-1]) for _ in seen]
+                remoting = app.collect(pulled)
+            finally:
+                os.kill(state_process, signal.SIGCONT)
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        assert written >= 8, f"only {written} registrations in {FENCE_STOP_S} s"
+        older = [("ZNS/1", event.topic, event.revision, reply) for event, reply in zip(seen, zns1)
+                 if isinstance(reply, schema.Error) or reply.revision < event.revision]
+        older += [("remoting", event.topic, event.revision, reply.code, reply.remark)
+                  for event, reply in zip(seen, remoting)
+                  if not route_brokers(reply) >= {b.broker_name for b in event.route.brokers}]
+        by = {p: [o[1:] for o in older if o[0] == p] for p in ("ZNS/1", "remoting")}
+        assert not older, {p: (len(found), found[:2]) for p, found in by.items()}
+        # The fence held what was not written to worker 2 ...
+        seen_topics = {event.topic for event in seen}
+        assert f"P{written - 1}" not in seen_topics, (written, sorted(seen_topics))
+        # ... and lets it go once it is: every registration's event, in order.
+        later = wait_for(lambda: seen_topics | {e.topic for e in route_events(100)} >= {
+            f"P{n}" for n in range(written)} or None)
+        assert later
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_connections_closing_at_once_on_two_workers_go_as_two_steps(
         tmp_path: Path, ctx: Any, workers: int) -> None:
