@@ -11,10 +11,14 @@ connections on both workers deliberately: ZNS/1 DEALERs and SUBs pinned to each 
 remoting connections placed on the workers in turn (`PlacedSide`).
 
 What is compared: every reply (remoting: code, remark, ext fields, body bytes, flag,
-language, serialize type, version; ZNS/1: the decoded reply without `epoch`, which each
-server draws at random); after every step a sample of remoting reads (106 always, the rest
-of Generator.reads() at random, over random connections, so on either worker) and after
-every sequence all of them; every event, in order, as each worker's subscriber saw it; once,
+language, serialize type, version, and its opaque, by which each reply is matched; ZNS/1:
+the reply as sent, every field and the order of every map, with each server's `epoch`
+masked, which each draws at random, and get_cluster_info's `last_heartbeat_ms`, an age,
+compared within the time the requests took instead of exactly); after every step a sample
+of remoting reads (106 always, the rest of Generator.reads() at random, over random
+connections, so on either worker) and after every sequence all of them; every event, in
+order, as each worker's subscriber saw it: its channel and its body byte for byte (the
+epoch masked, and checked to be the server's); once,
 GET_NAMESRV_CONFIG (each server's own endpoints and `workers` checked, not compared),
 UPDATE_NAMESRV_CONFIG and an unserved code on each worker.
 
@@ -38,17 +42,19 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+import msgspec
 import pytest
 import zmq
 
 import differential as rd  # tests/interop (conftest puts it on sys.path)
 from helpers import LOADED_DEADLINE, Peer, ProcessServer, wait_for
 from test_workers_serve import (
-    hears_with_others_stopped, holder_of, server_side_open, without_epoch, worker_pid,
+    hears_with_others_stopped, holder_of, server_side_open, worker_pid,
 )
 from zns.core import schema
+from zns.core.state import WriteRequest
 
 SEEDS = [int(s) for s in os.environ.get("ZNS_WORKERS_DIFFERENTIAL_SEEDS", "1,2,3,4").split(",")]
 STEPS = int(os.environ.get("ZNS_WORKERS_DIFFERENTIAL_STEPS", "500"))  # per seed
@@ -56,6 +62,11 @@ SAMPLED_READS = 6  # remoting reads after each step, besides 106
 BARRIER = {"op": "unregister_broker", "cluster": "barrier", "broker_name": "barrier",
            "broker_id": 0, "broker_addr": "10.255.255.1:1"}
 SHORT_TIMEOUT_MS = 1000  # the ZNS/1 expiry step's heartbeat timeout (zns's lowest)
+WRITE_OPS = frozenset(schema.tag_of(c) for c in get_args(WriteRequest))
+EPOCH_MASK = b"e" * 16  # in place of each server's epoch (16 hex digits: new_epoch)
+# Milliseconds a heartbeat age may differ by beyond the spans measured (each server rounds
+# its clock to ms twice: when it heard the broker and when it answers).
+AGE_ROUNDING_MS = 5
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -117,6 +128,11 @@ class Server:
             self.subs = [self.subscriber()]
         self.events: list[list[Any]] = [[] for _ in self.subs]
         self.side = PlacedSide(self.remoting, self.pids)
+        # Its epoch, masked out of what is compared: the same from every worker.
+        epochs = {peer.ok("status").epoch for peer in self.peers}
+        assert len(epochs) == 1, epochs
+        self.epoch = epochs.pop().encode()
+        assert len(self.epoch) == len(EPOCH_MASK), self.epoch
 
     def peer_on_worker(self, worker: int) -> Peer:
         for _ in range(200):
@@ -145,19 +161,24 @@ class Server:
         raise AssertionError(f"no events connection landed on worker {worker}")
 
     def drain(self) -> None:
+        """Every event each SUB has, as compared: its channel and its body byte for byte
+        (the epoch masked; checked to be this server's), beside the decoded fields."""
         for sub, seen in zip(self.subs, self.events):
             assert sub.sub is not None
             while sub.sub.poll(0):
                 channel, body = sub.sub.recv_multipart()
                 if channel != schema.HB_CHANNEL:
-                    seen.append(without_epoch(schema.decode_event(body)))
+                    event = msgspec.to_builtins(schema.decode_event(body))
+                    assert event.pop("epoch").encode() == self.epoch, event
+                    event["frame"] = (channel, body.replace(self.epoch, EPOCH_MASK))
+                    seen.append(event)
 
     def send(self, index: int, fields: dict[str, Any]) -> None:
         peer = self.peers[index]
         peer.send_raw(schema.encode(fields))
 
-    def recv(self, index: int) -> Any:
-        return comparable(schema.decode_reply(self.peers[index].recv_raw()[-1]))
+    def recv(self, index: int) -> tuple[Any, list[int]]:
+        return comparable(self.peers[index].recv_raw()[-1], self.epoch)
 
     def close(self) -> None:
         self.side.close()
@@ -166,13 +187,19 @@ class Server:
         assert self.proc.stop() == 0
 
 
-def comparable(reply: Any) -> Any:
-    """A ZNS/1 reply without what each server has of its own: `epoch` (drawn at random at
-    start) and get_cluster_info's `last_heartbeat_ms` (an age, measured when it answers)."""
-    plain = without_epoch(reply)
-    for live in plain.get("live") or []:
-        assert live.pop("last_heartbeat_ms") >= 0
-    return plain
+def comparable(body: bytes, epoch: bytes) -> tuple[Any, list[int]]:
+    """A ZNS/1 reply as compared: as sent (msgpack decoded without a schema, so every field
+    and the order of every map count), but for what each server has of its own: its
+    `epoch` (masked, wherever it appears) and get_cluster_info's `last_heartbeat_ms` (an
+    age, measured when it answers: returned apart, compared within the time the requests
+    took; `Run.ages_agree`)."""
+    schema.decode_reply(body)  # a reply by the schema, too
+    plain = msgspec.msgpack.decode(body.replace(epoch, EPOCH_MASK))
+    ages = []
+    for live in plain.get("live") or [] if isinstance(plain, dict) else []:
+        ages.append(live["last_heartbeat_ms"])
+        live["last_heartbeat_ms"] = "(an age)"
+    return plain, ages
 
 
 class Run:
@@ -185,6 +212,10 @@ class Run:
         self.request_id = 0
         self.steps = 0
         self.made: dict[str, int] = {}  # what was done, for the coverage assertion
+        # The longest a write (or a 322, which refreshes a broker too) took from its first
+        # request sent to its last reply read: each server heard a broker within that span
+        # of the same instant (the clocks are the host's one monotonic clock).
+        self.write_span_s = 0.0
 
     def fail(self, what: str, one: Any, two: Any) -> None:
         steps = "\n    ".join(self.history[-15:])
@@ -197,12 +228,31 @@ class Run:
         """`fields` sent to both over their DEALER `index` (the same worker order on the
         split); the replies compared; the one-process side's returned."""
         self.request_id += 1
+        started = time.monotonic()
         for server in self.servers:
             server.send(index, {**fields, "id": self.request_id})
-        one, two = (server.recv(index) for server in self.servers)
-        if one != two:
+        (one, one_ages), (two, two_ages) = (server.recv(index) for server in self.servers)
+        span = time.monotonic() - started
+        if msgspec.msgpack.encode(one) != msgspec.msgpack.encode(two):
             self.fail(f"ZNS/1 reply to {fields} (DEALER {index})", one, two)
+        if fields["op"] in WRITE_OPS:
+            self.wrote(span)
+        self.ages_agree(one_ages, two_ages, span, fields)
         return one
+
+    def wrote(self, span_s: float) -> None:
+        self.write_span_s = max(self.write_span_s, span_s)
+
+    def ages_agree(self, one: list[int], two: list[int], span_s: float, what: Any) -> None:
+        """get_cluster_info's `last_heartbeat_ms` of each live broker (the same brokers on
+        both: compared) differ by no more than the spans in which each server could have
+        heard the broker and answered. A replica that applied a broker's liveness at
+        another time than its command's `now` (its own clock, or none) differs by more."""
+        bound_ms = (self.write_span_s + span_s) * 1000 + AGE_ROUNDING_MS
+        for a, b in zip(one, two):
+            if abs(a - b) > bound_ms:
+                self.fail(f"last_heartbeat_ms of the reply to {what}, apart by more than "
+                          f"{bound_ms:.0f} ms", one, two)
 
     def barrier(self) -> None:
         """Both of the split's workers have applied every write answered so far."""
@@ -210,7 +260,8 @@ class Run:
         for server in self.servers:
             for index in (0, 1):
                 server.send(index, {**BARRIER, "id": self.request_id})
-        replies = [[server.recv(index) for index in (0, 1)] for server in self.servers]
+        replies = [[msgspec.msgpack.encode(server.recv(index)[0]) for index in (0, 1)]
+                   for server in self.servers]
         if replies[0] != replies[1]:
             self.fail("the barrier's replies", replies[0], replies[1])
 
@@ -234,10 +285,12 @@ class Run:
             assert step.conn is not None
             self.close(step.conn)
             return
+        started = time.monotonic()
         sent = [(server, server.side.conn(step.conn).send([rd._copy(c) for c in step.requests]))
                 for server in self.servers]
         replies = [[(r.version, *rd.view(r)) for r in server.side.conn(step.conn).collect(want)]
                    for server, want in sent]
+        self.wrote(time.monotonic() - started)
         if replies[0] != replies[1]:
             self.fail(f"remoting reply to {step.what}", replies[0], replies[1])
         if step.expires:
@@ -267,7 +320,9 @@ class Run:
                 key = rnd.choice([None, *keys])
             routed.append((label, key, cmd))
         # The 322s (a broker's liveness: written) first, the rest side by side.
+        started = time.monotonic()
         self.compare_reads([r for r in routed if r[0].startswith("322")])
+        self.wrote(time.monotonic() - started)
         return self.compare_reads([r for r in routed if not r[0].startswith("322")])["106"]
 
     def compare_reads(self, batch: list[tuple[str, str | None, rd.RemotingCommand]]
