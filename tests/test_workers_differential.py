@@ -54,6 +54,7 @@ from test_workers_serve import (
     hears_with_others_stopped, holder_of, server_side_open, worker_pid,
 )
 from zns.core import schema
+from zns.core.replication import MAX_SHIPPED_EVENTS
 from zns.core.state import WriteRequest
 
 SEEDS = [int(s) for s in os.environ.get("ZNS_WORKERS_DIFFERENTIAL_SEEDS", "1,2,3,4").split(",")]
@@ -63,6 +64,7 @@ BARRIER = {"op": "unregister_broker", "cluster": "barrier", "broker_name": "barr
            "broker_id": 0, "broker_addr": "10.255.255.1:1"}
 SHORT_TIMEOUT_MS = 1000  # the ZNS/1 expiry step's heartbeat timeout (zns's lowest)
 WRITE_OPS = frozenset(schema.tag_of(c) for c in get_args(WriteRequest))
+OWN_EPOCH = "(its own)"  # a held_epoch each server is sent as its own epoch
 EPOCH_MASK = b"e" * 16  # in place of each server's epoch (16 hex digits: new_epoch)
 # Milliseconds a heartbeat age may differ by beyond the spans measured (each server rounds
 # its clock to ms twice: when it heard the broker and when it answers).
@@ -175,6 +177,8 @@ class Server:
 
     def send(self, index: int, fields: dict[str, Any]) -> None:
         peer = self.peers[index]
+        if fields.get("held_epoch") == OWN_EPOCH:
+            fields = {**fields, "held_epoch": self.epoch.decode()}
         peer.send_raw(schema.encode(fields))
 
     def recv(self, index: int) -> tuple[Any, list[int]]:
@@ -216,6 +220,7 @@ class Run:
         # request sent to its last reply read: each server heard a broker within that span
         # of the same instant (the clocks are the host's one monotonic clock).
         self.write_span_s = 0.0
+        self.revisions: dict[str, int] = {}  # each topic's last revision read, for `held`
 
     def fail(self, what: str, one: Any, two: Any) -> None:
         steps = "\n    ".join(self.history[-15:])
@@ -239,6 +244,28 @@ class Run:
             self.wrote(span)
         self.ages_agree(one_ages, two_ages, span, fields)
         return one
+
+    def status(self, index: int) -> None:
+        """`status` over DEALER `index` of both: alike but for what is each server's or
+        worker's own (its uptime, endpoints, and under --workers which worker answered
+        and the list of workers), each checked as such."""
+        self.request_id += 1
+        for server in self.servers:
+            server.send(index, {"op": "status", "id": self.request_id})
+        plain = []
+        for server in self.servers:
+            reply, _ = server.recv(index)
+            assert reply.pop("uptime_ms") >= 0
+            assert reply.pop("pub_endpoint") == server.proc.pub
+            assert reply.pop("remoting") == server.remoting
+            if server.workers:  # DEALERs on workers 1, 2, 1, 2
+                assert reply.pop("worker") == (1, 2, 1, 2)[index], reply
+                assert [w["worker"] for w in reply.pop("workers")] == [1, 2], reply
+            else:
+                assert "worker" not in reply and "workers" not in reply, reply
+            plain.append(reply)
+        if msgspec.msgpack.encode(plain[0]) != msgspec.msgpack.encode(plain[1]):
+            self.fail(f"ZNS/1 status (DEALER {index})", plain[0], plain[1])
 
     def wrote(self, span_s: float) -> None:
         self.write_span_s = max(self.write_span_s, span_s)
@@ -418,7 +445,9 @@ class Run:
 
 def zns1_operation(rnd: random.Random, gen: rd.Generator) -> dict[str, Any]:
     """A ZNS/1 request over the generator's names: its brokers (at their remoting addresses
-    or a ZNS/1 one of their own), clusters, topics and KV keys."""
+    or a ZNS/1 one of their own), clusters, topics and KV keys, with the optional fields of
+    each request drawn too. `large_register` and `held` are placeholders `run_sequence`
+    fills in; `status` is compared but for what names its worker."""
     slot = rnd.choice(gen.slots)
     addr = slot.addr if rnd.random() < 0.5 else slot.addr.replace(":10911", ":20911")
     broker = {"cluster": slot.cluster if rnd.random() < 0.9 else rnd.choice(gen.clusters),
@@ -427,11 +456,19 @@ def zns1_operation(rnd: random.Random, gen: rd.Generator) -> dict[str, Any]:
     roll = rnd.random()
     if roll < 0.15:
         chosen = rnd.sample(topics, rnd.randint(0, 3))
+        extra: dict[str, Any] = {}
+        if rnd.random() < 0.3:  # what a ZNS/1 broker may add (docs/protocol.md §4)
+            extra = {"ha_addr": rnd.choice(["", addr.replace(":10911", ":10912")]),
+                     "filter_servers": rnd.sample(["127.0.0.1:40001", "127.0.0.1:40002"],
+                                                  rnd.randint(0, 2)),
+                     "incremental": rnd.random() < 0.5}
         return {"op": "register_broker", **broker, "zone": rnd.choice(["", gen.zones[-1]]),
                 "topics": {t: {"read_queues": rnd.randint(1, 8), "write_queues": rnd.randint(1, 8),
-                               "perm": rnd.choice([2, 4, 6])} for t in chosen},
+                               "perm": rnd.choice([2, 4, 6]), "sys_flag": rnd.choice([0, 0, 1, 3]),
+                               "order": rnd.random() < 0.2} for t in chosen},
                 "heartbeat_timeout_ms": 120_000,
-                "data_version": {"state": rnd.randint(0, 2), "counter": rnd.randint(0, 3)}}
+                "data_version": {"state": rnd.randint(0, 2), "counter": rnd.randint(0, 3)},
+                **extra}
     if roll < 0.22:
         return {"op": "heartbeat", **broker,
                 "data_version": {"state": rnd.randint(0, 2), "counter": 1}}
@@ -441,11 +478,14 @@ def zns1_operation(rnd: random.Random, gen: rd.Generator) -> dict[str, Any]:
         return {"op": rnd.choice(["wipe_write_perm", "add_write_perm"]),
                 "broker_name": rnd.choice(names)}
     if roll < 0.34:
-        return {"op": "delete_topic", "topic": rnd.choice(topics)}
+        return {"op": "delete_topic", "topic": rnd.choice(topics),
+                "cluster": rnd.choice(["", "", *gen.clusters])}
     if roll < 0.38:
         return {"op": "register_topic", "topic": rnd.choice(topics),
-                "queues": [{"broker_name": rnd.choice(names), "read_queues": 4,
-                            "write_queues": 4, "perm": 6, "sys_flag": 0}]}
+                "queues": [{"broker_name": rnd.choice(names), "read_queues": rnd.randint(1, 8),
+                            "write_queues": 4, "perm": rnd.choice([2, 6]),
+                            "sys_flag": rnd.choice([0, 1])}
+                           for _ in range(rnd.randint(1, 2))]}
     ns, key = rnd.choice(gen.namespaces), rnd.choice(gen.kv_keys)
     if roll < 0.42:
         return {"op": "kv_put", "namespace": ns, "key": key,
@@ -454,19 +494,36 @@ def zns1_operation(rnd: random.Random, gen: rd.Generator) -> dict[str, Any]:
         return {"op": "kv_delete", "namespace": ns, "key": key}
     if roll < 0.47:
         return {"op": "expiry"}
+    if roll < 0.48:
+        return {"op": "large_register", **broker}
     if roll < 0.6:
-        return {"op": "get_route", "topic": rnd.choice(topics)}
+        return {"op": "get_route", "topic": rnd.choice(topics),
+                "zone": rnd.choice(["", "", *gen.zones[1:], *gen.asked_zones])}
     if roll < 0.67:
-        return {"op": "get_routes", "topics": rnd.sample(topics, 3)}
+        return {"op": "get_routes", "topics": rnd.sample(topics, 3), "held": rnd.random() < 0.5}
     if roll < 0.74:
         return {"op": "get_cluster_info"}
     if roll < 0.8:
-        return {"op": "get_topics", "cluster": rnd.choice(["", *gen.clusters])}
-    if roll < 0.87:
+        return {"op": "get_topics", "cluster": rnd.choice(["", *gen.clusters]),
+                "sys_flag": rnd.choice([0, 0, 1, 2])}
+    if roll < 0.85:
         return {"op": "snapshot"}
+    if roll < 0.87:
+        return {"op": "status"}
     if roll < 0.94:
         return {"op": "kv_list", "namespace": ns}
     return {"op": "kv_get", "namespace": ns, "key": key}
+
+
+def large_topics(rnd: random.Random, gen: rd.Generator) -> dict[str, Any]:
+    """A registration's topics whose events are not shipped with its command
+    (zns.core.replication: past MAX_SHIPPED_EVENTS events, or past MAX_SHIPPED_EVENT_BYTES
+    of them), so each worker's replica makes its own: 300 topics, or 200 of long names."""
+    if rnd.random() < 0.5:
+        assert 300 > MAX_SHIPPED_EVENTS
+        return {f"{gen.prefix}L{i}": {} for i in range(300)}
+    assert 200 <= MAX_SHIPPED_EVENTS
+    return {f"{gen.prefix}N{i}_{'n' * 110}": {"read_queues": 8} for i in range(200)}
 
 
 def run_sequence(run: Run, seed: int, steps: int) -> None:
@@ -475,6 +532,7 @@ def run_sequence(run: Run, seed: int, steps: int) -> None:
     reads = gen.reads()
     seen = rd.Observed()
     expiries = 1
+    large = 1  # registrations whose events are too many to ship (each costs its reads)
     for n in range(steps):
         run.steps += 1
         if rnd.random() < 0.5:
@@ -503,8 +561,33 @@ def run_sequence(run: Run, seed: int, steps: int) -> None:
                                for server in run.servers for seen_events in server.events)
                 wait_for(gone)
                 run.barrier()
-            elif fields["op"] in ("get_route", "get_routes", "get_cluster_info", "get_topics",
-                                  "snapshot", "kv_list", "kv_get"):
+            elif fields["op"] == "large_register":
+                if not large:
+                    continue
+                large -= 1
+                run.made["large registration"] = run.made.get("large registration", 0) + 1
+                fields = {**fields, "op": "register_broker", "topics": large_topics(rnd, gen)}
+                run.history[-1] = f"{seed}/{n} ZNS/1 over DEALER {index}: large registration " \
+                    f"of {fields['broker_name']} at {fields['broker_addr']}, " \
+                    f"{len(fields['topics'])} topics"
+                run.zns1(index, fields)
+                run.barrier()
+            elif fields["op"] == "status":
+                run.status(index)
+            elif fields["op"] == "get_routes":
+                if fields.pop("held"):  # a pull by revision: what was read last, or older
+                    fields["held"] = {t: max(0, run.revisions.get(t, 0) - rnd.choice([0, 0, 1]))
+                                      for t in fields["topics"]}
+                    fields["held_epoch"] = OWN_EPOCH if rnd.random() < 0.8 else "0" * 16
+                    run.history[-1] = f"{seed}/{n} ZNS/1 over DEALER {index}: {fields}"
+                    run.made["get_routes held"] = run.made.get("get_routes held", 0) + 1
+                run.revisions.update(run.zns1(index, fields)["revisions"])
+            elif fields["op"] == "get_route":
+                reply = run.zns1(index, fields)
+                if "revision" in reply:
+                    run.revisions[fields["topic"]] = reply["revision"]
+            elif fields["op"] in ("get_cluster_info", "get_topics", "snapshot", "kv_list",
+                                  "kv_get"):
                 run.zns1(index, fields)
             else:
                 run.zns1(index, fields)
@@ -537,10 +620,11 @@ def test_zns1_and_remoting_into_one_process_and_two_workers_answer_alike(
         assert run.steps == len(SEEDS) * STEPS
         assert len(servers[0].events[0]) > 100
         for kind in ("register", "close", "close an older connection", "expiry", "ZNS/1 expiry",
-                     "unregister", "904", "322", "register topic", "kv put", "kv delete"):
+                     "unregister", "904", "322", "register topic", "kv put", "kv delete",
+                     "large registration", "get_routes held"):
             assert run.made.get(kind), (kind, run.made)
         assert servers[1].pids is not None and servers[1].side.used == set(servers[1].pids)
-        print(f"{run.steps} steps in {time.monotonic() - started:.1f} s")
+        print(f"{run.steps} steps in {time.monotonic() - started:.1f} s: {run.made}")
     finally:
         for server in servers:
             server.close()
