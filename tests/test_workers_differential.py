@@ -39,6 +39,7 @@ import os
 import random
 import re
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -731,11 +732,11 @@ def test_a_remoting_pull_after_an_event_never_answers_an_older_route(
         server.close()
 
 
-# Each of these registrations is an `Apply` of about 60 KB (its command and its shipped
-# events), so a few fill a stopped worker's channel (a socketpair: 208 KiB of send buffer by
-# default); the rest wait in the state process, not written to that worker.
-FENCE_WRITES = 24
-FENCE_BULK_TOPICS = 120
+# Registrations whose commands hold, in their topic names alone, four times the send buffer
+# of a stopped worker's channel (a socketpair's, as this host makes them: 208 KiB by
+# default): the last ones wait in the state process, not written to that worker.
+FENCE_WRITES = 16
+FENCE_TOPIC_BYTES = 120  # the length of each bulk topic's name
 # The state process drops a worker that acknowledges nothing for 10 s
 # (zns.core.replication.DEFAULT_ACK_TIMEOUT_MS): the stopped one is resumed well before.
 FENCE_STOP_S = 4.0
@@ -759,7 +760,11 @@ def test_an_event_waits_until_its_command_is_written_to_every_worker_and_no_pull
         writer, reader, sub = server.peers[0], server.peers[1], server.subs[0]  # 1, 2, 1
         app = server.side.placed(2)  # an application's remoting connection on worker 2
         assert sub.sub is not None
-        bulk = "x" * 100
+        pair = socket.socketpair()  # as the state process makes each channel
+        buffer = pair[0].getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        for end in pair:
+            end.close()
+        per_write = max(100, -(-4 * buffer // (FENCE_WRITES * FENCE_TOPIC_BYTES)))
 
         def route_events(timeout_ms: int) -> list[Any]:
             """The route events of the `P` topics worker 1's subscriber gets within
@@ -781,7 +786,8 @@ def test_an_event_waits_until_its_command_is_written_to_every_worker_and_no_pull
             while written < FENCE_WRITES and time.monotonic() - started < FENCE_STOP_S:
                 n = written
                 topics: dict[str, Any] = {f"P{n}": {}}
-                topics.update({f"B{n}_{i}_{bulk}": {} for i in range(FENCE_BULK_TOPICS)})
+                topics.update({f"B{n}_{i:05}_".ljust(FENCE_TOPIC_BYTES, "x"): {}
+                               for i in range(per_write)})
                 writer.ok("register_broker", cluster="c1", broker_name=f"b{n}", broker_id=0,
                           broker_addr=f"10.6.0.{n + 1}:10911", topics=topics)
                 written += 1
@@ -803,7 +809,7 @@ def test_an_event_waits_until_its_command_is_written_to_every_worker_and_no_pull
                 os.kill(state_process, signal.SIGCONT)
         finally:
             os.kill(stopped, signal.SIGCONT)
-        assert written >= 8, f"only {written} registrations in {FENCE_STOP_S} s"
+        assert written == FENCE_WRITES, f"only {written} registrations in {FENCE_STOP_S} s"
         older = [("ZNS/1", event.topic, event.revision, reply) for event, reply in zip(seen, zns1)
                  if isinstance(reply, schema.Error) or reply.revision < event.revision]
         older += [("remoting", event.topic, event.revision, reply.code, reply.remark)
