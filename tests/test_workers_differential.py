@@ -6,7 +6,13 @@ The remoting steps come from tests/interop/differential.py's Generator (the one 
 the Java NameServer, here with `explore` and `expiry`): registrations of every form,
 unregistrations, closes of broker connections, heartbeats, data-version queries, topic
 deletion, write perms, REGISTER_TOPIC, KV; the ZNS/1 steps (`zns1_operation`) write and
-read the same broker names, addresses, clusters, topics and KV keys. Each side holds its
+read the same broker names, addresses, clusters, topics and KV keys, every write and read
+op of the schema with its optional fields (`status` too, alike but for the fields that
+name the answering worker), pulls by held revision, and once per sequence a registration
+whose events are too many to ship with its command (each worker's replica makes its own).
+Never drawn: peer hints (`Suspect`: no peer NameServer here), stalls (`ShiftDeadlines`),
+warm restarts (`Restore`), a worker's death and its replacement's state transfer, and
+connections closing at once (below). Each side holds its
 connections on both workers deliberately: ZNS/1 DEALERs and SUBs pinned to each worker,
 remoting connections placed on the workers in turn (`PlacedSide`).
 
