@@ -61,7 +61,7 @@ from test_workers_serve import (
     hears_with_others_stopped, holder_of, server_side_open, worker_pid,
 )
 from zns.core import schema
-from zns.core.replication import MAX_SHIPPED_EVENTS
+from zns.core.replication import DEFAULT_WINDOW, MAX_SHIPPED_EVENTS
 from zns.core.state import WriteRequest
 
 SEEDS = [int(s) for s in os.environ.get("ZNS_WORKERS_DIFFERENTIAL_SEEDS", "1,2,3,4").split(",")]
@@ -830,6 +830,70 @@ def test_an_event_waits_until_its_command_is_written_to_every_worker_and_no_pull
         later = wait_for(lambda: seen_topics | {e.topic for e in route_events(100)} >= {
             f"P{n}" for n in range(written)} or None)
         assert later
+    finally:
+        server.close()
+
+
+# Writes through worker 2 while worker 1 is stopped: past two windows of commands
+# (zns.core.replication.DEFAULT_WINDOW, 1024 sent and unacknowledged per worker), so that
+# when worker 1 resumes, has applied what its channel holds and forwards a write, that
+# write's command is still outside its window: its `Answer` reaches it before its `Apply`.
+RYW_WRITES = 2 * DEFAULT_WINDOW + 512
+RYW_WRITERS = 8  # connections on worker 2, each with its writes pipelined
+RYW_RESUME_S = 1.0  # worker 1 runs alone this long (see the test)
+
+
+def test_a_write_answered_before_its_command_arrives_is_replied_once_applied(
+        tmp_path: Path, ctx: Any) -> None:
+    """Read-your-writes where it is not free: the state process sends a worker at most a
+    window of commands unacknowledged, but the answer to a write it forwarded at once, so
+    a worker far behind gets a write's answer before the write's command; it must reply
+    only once its replica applied that command (`Replica._release_answers`), or a read
+    behind the write on the same connection answers without it. The differential never
+    gets there (its workers are never a window behind), nor do the tests above."""
+    server = Server(tmp_path, ctx, 2)
+    try:
+        assert server.pids is not None
+        own = server.peers[0]  # on worker 1
+        writers = [server.peer_on_worker(2) for _ in range(RYW_WRITERS)]
+        stopped, state_process = server.pids[0], server.proc.proc.pid
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            for n in range(RYW_WRITES):
+                writers[n % RYW_WRITERS].send_raw(schema.encode({
+                    "op": "kv_put", "namespace": "ryw", "key": f"k{n}", "value": "v", "id": n}))
+            for n in range(RYW_WRITES):
+                reply = schema.decode_reply(writers[n % RYW_WRITERS].recv_raw()[-1])
+                assert isinstance(reply, schema.KvPutReply), reply
+            took = time.monotonic() - started
+            # A write and a read of it, pipelined over worker 1's connection, read by it
+            # as it resumes.
+            own.send_raw(schema.encode({"op": "kv_put", "namespace": "ryw", "key": "mine",
+                                        "value": "written", "id": 1}))
+            own.send_raw(schema.encode({"op": "kv_get", "namespace": "ryw", "key": "mine",
+                                        "id": 2}))
+            # Worker 1 resumes with the state process stopped: it applies what its channel
+            # holds (a window at most), acknowledges it and forwards the write, and the
+            # state process then reads both at once, so the window it slides is still
+            # short of the write's command. (Were worker 1 slower than this, the state
+            # process would only send it more first: a weaker test, never a false failure.)
+            os.kill(state_process, signal.SIGSTOP)
+            try:
+                os.kill(stopped, signal.SIGCONT)
+                time.sleep(RYW_RESUME_S)
+            finally:
+                os.kill(state_process, signal.SIGCONT)
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        # Worker 1 was stopped for less than the state process's ack timeout (10 s), so it
+        # is still the worker that answers (not a replacement that loaded a new state).
+        assert took < 6, f"{RYW_WRITES} writes took {took:.1f} s"
+        written = schema.decode_reply(own.recv_raw()[-1])
+        assert isinstance(written, schema.KvPutReply), written
+        read = schema.decode_reply(own.recv_raw()[-1])
+        assert isinstance(read, schema.KvGetReply) and read.value == "written", read
+        assert worker_pid(server.proc, 1) == stopped
     finally:
         server.close()
 
