@@ -10,7 +10,8 @@ read the same broker names, addresses, clusters, topics and KV keys, every write
 op of the schema with its optional fields (`status` too, alike but for the fields that
 name the answering worker), pulls by held revision, and once per sequence a registration
 whose events are too many to ship with its command (each worker's replica makes its own).
-Never drawn: peer hints (`Suspect`: no peer NameServer here), stalls (`ShiftDeadlines`),
+Once a run, a peer hint (§10: both follow a third NameServer, which expires a broker they
+hold). Never drawn: stalls (`ShiftDeadlines`),
 warm restarts (`Restore`), a worker's death and its replacement's state transfer, and
 connections closing at once (below). Each side holds its
 connections on both workers deliberately: ZNS/1 DEALERs and SUBs pinned to each worker,
@@ -120,9 +121,13 @@ class Server:
     """One `zns serve --remoting` under test: its ZNS/1 DEALERs and SUBs (one per worker for
     the split), its remoting connections, and every event each SUB saw."""
 
-    def __init__(self, tmp_path: Path, ctx: zmq.Context, workers: int) -> None:
+    def __init__(self, tmp_path: Path, ctx: zmq.Context, workers: int,
+                 peer: str | None = None) -> None:
+        """`peer`: another NameServer's router, followed for hints (§10)."""
         args = ["--remoting", "127.0.0.1:0", "--heartbeat-interval", "0.1", "--workers",
                 str(workers)]  # 0 given: the default is workers
+        if peer is not None:
+            args += ["--peer", peer, "--peer-grace", "1"]
         self.proc = ProcessServer(tmp_path, *args, kv_path=tmp_path / f"kv-{workers}.json")
         wait_for(lambda: self.proc.output().count("serving requests on") == max(workers, 1))
         self.workers = workers
@@ -137,6 +142,9 @@ class Server:
             self.subs = [self.subscriber()]
         self.events: list[list[Any]] = [[] for _ in self.subs]
         self.side = PlacedSide(self.remoting, self.pids)
+        if peer is not None:  # every worker's own link is up (`status` compares them)
+            for each in self.peers:
+                wait_for(lambda: each.ok("status").peers == {peer: True})
         # Its epoch, masked out of what is compared: the same from every worker.
         epochs = {peer.ok("status").epoch for peer in self.peers}
         assert len(epochs) == 1, epochs
@@ -217,8 +225,9 @@ class Run:
     """The two servers driven side by side; the first difference fails the test, with the
     steps that led to it."""
 
-    def __init__(self, single: Server, split: Server) -> None:
+    def __init__(self, single: Server, split: Server, hints: Peer | None = None) -> None:
         self.servers = [single, split]
+        self.hints = hints  # a DEALER to the NameServer both follow for hints (§10)
         self.history: list[str] = []
         self.request_id = 0
         self.steps = 0
@@ -251,6 +260,34 @@ class Run:
             self.wrote(span)
         self.ages_agree(one_ages, two_ages, span, fields)
         return one
+
+    def peer_hint(self, gen: rd.Generator, seed: int, index: int) -> None:
+        """A broker registered on both with an 8 s timeout, and on the NameServer both
+        follow with 1 s: that one expires it and both remove it as `peer_expired` about
+        2 s later (a quarter of its timeout after the hint), each taking the hint its own
+        way (under --workers, every worker's links forward it to the state process, which
+        applies and replicates one `Suspect`). Nothing else is sent meanwhile."""
+        assert self.hints is not None
+        hinted = {"cluster": gen.clusters[0], "broker_name": f"{gen.prefix}hinted",
+                  "broker_id": 0, "broker_addr": f"10.8.{seed % 250}.1:10911"}
+        self.zns1(index, {"op": "register_broker", **hinted, "topics": {gen.topics[1]: {}},
+                          "heartbeat_timeout_ms": 8_000})
+        self.barrier()
+        self.hints.ok("register_broker", **hinted, heartbeat_timeout_ms=SHORT_TIMEOUT_MS)
+
+        def removals() -> list[Any] | None:
+            found = []
+            for server in self.servers:
+                server.drain()
+                for seen in server.events:
+                    found += [e for e in seen if e.get("broker_name") == hinted["broker_name"]
+                              and e.get("change") == "removed"]
+            return found if len(found) == 3 else None  # one per SUB: 1 + 2 workers
+        reasons = [e["reason"] for e in wait_for(removals)]
+        if reasons != ["peer_expired"] * 3:
+            self.fail("the hinted broker's removal", reasons[:1], reasons[1:])
+        self.made["peer hint"] = self.made.get("peer hint", 0) + 1
+        self.barrier()
 
     def status(self, index: int) -> None:
         """`status` over DEALER `index` of both: alike but for what is each server's or
@@ -542,6 +579,9 @@ def run_sequence(run: Run, seed: int, steps: int) -> None:
     large = 1  # registrations whose events are too many to ship (each costs its reads)
     for n in range(steps):
         run.steps += 1
+        if n == steps // 2 and run.hints is not None and not run.made.get("peer hint"):
+            run.history.append(f"{seed}/{n} a peer hint")  # once a run: it costs 2-3 s
+            run.peer_hint(gen, seed, rnd.randrange(4))
         if rnd.random() < 0.5:
             step = gen.step(seen)
             run.history.append(f"{seed}/{n} remoting: {step.what}")
@@ -615,10 +655,13 @@ def run_sequence(run: Run, seed: int, steps: int) -> None:
 def test_zns1_and_remoting_into_one_process_and_two_workers_answer_alike(
         tmp_path: Path, ctx: Any) -> None:
     servers: list[Server] = []
+    source = ProcessServer(tmp_path, "--heartbeat-interval", "0.1",
+                           kv_path=tmp_path / "kv-hints.json")
+    hints = Peer(source.router, None, ctx)
     try:
-        servers.append(Server(tmp_path, ctx, 0))
-        servers.append(Server(tmp_path, ctx, 2))
-        run = Run(*servers)
+        servers.append(Server(tmp_path, ctx, 0, peer=source.router))
+        servers.append(Server(tmp_path, ctx, 2, peer=source.router))
+        run = Run(*servers, hints=hints)
         run.configuration()
         started = time.monotonic()
         for seed in SEEDS:
@@ -628,13 +671,15 @@ def test_zns1_and_remoting_into_one_process_and_two_workers_answer_alike(
         assert len(servers[0].events[0]) > 100
         for kind in ("register", "close", "close an older connection", "expiry", "ZNS/1 expiry",
                      "unregister", "904", "322", "register topic", "kv put", "kv delete",
-                     "large registration", "get_routes held"):
+                     "large registration", "get_routes held", "peer hint"):
             assert run.made.get(kind), (kind, run.made)
         assert servers[1].pids is not None and servers[1].side.used == set(servers[1].pids)
         print(f"{run.steps} steps in {time.monotonic() - started:.1f} s: {run.made}")
     finally:
         for server in servers:
             server.close()
+        hints.close()
+        assert source.stop() == 0
 
 
 # --- no client goes back in time, over remoting -------------------------------------------
