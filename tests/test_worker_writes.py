@@ -810,3 +810,22 @@ class _TokensOnly:
     def forward(self, request: bytes) -> int:
         self.sent += 1
         return self.sent
+
+
+def test_a_worker_that_is_stopping_refuses_a_write_busy_instead_of_forwarding_it(
+        worker_router: tuple[Any, Any, zmq.Socket]) -> None:
+    # Once its state process is gone (or its replica failed) a worker ends at the end of
+    # its loop's pass. A write read in that pass was forwarded and never answered: its
+    # client waited for its own timeout. It is refused `busy` at once now, as reads are.
+    service, requests, peer = worker_router
+    stopped: list[bool] = []
+    service.gone = lambda: stopped.append(True)
+    service.stop_serving()
+    assert stopped == [True]
+    peer.send(schema.encode({"op": "kv_put", "id": 7, "namespace": "ns", "key": "k",
+                             "value": "v"}))
+    wait_for(lambda: (requests.run({}, 1000, 10**9), peer.poll(0))[1])
+    reply = schema.decode_reply(peer.recv())
+    assert isinstance(reply, schema.Error) and reply.code == "busy" and reply.id == 7
+    assert "stopping" in reply.message
+    assert service.link.forwarded == [] and service.forwarded.in_flight == 0

@@ -127,7 +127,8 @@ class ReplicaService(NameService):
         self._forked = forked
         self.overview: Overview | None = None  # the whole's last figures (`status`)
         self.link: ReplicaLink | None = None
-        self.gone: Callable[[], None] = lambda: None  # the state process is gone: stop
+        self.gone: Callable[[], None] = lambda: None  # ends the loop (Server.stop)
+        self.stopping = False  # `stop_serving` was called: no write is forwarded any more
         # Applies what the state process wrote to this worker (ReplicaSource.catch_up, set
         # once it serves): `catch_up` runs it before each read and after each forward.
         self.take_in_written: Callable[[], None] = lambda: None
@@ -209,6 +210,11 @@ class ReplicaService(NameService):
             return self._suspect(command), []
         if type(command) is not Write:
             raise Internal(f"a worker applies no {type(command).__name__} of its own")
+        if self.stopping:
+            # Its answer would never come (the channel is gone, or this worker ends at the
+            # end of the loop's pass): refused now, the client retries elsewhere at once
+            # instead of waiting for its own timeout.
+            raise Busy("this worker is stopping; retry")
         writes = self.forwarded
         body = msgspec.msgpack.encode(command)
         link = self.link
@@ -281,8 +287,14 @@ class ReplicaService(NameService):
         try:
             return link.forward(body)
         except ConnectionLost:
-            self.gone()
+            self.stop_serving()
             raise Busy("the state process is gone; retry at another NameServer") from None
+
+    def stop_serving(self) -> None:
+        """The state process is gone, or this replica failed: end the worker. The rest of
+        the loop's pass forwards no write (`apply`) and answers no read (ReplicaSource)."""
+        self.stopping = True
+        self.gone()
 
     def expire(self, now: int) -> Sequence[Frames]:
         return []
@@ -517,8 +529,8 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket,
     except (ConnectionLost, msgspec.DecodeError) as exc:
         log.error("no state from the state process (%s)", exc)  # named by the filter
         return 1
-    reporter = _Reporter(link, lambda: service.gone())
-    replicating = ReplicaSource(link, service.forwarded, lambda: service.gone())
+    reporter = _Reporter(link, service.stop_serving)
+    replicating = ReplicaSource(link, service.forwarded, service.stop_serving)
     server = WorkerServer(config, worker, context=zmq.Context(), service=service,
                           reuse_port=True,
                           first_connection_id=(connections << CONNECTION_ID_BITS) + 1,
