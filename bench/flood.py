@@ -33,7 +33,11 @@ the busy time taken for a stall. Meanwhile {brokers} brokers registered with
 `heartbeat_timeout_ms` = {timeout} fall silent, one every {gap_ms:g} ms. A
 subscriber records the gaps between `hb` events (interval {interval:g} s) and the
 arrival of each `removed`/`expired`; lateness = arrival − (arrival of the
-registration's reply + timeout).
+registration's reply + timeout). The server starts the timeout when it applies the
+registration, between the request's send and its reply's arrival, so a removal can
+arrive before that mark by up to the reply's way back: such a sample counts 0 ms. A
+removal before the send's mark + timeout would be a broker expired early, and ends
+the run as an error.
 Stalls = `the server stalled` lines in the server's log (busy time must never be
 one).
 """
@@ -82,6 +86,7 @@ def run(config: RunConfig) -> BenchResult:
                                             args=(zns.router, seconds, in_flight, done))
             flood.start()
             registered: dict[str, float] = {}
+            sent_at: dict[str, float] = {}
             gap_ms = seconds * 500 / brokers
             hbs: list[float] = []
             expired: dict[str, float] = {}
@@ -91,6 +96,7 @@ def run(config: RunConfig) -> BenchResult:
                 now = time.monotonic()
                 if len(registered) < brokers and now >= next_broker:
                     addr = broker_addr(1000 + r * brokers + len(registered))
+                    sent_at[addr] = time.monotonic()
                     check_reply(session.call_raw(register_request(
                         f"silent-{r}-{len(registered)}", addr, [],
                         heartbeat_timeout_ms=TIMEOUT_MS)))
@@ -117,7 +123,14 @@ def run(config: RunConfig) -> BenchResult:
             gaps = [(b - a) * 1000 for a, b in zip(hbs, hbs[1:])]
             if not gaps:
                 raise BenchError("no hb during the flood")
-            lateness = [(expired[a] - t) * 1000 - TIMEOUT_MS for a, t in registered.items()]
+            early = [a for a in registered if (expired[a] - sent_at[a]) * 1000 < TIMEOUT_MS]
+            if early:
+                raise BenchError(f"{len(early)} brokers removed before their timeout, counted "
+                                 f"from their registration's send: {early[:3]}")
+            # From the reply's arrival, which is after the server started the timeout: a
+            # removal that beat the reply back counts 0 (see METHOD), never negative.
+            lateness = [max(0.0, (expired[a] - t) * 1000 - TIMEOUT_MS)
+                        for a, t in registered.items()]
             gaps_max.append(max(gaps))
             gaps_p99.append(percentile(gaps, 99))
             late_p99.append(percentile(lateness, 99))
