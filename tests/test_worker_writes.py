@@ -600,7 +600,8 @@ def test_a_worker_that_stopped_on_its_channel_answers_no_more_reads(failure: str
     link = ReplicaLink(ours, Replica(), apply=apply, load=lambda seq, dump: None,
                        publish=lambda seq, events: None, written=written)
     stopped: list[bool] = []
-    source = ReplicaSource(link, ForwardedWrites(timeout_ms=30_000), lambda: stopped.append(True))
+    source = ReplicaSource(link, ForwardedWrites(timeout_ms=30_000), lambda: stopped.append(True),
+                           lambda: bool(stopped))
     bodies = [encode(State(seq=0, dump=b"")), encode(Apply(seq=1, command=b"c1", events=[])),
               encode(Apply(seq=2, command=b"c2", events=[]))]
     if failure == "decode":  # no msgpack at all (the state process's bug) after both

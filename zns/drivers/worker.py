@@ -329,13 +329,12 @@ class ReplicaSource:
 
     what = "applying replicated commands"
 
-    def __init__(self, link: ReplicaLink, writes: ForwardedWrites,
-                 gone: Callable[[], None]) -> None:
-        self._link, self._writes, self._gone = link, writes, gone
+    def __init__(self, link: ReplicaLink, writes: ForwardedWrites, stop: Callable[[], None],
+                 stopping: Callable[[], bool] = lambda: False) -> None:
+        """`stop` ends the worker (ReplicaService.stop_serving); `stopping` says whether it
+        was (by this source or another: the worker serves on until its loop's pass ends)."""
+        self._link, self._writes, self._stop, self._stopping = link, writes, stop, stopping
         self.failed = False  # its replica failed to apply a command (then it stops)
-        # It ended the worker (`_follow`): its replica may have handed out commands it did not
-        # apply, and the worker serves on until its loop's pass ends.
-        self.stopped = False
         self._poll: PollSet | None = None
         self._flags = 0  # what the channel is polled for
 
@@ -375,8 +374,9 @@ class ReplicaSource:
             raise Busy("this worker is stopping; retry")
 
     def _follow(self, step: Callable[[], None]) -> bool:
-        """Run a step of the replica's; False when it ended the worker (now or before)."""
-        if self.stopped:
+        """Run a step of the replica's; False when the worker is stopping (ended by this step,
+        before it, or elsewhere: a lost channel, the reporter)."""
+        if self._stopping():
             # Refused, not stepped: the replica's `applied` may count commands that were
             # handed out and never applied (the failure, or a message that could not be
             # decoded, cut the batch short), so a catch-up would find nothing to take in and
@@ -386,8 +386,7 @@ class ReplicaSource:
             step()
         except (ConnectionLost, msgspec.DecodeError) as exc:
             log.error("the state process is gone (%s); stopping", exc)
-            self.stopped = True
-            self._gone()
+            self._stop()
             return False
         except Busy:
             raise
@@ -396,8 +395,8 @@ class ReplicaSource:
             # without it, nor hold every later event behind one never produced. Another
             # worker, started from a state transfer, takes its place.
             log.exception("a bug while applying the state process's commands; stopping")
-            self.failed = self.stopped = True  # the worker exits with code 1: replaced at once
-            self._gone()
+            self.failed = True  # the worker exits with code 1: replaced at once
+            self._stop()
             return False
         return True
 
@@ -530,7 +529,8 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket,
         log.error("no state from the state process (%s)", exc)  # named by the filter
         return 1
     reporter = _Reporter(link, service.stop_serving)
-    replicating = ReplicaSource(link, service.forwarded, service.stop_serving)
+    replicating = ReplicaSource(link, service.forwarded, service.stop_serving,
+                                lambda: service.stopping)
     server = WorkerServer(config, worker, context=zmq.Context(), service=service,
                           reuse_port=True,
                           first_connection_id=(connections << CONNECTION_ID_BITS) + 1,
