@@ -692,8 +692,7 @@ class Replica:
                     # Not applied (stale: a state is on its way; or a gap or a duplicate),
                     # but read, so written to this worker: the fence it carries holds, and
                     # the primary sends no Fence of what it told so (`Primary.tell_fence`).
-                    if min(fence, seq) > self.fence:
-                        self.fence = min(fence, seq)
+                    if self._raise_fence(min(fence, seq)):
                         self._release_events(self._ahead)
                     if not self.awaiting_state:
                         self._ask_state()
@@ -705,9 +704,8 @@ class Replica:
                     self._hold(seq, events)
                 self._actions.append(ApplyCommand(seq, command, produce=events is None))
                 self._release_answers()
-                if min(fence, seq) > self.fence:
-                    self.fence = min(fence, seq)
-                self._release_events(self._ahead)
+                self._raise_fence(min(fence, seq))
+                self._release_events(self._ahead)  # this command's own too, if passed
             case State(seq=seq, dump=dump, offset=offset, total=total, transfer=number):
                 if total >= 0:  # a part
                     whole = self._assemble(number, seq, dump, offset, total)
@@ -723,8 +721,7 @@ class Replica:
                 self._actions.append(LoadState(seq, dump))
                 self._release_answers()
             case Fence(seq=seq):
-                if seq > self.fence:
-                    self.fence = seq
+                if self._raise_fence(seq):
                     self._release_events(self._ahead)
             case Answer(token=token, seq=seq, reply=reply):
                 self._answers.append((seq, token, reply))
@@ -802,6 +799,13 @@ class Replica:
             return None
         self._parts = None
         return bytes(buffer)
+
+    def _raise_fence(self, seq: int) -> bool:
+        """Move the fence up to `seq` (never down); whether it moved."""
+        if seq <= self.fence:
+            return False
+        self.fence = seq
+        return True
 
     def _ask_state(self) -> None:
         self.awaiting_state = True
