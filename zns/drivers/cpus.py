@@ -6,7 +6,7 @@ another core that is idle, waking it costs more than the work itself: on a VM, 5
 each, the time for the host to run that virtual CPU again. Pinned to one core, the state
 process, worker 1 and its threads hand over by a context switch, and the worker finds the
 state process's answer in its channel as soon as its own send returns: push latency p50 with
-one worker +30 us over one process instead of +140 to +200 on the 2-core test VM
+one worker +31 to +34 us over one process instead of +158 to +193 on the 2-core test VM
 (docs/operations.md, *Pinning processes to CPUs*).
 
 What it costs: the kernel no longer moves a pinned process off a core that other work keeps
