@@ -129,15 +129,16 @@ class Server:
         # The KV store this server opened (and closes: its file's lock goes with it), if any.
         self._kv: KvStore | None = None
         if service is None:
-            self._kv = kv = KvStore(config.kv_path)
-        self.service = service or NameService(
-            kv, epoch=new_epoch(), started_at_ms=self._now(), version=__version__,
-            authorize=self.security.authorize if self.security else None, limits=config.limits,
-            max_reply_bytes=self.reply_budget.burst,
-            key_name=self.security.key_name if self.security else None,
-            address_of=peer_address,
-        )
-        if service is not None:  # a worker's: what this server knows of its peers too
+            self._kv = KvStore(config.kv_path)
+            self.service = NameService(
+                self._kv, epoch=new_epoch(), started_at_ms=self._now(), version=__version__,
+                authorize=self.security.authorize if self.security else None,
+                limits=config.limits, max_reply_bytes=self.reply_budget.burst,
+                key_name=self.security.key_name if self.security else None,
+                address_of=peer_address,
+            )
+        else:  # a worker's: what this server knows of its peers too
+            self.service = service
             service.authorize = self.security.authorize if self.security else None
             service.max_reply_bytes = self.reply_budget.burst
             service.key_name = self.security.key_name if self.security else None
