@@ -461,3 +461,27 @@ def test_a_peer_churning_brokers_writes_at_most_the_repeat_filters_lines_in_the_
         assert not any(line.split("zns: ", 1)[1].startswith("worker ") for line in lines)
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.parametrize("shared", ["--router", "--pub"])
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_a_second_zns_on_a_port_a_running_one_serves_is_refused_in_one_line(
+        tmp_path: Path, shared: str, workers: str) -> None:
+    # Every worker binds with SO_REUSEPORT: a second instance that did too would share the
+    # port, the kernel splitting connections between two NameServers (reserve_port).
+    first = ProcessServer(tmp_path, "--workers", "2")
+    try:
+        wait_for(lambda: first.output().count("serving requests on") == 2)
+        taken = first.router if shared == "--router" else first.pub
+        endpoints = {"--router": "tcp://127.0.0.1:*", "--pub": "tcp://127.0.0.1:*", shared: taken}
+        result = subprocess.run(
+            [sys.executable, "-m", "zns", "serve", "--workers", workers,
+             *(word for option in endpoints.items() for word in option),
+             "--kv-path", str(tmp_path / "second-kv.json")],
+            capture_output=True, text=True, timeout=30)
+        assert result.returncode != 0
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and taken in lines[0] and "in use" in lines[0], lines
+        assert not (tmp_path / "second-kv.json").exists()
+    finally:
+        assert first.stop() == 0

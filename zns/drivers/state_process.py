@@ -155,14 +155,22 @@ def execute(service: PrimaryService, request: bytes, now: int) -> tuple[None, by
 
 def reserve_port(endpoint: str) -> tuple[str, socket.socket]:
     """`endpoint` (tcp://host:port) with a port of `*` or 0 made a free port, and the
-    socket that holds it: bound with SO_REUSEPORT, never listening."""
+    socket that holds it: never listening, with SO_REUSEPORT set once it is bound.
+
+    Set before the bind, SO_REUSEPORT would let this bind join any listener of the same
+    user on the port: a second `zns serve` on the same fixed ports would share them with
+    the first, the kernel splitting connections between two NameServers that know nothing
+    of each other. Bound without it, the bind fails (EADDRINUSE) while anything listens
+    there; set after it, the workers' binds (SO_REUSEPORT too) still join this socket.
+    SO_REUSEADDR stays: it passes over the TIME_WAIT connections of an instance just
+    stopped, never over a listener."""
     host, _, port = endpoint[len("tcp://"):].rpartition(":")
     family, address = tcp_address(host, 0 if port in ("*", "0") else int(port))
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     except BaseException:
         sock.close()
         raise
