@@ -318,8 +318,9 @@ def test_a_stop_signal_to_every_process_at_once_starts_no_worker(tmp_path: Path)
     for pid in worker_pids(server).values():
         os.kill(pid, signal.SIGTERM)
     assert server.stop() == 0
+    # A worker's exit may be reaped before the state process's own SIGTERM arrives: its
+    # slot is then due again 1 s later (a clean exit), and the stop comes first.
     assert server.output().count(" started (pid") == 2, server.output()
-    assert "starting another" not in server.output()
 
 
 def test_a_worker_that_does_not_stop_is_killed_after_the_grace_and_the_state_still_written(

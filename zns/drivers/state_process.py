@@ -336,7 +336,9 @@ class StateProcess:
             how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                    else f"exit code {os.waitstatus_to_exitcode(status)}")
             if not self.pool.stopping and not self._stopping:
-                log.warning("worker %d (pid %d) died (%s); starting another", slot + 1, pid, how)
+                # The pool's own line says when the next one starts (1 s after a clean
+                # exit: a stop signal to the state process may be on its way).
+                log.warning("worker %d (pid %d) died (%s)", slot + 1, pid, how)
             self.pool.exited(pid, now, clean=os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
 
     def carry_out(self, now: int) -> None:
