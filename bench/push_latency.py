@@ -25,6 +25,7 @@ class Params:
     subscribers: tuple[int, ...]
     changes: int  # per round
     rtt_duration: float
+    gap_s: float = 0.0  # pause after each change's deliveries before the next one
 
 
 FULL = Params(subscribers=(1, 10, 100), changes=1000, rtt_duration=1.0)
@@ -91,6 +92,8 @@ def measure(config: RunConfig, p: Params, *server_args: str) -> list[Figure]:
                         check_reply(session.call_raw(changes[i % 2]))
                         if not subs.wait_acked(len(rounds) * p.changes + i + 1, ACK_TIMEOUT_S):
                             lost += 1
+                        if p.gap_s:
+                            time.sleep(p.gap_s)
                     rounds.append(rnd)
             finally:
                 arrivals = subs.stop()

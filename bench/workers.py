@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
+import dataclasses
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -62,6 +63,7 @@ _REMOTING_LINE = re.compile(r"RocketMQ remoting listener on (\S+)")
 _WORKER_LINE = re.compile(r"worker (\d+) started \(pid (\d+)")
 WORKER_COUNTS = (0, 1, 2)
 PROJECTED_CORES = (4, 8, 16, 64)
+APART_S = 0.005  # the pause between isolated route changes (workers_lag)
 
 
 @dataclass(frozen=True)
@@ -660,6 +662,10 @@ def run_lag(config: RunConfig) -> BenchResult:
     cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))[:2]))
     pinned = {w: push_latency.measure(config, p.push, "--workers", str(w), "--cpus", cpus)
               for w in (0, 1, 2)}
+    # Changes apart, each after every process has gone to sleep: a real route change (a
+    # broker dies, a permission changes) comes alone, not right behind the last one's event.
+    apart = dataclasses.replace(p.push, subscribers=(1,), gap_s=APART_S)
+    isolated = {w: push_latency.measure(config, apart, "--workers", str(w)) for w in (0, 1, 2)}
     hops = [process_round_trips(p.push.changes) for _ in range(config.rounds)]
     for q in (50, 99):
         figures.append(Figure(
@@ -676,6 +682,16 @@ def run_lag(config: RunConfig) -> BenchResult:
                 after.rounds, "1 process", before.rounds,
                 note=f"{extra:+,.0f} µs against one process"
                 + (" (budget: +100 µs at p50)" if "p50" in before.name else "")))
+    for workers in (1, 2):
+        for before, after in zip(isolated[0], isolated[workers]):
+            if "max" in before.name:
+                continue
+            extra = statistics.median(after.rounds) - statistics.median(before.rounds)
+            figures.append(Figure(
+                f"{before.name}, changes {APART_S * 1000:g} ms apart, {label(workers)}", "µs",
+                after.rounds, "1 process", before.rounds,
+                note=f"{extra:+,.0f} µs against one process"
+                + (" (budget: +100 µs at p50)" if "p50" in before.name else "")))
     for workers in (0, 1, 2):  # pinned, against one process as it runs by default
         for before, after in zip(push[0], pinned[workers]):
             if "max" in before.name:
@@ -688,7 +704,7 @@ def run_lag(config: RunConfig) -> BenchResult:
                 note=f"{extra:+,.0f} µs against one process, not pinned"))
     method = LAG_METHOD.format(samples=p.lag_samples, rate=p.lag_rate,
                                brokers=BACKGROUND_BROKERS, topics=BACKGROUND_TOPICS,
-                               changes=p.push.changes,
+                               changes=p.push.changes, apart_ms=APART_S * 1000,
                                subs=", ".join(map(str, p.push.subscribers)))
     return BenchResult("workers_lag", "Workers: replication lag and push latency", method,
                        figures)
@@ -760,7 +776,12 @@ changes sent on one connection, the next only after every socket got the previou
 `--workers 2`; the subscribers' and the sender's connections land wherever the kernel puts them.
 Then the same three again with `--cpus` naming the machine's first two CPUs (the state process
 and worker 1 pinned to the first, worker 2 to the second; one process to the first), each
-against one process not pinned, as it runs by default. The servers run one after another.
+against one process not pinned, as it runs by default. Then `--workers 0`, `1` and `2`
+once more with 1 subscriber and the changes {apart_ms:g} ms apart: the sender waits that long
+after each change's delivery, so every process has gone to sleep before the next one, as
+before a real route change (a broker dies, a permission changes), which comes alone; back to
+back, a change meets processes still busy with the last one. The servers run one after
+another.
 
 The *bare round trip between two Python processes* is the floor of what a forwarded write's
 way adds to a push: one byte sent over an AF_UNIX socketpair to another Python process that
