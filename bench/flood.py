@@ -35,7 +35,13 @@ subscriber records the gaps between `hb` events (interval {interval:g} s) and th
 arrival of each `removed`/`expired`; lateness = arrival − (arrival of the
 registration's reply + timeout). The server starts the timeout when it applies the
 registration, between the request's send and its reply's arrival, so a removal can
-arrive before that mark by up to the reply's way back: such a sample counts 0 ms.
+arrive before that mark by up to the reply's way back: such a sample counts 0 ms. A
+removal before (the registration's send + timeout) is a broker expired early and ends
+the run as an error, with no allowance: the server stamps a request with its clock read
+after it read the request (whole ms, rounded down) and expires strictly after stamp +
+timeout, so never before send + timeout. (It did stamp with a clock read up to 16
+requests earlier, before the send behind these snapshots: removals came up to 9 ms
+early.)
 Stalls = `the server stalled` lines in the server's log (busy time must never be
 one).
 """
@@ -84,6 +90,7 @@ def run(config: RunConfig) -> BenchResult:
                                             args=(zns.router, seconds, in_flight, done))
             flood.start()
             registered: dict[str, float] = {}
+            sent_at: dict[str, float] = {}
             gap_ms = seconds * 500 / brokers
             hbs: list[float] = []
             expired: dict[str, float] = {}
@@ -93,6 +100,7 @@ def run(config: RunConfig) -> BenchResult:
                 now = time.monotonic()
                 if len(registered) < brokers and now >= next_broker:
                     addr = broker_addr(1000 + r * brokers + len(registered))
+                    sent_at[addr] = time.monotonic()  # the mark the server's stamp is after
                     check_reply(session.call_raw(register_request(
                         f"silent-{r}-{len(registered)}", addr, [],
                         heartbeat_timeout_ms=TIMEOUT_MS)))
@@ -119,6 +127,11 @@ def run(config: RunConfig) -> BenchResult:
             gaps = [(b - a) * 1000 for a, b in zip(hbs, hbs[1:])]
             if not gaps:
                 raise BenchError("no hb during the flood")
+            early = {a: round((expired[a] - sent_at[a]) * 1000 - TIMEOUT_MS, 3)
+                     for a in registered if (expired[a] - sent_at[a]) * 1000 < TIMEOUT_MS}
+            if early:
+                raise BenchError(f"{len(early)} brokers removed before their registration's "
+                                 f"send + timeout (address: ms): {dict(list(early.items())[:3])}")
             # From the reply's arrival, which is after the server started the timeout: a
             # removal that beat the reply back counts 0 (see METHOD), never negative.
             lateness = [max(0.0, (expired[a] - t) * 1000 - TIMEOUT_MS)

@@ -403,6 +403,32 @@ def test_a_slice_ending_exactly_now_is_over(hand):
     assert len(h.listener.connections) == 1
 
 
+def test_what_a_read_holds_is_handled_at_a_clock_read_after_the_read(hand, monkeypatch):
+    # A registration's `now` starts its broker's timeout (§8): not the turn's `now`, read
+    # before the connection was read, possibly before the request was even sent.
+    clock = [1003]
+    h = hand(clock=lambda: clock[0])
+    client = h.connect()
+    client.settimeout(30)
+    h.until(lambda: h.listener.connections)
+    handle, nows = h.listener.service.handle, []
+
+    def handle_at(command, conn, now):  # type: ignore[no-untyped-def]
+        nows.append(now)
+        clock[0] += 1  # each takes 1 ms
+        return handle(command, conn, now)
+
+    monkeypatch.setattr(h.listener.service, "handle", handle_at)
+    client.sendall(b"".join(encode_command(RemotingCommand(code=106, version=479, opaque=i))
+                            for i in range(2)))
+    select.select([h.listener], [], [], 30)
+    h.listener.run({}, 1000, 1 << 62)  # the turn's `now` (1000): read before the request came
+    assert nows == [1003, 1003]  # both arrived by the read, which is after 1003
+    decoder, replies = FrameDecoder(1 << 20), []
+    while len(replies) < 2:
+        replies += decoder.feed(client.recv(1 << 16))
+
+
 def test_large_frames_are_read_into_a_mapping_from_its_threshold_on():
     import mmap
 
@@ -634,9 +660,9 @@ def test_a_slice_ending_after_a_read_still_closes_what_is_idle(hand):
     calls = []
     readings = {"on": False}
 
-    def clock() -> int:  # over from its second reading in a turn on
+    def clock() -> int:  # over from its third reading in a turn on
         calls.append(1)
-        return 100 if readings["on"] and len(calls) > 1 else 0
+        return h.now + (100 if readings["on"] and len(calls) > 2 else 0)
 
     h = hand(idle_timeout_ms=10_000, clock=clock)
     h.connect()
@@ -647,8 +673,8 @@ def test_a_slice_ending_after_a_read_still_closes_what_is_idle(hand):
     h.now += 10_000
     calls.clear()
     readings["on"] = True
-    h.listener.run({}, h.now, 100)  # reads the talker, the slice ends, the quiet one is idle
-    assert len(calls) == 2
+    h.listener.run({}, h.now, h.now + 100)  # reads the talker, the slice ends, the quiet one is idle
+    assert len(calls) == 3  # before the reads, after the talker's (its `now`), after answering it
     assert [e.account.last_active for e in h.listener.connections.values()] == [h.now]
 
 

@@ -17,7 +17,6 @@ from zns.core.service import Response
 from zns.drivers import request_router
 from zns.drivers.loop import PollSet
 from zns.drivers.request_router import (
-    CLOCK_EVERY,
     MAX_ENVELOPE_FRAMES,
     TCP_TIMEOUT_MS,
     RequestRouter,
@@ -142,12 +141,13 @@ def test_a_reconnecting_peer_with_the_same_id_takes_the_replies_over(rig: Rig) -
     assert reply_of(second) == [b"re:two"]
 
 
-def test_each_request_is_answered_with_its_envelope_and_the_time_given(rig: Rig) -> None:
+def test_each_request_is_answered_with_its_envelope_and_the_time_read(rig: Rig) -> None:
     peer = rig.peer()
     peer.send_multipart([b"e1", b"e2", b"ping"])
     peer.send(b"pong")
     rig.arrived()
-    wait_for(lambda: (rig.rr.run({}, 1234, 10**9), len(rig.service.calls) == 2)[1], timeout=10)
+    rig.clock.now = 1234
+    wait_for(lambda: (rig.rr.run({}, 1000, 10**9), len(rig.service.calls) == 2)[1], timeout=10)
     assert reply_of(peer) == [b"e1", b"e2", b"re:ping"]
     assert reply_of(peer) == [b"re:pong"]
     assert rig.service.calls == [(b"ping", 1234, None), (b"pong", 1234, None)]
@@ -202,20 +202,43 @@ def test_user_id_is_read_from_the_frame_metadata() -> None:
     assert request_router._user_id(Frame()) == "abc"
 
 
-def test_the_clock_is_read_every_16_requests_and_the_slice_ends_there(rig: Rig) -> None:
+def test_each_request_is_handled_at_a_clock_read_after_it_was_read(rig: Rig) -> None:
+    # A registration's `now` starts its broker's timeout (§8): it must not be from before
+    # the request arrived. The `now` the loop gives `run` is from before it, and so was one
+    # read every 16 requests: behind heavy requests (snapshots of a few MB, here 1 ms
+    # each) a registration was stamped up to 12 ms before it was even sent, and its broker
+    # expired that much early (bench/flood.py).
+    peer = rig.peer()
+    for i in range(20):
+        peer.send(b"r%d" % i)
+    rig.arrived()
+    respond = rig.service.respond
+
+    def heavy(body: bytes, now: int, peer_key: str | None = None, peer: Any = None) -> Response:
+        response = respond(body, now, peer_key, peer)
+        rig.clock.now += 1  # each takes 1 ms
+        return response
+
+    rig.service.respond = heavy  # type: ignore[method-assign]
+    rig.clock.now = 1003  # the request below arrived after the loop read 1000
+    wait_for(lambda: (rig.rr.run({}, 1000, 10**9), len(rig.service.calls) == 20)[1], timeout=10)
+    assert [now for _, now, _ in rig.service.calls] == list(range(1003, 1023))
+
+
+def test_the_slice_ends_after_the_first_request_read_at_its_end(rig: Rig) -> None:
     peer = rig.peer()
     for i in range(40):
         peer.send(b"r%d" % i)
     wait_for(lambda: rig.router.getsockopt(zmq.EVENTS) & zmq.POLLIN, timeout=10)
     rig.clock.now = 1005
-    assert rig.rr.run({}, 1000, 1005) is False  # the slice is over at the first reading of the clock
-    assert len(rig.service.calls) == CLOCK_EVERY == 16
+    assert rig.rr.run({}, 1000, 1005) is False  # over at the first reading of the clock
+    assert rig.service.calls == [(b"r0", 1005, None)]
     assert rig.clock.reads == 1
     rig.clock.now = 1010
-    rig.rr.run({}, 1006, 1011)  # the clock is read (1010 < 1011) and read again 16 later
+    assert rig.rr.run({}, 1010, 1011) is False  # 1010 < 1011: it carries on to the end
     assert len(rig.service.calls) == 40
-    assert [now for _, now, _ in rig.service.calls[16:]] == [1006] * 16 + [1010] * 8
-    assert rig.clock.reads == 1 + 1
+    assert {now for _, now, _ in rig.service.calls[1:]} == {1010}
+    assert rig.clock.reads == 40
 
 
 def test_a_slice_ends_only_when_the_clock_reaches_its_end(rig: Rig) -> None:
@@ -224,7 +247,7 @@ def test_a_slice_ends_only_when_the_clock_reaches_its_end(rig: Rig) -> None:
         peer.send(b"r%d" % i)
     wait_for(lambda: rig.router.getsockopt(zmq.EVENTS) & zmq.POLLIN, timeout=10)
     wait_for(lambda: (rig.rr.run({}, 1000, 1001), len(rig.service.calls) == 17)[1], timeout=10)
-    assert rig.clock.reads == 1  # now (1000) before until (1001): it carried on
+    assert rig.clock.reads == 17  # now (1000) before until (1001): it carried on
 
 
 def test_waiting_and_next_deadline_say_whether_a_request_waits(rig: Rig) -> None:
@@ -338,8 +361,9 @@ def test_draining_a_long_message_stops_at_the_slice_and_resumes(rig: Rig) -> Non
         if rig.rr.next_deadline(77) is None:  # drained
             break
         assert handed_back is False
-    # 5,000 frames: three more slices of 1,024, then the rest and the next request
-    assert rig.clock.reads - reads == 3
+    # 5,000 frames: three more slices of 1,024, then the rest and the next request (read
+    # once it is read)
+    assert rig.clock.reads - reads == 3 + 1
     assert rig.rr.next_deadline(77) is None
     assert rig.service.calls == [(b"after", 2000, None)]
     assert rig.rr.dropped_requests == 1
@@ -354,7 +378,7 @@ def test_draining_with_time_left_reads_the_whole_message_in_one_run(rig: Rig) ->
     rig.rr.run({}, 1000, 1500)
     assert rig.rr.next_deadline(77) is None  # not draining
     assert [body for body, _, _ in rig.service.calls] == [b"after"]
-    assert rig.clock.reads == 2  # at 1,024 and 2,048 frames
+    assert rig.clock.reads == 2 + 2  # at 1,024 and 2,048 frames, after the message and b"after"
 
 
 def test_a_large_reply_over_the_peers_budget_becomes_busy(ctx) -> None:
@@ -414,14 +438,15 @@ def _drain(sock: zmq.Socket) -> list[bytes]:
 @pytest.mark.parametrize("frames, draining", [(1023, False), (1024, True)])
 def test_the_clock_is_read_every_1024_frames_drained(rig: Rig, frames: int, draining: bool) -> None:
     # 33 envelope frames after the routing id are dropped at once; then `frames` more before
-    # the body are drained, the clock read after every 1,024 (it says the slice is over).
+    # the body are drained, the clock read after every 1,024 (it says the slice is over), and
+    # after the message as after any.
     peer = rig.peer()
     peer.send_multipart([b"e"] * (MAX_ENVELOPE_FRAMES + 1 + frames) + [b"body"])
     rig.arrived()
     rig.clock.now = 1500  # exactly the slice's end: over
     rig.rr.run({}, 1000, 1500)
     assert (rig.rr.next_deadline(77) == 77) is draining  # draining: due at once
-    assert rig.clock.reads == (1 if draining else 0)
+    assert rig.clock.reads == 1  # within the message, or after it
     rig.rr.run({}, 1500, 10**9)
     assert rig.rr.next_deadline(77) is None  # not draining
 

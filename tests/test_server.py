@@ -311,10 +311,10 @@ def test_silent_broker_expires_after_its_deadline_and_a_heartbeating_one_stays(s
     peer.wait_subscribed()
     steady = register_fields(broker_name="steady", addr="10.0.0.9:10911",
                              heartbeat_timeout_ms=1000)
-    # The server stamps a request with the clock it read when its slice of requests began
-    # (it reads it again only every 16 requests), in whole ms: the registration below may be
-    # served in the slice that began with this one, so its deadline counts from here.
-    sent_at = time.monotonic() - 0.001
+    # The server stamps a request with the clock it reads once it has read the request (in
+    # whole ms, rounded down: an address expires strictly after its last heartbeat + its
+    # timeout, so never before that time counted from the send).
+    sent_at = time.monotonic()
     peer.ok("register_broker", **steady)
     peer.ok("register_broker", **register_fields(heartbeat_timeout_ms=1000))
     replied_at = time.monotonic()

@@ -401,9 +401,9 @@ def test_the_requests_an_answer_releases_are_served_in_the_loops_slices(
     # The requests held behind a write (up to 512) are answered once its answer is here.
     # They were all answered in one turn, with no look at the clock: 450 `get_routes` of
     # 20,000 topics (140 KB each: within the held bounds) held the worker's loop 9.1 s, its
-    # `hb` and every other connection waiting. Now they are served as requests read from
-    # the socket are: the clock read every CLOCK_EVERY requests, the rest left for the
-    # loop's next turn once the slice has ended (0.45 s).
+    # `hb` and every other connection waiting. Now they are served in the loop's slices:
+    # the clock read every CLOCK_EVERY requests, the rest left for the loop's next turn
+    # once the slice has ended (0.45 s).
     import msgspec
 
     from zns.core.state import Outcome

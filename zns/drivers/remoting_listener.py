@@ -198,7 +198,7 @@ class RemotingListener:
         self._backlog: deque[_Conn] = deque()  # connections with decoded requests to answer
         self._waiting: dict[int, _Conn] = {}  # a forwarded write's token -> its connection
         self._closed: list[int] = []  # connection ids closed this turn, removed together
-        self.now = now  # the `now` of the turn being run
+        self.now = now  # the `now` of the turn being run, read again after each read (`_read`)
         self._scratch = bytearray(read_chunk)  # every read lands here first
         self._scratch_view = memoryview(self._scratch)
 
@@ -339,6 +339,11 @@ class RemotingListener:
         if not size:
             self._close(entry, now)
             return
+        if self.clock is not None:
+            # What this read holds is handled at a `now` read after it arrived, not at the
+            # turn's: a registration then starts its broker's timeout no earlier than it
+            # was sent (§8; the ZNS/1 router reads the clock after each request likewise).
+            self.now = self.clock()
         data = self._scratch_view[:size]
         if entry.fresh:
             entry.fresh = False
