@@ -17,6 +17,14 @@ what it raised is raised again in the loop, as itself: an OSError (a full disk, 
 dump is tried again after the next interval; anything else is a bug and reaches the
 loop's boundary with its traceback. At a clean stop the server writes one last dump
 in full (`write_now`), after any write under way.
+
+One zns per dump: the writer holds the dump's lock (zns.drivers.file_lock, as the KV
+store holds its file's) from before the dump is read at start, or, when its directory
+does not exist yet, from the first write, which makes it. Two instances given the same
+`--state-path` (and each its own `--kv-path`) would each restore the other's routes and
+rename their dumps over each other's; the second is refused at start in one line naming
+the first's pid, or, when the directory came later, its writes fail, logged as any
+failed write is.
 """
 
 from __future__ import annotations
@@ -30,17 +38,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from zns.core import warm
-from zns.core.errors import ConfigError
+from zns.core.errors import ConfigError, KvFileError
 from zns.core.routes import DUMP_STEP_WORK
 from zns.core.service import NameService
 from zns.core.state import MAX_DUMP_RESTARTS
 from zns.core.table_state import TableState
+from zns.drivers import file_lock
 from zns.drivers.kv_file import existing_ancestor
 from zns.drivers.loop import PollSet, Ready
 
 log = logging.getLogger("zns")
 
 DEFAULT_NAME = "state.dump"  # beside the KV file when --state-path is not given
+LOCKED_OPTION = "--state-path"  # named by the refusal of a dump another zns holds
 
 
 def state_path_for(state_path: str, kv_path: str | None) -> Path | None:
@@ -117,10 +127,31 @@ def load(path: Path) -> warm.StateDump | None:
         return None
 
 
+def restore_held(path: Path, service: NameService, now: int,
+                 wall_ms: int) -> tuple[warm.StateDump | None, file_lock.FileLock | None]:
+    """`restore`, with the dump's lock taken before it is read: the dump restored and the
+    lock, for the StateWriter (None when the directory does not exist yet: the writer takes
+    it at its first write). KvFileError, in one line naming its pid, when another process
+    holds it."""
+    check_writable(path)  # before the lock: a directory given as the path gets no lock file
+    lock = file_lock.hold(path, LOCKED_OPTION) if path.parent.is_dir() else None
+    try:
+        return _restore_checked(path, service, now, wall_ms), lock
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
 def restore(path: Path, service: NameService, now: int, wall_ms: int) -> warm.StateDump | None:
     """Refuse an unusable `path` (ConfigError), then load its dump into the fresh `service`:
     the dump restored, or None (none there, or corrupt: said in one line, starting empty)."""
     check_writable(path)
+    return _restore_checked(path, service, now, wall_ms)
+
+
+def _restore_checked(path: Path, service: NameService, now: int,
+                     wall_ms: int) -> warm.StateDump | None:
     dump = load(path)
     if dump is None:
         return None
@@ -172,11 +203,14 @@ class StateWriter:
                  interval_ms: int = warm.DEFAULT_DUMP_INTERVAL_MS,
                  write: Callable[[Path, bytes], None] = write_file,
                  step_work: int = DUMP_STEP_WORK,
-                 restored: warm.StateDump | None = None) -> None:
+                 restored: warm.StateDump | None = None,
+                 lock: file_lock.FileLock | None = None) -> None:
         """`clock`: the loop's (monotonic ms); `wake`: wakes the loop (from the thread);
         `step_work`: queue entries per step (RouteTable.dump_in_steps); `restored`: the
-        dump the service was restored from (warm.dump's `restored_remoting`)."""
+        dump the service was restored from (warm.dump's `restored_remoting`); `lock`: the
+        dump's lock, taken by `restore_held` (else taken before the first write)."""
         self.path, self._service, self._wake, self._wall_ms = path, service, wake, wall_ms
+        self._lock = lock
         self._restored_remoting = frozenset(restored.remoting) if restored else frozenset()
         self._clock, self._step_work = clock, step_work
         self._write = write
@@ -217,6 +251,8 @@ class StateWriter:
             return
         table = self._service.table
         if self._steps is None:
+            if not self._held(now):
+                return
             self._steps, self._steps_of = table.dump_in_steps(self._step_work), table.changes
             self._restarts = 0
         state: TableState | None
@@ -253,6 +289,8 @@ class StateWriter:
             self._finish()
         if self.schedule.written == self._service.state.changes:
             return
+        if not self._held(0, at_stop=True):
+            return
         dump = warm.dump(self._service, self._wall_ms(), restored_remoting=self._restored_remoting)
         self.schedule.started(self._service.state.changes, 0)
         try:
@@ -266,6 +304,34 @@ class StateWriter:
         self.schedule.finished(True)
         self.written += 1
         self.last_bytes = len(data)
+
+    def close(self) -> None:
+        """Release the dump's lock (after `write_now`): another zns may take the file."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _held(self, now: int, *, at_stop: bool = False) -> bool:
+        """Whether this process holds the dump's lock, taken now if it was not at start (the
+        directory did not exist: made now, in the loop's thread, so that no worker forked
+        meanwhile can copy a descriptor it is opening). Not held (another zns holds it, or
+        the directory cannot be made): a failed write, tried again after the interval."""
+        if self._lock is not None:
+            return True
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock = file_lock.hold(self.path, LOCKED_OPTION)
+        except (OSError, KvFileError) as exc:
+            self.schedule.started(self._service.state.changes, now)
+            self.schedule.finished(False)
+            self.failed += 1
+            if at_stop:
+                log.error("cannot write the state dump %s at stop: %s", self.path, exc)
+            else:
+                log.error("cannot write the state dump %s (tried again in %d ms): %s",
+                          self.path, self.schedule.interval_ms, exc)
+            return False
+        return True
 
     def _write_in_thread(self, dump: warm.StateDump) -> None:
         try:
