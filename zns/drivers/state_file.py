@@ -15,7 +15,8 @@ last step. The finished state (a copy: nothing in
 it is the table's) is encoded and written by a thread. The thread's end wakes the loop;
 what it raised is raised again in the loop, as itself: an OSError (a full disk, a removed directory) is logged in one line and the
 dump is tried again after the next interval; anything else is a bug and reaches the
-loop's boundary with its traceback. At a clean stop the server writes one last dump
+loop's boundary with its traceback. A worker the loop forks while the thread writes
+closes its copies of the descriptors the thread holds open (`_writing_fds`). At a clean stop the server writes one last dump
 in full (`write_now`), after any write under way.
 
 One zns per dump: the writer holds the dump's lock (zns.drivers.file_lock, as the KV
@@ -173,11 +174,14 @@ def write_file(path: Path, data: bytes) -> None:
     temporary = path.with_name(path.name + ".tmp")
     try:
         # Readable by its owner only, as the KV file: it lists every broker and topic.
-        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-                  "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
+        fd = _open_while_writing(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with memoryview(data) as left:
+                while left:
+                    left = left[os.write(fd, left):]
+            os.fsync(fd)
+        finally:
+            _close_written(fd)
         os.replace(temporary, path)
     except BaseException:
         # A write that failed (a full disk) leaves no partial copy behind: it would hold
@@ -186,11 +190,52 @@ def write_file(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-    directory = os.open(path.parent, os.O_RDONLY)
+    directory = _open_while_writing(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
     finally:
-        os.close(directory)
+        _close_written(directory)
+
+
+# The descriptors a dump's writing holds open now (the temporary file, the directory it
+# fsyncs), by the writer's thread while the loop's may fork a worker (a replacement:
+# zns.drivers.replication_link.fork_worker). A fork copies every descriptor, O_CLOEXEC or
+# not, and nothing in the child closes it (the thread that would is not there, and the
+# file object it used is never freed): the worker kept the dump it had copied open for its
+# whole life, a deleted file once the next dump was renamed over it, its disk space (a
+# whole dump) taken until that worker ended. So a forked child closes them at once.
+_writing_fds: set[int] = set()
+# Held from a descriptor's opening to its entry in the set, and from its removal to its
+# closing, and across every fork (register_at_fork below): so a child never copies a
+# descriptor missing from the set, nor closes a number the parent's other thread has
+# reused since the writer closed it.
+_writing_fds_guard = threading.Lock()
+
+
+def _open_while_writing(path: Path, flags: int, mode: int = 0o777) -> int:
+    with _writing_fds_guard:
+        fd = os.open(path, flags, mode)
+        _writing_fds.add(fd)
+    return fd
+
+
+def _close_written(fd: int) -> None:
+    with _writing_fds_guard:
+        _writing_fds.discard(fd)
+        os.close(fd)
+
+
+def _close_in_child() -> None:
+    for fd in _writing_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _writing_fds.clear()
+    _writing_fds_guard.release()  # taken by the forking thread, this one in the child
+
+
+os.register_at_fork(before=_writing_fds_guard.acquire,
+                    after_in_parent=_writing_fds_guard.release,
+                    after_in_child=_close_in_child)
 
 
 class StateWriter:
