@@ -25,6 +25,13 @@ from zns.drivers.kv_file import KvStore
 store = KvStore(sys.argv[1])
 print("held", flush=True)
 """
+HOLD_DUMP = """
+import sys
+from pathlib import Path
+from zns.drivers import file_lock
+lock = file_lock.hold(Path(sys.argv[1]), "--state-path")  # as another zns's state process
+print("held", flush=True)
+"""
 WAIT = "sys.stdin.read()\n"
 
 
@@ -90,6 +97,58 @@ def test_a_second_zns_on_the_same_kv_file_is_refused_in_one_line(tmp_path: Path,
                         f"): give each NameServer a file of its own (--kv-path)")
     finally:
         assert first.stop() == 0
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_second_zns_on_the_same_state_dump_is_refused_in_one_line(tmp_path: Path,
+                                                                     workers: str) -> None:
+    # Before: each its own --kv-path, one --state-path: the second restored the first's
+    # routes, and each renamed its dump over the other's from then on.
+    dump = tmp_path / "shared" / "state.dump"
+    dump.parent.mkdir()
+    first = ProcessServer(tmp_path, "--workers", workers, "--state-path", str(dump))
+    try:
+        second = serve("--workers", workers, "--kv-path", str(tmp_path / "other-kv.log"),
+                       "--state-path", str(dump))
+        assert second.returncode == 1 and not second.stdout, second
+        [line] = second.stderr.strip().splitlines()
+        assert line == (f"Error: {dump} is in use by another zns (pid {first.proc.pid}): "
+                        f"give each NameServer a file of its own (--state-path)")
+    finally:
+        assert first.stop() == 0
+    third = ProcessServer(tmp_path, "--workers", workers, "--state-path", str(dump),
+                          kv_path=tmp_path / "other-kv.log")  # free once the first is gone
+    assert third.stop() == 0
+
+
+def test_a_state_dump_whose_directory_came_later_is_locked_at_its_first_write(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # As the KV file's: no directory to lock in at start, so the lock comes with the first
+    # write, which makes the directory; a write that finds it held fails, said in one line.
+    import logging
+
+    from helpers import register_fields, zns1_ok
+    from test_warm import drive, writer_for
+    from zns.core.service import NameService
+
+    dump = tmp_path / "later" / "state.dump"
+    service = NameService(KvStore(None), epoch="e", started_at_ms=0)
+    writer = writer_for(service, dump)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_DUMP + WAIT, str(dump)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        dump.parent.mkdir()  # made meanwhile; another zns took the lock in it
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        zns1_ok(service, "register_broker", 2000, id=1, **register_fields())
+        with caplog.at_level(logging.ERROR, logger="zns"):
+            drive(writer)
+        assert (writer.written, writer.failed) == (0, 1) and not dump.exists()
+        assert f"{dump} is in use by another zns (pid {holder.pid})" in caplog.text
+    finally:
+        holder.communicate("")
+    drive(writer, now=writer.schedule.interval_ms)  # tried again: free now
+    assert (writer.written, writer.failed) == (1, 1) and dump.exists()
+    writer.close()
 
 
 def test_workers_hold_no_copy_of_the_lock(tmp_path: Path) -> None:

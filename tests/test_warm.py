@@ -574,6 +574,56 @@ def test_a_failed_write_leaves_no_partial_copy_behind(tmp_path, monkeypatch):
     assert path.read_bytes() == b"old"
 
 
+@pytest.mark.parametrize("held", ["the temporary file", "the directory"])
+def test_a_process_forked_while_a_dump_is_written_holds_none_of_its_descriptors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: str) -> None:
+    # The state process forks a replacement worker whenever one dies, while its thread may
+    # be writing a dump. Before: the worker kept its copy of the temporary file's
+    # descriptor for its whole life, a deleted file once the next dump replaced it, whose
+    # disk space (a whole dump) stayed taken; and so of the directory's, fsynced last.
+    path = tmp_path / "dumps" / "state.dump"
+    fsyncs, inside, go = [], threading.Event(), threading.Event()
+    fsync = os.fsync
+
+    def paused(fd: int) -> None:  # the thread waits, its descriptor open, while the test forks
+        fsyncs.append(fd)
+        if len(fsyncs) == (1 if held == "the temporary file" else 2):
+            inside.set()
+            go.wait(30)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", paused)
+    writer = threading.Thread(target=state_file.write_file, args=(path, b"dump" * 100_000))
+    writer.start()
+    try:
+        assert inside.wait(30)
+        readable, writable = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: which of its descriptors lead to the dump's directory
+            try:
+                os.close(readable)
+                found = []
+                for name in os.listdir("/proc/self/fd"):
+                    try:
+                        target = os.readlink(f"/proc/self/fd/{name}")
+                    except OSError:  # the descriptor listdir used, closed since
+                        continue
+                    if target.startswith(str(path.parent)):
+                        found.append(target)
+                os.write(writable, repr(found).encode())
+            finally:
+                os._exit(0)
+        os.close(writable)
+        with os.fdopen(readable) as child:
+            found = child.read()
+        os.waitpid(pid, 0)
+    finally:
+        go.set()
+        writer.join(30)
+    assert found == "[]"
+    assert path.read_bytes() == b"dump" * 100_000
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0

@@ -754,6 +754,43 @@ def test_a_remoting_connection_closed_with_its_answered_write_unresumed_leaves_n
     assert not service.forwarded.ready
 
 
+def test_closes_of_remoting_connections_that_wrote_nothing_cost_the_state_process_nothing(
+        worker_listener: tuple[Any, Any, Any]) -> None:
+    # Before: every close was sent to the state process (one command per worker turn with a
+    # close), so a peer opening and closing connections in a loop, or clients that only read
+    # routes, made it decode and look up each one. Only a connection that forwarded a write
+    # can have tied a broker; only those closes are sent now, and all of them.
+    from test_remoting_listener import Client, register_cmd
+    from zns.core.state import CloseConnections, decode_command
+
+    service, listener, broker = worker_listener
+    link = service.link
+    for n in range(100):  # the flood: connect, maybe read a route, close
+        client = Client(listener.endpoint)
+        if n % 2:
+            client.send(RemotingCommand(code=105, version=479, ext_fields={"topic": "T1"}))
+        wait_for(lambda: (listener.run({}, 1000, 10**9), len(listener.connections) == 2)[1])
+        client.close()
+        wait_for(lambda: (listener.run({}, 1000, 10**9), len(listener.connections) == 1)[1])
+    assert link.forwarded == []  # not one message to the state process
+    # A broker's connection registers (forwarded), then closes along with a reader's: the
+    # close names it, and it alone.
+    reader = Client(listener.endpoint)
+    broker.send(register_cmd(topics=("T1",)))
+    wait_for(lambda: (listener.run({}, 1000, 10**9), service.forwarded.in_flight == 1)[1])
+    [registering] = [entry.conn.conn_id for entry in listener.connections.values()
+                     if entry.token is not None]  # its write, waiting for its answer
+    assert len(listener.connections) == 2 and len(link.forwarded) == 1
+    _answer_register(service, 1)
+    listener.run({}, 1000, 10**9)
+    assert broker.recv().code == 0  # registered
+    reader.close()
+    broker.close()
+    wait_for(lambda: (listener.run({}, 1000, 10**9), not listener.connections)[1])
+    assert len(link.forwarded) == 2
+    assert decode_command(link.forwarded[1]) == CloseConnections(connections=[registering])
+
+
 def test_a_parked_write_keeps_what_its_reply_needs_not_its_decoded_request(
         worker_router: tuple[Any, Any, zmq.Socket], ctx: zmq.Context) -> None:
     # docs/operations.md: besides the bytes the router counts, each parked write keeps at

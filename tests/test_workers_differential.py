@@ -128,7 +128,10 @@ class Server:
                 str(workers)]  # 0 given: the default is workers
         if peer is not None:
             args += ["--peer", peer, "--peer-grace", "1"]
-        self.proc = ProcessServer(tmp_path, *args, kv_path=tmp_path / f"kv-{workers}.json")
+        # A directory of its own: its KV file and the state dump beside it are its own.
+        kv_path = tmp_path / f"workers-{workers}" / "kv.json"
+        kv_path.parent.mkdir()
+        self.proc = ProcessServer(tmp_path, *args, kv_path=kv_path)
         wait_for(lambda: self.proc.output().count("serving requests on") == max(workers, 1))
         self.workers = workers
         self.remoting = re.findall(r"RocketMQ remoting listener on (\S+)", self.proc.output())[0]
@@ -656,7 +659,7 @@ def test_zns1_and_remoting_into_one_process_and_two_workers_answer_alike(
         tmp_path: Path, ctx: Any) -> None:
     servers: list[Server] = []
     source = ProcessServer(tmp_path, "--heartbeat-interval", "0.1",
-                           kv_path=tmp_path / "kv-hints.json")
+                           kv_path=tmp_path / "hints" / "kv.json")
     hints = Peer(source.router, None, ctx)
     try:
         servers.append(Server(tmp_path, ctx, 0, peer=source.router))

@@ -471,6 +471,9 @@ def test_a_second_zns_on_a_port_a_running_one_serves_is_refused_in_one_line(
     # Every worker binds with SO_REUSEPORT: a second instance that did too would share the
     # port, the kernel splitting connections between two NameServers (reserve_port).
     first = ProcessServer(tmp_path, "--workers", "2")
+    # A directory of its own: the state dump beside the KV file is not the first's either.
+    second_kv = tmp_path / "second" / "kv.json"
+    second_kv.parent.mkdir()
     try:
         wait_for(lambda: first.output().count("serving requests on") == 2)
         taken = first.router if shared == "--router" else first.pub
@@ -478,11 +481,11 @@ def test_a_second_zns_on_a_port_a_running_one_serves_is_refused_in_one_line(
         result = subprocess.run(
             [sys.executable, "-m", "zns", "serve", "--workers", workers,
              *(word for option in endpoints.items() for word in option),
-             "--kv-path", str(tmp_path / "second-kv.json")],
+             "--kv-path", str(second_kv)],
             capture_output=True, text=True, timeout=30)
         assert result.returncode != 0
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and taken in lines[0] and "in use" in lines[0], lines
-        assert not (tmp_path / "second-kv.json").exists()
+        assert not second_kv.exists()
     finally:
         assert first.stop() == 0

@@ -625,7 +625,8 @@ def fork_worker(link: PrimaryLink, main: Callable[[socket.socket, WrittenSeq], i
     copied, so the worker's first state transfer carries no dump (`PrimaryLink.add`). The
     child first closes the state process's end of every other worker's channel, so that
     each worker reads EOF as soon as the state process dies (not only once every worker
-    forked after it died too). The caller must have no threads."""
+    forked after it died too). The caller must have no threads but the state dump's
+    writer, whose open descriptors the child closes (zns.drivers.state_file)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     written = WrittenSeq()
     sys.stdout.flush()

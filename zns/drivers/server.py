@@ -303,6 +303,8 @@ class Server:
         self.waker.close()
         if self._kv is not None:
             self._kv.close()
+        if self.state is not None:
+            self.state.close()  # its dump's lock: written (run's write_now) before
         if self.security is not None:
             self.security.stop()
         if self._own_ctx is not None:
@@ -352,14 +354,16 @@ class Server:
         path = state_file.state_path_for(config.state_path, config.kv_path)
         if path is None:
             return None
-        dump = state_file.restore(path, self.service, self._now(), self._wall_ms())
+        # The dump's lock, taken before it is read: a second zns on this path is refused
+        # here, in one line, before it restores (and then overwrites) the first's routes.
+        dump, lock = state_file.restore_held(path, self.service, self._now(), self._wall_ms())
         if dump is not None:
             # /readyz waits for each restored address to register again (or go).
             self.readiness = Readiness(
                 [(a.cluster, a.addr) for a in dump.table.addresses], self._now(),
                 round(config.ready_grace_s * 1000))
         return state_file.StateWriter(path, self.service, wake=self.wake, clock=self._now,
-                                      wall_ms=self._wall_ms, restored=dump)
+                                      wall_ms=self._wall_ms, restored=dump, lock=lock)
 
     def subscriptions_freed(self, cost: int) -> None:
         # Freed trie nodes stay in glibc's heap; a large release is worth a trim.

@@ -15,8 +15,17 @@ last step. The finished state (a copy: nothing in
 it is the table's) is encoded and written by a thread. The thread's end wakes the loop;
 what it raised is raised again in the loop, as itself: an OSError (a full disk, a removed directory) is logged in one line and the
 dump is tried again after the next interval; anything else is a bug and reaches the
-loop's boundary with its traceback. At a clean stop the server writes one last dump
+loop's boundary with its traceback. A worker the loop forks while the thread writes
+closes its copies of the descriptors the thread holds open (`_writing_fds`). At a clean stop the server writes one last dump
 in full (`write_now`), after any write under way.
+
+One zns per dump: the writer holds the dump's lock (zns.drivers.file_lock, as the KV
+store holds its file's) from before the dump is read at start, or, when its directory
+does not exist yet, from the first write, which makes it. Two instances given the same
+`--state-path` (and each its own `--kv-path`) would each restore the other's routes and
+rename their dumps over each other's; the second is refused at start in one line naming
+the first's pid, or, when the directory came later, its writes fail, logged as any
+failed write is.
 """
 
 from __future__ import annotations
@@ -30,17 +39,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from zns.core import warm
-from zns.core.errors import ConfigError
+from zns.core.errors import ConfigError, KvFileError
 from zns.core.routes import DUMP_STEP_WORK
 from zns.core.service import NameService
 from zns.core.state import MAX_DUMP_RESTARTS
 from zns.core.table_state import TableState
+from zns.drivers import file_lock
 from zns.drivers.kv_file import existing_ancestor
 from zns.drivers.loop import PollSet, Ready
 
 log = logging.getLogger("zns")
 
 DEFAULT_NAME = "state.dump"  # beside the KV file when --state-path is not given
+LOCKED_OPTION = "--state-path"  # named by the refusal of a dump another zns holds
 
 
 def state_path_for(state_path: str, kv_path: str | None) -> Path | None:
@@ -117,10 +128,31 @@ def load(path: Path) -> warm.StateDump | None:
         return None
 
 
+def restore_held(path: Path, service: NameService, now: int,
+                 wall_ms: int) -> tuple[warm.StateDump | None, file_lock.FileLock | None]:
+    """`restore`, with the dump's lock taken before it is read: the dump restored and the
+    lock, for the StateWriter (None when the directory does not exist yet: the writer takes
+    it at its first write). KvFileError, in one line naming its pid, when another process
+    holds it."""
+    check_writable(path)  # before the lock: a directory given as the path gets no lock file
+    lock = file_lock.hold(path, LOCKED_OPTION) if path.parent.is_dir() else None
+    try:
+        return _restore_checked(path, service, now, wall_ms), lock
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
 def restore(path: Path, service: NameService, now: int, wall_ms: int) -> warm.StateDump | None:
     """Refuse an unusable `path` (ConfigError), then load its dump into the fresh `service`:
     the dump restored, or None (none there, or corrupt: said in one line, starting empty)."""
     check_writable(path)
+    return _restore_checked(path, service, now, wall_ms)
+
+
+def _restore_checked(path: Path, service: NameService, now: int,
+                     wall_ms: int) -> warm.StateDump | None:
     dump = load(path)
     if dump is None:
         return None
@@ -142,11 +174,14 @@ def write_file(path: Path, data: bytes) -> None:
     temporary = path.with_name(path.name + ".tmp")
     try:
         # Readable by its owner only, as the KV file: it lists every broker and topic.
-        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-                  "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
+        fd = _open_while_writing(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with memoryview(data) as left:
+                while left:
+                    left = left[os.write(fd, left):]
+            os.fsync(fd)
+        finally:
+            _close_written(fd)
         os.replace(temporary, path)
     except BaseException:
         # A write that failed (a full disk) leaves no partial copy behind: it would hold
@@ -155,11 +190,52 @@ def write_file(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-    directory = os.open(path.parent, os.O_RDONLY)
+    directory = _open_while_writing(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
     finally:
-        os.close(directory)
+        _close_written(directory)
+
+
+# The descriptors a dump's writing holds open now (the temporary file, the directory it
+# fsyncs), by the writer's thread while the loop's may fork a worker (a replacement:
+# zns.drivers.replication_link.fork_worker). A fork copies every descriptor, O_CLOEXEC or
+# not, and nothing in the child closes it (the thread that would is not there, and the
+# file object it used is never freed): the worker kept the dump it had copied open for its
+# whole life, a deleted file once the next dump was renamed over it, its disk space (a
+# whole dump) taken until that worker ended. So a forked child closes them at once.
+_writing_fds: set[int] = set()
+# Held from a descriptor's opening to its entry in the set, and from its removal to its
+# closing, and across every fork (register_at_fork below): so a child never copies a
+# descriptor missing from the set, nor closes a number the parent's other thread has
+# reused since the writer closed it.
+_writing_fds_guard = threading.Lock()
+
+
+def _open_while_writing(path: Path, flags: int, mode: int = 0o777) -> int:
+    with _writing_fds_guard:
+        fd = os.open(path, flags, mode)
+        _writing_fds.add(fd)
+    return fd
+
+
+def _close_written(fd: int) -> None:
+    with _writing_fds_guard:
+        _writing_fds.discard(fd)
+        os.close(fd)
+
+
+def _close_in_child() -> None:
+    for fd in _writing_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _writing_fds.clear()
+    _writing_fds_guard.release()  # taken by the forking thread, this one in the child
+
+
+os.register_at_fork(before=_writing_fds_guard.acquire,
+                    after_in_parent=_writing_fds_guard.release,
+                    after_in_child=_close_in_child)
 
 
 class StateWriter:
@@ -172,11 +248,14 @@ class StateWriter:
                  interval_ms: int = warm.DEFAULT_DUMP_INTERVAL_MS,
                  write: Callable[[Path, bytes], None] = write_file,
                  step_work: int = DUMP_STEP_WORK,
-                 restored: warm.StateDump | None = None) -> None:
+                 restored: warm.StateDump | None = None,
+                 lock: file_lock.FileLock | None = None) -> None:
         """`clock`: the loop's (monotonic ms); `wake`: wakes the loop (from the thread);
         `step_work`: queue entries per step (RouteTable.dump_in_steps); `restored`: the
-        dump the service was restored from (warm.dump's `restored_remoting`)."""
+        dump the service was restored from (warm.dump's `restored_remoting`); `lock`: the
+        dump's lock, taken by `restore_held` (else taken before the first write)."""
         self.path, self._service, self._wake, self._wall_ms = path, service, wake, wall_ms
+        self._lock = lock
         self._restored_remoting = frozenset(restored.remoting) if restored else frozenset()
         self._clock, self._step_work = clock, step_work
         self._write = write
@@ -217,6 +296,8 @@ class StateWriter:
             return
         table = self._service.table
         if self._steps is None:
+            if not self._held(now):
+                return
             self._steps, self._steps_of = table.dump_in_steps(self._step_work), table.changes
             self._restarts = 0
         state: TableState | None
@@ -253,6 +334,8 @@ class StateWriter:
             self._finish()
         if self.schedule.written == self._service.state.changes:
             return
+        if not self._held(0, at_stop=True):
+            return
         dump = warm.dump(self._service, self._wall_ms(), restored_remoting=self._restored_remoting)
         self.schedule.started(self._service.state.changes, 0)
         try:
@@ -266,6 +349,34 @@ class StateWriter:
         self.schedule.finished(True)
         self.written += 1
         self.last_bytes = len(data)
+
+    def close(self) -> None:
+        """Release the dump's lock (after `write_now`): another zns may take the file."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _held(self, now: int, *, at_stop: bool = False) -> bool:
+        """Whether this process holds the dump's lock, taken now if it was not at start (the
+        directory did not exist: made now, in the loop's thread, so that no worker forked
+        meanwhile can copy a descriptor it is opening). Not held (another zns holds it, or
+        the directory cannot be made): a failed write, tried again after the interval."""
+        if self._lock is not None:
+            return True
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock = file_lock.hold(self.path, LOCKED_OPTION)
+        except (OSError, KvFileError) as exc:
+            self.schedule.started(self._service.state.changes, now)
+            self.schedule.finished(False)
+            self.failed += 1
+            if at_stop:
+                log.error("cannot write the state dump %s at stop: %s", self.path, exc)
+            else:
+                log.error("cannot write the state dump %s (tried again in %d ms): %s",
+                          self.path, self.schedule.interval_ms, exc)
+            return False
+        return True
 
     def _write_in_thread(self, dump: warm.StateDump) -> None:
         try:

@@ -287,6 +287,9 @@ class StateProcess:
             self.link.close()
         if hasattr(self, "kv"):
             self.kv.close()  # and its file's lock
+        state: state_file.StateWriter | None = getattr(self, "state", None)  # None: not made
+        if state is not None:
+            state.close()  # its dump's lock
 
     # --- workers --------------------------------------------------------
 
@@ -425,14 +428,16 @@ class StateProcess:
         path = state_file.state_path_for(config.state_path, config.kv_path)
         if path is None:
             return None
-        dump = state_file.restore(path, self.service, self._now(), _wall_ms())
+        # The dump's lock, taken before it is read: a second zns on this path is refused
+        # here, in one line, before it restores (and then overwrites) the first's routes.
+        dump, lock = state_file.restore_held(path, self.service, self._now(), _wall_ms())
         if dump is not None:
             # /readyz waits for each restored address to register again (or go).
             self.readiness = Readiness(
                 [(a.cluster, a.addr) for a in dump.table.addresses], self._now(),
                 round(config.ready_grace_s * 1000))
         return state_file.StateWriter(path, self.service, wake=self.waker.wake, clock=self._now,
-                                      wall_ms=_wall_ms, restored=dump)
+                                      wall_ms=_wall_ms, restored=dump, lock=lock)
 
     @staticmethod
     def _now() -> int:

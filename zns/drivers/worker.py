@@ -30,7 +30,8 @@ SO_REUSEPORT beside the other workers. Its replica is fed the state process's co
   connection ids start at `connection_range << CONNECTION_ID_BITS`, a range of
   its own that the state process gives each worker it starts (a replacement
   gets a new one), and the connections that close are forwarded as one
-  `CloseConnections` command;
+  `CloseConnections` command, those that forwarded a write only (one that
+  wrote nothing tied no broker: its close changes nothing);
 - **expiry and stalls** are the state process's: the replica applies the
   expiry steps it is sent and runs none itself. Each worker publishes its own
   `hb`, with the last revision the commit fence passed (`committed_revision`);
@@ -133,6 +134,9 @@ class ReplicaService(NameService):
         # once it serves): `catch_up` runs it before each read and after each forward.
         self.take_in_written: Callable[[], None] = lambda: None
         self.forwarded = ForwardedWrites(timeout_ms=WRITE_TIMEOUT_MS)
+        # The open remoting connections that forwarded a write: only their closes go to the
+        # state process (`apply`).
+        self._wrote: set[int] = set()
         # The revisions this replica reached that the commit fence has not passed yet, as
         # (seq, revision) in seq order, and the last one it passed: an `hb` carries that one,
         # not the table's own, which a pull at another worker may not answer at yet (§7: a
@@ -200,11 +204,21 @@ class ReplicaService(NameService):
         request from that, without decoding it again. The events come from the replica,
         once committed."""
         if type(command) is CloseConnections:
+            # Only a connection that forwarded a write can have tied a broker (a write is the
+            # only command that ties one, and a connection's id is this worker's own), so
+            # only those closes are sent: a peer opening and closing connections in a loop,
+            # or clients that only read routes, cost the state process nothing. One tied in
+            # this replica is sent too, whatever this worker remembers (it costs a lookup).
+            told = [connection for connection in command.connections
+                    if connection in self._wrote or self.state.ties_any((connection,))]
+            self._wrote.difference_update(command.connections)
+            if not told:
+                return Outcome(), []
             try:  # nobody waits for its answer: `answered` drops it
-                self._send(command)
+                self._send(CloseConnections(connections=told))
             except Busy as exc:
                 log.error("remoting connections %s closed, not told to the state process: %s",
-                          command.connections, exc)
+                          told, exc)
             return Outcome(), []
         if type(command) is Suspect:
             return self._suspect(command), []
@@ -222,6 +236,8 @@ class ReplicaService(NameService):
         # Refused while what waits for the state process to read it would pass the bound:
         # its bytes, not the writes' count, are what a stalled state process leaves here.
         writes.admit(len(body), link.pending)
+        if command.connection is not None:  # its close is sent, whatever this write does
+            self._wrote.add(command.connection)
         token = self._forward(body)
         writes.sent(token, command.now)
         # What the state process wrote to this worker already is taken in now, as before a
