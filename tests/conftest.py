@@ -177,7 +177,7 @@ def process_server(tmp_path: Path) -> Iterator[Callable[..., ProcessServer]]:
     def start(*args: str, kv_path: Path | None = None) -> ProcessServer:
         # Each running NameServer has a KV file and a state dump of its own (one zns per
         # file: the second would be refused, zns.drivers.file_lock), in a directory of its
-        # own (the dump is beside the KV file); a restarted one takes its predecessor's.
+        # own; a restarted one takes its predecessor's.
         default = tmp_path / "kv.json"
         if kv_path is None and any(s.kv_path == default and s.proc.poll() is None
                                    for s in started):

@@ -463,7 +463,9 @@ def test_dump_steps_are_bounded_and_give_the_one_pass_dump():
 
 
 def test_the_state_path_defaults_beside_the_kv_file(tmp_path):
-    assert state_file.state_path_for("", str(tmp_path / "kv.log")) == tmp_path / "state.dump"
+    assert state_file.state_path_for("", str(tmp_path / "kv.log")) == tmp_path / "kv.log.state"
+    # Named after its KV file: two NameServers with their KV files in one directory.
+    assert state_file.state_path_for("", str(tmp_path / "b.kv")) == tmp_path / "b.kv.state"
     assert state_file.state_path_for(str(tmp_path / "s"), None) == tmp_path / "s"
     assert state_file.state_path_for("", None) is None
 
@@ -536,8 +538,7 @@ def test_a_state_path_that_is_the_kv_files_is_refused(tmp_path):
     kv.write_bytes(b"")
     (tmp_path / "link").symlink_to(kv)
     for state, kv_path in [(str(kv), str(kv)), (f"{tmp_path}/./kv.log", str(kv)),
-                           (str(tmp_path / "link"), str(kv)),
-                           ("", str(tmp_path / "state.dump"))]:  # the default name, taken
+                           (str(tmp_path / "link"), str(kv))]:
         with pytest.raises(ConfigError, match="is the KV file") as exc:
             state_file.state_path_for(state, kv_path)
         assert "\n" not in str(exc.value) and "--state-path" in str(exc.value)

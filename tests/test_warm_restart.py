@@ -49,7 +49,7 @@ def test_a_server_killed_with_sigkill_serves_its_routes_at_once_after_a_restart(
     peer = Peer(srv.router)
     old_epoch = peer.ok("status").epoch
     peer.close()
-    wait_for(lambda: dump_holds(tmp_path / "state.dump", "TopicA"))  # debounced: ≤ 1 s
+    wait_for(lambda: dump_holds(tmp_path / "kv.log.state", "TopicA"))  # debounced: ≤ 1 s
     srv.proc.send_signal(signal.SIGKILL)
     srv.proc.wait(15)
 
@@ -71,7 +71,7 @@ def test_a_restored_broker_that_does_not_register_again_is_removed_as_not_confir
     register(srv, "broker-a", "10.0.0.1:10911", "TopicA", timeout_ms=2_000)
     register(srv, "broker-b", "10.0.0.2:10911", "TopicB")
     assert srv.stop() == 0  # a clean stop writes the dump too
-    assert dump_holds(tmp_path / "state.dump", "TopicB")
+    assert dump_holds(tmp_path / "kv.log.state", "TopicB")
 
     again = process_server(kv_path=kv_path)
     peer = Peer(again.router, again.pub)
@@ -92,7 +92,7 @@ def test_a_restored_broker_that_does_not_register_again_is_removed_as_not_confir
 
 
 def test_a_corrupt_dump_is_logged_and_the_server_starts_empty(process_server, tmp_path: Path):
-    path = tmp_path / "state.dump"
+    path = tmp_path / "kv.log.state"
     path.write_bytes(warm.MAGIC + b"\x00\x01" + b"\x00" * 4 + b"not msgpack")
     srv = process_server("--state-path", str(path))
     peer = Peer(srv.router)
@@ -167,7 +167,7 @@ def test_a_namespace_emptied_over_remoting_is_still_emptied_after_a_kill_and_res
     # With workers, the state process restores the dump and its workers load their state
     # from it. The restarted server's remoting port is a new one: the killed server's
     # workers, until they stop, cannot answer in its place.
-    kv_path, dump = tmp_path / "kv.log", tmp_path / "state.dump"
+    kv_path, dump = tmp_path / "kv.log", tmp_path / "kv.log.state"
     kv_list = (219, {"namespace": "ns"})  # GET_KVLIST_BY_NAMESPACE
     args = ["--remoting", "127.0.0.1:0", "--workers", str(workers)]  # 0 given: the default is 1
     first = process_server(*args, kv_path=kv_path)
@@ -190,7 +190,7 @@ def test_a_restored_rocketmq_broker_not_heard_since_keeps_its_period_through_a_s
     # addresses tied to a connection, and a restored one is tied to none until it registers
     # again: a RocketMQ broker that died while zns was down, with a change and a second
     # restart in its 40 s (a crash loop under --supervise), was given its own 120 s timeout.
-    kv_path, dump = tmp_path / "kv.log", tmp_path / "state.dump"
+    kv_path, dump = tmp_path / "kv.log", tmp_path / "kv.log.state"
     args = ["--remoting", "127.0.0.1:0", "--workers", str(workers)]
     rocketmq = ("DefaultCluster", "10.0.0.9:10911")
     first = process_server(*args, kv_path=kv_path)

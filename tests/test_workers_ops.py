@@ -340,7 +340,7 @@ def test_a_worker_that_does_not_stop_is_killed_after_the_grace_and_the_state_sti
     assert STOP_GRACE_S <= time.monotonic() - started < STOP_GRACE_S + 5
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # killed, and reaped by the state process
-    assert (tmp_path / "state.dump").exists()
+    assert (tmp_path / "kv.json.state").exists()
     assert server.output().rstrip().endswith("zns stopped"), server.output()
 
 

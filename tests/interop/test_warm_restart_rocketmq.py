@@ -103,7 +103,7 @@ def test_a_warm_restart_answers_routes_at_once_and_a_cold_one_after_the_next_reg
         topic = unique_topic("Warm")
         assert rocketmq.produce(zns.addr, topic, 1)["sent"] == 1  # auto-created by the broker
         wait_until(lambda: route_code(zns.addr, topic) == ResponseCode.SUCCESS, 30, "the route")
-        dump = tmp_path / "zns" / "state.dump"
+        dump = tmp_path / "zns" / "kv.json.state"
         wait_until(lambda: dump.exists() and any(
             t == topic for t, _ in warm.decode_dump(dump.read_bytes()).table.topics), 10,
             "the topic in the state dump")

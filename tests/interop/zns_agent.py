@@ -125,7 +125,7 @@ class Zns:
         # A cold start: the routes come back through the brokers' registrations, whose route
         # events the tests wait for. (A warm start restores them from the state dump zns
         # writes beside its KV file, and announces nothing.)
-        (self.workdir / "state.dump").unlink(missing_ok=True)
+        (self.workdir / "kv.json.state").unlink(missing_ok=True)
         log = open(self.workdir / f"zns-{self.starts}.log", "w")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ZNS_")}
         cmd = [sys.executable, "-m", "zns", "serve", "--router", self.router, "--pub", self.pub,

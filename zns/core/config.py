@@ -204,7 +204,8 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         shown=False, check="path")] = DEFAULT_KV_PATH
     state_path: Annotated[str, _doc(
         "File the route table is dumped to after changes and at stop, and restored from at "
-        "start (default: state.dump beside the KV file; none when the KV store is in memory).",
+        "start (default: the KV file's path with .state appended; none when the KV store is in "
+        "memory).",
         metavar="PATH", shown=False, check="path")] = ""
     heartbeat_interval_s: Annotated[float, Meta(ge=0.01), _doc(
         "Seconds between `hb` events.", metavar="SECONDS")] = field(

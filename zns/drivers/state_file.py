@@ -50,12 +50,14 @@ from zns.drivers.loop import PollSet, Ready
 
 log = logging.getLogger("zns")
 
-DEFAULT_NAME = "state.dump"  # beside the KV file when --state-path is not given
+# The default dump is the KV file's path with this appended: named after its KV file, so that
+# NameServers that keep their KV files in one directory each get a dump of their own.
+DEFAULT_SUFFIX = ".state"
 LOCKED_OPTION = "--state-path"  # named by the refusal of a dump another zns holds
 
 
 def state_path_for(state_path: str, kv_path: str | None) -> Path | None:
-    """The dump's path: `state_path`, or DEFAULT_NAME beside the KV file when it is "";
+    """The dump's path: `state_path`, or the KV file's with DEFAULT_SUFFIX when it is "";
     None (no dump) when the KV store is held in memory and no path is given. ConfigError
     when it is the KV file's: each dump would be renamed over the KV log, whose
     acknowledged writes would then go to a file no longer there."""
@@ -64,7 +66,8 @@ def state_path_for(state_path: str, kv_path: str | None) -> Path | None:
     elif kv_path is None:
         return None
     else:
-        path = Path(kv_path).expanduser().with_name(DEFAULT_NAME)
+        kv = Path(kv_path).expanduser()
+        path = kv.with_name(kv.name + DEFAULT_SUFFIX)
     if kv_path is not None and _same_file(path, Path(kv_path).expanduser()):
         raise ConfigError(f"state dump {path} is the KV file (--kv-path); give the state dump "
                           "a file of its own (--state-path)")
