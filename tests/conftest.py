@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -190,8 +191,14 @@ def process_server(tmp_path: Path) -> Iterator[Callable[..., ProcessServer]]:
     yield start
     for srv in started:
         if srv.proc.poll() is None:
-            srv.proc.kill()
-            srv.proc.wait(15)
+            # SIGTERM first: a --supervise parent killed outright leaves its serving child
+            # running (a test that failed left one behind); SIGKILL if it does not stop.
+            srv.proc.terminate()
+            try:
+                srv.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                srv.proc.kill()
+                srv.proc.wait(15)
         srv.log.close()
 
 

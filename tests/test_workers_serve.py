@@ -422,8 +422,12 @@ def test_peer_hints_run_in_every_worker_and_each_changes_the_state_once(
     worker that dies is replaced by one that follows A again."""
     addr = "10.0.0.1:10911"
     a = ProcessServer(tmp_path, "--workers", "2", "--heartbeat-interval", "0.2")
-    b = ProcessServer(tmp_path, "--workers", "2", "--heartbeat-interval", "0.2",
-                      "--peer", a.router, "--peer-grace", "1", kv_path=tmp_path / "kv-b")
+    try:
+        b = ProcessServer(tmp_path, "--workers", "2", "--heartbeat-interval", "0.2",
+                          "--peer", a.router, "--peer-grace", "1", kv_path=tmp_path / "kv-b")
+    except BaseException:  # B did not start: A is stopped all the same
+        a.stop()
+        raise
     try:
         wait_for(lambda: all(s.output().count("serving requests on") == 2 for s in (a, b)))
         on_b = [peer_on_worker(b, worker, ctx) for worker in (1, 2)]
