@@ -686,6 +686,23 @@ def test_request_latency_is_a_histogram_by_protocol_and_op(make_server):
         client.close()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.single_process("reads the server's own request_times")
+def test_requests_are_not_timed_without_metrics(make_server):
+    # The timing costs about 1 µs a request; without --metrics no one could read it.
+    from test_remoting_listener import Client
+    from zns.core.remoting import RemotingCommand
+
+    srv = make_server(remoting="127.0.0.1:0")
+    srv.peer().ok("status")
+    client = Client(srv.remoting)
+    try:
+        assert client.call(RemotingCommand(code=106)).code == 0  # GET_BROKER_CLUSTER_INFO
+    finally:
+        client.close()
+    assert srv.server.request_times.labels == {}
+
+
 def test_request_labels_are_bounded():
     from zns.core.latency import MAX_LABELS
 
