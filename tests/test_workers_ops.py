@@ -489,3 +489,31 @@ def test_a_second_zns_on_a_port_a_running_one_serves_is_refused_in_one_line(
         assert not second_kv.exists()
     finally:
         assert first.stop() == 0
+
+
+def test_a_restart_on_the_ports_of_a_killed_state_process_waits_for_its_last_worker(
+        tmp_path: Path) -> None:
+    # Its workers leave once they read the end of its channel; a worker that has not yet
+    # (here: stopped) still listens, and the restart waits for it instead of refusing.
+    first = ProcessServer(tmp_path, "--workers", "1")
+    (pid,) = worker_pids(first).values()
+    os.kill(pid, signal.SIGSTOP)
+    first.proc.kill()
+    first.proc.wait(15)
+    first.log.close()
+    restart = subprocess.Popen(
+        [sys.executable, "-m", "zns", "serve", "--workers", "1", "--router", first.router,
+         "--pub", first.pub, "--kv-path", str(tmp_path / "b-kv.json")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)  # the restart is trying the port meanwhile
+        assert restart.poll() is None
+        os.kill(pid, signal.SIGKILL)  # the last worker gone: the port is free
+        peer = Peer(first.router, None)
+        try:
+            assert peer.ok("status").brokers == 0  # the restart serves
+        finally:
+            peer.close()
+    finally:
+        restart.terminate()
+        assert restart.wait(15) == 0, restart.stderr.read() if restart.stderr else ""

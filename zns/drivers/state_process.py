@@ -74,6 +74,8 @@ from zns.drivers.worker import Forked, WriteAnswer, connection_range, worker_mai
 log = logging.getLogger("zns")
 
 STOP_GRACE_S = 5.0  # workers still alive this long after SIGTERM get SIGKILL
+# A port in use at start is tried again until this long after the first try (`_reserve`).
+PORT_FREED_WAIT_S = 2.0
 _encode = msgspec.msgpack.encode
 
 
@@ -261,11 +263,20 @@ class StateProcess:
 
     def _reserve(self, endpoint: str, refused: str = "") -> str:
         """`reserve_port`, its socket held until `close`; EndpointError starting with
-        `refused` (default: cannot bind `endpoint`), as one process says it."""
-        try:
-            bound, sock = reserve_port(endpoint)
-        except OSError as exc:
-            raise EndpointError(f"{refused or f'cannot bind {endpoint}'}: {exc}") from exc
+        `refused` (default: cannot bind `endpoint`), as one process says it, once the port
+        is still in use after PORT_FREED_WAIT_S: the workers of a state process just
+        killed leave as soon as they read its channel's end, and a restart must not be
+        refused for the moment they take; another NameServer keeps it."""
+        give_up = time.monotonic() + PORT_FREED_WAIT_S
+        while True:
+            try:
+                bound, sock = reserve_port(endpoint)
+                break
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE and time.monotonic() < give_up:
+                    time.sleep(0.05)
+                    continue
+                raise EndpointError(f"{refused or f'cannot bind {endpoint}'}: {exc}") from exc
         self._reserved.append(sock)
         return bound
 
