@@ -292,3 +292,66 @@ def test_a_crash_mid_compaction_on_a_nearly_full_disk_restarts_serving(
         peer.close()
     assert srv.stop() == 0
     assert read_kv_file(kv_path) == {"big": model}
+
+
+def fill(disk: Path) -> Path:
+    """Fill `disk` to its last byte; the filler, to unlink for the space back."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as out:
+        for size in (65_536, 4_096, 1):
+            try:
+                while out.write(b"\0" * size):
+                    pass
+            except OSError:
+                pass
+    assert free_bytes(disk) == 0
+    return filler
+
+
+@pytest.mark.timeout(120)
+def test_a_full_disk_where_a_zns_ran_before_still_starts_with_a_new_lock_file(small_disk):
+    # A zns ran here (its KV lock left behind, as every stop leaves it); the disk then filled
+    # up. The KV lock's file is rewritten in place; the state dump's lock file (new with the
+    # dump's lock, or with its default path: an upgrade) needs a block for the pid it holds.
+    # Before: the start failed with ENOSPC's traceback.
+    (small_disk / "kv.log.lock").write_text("12345\n")
+    fill(small_disk)
+    srv = ProcessServer(small_disk.parent, "--workers", "0", kv_path=small_disk / "kv.log")
+    try:
+        peer = Peer(srv.router)
+        try:
+            assert peer.ok("status").brokers == 0
+        finally:
+            peer.close()
+        assert (small_disk / "kv.log.state.lock").exists()
+    finally:
+        assert srv.stop() == 0
+
+
+def test_a_dump_lock_taken_on_a_full_disk_is_held_and_the_dump_written_once_space_is_back(
+        small_disk):
+    # The dump's directory made at its first write (so its lock is taken then), on a full
+    # disk: that write fails, as any write on a full disk does, and once space is back the
+    # next one succeeds. Before: the lock's descriptor stayed open and locked outside the
+    # process's record of its locks, so every later write found the dump "in use by another
+    # zns (its pid unknown)": this process's own lock, until it ended.
+    from helpers import register_fields, zns1_ok
+    from test_warm import drive, writer_for
+    from zns.core.service import NameService
+
+    dump = small_disk / "later" / "state.dump"
+    service = NameService(KvStore(None), epoch="e", started_at_ms=0)
+    writer = writer_for(service, dump)
+    filler = fill(small_disk)
+    zns1_ok(service, "register_broker", 2000, id=1, **register_fields())
+    drive(writer)
+    assert (writer.written, writer.failed) == (0, 1)
+    filler.unlink()
+    drive(writer, now=writer.schedule.interval_ms)
+    assert (writer.written, writer.failed) == (1, 1) and dump.exists()
+    writer.close()
+    holder = subprocess.run(  # released: another process takes it
+        [sys.executable, "-c", "import sys; from pathlib import Path; "
+         "from zns.drivers import file_lock; file_lock.hold(Path(sys.argv[1]), 'x')", str(dump)],
+        capture_output=True, text=True, timeout=60)
+    assert holder.returncode == 0, holder.stderr

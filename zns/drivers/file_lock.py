@@ -68,8 +68,15 @@ def hold(path: Path, option: str) -> FileLock:
             raise KvFileError(f"{path} is in use by another zns ({holder}): give each "
                               f"NameServer a file of its own ({option})") from None
         raise KvFileError(f"{path}: cannot lock {lock}: {exc.strerror} ({option})") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError:
+        # The pid is only for another process's refusal ("its pid unknown" then): the lock
+        # is held. A full disk (a new lock file needs a block for it) must not refuse the
+        # start with a traceback, nor leave this descriptor open and locked outside
+        # `_held`, where this process's next `hold` would find its own lock "in use".
+        pass
     _held[key] = [fd, 1]
     return FileLock(key)
 

@@ -280,8 +280,9 @@ class RequestRouter:
     def _resume_ready(self, now: int, until: int) -> bool:
         """Answer every parked request whose write is answered, then the requests of its
         connection that waited behind it, up to the next write, until the slice ends (the
-        clock read every CLOCK_EVERY requests, as `run` reads it: a connection may hold
-        hundreds of requests, each as heavy as any); True if events were put."""
+        clock read every CLOCK_EVERY requests, where `run` reads it after each request it
+        reads: a connection may hold hundreds of requests, each as heavy as any); True if
+        events were put."""
         writes = self.service.forwarded
         assert writes is not None
         released = self._released
