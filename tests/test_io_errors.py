@@ -79,6 +79,19 @@ def test_a_bug_passes_unchanged(mapping: map_exceptions) -> None:
     assert caught.value is bug
 
 
+@pytest.mark.parametrize("raised", [
+    zmq.ZMQError(errno.EHOSTUNREACH), zmq.ZMQError(errno.ENOTSOCK), zmq.Again(),
+    UsageError("bad topic"), TypeError("not a buffer"),
+])
+def test_maps_says_what_a_with_does(raised: Exception) -> None:
+    # The reply path asks `maps` once a send raised, instead of a `with` around every send.
+    try:
+        with ZNS1_PEER:
+            raise raised
+    except Exception as left:
+        assert ZNS1_PEER.maps(raised) is (left is not raised)
+
+
 def test_nothing_raised_is_nothing_mapped() -> None:
     with ZNS1_PEER, REMOTING_PEER, configured("x: "):
         pass

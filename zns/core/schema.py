@@ -522,5 +522,10 @@ def decoded_route(route: TopicRoute | Raw | None) -> TopicRoute | None:
     return route
 
 
+# Each request type's op by its type: a dict lookup is ~3× faster than tag_of's attribute
+# lookup and assert, and `NameService.respond` asks for the op of every request.
+REQUEST_OPS: dict[type[Struct], str] = {c: tag_of(c) for c in get_args(AnyRequest)}
+
+
 def request_op(request: Request) -> str:
-    return tag_of(type(request))
+    return REQUEST_OPS[type(request)]

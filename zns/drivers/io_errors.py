@@ -24,7 +24,8 @@ Not mapped either: the best-effort calls about the process's own environment (ra
 the descriptor limit, forking to shed connections, /proc, a socket filter, the waker),
 where the driver logs a warning and carries on at the call: no one above handles them.
 The mappings are objects, not generator context managers, so entering one costs
-what an attribute lookup costs: `ZNS1_PEER` is on the reply path of every request.
+what an attribute lookup costs; the reply path of every request, hotter still, asks
+`ZNS1_PEER.maps` only once it caught a zmq error.
 """
 
 from __future__ import annotations
@@ -69,11 +70,25 @@ class map_exceptions:  # noqa: N801 - used as `with map_exceptions(...)`, like c
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if exc is None or isinstance(exc, _PASSING):
-            return  # None: an exception leaves unchanged
+        if exc is None:
+            return
+        target = self._target(exc)
+        if target is not None:
+            raise target(f"{self._what}{exc}") from exc
+
+    def maps(self, exc: BaseException) -> bool:
+        """Whether `exc` would leave a `with` of this mapping as a zns error: for a hot path
+        that asks only once it caught one (the reply path: a `with` costs ~0.15 µs a reply)."""
+        return self._target(exc) is not None
+
+    def _target(self, exc: BaseException) -> type[ZnsError] | None:
+        """The zns error `exc` becomes; None: it leaves unchanged."""
+        if isinstance(exc, _PASSING):
+            return None
         for source, errnos, target in self._mapping:
             if isinstance(exc, source) and (errnos is None or getattr(exc, "errno", None) in errnos):
-                raise target(f"{self._what}{exc}") from exc
+                return target
+        return None
 
 
 def configured(what: str, error: type[ConfigError] = EndpointError) -> map_exceptions:

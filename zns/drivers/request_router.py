@@ -18,7 +18,6 @@ from typing import Any
 import zmq
 
 from zns.core.budget import ReplyBudget
-from zns.core.errors import ConnectionLost
 from zns.core.forwarding import WriteInFlight
 from zns.core.service import NameService, Response
 from zns.drivers.io_errors import ZNS1_PEER
@@ -209,13 +208,14 @@ class RequestRouter:
                 if len(reply) >= heavy and not budget.allow(envelope[0].bytes, len(reply), now):
                     reply = self.service.busy_reply(response.request_id)
                 try:
-                    with ZNS1_PEER:
-                        for part in envelope:
-                            backend_send(router, part, _SNDMORE_DONTWAIT, False)
-                        backend_send(router, reply, _DONTWAIT)
-                except (zmq.Again, ConnectionLost):
+                    for part in envelope:
+                        backend_send(router, part, _SNDMORE_DONTWAIT, False)
+                    backend_send(router, reply, _DONTWAIT)
+                except zmq.ZMQError as exc:
                     # A peer at its high-water mark, or one gone (EHOSTUNREACH): the loop
-                    # must never block on one peer.
+                    # must never block on one peer. Anything else is zns's bug: it leaves.
+                    if not _peer_fault(exc):
+                        raise
                     self.dropped_replies += 1
                 if response.events:
                     put(response.events)
@@ -235,11 +235,12 @@ class RequestRouter:
                                                                  now):
             reply = self.service.busy_reply(response.request_id)
         try:
-            with ZNS1_PEER:
-                for part in envelope:
-                    backend_send(self.router, part, _SNDMORE_DONTWAIT, False)
-                backend_send(self.router, reply, _DONTWAIT)
-        except (zmq.Again, ConnectionLost):
+            for part in envelope:
+                backend_send(self.router, part, _SNDMORE_DONTWAIT, False)
+            backend_send(self.router, reply, _DONTWAIT)
+        except zmq.ZMQError as exc:
+            if not _peer_fault(exc):
+                raise
             self.dropped_replies += 1
         if response.events:
             self.outbox.put(response.events)
@@ -372,6 +373,13 @@ def peer_address(frame: Any) -> str:
     """The address of the peer that sent this message, as ZeroMQ reports it (NameService's
     `address_of`: only an audit line asks)."""
     return str(frame.get("Peer-Address"))
+
+
+def _peer_fault(exc: zmq.ZMQError) -> bool:
+    """Whether a reply's send failed for its peer: at its high-water mark (zmq.Again) or
+    gone (ZNS1_PEER's errors). Asked once a send raised, not a `with ZNS1_PEER` around
+    every reply's sends: that costs ~0.15 µs a request."""
+    return isinstance(exc, zmq.Again) or ZNS1_PEER.maps(exc)
 
 
 def _user_id(frame: Any) -> str | None:
