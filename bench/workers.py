@@ -672,26 +672,17 @@ def run_lag(config: RunConfig) -> BenchResult:
             f"bare round trip between two Python processes over a socketpair, p{q}", "µs",
             [percentile(h, q) * 1e6 for h in hops],
             note="the least a forwarded write's two hops (worker → state → worker) add"))
-    for workers in (1, 2):
-        for before, after in zip(push[0], push[workers]):
-            if "max" in before.name:
-                continue
-            extra = statistics.median(after.rounds) - statistics.median(before.rounds)
-            figures.append(Figure(
-                f"{before.name}, {workers} worker{'s' if workers > 1 else ''}", "µs",
-                after.rounds, "1 process", before.rounds,
-                note=f"{extra:+,.0f} µs against one process"
-                + (" (budget: +100 µs at p50)" if "p50" in before.name else "")))
-    for workers in (1, 2):
-        for before, after in zip(isolated[0], isolated[workers]):
-            if "max" in before.name:
-                continue
-            extra = statistics.median(after.rounds) - statistics.median(before.rounds)
-            figures.append(Figure(
-                f"{before.name}, changes {APART_S * 1000:g} ms apart, {label(workers)}", "µs",
-                after.rounds, "1 process", before.rounds,
-                note=f"{extra:+,.0f} µs against one process"
-                + (" (budget: +100 µs at p50)" if "p50" in before.name else "")))
+    for runs, cadence in ((push, ""), (isolated, f", changes {APART_S * 1000:g} ms apart")):
+        for workers in (1, 2):
+            for before, after in zip(runs[0], runs[workers]):
+                if "max" in before.name:
+                    continue
+                extra = statistics.median(after.rounds) - statistics.median(before.rounds)
+                figures.append(Figure(
+                    f"{before.name}{cadence}, {label(workers)}", "µs",
+                    after.rounds, "1 process", before.rounds,
+                    note=f"{extra:+,.0f} µs against one process"
+                    + (" (budget: +100 µs at p50)" if "p50" in before.name else "")))
     for workers in (0, 1, 2):  # pinned, against one process as it runs by default
         for before, after in zip(push[0], pinned[workers]):
             if "max" in before.name:
