@@ -131,31 +131,27 @@ def load(path: Path) -> warm.StateDump | None:
         return None
 
 
-def restore_held(path: Path, service: NameService, now: int,
-                 wall_ms: int) -> tuple[warm.StateDump | None, file_lock.FileLock | None]:
-    """`restore`, with the dump's lock taken before it is read: the dump restored and the
-    lock, for the StateWriter (None when the directory does not exist yet: the writer takes
-    it at its first write). KvFileError, in one line naming its pid, when another process
-    holds it."""
+def restored_writer(path: Path, service: NameService, *, now: int, wall_ms: Callable[[], int],
+                    wake: Callable[[], None],
+                    clock: Callable[[], int]) -> tuple[StateWriter, warm.StateDump | None]:
+    """The dump at `path` loaded into the fresh `service`, and the StateWriter that keeps it
+    from then on, holding the dump's lock (taken before the dump is read; when the directory
+    does not exist yet, at the first write). Refused, in one line: an unusable `path`
+    (ConfigError), one another zns holds (KvFileError, naming its pid). The dump restored is
+    None when there is none, or it is corrupt (said in one line, starting empty)."""
     check_writable(path)  # before the lock: a directory given as the path gets no lock file
     lock = file_lock.hold(path, LOCKED_OPTION) if path.parent.is_dir() else None
     try:
-        return _restore_checked(path, service, now, wall_ms), lock
+        dump = _restore(path, service, now, wall_ms())
     except BaseException:
         if lock is not None:
             lock.release()
         raise
+    return StateWriter(path, service, wake=wake, clock=clock, wall_ms=wall_ms, restored=dump,
+                       lock=lock), dump
 
 
-def restore(path: Path, service: NameService, now: int, wall_ms: int) -> warm.StateDump | None:
-    """Refuse an unusable `path` (ConfigError), then load its dump into the fresh `service`:
-    the dump restored, or None (none there, or corrupt: said in one line, starting empty)."""
-    check_writable(path)
-    return _restore_checked(path, service, now, wall_ms)
-
-
-def _restore_checked(path: Path, service: NameService, now: int,
-                     wall_ms: int) -> warm.StateDump | None:
+def _restore(path: Path, service: NameService, now: int, wall_ms: int) -> warm.StateDump | None:
     dump = load(path)
     if dump is None:
         return None
@@ -256,7 +252,7 @@ class StateWriter:
         """`clock`: the loop's (monotonic ms); `wake`: wakes the loop (from the thread);
         `step_work`: queue entries per step (RouteTable.dump_in_steps); `restored`: the
         dump the service was restored from (warm.dump's `restored_remoting`); `lock`: the
-        dump's lock, taken by `restore_held` (else taken before the first write)."""
+        dump's lock, taken by `restored_writer` (else taken before the first write)."""
         self.path, self._service, self._wake, self._wall_ms = path, service, wake, wall_ms
         self._lock = lock
         self._restored_remoting = frozenset(restored.remoting) if restored else frozenset()

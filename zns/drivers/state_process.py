@@ -439,16 +439,15 @@ class StateProcess:
         path = state_file.state_path_for(config.state_path, config.kv_path)
         if path is None:
             return None
-        # The dump's lock, taken before it is read: a second zns on this path is refused
-        # here, in one line, before it restores (and then overwrites) the first's routes.
-        dump, lock = state_file.restore_held(path, self.service, self._now(), _wall_ms())
+        writer, dump = state_file.restored_writer(path, self.service, now=self._now(),
+                                                  wall_ms=_wall_ms, wake=self.waker.wake,
+                                                  clock=self._now)
         if dump is not None:
             # /readyz waits for each restored address to register again (or go).
             self.readiness = Readiness(
                 [(a.cluster, a.addr) for a in dump.table.addresses], self._now(),
                 round(config.ready_grace_s * 1000))
-        return state_file.StateWriter(path, self.service, wake=self.waker.wake, clock=self._now,
-                                      wall_ms=_wall_ms, restored=dump, lock=lock)
+        return writer
 
     @staticmethod
     def _now() -> int:
