@@ -158,12 +158,12 @@ class Server:
             queued=QueuedEvents(config.pub_max_queued_bytes, hwm=config.pub_hwm))
         self.outbox = Outbox(self._send_event, self.heap.events_made)
         self.request_times = LatencyHistogram()  # zns_request_seconds
-        # Timed only when /metrics can show it: the wrapper's clock reads and histogram cost
-        # about 1 µs a request, an eighth of a get_route, for figures nobody could read.
-        timed = bool(config.metrics)
+        # Requests are timed (both protocols) only when /metrics can show it: the wrappers'
+        # clock reads and histogram cost about 1 µs a request, an eighth of a get_route.
+        self._timed = bool(config.metrics)
         self.requests = RequestRouter(
             self.router,
-            timed_service(self.service, self.request_times) if timed else self.service,
+            timed_service(self.service, self.request_times) if self._timed else self.service,
             self.outbox,
             clock=self._now,
             max_message_bytes=config.max_message_bytes, reply_budget=self.reply_budget,
@@ -328,7 +328,7 @@ class Server:
                 keyless=self.security.check_keyless if self.security is not None else None,
             )
             listener = RemotingListener(
-                endpoint, timed_remoting(service, self.request_times) if config.metrics else service,
+                endpoint, timed_remoting(service, self.request_times) if self._timed else service,
                 now=self._now(), descriptors=self.descriptors,
                 outbox=self.outbox, clock=self._now,
                 max_frame_bytes=config.max_message_bytes,
