@@ -190,16 +190,14 @@ def process_server(tmp_path: Path) -> Iterator[Callable[..., ProcessServer]]:
 
     yield start
     for srv in started:
-        if srv.proc.poll() is None:
+        try:
             # SIGTERM first: a --supervise parent killed outright leaves its serving child
             # running (a test that failed left one behind); SIGKILL if it does not stop.
-            srv.proc.terminate()
-            try:
-                srv.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                srv.proc.kill()
-                srv.proc.wait(15)
-        srv.log.close()
+            srv.stop()
+        except subprocess.TimeoutExpired:
+            srv.proc.kill()
+            srv.proc.wait(15)
+            srv.log.close()
 
 
 # ---- interop: the real Apache RocketMQ 5.3.3 JVMs (see tests/interop/README.md) ----------------
