@@ -27,17 +27,20 @@ SERVER_FIXTURES = {"server", "make_server", "process_server", "rocketmq_env", "r
 
 
 # The test files that take longest (JVMs, subprocesses, fuzz budgets), longest first, from
-# per-file sums of a run's test times (redone after the workers/warm-state merges; worth
-# redoing when a file's time changes much). `make test` runs files whole on two workers
-# (--dist loadfile, --no-loadscope-reorder): a long file handed out last keeps one worker busy while the other
-# idles, and xdist's own order (most tests first) handed these out last, since most have one
-# to seven tests. The list only orders the run; a file missing from it runs after these.
+# per-file times of a full run (redone after test_worker_attacks grew to about 70-90 s: it was
+# not listed, so it was handed out last and ran alone for its last ~70 s, three workers idle;
+# worth redoing when a file's time changes much). `make test` runs files whole on four workers
+# (--dist loadfile, --no-loadscope-reorder): a long file handed out last keeps one worker busy
+# while the others idle, and xdist's own order (most tests first) handed these out last, since
+# most have one to seven tests. The list only orders the run; a file missing from it runs after
+# these.
 LONGEST_FIRST = [
-    "test_bench_smoke.py", "interop/test_agent.py", "interop/test_zns_nameserver.py",
-    "interop/test_java_nameserver.py", "interop/test_warm_restart_rocketmq.py", "test_peers.py",
-    "interop/test_agent_events.py", "interop/test_fidelity_brokers.py",
-    "interop/test_differential.py", "interop/test_version_matrix.py", "test_remoting_listener.py",
-    "test_server_hardening.py", "test_workers_differential.py", "test_workers_serve.py", "test_peer_resets.py",
+    "test_bench_smoke.py", "interop/test_agent.py", "interop/test_java_nameserver.py",
+    "interop/test_zns_nameserver.py", "test_peers.py", "test_worker_attacks.py",
+    "interop/test_differential.py", "interop/test_warm_restart_rocketmq.py",
+    "test_server_hardening.py", "interop/test_agent_events.py", "interop/test_fidelity_brokers.py",
+    "test_workers_ops.py", "test_remoting_listener.py", "test_workers_differential.py",
+    "interop/test_version_matrix.py", "test_workers_serve.py", "test_peer_resets.py",
     "test_idle_cpu.py", "test_broker_agent.py", "test_peers_hostile.py", "test_faults.py",
     "test_server.py", "test_metrics.py", "test_doc_blocks.py", "test_events.py", "test_demos.py",
     "test_relay_forwarding.py", "test_loop.py", "test_soak_smoke.py", "interop/test_operator.py",
