@@ -1,0 +1,392 @@
+"""Followers: read replicas on other hosts, fed by the workers over TCP with CURVE.
+
+`zns serve --workers N --followers tcp://*:PORT` makes each worker bind that port
+too (SO_REUSEPORT, as its other ports) with a ROUTER that only the CURVE keys of
+`--followers-keys` get into (a ZAP domain of its own). `zns serve --follow
+tcp://HOST:PORT` on another host is a *follower*: one process that is a worker in
+every way but its link, a DEALER to that port instead of a socketpair to a state
+process (`NetworkChannel`). It answers reads from its replica, forwards writes,
+publishes events to its own subscribers and binds its own ports; it holds no
+KV file and no state dump.
+
+The worker a follower's connection lands on is its *gateway* (`Gateway`): it
+runs a `Primary` of its own (zns.core.replication: the same window, tail, state
+transfers, acknowledgements and ack timeout as the state process's), fed with
+every command its replica applies, at the same seq. So a follower follows the
+state process one hop further down, as a Redis replica of a replica does; the
+state process knows nothing of followers, and still has no endpoint an outside
+peer can reach. A follower's write goes to its gateway, which forwards it to
+the state process as one of its own, and answers the follower once its replica
+applied it, with the seq the follower must apply before it replies
+(read-your-writes for the follower's clients).
+
+The rules this module keeps:
+
+- **A follower is a consistency domain of its own.** The commit fence
+  (zns.core.replication) spans the workers of one host: the state process
+  knows when a command is in every worker's socket. It cannot know that of a
+  follower behind a network, so a follower is outside it. Within a follower
+  the rule of §7 holds as in a lone worker (it publishes an event before it
+  applies the command, in the same turn, and answers no read in between); a
+  client whose connections reach a follower *and* the NameServer's own workers
+  can see an event on one and pull older routes on the other. Hence a
+  follower is one process (`--follow` refuses `--workers` above 1), and a
+  client must use one address for its requests and its events.
+- **A follower that hears nothing refuses to answer.** Its gateway passes on
+  the state process's figures once a second (`Whole`); a follower that heard
+  nothing for SILENCE_MS refuses reads and writes with `busy` and is not
+  ready (/readyz), rather than serving routes the state process may have
+  expired since. Its DEALER reconnects by itself (libzmq), possibly to another
+  worker: its next message (the figures it sends once a second, `Report`)
+  makes that worker admit it, with a state transfer at its seq.
+- **Bounded at the gateway.** At most MAX_FOLLOWERS joined at once per
+  worker (another is ignored, logged); each holds at most the `Primary`'s
+  window of commands and transfer window of a state queued, plus the dump of
+  a transfer under way (the size of the state: at 10,000 topics about 4 MiB);
+  a follower that stops reading is dropped once its queue passes
+  QUEUED_MESSAGES (or the ack timeout passes), and admitted again only after
+  READMIT_MS; MAX_FORWARDED writes forwarded for followers at once (past it:
+  `busy`); a message larger than MAX_MESSAGE_BYTES ends the follower's
+  connection (libzmq's MAXMSGSIZE); one that cannot be decoded drops it.
+- **Remoting connection ids stay unique.** The state process ties each
+  RocketMQ broker to the connection id that registered it. A follower numbers
+  its connections in a range its gateway hands it (`Joined`), carved out of
+  the gateway's own (the upper half of the worker's range, FOLLOWER_ID_BITS of
+  ids per admission, FOLLOWER_SLOTS admissions per worker), and keeps the
+  first range it was given for its whole life: no other follower or worker is
+  ever given it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+import msgspec
+import zmq
+
+from zns.core.errors import Busy, ConnectionLost
+from zns.core.replication import (
+    Deliver, Drop, Execute, Joined, Primary, SendState, Whole, decode_to_primary, encode,
+)
+from zns.drivers.descriptors import DescriptorGuard
+from zns.drivers.loop import PollSet, Ready
+from zns.drivers.replication_link import READ_BUDGET, ReplicaLink, written_mark
+from zns.drivers.security import FOLLOWERS_DOMAIN, Security, curve_client
+
+log = logging.getLogger("zns")
+
+MAX_FOLLOWERS = 16  # joined at once, per worker
+MAX_FORWARDED = 1024  # writes forwarded for followers and not yet answered, per worker
+# Messages queued by libzmq for one follower (its window of commands, the parts of a state in
+# its transfer window, fences, answers and the figures): past it the follower is dropped.
+QUEUED_MESSAGES = 4096
+READMIT_MS = 5_000  # a dropped follower is not admitted again before this
+MESSAGES_PER_TURN = 1000  # read from the followers per turn of the loop
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # any message either way (a state comes in parts)
+SILENCE_MS = 5_000  # a follower that heard nothing this long answers `busy`
+HELLO_MS = 1_000  # a follower not yet admitted says so this often
+# The connection ids of followers: the upper half of the gateway worker's range
+# (zns.drivers.worker.CONNECTION_ID_BITS), FOLLOWER_ID_BITS of them per admission.
+FOLLOWER_ID_BITS = 27
+FOLLOWER_SLOTS = (1 << 12) - 1
+
+
+def follower_ids(worker_range: int, slot: int, id_bits: int) -> int:
+    """The first remoting connection id of a follower admitted in `slot` (1..FOLLOWER_SLOTS) by
+    the worker whose range is `worker_range` (its ids have `id_bits` bits)."""
+    return (worker_range << id_bits) | (1 << (id_bits - 1)) | (slot << FOLLOWER_ID_BITS) | 1
+
+
+class NetworkChannel:
+    """A follower's link to its gateway: a DEALER, one ZeroMQ message per frame. What libzmq
+    will not take now (no connection: the gateway restarting, the network gone) waits here,
+    up to MAX_MESSAGE_BYTES, then the follower stops (ConnectionLost)."""
+
+    def __init__(self, sock: zmq.Socket, clock: Callable[[], float] = time.monotonic) -> None:
+        self.sock = sock
+        self._clock = clock
+        self._out: deque[bytes] = deque()
+        self._pending = 0
+        self.heard = clock()  # when the gateway last sent anything
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def fileno(self) -> zmq.Socket:
+        return self.sock  # the loop polls the zmq socket itself
+
+    def send(self, body: bytes, mark: int | None = None) -> None:
+        if self._pending + len(body) > MAX_MESSAGE_BYTES:
+            raise ConnectionLost(f"the gateway takes nothing: {self._pending} bytes pending")
+        self._out.append(body)
+        self._pending += len(body)
+
+    def flush(self) -> bool:
+        while self._out:
+            try:
+                self.sock.send(self._out[0], zmq.DONTWAIT)
+            except zmq.Again:
+                return False
+            self._pending -= len(self._out.popleft())
+        return True
+
+    def receive(self, budget: int = READ_BUDGET) -> list[bytes]:
+        frames: list[bytes] = []
+        read = 0
+        while read < budget:
+            try:
+                body = self.sock.recv(zmq.DONTWAIT)
+            except zmq.Again:
+                break
+            frames.append(body)
+            read += len(body)
+        if frames:
+            self.heard = self._clock()
+        return frames
+
+    def wait(self, timeout_ms: int | None) -> None:
+        self.sock.poll(timeout_ms, zmq.POLLIN | (zmq.POLLOUT if self._out else 0))
+
+    def silent_ms(self) -> int:
+        """How long the gateway has sent nothing."""
+        return int((self._clock() - self.heard) * 1000)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+def connect(ctx: zmq.Context, endpoint: str, server_key: str, keypair: str) -> zmq.Socket:
+    """A follower's DEALER to a NameServer's --followers endpoint, a CURVE client with
+    `keypair`. Raises KeyFileError on a bad key."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    # Messages wait for a completed connection, not for one being made: a send to a gateway
+    # that is gone is refused (and kept by NetworkChannel) instead of vanishing into the
+    # queue of a connection that will never complete.
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    curve_client(sock, server_key, keypair)
+    sock.connect(endpoint)
+    return sock
+
+
+class _Follower:
+    """A joined follower: its ROUTER identity, and the slot of its connection ids."""
+
+    def __init__(self, identity: bytes, slot: int) -> None:
+        self.identity, self.slot = identity, slot
+
+
+class Gateway:
+    """A worker's followers: a ROUTER (bound by `bind` once the server exists) and a `Primary`
+    fed with what this worker's replica applies; a source of the worker's loop, and the
+    replica link's `Downstream`.
+
+    `refuse(text)`: a forwarded write's answer refusing it (`busy`)."""
+
+    what = "feeding followers"
+
+    def __init__(self, ctx: zmq.Context, link: ReplicaLink, dump: Callable[[], bytes],
+                 worker_range: int, id_bits: int, refuse: Callable[[str], bytes],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a follower gone raises
+        self.sock.setsockopt(zmq.SNDHWM, QUEUED_MESSAGES)
+        self.sock.setsockopt(zmq.RCVHWM, QUEUED_MESSAGES)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self._link, self._dump, self._refuse, self._clock = link, dump, refuse, clock
+        self._worker_range, self._id_bits = worker_range, id_bits
+        self.primary = Primary(now=self._now(), seq=link.replica.applied)
+        self._followers: dict[int, _Follower] = {}  # by the primary's id for it
+        self._by_identity: dict[bytes, int] = {}
+        self._slots: dict[bytes, int] = {}  # every identity admitted, and its slot
+        self._refused: dict[bytes, int] = {}  # dropped: not admitted before then
+        self._forwarded: dict[int, tuple[int, int]] = {}  # our token -> (follower, its token)
+        self.admitted = 0  # admissions, for the log and tests
+
+    def bind(self, security: Security, descriptors: DescriptorGuard, endpoint: str) -> str:
+        """Bind `endpoint` (SO_REUSEPORT, beside the other workers) as a CURVE server of the
+        followers' ZAP domain; returns the endpoint bound."""
+        security.apply(self.sock, FOLLOWERS_DOMAIN)
+        return descriptors.bind(self.sock, endpoint, reuse_port=True).endpoint
+
+    def _now(self) -> int:
+        return int(self._clock() * 1000)
+
+    # --- the loop's source -----------------------------------------------
+
+    def attach(self, poll: PollSet) -> None:
+        poll.register(self.sock, zmq.POLLIN, self)
+
+    def next_deadline(self, now: int) -> int | None:
+        return self.primary.next_deadline()
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        for _ in range(MESSAGES_PER_TURN):
+            try:
+                identity, body = self.sock.recv_multipart(zmq.DONTWAIT)
+            except zmq.Again:
+                break
+            except ValueError:  # not two frames: a DEALER sends two; nothing else gets in
+                continue
+            follower = self._by_identity.get(identity)
+            if follower is None:
+                follower = self._admit(identity, now)
+                if follower is None:
+                    continue
+            try:
+                message = decode_to_primary(body)
+            except msgspec.DecodeError as exc:
+                self._lose(follower, f"an unreadable message ({exc})")
+                continue
+            self.primary.on_message(follower, message, now)
+        self.primary.on_timer(now)
+        self._carry_out()
+
+    # --- the replica's Downstream ---------------------------------------
+
+    def applied(self, seq: int, command: bytes, events: list[bytes] | None) -> None:
+        if self.primary.append(command, self._now(), events) != seq:
+            # Not the next seq (cannot happen: a replica applies in order, and a state it
+            # loads resets this): start again from the replica.
+            log.error("followers: command seq %d after %d; admitting them again", seq,
+                      self.primary.seq - 1)
+            self.loaded(seq)
+            return
+        self._carry_out()
+
+    def loaded(self, seq: int) -> None:
+        """This worker's replica loaded a state at `seq`: its followers are admitted again,
+        each with that state."""
+        self.primary = Primary(now=self._now(), seq=seq)
+        followers, self._followers, self._by_identity = self._followers, {}, {}
+        self._forwarded.clear()  # the state process answers them to this worker anyway
+        for follower in followers.values():
+            self._join(follower.identity, follower.slot)
+        self._carry_out()
+
+    def whole(self, body: bytes) -> None:
+        message = encode(Whole(body))
+        for follower in list(self._followers):
+            self._send(follower, message)
+
+    def answered(self, token: int, reply: bytes) -> bool:
+        forwarded = self._forwarded.pop(token, None)
+        if forwarded is None:
+            return False
+        follower, theirs = forwarded
+        # This worker's replica applied the write's command (the reply is released only
+        # then), and the primary numbered it as it did: its current seq covers it.
+        self.primary.answer(follower, theirs, self.primary.seq, reply)
+        self._carry_out()
+        return True
+
+    # --- internals ------------------------------------------------------
+
+    def _admit(self, identity: bytes, now: int) -> int | None:
+        if now < self._refused.get(identity, 0):
+            return None
+        if len(self._followers) >= MAX_FOLLOWERS:
+            log.warning("followers: a %d-th follower not admitted (%d at most per worker)",
+                        len(self._followers) + 1, MAX_FOLLOWERS)
+            self._refused[identity] = now + READMIT_MS
+            return None
+        slot = self._slots.get(identity)
+        if slot is None:
+            if len(self._slots) >= FOLLOWER_SLOTS:
+                log.error("followers: this worker admitted %d followers, all it can number; "
+                          "another reaches a newer worker", FOLLOWER_SLOTS)
+                self._refused[identity] = now + READMIT_MS
+                return None
+            slot = len(self._slots) + 1
+            self._slots[identity] = slot
+        self.admitted += 1
+        log.info("followers: admitted one (%d following this worker)", len(self._followers) + 1)
+        return self._join(identity, slot)
+
+    def _join(self, identity: bytes, slot: int) -> int:
+        follower = self.primary.join(self._now())
+        self._followers[follower] = _Follower(identity, slot)
+        self._by_identity[identity] = follower
+        self._send(follower, encode(Joined(follower_ids(self._worker_range, slot,
+                                                        self._id_bits))))
+        return follower
+
+    def _carry_out(self) -> None:
+        while actions := self.primary.actions():
+            for action in actions:
+                match action:
+                    case Deliver(worker=follower, message=message):
+                        if self._send(follower, encode(message)):
+                            mark = written_mark(message)
+                            if mark is not None:
+                                self.primary.written(follower, mark)
+                    case SendState(worker=follower) if follower in self._followers:
+                        self.primary.dumped(follower, self.primary.seq, self._dump())
+                    case Execute(worker=follower, token=theirs, request=request):
+                        self._execute(follower, theirs, request)
+                    case Drop(worker=follower, reason=reason):
+                        self._forget(follower, reason)
+
+    def _execute(self, follower: int, theirs: int, request: bytes) -> None:
+        if len(self._forwarded) >= MAX_FORWARDED:
+            self.primary.answer(follower, theirs, self.primary.seq, self._refuse(
+                f"{MAX_FORWARDED} followers' writes wait for the state process; retry"))
+            return
+        try:
+            ours = self._link.forward(request)
+        except ConnectionLost:  # this worker stops (its own next step says so)
+            self.primary.answer(follower, theirs, self.primary.seq,
+                                self._refuse("the state process is gone; retry"))
+            return
+        self._forwarded[ours] = (follower, theirs)
+
+    def _send(self, follower: int, body: bytes) -> bool:
+        """Send to `follower`; False (and the follower dropped) when libzmq will not take it:
+        it is gone (ROUTER_MANDATORY), or it reads nothing and its queue is full."""
+        state = self._followers.get(follower)
+        if state is None:
+            return False
+        try:
+            self.sock.send_multipart((state.identity, body), zmq.DONTWAIT)
+        except zmq.ZMQError as exc:
+            self.primary.leave(follower)
+            self._forget(follower, "gone" if exc.errno == zmq.EHOSTUNREACH
+                         else f"{QUEUED_MESSAGES} messages queued and unread")
+            return False
+        return True
+
+    def _lose(self, follower: int, reason: str) -> None:
+        self.primary.leave(follower)
+        self._forget(follower, reason)
+
+    def _forget(self, follower: int, reason: str) -> None:
+        state = self._followers.pop(follower, None)
+        if state is None:
+            return
+        del self._by_identity[state.identity]
+        self._refused[state.identity] = self._now() + READMIT_MS
+        if len(self._refused) > 4 * FOLLOWER_SLOTS:  # bounded: the oldest first
+            for identity in list(self._refused)[:FOLLOWER_SLOTS]:
+                del self._refused[identity]
+        for ours, (owner, _) in list(self._forwarded.items()):
+            if owner == follower:
+                del self._forwarded[ours]
+        log.warning("followers: one dropped: %s", reason)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+def check_fresh(channel: NetworkChannel) -> None:
+    """Before a follower answers: Busy when its gateway has said nothing for SILENCE_MS."""
+    silent = channel.silent_ms()
+    if silent > SILENCE_MS:
+        raise Busy(f"this follower has heard nothing from its NameServer for {silent} ms; "
+                   f"retry at another")
+
