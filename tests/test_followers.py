@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,13 +22,16 @@ import zmq
 from helpers import LOADED_DEADLINE, Peer, ProcessServer, register_fields, wait_for
 from test_idle_cpu import assert_idle
 from test_remoting_listener import Client, register_cmd
+from test_remoting_service import new_service
 from zns.core import schema
 from zns.core.remoting import RemotingCommand
+from zns.core.remoting.handler import RemotingService
 from zns.core.replication import (
-    Ack, Answer, Apply, Forward, Joined, Report, State, Whole, decode_to_worker, encode,
+    Ack, Answer, Apply, Forward, Joined, Report, Resync, State, Whole, decode_to_worker, encode,
 )
 from zns.drivers import followers
 from zns.drivers.followers import FOLLOWER_ID_BITS, Gateway, follower_ids
+from zns.drivers.remoting_listener import RemotingListener
 from zns.drivers.security import apply_client_keys, client_keys, write_keypair
 
 pytestmark = pytest.mark.timeout(120)
@@ -156,6 +160,20 @@ def test_followers_past_the_bound_are_not_admitted_and_a_garbled_one_is_dropped(
     turn(gateway, clock)
     joined = received(socks[0])[0]
     assert joined == Joined(follower_ids(3, 1, 40))  # its first range again
+
+
+def test_a_follower_that_asks_for_states_too_often_is_dropped(ctx):
+    gateway, _, clock = make_gateway(ctx)
+    sock = follower(ctx)
+    sock.send(encode(Report(b"")))
+    turn(gateway, clock)
+    for _ in range(followers.STATES_PER_WINDOW):  # each answered with a state
+        sock.send(encode(Resync(5)))
+        turn(gateway, clock)
+        assert any(type(message) is State for message in received(sock))
+    sock.send(encode(Resync(5)))  # one more within the window: each costs a whole dump
+    turn(gateway, clock)
+    assert gateway.primary.workers == [] and received(sock) == []
 
 
 def test_a_follower_that_reads_nothing_is_dropped(ctx, monkeypatch):
@@ -383,3 +401,28 @@ def test_a_follower_follows_the_replacement_of_its_gateway_and_refuses_once_alon
     finally:
         ctx.destroy(linger=0)
         broker_ctx.destroy(linger=0)
+
+
+def test_a_follower_past_its_range_of_ids_refuses_new_remoting_connections(caplog):
+    listener = RemotingListener("127.0.0.1:0", RemotingService(new_service(), properties={}),
+                                now=0, max_frame_bytes=1 << 20, first_connection_id=10,
+                                last_connection_id=11)
+    host, port = listener.endpoint.rsplit(":", 1)
+    clients = []
+    try:
+        for _ in range(3):
+            clients.append(socket.create_connection((host, int(port)), timeout=10))
+            deadline = time.monotonic() + LOADED_DEADLINE
+            accepted = len(listener.connections)
+            while time.monotonic() < deadline and len(listener.connections) == accepted \
+                    and "refused" not in caplog.text:
+                listener.run({}, 0, 1 << 40)
+        # Ids 10 and 11 taken; a third would be another follower's: refused, not numbered.
+        assert sorted(c.conn.conn_id for c in listener.connections.values()) == [10, 11]
+        assert "numbered every connection id of its range" in caplog.text
+        clients[2].settimeout(10)
+        assert clients[2].recv(1) == b""
+    finally:
+        for client in clients:
+            client.close()
+        listener.close()

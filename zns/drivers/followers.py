@@ -40,21 +40,29 @@ The rules this module keeps:
   worker: its next message (the figures it sends once a second, `Report`)
   makes that worker admit it, with a state transfer at its seq.
 - **Bounded at the gateway.** At most MAX_FOLLOWERS joined at once per
-  worker (another is ignored, logged); each holds at most the `Primary`'s
-  window of commands and transfer window of a state queued, plus the dump of
-  a transfer under way (the size of the state: at 10,000 topics about 4 MiB);
-  a follower that stops reading is dropped once its queue passes
-  QUEUED_MESSAGES (or the ack timeout passes), and admitted again only after
-  READMIT_MS; MAX_FORWARDED writes forwarded for followers at once (past it:
-  `busy`); a message larger than MAX_MESSAGE_BYTES ends the follower's
-  connection (libzmq's MAXMSGSIZE); one that cannot be decoded drops it.
+  worker (another is not admitted, logged, and not heard again for
+  READMIT_MS). Toward each, libzmq queues at most QUEUED_MESSAGES messages,
+  and the `Primary` hands out at most its window of commands and transfer
+  window of a state unacknowledged; a follower that reads nothing is dropped
+  when that queue is full or at the ack timeout (10 s), whichever comes first.
+  The dump of a transfer under way is held until its last part is handed out
+  (the size of the state: about 4 MiB at 10,000 topics), one per follower at
+  most. From each, libzmq queues RECEIVED_MESSAGES messages of at most this
+  NameServer's largest request (FORWARD_MARGIN_BYTES more); a longer one ends
+  the connection, one that cannot be decoded drops the follower, and so does
+  asking for a state (each one a dump of the whole) more than
+  STATES_PER_WINDOW times within STATE_WINDOW_MS. At most MAX_FORWARDED of
+  the followers' writes wait for the state process at once (past it: `busy`).
+  A dropped follower is admitted again, with a new state, once READMIT_MS have
+  passed and it speaks again (it does every second).
 - **Remoting connection ids stay unique.** The state process ties each
   RocketMQ broker to the connection id that registered it. A follower numbers
   its connections in a range its gateway hands it (`Joined`), carved out of
   the gateway's own (the upper half of the worker's range, FOLLOWER_ID_BITS of
   ids per admission, FOLLOWER_SLOTS admissions per worker), and keeps the
   first range it was given for its whole life: no other follower or worker is
-  ever given it.
+  ever given it. A follower that has numbered all its range refuses new
+  remoting connections (logged) until it is restarted.
 """
 
 from __future__ import annotations
@@ -68,13 +76,16 @@ import msgspec
 import zmq
 
 from zns.core.errors import Busy, ConnectionLost
+from zns.core.remoting import DEFAULT_MAX_FRAME_BYTES
 from zns.core.replication import (
-    Deliver, Drop, Execute, Joined, Primary, SendState, Whole, decode_to_primary, encode,
+    Deliver, Drop, Execute, Joined, Primary, Resync, SendState, Whole, decode_to_primary, encode,
 )
 from zns.drivers.descriptors import DescriptorGuard
 from zns.drivers.loop import PollSet, Ready
 from zns.drivers.replication_link import READ_BUDGET, ReplicaLink, written_mark
+from zns.drivers.request_router import TCP_TIMEOUT_MS
 from zns.drivers.security import FOLLOWERS_DOMAIN, Security, curve_client
+from zns.drivers.sockets import set_keepalive
 
 log = logging.getLogger("zns")
 
@@ -85,13 +96,21 @@ MAX_FORWARDED = 1024  # writes forwarded for followers and not yet answered, per
 QUEUED_MESSAGES = 4096
 READMIT_MS = 5_000  # a dropped follower is not admitted again before this
 MESSAGES_PER_TURN = 1000  # read from the followers per turn of the loop
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # any message either way (a state comes in parts)
+# A message from the gateway: a command (a registration of thousands of topics, with its
+# events) or a part of a state (256 KiB). From a follower: a forwarded write, which a
+# follower takes up to its own --max-message-bytes (ZNS/1) or 16 MiB (a remoting frame).
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+FORWARD_MARGIN_BYTES = 64 * 1024  # a forwarded write's own fields, around the request
+RECEIVED_MESSAGES = 64  # queued by libzmq per follower before it stops reading (TCP pushes back)
+STATES_PER_WINDOW = 3  # states a follower may ask for (Resync) per STATE_WINDOW_MS ...
+STATE_WINDOW_MS = 10_000  # ... past which it is dropped (each costs a dump of the whole state)
 SILENCE_MS = 5_000  # a follower that heard nothing this long answers `busy`
 HELLO_MS = 1_000  # a follower not yet admitted says so this often
 # The connection ids of followers: the upper half of the gateway worker's range
 # (zns.drivers.worker.CONNECTION_ID_BITS), FOLLOWER_ID_BITS of them per admission.
-FOLLOWER_ID_BITS = 27
-FOLLOWER_SLOTS = (1 << 12) - 1
+FOLLOWER_ID_BITS = 30  # about a billion connections per follower
+FOLLOWER_SLOTS = (1 << 9) - 1  # followers admitted over a worker's life
+FOLLOWER_IDS = 1 << FOLLOWER_ID_BITS  # a follower's ids: first .. first + FOLLOWER_IDS - 2
 
 
 def follower_ids(worker_range: int, slot: int, id_bits: int) -> int:
@@ -169,16 +188,22 @@ def connect(ctx: zmq.Context, endpoint: str, server_key: str, keypair: str) -> z
     # that is gone is refused (and kept by NetworkChannel) instead of vanishing into the
     # queue of a connection that will never complete.
     sock.setsockopt(zmq.IMMEDIATE, 1)
+    # A gateway whose host vanished: the connection closed by the kernel (no ZMTP heartbeat:
+    # zns.drivers.sockets.set_keepalive), and libzmq connects again, maybe to another worker.
+    set_keepalive(sock)
+    sock.setsockopt(zmq.TCP_MAXRT, TCP_TIMEOUT_MS)
     curve_client(sock, server_key, keypair)
     sock.connect(endpoint)
     return sock
 
 
 class _Follower:
-    """A joined follower: its ROUTER identity, and the slot of its connection ids."""
+    """A joined follower: its ROUTER identity, the slot of its connection ids, and when it
+    last asked for states."""
 
     def __init__(self, identity: bytes, slot: int) -> None:
         self.identity, self.slot = identity, slot
+        self.resyncs: deque[int] = deque(maxlen=STATES_PER_WINDOW)
 
 
 class Gateway:
@@ -192,13 +217,20 @@ class Gateway:
 
     def __init__(self, ctx: zmq.Context, link: ReplicaLink, dump: Callable[[], bytes],
                  worker_range: int, id_bits: int, refuse: Callable[[str], bytes],
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a follower gone raises
-        self.sock.setsockopt(zmq.SNDHWM, QUEUED_MESSAGES)
-        self.sock.setsockopt(zmq.RCVHWM, QUEUED_MESSAGES)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+                 clock: Callable[[], float] = time.monotonic, *,
+                 max_request_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        """`max_request_bytes`: the largest request a follower may forward (this
+        NameServer's own bound: the larger of --max-message-bytes and a remoting frame's)."""
+        self.sock = sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a follower gone raises
+        sock.setsockopt(zmq.SNDHWM, QUEUED_MESSAGES)
+        sock.setsockopt(zmq.RCVHWM, RECEIVED_MESSAGES)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_request_bytes + FORWARD_MARGIN_BYTES)
+        # A follower whose host vanished: its connection closed by the kernel, not by a ZMTP
+        # heartbeat (which can abort libzmq 4.3.5: zns.drivers.sockets.set_keepalive).
+        set_keepalive(sock)
+        sock.setsockopt(zmq.TCP_MAXRT, TCP_TIMEOUT_MS)
         self._link, self._dump, self._refuse, self._clock = link, dump, refuse, clock
         self._worker_range, self._id_bits = worker_range, id_bits
         self.primary = Primary(now=self._now(), seq=link.replica.applied)
@@ -244,6 +276,13 @@ class Gateway:
             except msgspec.DecodeError as exc:
                 self._lose(follower, f"an unreadable message ({exc})")
                 continue
+            if type(message) is Resync:
+                resyncs = self._followers[follower].resyncs
+                if len(resyncs) == STATES_PER_WINDOW and now - resyncs[0] < STATE_WINDOW_MS:
+                    self._lose(follower, f"asked for {STATES_PER_WINDOW + 1} states within "
+                                         f"{STATE_WINDOW_MS} ms")
+                    continue
+                resyncs.append(now)
             self.primary.on_message(follower, message, now)
         self.primary.on_timer(now)
         self._carry_out()

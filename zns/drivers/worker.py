@@ -66,6 +66,7 @@ from zns.core.errors import (
 from zns.core.figures import REPORT_INTERVAL_MS, Overview, decode_overview
 from zns.core.figures import encode as encode_figures
 from zns.core.forwarding import ForwardedWrites, WriteInFlight
+from zns.core.remoting import DEFAULT_MAX_FRAME_BYTES
 from zns.core.replication import Replica
 from zns.core.schema import AnyRequest, Error, Reply, Status, StatusReply, decode_reply
 from zns.core.service import Frames, NameService
@@ -74,7 +75,7 @@ from zns.core.state import (
 )
 from zns.drivers import cpus
 from zns.drivers.followers import (
-    HELLO_MS, SILENCE_MS, Gateway, NetworkChannel, check_fresh, connect,
+    FOLLOWER_IDS, HELLO_MS, SILENCE_MS, Gateway, NetworkChannel, check_fresh, connect,
 )
 from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import PollSet, Ready, Source
@@ -589,11 +590,14 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkCh
     gateway = None
     if config.followers and not follower:
         gateway = Gateway(ctx, link, service.state.dump, connections or worker,
-                          CONNECTION_ID_BITS, _refusal)
+                          CONNECTION_ID_BITS, _refusal,
+                          max_request_bytes=max(config.max_message_bytes,
+                                                DEFAULT_MAX_FRAME_BYTES))
         sources.append(gateway)
     first = first_id[0] if follower else ((connections or worker) << CONNECTION_ID_BITS) + 1
     server = WorkerServer(config, worker, context=ctx, service=service,
                           reuse_port=not follower, first_connection_id=first,
+                          last_connection_id=first + FOLLOWER_IDS - 2 if follower else None,
                           extra_sources=sources)
     server.overview = service.overview
     server.replica = link.replica
