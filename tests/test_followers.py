@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 import zmq
 
@@ -24,6 +25,8 @@ from test_idle_cpu import assert_idle
 from test_remoting_listener import Client, register_cmd
 from test_remoting_service import new_service
 from zns.core import schema
+from zns.core.errors import NoPermission
+from zns.core.state import CloseConnections, Suspect, Write
 from zns.core.remoting import RemotingCommand
 from zns.core.remoting.handler import RemotingService
 from zns.core.replication import (
@@ -67,14 +70,34 @@ def ctx():
     context.destroy(linger=0)
 
 
+class Everyone:
+    """A key policy that lets every key do everything (the gateway's own checks remain)."""
+
+    policy = SimpleNamespace(check=lambda key, request: None)
+
+    def follower_name(self, key: str) -> None:
+        return None
+
+
 def make_gateway(ctx: zmq.Context, applied: int = 5, clock: Clock | None = None,
-                 endpoint: str = "inproc://gateway") -> tuple[Gateway, StubLink, Clock]:
+                 endpoint: str = "inproc://gateway",
+                 audited: list | None = None) -> tuple[Gateway, StubLink, Clock]:
     clock = clock or Clock()
     link = StubLink(applied)
     gateway = Gateway(ctx, link, lambda: b"state", worker_range=3, id_bits=40,  # type: ignore[arg-type]
-                      refuse=lambda text: b"refused: " + text.encode(), clock=clock)
+                      refuse=lambda error: f"refused: {error.code}: {error}".encode(),
+                      audit=lambda body, by: (audited if audited is not None else []).append(
+                          (body, by)), clock=clock)
+    gateway._security = Everyone()  # type: ignore[assignment]  # bind's, without a TCP port
     gateway.sock.bind(endpoint)
     return gateway, link, clock
+
+
+def write(name: str = "b1", connection: int | None = None) -> bytes:
+    """A forwarded write, as a worker or a follower sends it."""
+    return msgspec.msgpack.encode(Write(request=schema.RegisterBroker(
+        cluster="c1", broker_name=name, broker_id=0, broker_addr="10.0.0.1:10911",
+        topics={}), now=1, connection=connection))
 
 
 def follower(ctx: zmq.Context, endpoint: str = "inproc://gateway", rcvhwm: int = 1000) -> zmq.Socket:
@@ -122,21 +145,54 @@ def test_a_follower_is_admitted_with_a_range_of_ids_and_the_state_then_every_com
 
 def test_a_write_a_follower_forwards_is_answered_once_this_worker_applied_it(ctx, monkeypatch):
     monkeypatch.setattr(followers, "MAX_FORWARDED", 2)
-    gateway, link, clock = make_gateway(ctx)
+    audited: list = []
+    gateway, link, clock = make_gateway(ctx, audited=audited)
     sock = follower(ctx)
     for token in (1, 2, 3):
-        sock.send(encode(Forward(token, b"write%d" % token)))
+        sock.send(encode(Forward(token, write(f"b{token}"))))
     time.sleep(0.1)
     turn(gateway, clock)
     messages = received(sock)
-    assert link.forwarded == [b"write1", b"write2"]  # the third is over the bound
-    assert Answer(3, 5, b"refused: 2 followers' writes wait for the state process; retry") \
-        in messages
-    gateway.applied(6, b"c6", None)  # write1's command
+    assert link.forwarded == [write("b1"), write("b2")]  # the third is over the bound
+    assert Answer(3, 5, b"refused: busy: 2 followers' writes wait for the state process; "
+                        b"retry") in messages
+    gateway.applied(6, b"c6", None)  # b1's command
     assert gateway.answered(1001, b"reply1")
     assert not gateway.answered(77, b"a worker's own")  # not a follower's: the worker's
     messages = received(sock)
     assert messages[-1] == Answer(1, 6, b"reply1")  # readable once the follower applied 6
+    assert audited == [(b"reply1", "follower key None")]  # a registration may displace one
+
+
+def test_a_follower_forwards_only_what_its_key_may_do_over_its_own_connections(ctx):
+    gateway, link, clock = make_gateway(ctx)
+
+    def refuse_every_write(key, request):
+        raise NoPermission("register_broker is a broker op and this key is not a broker key")
+
+    sock = follower(ctx)
+    sock.send(encode(Report(b"")))
+    turn(gateway, clock)
+    first = received(sock)[0].first_connection_id
+    gateway._security.policy = SimpleNamespace(check=refuse_every_write)  # type: ignore[union-attr]
+    sock.send(encode(Forward(1, write())))
+    sock.send(encode(Forward(2, msgspec.msgpack.encode(Suspect(
+        cluster="c1", addr="10.0.0.1:10911", grace_ms=1, now=1)))))
+    sock.send(encode(Forward(3, msgspec.msgpack.encode(CloseConnections(
+        connections=[first, first + 5])))))
+    time.sleep(0.1)
+    turn(gateway, clock)
+    answers = {m.token: m.reply for m in received(sock) if type(m) is Answer}
+    assert answers[1].startswith(b"refused: no_permission: this NameServer refused its "
+                                 b"follower's write: register_broker is a broker op")
+    assert answers[2] == b"refused: no_permission: a follower forwards no Suspect"
+    assert link.forwarded == [msgspec.msgpack.encode(CloseConnections(
+        connections=[first, first + 5]))]  # its own connections: passed on
+    # Another's connection (a worker's, or another follower's): the follower is dropped.
+    sock.send(encode(Forward(4, msgspec.msgpack.encode(CloseConnections(
+        connections=[(3 << 40) + 1])))))
+    turn(gateway, clock)
+    assert gateway.primary.workers == [] and len(link.forwarded) == 1
 
 
 def test_followers_past_the_bound_are_not_admitted_and_a_garbled_one_is_dropped(ctx, monkeypatch):
@@ -321,6 +377,20 @@ def test_a_follower_with_writes_reads_its_own_and_checks_keys_as_the_nameserver(
     broker_ctx, stranger_ctx = curve_ctx(keys, keys.broker), curve_ctx(keys)
     try:
         at_follower = Peer(follower_server.router, None, broker_ctx)
+        # The follower's own key is no broker key at the NameServer: its writes are refused
+        # there, whatever its clients' keys are at the follower.
+        refused = at_follower.call("register_broker", **register_fields(topics={"W": {}}))
+        assert isinstance(refused, schema.Error) and refused.code == "no_permission"
+        assert "refused its follower's write" in refused.message
+        (Path(keys.brokers) / "follower.key").write_bytes(
+            (Path(keys.follower).parent / "follower.key").read_bytes())
+        main.proc.send_signal(signal.SIGHUP)  # the keys read again
+
+        def registered() -> bool:
+            return not isinstance(at_follower.call("register_broker", **register_fields(
+                topics={"W": {}})), schema.Error)
+
+        wait_for(registered, LOADED_DEADLINE)
         for n in range(20):  # each read right after its write: read-your-writes
             reply = at_follower.call("register_broker", **register_fields(
                 broker_name=f"b{n}", addr=f"10.0.1.{n}:10911", topics={f"W{n}": {}}))

@@ -75,8 +75,10 @@ from collections.abc import Callable
 import msgspec
 import zmq
 
-from zns.core.errors import Busy, ConnectionLost
+from zns.core.errors import Busy, ConnectionLost, ErrorReply, NoPermission
 from zns.core.remoting import DEFAULT_MAX_FRAME_BYTES
+from zns.core.schema import ADMIN_OPS, RegisterBroker, request_op
+from zns.core.state import CloseConnections, Write, decode_command
 from zns.core.replication import (
     Deliver, Drop, Execute, Joined, Primary, Resync, SendState, Whole, decode_to_primary, encode,
 )
@@ -198,12 +200,16 @@ def connect(ctx: zmq.Context, endpoint: str, server_key: str, keypair: str) -> z
 
 
 class _Follower:
-    """A joined follower: its ROUTER identity, the slot of its connection ids, and when it
-    last asked for states."""
+    """A joined follower: its ROUTER identity, its CURVE key, the first of its connection ids,
+    and when it last asked for states."""
 
-    def __init__(self, identity: bytes, slot: int) -> None:
-        self.identity, self.slot = identity, slot
+    def __init__(self, identity: bytes, key: str | None, first_id: int) -> None:
+        self.identity, self.key, self.first_id = identity, key, first_id
         self.resyncs: deque[int] = deque(maxlen=STATES_PER_WINDOW)
+
+    def owns(self, connection: int) -> bool:
+        """Whether remoting connection id `connection` is in this follower's range."""
+        return self.first_id <= connection < self.first_id + FOLLOWER_IDS - 1
 
 
 class Gateway:
@@ -216,11 +222,14 @@ class Gateway:
     what = "feeding followers"
 
     def __init__(self, ctx: zmq.Context, link: ReplicaLink, dump: Callable[[], bytes],
-                 worker_range: int, id_bits: int, refuse: Callable[[str], bytes],
+                 worker_range: int, id_bits: int, refuse: Callable[[ErrorReply], bytes],
+                 audit: Callable[[bytes, str], None],
                  clock: Callable[[], float] = time.monotonic, *,
                  max_request_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        """`max_request_bytes`: the largest request a follower may forward (this
-        NameServer's own bound: the larger of --max-message-bytes and a remoting frame's)."""
+        """`refuse(error)`: a forwarded write's answer refusing it; `audit(answer, by)`: the
+        audit line of a forwarded write's answer, if its change is one (`by`: the follower);
+        `max_request_bytes`: the largest request a follower may forward (this NameServer's
+        own bound: the larger of --max-message-bytes and a remoting frame's)."""
         self.sock = sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a follower gone raises
@@ -232,19 +241,23 @@ class Gateway:
         set_keepalive(sock)
         sock.setsockopt(zmq.TCP_MAXRT, TCP_TIMEOUT_MS)
         self._link, self._dump, self._refuse, self._clock = link, dump, refuse, clock
+        self._audit = audit
+        self._security: Security | None = None  # set by `bind`
         self._worker_range, self._id_bits = worker_range, id_bits
         self.primary = Primary(now=self._now(), seq=link.replica.applied)
         self._followers: dict[int, _Follower] = {}  # by the primary's id for it
         self._by_identity: dict[bytes, int] = {}
         self._slots: dict[bytes, int] = {}  # every identity admitted, and its slot
         self._refused: dict[bytes, int] = {}  # dropped: not admitted before then
-        self._forwarded: dict[int, tuple[int, int]] = {}  # our token -> (follower, its token)
+        # our token -> (follower, its token, whom an audit line names: None for a broker write)
+        self._forwarded: dict[int, tuple[int, int, str | None]] = {}
         self.admitted = 0  # admissions, for the log and tests
 
     def bind(self, security: Security, descriptors: DescriptorGuard, endpoint: str) -> str:
         """Bind `endpoint` (SO_REUSEPORT, beside the other workers) as a CURVE server of the
         followers' ZAP domain; returns the endpoint bound."""
         security.apply(self.sock, FOLLOWERS_DOMAIN)
+        self._security = security
         return descriptors.bind(self.sock, endpoint, reuse_port=True).endpoint
 
     def _now(self) -> int:
@@ -261,18 +274,19 @@ class Gateway:
     def run(self, ready: Ready, now: int, until: int) -> None:
         for _ in range(MESSAGES_PER_TURN):
             try:
-                identity, body = self.sock.recv_multipart(zmq.DONTWAIT)
+                frames = self.sock.recv_multipart(zmq.DONTWAIT, copy=False)
             except zmq.Again:
                 break
-            except ValueError:  # not two frames: a DEALER sends two; nothing else gets in
+            if len(frames) != 2:  # a DEALER sends two; nothing else gets in
                 continue
+            identity, body = frames[0].bytes, frames[1]
             follower = self._by_identity.get(identity)
             if follower is None:
-                follower = self._admit(identity, now)
+                follower = self._admit(identity, _user_id(body), now)
                 if follower is None:
                     continue
             try:
-                message = decode_to_primary(body)
+                message = decode_to_primary(body.bytes)
             except msgspec.DecodeError as exc:
                 self._lose(follower, f"an unreadable message ({exc})")
                 continue
@@ -306,7 +320,7 @@ class Gateway:
         followers, self._followers, self._by_identity = self._followers, {}, {}
         self._forwarded.clear()  # the state process answers them to this worker anyway
         for follower in followers.values():
-            self._join(follower.identity, follower.slot)
+            self._join(follower.identity, follower.key, self._slots[follower.identity])
         self._carry_out()
 
     def whole(self, body: bytes) -> None:
@@ -318,7 +332,9 @@ class Gateway:
         forwarded = self._forwarded.pop(token, None)
         if forwarded is None:
             return False
-        follower, theirs = forwarded
+        follower, theirs, by = forwarded
+        if by is not None:
+            self._audit(reply, by)
         # This worker's replica applied the write's command (the reply is released only
         # then), and the primary numbered it as it did: its current seq covers it.
         self.primary.answer(follower, theirs, self.primary.seq, reply)
@@ -327,7 +343,7 @@ class Gateway:
 
     # --- internals ------------------------------------------------------
 
-    def _admit(self, identity: bytes, now: int) -> int | None:
+    def _admit(self, identity: bytes, key: str | None, now: int) -> int | None:
         if now < self._refused.get(identity, 0):
             return None
         if len(self._followers) >= MAX_FOLLOWERS:
@@ -346,14 +362,14 @@ class Gateway:
             self._slots[identity] = slot
         self.admitted += 1
         log.info("followers: admitted one (%d following this worker)", len(self._followers) + 1)
-        return self._join(identity, slot)
+        return self._join(identity, key, slot)
 
-    def _join(self, identity: bytes, slot: int) -> int:
+    def _join(self, identity: bytes, key: str | None, slot: int) -> int:
         follower = self.primary.join(self._now())
-        self._followers[follower] = _Follower(identity, slot)
+        state = _Follower(identity, key, follower_ids(self._worker_range, slot, self._id_bits))
+        self._followers[follower] = state
         self._by_identity[identity] = follower
-        self._send(follower, encode(Joined(follower_ids(self._worker_range, slot,
-                                                        self._id_bits))))
+        self._send(follower, encode(Joined(state.first_id)))
         return follower
 
     def _carry_out(self) -> None:
@@ -366,24 +382,69 @@ class Gateway:
                             if mark is not None:
                                 self.primary.written(follower, mark)
                     case SendState(worker=follower) if follower in self._followers:
-                        self.primary.dumped(follower, self.primary.seq, self._dump())
+                        dump = self._dump()
+                        log.info("followers: a state of %d bytes at seq %d for one", len(dump),
+                                 self.primary.seq)
+                        self.primary.dumped(follower, self.primary.seq, dump)
                     case Execute(worker=follower, token=theirs, request=request):
                         self._execute(follower, theirs, request)
                     case Drop(worker=follower, reason=reason):
                         self._forget(follower, reason)
 
     def _execute(self, follower: int, theirs: int, request: bytes) -> None:
+        state = self._followers.get(follower)
+        if state is None:
+            return  # dropped meanwhile
+        try:
+            command = decode_command(request)
+        except msgspec.DecodeError as exc:
+            self._lose(follower, f"an unreadable forwarded command ({exc})")
+            return
+        by = None
+        match command:
+            case Write(request=write, connection=connection):
+                if connection is not None and not state.owns(connection):
+                    self._lose(follower, f"a write over connection {connection}, not its own")
+                    return
+                # Only what its own key may do here: a follower's key stolen, or a follower
+                # misconfigured (its clients checked against other keys), writes no more.
+                try:
+                    if self._security is None:
+                        raise NoPermission("followers' writes are checked by CURVE keys")
+                    self._security.policy.check(state.key, write)
+                except NoPermission as exc:
+                    self._answer(follower, theirs, self._refuse(NoPermission(
+                        f"this NameServer refused its follower's write: {exc}")))
+                    return
+                if request_op(write) in ADMIN_OPS or type(write) is RegisterBroker:
+                    by = f"follower {self._name(state.key)}"  # an audit line may name it
+            case CloseConnections(connections=connections):
+                if not all(state.owns(connection) for connection in connections):
+                    self._lose(follower, "closed connections not its own")
+                    return
+            case _:  # a peer's hint: a follower's are its own business
+                self._answer(follower, theirs, self._refuse(NoPermission(
+                    f"a follower forwards no {type(command).__name__}")))
+                return
         if len(self._forwarded) >= MAX_FORWARDED:
-            self.primary.answer(follower, theirs, self.primary.seq, self._refuse(
-                f"{MAX_FORWARDED} followers' writes wait for the state process; retry"))
+            self._answer(follower, theirs, self._refuse(Busy(
+                f"{MAX_FORWARDED} followers' writes wait for the state process; retry")))
             return
         try:
             ours = self._link.forward(request)
         except ConnectionLost:  # this worker stops (its own next step says so)
-            self.primary.answer(follower, theirs, self.primary.seq,
-                                self._refuse("the state process is gone; retry"))
+            self._answer(follower, theirs, self._refuse(Busy("the state process is gone; "
+                                                             "retry")))
             return
-        self._forwarded[ours] = (follower, theirs)
+        self._forwarded[ours] = (follower, theirs, by)
+
+    def _answer(self, follower: int, theirs: int, answer: bytes) -> None:
+        self.primary.answer(follower, theirs, self.primary.seq, answer)
+
+    def _name(self, key: str | None) -> str:
+        name = None if key is None or self._security is None \
+            else self._security.follower_name(key)
+        return name or f"key {key}"
 
     def _send(self, follower: int, body: bytes) -> bool:
         """Send to `follower`; False (and the follower dropped) when libzmq will not take it:
@@ -413,13 +474,22 @@ class Gateway:
         if len(self._refused) > 4 * FOLLOWER_SLOTS:  # bounded: the oldest first
             for identity in list(self._refused)[:FOLLOWER_SLOTS]:
                 del self._refused[identity]
-        for ours, (owner, _) in list(self._forwarded.items()):
+        for ours, (owner, _, _) in list(self._forwarded.items()):
             if owner == follower:
                 del self._forwarded[ours]
         log.warning("followers: one dropped: %s", reason)
 
     def close(self) -> None:
         self.sock.close(linger=0)
+
+
+def _user_id(frame: zmq.Frame) -> str | None:
+    """The CURVE key ZAP gave a message's sender (None without CURVE: tests in one process)."""
+    try:
+        key = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None
+    return key if isinstance(key, str) and key else None
 
 
 def check_fresh(channel: NetworkChannel) -> None:

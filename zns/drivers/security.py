@@ -126,6 +126,7 @@ class Security:
         self.policy = self._load()
         self.followers = frozenset(_public_keys(followers_keys))
         self._names = _key_names(*self._dirs[:3])
+        self._follower_names = _key_names(followers_keys)
         self._auth: ThreadAuthenticator | None = None
 
     def start(self, ctx: zmq.Context) -> None:
@@ -157,6 +158,7 @@ class Security:
             self.policy = self._load()  # one assignment: the ZAP thread sees old or new
             self.followers = frozenset(_public_keys(self._followers_keys))
             self._names = _key_names(*self._dirs[:3])
+            self._follower_names = _key_names(self._followers_keys)
         except KeyFileError as exc:
             log.error("keys not reloaded, the previous ones stay in force: %s", exc)
             return False
@@ -202,6 +204,10 @@ class Security:
         """The name of a listed key (its certificate's file name, without `.key`), for
         audit lines; None for a key no directory lists (--clients any)."""
         return self._names.get(peer_key)
+
+    def follower_name(self, key: str) -> str | None:
+        """The name of a key of --followers-keys (its file name without `.key`)."""
+        return self._follower_names.get(key)
 
     def check_keyless(self, request: AnyRequest) -> None:
         """The RocketMQ remoting listener's hook: its requests carry no key."""

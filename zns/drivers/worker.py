@@ -61,7 +61,7 @@ import zmq
 from zns import __version__
 from zns.core.config import ServerConfig
 from zns.core.errors import (
-    Busy, ConfigError, ConnectionLost, Internal, NoPermission, from_reply,
+    Busy, ConfigError, ConnectionLost, ErrorReply, Internal, NoPermission, from_reply,
 )
 from zns.core.figures import REPORT_INTERVAL_MS, Overview, decode_overview
 from zns.core.figures import encode as encode_figures
@@ -69,7 +69,7 @@ from zns.core.forwarding import ForwardedWrites, WriteInFlight
 from zns.core.remoting import DEFAULT_MAX_FRAME_BYTES
 from zns.core.replication import Replica
 from zns.core.schema import AnyRequest, Error, Reply, Status, StatusReply, decode_reply
-from zns.core.service import Frames, NameService
+from zns.core.service import Frames, NameService, log_change
 from zns.core.state import (
     AnyCommand, CloseConnections, Outcome, StateMachine, Suspect, Write, decode_command,
 )
@@ -590,7 +590,7 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkCh
     gateway = None
     if config.followers and not follower:
         gateway = Gateway(ctx, link, service.state.dump, connections or worker,
-                          CONNECTION_ID_BITS, _refusal,
+                          CONNECTION_ID_BITS, _refusal, _audit,
                           max_request_bytes=max(config.max_message_bytes,
                                                 DEFAULT_MAX_FRAME_BYTES))
         sources.append(gateway)
@@ -633,9 +633,17 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkCh
     return 1 if replicating.failed else 0
 
 
-def _refusal(text: str) -> bytes:
-    """A forwarded write's answer that refuses it as `busy`."""
-    return msgspec.msgpack.encode(WriteAnswer(error=Busy(text).reply(0)))
+def _refusal(error: ErrorReply) -> bytes:
+    """A forwarded write's answer that refuses it with `error`."""
+    return msgspec.msgpack.encode(WriteAnswer(error=error.reply(0)))
+
+
+def _audit(body: bytes, by: str) -> None:
+    """The audit line of a follower's write this worker forwarded, once answered (the
+    follower logs its own, naming its client)."""
+    outcome = _answer_decoder.decode(body).outcome
+    if outcome is not None and outcome.change is not None:
+        log_change(outcome.change, by)
 
 
 def follow_main(config: ServerConfig) -> int:
