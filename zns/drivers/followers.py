@@ -57,12 +57,18 @@ The rules this module keeps:
   passed and it speaks again (it does every second).
 - **Remoting connection ids stay unique.** The state process ties each
   RocketMQ broker to the connection id that registered it. A follower numbers
-  its connections in a range its gateway hands it (`Joined`), carved out of
-  the gateway's own (the upper half of the worker's range, FOLLOWER_ID_BITS of
-  ids per admission, FOLLOWER_SLOTS admissions per worker), and keeps the
-  first range it was given for its whole life: no other follower or worker is
-  ever given it. A follower that has numbered all its range refuses new
-  remoting connections (logged) until it is restarted.
+  its own connections as it likes, and passes on under another id
+  (`FollowerIds`) each connection that writes: one of a range its gateway
+  hands it (`Joined`), carved out of the gateway's own (the upper half of the
+  worker's range, FOLLOWER_ID_BITS of ids per admission, FOLLOWER_SLOTS
+  admissions per worker), so no other follower or worker is ever given it.
+  The gateway passes on nothing over, and no close of, an id outside the
+  range it handed that follower (a write over one is refused `busy`). Admitted again
+  (by another worker, or after a new state), a follower gets a new range and
+  forgets the ids it gave its connections: each is given a new one when it
+  next writes (a registration then ties its broker to it), and the close of
+  one that has not written since is not passed on (its broker stays tied to
+  the old id until it registers again or expires, as after a worker's death).
 """
 
 from __future__ import annotations
@@ -80,7 +86,8 @@ from zns.core.remoting import DEFAULT_MAX_FRAME_BYTES
 from zns.core.schema import ADMIN_OPS, RegisterBroker, request_op
 from zns.core.state import CloseConnections, Write, decode_command
 from zns.core.replication import (
-    Deliver, Drop, Execute, Joined, Primary, Resync, SendState, Whole, decode_to_primary, encode,
+    Ack, Deliver, Drop, Execute, Joined, Primary, Resync, SendState, Whole, decode_to_primary,
+    encode,
 )
 from zns.drivers.descriptors import DescriptorGuard
 from zns.drivers.loop import PollSet, Ready
@@ -112,7 +119,40 @@ HELLO_MS = 1_000  # a follower not yet admitted says so this often
 # (zns.drivers.worker.CONNECTION_ID_BITS), FOLLOWER_ID_BITS of them per admission.
 FOLLOWER_ID_BITS = 30  # about a billion connections per follower
 FOLLOWER_SLOTS = (1 << 9) - 1  # followers admitted over a worker's life
-FOLLOWER_IDS = 1 << FOLLOWER_ID_BITS  # a follower's ids: first .. first + FOLLOWER_IDS - 2
+FOLLOWER_IDS = 1 << FOLLOWER_ID_BITS  # an admission's ids: first .. first + FOLLOWER_IDS - 2
+
+
+class FollowerIds:
+    """A follower's remoting connection ids as its gateway sees them: each of its own that
+    writes is given one of the range of the follower's current admission."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None  # none before the first admission
+        self._next = 0
+        self._ids: dict[int, int] = {}  # its own id -> the id passed on
+
+    def rebase(self, first: int) -> None:
+        """Admitted (again): ids from `first` on, the ones given so far forgotten."""
+        self.first, self._next = first, first
+        self._ids.clear()
+
+    def passed_on(self, connection: int) -> int:
+        """The id connection `connection` writes under; Busy when the range is used up."""
+        given = self._ids.get(connection)
+        if given is None:
+            assert self.first is not None  # a follower serves once admitted
+            if self._next >= self.first + FOLLOWER_IDS - 1:
+                raise Busy("this follower has given every connection id of its range; it "
+                           "gets a new one when its NameServer admits it again (a restart)")
+            given = self._ids[connection] = self._next
+            self._next += 1
+        return given
+
+    def closed(self, connections: list[int]) -> list[int]:
+        """The ids passed on of these closed connections (those that wrote since the last
+        admission), forgotten."""
+        return [given for connection in connections
+                if (given := self._ids.pop(connection, None)) is not None]
 
 
 def follower_ids(worker_range: int, slot: int, id_bits: int) -> int:
@@ -282,14 +322,17 @@ class Gateway:
             identity, body = frames[0].bytes, frames[1]
             follower = self._by_identity.get(identity)
             if follower is None:
-                follower = self._admit(identity, _user_id(body), now)
-                if follower is None:
-                    continue
+                # Its first message only asks to be admitted: whatever it says was meant for
+                # another admission (the follower sent it before it was told of this one).
+                self._admit(identity, _user_id(body), now)
+                continue
             try:
                 message = decode_to_primary(body.bytes)
             except msgspec.DecodeError as exc:
                 self._lose(follower, f"an unreadable message ({exc})")
                 continue
+            if type(message) is Ack and message.seq < (self.primary.applied(follower) or 0):
+                continue  # sent before it was admitted again (its last state is later)
             if type(message) is Resync:
                 resyncs = self._followers[follower].resyncs
                 if len(resyncs) == STATES_PER_WINDOW and now - resyncs[0] < STATE_WINDOW_MS:
@@ -404,7 +447,10 @@ class Gateway:
         match command:
             case Write(request=write, connection=connection):
                 if connection is not None and not state.owns(connection):
-                    self._lose(follower, f"a write over connection {connection}, not its own")
+                    # Named before this admission (or another's: never passed on).
+                    self._answer(follower, theirs, self._refuse(Busy(
+                        f"connection id {connection} is not of this follower's admission; "
+                        f"retry")))
                     return
                 # Only what its own key may do here: a follower's key stolen, or a follower
                 # misconfigured (its clients checked against other keys), writes no more.
@@ -419,9 +465,13 @@ class Gateway:
                 if request_op(write) in ADMIN_OPS or type(write) is RegisterBroker:
                     by = f"follower {self._name(state.key)}"  # an audit line may name it
             case CloseConnections(connections=connections):
-                if not all(state.owns(connection) for connection in connections):
-                    self._lose(follower, "closed connections not its own")
-                    return
+                # Only its own: one named before this admission is not passed on (its broker
+                # stays tied to it until it registers again or expires), nor another's.
+                owned = [connection for connection in connections if state.owns(connection)]
+                if not owned:
+                    return  # nobody waits for a close's answer
+                if len(owned) < len(connections):
+                    request = msgspec.msgpack.encode(CloseConnections(connections=owned))
             case _:  # a peer's hint: a follower's are its own business
                 self._answer(follower, theirs, self._refuse(NoPermission(
                     f"a follower forwards no {type(command).__name__}")))

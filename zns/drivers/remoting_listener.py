@@ -164,13 +164,10 @@ class RemotingListener:
         descriptors: DescriptorGuard | None = None,
         reuse_port: bool = False,
         first_connection_id: int = 1,
-        last_connection_id: int | None = None,
     ) -> None:
         """Binds at once; OSError (or ValueError for a malformed endpoint) when it cannot.
         `reuse_port` and `first_connection_id`: a worker's (zns.drivers.worker): the port
-        shared with the other workers (SO_REUSEPORT), and connection ids of its own;
-        `last_connection_id`: a follower's, where its range ends (a connection past it is
-        refused)."""
+        shared with the other workers (SO_REUSEPORT), and connection ids of its own."""
         self.service = service
         self.outbox = outbox or Outbox(lambda frames: None)
         self.clock = clock  # what ends a time slice (None: never before the work is done)
@@ -198,7 +195,6 @@ class RemotingListener:
         self.connections: dict[int, _Conn] = {}  # by descriptor
         self._by_id: dict[int, _Conn] = {}
         self._ids = itertools.count(first_connection_id)
-        self._last_id = last_connection_id  # a follower's range ends (zns.drivers.followers)
         self._backlog: deque[_Conn] = deque()  # connections with decoded requests to answer
         self._waiting: dict[int, _Conn] = {}  # a forwarded write's token -> its connection
         self._closed: list[int] = []  # connection ids closed this turn, removed together
@@ -310,13 +306,6 @@ class RemotingListener:
                 raise
             host = address[0] if isinstance(address, tuple) else str(address)
             conn_id = next(self._ids)
-            if self._last_id is not None and conn_id > self._last_id:
-                # Past it, ids would be another follower's: the state process would take its
-                # close for theirs (a broker tied there removed as `disconnected`).
-                log.error("remoting connection from %s refused: this follower has numbered "
-                          "every connection id of its range; restart it for a new one", host)
-                sock.close()
-                continue
             account = self.policy.admit(conn_id, host, now)
             if isinstance(account, str):
                 log.warning("remoting connection from %s refused: %s", host, account)

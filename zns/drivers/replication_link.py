@@ -556,7 +556,7 @@ class ReplicaLink:
         reply: Callable[[int, bytes], None] = lambda token, reply: None,
         whole: Callable[[bytes], None] = lambda body: None,
         written: WrittenSeq | None = None,
-        joined: Callable[[int], None] = lambda first_connection_id: None,
+        joined: Callable[[int], None] | None = None,
     ) -> None:
         """`sock`: the worker's end of its socketpair, or a follower's channel over the
         network; `joined`: a follower's, told its first remoting connection id."""
@@ -578,7 +578,8 @@ class ReplicaLink:
                 if self.downstream is not None:
                     self.downstream.whole(message.body)
             elif type(message) is Joined:
-                self._joined(message.first_connection_id)
+                if self._joined is not None:
+                    self._joined(message.first_connection_id)
             else:
                 self.replica.on_message(message)
         self._carry_out()

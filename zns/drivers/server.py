@@ -97,7 +97,6 @@ class Server:
         reuse_port: bool = False,
         extra_sources: Sequence[Source] = (),
         first_connection_id: int = 1,
-        last_connection_id: int | None = None,
     ) -> None:
         """`service`, `reuse_port` and `extra_sources`: a worker's (zns.drivers.worker): its
         replica's service instead of a new one (no KV file, no state dump restored), the
@@ -106,7 +105,6 @@ class Server:
         self.config = config
         self._reuse_port = reuse_port
         self._first_connection_id = first_connection_id
-        self._last_connection_id = last_connection_id
         extra = list(extra_sources)
         self._clock = clock
         self._wall_clock = wall_clock
@@ -339,7 +337,6 @@ class Server:
                 max_per_host=config.remoting_max_connections_per_host,
                 max_buffer_bytes=config.remoting_max_buffer_bytes,
                 reuse_port=self._reuse_port, first_connection_id=self._first_connection_id,
-                last_connection_id=self._last_connection_id,
             )
         # GET_NAMESRV_CONFIG shows where the server listens, as the Java NameServer shows its
         # bound listenPort: the endpoints bound, not the configured `*` or port 0; and the

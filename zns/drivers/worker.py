@@ -75,7 +75,7 @@ from zns.core.state import (
 )
 from zns.drivers import cpus
 from zns.drivers.followers import (
-    FOLLOWER_IDS, HELLO_MS, SILENCE_MS, Gateway, NetworkChannel, check_fresh, connect,
+    HELLO_MS, SILENCE_MS, FollowerIds, Gateway, NetworkChannel, check_fresh, connect,
 )
 from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import PollSet, Ready, Source
@@ -143,6 +143,8 @@ class ReplicaService(NameService):
         self.check_link: Callable[[], None] = lambda: None
         # A follower without --follow-writes: why it refuses every write (and drops hints).
         self.read_only: str | None = None
+        # A follower's: the ids its remoting connections write under (zns.drivers.followers).
+        self.follower_ids: FollowerIds | None = None
         self.forwarded = ForwardedWrites(timeout_ms=WRITE_TIMEOUT_MS)
         # The open remoting connections that forwarded a write: only their closes go to the
         # state process (`apply`).
@@ -219,8 +221,11 @@ class ReplicaService(NameService):
             # only those closes are sent: a peer opening and closing connections in a loop,
             # or clients that only read routes, cost the state process nothing. One tied in
             # this replica is sent too, whatever this worker remembers (it costs a lookup).
-            told = [connection for connection in command.connections
-                    if connection in self._wrote or self.state.ties_any((connection,))]
+            # A follower's connections wrote under the ids its gateway gave (FollowerIds).
+            aliases = self.follower_ids
+            told = aliases.closed(command.connections) if aliases is not None else [
+                connection for connection in command.connections
+                if connection in self._wrote or self.state.ties_any((connection,))]
             self._wrote.difference_update(command.connections)
             if not told:
                 return Outcome(), []
@@ -242,6 +247,9 @@ class ReplicaService(NameService):
             # end of the loop's pass): refused now, the client retries elsewhere at once
             # instead of waiting for its own timeout.
             raise Busy("this worker is stopping; retry")
+        if command.connection is not None and self.follower_ids is not None:
+            command = msgspec.structs.replace(
+                command, connection=self.follower_ids.passed_on(command.connection))
         writes = self.forwarded
         body = msgspec.msgpack.encode(command)
         link = self.link
@@ -249,8 +257,8 @@ class ReplicaService(NameService):
         # Refused while what waits for the state process to read it would pass the bound:
         # its bytes, not the writes' count, are what a stalled state process leaves here.
         writes.admit(len(body), link.pending)
-        if command.connection is not None:  # its close is sent, whatever this write does
-            self._wrote.add(command.connection)
+        if command.connection is not None and self.follower_ids is None:
+            self._wrote.add(command.connection)  # its close is sent, whatever this write does
         token = self._forward(body)
         writes.sent(token, command.now)
         # What the state process wrote to this worker already is taken in now, as before a
@@ -319,6 +327,18 @@ class ReplicaService(NameService):
         except ConnectionLost:
             self.stop_serving()
             raise Busy("the state process is gone; retry at another NameServer") from None
+
+    def admitted(self, first_connection_id: int) -> None:
+        """A follower's: its gateway admitted it (again), and numbers its connections from
+        `first_connection_id`. Once admitted again, the writes it forwarded before will never
+        be answered (they went to another worker, or were sent before the gateway's new
+        state): `busy` at once, not after WRITE_TIMEOUT_MS."""
+        assert self.follower_ids is not None
+        if self.follower_ids.first is not None:
+            self.forwarded.lose_all()
+            log.warning("admitted again by the NameServer it follows; writes in flight "
+                        "answered busy")
+        self.follower_ids.rebase(first_connection_id)
 
     def stop_serving(self) -> None:
         """The state process is gone, or this replica failed: end the worker. The rest of
@@ -532,7 +552,6 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkCh
                              version=__version__, limits=config.limits)
     server: Server | None = None
     held: list[Sequence[Frames]] = []  # events released before the server exists
-    first_id: list[int] = []  # a follower's first remoting connection id (Joined)
 
     def publish(seq: int, events: list[bytes]) -> None:
         frames = list(zip(events[::2], events[1::2]))
@@ -557,18 +576,17 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkCh
         if server is not None:
             server.overview = overview
 
-    def joined(first: int) -> None:
-        if not first_id:  # the first range for life: no other follower is given it
-            first_id.append(first)
-
     follower = isinstance(channel, NetworkChannel)
+    if follower:
+        service.follower_ids = FollowerIds()
     link = ReplicaLink(channel, Replica(), apply=service.apply_command, load=service.load,
                        publish=publish, reply=service.answered, whole=whole, written=written,
-                       joined=joined)
+                       joined=service.admitted if follower else None)
     service.link = link
     try:
         hello, warn = 0.0, time.monotonic() + SILENCE_MS / 1000
-        while not link.replica.loaded or (follower and not first_id):
+        while not link.replica.loaded or (service.follower_ids and service.follower_ids.first
+                                          is None):
             if follower and time.monotonic() >= hello:  # admits it (zns.drivers.followers)
                 hello = time.monotonic() + HELLO_MS / 1000
                 link.report(b"")
@@ -594,10 +612,10 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkCh
                           max_request_bytes=max(config.max_message_bytes,
                                                 DEFAULT_MAX_FRAME_BYTES))
         sources.append(gateway)
-    first = first_id[0] if follower else ((connections or worker) << CONNECTION_ID_BITS) + 1
+    # A follower's remoting connection ids are its own (FollowerIds gives the ones passed on).
+    first = 1 if follower else ((connections or worker) << CONNECTION_ID_BITS) + 1
     server = WorkerServer(config, worker, context=ctx, service=service,
                           reuse_port=not follower, first_connection_id=first,
-                          last_connection_id=first + FOLLOWER_IDS - 2 if follower else None,
                           extra_sources=sources)
     server.overview = service.overview
     server.replica = link.replica
