@@ -506,3 +506,18 @@ def test_a_follower_follows_the_replacement_of_its_gateway_and_refuses_once_alon
         ctx.destroy(linger=0)
         broker_ctx.destroy(linger=0)
 
+
+
+def test_what_a_follower_cannot_send_waits_within_a_bound(ctx, monkeypatch, caplog):
+    monkeypatch.setattr(followers, "MAX_MESSAGE_BYTES", 100)
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.connect("tcp://127.0.0.1:1")  # no gateway there: libzmq takes nothing
+    channel = followers.NetworkChannel(sock)
+    channel.send(b"a" * 60)
+    assert not channel.flush() and channel.pending == 60
+    channel.send(b"b" * 60)  # past the bound: what waited is dropped, never the follower
+    assert not channel.flush() and channel.pending == 60
+    assert "60 bytes for the NameServer dropped" in caplog.text
+    sock.close()

@@ -164,7 +164,9 @@ def follower_ids(worker_range: int, slot: int, id_bits: int) -> int:
 class NetworkChannel:
     """A follower's link to its gateway: a DEALER, one ZeroMQ message per frame. What libzmq
     will not take now (no connection: the gateway restarting, the network gone) waits here,
-    up to MAX_MESSAGE_BYTES, then the follower stops (ConnectionLost)."""
+    up to MAX_MESSAGE_BYTES; past that it is dropped: it was meant for an admission that
+    ended (the next gateway takes a first message as a hello, and the follower answers the
+    writes it had forwarded `busy` once admitted again)."""
 
     def __init__(self, sock: zmq.Socket, clock: Callable[[], float] = time.monotonic) -> None:
         self.sock = sock
@@ -182,7 +184,9 @@ class NetworkChannel:
 
     def send(self, body: bytes, mark: int | None = None) -> None:
         if self._pending + len(body) > MAX_MESSAGE_BYTES:
-            raise ConnectionLost(f"the gateway takes nothing: {self._pending} bytes pending")
+            log.warning("%d bytes for the NameServer dropped: none reached it", self._pending)
+            self._out.clear()
+            self._pending = 0
         self._out.append(body)
         self._pending += len(body)
 
