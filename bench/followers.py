@@ -32,6 +32,7 @@ import zmq
 
 from bench.harness import (
     LOOPBACK, START_TIMEOUT_S, BenchError, ServerProcess, Session, _start, broker_addr,
+    check_reply,
     cpu_seconds, percentile, request, rss_kib, start_zns,
 )
 from bench.report import BENCH_DIR, BenchResult, Figure, RunConfig, cli
@@ -43,11 +44,12 @@ from zns.drivers.security import apply_client_keys, client_keys, write_keypair
 
 _FOLLOWERS_LINE = re.compile(r"feeding followers on (\S+)")
 _REMOTING_LINE = re.compile(r"RocketMQ remoting listener on (\S+)")
-_STATE_LINE = re.compile(r"followers: a state of (\d+) bytes")
+_STATE_LINE = re.compile(r"followers: a state of (\d+) bytes .* \(dumped in ([\d.]+) ms\)")
 _WORKER_LINE = re.compile(r"worker (\d+) started \(pid (\d+)")
 READS = 20_000  # per round and process, pipelined (QUICK: 500)
 CHANGES = 300  # route changes per round for lag and push (QUICK: 20)
 APART_S = 0.005
+HOUR_MS = 3_600_000
 
 
 class Keys:
@@ -95,6 +97,7 @@ def push_samples(writer: Session, subs: list[zmq.Socket], count: int) -> list[li
     poller = zmq.Poller()
     for sub in subs:
         poller.register(sub, zmq.POLLIN)
+    poller.register(writer.sock, zmq.POLLIN)
     for i in range(count):
         sent = time.monotonic()
         writer.sock.send(changes[i % 2])
@@ -102,10 +105,11 @@ def push_samples(writer: Session, subs: list[zmq.Socket], count: int) -> list[li
         replied = False
         while waiting or not replied:
             ready = dict(poller.poll(5_000))
-            if not ready and not writer.sock.poll(0):
-                raise BenchError("no event within 5 s")
-            if writer.sock.poll(0):
-                writer.sock.recv()
+            if not ready:
+                raise BenchError(f"change {i}: nothing within 5 s (subscribers still waiting: "
+                                 f"{sorted(waiting)}, replied: {replied})")
+            if writer.sock in ready:
+                check_reply(writer.sock.recv())
                 replied = True
             for k in list(waiting):
                 if subs[k] in ready:
@@ -152,7 +156,8 @@ def run_followers(config: RunConfig) -> BenchResult:
             add("start, empty", time.monotonic() - started)
             with Session(main.router) as session:
                 session.call("register_broker", cluster="bench", broker_name=LAG_BROKER,
-                             broker_id=0, broker_addr=broker_addr(1), topics={LAG_TOPIC: {}})
+                             broker_id=0, broker_addr=broker_addr(1), topics={LAG_TOPIC: {}},
+                             heartbeat_timeout_ms=HOUR_MS)  # it sends no heartbeat
             writer = session_on(main.router, 1)
             on_worker = session_on(main.router, 2)
             on_follower = Session(follower.router)
@@ -171,7 +176,8 @@ def run_followers(config: RunConfig) -> BenchResult:
                 stack.callback(sub.close)
                 subs.append(sub)
             time.sleep(0.5)
-            for name, times in zip(("NameServer", "follower"), push_samples(writer, subs, changes)):
+            push = push_samples(writer, subs, changes)
+            for name, times in zip(("NameServer", "follower"), push):
                 for q in (50, 99):
                     add(f"push {name} p{q}", percentile(times, q) * 1e6)
             worker_pid = int(dict(_WORKER_LINE.findall(main.log_path.read_text()))["2"])
@@ -187,8 +193,10 @@ def run_followers(config: RunConfig) -> BenchResult:
                 if not isinstance(reply, schema.GetRouteReply):
                     raise BenchError(f"the second follower answered {reply}")
             add("start, full", time.monotonic() - started)
-            sizes = [int(x) for x in _STATE_LINE.findall(main.log_path.read_text())]
-            add("state", max(sizes) / 1024)
+            size, took = max((int(size), float(ms)) for size, ms
+                             in _STATE_LINE.findall(main.log_path.read_text()))
+            add("state", size / 1024)
+            add("dump", took)
             add("rss follower", rss_kib(second.proc.pid) / 1024)
             add("rss worker", rss_kib(worker_pid) / 1024)
             config.log(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:,.1f}"
@@ -213,6 +221,8 @@ def run_followers(config: RunConfig) -> BenchResult:
                "empty", rounds["start, empty"], note="the state transfer included"),
         Figure(f"the state a follower is sent, at {p.mem_brokers:,} brokers and "
                f"{p.mem_topics:,} topics", "KiB", rounds["state"]),
+        Figure("the gateway worker's dump of it (in one step: the worker serves nothing "
+               "meanwhile)", "ms", rounds["dump"]),
         Figure(f"RSS of the follower at {p.mem_brokers:,} brokers and {p.mem_topics:,} topics",
                "MiB", rounds["rss follower"], "a worker's", rounds["rss worker"],
                note="the worker's pages shared with the state process counted whole"),
