@@ -20,6 +20,7 @@ import pytest
 import zmq
 
 from helpers import LOADED_DEADLINE, Peer, ProcessServer, register_fields, wait_for
+from test_bench_smoke import SCRIPT_DEADLINE, check_script
 from test_idle_cpu import assert_idle
 from test_remoting_listener import Client, register_cmd
 from zns.core import schema
@@ -521,3 +522,9 @@ def test_what_a_follower_cannot_send_waits_within_a_bound(ctx, monkeypatch, capl
     assert not channel.flush() and channel.pending == 60
     assert "60 bytes for the NameServer dropped" in caplog.text
     sock.close()
+
+
+@pytest.mark.timeout(SCRIPT_DEADLINE + 40)
+def test_the_followers_benchmark_runs_and_writes_its_figures(tmp_path):
+    """bench/followers.py (by hand, not in `make bench`): a --quick run, every figure."""
+    check_script("followers", tmp_path, SCRIPT_DEADLINE)
