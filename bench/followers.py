@@ -23,7 +23,6 @@ bench/results.md and keeps the others.
 from __future__ import annotations
 
 import re
-import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -31,21 +30,19 @@ from pathlib import Path
 import zmq
 
 from bench.harness import (
-    LOOPBACK, START_TIMEOUT_S, BenchError, ServerProcess, Session, _start, broker_addr,
-    check_reply,
-    cpu_seconds, percentile, request, rss_kib, start_zns,
+    LOOPBACK, BenchError, ServerProcess, Session, broker_addr, check_reply, cpu_seconds,
+    percentile, request, rss_kib, start_zns, wait_log,
 )
 from bench.report import BENCH_DIR, BenchResult, Figure, RunConfig, cli
 from bench.workers import (
-    FULL, LAG_BROKER, LAG_TOPIC, QUICK, fill, lag_samples, session_on, with_load,
+    _REMOTING_LINE, _WORKER_LINE, FULL, LAG_BROKER, LAG_TOPIC, QUICK, fill, lag_samples,
+    session_on, with_load,
 )
 from zns.core import schema
 from zns.drivers.security import apply_client_keys, client_keys, write_keypair
 
 _FOLLOWERS_LINE = re.compile(r"feeding followers on (\S+)")
-_REMOTING_LINE = re.compile(r"RocketMQ remoting listener on (\S+)")
 _STATE_LINE = re.compile(r"followers: a state of (\d+) bytes .* \(dumped in ([\d.]+) ms\)")
-_WORKER_LINE = re.compile(r"worker (\d+) started \(pid (\d+)")
 READS = 20_000  # per round and process, pipelined (QUICK: 500)
 CHANGES = 300  # route changes per round for lag and push (QUICK: 20)
 APART_S = 0.005
@@ -68,24 +65,11 @@ class Keys:
         self.listed, self.followers_dir = str(listed), str(followers)
 
 
-def _line(server: ServerProcess, pattern: re.Pattern[str]) -> str:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        match = pattern.search(server.log_path.read_text(errors="replace"))
-        if match:
-            return match.group(1)
-        time.sleep(0.02)
-    raise BenchError(f"no {pattern.pattern!r} in {server.log_path}")
-
-
 def start_follower(config: RunConfig, keys: Keys, endpoint: str, n: int) -> ServerProcess:
-    workdir = config.workdir / f"follower{n}-{time.monotonic_ns()}"
-    workdir.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "zns", "serve", "--follow", endpoint, "--follow-server-key",
-           keys.server, "--follow-keypair", keys.followers[n], "--curve-secret",
-           keys.server_secret, "--clients", "listed", "--clients-keys", keys.listed,
-           "--router", LOOPBACK, "--pub", LOOPBACK, "--kv-path", str(workdir / "kv.json")]
-    return _start(cmd, workdir / "follower.log")
+    return start_zns(config.workdir / f"follower{n}-{time.monotonic_ns()}", "--follow", endpoint,
+                     "--follow-server-key", keys.server, "--follow-keypair", keys.followers[n],
+                     "--curve-secret", keys.server_secret, "--clients", "listed",
+                     "--clients-keys", keys.listed)
 
 
 def push_samples(writer: Session, subs: list[zmq.Socket], count: int) -> list[list[float]]:
@@ -149,7 +133,7 @@ def run_followers(config: RunConfig) -> BenchResult:
                              "--followers", LOOPBACK, "--followers-keys", keys.followers_dir,
                              "--remoting", "127.0.0.1:0")
             stack.callback(main.stop)
-            endpoint = _line(main, _FOLLOWERS_LINE)
+            endpoint = wait_log(main, _FOLLOWERS_LINE)
             started = time.monotonic()
             follower = start_follower(config, keys, endpoint, 0)
             stack.callback(follower.stop)
@@ -184,7 +168,7 @@ def run_followers(config: RunConfig) -> BenchResult:
             add("cpu worker", reads_cpu(on_worker, worker_pid, reads))
             add("cpu follower", reads_cpu(on_follower, follower.proc.pid, reads))
             # A second follower, joining a NameServer that holds the whole table.
-            fill(_line(main, _REMOTING_LINE), p, stack)
+            fill(wait_log(main, _REMOTING_LINE), p, stack)
             started = time.monotonic()
             second = start_follower(config, keys, endpoint, 1)
             stack.callback(second.stop)

@@ -49,7 +49,7 @@ from bench import push_latency
 from bench.harness import (
     REPLY_TIMEOUT_S, START_TIMEOUT_S, BenchError, LoadPool, Probe, ServerProcess, Session,
     ask, broker_addr, check_reply, cpu_seconds, free_port, percentile, register_request,
-    request, rss_kib, start_zns, zmq_context,
+    request, rss_kib, start_zns, wait_log, zmq_context,
 )
 from bench.remoting import (
     FakeBrokers, Generator, Params as RemotingParams, RemotingClient,
@@ -140,23 +140,13 @@ def start(config: RunConfig, workers: int, tag: str, *args: str) -> Zns:
     server = start_zns(config.workdir / f"{tag}-w{workers}", "--workers", str(workers),
                        "--remoting", "127.0.0.1:0", *args)
     try:
-        remoting = _remoting_addr(server)
+        remoting = wait_log(server, _REMOTING_LINE)
         zns = Zns(server, workers, remoting)
         zns.wait_workers()
     except BaseException:
         server.stop()
         raise
     return zns
-
-
-def _remoting_addr(server: ServerProcess) -> str:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        match = _REMOTING_LINE.search(server.log_path.read_text(errors="replace"))
-        if match:
-            return match.group(1)
-        time.sleep(0.02)
-    raise BenchError(f"no remoting listener: {server.log_path.read_text()[-2000:]}")
 
 
 def label(workers: int) -> str:
