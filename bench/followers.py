@@ -35,7 +35,7 @@ from bench.harness import (
 )
 from bench.report import BENCH_DIR, BenchResult, Figure, RunConfig, cli
 from bench.workers import (
-    _REMOTING_LINE, _WORKER_LINE, FULL, LAG_BROKER, LAG_TOPIC, QUICK, fill, lag_samples,
+    FULL, LAG_BROKER, LAG_TOPIC, QUICK, REMOTING_LINE, WORKER_LINE, fill, lag_samples,
     session_on, with_load,
 )
 from zns.core import schema
@@ -164,11 +164,11 @@ def run_followers(config: RunConfig) -> BenchResult:
             for name, times in zip(("NameServer", "follower"), push):
                 for q in (50, 99):
                     add(f"push {name} p{q}", percentile(times, q) * 1e6)
-            worker_pid = int(dict(_WORKER_LINE.findall(main.log_path.read_text()))["2"])
+            worker_pid = int(dict(WORKER_LINE.findall(main.log_path.read_text()))["2"])
             add("cpu worker", reads_cpu(on_worker, worker_pid, reads))
             add("cpu follower", reads_cpu(on_follower, follower.proc.pid, reads))
             # A second follower, joining a NameServer that holds the whole table.
-            fill(wait_log(main, _REMOTING_LINE), p, stack)
+            fill(wait_log(main, REMOTING_LINE), p, stack)
             started = time.monotonic()
             second = start_follower(config, keys, endpoint, 1)
             stack.callback(second.stop)

@@ -59,8 +59,8 @@ from bench.remoting import register_frame as fake_broker_frame
 from bench.report import BENCH_DIR, BenchFn, BenchResult, Figure, RunConfig, Target, cli
 from zns.core import schema
 
-_REMOTING_LINE = re.compile(r"RocketMQ remoting listener on (\S+)")
-_WORKER_LINE = re.compile(r"worker (\d+) started \(pid (\d+)")
+REMOTING_LINE = re.compile(r"RocketMQ remoting listener on (\S+)")
+WORKER_LINE = re.compile(r"worker (\d+) started \(pid (\d+)")
 WORKER_COUNTS = (0, 1, 2)
 PROJECTED_CORES = (4, 8, 16, 64)
 APART_S = 0.005  # the pause between isolated route changes (workers_lag)
@@ -116,7 +116,7 @@ class Zns:
         if self.workers == 0:
             return {"server": self.server.proc.pid}
         found: dict[str, int] = {"state": self.server.proc.pid}
-        for slot, pid in _WORKER_LINE.findall(self.server.log_path.read_text(errors="replace")):
+        for slot, pid in WORKER_LINE.findall(self.server.log_path.read_text(errors="replace")):
             found[f"worker {slot}"] = int(pid)
         return found
 
@@ -140,7 +140,7 @@ def start(config: RunConfig, workers: int, tag: str, *args: str) -> Zns:
     server = start_zns(config.workdir / f"{tag}-w{workers}", "--workers", str(workers),
                        "--remoting", "127.0.0.1:0", *args)
     try:
-        remoting = wait_log(server, _REMOTING_LINE)
+        remoting = wait_log(server, REMOTING_LINE)
         zns = Zns(server, workers, remoting)
         zns.wait_workers()
     except BaseException:
