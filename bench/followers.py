@@ -33,10 +33,11 @@ from bench.harness import (
     LOOPBACK, BenchError, ServerProcess, Session, broker_addr, check_reply, cpu_seconds,
     percentile, request, rss_kib, start_zns, wait_log,
 )
+from bench.remoting import REMOTING_LINE
 from bench.report import BENCH_DIR, BenchResult, Figure, RunConfig, cli
 from bench.workers import (
-    FULL, LAG_BROKER, LAG_TOPIC, QUICK, REMOTING_LINE, WORKER_LINE, fill, lag_samples,
-    session_on, with_load,
+    FULL, LAG_BROKER, LAG_TOPIC, QUICK, WORKER_LINE, fill, lag_samples, session_on,
+    with_load,
 )
 from zns.core import schema
 from zns.drivers.security import apply_client_keys, client_keys, write_keypair

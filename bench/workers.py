@@ -52,14 +52,13 @@ from bench.harness import (
     request, rss_kib, start_zns, wait_log, zmq_context,
 )
 from bench.remoting import (
-    FakeBrokers, Generator, Params as RemotingParams, RemotingClient,
+    REMOTING_LINE, FakeBrokers, Generator, Params as RemotingParams, RemotingClient,
     broker_frame, java_reason, route_brokers, route_frames, rocketmq,
 )
 from bench.remoting import register_frame as fake_broker_frame
 from bench.report import BENCH_DIR, BenchFn, BenchResult, Figure, RunConfig, Target, cli
 from zns.core import schema
 
-REMOTING_LINE = re.compile(r"RocketMQ remoting listener on (\S+)")
 WORKER_LINE = re.compile(r"worker (\d+) started \(pid (\d+)")
 WORKER_COUNTS = (0, 1, 2)
 PROJECTED_CORES = (4, 8, 16, 64)
