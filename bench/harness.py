@@ -99,6 +99,19 @@ def start_zns(workdir: Path, *args: str) -> ServerProcess:
                   {} if "--workers" in args else {"ZNS_WORKERS": "0"})
 
 
+def wait_log(server: ServerProcess, pattern: re.Pattern[str],
+             timeout: float = START_TIMEOUT_S) -> str:
+    """The first group of `pattern`'s first match in `server`'s log, once it is there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = pattern.search(server.log_path.read_text(errors="replace"))
+        if match:
+            return match.group(1)
+        time.sleep(0.02)
+    raise BenchError(f"no {pattern.pattern!r} in {server.log_path}: "
+                     f"{server.log_path.read_text(errors='replace')[-2000:]}")
+
+
 def start_echo(workdir: Path, io: str = "frames") -> ServerProcess:
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "bench.echo_server", LOOPBACK, io]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench.harness import (
     BenchError, LoadClients, ServerProcess, Session, Subscribers, broker_addr,
-    check_reply, percentile, register_request, request, start_zns,
+    check_reply, percentile, register_request, request, start_zns, wait_log,
 )
 from bench.report import BenchResult, Figure, RunConfig, Target, cli
 from zns.core.schema import route_channel
@@ -58,16 +58,6 @@ arrival stamp minus the send stamp.
 """
 
 
-def _wait_log(server: ServerProcess, pattern: re.Pattern[str], timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = pattern.search(server.log_path.read_text(errors="replace"))
-        if match:
-            return match.group(1)
-        time.sleep(0.02)
-    raise BenchError(f"no {pattern.pattern!r} in {server.log_path}")
-
-
 def start_relay(workdir: Path, upstream: str) -> ServerProcess:
     """`zns relay` in its own process; its `router` field is the bound events endpoint."""
     log_path = workdir / f"relay-{time.monotonic_ns()}.log"
@@ -78,7 +68,7 @@ def start_relay(workdir: Path, upstream: str) -> ServerProcess:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     relay = ServerProcess(proc, "", "", log_path)
     try:
-        relay.router = relay.pub = _wait_log(relay, _RELAYED)
+        relay.router = relay.pub = wait_log(relay, _RELAYED)
     except BenchError:
         relay.stop()
         raise
@@ -91,7 +81,7 @@ def _metrics_rounds(config: RunConfig, p: Params) -> list[Figure]:
     with start_zns(config.workdir / "off") as off, \
             start_zns(config.workdir / "on", "--metrics", "127.0.0.1:0") as on, \
             LoadClients(1) as clients:
-        url = f"http://{_wait_log(on, _METRICS)}/metrics"
+        url = f"http://{wait_log(on, _METRICS)}/metrics"
         for server in (off, on):
             with Session(server.router) as session:
                 session.pipeline([register_request(f"broker-{b}", broker_addr(b), [TOPIC])

@@ -53,7 +53,7 @@ FRAMES = 8192  # distinct request frames (opaques) every load process cycles thr
 REREGISTER_S = 20.0  # fake brokers re-register this often: both servers expire at 120 s
 _LENGTH = struct.Struct(">i")
 _OPAQUE = re.compile(rb'"opaque":(-?\d+)')
-_REMOTING_LINE = re.compile(r"RocketMQ remoting listener on (\S+)")
+REMOTING_LINE = re.compile(r"RocketMQ remoting listener on (\S+)")
 
 
 @dataclass(frozen=True)
@@ -412,7 +412,7 @@ def _echo_main(port_pipe: Connection) -> None:
 
 def start_zns_remoting(config: RunConfig, stack: ExitStack) -> tuple[Any, str]:
     zns = stack.enter_context(start_zns(config.workdir / "zns", "--remoting", "127.0.0.1:0"))
-    match = _REMOTING_LINE.search(zns.log_path.read_text(errors="replace"))
+    match = REMOTING_LINE.search(zns.log_path.read_text(errors="replace"))
     if not match:
         raise BenchError(f"zns logged no remoting endpoint: {zns.log_path.read_text()[-2000:]}")
     return zns, match.group(1)

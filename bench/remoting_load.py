@@ -51,7 +51,7 @@ from zns.core.remoting import RemotingCommand, body_crc32, encode_command
 VERSION = 479
 GET_ROUTE, GET_ALL_TOPIC_LIST, REGISTER_BROKER = 105, 206, 103
 RESTRICTED = ("--remoting-brokers", "10.0.0.0/8", "--remoting-admins", "10.0.0.0/8")
-_REMOTING_LINE = re.compile(r"RocketMQ remoting listener on (\S+)")
+REMOTING_LINE = re.compile(r"RocketMQ remoting listener on (\S+)")
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ they close" is how long a new ZNS/1 client waited for `status` once all were clo
 def start_zns_remoting(config: RunConfig, *args: str) -> tuple[ServerProcess, str]:
     zns = start_zns(config.workdir / f"zns-{time.monotonic_ns()}", "--remoting", "127.0.0.1:0",
                     *args)
-    match = _REMOTING_LINE.search(zns.log_path.read_text(errors="replace"))
+    match = REMOTING_LINE.search(zns.log_path.read_text(errors="replace"))
     if not match:
         zns.stop()
         raise BenchError(f"zns logged no remoting endpoint: {zns.log_path.read_text()[-2000:]}")

@@ -49,18 +49,17 @@ from bench import push_latency
 from bench.harness import (
     REPLY_TIMEOUT_S, START_TIMEOUT_S, BenchError, LoadPool, Probe, ServerProcess, Session,
     ask, broker_addr, check_reply, cpu_seconds, free_port, percentile, register_request,
-    request, rss_kib, start_zns, zmq_context,
+    request, rss_kib, start_zns, wait_log, zmq_context,
 )
 from bench.remoting import (
-    FakeBrokers, Generator, Params as RemotingParams, RemotingClient,
+    REMOTING_LINE, FakeBrokers, Generator, Params as RemotingParams, RemotingClient,
     broker_frame, java_reason, route_brokers, route_frames, rocketmq,
 )
 from bench.remoting import register_frame as fake_broker_frame
 from bench.report import BENCH_DIR, BenchFn, BenchResult, Figure, RunConfig, Target, cli
 from zns.core import schema
 
-_REMOTING_LINE = re.compile(r"RocketMQ remoting listener on (\S+)")
-_WORKER_LINE = re.compile(r"worker (\d+) started \(pid (\d+)")
+WORKER_LINE = re.compile(r"worker (\d+) started \(pid (\d+)")
 WORKER_COUNTS = (0, 1, 2)
 PROJECTED_CORES = (4, 8, 16, 64)
 APART_S = 0.005  # the pause between isolated route changes (workers_lag)
@@ -116,7 +115,7 @@ class Zns:
         if self.workers == 0:
             return {"server": self.server.proc.pid}
         found: dict[str, int] = {"state": self.server.proc.pid}
-        for slot, pid in _WORKER_LINE.findall(self.server.log_path.read_text(errors="replace")):
+        for slot, pid in WORKER_LINE.findall(self.server.log_path.read_text(errors="replace")):
             found[f"worker {slot}"] = int(pid)
         return found
 
@@ -140,23 +139,13 @@ def start(config: RunConfig, workers: int, tag: str, *args: str) -> Zns:
     server = start_zns(config.workdir / f"{tag}-w{workers}", "--workers", str(workers),
                        "--remoting", "127.0.0.1:0", *args)
     try:
-        remoting = _remoting_addr(server)
+        remoting = wait_log(server, REMOTING_LINE)
         zns = Zns(server, workers, remoting)
         zns.wait_workers()
     except BaseException:
         server.stop()
         raise
     return zns
-
-
-def _remoting_addr(server: ServerProcess) -> str:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        match = _REMOTING_LINE.search(server.log_path.read_text(errors="replace"))
-        if match:
-            return match.group(1)
-        time.sleep(0.02)
-    raise BenchError(f"no remoting listener: {server.log_path.read_text()[-2000:]}")
 
 
 def label(workers: int) -> str:

@@ -30,6 +30,19 @@ REQUIRED: dict[type, dict[str, Any]] = {
     BrokerConfig: {"cluster": "c", "broker_name": "b", "broker_addr": "127.0.0.1:10911"},
 }
 NEEDS_CURVE = {"clients", "brokers_keys", "admins_keys", "clients_keys"}
+# The settings that are refused without others, and those others (followers: zns.drivers.followers).
+_FOLLOW = {"follow": "tcp://127.0.0.1:9", "follow_server_key": "/keys/server.key",
+           "follow_keypair": "/keys/follower.key_secret"}
+NEEDS = {
+    "followers": {"curve_secret": "/keys/server.key_secret", "followers_keys": "/keys/f"},
+    "followers_keys": {"curve_secret": "/keys/server.key_secret",
+                       "followers": "tcp://127.0.0.1:9"},
+    **{name: _FOLLOW for name in _FOLLOW},
+    "follow_writes": {**_FOLLOW, "curve_secret": "/keys/server.key_secret"},
+}
+# What NEEDS gives are refused without the setting that needs them: their default is not
+# loaded with them (test_settings_that_need_others_are_refused_without_them).
+NEEDED = {(ServerConfig, other) for needs in NEEDS.values() for other in needs}
 
 
 def command_for(config: type[msgspec.Struct], seen: list[Any]) -> click.Command:
@@ -81,6 +94,8 @@ def base_for(config: type, setting: Setting) -> list[str]:
     given = {k: v for k, v in REQUIRED[config].items() if k != setting.name}
     if setting.name in NEEDS_CURVE:
         given["curve_secret"] = "/keys/server.key_secret"
+    if config is ServerConfig:
+        given.update({k: v for k, v in NEEDS.get(setting.name, {}).items() if k != setting.name})
     by_name = {s.name: s for s in settings(config)}
     return [arg for name, value in given.items() for arg in cli_args(by_name[name], value)]
 
@@ -117,11 +132,21 @@ def test_every_field_by_option_env_and_file_in_that_order(config, setting, tmp_p
     assert loaded(file_args + cli_args(setting, on_line), env) == on_line
     assert loaded(file_args, env) == in_env
     assert loaded(file_args, {}) == in_file
-    if setting.default is not msgspec.NODEFAULT:
+    if setting.default is not msgspec.NODEFAULT and (config, setting.name) not in NEEDED:
         assert loaded([], {}) == setting.default
     # The option's own spelling is a key too (`peer`, `kv-path`).
     conf.write_text(f"{setting.option[2:]} = {json.dumps(in_file)}\n")
     assert loaded(file_args, {}) == in_file
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS))
+def test_settings_that_need_others_are_refused_without_them(name):
+    needs = NEEDS[name]
+    given = {**needs, name: sample(next(s for s in settings(ServerConfig) if s.name == name), 0)}
+    load(ServerConfig, given)  # with all it needs: taken
+    for missing in needs:
+        with pytest.raises(InvalidSetting):
+            load(ServerConfig, {k: v for k, v in given.items() if k != missing})
 
 
 def run(config: type, args: list[str], env: dict[str, str] | None = None):
@@ -238,7 +263,8 @@ def test_workers_are_0_to_64():
 
 
 @pytest.mark.parametrize("field", ["kv_path", "state_path", "curve_secret", "brokers_keys",
-                                   "admins_keys", "clients_keys"])
+                                   "admins_keys", "clients_keys", "followers_keys",
+                                   "follow_keypair"])
 def test_a_path_with_a_nul_character_is_one_line_naming_its_setting(field):
     # Before: accepted, then a ValueError traceback from the os module at start (a TOML
     # --config can hold "\u0000"; a command line or an environment variable cannot).
@@ -251,7 +277,8 @@ def test_namesrv_config_shows_every_field_but_paths_and_keys():
     config = ServerConfig(peers=["tcp://a:1", "tcp://b:2"], curve_secret="/s",
                           brokers_keys="/b")
     shown = config.properties()
-    hidden = {"kvPath", "statePath", "curveSecret", "brokersKeys", "adminsKeys", "clientsKeys"}
+    hidden = {"kvPath", "statePath", "curveSecret", "brokersKeys", "adminsKeys", "clientsKeys",
+              "followersKeys", "followServerKey", "followKeypair"}
     assert set(shown) == {s.camel_name for s in settings(ServerConfig)} - hidden | {"curve"}
     assert shown["heartbeatInterval"] == "1.0" and shown["maxQueues"] == "1000000"
     assert shown["peers"] == "tcp://a:1,tcp://b:2" and shown["curve"] == "true"

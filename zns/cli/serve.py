@@ -21,6 +21,7 @@ from zns.drivers.security import write_keypair
 from zns.drivers.server import Server
 from zns.drivers.state_process import StateProcess
 from zns.drivers.supervisor import supervise
+from zns.drivers.worker import follow_main
 
 log = logging.getLogger("zns")
 
@@ -58,6 +59,8 @@ def _serve(config: ServerConfig) -> None:
             # Before the server starts a thread, or the state process a worker (they inherit it).
             if (cpu := config.cpu_of(0)) is not None:
                 cpus.pin(cpu, "the state process" if config.workers else "the server")
+            if config.follow:  # one process: the worker of a state process on another host
+                raise SystemExit(follow_main(config))
             server = StateProcess(config) if config.workers else Server(config)
         except ConfigError as exc:
             raise click.ClickException(str(exc)) from exc

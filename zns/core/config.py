@@ -317,6 +317,31 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         "runs where it does. Off by default: the kernel places them. Pinned, a forwarded "
         "write's hand-offs stay on one core (docs/operations.md, Workers).",
         metavar="LIST", check="cpus")] = None
+    # Read replicas on other hosts (docs/operations.md, Followers).
+    followers: Annotated[str | None, _doc(
+        "Endpoint (tcp://HOST:PORT) on which each worker feeds read replicas on other hosts "
+        "(`zns serve --follow`), with CURVE only: needs --curve-secret and --followers-keys.",
+        metavar="ENDPOINT", check="bind")] = None
+    followers_keys: Annotated[str | None, _doc(
+        "Directory of *.key public keys of the followers that may connect to --followers.",
+        metavar="DIR", shown=False, check="path")] = None
+    follow: Annotated[str | None, _doc(
+        "Serve as a read replica of the NameServer whose --followers endpoint this is: one "
+        "process, answering reads from its replica and forwarding writes there; it holds no "
+        "state file. Needs --follow-server-key and --follow-keypair.",
+        metavar="ENDPOINT", check="connect")] = None
+    follow_server_key: Annotated[str | None, _doc(
+        "With --follow: that NameServer's CURVE public key (z85, or its .key file).",
+        metavar="KEY", shown=False)] = None
+    follow_keypair: Annotated[str | None, _doc(
+        "With --follow: this follower's NAME.key_secret (from `zns keygen`), whose public key "
+        "is in that NameServer's --followers-keys.", metavar="FILE", shown=False,
+        check="path")] = None
+    follow_writes: Annotated[bool, _doc(
+        "With --follow: pass writes (registrations, KV, admin ops) on to that NameServer, "
+        "authorized here by this follower's own CURVE settings, which must therefore be that "
+        "NameServer's (needs --curve-secret). Without it a follower takes no write "
+        "(no_permission), as a Redis replica is read-only.")] = False
 
     def __post_init__(self) -> None:
         if self.rocketmq:  # before the checks: the values they check are these
@@ -335,6 +360,38 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
                 if not getattr(self, name).startswith("tcp://"):
                     raise InvalidSetting(name, "workers share their ports, which must be tcp:// "
                                          "(--workers 0: one process, which also serves ipc:// and inproc://)")
+        if self.followers is not None:
+            if self.curve_secret is None:
+                raise InvalidSetting("followers", NEEDS_CURVE)
+            if self.followers_keys is None:
+                raise InvalidSetting("followers", "needs followers_keys (--followers-keys): "
+                                     "the keys of the followers that may connect")
+            if not self.workers:
+                raise InvalidSetting("followers", "workers feed the followers: needs "
+                                     "--workers 1 or more")
+            if not self.followers.startswith("tcp://"):
+                raise InvalidSetting("followers", "must be tcp://HOST:PORT")
+        elif self.followers_keys is not None:
+            raise InvalidSetting("followers_keys", "needs followers (--followers)")
+        if self.follow is not None:
+            for name in ("follow_server_key", "follow_keypair"):
+                if getattr(self, name) is None:
+                    raise InvalidSetting("follow", f"needs {name} (--{name.replace('_', '-')})")
+            for name in ("followers", "supervise"):
+                if getattr(self, name):
+                    raise InvalidSetting(name, "a follower (--follow) is one process that "
+                                         "follows another NameServer")
+            if self.follow_writes and self.curve_secret is None:
+                raise InvalidSetting("follow_writes", "a follower that takes writes checks "
+                                     "their keys as the NameServer would: " + NEEDS_CURVE)
+            if self.workers > 1:
+                raise InvalidSetting("workers", "a follower (--follow) is one process: a "
+                                     "client's connections must all reach the one replica "
+                                     "(docs/operations.md, Followers)")
+        else:
+            for name in ("follow_server_key", "follow_keypair", "follow_writes"):
+                if getattr(self, name) not in (None, False):
+                    raise InvalidSetting(name, "needs follow (--follow)")
         if self.supervise and not self.workers and self._any_port():
             raise InvalidSetting("supervise", "a new server must bind the same ports: the port "
                                  f"of {', '.join(self._any_port())} must not be * or 0")

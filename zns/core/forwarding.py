@@ -126,6 +126,14 @@ class ForwardedWrites:
             self.ready[token] = None
             self.timed_out += 1
 
+    def lose_all(self) -> None:
+        """Every write in flight gets the answer None (`busy`) now: their answers will never
+        come (a follower admitted again: the worker that held them is gone)."""
+        for token in self._in_flight:
+            self.ready[token] = None
+        self.timed_out += len(self._in_flight)
+        self._in_flight.clear()
+
     def next_deadline(self) -> int | None:
         """When `on_timer` must next run (None: no write in flight)."""
         return next(iter(self._in_flight.values()), None)

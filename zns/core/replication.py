@@ -94,7 +94,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -160,6 +160,16 @@ class Answer(msgspec.Struct, tag="answer", frozen=True):
     reply: bytes
 
 
+class Joined(msgspec.Struct, tag="joined", frozen=True):
+    """Follower gateway -> follower (a read replica on another host: zns.drivers.followers),
+    before its state: admitted; its remoting connections are numbered from
+    `first_connection_id`, in a range of the gateway worker's own, so that the state
+    process's broker ties never name two connections with one id. A primary of a worker's
+    channel sends none."""
+
+    first_connection_id: int
+
+
 class Ack(msgspec.Struct, tag="ack", frozen=True):
     """Worker -> primary: my replica has applied every command up to `seq`."""
 
@@ -201,7 +211,7 @@ class Whole(msgspec.Struct, tag="whole", frozen=True):
     body: bytes
 
 
-ToWorker = Apply | State | Fence | Answer | Whole
+ToWorker = Apply | State | Fence | Answer | Whole | Joined
 ToPrimary = Ack | Forward | Received | Resync | Report
 
 _encoder = msgspec.msgpack.Encoder()
@@ -608,11 +618,13 @@ def _size(command: bytes, events: list[bytes] | None) -> int:
 class ApplyCommand:
     """Apply `command` (seq `seq`) to the replica's state machine; if `produce`, then call
     `Replica.produced(seq, events)` with the events it made (else they came with the
-    command, and need not even be encoded)."""
+    command, and need not even be encoded). `events`: those that came with it (None when
+    `produce`), for a follower gateway to pass on (zns.drivers.followers)."""
 
     seq: int
     command: bytes
     produce: bool = True
+    events: list[bytes] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -702,7 +714,7 @@ class Replica:
                     self._held.append((seq, None))
                 elif events:
                     self._hold(seq, events)
-                self._actions.append(ApplyCommand(seq, command, produce=events is None))
+                self._actions.append(ApplyCommand(seq, command, events is None, events))
                 self._release_answers()
                 self._raise_fence(min(fence, seq))
                 self._release_events(self._ahead)  # this command's own too, if passed

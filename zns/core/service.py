@@ -342,7 +342,7 @@ class NameService:
                 log.warning("broker %s/%s id %d at %s refused: %s", *broker, exc)
             raise
         if outcome.change is not None:
-            _log_change(outcome.change, sender() if sender is not None else "unknown")
+            log_change(outcome.change, sender() if sender is not None else "unknown")
         return outcome, frames
 
     def apply(self, command: AnyCommand) -> tuple[Outcome, Sequence[Frames]]:
@@ -661,7 +661,7 @@ def _log_broker_event(event: BrokerEvent) -> None:
 AUDIT_VALUE_LIMIT = 200
 
 
-def _log_change(change: Change, sender: str) -> None:
+def log_change(change: Change, sender: str) -> None:
     """One INFO line per admin write, its fields also on the record (`audit`) for the JSON
     log format; the repeat filter bounds them (zns.drivers.logs)."""
     log.info("audit: %s %s by %s: %s -> %s", change.what, _shown(change.target),

@@ -55,12 +55,14 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import msgspec
 
 from zns.core.errors import Busy, ConnectionLost
 from zns.core.replication import (
-    Apply, ApplyCommand, Deliver, Drop, Execute, Forward, LoadState, Primary, Publish, Replica,
+    Apply, ApplyCommand, Deliver, Drop, Execute, Forward, Joined, LoadState, Primary, Publish,
+    Replica,
     Reply,
     Report, SendState, SendToPrimary, State, ToWorker, Whole, decode_to_primary,
     decode_to_worker, encode,
@@ -196,8 +198,39 @@ class Channel:
         del self._in[:start]
         return frames
 
+    def wait(self, timeout_ms: int | None) -> None:
+        """Until the other end wrote something, or (with bytes pending) can take more."""
+        poller = select.poll()
+        poller.register(self.fileno(), select.POLLIN | (select.POLLOUT if self._out else 0))
+        poller.poll(timeout_ms)
+
     def close(self) -> None:
         self.sock.close()
+
+
+class FrameChannel(Protocol):
+    """What a `ReplicaLink` reads and writes: a `Channel`, or a follower's link over the
+    network (zns.drivers.followers.NetworkChannel)."""
+
+    @property
+    def pending(self) -> int: ...
+    def fileno(self) -> Any: ...
+    def send(self, body: bytes, mark: int | None = None) -> None: ...
+    def flush(self) -> bool: ...
+    def receive(self, budget: int = READ_BUDGET) -> list[bytes]: ...
+    def wait(self, timeout_ms: int | None) -> None: ...
+    def close(self) -> None: ...
+
+
+class Downstream(Protocol):
+    """What a worker's replica passes on to the followers it serves
+    (zns.drivers.followers.Gateway): each command as applied, each state as loaded, the
+    figures of the whole, and the answers to the writes it forwarded for them."""
+
+    def applied(self, seq: int, command: bytes, events: list[bytes] | None) -> None: ...
+    def loaded(self, seq: int) -> None: ...
+    def whole(self, body: bytes) -> None: ...
+    def answered(self, token: int, reply: bytes) -> bool: ...
 
 
 def written_mark(message: ToWorker) -> int | None:
@@ -514,7 +547,7 @@ class ReplicaLink:
 
     def __init__(
         self,
-        sock: socket.socket,
+        sock: socket.socket | FrameChannel,
         replica: Replica,
         *,
         apply: Callable[[int, bytes, bool], list[bytes]],
@@ -523,11 +556,15 @@ class ReplicaLink:
         reply: Callable[[int, bytes], None] = lambda token, reply: None,
         whole: Callable[[bytes], None] = lambda body: None,
         written: WrittenSeq | None = None,
+        joined: Callable[[int], None] | None = None,
     ) -> None:
-        self.channel = Channel(sock)
+        """`sock`: the worker's end of its socketpair, or a follower's channel over the
+        network; `joined`: a follower's, told its first remoting connection id."""
+        self.channel: FrameChannel = Channel(sock) if isinstance(sock, socket.socket) else sock
         self.written = written
         self.replica = replica
-        self._whole = whole
+        self.downstream: Downstream | None = None  # set when this worker serves followers
+        self._whole, self._joined = whole, joined
         self._apply_command, self._load_state = apply, load
         self._publish_events, self._answer = publish, reply
 
@@ -538,6 +575,11 @@ class ReplicaLink:
             message = decode_to_worker(body)
             if type(message) is Whole:
                 self._whole(message.body)
+                if self.downstream is not None:
+                    self.downstream.whole(message.body)
+            elif type(message) is Joined:
+                if self._joined is not None:
+                    self._joined(message.first_connection_id)
             else:
                 self.replica.on_message(message)
         self._carry_out()
@@ -588,10 +630,7 @@ class ReplicaLink:
         self.channel.flush()
 
     def wait(self, timeout_ms: int | None) -> None:
-        poller = select.poll()
-        poller.register(self.channel.fileno(),
-                        select.POLLIN | (select.POLLOUT if self.channel.pending else 0))
-        poller.poll(timeout_ms)
+        self.channel.wait(timeout_ms)
 
     def _carry_out(self) -> None:
         # Until none is left: applying a command whose events were not shipped releases them
@@ -604,12 +643,17 @@ class ReplicaLink:
                         events = self._apply_command(seq, command, produce)
                         if produce:
                             self.replica.produced(seq, events)
+                        if self.downstream is not None:
+                            self.downstream.applied(seq, command, action.events)
                     case LoadState(seq=seq, dump=dump):
                         self._load_state(seq, dump)
+                        if self.downstream is not None:
+                            self.downstream.loaded(seq)
                     case Publish(seq=seq, events=events):
                         self._publish_events(seq, events)
                     case Reply(token=token, reply=reply):
-                        self._answer(token, reply)
+                        if self.downstream is None or not self.downstream.answered(token, reply):
+                            self._answer(token, reply)
                     case SendToPrimary(message=message):
                         self.channel.send(encode(message))  # written by the caller
 

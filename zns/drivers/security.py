@@ -30,6 +30,9 @@ if TYPE_CHECKING:  # imported by `start` only: zmq.auth.thread imports asyncio a
 log = logging.getLogger("zns")
 
 ZAP_DOMAIN = "zns"
+# The followers' endpoint (--followers): its own domain, so that only the keys of
+# --followers-keys get in there (and --clients any lets no key in there).
+FOLLOWERS_DOMAIN = "zns-followers"
 
 
 def read_certificate(path: str | os.PathLike[str]) -> tuple[str, str | None, dict[str, str]]:
@@ -109,6 +112,7 @@ class Security:
         admins_keys: str | None = None,
         clients_keys: str | None = None,
         clients: str = "any",
+        followers_keys: str | None = None,
     ) -> None:
         public, secret, _ = read_certificate(Path(curve_secret).expanduser())
         if secret is None:
@@ -118,8 +122,11 @@ class Security:
             )
         self.public_key, self._secret_key = public, secret
         self._dirs = (brokers_keys, admins_keys, clients_keys, clients)
+        self._followers_keys = followers_keys
         self.policy = self._load()
+        self.followers = frozenset(_public_keys(followers_keys))
         self._names = _key_names(*self._dirs[:3])
+        self._follower_names = _key_names(followers_keys)
         self._auth: ThreadAuthenticator | None = None
 
     def start(self, ctx: zmq.Context) -> None:
@@ -129,6 +136,8 @@ class Security:
         self._auth = ThreadAuthenticator(ctx, log=logging.getLogger("zns.zap"))
         self._auth.start()
         self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self)
+        if self._followers_keys is not None:
+            self._auth.configure_curve_callback(FOLLOWERS_DOMAIN, credentials_provider=self)
         self._log_policy("loaded")
 
     def stop(self) -> None:
@@ -136,18 +145,20 @@ class Security:
             self._auth.stop()
             self._auth = None
 
-    def apply(self, sock: zmq.Socket) -> None:
-        """Make `sock` a CURVE server checked by ZAP; call before bind."""
+    def apply(self, sock: zmq.Socket, domain: str = ZAP_DOMAIN) -> None:
+        """Make `sock` a CURVE server checked by ZAP in `domain`; call before bind."""
         sock.curve_server = True
         sock.curve_secretkey = self._secret_key.encode()
         sock.curve_publickey = self.public_key.encode()
-        sock.zap_domain = ZAP_DOMAIN.encode()
+        sock.zap_domain = domain.encode()
 
     def reload(self) -> bool:
         """Re-read the key directories; on any error keep the current policy."""
         try:
             self.policy = self._load()  # one assignment: the ZAP thread sees old or new
+            self.followers = frozenset(_public_keys(self._followers_keys))
             self._names = _key_names(*self._dirs[:3])
+            self._follower_names = _key_names(self._followers_keys)
         except KeyFileError as exc:
             log.error("keys not reloaded, the previous ones stay in force: %s", exc)
             return False
@@ -168,8 +179,13 @@ class Security:
 
     # ZAP (called from the authenticator thread) ---------------------------
 
-    def callback(self, _domain: str, key: bytes) -> bool:
+    def callback(self, domain: str, key: bytes) -> bool:
         text = key.decode("ascii")
+        if domain == FOLLOWERS_DOMAIN:
+            allowed = text in self.followers
+            if not allowed:
+                log.warning("refused a follower's CURVE handshake from unlisted key %s", text)
+            return allowed
         allowed = self.policy.accepts(text)
         if not allowed:
             log.warning("refused a CURVE handshake from unknown key %s", text)
@@ -188,6 +204,10 @@ class Security:
         """The name of a listed key (its certificate's file name, without `.key`), for
         audit lines; None for a key no directory lists (--clients any)."""
         return self._names.get(peer_key)
+
+    def follower_name(self, key: str) -> str | None:
+        """The name of a key of --followers-keys (its file name without `.key`)."""
+        return self._follower_names.get(key)
 
     def check_keyless(self, request: AnyRequest) -> None:
         """The RocketMQ remoting listener's hook: its requests carry no key."""

@@ -112,7 +112,8 @@ class Server:
         self._own_ctx: zmq.Context | None = None
         if config.curve_secret:
             self.security = Security(config.curve_secret, config.brokers_keys,
-                                     config.admins_keys, config.clients_keys, config.clients)
+                                     config.admins_keys, config.clients_keys, config.clients,
+                                     config.followers_keys)
             # ZAP binds one fixed inproc endpoint per context: a server of its own.
             context = context or zmq.Context()
             self._own_ctx = context

@@ -202,11 +202,12 @@ class StateProcess:
                 host, port = parse_host_port(metrics, schemes=("http",))
                 metrics = self._reserve(f"tcp://{url_host(host)}:{port}",
                                         f"--metrics {metrics}: cannot listen")[len("tcp://"):]
+            followers = config.followers and self._reserve(config.followers)
         except EndpointError:
             self.close()
             raise
         self.config = msgspec.structs.replace(config, router=router, pub=pub, remoting=remoting,
-                                              metrics=metrics)
+                                              metrics=metrics, followers=followers)
         self._stopping = False
         self.waker = Waker()
         now = self._now()

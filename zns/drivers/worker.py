@@ -60,19 +60,25 @@ import zmq
 
 from zns import __version__
 from zns.core.config import ServerConfig
-from zns.core.errors import Busy, ConfigError, ConnectionLost, Internal, from_reply
+from zns.core.errors import (
+    Busy, ConfigError, ConnectionLost, ErrorReply, Internal, NoPermission, from_reply,
+)
 from zns.core.figures import REPORT_INTERVAL_MS, Overview, decode_overview
 from zns.core.figures import encode as encode_figures
 from zns.core.forwarding import ForwardedWrites, WriteInFlight
+from zns.core.remoting import DEFAULT_MAX_FRAME_BYTES
 from zns.core.replication import Replica
 from zns.core.schema import AnyRequest, Error, Reply, Status, StatusReply, decode_reply
-from zns.core.service import Frames, NameService
+from zns.core.service import Frames, NameService, log_change
 from zns.core.state import (
     AnyCommand, CloseConnections, Outcome, StateMachine, Suspect, Write, decode_command,
 )
 from zns.drivers import cpus
+from zns.drivers.followers import (
+    HELLO_MS, SILENCE_MS, FollowerIds, Gateway, NetworkChannel, check_fresh, connect,
+)
 from zns.drivers.kv_file import KvStore
-from zns.drivers.loop import PollSet, Ready
+from zns.drivers.loop import PollSet, Ready, Source
 from zns.drivers.metrics import own_figures
 from zns.drivers.replication_link import WAIT_SLICE_MS, ReplicaLink, WrittenSeq
 from zns.drivers.request_router import peer_address
@@ -133,6 +139,12 @@ class ReplicaService(NameService):
         # Applies what the state process wrote to this worker (ReplicaSource.catch_up, set
         # once it serves): `catch_up` runs it before each read and after each forward.
         self.take_in_written: Callable[[], None] = lambda: None
+        # A follower's: raises Busy when it has not heard from its NameServer for too long.
+        self.check_link: Callable[[], None] = lambda: None
+        # A follower without --follow-writes: why it refuses every write (and drops hints).
+        self.read_only: str | None = None
+        # A follower's: the ids its remoting connections write under (zns.drivers.followers).
+        self.follower_ids: FollowerIds | None = None
         self.forwarded = ForwardedWrites(timeout_ms=WRITE_TIMEOUT_MS)
         # The open remoting connections that forwarded a write: only their closes go to the
         # state process (`apply`).
@@ -209,8 +221,11 @@ class ReplicaService(NameService):
             # only those closes are sent: a peer opening and closing connections in a loop,
             # or clients that only read routes, cost the state process nothing. One tied in
             # this replica is sent too, whatever this worker remembers (it costs a lookup).
-            told = [connection for connection in command.connections
-                    if connection in self._wrote or self.state.ties_any((connection,))]
+            # A follower's connections wrote under the ids its gateway gave (FollowerIds).
+            aliases = self.follower_ids
+            told = aliases.closed(command.connections) if aliases is not None else [
+                connection for connection in command.connections
+                if connection in self._wrote or self.state.ties_any((connection,))]
             self._wrote.difference_update(command.connections)
             if not told:
                 return Outcome(), []
@@ -224,11 +239,17 @@ class ReplicaService(NameService):
             return self._suspect(command), []
         if type(command) is not Write:
             raise Internal(f"a worker applies no {type(command).__name__} of its own")
+        if self.read_only is not None:
+            raise NoPermission(self.read_only)
+        self.check_link()
         if self.stopping:
             # Its answer would never come (the channel is gone, or this worker ends at the
             # end of the loop's pass): refused now, the client retries elsewhere at once
             # instead of waiting for its own timeout.
             raise Busy("this worker is stopping; retry")
+        if command.connection is not None and self.follower_ids is not None:
+            command = msgspec.structs.replace(
+                command, connection=self.follower_ids.passed_on(command.connection))
         writes = self.forwarded
         body = msgspec.msgpack.encode(command)
         link = self.link
@@ -236,8 +257,8 @@ class ReplicaService(NameService):
         # Refused while what waits for the state process to read it would pass the bound:
         # its bytes, not the writes' count, are what a stalled state process leaves here.
         writes.admit(len(body), link.pending)
-        if command.connection is not None:  # its close is sent, whatever this write does
-            self._wrote.add(command.connection)
+        if command.connection is not None and self.follower_ids is None:
+            self._wrote.add(command.connection)  # its close is sent, whatever this write does
         token = self._forward(body)
         writes.sent(token, command.now)
         # What the state process wrote to this worker already is taken in now, as before a
@@ -274,7 +295,8 @@ class ReplicaService(NameService):
         registered within the last replication round trip is held there and not here yet:
         a hint about it is missed, as a hint that came before its registration would be).
         Nor is one sent while `max_queued_bytes` wait for the state process to read them."""
-        if self.table.liveness(command.cluster, command.addr) is None:
+        if self.read_only is not None or self.table.liveness(command.cluster,
+                                                             command.addr) is None:
             return Outcome()
         link = self.link
         assert link is not None  # set before anything is served
@@ -305,6 +327,18 @@ class ReplicaService(NameService):
         except ConnectionLost:
             self.stop_serving()
             raise Busy("the state process is gone; retry at another NameServer") from None
+
+    def admitted(self, first_connection_id: int) -> None:
+        """A follower's: its gateway admitted it (again), and numbers its connections from
+        `first_connection_id`. Once admitted again, the writes it forwarded before will never
+        be answered (they went to another worker, or were sent before the gateway's new
+        state): `busy` at once, not after WRITE_TIMEOUT_MS."""
+        assert self.follower_ids is not None
+        if self.follower_ids.first is not None:
+            self.forwarded.lose_all()
+            log.warning("admitted again by the NameServer it follows; writes in flight "
+                        "answered busy")
+        self.follower_ids.rebase(first_connection_id)
 
     def stop_serving(self) -> None:
         """The state process is gone, or this replica failed: end the worker. The rest of
@@ -425,9 +459,15 @@ class WorkerServer(Server):
         self.overview = None
         super().__init__(config, **kwargs)  # type: ignore[arg-type]
 
+    # A follower's: how long its gateway has said nothing (zns.drivers.followers).
+    silent: Callable[[], int] | None = None
+
     def ready(self) -> tuple[bool, str]:
         """Ready once the state process is (its own rule, /readyz as in one process) and
-        this worker serves (it does: it loaded its state before it was made)."""
+        this worker serves (it does: it loaded its state before it was made); a follower
+        only while it hears from its NameServer."""
+        if self.silent is not None and (silent := self.silent()) > SILENCE_MS:
+            return False, f"this follower has heard nothing from its NameServer for {silent} ms"
         overview = self.overview
         if overview is None:
             return False, f"starting: worker {self.worker} has no word from the state process yet"
@@ -502,9 +542,11 @@ def worker_main(config: ServerConfig, worker: int, channel: socket.socket,
         return 1
 
 
-def _serve(config: ServerConfig, worker: int, channel: socket.socket,
+def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkChannel,
            written: WrittenSeq | None, started_at_ms: int, forked: Forked | None,
-           connections: int) -> int:
+           connections: int | None) -> int:
+    """Serve as worker `worker`, or as a follower (`channel` a NetworkChannel, `connections`
+    None: its gateway hands it its connection ids)."""
     service = ReplicaService(worker, forked=forked, started_at_ms=started_at_ms,
                              address_of=peer_address,
                              version=__version__, limits=config.limits)
@@ -534,11 +576,25 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket,
         if server is not None:
             server.overview = overview
 
+    follower = isinstance(channel, NetworkChannel)
+    if follower:
+        service.follower_ids = FollowerIds()
     link = ReplicaLink(channel, Replica(), apply=service.apply_command, load=service.load,
-                       publish=publish, reply=service.answered, whole=whole, written=written)
+                       publish=publish, reply=service.answered, whole=whole, written=written,
+                       joined=service.admitted if follower else None)
     service.link = link
     try:
-        while not link.replica.loaded:
+        hello, warn = 0.0, time.monotonic() + SILENCE_MS / 1000
+        while not link.replica.loaded or (service.follower_ids and service.follower_ids.first
+                                          is None):
+            if follower and time.monotonic() >= hello:  # admits it (zns.drivers.followers)
+                hello = time.monotonic() + HELLO_MS / 1000
+                link.report(b"")
+            if follower and time.monotonic() >= warn:
+                warn = time.monotonic() + 60
+                log.warning("no state from %s yet: is it reachable, is its --followers this "
+                            "endpoint, and is this follower's key in its --followers-keys? "
+                            "(waiting)", config.follow)
             link.wait(WAIT_SLICE_MS)
             link.run()
     except (ConnectionLost, msgspec.DecodeError) as exc:
@@ -547,20 +603,79 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket,
     reporter = _Reporter(link, service.stop_serving)
     replicating = ReplicaSource(link, service.forwarded, service.stop_serving,
                                 lambda: service.stopping)
-    server = WorkerServer(config, worker, context=zmq.Context(), service=service,
-                          reuse_port=True,
-                          first_connection_id=(connections << CONNECTION_ID_BITS) + 1,
-                          extra_sources=[replicating, reporter])
+    sources: list[Source] = [replicating, reporter]
+    ctx = zmq.Context()
+    gateway = None
+    if config.followers and not follower:
+        gateway = Gateway(ctx, link, service.state.dump, connections or worker,
+                          CONNECTION_ID_BITS, _refusal, _audit,
+                          max_request_bytes=max(config.max_message_bytes,
+                                                DEFAULT_MAX_FRAME_BYTES))
+        sources.append(gateway)
+    # A follower's remoting connection ids are its own (FollowerIds gives the ones passed on).
+    first = 1 if follower else ((connections or worker) << CONNECTION_ID_BITS) + 1
+    server = WorkerServer(config, worker, context=ctx, service=service,
+                          reuse_port=not follower, first_connection_id=first,
+                          extra_sources=sources)
     server.overview = service.overview
     server.replica = link.replica
     reporter.server = server
     service.gone = server.stop
-    service.take_in_written = replicating.catch_up
+    if follower:
+        assert isinstance(channel, NetworkChannel)
+        server.silent = channel.silent_ms
+        def take_in_written() -> None:
+            check_fresh(channel)  # silent too long: refused, not answered from old routes
+            replicating.catch_up()
+
+        service.take_in_written = take_in_written
+        service.check_link = lambda: check_fresh(channel)
+        if not config.follow_writes:
+            service.read_only = (f"this NameServer is a read replica of {config.follow} "
+                                 f"(a follower without --follow-writes): send writes there")
+    else:
+        service.take_in_written = replicating.catch_up
+    if gateway is not None:
+        assert server.security is not None and config.followers  # both checked by ServerConfig
+        try:
+            bound = gateway.bind(server.security, server.descriptors, config.followers)
+        except (OSError, zmq.ZMQError) as exc:
+            server.close()
+            raise ConfigError(f"cannot bind {config.followers}: {exc}") from exc
+        link.downstream = gateway
+        log.info("feeding followers on %s", bound)
     for frames in held:
         server.outbox.put(frames)
     log.info("loaded the state at seq %d (pid %d)", link.replica.applied, os.getpid())
     server.run()
     return 1 if replicating.failed else 0
+
+
+def _refusal(error: ErrorReply) -> bytes:
+    """A forwarded write's answer that refuses it with `error`."""
+    return msgspec.msgpack.encode(WriteAnswer(error=error.reply(0)))
+
+
+def _audit(body: bytes, by: str) -> None:
+    """The audit line of a follower's write this worker forwarded, once answered (the
+    follower logs its own, naming its client)."""
+    outcome = _answer_decoder.decode(body).outcome
+    if outcome is not None and outcome.change is not None:
+        log_change(outcome.change, by)
+
+
+def follow_main(config: ServerConfig) -> int:
+    """`zns serve --follow`: serve as a follower of another host's NameServer (a read replica:
+    zns.drivers.followers) until a signal stops it. Returns the exit code."""
+    ctx = zmq.Context()
+    assert config.follow and config.follow_server_key and config.follow_keypair  # ServerConfig
+    sock = connect(ctx, config.follow, config.follow_server_key, config.follow_keypair)
+    log.info("following %s", config.follow)
+    started = int(time.monotonic() * 1000)
+    try:
+        return _serve(config, 1, NetworkChannel(sock), None, started, None, None)
+    finally:
+        sock.close(linger=0)
 
 
 def name_worker_lines(worker: int) -> None:
