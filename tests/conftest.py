@@ -41,7 +41,7 @@ LONGEST_FIRST = [
     "test_server_hardening.py", "interop/test_agent_events.py", "interop/test_fidelity_brokers.py",
     "test_workers_ops.py", "test_remoting_listener.py", "test_workers_differential.py",
     "interop/test_version_matrix.py", "test_workers_serve.py", "test_peer_resets.py",
-    "test_idle_cpu.py", "test_broker_agent.py", "test_peers_hostile.py", "test_faults.py",
+    "test_idle_cpu.py", "test_followers.py", "test_broker_agent.py", "test_peers_hostile.py", "test_faults.py",
     "test_server.py", "test_metrics.py", "test_doc_blocks.py", "test_events.py", "test_demos.py",
     "test_relay_forwarding.py", "test_loop.py", "test_soak_smoke.py", "interop/test_operator.py",
     "interop/test_audit_mqadmin.py", "test_fuzz.py", "test_remoting_fuzz.py",
