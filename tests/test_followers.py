@@ -8,21 +8,25 @@ processes, over TCP with CURVE.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import msgspec
 import pytest
 import zmq
 
+import differential as rd  # tests/interop (conftest puts it on sys.path)
 from helpers import LOADED_DEADLINE, Peer, ProcessServer, register_fields, wait_for
 from test_bench_smoke import SCRIPT_DEADLINE, check_script
 from test_idle_cpu import assert_idle
 from test_remoting_listener import Client, register_cmd
+from test_workers_differential import zns1_operation
 from zns.core import schema
 from zns.core.errors import Busy, NoPermission
 from zns.core.state import CloseConnections, Suspect, Write
@@ -68,25 +72,37 @@ def ctx():
 
 
 class Everyone:
-    """A key policy that lets every key do everything (the gateway's own checks remain)."""
+    """Keys that may do everything (the gateway's own checks remain), on sockets without
+    CURVE."""
 
-    policy = SimpleNamespace(check=lambda key, request: None)
+    def __init__(self) -> None:
+        self.policy = SimpleNamespace(check=lambda key, request: None)
+
+    def apply(self, sock: zmq.Socket, domain: str) -> None:
+        pass
 
     def follower_name(self, key: str) -> None:
         return None
 
 
+class Inproc:
+    """Binds as the descriptor guard does, without a TCP port."""
+
+    def bind(self, sock: zmq.Socket, endpoint: str, *, reuse_port: bool) -> SimpleNamespace:
+        sock.bind(endpoint)
+        return SimpleNamespace(endpoint=endpoint)
+
+
 def make_gateway(ctx: zmq.Context, applied: int = 5, clock: Clock | None = None,
-                 endpoint: str = "inproc://gateway",
-                 audited: list | None = None) -> tuple[Gateway, StubLink, Clock]:
+                 endpoint: str = "inproc://gateway", audited: list | None = None,
+                 keys: Everyone | None = None) -> tuple[Gateway, StubLink, Clock]:
     clock = clock or Clock()
     link = StubLink(applied)
     gateway = Gateway(ctx, link, lambda: b"state", worker_range=3, id_bits=40,  # type: ignore[arg-type]
                       refuse=lambda error: f"refused: {error.code}: {error}".encode(),
                       audit=lambda body, by: (audited if audited is not None else []).append(
                           (body, by)), clock=clock)
-    gateway._security = Everyone()  # type: ignore[assignment]  # bind's, without a TCP port
-    gateway.sock.bind(endpoint)
+    gateway.bind(keys or Everyone(), Inproc(), endpoint)  # type: ignore[arg-type]
     return gateway, link, clock
 
 
@@ -165,7 +181,8 @@ def test_a_write_a_follower_forwards_is_answered_once_this_worker_applied_it(ctx
 
 
 def test_a_follower_forwards_only_what_its_key_may_do_over_its_own_connections(ctx):
-    gateway, link, clock = make_gateway(ctx)
+    keys = Everyone()
+    gateway, link, clock = make_gateway(ctx, keys=keys)
 
     def refuse_every_write(key, request):
         raise NoPermission("register_broker is a broker op and this key is not a broker key")
@@ -174,7 +191,7 @@ def test_a_follower_forwards_only_what_its_key_may_do_over_its_own_connections(c
     sock.send(encode(Report(b"")))
     turn(gateway, clock)
     first = received(sock)[0].first_connection_id
-    gateway._security.policy = SimpleNamespace(check=refuse_every_write)  # type: ignore[union-attr]
+    keys.policy = SimpleNamespace(check=refuse_every_write)
     sock.send(encode(Forward(1, write())))
     sock.send(encode(Forward(2, msgspec.msgpack.encode(Suspect(
         cluster="c1", addr="10.0.0.1:10911", grace_ms=1, now=1)))))
@@ -310,12 +327,13 @@ def start_nameserver(process_server, keys: SimpleNamespace, *args: str) -> tuple
     return server, line.rsplit(" ", 1)[1]
 
 
-def start_follower(tmp_path: Path, endpoint: str, keys: SimpleNamespace, keypair: str,
-                   *args: str) -> ProcessServer:
+def start_follower(process_server, tmp_path: Path, endpoint: str, keys: SimpleNamespace,
+                   keypair: str, *args: str) -> ProcessServer:
+    """A follower, stopped with the test (process_server's cleanup)."""
     directory = tmp_path / f"follower-{time.monotonic_ns()}"
     directory.mkdir()
-    return ProcessServer(directory, "--follow", endpoint, "--follow-server-key", keys.server,
-                         "--follow-keypair", keypair, *args)
+    return process_server("--follow", endpoint, "--follow-server-key", keys.server,
+                          "--follow-keypair", keypair, *args, kv_path=directory / "kv.json")
 
 
 def curve_ctx(keys: SimpleNamespace, keypair: str | None = None) -> zmq.Context:
@@ -349,7 +367,7 @@ def test_a_follower_serves_its_nameservers_routes_and_events_and_takes_no_write(
     at_main = Peer(main.router, None, broker_ctx)
     assert not isinstance(at_main.call("register_broker", **register_fields(
         broker_name="b1", topics={"T1": {}})), schema.Error)
-    follower_server = start_follower(tmp_path, endpoint, keys, keys.follower,
+    follower_server = start_follower(process_server, tmp_path, endpoint, keys, keys.follower,
                                      "--remoting", "127.0.0.1:0")
     ctx = zmq.Context()
     try:
@@ -394,9 +412,9 @@ def test_a_follower_serves_its_nameservers_routes_and_events_and_takes_no_write(
 def test_a_follower_with_writes_reads_its_own_and_checks_keys_as_the_nameserver(
         process_server, keys, tmp_path):
     main, endpoint = start_nameserver(process_server, keys)
-    follower_server = start_follower(tmp_path, endpoint, keys, keys.follower, "--follow-writes",
-                                     "--curve-secret", keys.server_secret, "--brokers-keys",
-                                     keys.brokers, "--remoting", "127.0.0.1:0")
+    follower_server = start_follower(process_server, tmp_path, endpoint, keys, keys.follower,
+                                     "--follow-writes", "--curve-secret", keys.server_secret,
+                                     "--brokers-keys", keys.brokers, "--remoting", "127.0.0.1:0")
     broker_ctx, stranger_ctx = curve_ctx(keys, keys.broker), curve_ctx(keys)
     try:
         at_follower = Peer(follower_server.router, None, broker_ctx)
@@ -473,7 +491,7 @@ def test_an_unlisted_key_is_not_admitted(process_server, keys, tmp_path):
 def test_a_follower_follows_the_replacement_of_its_gateway_and_refuses_once_alone(
         process_server, keys, tmp_path):
     main, endpoint = start_nameserver(process_server, keys)
-    follower_server = start_follower(tmp_path, endpoint, keys, keys.follower)
+    follower_server = start_follower(process_server, tmp_path, endpoint, keys, keys.follower)
     broker_ctx, ctx = curve_ctx(keys, keys.broker), zmq.Context()
     try:
         at_follower = Peer(follower_server.router, None, ctx)
@@ -528,3 +546,92 @@ def test_what_a_follower_cannot_send_waits_within_a_bound(ctx, monkeypatch, capl
 def test_the_followers_benchmark_runs_and_writes_its_figures(tmp_path):
     """bench/followers.py (by hand, not in `make bench`): a --quick run, every figure."""
     check_script("followers", tmp_path, SCRIPT_DEADLINE)
+
+
+# --- the differential: a follower reads and publishes as its NameServer does --------------
+
+
+READ_OPS = frozenset({"get_route", "get_routes", "get_cluster_info", "get_topics", "snapshot",
+                      "kv_list", "kv_get"})
+SKIPPED_OPS = frozenset({"expiry", "large_register", "status"})  # not this test's concern
+
+
+def comparable(raw: bytes) -> Any:
+    """A reply as plain data, without the ages of brokers' last heartbeats (each server
+    reads its clock when it answers)."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "last_heartbeat_ms"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+    return strip(msgspec.msgpack.decode(raw))
+
+
+def events_until_hb(sub: zmq.Socket, into: list) -> None:
+    """Every event `sub` has until an `hb` comes after them (the stream is in order)."""
+    deadline = time.monotonic() + LOADED_DEADLINE
+    while time.monotonic() < deadline:
+        if not sub.poll(100):
+            continue
+        channel, body = sub.recv_multipart()
+        if channel == schema.HB_CHANNEL:
+            return
+        into.append((channel, body))
+    raise AssertionError("no hb within the deadline")
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_follower_answers_and_publishes_byte_for_byte_what_its_nameserver_does(
+        process_server, keys, tmp_path, seed):
+    """Random ZNS/1 writes (differential.py's names, test_workers_differential's requests)
+    at the NameServer; each read asked of both once the follower has reached the
+    NameServer's revision, the replies compared; every event of both, byte for byte."""
+    main, endpoint = start_nameserver(process_server, keys, "--admins-keys", keys.brokers,
+                                      "--workers", "2")
+    follower_server = start_follower(process_server, tmp_path, endpoint, keys, keys.follower)
+    ctx = curve_ctx(keys, keys.broker)
+    plain = zmq.Context()
+    try:
+        at_main = Peer(main.router, None, ctx)
+        at_follower = Peer(follower_server.router, None, plain)
+        subs = []
+        for pub, context in ((main.pub, ctx), (follower_server.pub, plain)):
+            sub = context.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(pub)
+            events_until_hb(sub, [])  # subscribed: what comes from here on is compared
+            subs.append(sub)
+        rnd = random.Random(seed)
+        gen = rd.Generator(random.Random(seed), f"f{seed}x", seed, explore=True, expiry=False)
+        writes = reads = 0
+        for _ in range(300):
+            fields = zns1_operation(rnd, gen)
+            op = fields["op"]
+            if op in SKIPPED_OPS:
+                continue
+            fields.pop("held", None)
+            if op not in READ_OPS:
+                at_main.call(op, **{k: v for k, v in fields.items() if k != "op"})
+                writes += 1
+                continue
+            revision = at_main.call("status").revision
+            wait_for(lambda: at_follower.call("status").revision >= revision)
+            asked = {k: v for k, v in fields.items() if k != "op"}
+            at_main.send_raw(schema.encode({"op": op, "id": 1, **asked}))
+            at_follower.send_raw(schema.encode({"op": op, "id": 1, **asked}))
+            assert comparable(at_follower.recv_raw()[-1]) == comparable(at_main.recv_raw()[-1]), \
+                fields
+            reads += 1
+        assert writes > 100 and reads > 50
+        revision = at_main.call("status").revision
+        wait_for(lambda: at_follower.call("status").revision >= revision)
+        streams: list[list] = [[], []]
+        for sub, stream in zip(subs, streams):  # an hb comes after every event before it
+            events_until_hb(sub, stream)
+        assert len(streams[0]) > 50
+        assert streams[1] == streams[0]  # channels and bodies, in order, byte for byte
+    finally:
+        ctx.destroy(linger=0)
+        plain.destroy(linger=0)

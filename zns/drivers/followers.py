@@ -469,7 +469,7 @@ class Gateway:
                         f"this NameServer refused its follower's write: {exc}")))
                     return
                 if request_op(write) in ADMIN_OPS or type(write) is RegisterBroker:
-                    by = f"follower {self._name(state.key)}"  # an audit line may name it
+                    by = f"follower {self._known_as(state.key)}"  # an audit line may name it
             case CloseConnections(connections=connections):
                 # Only its own: one named before this admission is not passed on (its broker
                 # stays tied to it until it registers again or expires), nor another's.
@@ -497,7 +497,7 @@ class Gateway:
     def _answer(self, follower: int, theirs: int, answer: bytes) -> None:
         self.primary.answer(follower, theirs, self.primary.seq, answer)
 
-    def _name(self, key: str | None) -> str:
+    def _known_as(self, key: str | None) -> str:
         name = None if key is None or self._security is None \
             else self._security.follower_name(key)
         return name or f"key {key}"
