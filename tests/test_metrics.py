@@ -447,6 +447,7 @@ class Idle(AgedLoop):
         self.remoting = None
         self.replica = None
         self.state: Any = None  # no --state-path
+        self.silent: Any = None  # no follower
         self.dropped_replies = 0
         self.request_times = LatencyHistogram()
         self.clock_ms = 0
@@ -495,6 +496,14 @@ def test_the_state_dumps_written_and_failed_are_counted_for_an_alert():
     m = collected(server)
     assert (m["zns_state_dumps_written_total", ()],
             m["zns_state_dump_failures_total", ()]) == (3, 2)
+
+
+def test_a_follower_shows_how_long_its_nameserver_has_been_silent():
+    # monitoring/zns-alerts.yml's ZnsFollowerSilent: past 5 s a follower answers busy.
+    server = Idle()
+    assert not any(name == "zns_follower_silence_seconds" for name, _ in collected(server))
+    server.silent = lambda: 7250  # ms, as zns.drivers.followers.NetworkChannel.silent_ms
+    assert collected(server)["zns_follower_silence_seconds", ()] == 7.25
 
 
 def test_a_response_code_without_a_name_is_counted_by_its_number():

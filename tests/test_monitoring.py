@@ -54,11 +54,11 @@ def dashboard_expressions() -> list[str]:
 
 @pytest.mark.timeout(120)
 def test_the_alert_rules_load_and_each_alert_fires_and_stays_quiet():
-    assert "SUCCESS: 15 rules found" in run_promtool("check", "rules", ALERTS.name)
+    assert "SUCCESS: 16 rules found" in run_promtool("check", "rules", ALERTS.name)
     assert "SUCCESS" in run_promtool("test", "rules", ALERT_TESTS.name)
     alerts = re.findall(r"^\s+- alert: (\w+)$", ALERTS.read_text(), re.M)
     firing = set(re.findall(r"^\s+alertname: (\w+)$", ALERT_TESTS.read_text(), re.M))
-    assert len(alerts) == 15 and set(alerts) == firing  # every alert has its unit test
+    assert len(alerts) == 16 and set(alerts) == firing  # every alert has its unit test
 
 
 @pytest.mark.timeout(120)
@@ -78,6 +78,37 @@ def test_every_dashboard_query_parses(tmp_path: Path):
     result = subprocess.run([promtool(), "check", "rules", "bad.rules.yml"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
+
+
+def scrape_a_follower(tmp_path: Path) -> str:
+    """The /metrics of a follower (zns.drivers.followers), of a NameServer with workers."""
+    from test_metrics import get
+    from zns.drivers.security import write_keypair
+
+    server_public, server_secret = write_keypair(tmp_path / "keys", "server")
+    follower_public, follower_secret = write_keypair(tmp_path / "keys", "follower")
+    listed = tmp_path / "followers"
+    listed.mkdir()
+    (listed / "follower.key").write_bytes(Path(follower_public).read_bytes())
+    (tmp_path / "main").mkdir()
+    (tmp_path / "follower").mkdir()
+    main = ProcessServer(tmp_path / "main", "--curve-secret", server_secret, "--followers",
+                         "tcp://127.0.0.1:*", "--followers-keys", str(listed))
+    try:
+        endpoint = wait_for(lambda: re.findall(r"feeding followers on (\S+)", main.output()))[0]
+        follower = ProcessServer(tmp_path / "follower", "--follow", endpoint,
+                                 "--follow-server-key", server_public, "--follow-keypair",
+                                 follower_secret, "--metrics", "127.0.0.1:0")
+        try:
+            port = wait_for(lambda: re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/",
+                                               follower.output()))[0]
+            status, text = get(f"http://127.0.0.1:{port}/metrics")
+        finally:
+            assert follower.stop() == 0
+    finally:
+        assert main.stop() == 0
+    assert status == 200 and "zns_follower_silence_seconds " in text
+    return text
 
 
 @pytest.mark.timeout(120)
@@ -103,7 +134,7 @@ def test_every_metric_named_is_one_a_server_exports(tmp_path: Path):
                                 == 200 and "zns_worker_loaded{" in got[1] and got)
     finally:
         assert workers.stop() == 0
-    text += more
+    text += more + scrape_a_follower(tmp_path)
     # A family with nothing counted yet has no sample but its HELP and TYPE: its sample names.
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
                 "gauge": ("",), "info": ("_info",)}

@@ -69,6 +69,7 @@ class Observed(Protocol):
     subscribers: Any  # .budget.cut
     replica: Any  # a worker's zns.core.replication.Replica (.dropped_events, .resyncs), or None
     state: Any  # one process's state dump writer (.written, .failed), or None
+    silent: Callable[[], int] | None  # a follower's: ms since it heard from its NameServer
 
     @property
     def dropped_replies(self) -> int:
@@ -230,6 +231,10 @@ class _Collector:
         if server.worker:
             yield from _replication(state, overview, own, CounterMetricFamily,
                                     GaugeMetricFamily)
+        if server.silent is not None:
+            yield GaugeMetricFamily("zns_follower_silence_seconds", "A follower's: seconds "
+                                    "since it last heard from the NameServer it follows (past "
+                                    "5 it answers busy)", value=server.silent() / 1000)
 
 
 # Each worker's own (labelled `worker` under --workers N): name, counter?, help.

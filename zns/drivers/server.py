@@ -85,6 +85,8 @@ class Server:
     worker = 0  # a worker's number under --workers N (zns.drivers.worker), for /metrics
     overview: Overview | None = None  # the whole's figures, a worker's (zns.core.figures)
     replica: Replica | None = None  # a worker's replica (its counts go to /metrics)
+    # A follower's (zns.drivers.followers): ms since it last heard from its NameServer.
+    silent: Callable[[], int] | None = None
 
     def __init__(
         self,

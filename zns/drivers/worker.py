@@ -361,7 +361,7 @@ class ReplicaService(NameService):
     def read(self, request: AnyRequest, now: int) -> Reply:
         self.take_in_written()  # the remoting listener's reads caught up already: a comparison
         reply = super().read(request, now)
-        if type(request) is Status:
+        if type(request) is Status and self.worker:  # a follower's is a single process's
             assert isinstance(reply, StatusReply)
             overview = self.overview
             reply = msgspec.structs.replace(
@@ -459,9 +459,6 @@ class WorkerServer(Server):
         self.overview = None
         super().__init__(config, **kwargs)  # type: ignore[arg-type]
 
-    # A follower's: how long its gateway has said nothing (zns.drivers.followers).
-    silent: Callable[[], int] | None = None
-
     def ready(self) -> tuple[bool, str]:
         """Ready once the state process is (its own rule, /readyz as in one process) and
         this worker serves (it does: it loaded its state before it was made); a follower
@@ -470,7 +467,8 @@ class WorkerServer(Server):
             return False, f"this follower has heard nothing from its NameServer for {silent} ms"
         overview = self.overview
         if overview is None:
-            return False, f"starting: worker {self.worker} has no word from the state process yet"
+            who = f"worker {self.worker}" if self.worker else "this follower"
+            return False, f"starting: {who} has no word from the state process yet"
         return overview.state.ready, overview.state.ready_why
 
 
@@ -673,7 +671,9 @@ def follow_main(config: ServerConfig) -> int:
     log.info("following %s", config.follow)
     started = int(time.monotonic() * 1000)
     try:
-        return _serve(config, 1, NetworkChannel(sock), None, started, None, None)
+        # Worker 0: its /metrics and `status` are a single process's, not the NameServer's
+        # workers' (its own figures unlabelled; `status` names no worker).
+        return _serve(config, 0, NetworkChannel(sock), None, started, None, None)
     finally:
         sock.close(linger=0)
 
