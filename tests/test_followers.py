@@ -34,14 +34,130 @@ from zns.core.remoting import RemotingCommand
 from zns.core.replication import (
     Ack, Answer, Apply, Forward, Joined, Report, Resync, State, Whole, decode_to_worker, encode,
 )
+from zns.core import followers as followers_core
+from zns.core.followers import (
+    FOLLOWER_ID_BITS, READMIT_MS, STATE_WINDOW_MS, STATES_PER_WINDOW, Admissions, Follower,
+    FollowerIds, Ignore, Lose, Pass, Refuse, follower_ids,
+)
 from zns.drivers import followers
-from zns.drivers.followers import FOLLOWER_ID_BITS, FollowerIds, Gateway, follower_ids
+from zns.drivers.followers import Gateway
 from zns.drivers.security import apply_client_keys, client_keys, write_keypair
 
 pytestmark = pytest.mark.timeout(120)
 
 
-# --- the gateway, in this process -----------------------------------------------------------
+# --- what a gateway decides (zns.core.followers), without a socket ------------------------
+
+
+class Keys:
+    """A key policy: every write allowed, or refused with `refusal`."""
+
+    def __init__(self, refusal: str | None = None) -> None:
+        self.refusal = refusal
+
+    def check(self, key: str | None, request: Any) -> None:
+        if self.refusal is not None:
+            raise NoPermission(self.refusal)
+
+
+def write(name: str = "b1", connection: int | None = None, op: str = "register") -> bytes:
+    """A forwarded write, as a worker or a follower sends it."""
+    request: Any = schema.RegisterBroker(
+        cluster="c1", broker_name=name, broker_id=0, broker_addr="10.0.0.1:10911",
+        topics={}) if op == "register" else schema.Heartbeat(
+        cluster="c1", broker_name=name, broker_id=0, broker_addr="10.0.0.1:10911")
+    return msgspec.msgpack.encode(Write(request=request, now=1, connection=connection))
+
+
+def test_a_follower_is_admitted_with_a_range_of_ids_no_worker_or_other_follower_has():
+    admissions = Admissions(worker_range=3, id_bits=40, max_followers=2)
+    a = admissions.admit(b"a", "ka", "a", now=0)
+    b = admissions.admit(b"b", "kb", "b", now=0)
+    assert isinstance(a, Follower) and isinstance(b, Follower)
+    for follower in (a, b):  # the upper half of worker range 3: none of the worker's own ids
+        assert follower.first_id >> 40 == 3 and follower.first_id & (1 << 39)
+    assert b.first_id - a.first_id == 1 << FOLLOWER_ID_BITS  # one range each, apart
+    assert not a.owns(b.first_id) and a.owns(b.first_id - 2) and not a.owns((3 << 40) + 1)
+    # Past the bound: not admitted, said once, then quiet until READMIT_MS passed.
+    assert "at most" in admissions.admit(b"c", "kc", "c", now=0)
+    assert admissions.admit(b"c", "kc", "c", now=READMIT_MS - 1) == ""
+    assert "at most" in admissions.admit(b"c", "kc", "c", now=READMIT_MS)
+    # A follower dropped comes back after READMIT_MS with its range again.
+    assert admissions.drop(b"a", now=100) is a
+    assert admissions.admit(b"a", "ka", "a", now=100 + READMIT_MS - 1) == ""
+    again = admissions.admit(b"a", "ka", "a", now=100 + READMIT_MS)
+    assert isinstance(again, Follower) and again.first_id == a.first_id
+
+
+def test_a_worker_numbers_at_most_its_slots_of_followers(monkeypatch):
+    monkeypatch.setattr(followers_core, "FOLLOWER_SLOTS", 2)
+    admissions = Admissions(worker_range=1, id_bits=40)
+    for identity in (b"a", b"b"):
+        assert isinstance(admissions.admit(identity, None, "x", now=0), Follower)
+        admissions.drop(identity, now=0)
+    assert "all it can number" in admissions.admit(b"c", None, "x", now=0)
+
+
+def test_a_follower_may_ask_for_a_state_a_few_times_a_window():
+    admissions = Admissions(worker_range=1, id_bits=40)
+    follower = admissions.admit(b"a", None, "a", now=0)
+    assert isinstance(follower, Follower)
+    assert [admissions.state_asked(follower, now) for now in (0, 10, 20, 30)] == [
+        True, True, True, False]  # each costs a dump of the whole state
+    assert admissions.state_asked(follower, STATE_WINDOW_MS + 1)  # the window moved on
+
+
+def test_a_follower_passes_on_only_what_its_key_may_do_over_its_own_connections():
+    admissions = Admissions(worker_range=3, id_bits=40)
+    follower = admissions.admit(b"a", "ka", "fa", now=0)
+    assert isinstance(follower, Follower)
+    first, allowed = follower.first_id, Keys()
+    assert admissions.vet(follower, write(connection=first), allowed, 0) == Pass(
+        write(connection=first), "follower fa")  # a registration may displace: audited
+    assert admissions.vet(follower, write(op="heartbeat"), allowed, 0) == Pass(
+        write(op="heartbeat"))
+    refused = admissions.vet(follower, write(), Keys("not a broker key"), 0)
+    assert isinstance(refused, Refuse) and refused.error.code == "no_permission"
+    assert "refused its follower's write: not a broker key" in str(refused.error)
+    assert isinstance(admissions.vet(follower, write(), None, 0), Refuse)  # no keys: none
+    # A write over an id not of this admission (named before it, or a worker's): busy.
+    foreign = admissions.vet(follower, write(connection=(3 << 40) + 1), allowed, 0)
+    assert isinstance(foreign, Refuse) and foreign.error.code == "busy"
+    busy = admissions.vet(follower, write(), allowed, followers_core.MAX_FORWARDED)
+    assert isinstance(busy, Refuse) and busy.error.code == "busy"
+    # Closes: of its own connections only; none of its own: nothing at all.
+    closes = msgspec.msgpack.encode(CloseConnections(connections=[(3 << 40) + 1, first + 1]))
+    assert admissions.vet(follower, closes, allowed, 0) == Pass(
+        msgspec.msgpack.encode(CloseConnections(connections=[first + 1])))
+    assert admissions.vet(follower, msgspec.msgpack.encode(CloseConnections(
+        connections=[(3 << 40) + 1])), allowed, 0) == Ignore()
+    hint = msgspec.msgpack.encode(Suspect(cluster="c1", addr="10.0.0.1:10911", grace_ms=1,
+                                          now=1))
+    refused = admissions.vet(follower, hint, allowed, 0)
+    assert isinstance(refused, Refuse) and refused.error.reply(0) == NoPermission(
+        "a follower forwards no Suspect").reply(0)
+    assert isinstance(admissions.vet(follower, b"\x01garbage", allowed, 0), Lose)
+
+
+def test_a_follower_passes_its_connections_on_under_ids_of_its_current_range(monkeypatch):
+    ids = FollowerIds()
+    with pytest.raises(Busy):  # not admitted yet
+        ids.passed_on(7)
+    ids.rebase(1000)
+    assert [ids.passed_on(7), ids.passed_on(9), ids.passed_on(7)] == [1000, 1001, 1000]
+    assert ids.closed([7, 8]) == [1000]  # 8 never wrote: nothing to pass on
+    # Admitted again: a new range; what wrote before is given an id of it when it writes
+    # again, and the close of one that has not is not passed on (its id was the old range's).
+    ids.rebase(5000)
+    assert ids.passed_on(9) == 5000 and ids.closed([9, 11]) == [5000]
+    monkeypatch.setattr(followers_core, "FOLLOWER_IDS", 3)
+    ids.rebase(10)
+    assert [ids.passed_on(1), ids.passed_on(2)] == [10, 11]
+    with pytest.raises(Busy):  # the range used up: refused, never another's id
+        ids.passed_on(3)
+
+
+# --- the gateway (zns.drivers.followers), in this process over inproc ----------------------
 
 
 class StubLink:
@@ -72,11 +188,9 @@ def ctx():
 
 
 class Everyone:
-    """Keys that may do everything (the gateway's own checks remain), on sockets without
-    CURVE."""
+    """Keys that may do everything, on sockets without CURVE."""
 
-    def __init__(self) -> None:
-        self.policy = SimpleNamespace(check=lambda key, request: None)
+    policy = Keys()
 
     def apply(self, sock: zmq.Socket, domain: str) -> None:
         pass
@@ -93,31 +207,23 @@ class Inproc:
         return SimpleNamespace(endpoint=endpoint)
 
 
-def make_gateway(ctx: zmq.Context, applied: int = 5, clock: Clock | None = None,
-                 endpoint: str = "inproc://gateway", audited: list | None = None,
-                 keys: Everyone | None = None) -> tuple[Gateway, StubLink, Clock]:
-    clock = clock or Clock()
+def make_gateway(ctx: zmq.Context, applied: int = 5,
+                 audited: list | None = None) -> tuple[Gateway, StubLink, Clock]:
+    clock = Clock()
     link = StubLink(applied)
     gateway = Gateway(ctx, link, lambda: b"state", worker_range=3, id_bits=40,  # type: ignore[arg-type]
                       refuse=lambda error: f"refused: {error.code}: {error}".encode(),
                       audit=lambda body, by: (audited if audited is not None else []).append(
                           (body, by)), clock=clock)
-    gateway.bind(keys or Everyone(), Inproc(), endpoint)  # type: ignore[arg-type]
+    gateway.bind(Everyone(), Inproc(), "inproc://gateway")  # type: ignore[arg-type]
     return gateway, link, clock
 
 
-def write(name: str = "b1", connection: int | None = None) -> bytes:
-    """A forwarded write, as a worker or a follower sends it."""
-    return msgspec.msgpack.encode(Write(request=schema.RegisterBroker(
-        cluster="c1", broker_name=name, broker_id=0, broker_addr="10.0.0.1:10911",
-        topics={}), now=1, connection=connection))
-
-
-def follower(ctx: zmq.Context, endpoint: str = "inproc://gateway", rcvhwm: int = 1000) -> zmq.Socket:
+def follower(ctx: zmq.Context, rcvhwm: int = 1000) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, rcvhwm)
-    sock.connect(endpoint)
+    sock.connect("inproc://gateway")
     return sock
 
 
@@ -134,16 +240,13 @@ def received(sock: zmq.Socket, wait_ms: int = 200) -> list:
     return messages
 
 
-def test_a_follower_is_admitted_with_a_range_of_ids_and_the_state_then_every_command(ctx):
+def test_a_follower_is_admitted_with_the_state_then_sent_every_command(ctx):
     gateway, link, clock = make_gateway(ctx, applied=5)
     sock = follower(ctx)
-    sock.send(encode(Report(b"")))  # any first message asks to be admitted
+    sock.send(encode(Forward(9, write("b9"))))  # a first message only asks to be admitted
     turn(gateway, clock)
     joined, state = received(sock)
-    assert joined == Joined(follower_ids(3, 1, 40))
-    first = joined.first_connection_id
-    # In the upper half of worker range 3's ids: no id the worker numbers its own with.
-    assert first >> 40 == 3 and first & (1 << 39) and (first - 1) & ((1 << FOLLOWER_ID_BITS) - 1) == 0
+    assert joined == Joined(follower_ids(3, 1, 40)) and link.forwarded == []
     assert (state.seq, state.dump) == (5, b"state")
     gateway.applied(6, b"c6", [b"route/T\x00", b"event"])
     gateway.whole(b"figures")
@@ -154,106 +257,58 @@ def test_a_follower_is_admitted_with_a_range_of_ids_and_the_state_then_every_com
     sock.send(encode(Ack(6)))
     turn(gateway, clock)
     assert gateway.primary.applied(1) == 6
+    # The worker's replica loads a new state: the follower is sent it, in the same range.
+    gateway.loaded(40)
+    joined, state = received(sock)
+    assert joined == Joined(follower_ids(3, 1, 40)) and state.seq == 40
+    gateway.applied(41, b"c41", None)
+    assert received(sock) == [Apply(41, b"c41", 41, None)]
 
 
-def test_a_write_a_follower_forwards_is_answered_once_this_worker_applied_it(ctx, monkeypatch):
-    monkeypatch.setattr(followers, "MAX_FORWARDED", 2)
+def test_a_write_a_follower_forwards_is_answered_once_this_worker_applied_it(ctx):
     audited: list = []
     gateway, link, clock = make_gateway(ctx, audited=audited)
     sock = follower(ctx)
-    sock.send(encode(Forward(9, write("b9"))))  # a first message only asks to be admitted
+    sock.send(encode(Report(b"")))
     turn(gateway, clock)
-    assert [type(m) for m in received(sock)] == [Joined, State] and link.forwarded == []
-    for token in (1, 2, 3):
-        sock.send(encode(Forward(token, write(f"b{token}"))))
+    received(sock)
+    sock.send(encode(Forward(1, write("b1"))))
+    sock.send(encode(Forward(2, msgspec.msgpack.encode(Suspect(
+        cluster="c1", addr="10.0.0.1:10911", grace_ms=1, now=1)))))
     time.sleep(0.1)
     turn(gateway, clock)
-    messages = received(sock)
-    assert link.forwarded == [write("b1"), write("b2")]  # the third is over the bound
-    assert Answer(3, 5, b"refused: busy: 2 followers' writes wait for the state process; "
-                        b"retry") in messages
+    assert link.forwarded == [write("b1")]
+    assert received(sock) == [Answer(2, 5, b"refused: no_permission: a follower forwards no "
+                                           b"Suspect")]
     gateway.applied(6, b"c6", None)  # b1's command
     assert gateway.answered(1001, b"reply1")
     assert not gateway.answered(77, b"a worker's own")  # not a follower's: the worker's
-    messages = received(sock)
-    assert messages[-1] == Answer(1, 6, b"reply1")  # readable once the follower applied 6
+    assert received(sock)[-1] == Answer(1, 6, b"reply1")  # readable once it applied 6
     assert audited == [(b"reply1", "follower key None")]  # a registration may displace one
 
 
-def test_a_follower_forwards_only_what_its_key_may_do_over_its_own_connections(ctx):
-    keys = Everyone()
-    gateway, link, clock = make_gateway(ctx, keys=keys)
-
-    def refuse_every_write(key, request):
-        raise NoPermission("register_broker is a broker op and this key is not a broker key")
-
-    sock = follower(ctx)
-    sock.send(encode(Report(b"")))
-    turn(gateway, clock)
-    first = received(sock)[0].first_connection_id
-    keys.policy = SimpleNamespace(check=refuse_every_write)
-    sock.send(encode(Forward(1, write())))
-    sock.send(encode(Forward(2, msgspec.msgpack.encode(Suspect(
-        cluster="c1", addr="10.0.0.1:10911", grace_ms=1, now=1)))))
-    sock.send(encode(Forward(3, msgspec.msgpack.encode(CloseConnections(
-        connections=[first, first + 5])))))
-    time.sleep(0.1)
-    turn(gateway, clock)
-    answers = {m.token: m.reply for m in received(sock) if type(m) is Answer}
-    assert answers[1].startswith(b"refused: no_permission: this NameServer refused its "
-                                 b"follower's write: register_broker is a broker op")
-    assert answers[2] == b"refused: no_permission: a follower forwards no Suspect"
-    assert link.forwarded == [msgspec.msgpack.encode(CloseConnections(
-        connections=[first, first + 5]))]  # its own connections: passed on
-    # Not its own (named before this admission, or a worker's or another follower's, which
-    # only a follower lying about its ids would send): never passed on.
-    sock.send(encode(Forward(4, msgspec.msgpack.encode(CloseConnections(
-        connections=[(3 << 40) + 1, first + 1])))))
-    sock.send(encode(Forward(5, write(connection=(3 << 40) + 1))))
-    time.sleep(0.1)
-    turn(gateway, clock)
-    assert link.forwarded[1:] == [msgspec.msgpack.encode(CloseConnections(
-        connections=[first + 1]))]
-    answers = {m.token: m.reply for m in received(sock) if type(m) is Answer}
-    assert answers[5].startswith(b"refused: busy: connection id 3298534883329 is not of")
-    assert gateway.primary.workers == [1]
-
-
-def test_followers_past_the_bound_are_not_admitted_and_a_garbled_one_is_dropped(ctx, monkeypatch):
-    monkeypatch.setattr(followers, "MAX_FOLLOWERS", 2)
+def test_a_follower_that_garbles_or_asks_for_states_too_often_is_dropped(ctx):
     gateway, _, clock = make_gateway(ctx)
-    socks = [follower(ctx) for _ in range(3)]
-    for sock in socks:
+    garbler, asker = follower(ctx), follower(ctx)
+    for sock in (garbler, asker):
         sock.send(encode(Report(b"")))
         time.sleep(0.05)
         turn(gateway, clock)
-    assert [bool(received(sock)) for sock in socks] == [True, True, False]
-    # An unreadable message drops its sender, and it is not admitted again for a while.
-    socks[0].send(b"\x01garbage")
+        received(sock)
+    garbler.send(b"\x01garbage")
+    for _ in range(STATES_PER_WINDOW + 1):
+        asker.send(encode(Resync(5)))
+    time.sleep(0.1)
     turn(gateway, clock)
-    assert len(gateway.primary.workers) == 1
-    socks[0].send(encode(Report(b"")))
+    assert gateway.primary.workers == [] and gateway.admissions.joined == {}
+    # Dropped, each is admitted again once READMIT_MS have passed and it speaks again.
+    garbler.send(encode(Report(b"")))
     turn(gateway, clock)
-    assert received(socks[0]) == [] and len(gateway.primary.workers) == 1
-    clock.now += followers.READMIT_MS / 1000 + 0.1
-    socks[0].send(encode(Report(b"")))
+    assert received(garbler) == []
+    clock.now += READMIT_MS / 1000 + 0.1
+    garbler.send(encode(Report(b"")))
     turn(gateway, clock)
-    joined = received(socks[0])[0]
-    assert joined == Joined(follower_ids(3, 1, 40))  # its first range again
-
-
-def test_a_follower_that_asks_for_states_too_often_is_dropped(ctx):
-    gateway, _, clock = make_gateway(ctx)
-    sock = follower(ctx)
-    sock.send(encode(Report(b"")))
-    turn(gateway, clock)
-    for _ in range(followers.STATES_PER_WINDOW):  # each answered with a state
-        sock.send(encode(Resync(5)))
-        turn(gateway, clock)
-        assert any(type(message) is State for message in received(sock))
-    sock.send(encode(Resync(5)))  # one more within the window: each costs a whole dump
-    turn(gateway, clock)
-    assert gateway.primary.workers == [] and received(sock) == []
+    assert received(garbler)[0] == Joined(follower_ids(3, 1, 40))  # its range again
 
 
 def test_a_follower_that_reads_nothing_is_dropped(ctx, monkeypatch):
@@ -267,35 +322,6 @@ def test_a_follower_that_reads_nothing_is_dropped(ctx, monkeypatch):
         if not gateway.primary.workers:
             break
     assert gateway.primary.workers == []  # dropped, not queued for without end
-
-
-def test_a_follower_passes_its_connections_on_under_ids_of_its_current_range(monkeypatch):
-    ids = FollowerIds()
-    ids.rebase(1000)
-    assert [ids.passed_on(7), ids.passed_on(9), ids.passed_on(7)] == [1000, 1001, 1000]
-    assert ids.closed([7, 8]) == [1000]  # 8 never wrote: nothing to pass on
-    # Admitted again: a new range; what wrote before is given an id of it when it writes
-    # again, and the close of one that has not is not passed on (its id was the old range's).
-    ids.rebase(5000)
-    assert ids.passed_on(9) == 5000 and ids.closed([9, 11]) == [5000]
-    monkeypatch.setattr(followers, "FOLLOWER_IDS", 3)
-    ids.rebase(10)
-    assert [ids.passed_on(1), ids.passed_on(2)] == [10, 11]
-    with pytest.raises(Busy):  # the range used up: refused, never another's id
-        ids.passed_on(3)
-
-
-def test_a_new_state_of_the_worker_admits_its_followers_again_with_it(ctx):
-    gateway, _, clock = make_gateway(ctx)
-    sock = follower(ctx)
-    sock.send(encode(Report(b"")))
-    turn(gateway, clock)
-    received(sock)
-    gateway.loaded(40)
-    joined, state = received(sock)
-    assert joined == Joined(follower_ids(3, 1, 40)) and state.seq == 40
-    gateway.applied(41, b"c41", None)
-    assert received(sock) == [Apply(41, b"c41", 41, None)]
 
 
 # --- NameServers and followers as processes ---------------------------------------------------
@@ -406,7 +432,7 @@ def test_a_follower_serves_its_nameservers_routes_and_events_and_takes_no_write(
     finally:
         ctx.destroy(linger=0)
         broker_ctx.destroy(linger=0)
-    assert main.line("followers: admitted one")
+    assert main.line("followers: admitted follower (1 following")
 
 
 def test_a_follower_with_writes_reads_its_own_and_checks_keys_as_the_nameserver(

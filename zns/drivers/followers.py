@@ -39,35 +39,29 @@ The rules this module keeps:
   expired since. Its DEALER reconnects by itself (libzmq), possibly to another
   worker: its next message (the figures it sends once a second, `Report`)
   makes that worker admit it, with a state transfer at its seq.
-- **Bounded at the gateway.** At most MAX_FOLLOWERS joined at once per
-  worker (another is not admitted, logged, and not heard again for
-  READMIT_MS). Toward each, libzmq queues at most QUEUED_MESSAGES messages,
-  and the `Primary` hands out at most its window of commands and transfer
-  window of a state unacknowledged; a follower that reads nothing is dropped
-  when that queue is full or at the ack timeout (10 s), whichever comes first.
-  The dump of a transfer under way is held until its last part is handed out
-  (the size of the state: 655 KiB at 1,000 brokers and 10,000 topics,
-  bench/followers.py), one per follower at most. From each, libzmq queues RECEIVED_MESSAGES messages of at most this
-  NameServer's largest request (FORWARD_MARGIN_BYTES more); a longer one ends
-  the connection, one that cannot be decoded drops the follower, and so does
-  asking for a state (each one a dump of the whole) more than
-  STATES_PER_WINDOW times within STATE_WINDOW_MS. At most MAX_FORWARDED of
-  the followers' writes wait for the state process at once (past it: `busy`).
-  A dropped follower is admitted again, with a new state, once READMIT_MS have
-  passed and it speaks again (it does every second).
-- **Remoting connection ids stay unique.** The state process ties each
-  RocketMQ broker to the connection id that registered it. A follower numbers
-  its own connections as it likes, and passes on under another id
-  (`FollowerIds`) each connection that writes: one of a range its gateway
-  hands it (`Joined`), carved out of the gateway's own (the upper half of the
-  worker's range, FOLLOWER_ID_BITS of ids per admission, FOLLOWER_SLOTS
-  admissions per worker), so no other follower or worker is ever given it.
-  The gateway passes on nothing over, and no close of, an id outside the
-  range it handed that follower (a write over one is refused `busy`). Admitted again
-  (by another worker, or after a new state), a follower gets a new range and
-  forgets the ids it gave its connections: each is given a new one when it
-  next writes (a registration then ties its broker to it), and the close of
-  one that has not written since is not passed on (its broker stays tied to
+- **Bounded at the gateway.** Who is admitted and what a follower may pass on
+  is decided by `zns.core.followers.Admissions` (its bounds: MAX_FOLLOWERS at
+  once, a state asked for at most STATES_PER_WINDOW times per
+  STATE_WINDOW_MS, MAX_FORWARDED writes at once; each follower's range of
+  remoting connection ids, which `FollowerIds` numbers on the follower's
+  side). Here: toward each follower libzmq queues at most QUEUED_MESSAGES
+  messages, and the `Primary` hands out at most its window of commands and
+  transfer window of a state unacknowledged; a follower that reads nothing is
+  dropped when that queue is full or at the ack timeout (10 s), whichever
+  comes first. The dump of a transfer under way is held until its last part
+  is handed out (the size of the state: 655 KiB at 1,000 brokers and 10,000
+  topics, bench/followers.py), one per follower at most. From each, libzmq
+  queues RECEIVED_MESSAGES messages of at most this NameServer's largest
+  request (FORWARD_MARGIN_BYTES more); a longer one ends the connection, one
+  that cannot be decoded drops the follower. A dropped follower is admitted
+  again, with a new state, once READMIT_MS have passed and it speaks again
+  (it does every second).
+- **A follower admitted again starts again.** Admitted by another worker (its
+  gateway died), or sent a new state by its gateway, a follower answers the
+  writes it had forwarded `busy` at once (their answers will not come), takes
+  the new range of ids, and gives its connections new ones as they next
+  write (a registration then ties its broker to the new id; the close of one
+  that has not written since is not passed on, and its broker stays tied to
   the old id until it registers again or expires, as after a worker's death).
 """
 
@@ -81,10 +75,11 @@ from collections.abc import Callable
 import msgspec
 import zmq
 
-from zns.core.errors import Busy, ConnectionLost, ErrorReply, NoPermission
+from zns.core.errors import Busy, ConnectionLost, ErrorReply
+from zns.core.followers import (
+    STATE_WINDOW_MS, STATES_PER_WINDOW, Admissions, Ignore, Lose, Pass, Refuse,
+)
 from zns.core.remoting import DEFAULT_MAX_FRAME_BYTES
-from zns.core.schema import ADMIN_OPS, RegisterBroker, request_op
-from zns.core.state import CloseConnections, Write, decode_command
 from zns.core.replication import (
     Ack, Deliver, Drop, Execute, Joined, Primary, Resync, SendState, Whole, decode_to_primary,
     encode,
@@ -98,12 +93,9 @@ from zns.drivers.sockets import set_keepalive
 
 log = logging.getLogger("zns")
 
-MAX_FOLLOWERS = 16  # joined at once, per worker
-MAX_FORWARDED = 1024  # writes forwarded for followers and not yet answered, per worker
 # Messages queued by libzmq for one follower (its window of commands, the parts of a state in
 # its transfer window, fences, answers and the figures): past it the follower is dropped.
 QUEUED_MESSAGES = 4096
-READMIT_MS = 5_000  # a dropped follower is not admitted again before this
 MESSAGES_PER_TURN = 1000  # read from the followers per turn of the loop
 # A message from the gateway: a command (a registration of thousands of topics, with its
 # events) or a part of a state (256 KiB). From a follower: a forwarded write, which a
@@ -111,54 +103,8 @@ MESSAGES_PER_TURN = 1000  # read from the followers per turn of the loop
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 FORWARD_MARGIN_BYTES = 64 * 1024  # a forwarded write's own fields, around the request
 RECEIVED_MESSAGES = 64  # queued by libzmq per follower before it stops reading (TCP pushes back)
-STATES_PER_WINDOW = 3  # states a follower may ask for (Resync) per STATE_WINDOW_MS ...
-STATE_WINDOW_MS = 10_000  # ... past which it is dropped (each costs a dump of the whole state)
 SILENCE_MS = 5_000  # a follower that heard nothing this long answers `busy`
 HELLO_MS = 1_000  # a follower not yet admitted says so this often
-# The connection ids of followers: the upper half of the gateway worker's range
-# (zns.drivers.worker.CONNECTION_ID_BITS), FOLLOWER_ID_BITS of them per admission.
-FOLLOWER_ID_BITS = 30  # about a billion connections per follower
-FOLLOWER_SLOTS = (1 << 9) - 1  # followers admitted over a worker's life
-FOLLOWER_IDS = 1 << FOLLOWER_ID_BITS  # an admission's ids: first .. first + FOLLOWER_IDS - 2
-
-
-class FollowerIds:
-    """A follower's remoting connection ids as its gateway sees them: each of its own that
-    writes is given one of the range of the follower's current admission."""
-
-    def __init__(self) -> None:
-        self.first: int | None = None  # none before the first admission
-        self._next = 0
-        self._ids: dict[int, int] = {}  # its own id -> the id passed on
-
-    def rebase(self, first: int) -> None:
-        """Admitted (again): ids from `first` on, the ones given so far forgotten."""
-        self.first, self._next = first, first
-        self._ids.clear()
-
-    def passed_on(self, connection: int) -> int:
-        """The id connection `connection` writes under; Busy when the range is used up."""
-        given = self._ids.get(connection)
-        if given is None:
-            assert self.first is not None  # a follower serves once admitted
-            if self._next >= self.first + FOLLOWER_IDS - 1:
-                raise Busy("this follower has given every connection id of its range; it "
-                           "gets a new one when its NameServer admits it again (a restart)")
-            given = self._ids[connection] = self._next
-            self._next += 1
-        return given
-
-    def closed(self, connections: list[int]) -> list[int]:
-        """The ids passed on of these closed connections (those that wrote since the last
-        admission), forgotten."""
-        return [given for connection in connections
-                if (given := self._ids.pop(connection, None)) is not None]
-
-
-def follower_ids(worker_range: int, slot: int, id_bits: int) -> int:
-    """The first remoting connection id of a follower admitted in `slot` (1..FOLLOWER_SLOTS) by
-    the worker whose range is `worker_range` (its ids have `id_bits` bits)."""
-    return (worker_range << id_bits) | (1 << (id_bits - 1)) | (slot << FOLLOWER_ID_BITS) | 1
 
 
 class NetworkChannel:
@@ -243,25 +189,11 @@ def connect(ctx: zmq.Context, endpoint: str, server_key: str, keypair: str) -> z
     return sock
 
 
-class _Follower:
-    """A joined follower: its ROUTER identity, its CURVE key, the first of its connection ids,
-    and when it last asked for states."""
-
-    def __init__(self, identity: bytes, key: str | None, first_id: int) -> None:
-        self.identity, self.key, self.first_id = identity, key, first_id
-        self.resyncs: deque[int] = deque(maxlen=STATES_PER_WINDOW)
-
-    def owns(self, connection: int) -> bool:
-        """Whether remoting connection id `connection` is in this follower's range."""
-        return self.first_id <= connection < self.first_id + FOLLOWER_IDS - 1
-
-
 class Gateway:
     """A worker's followers: a ROUTER (bound by `bind` once the server exists) and a `Primary`
     fed with what this worker's replica applies; a source of the worker's loop, and the
-    replica link's `Downstream`.
-
-    `refuse(text)`: a forwarded write's answer refusing it (`busy`)."""
+    replica link's `Downstream`. Who is admitted and what a follower may pass on is
+    decided by `zns.core.followers.Admissions`."""
 
     what = "feeding followers"
 
@@ -287,15 +219,12 @@ class Gateway:
         self._link, self._dump, self._refuse, self._clock = link, dump, refuse, clock
         self._audit = audit
         self._security: Security | None = None  # set by `bind`
-        self._worker_range, self._id_bits = worker_range, id_bits
+        self.admissions = Admissions(worker_range, id_bits)
         self.primary = Primary(now=self._now(), seq=link.replica.applied)
-        self._followers: dict[int, _Follower] = {}  # by the primary's id for it
+        self._identities: dict[int, bytes] = {}  # the primary's id for a follower -> identity
         self._by_identity: dict[bytes, int] = {}
-        self._slots: dict[bytes, int] = {}  # every identity admitted, and its slot
-        self._refused: dict[bytes, int] = {}  # dropped: not admitted before then
         # our token -> (follower, its token, whom an audit line names: None for a broker write)
         self._forwarded: dict[int, tuple[int, int, str | None]] = {}
-        self.admitted = 0  # admissions, for the log and tests
 
     def bind(self, security: Security, descriptors: DescriptorGuard, endpoint: str) -> str:
         """Bind `endpoint` (SO_REUSEPORT, beside the other workers) as a CURVE server of the
@@ -337,13 +266,11 @@ class Gateway:
                 continue
             if type(message) is Ack and message.seq < (self.primary.applied(follower) or 0):
                 continue  # sent before it was admitted again (its last state is later)
-            if type(message) is Resync:
-                resyncs = self._followers[follower].resyncs
-                if len(resyncs) == STATES_PER_WINDOW and now - resyncs[0] < STATE_WINDOW_MS:
-                    self._lose(follower, f"asked for {STATES_PER_WINDOW + 1} states within "
-                                         f"{STATE_WINDOW_MS} ms")
-                    continue
-                resyncs.append(now)
+            if type(message) is Resync and not self.admissions.state_asked(
+                    self.admissions.joined[identity], now):
+                self._lose(follower, f"asked for {STATES_PER_WINDOW + 1} states within "
+                                     f"{STATE_WINDOW_MS} ms")
+                continue
             self.primary.on_message(follower, message, now)
         self.primary.on_timer(now)
         self._carry_out()
@@ -361,18 +288,18 @@ class Gateway:
         self._carry_out()
 
     def loaded(self, seq: int) -> None:
-        """This worker's replica loaded a state at `seq`: its followers are admitted again,
-        each with that state."""
+        """This worker's replica loaded a state at `seq`: its followers join again, each
+        sent that state (their admissions and ranges stay)."""
         self.primary = Primary(now=self._now(), seq=seq)
-        followers, self._followers, self._by_identity = self._followers, {}, {}
+        identities, self._identities, self._by_identity = self._identities, {}, {}
         self._forwarded.clear()  # the state process answers them to this worker anyway
-        for follower in followers.values():
-            self._join(follower.identity, follower.key, self._slots[follower.identity])
+        for identity in identities.values():
+            self._join(identity)
         self._carry_out()
 
     def whole(self, body: bytes) -> None:
         message = encode(Whole(body))
-        for follower in list(self._followers):
+        for follower in list(self._identities):
             self._send(follower, message)
 
     def answered(self, token: int, reply: bytes) -> bool:
@@ -384,40 +311,30 @@ class Gateway:
             self._audit(reply, by)
         # This worker's replica applied the write's command (the reply is released only
         # then), and the primary numbered it as it did: its current seq covers it.
-        self.primary.answer(follower, theirs, self.primary.seq, reply)
+        self._answer(follower, theirs, reply)
         self._carry_out()
         return True
 
     # --- internals ------------------------------------------------------
 
-    def _admit(self, identity: bytes, key: str | None, now: int) -> int | None:
-        if now < self._refused.get(identity, 0):
-            return None
-        if len(self._followers) >= MAX_FOLLOWERS:
-            log.warning("followers: a %d-th follower not admitted (%d at most per worker)",
-                        len(self._followers) + 1, MAX_FOLLOWERS)
-            self._refused[identity] = now + READMIT_MS
-            return None
-        slot = self._slots.get(identity)
-        if slot is None:
-            if len(self._slots) >= FOLLOWER_SLOTS:
-                log.error("followers: this worker admitted %d followers, all it can number; "
-                          "another reaches a newer worker", FOLLOWER_SLOTS)
-                self._refused[identity] = now + READMIT_MS
-                return None
-            slot = len(self._slots) + 1
-            self._slots[identity] = slot
-        self.admitted += 1
-        log.info("followers: admitted one (%d following this worker)", len(self._followers) + 1)
-        return self._join(identity, key, slot)
+    def _admit(self, identity: bytes, key: str | None, now: int) -> None:
+        security = self._security
+        name = (security.follower_name(key) if key is not None and security is not None
+                else None) or f"key {key}"
+        admitted = self.admissions.admit(identity, key, name, now)
+        if isinstance(admitted, str):
+            if admitted:
+                log.warning("followers: one not admitted: %s", admitted)
+            return
+        log.info("followers: admitted %s (%d following this worker)", name,
+                 len(self.admissions.joined))
+        self._join(identity)
 
-    def _join(self, identity: bytes, key: str | None, slot: int) -> int:
+    def _join(self, identity: bytes) -> None:
         follower = self.primary.join(self._now())
-        state = _Follower(identity, key, follower_ids(self._worker_range, slot, self._id_bits))
-        self._followers[follower] = state
+        self._identities[follower] = identity
         self._by_identity[identity] = follower
-        self._send(follower, encode(Joined(state.first_id)))
-        return follower
+        self._send(follower, encode(Joined(self.admissions.joined[identity].first_id)))
 
     def _carry_out(self) -> None:
         while actions := self.primary.actions():
@@ -428,7 +345,7 @@ class Gateway:
                             mark = written_mark(message)
                             if mark is not None:
                                 self.primary.written(follower, mark)
-                    case SendState(worker=follower) if follower in self._followers:
+                    case SendState(worker=follower) if follower in self._identities:
                         began = time.perf_counter()
                         dump = self._dump()  # in one step: this worker serves nothing meanwhile
                         log.info("followers: a state of %d bytes at seq %d for one (dumped in "
@@ -441,79 +358,43 @@ class Gateway:
                         self._forget(follower, reason)
 
     def _execute(self, follower: int, theirs: int, request: bytes) -> None:
-        state = self._followers.get(follower)
-        if state is None:
+        identity = self._identities.get(follower)
+        if identity is None:
             return  # dropped meanwhile
-        try:
-            command = decode_command(request)
-        except msgspec.DecodeError as exc:
-            self._lose(follower, f"an unreadable forwarded command ({exc})")
-            return
-        by = None
-        match command:
-            case Write(request=write, connection=connection):
-                if connection is not None and not state.owns(connection):
-                    # Named before this admission (or another's: never passed on).
-                    self._answer(follower, theirs, self._refuse(Busy(
-                        f"connection id {connection} is not of this follower's admission; "
-                        f"retry")))
-                    return
-                # Only what its own key may do here: a follower's key stolen, or a follower
-                # misconfigured (its clients checked against other keys), writes no more.
+        security = self._security
+        verdict = self.admissions.vet(self.admissions.joined[identity], request,
+                                      security.policy if security is not None else None,
+                                      len(self._forwarded))
+        match verdict:
+            case Pass(request=passed, audited_as=by):
                 try:
-                    if self._security is None:
-                        raise NoPermission("followers' writes are checked by CURVE keys")
-                    self._security.policy.check(state.key, write)
-                except NoPermission as exc:
-                    self._answer(follower, theirs, self._refuse(NoPermission(
-                        f"this NameServer refused its follower's write: {exc}")))
+                    ours = self._link.forward(passed)
+                except ConnectionLost:  # this worker stops (its own next step says so)
+                    self._answer(follower, theirs, self._refuse(Busy(
+                        "the state process is gone; retry")))
                     return
-                if request_op(write) in ADMIN_OPS or type(write) is RegisterBroker:
-                    by = f"follower {self._known_as(state.key)}"  # an audit line may name it
-            case CloseConnections(connections=connections):
-                # Only its own: one named before this admission is not passed on (its broker
-                # stays tied to it until it registers again or expires), nor another's.
-                owned = [connection for connection in connections if state.owns(connection)]
-                if not owned:
-                    return  # nobody waits for a close's answer
-                if len(owned) < len(connections):
-                    request = msgspec.msgpack.encode(CloseConnections(connections=owned))
-            case _:  # a peer's hint: a follower's are its own business
-                self._answer(follower, theirs, self._refuse(NoPermission(
-                    f"a follower forwards no {type(command).__name__}")))
-                return
-        if len(self._forwarded) >= MAX_FORWARDED:
-            self._answer(follower, theirs, self._refuse(Busy(
-                f"{MAX_FORWARDED} followers' writes wait for the state process; retry")))
-            return
-        try:
-            ours = self._link.forward(request)
-        except ConnectionLost:  # this worker stops (its own next step says so)
-            self._answer(follower, theirs, self._refuse(Busy("the state process is gone; "
-                                                             "retry")))
-            return
-        self._forwarded[ours] = (follower, theirs, by)
+                self._forwarded[ours] = (follower, theirs, by)
+            case Refuse(error=error):
+                self._answer(follower, theirs, self._refuse(error))
+            case Lose(reason=reason):
+                self._lose(follower, reason)
+            case Ignore():
+                pass  # nobody waits for a close's answer
 
     def _answer(self, follower: int, theirs: int, answer: bytes) -> None:
         self.primary.answer(follower, theirs, self.primary.seq, answer)
 
-    def _known_as(self, key: str | None) -> str:
-        name = None if key is None or self._security is None \
-            else self._security.follower_name(key)
-        return name or f"key {key}"
-
     def _send(self, follower: int, body: bytes) -> bool:
         """Send to `follower`; False (and the follower dropped) when libzmq will not take it:
         it is gone (ROUTER_MANDATORY), or it reads nothing and its queue is full."""
-        state = self._followers.get(follower)
-        if state is None:
+        identity = self._identities.get(follower)
+        if identity is None:
             return False
         try:
-            self.sock.send_multipart((state.identity, body), zmq.DONTWAIT)
+            self.sock.send_multipart((identity, body), zmq.DONTWAIT)
         except zmq.ZMQError as exc:
-            self.primary.leave(follower)
-            self._forget(follower, "gone" if exc.errno == zmq.EHOSTUNREACH
-                         else f"{QUEUED_MESSAGES} messages queued and unread")
+            self._lose(follower, "gone" if exc.errno == zmq.EHOSTUNREACH
+                       else f"{QUEUED_MESSAGES} messages queued and unread")
             return False
         return True
 
@@ -522,14 +403,11 @@ class Gateway:
         self._forget(follower, reason)
 
     def _forget(self, follower: int, reason: str) -> None:
-        state = self._followers.pop(follower, None)
-        if state is None:
+        identity = self._identities.pop(follower, None)
+        if identity is None:
             return
-        del self._by_identity[state.identity]
-        self._refused[state.identity] = self._now() + READMIT_MS
-        if len(self._refused) > 4 * FOLLOWER_SLOTS:  # bounded: the oldest first
-            for identity in list(self._refused)[:FOLLOWER_SLOTS]:
-                del self._refused[identity]
+        del self._by_identity[identity]
+        self.admissions.drop(identity, self._now())
         for ours, (owner, _, _) in list(self._forwarded.items()):
             if owner == follower:
                 del self._forwarded[ours]

@@ -64,6 +64,7 @@ from zns.core.errors import (
     Busy, ConfigError, ConnectionLost, ErrorReply, Internal, NoPermission, from_reply,
 )
 from zns.core.figures import REPORT_INTERVAL_MS, Overview, decode_overview
+from zns.core.followers import FollowerIds
 from zns.core.figures import encode as encode_figures
 from zns.core.forwarding import ForwardedWrites, WriteInFlight
 from zns.core.remoting import DEFAULT_MAX_FRAME_BYTES
@@ -75,7 +76,7 @@ from zns.core.state import (
 )
 from zns.drivers import cpus
 from zns.drivers.followers import (
-    HELLO_MS, SILENCE_MS, FollowerIds, Gateway, NetworkChannel, check_fresh, connect,
+    HELLO_MS, SILENCE_MS, Gateway, NetworkChannel, check_fresh, connect,
 )
 from zns.drivers.kv_file import KvStore
 from zns.drivers.loop import PollSet, Ready, Source
