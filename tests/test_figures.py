@@ -73,7 +73,7 @@ def test_a_peer_s_junk_does_not_grow_a_worker_s_report():
     server = SimpleNamespace(
         service=service, request_times=times, remoting=None, dropped_replies=0, worker=1,
         timers=SimpleNamespace(stalls=0), subscribers=SimpleNamespace(
-            budget=SimpleNamespace(cut=0)), replica=None)
+            budget=SimpleNamespace(cut=0)), replica=None, following=None)
     for n in range(2000):
         service.respond(msgspec.msgpack.encode({"op": f"junk{n}", "id": n}), 0)
         service.respond(msgspec.msgpack.encode({"op": "get_route", "id": n, "topic": n}), 0)
@@ -156,9 +156,9 @@ def test_a_worker_reports_what_its_replica_dropped_and_asked_for():
         service=service, request_times=LatencyHistogram(), remoting=None, dropped_replies=0,
         worker=1, timers=SimpleNamespace(stalls=0),
         subscribers=SimpleNamespace(budget=SimpleNamespace(cut=0)),
-        replica=SimpleNamespace(dropped_events=3, resyncs=2))
+        replica=SimpleNamespace(dropped_events=3, resyncs=2), following=lambda: 2)
     figures = own_figures(server)  # type: ignore[arg-type]
-    assert (figures.events_dropped, figures.resyncs) == (3, 2)
+    assert (figures.events_dropped, figures.resyncs, figures.followers) == (3, 2, 2)
     assert decode_figures(encode(figures)) == figures
     server.replica = None  # one process: no replica, nothing dropped there
     alone = own_figures(server)  # type: ignore[arg-type]

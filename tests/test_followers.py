@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import differential as rd  # tests/interop (conftest puts it on sys.path)
 from helpers import LOADED_DEADLINE, Peer, ProcessServer, register_fields, wait_for
 from test_bench_smoke import SCRIPT_DEADLINE, check_script
 from test_idle_cpu import assert_idle
+from test_metrics import get
 from test_remoting_listener import Client, register_cmd
 from test_workers_differential import zns1_operation
 from zns.core import schema
@@ -388,7 +390,7 @@ def route_of(peer: Peer, topic: str):
 
 def test_a_follower_serves_its_nameservers_routes_and_events_and_takes_no_write(
         process_server, keys, tmp_path):
-    main, endpoint = start_nameserver(process_server, keys)
+    main, endpoint = start_nameserver(process_server, keys, "--metrics", "127.0.0.1:0")
     broker_ctx = curve_ctx(keys, keys.broker)
     at_main = Peer(main.router, None, broker_ctx)
     assert not isinstance(at_main.call("register_broker", **register_fields(
@@ -433,6 +435,9 @@ def test_a_follower_serves_its_nameservers_routes_and_events_and_takes_no_write(
         ctx.destroy(linger=0)
         broker_ctx.destroy(linger=0)
     assert main.line("followers: admitted follower (1 following")
+    port = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/", main.output())[0]
+    wait_for(lambda: 'zns_worker_followers{worker="1"} 1.0' in get(
+        f"http://127.0.0.1:{port}/metrics")[1])  # the NameServer's view of its followers
 
 
 def test_a_follower_with_writes_reads_its_own_and_checks_keys_as_the_nameserver(

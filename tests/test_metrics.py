@@ -361,6 +361,8 @@ SPLIT_HELP = {
                                  "gap and pull",
     "zns_worker_resyncs": "States the worker asked the state process for: a command or a "
                           "part of a state came out of order",
+    "zns_worker_followers": "Followers (read replicas on other hosts, --followers) the worker "
+                            "feeds",
 }
 
 
@@ -448,6 +450,7 @@ class Idle(AgedLoop):
         self.replica = None
         self.state: Any = None  # no --state-path
         self.silent: Any = None  # no follower
+        self.following: Any = None  # no --followers
         self.dropped_replies = 0
         self.request_times = LatencyHistogram()
         self.clock_ms = 0

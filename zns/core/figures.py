@@ -53,6 +53,7 @@ class WorkerFigures(msgspec.Struct, frozen=True, kw_only=True):
     # order.
     events_dropped: int = 0
     resyncs: int = 0
+    followers: int = 0  # read replicas on other hosts it feeds (zns.drivers.followers)
     rss_bytes: int = 0
     cpu_seconds: float = 0.0
 

@@ -70,6 +70,7 @@ class Observed(Protocol):
     replica: Any  # a worker's zns.core.replication.Replica (.dropped_events, .resyncs), or None
     state: Any  # one process's state dump writer (.written, .failed), or None
     silent: Callable[[], int] | None  # a follower's: ms since it heard from its NameServer
+    following: Callable[[], int] | None  # a worker's with --followers: how many it feeds
 
     @property
     def dropped_replies(self) -> int:
@@ -170,6 +171,7 @@ class _Collector:
                 ("zns_worker_request_pauses", figures.request_pauses),
                 ("zns_worker_events_dropped", figures.events_dropped),
                 ("zns_worker_resyncs", figures.resyncs),
+                ("zns_worker_followers", figures.followers),
             ):
                 if name in per_worker:  # only workers forward writes and hold a replica
                     per_worker[name].add_metric(label, value)
@@ -264,6 +266,8 @@ _WORKER_ONLY = (
      "for the commit fence than its bound (64 MiB); its subscribers see a gap and pull"),
     ("zns_worker_resyncs", True, "States the worker asked the state process for: a command "
      "or a part of a state came out of order"),
+    ("zns_worker_followers", False, "Followers (read replicas on other hosts, --followers) "
+     "the worker feeds"),
 )
 
 
@@ -293,6 +297,7 @@ def own_figures(server: Observed) -> WorkerFigures:
         writes_timed_out=writes.timed_out if writes is not None else 0,
         request_pauses=writes.request_pauses if writes is not None else 0,
         events_dropped=replica.dropped_events if replica is not None else 0,
+        followers=server.following() if server.following is not None else 0,
         resyncs=replica.resyncs if replica is not None else 0,
         **process_usage(),
     )

@@ -87,6 +87,8 @@ class Server:
     replica: Replica | None = None  # a worker's replica (its counts go to /metrics)
     # A follower's (zns.drivers.followers): ms since it last heard from its NameServer.
     silent: Callable[[], int] | None = None
+    # A worker's with --followers: how many followers it feeds.
+    following: Callable[[], int] | None = None
 
     def __init__(
         self,

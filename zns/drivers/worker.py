@@ -642,6 +642,7 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkCh
             server.close()
             raise ConfigError(f"cannot bind {config.followers}: {exc}") from exc
         link.downstream = gateway
+        server.following = lambda: len(gateway.admissions.joined)
         log.info("feeding followers on %s", bound)
     for frames in held:
         server.outbox.put(frames)
