@@ -213,7 +213,8 @@ def make_gateway(ctx: zmq.Context, applied: int = 5,
                  audited: list | None = None) -> tuple[Gateway, StubLink, Clock]:
     clock = Clock()
     link = StubLink(applied)
-    gateway = Gateway(ctx, link, lambda: b"state", worker_range=3, id_bits=40,  # type: ignore[arg-type]
+    gateway = Gateway(ctx, link, lambda: iter([None, None, b"state"]),  # type: ignore[arg-type]
+                      worker_range=3, id_bits=40,
                       refuse=lambda error: f"refused: {error.code}: {error}".encode(),
                       audit=lambda body, by: (audited if audited is not None else []).append(
                           (body, by)), clock=clock)
@@ -230,8 +231,14 @@ def follower(ctx: zmq.Context, rcvhwm: int = 1000) -> zmq.Socket:
 
 
 def turn(gateway: Gateway, clock: Clock) -> None:
+    """A turn of the worker's loop, and the next ones while a dump is being made in steps."""
     now = int(clock.now * 1000)
     gateway.run({}, now, now + 5)
+    for _ in range(10):
+        if gateway.next_deadline(now) != now:
+            return
+        gateway.run({}, now, now + 5)
+    raise AssertionError("a dump that does not end")
 
 
 def received(sock: zmq.Socket, wait_ms: int = 200) -> list:
@@ -261,6 +268,7 @@ def test_a_follower_is_admitted_with_the_state_then_sent_every_command(ctx):
     assert gateway.primary.applied(1) == 6
     # The worker's replica loads a new state: the follower is sent it, in the same range.
     gateway.loaded(40)
+    turn(gateway, clock)
     joined, state = received(sock)
     assert joined == Joined(follower_ids(3, 1, 40)) and state.seq == 40
     gateway.applied(41, b"c41", None)

@@ -11,7 +11,7 @@ clock (each input comes with its `now`, in ms):
   the gateway worker's own range, FOLLOWER_ID_BITS of ids per slot, FOLLOWER_SLOTS slots
   per worker's life. A follower that comes back to the same worker after it was dropped
   gets its slot, and so its range, again.
-- **States asked** (`state_asked`): each is a dump of the whole state, made in one step
+- **States asked** (`state_asked`): each is a dump of the whole state, made in steps
   by the gateway; more than STATES_PER_WINDOW within STATE_WINDOW_MS drops the follower.
 - **What it passes on** (`vet`): a follower's key is not the state process's trust, so
   each command it forwards is decoded and checked here. A write goes on only if the

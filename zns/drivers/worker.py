@@ -606,7 +606,8 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkCh
     ctx = zmq.Context()
     gateway = None
     if config.followers and not follower:
-        gateway = Gateway(ctx, link, service.state.dump, connections or worker,
+        gateway = Gateway(ctx, link, lambda: service.state.dump_in_steps(),
+                          connections or worker,
                           CONNECTION_ID_BITS, _refusal, _audit,
                           max_request_bytes=max(config.max_message_bytes,
                                                 DEFAULT_MAX_FRAME_BYTES))
