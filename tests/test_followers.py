@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -530,10 +531,25 @@ def test_an_unlisted_key_is_not_admitted(process_server, keys, tmp_path):
 def test_a_follower_follows_the_replacement_of_its_gateway_and_refuses_once_alone(
         process_server, keys, tmp_path):
     main, endpoint = start_nameserver(process_server, keys)
-    follower_server = start_follower(process_server, tmp_path, endpoint, keys, keys.follower)
     broker_ctx, ctx = curve_ctx(keys, keys.broker), zmq.Context()
+    assert not isinstance(Peer(main.router, None, broker_ctx).call(
+        "register_broker", **register_fields(broker_name="b0", addr="10.0.0.9:10911",
+                                             heartbeat_timeout_ms=600_000,
+                                             topics={"Before": {}})), schema.Error)
+    follower_server = start_follower(process_server, tmp_path, endpoint, keys, keys.follower)
+    stop, answered, failed = threading.Event(), [], []
+
+    def read() -> None:  # the follower's clients, all along: they must see nothing of it
+        reader = Peer(follower_server.router, None, ctx)
+        while not stop.is_set():
+            reply = reader.call("get_route", topic="Before")
+            (failed if isinstance(reply, schema.Error) else answered).append(reply)
+
+    reading = threading.Thread(target=read)
     try:
         at_follower = Peer(follower_server.router, None, ctx)
+        wait_for(lambda: route_of(at_follower, "Before") is not None)
+        reading.start()
         worker = int(main.line("worker 1 started (pid").split("pid ")[1].split(",")[0])
         os.kill(worker, signal.SIGKILL)
         wait_for(lambda: "worker 1 started" in main.output().split("died")[-1], LOADED_DEADLINE)
@@ -549,6 +565,13 @@ def test_a_follower_follows_the_replacement_of_its_gateway_and_refuses_once_alon
         wait_for(register, LOADED_DEADLINE)
         wait_for(lambda: route_of(at_follower, "After") is not None, LOADED_DEADLINE)
         assert route_of(at_follower, "After").route.brokers[0].broker_name == "broker-a"
+        wait_for(lambda: follower_server.line("loaded the state at seq", required=False)
+                 and follower_server.output().count("admitted again") >= 1)
+        stop.set()
+        reading.join(LOADED_DEADLINE)
+        # Through its gateway's death and its admission by the replacement, every read was
+        # answered with the route: the follower served from its replica all along.
+        assert len(answered) > 50 and failed == [], failed[:3]
         # The whole NameServer gone: the follower answers `busy` once it heard nothing for
         # SILENCE_MS, rather than routes that may have expired since.
         main.proc.kill()
@@ -561,6 +584,9 @@ def test_a_follower_follows_the_replacement_of_its_gateway_and_refuses_once_alon
         wait_for(refused, followers.SILENCE_MS / 1000 + LOADED_DEADLINE)
         assert follower_server.proc.poll() is None  # it waits for its NameServer to come back
     finally:
+        stop.set()
+        if reading.is_alive():
+            reading.join(LOADED_DEADLINE)
         ctx.destroy(linger=0)
         broker_ctx.destroy(linger=0)
 
