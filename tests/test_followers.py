@@ -31,6 +31,7 @@ from test_metrics import get
 from test_remoting_listener import Client, register_cmd
 from test_workers_differential import zns1_operation
 from zns.core import schema
+from zns.core.schema import UNSET
 from zns.core.errors import Busy, NoPermission
 from zns.core.state import CloseConnections, Suspect, Write
 from zns.core.remoting import RemotingCommand
@@ -583,6 +584,14 @@ def test_a_follower_follows_the_replacement_of_its_gateway_and_refuses_once_alon
 
         wait_for(refused, followers.SILENCE_MS / 1000 + LOADED_DEADLINE)
         assert follower_server.proc.poll() is None  # it waits for its NameServer to come back
+        # `status` still answers, and says whom it follows and how long it has heard nothing.
+        status = at_follower.call("status")
+        assert (status.follows, status.silent_ms > followers.SILENCE_MS) == (endpoint, True)
+        assert status.worker is UNSET and status.workers is UNSET  # a single process's
+        shown = subprocess.run([sys.executable, "-m", "zns", "status", "--ns",
+                                follower_server.router], capture_output=True, text=True,
+                               timeout=60)
+        assert "FOLLOWS" in shown.stdout and endpoint in shown.stdout, shown
     finally:
         stop.set()
         if reading.is_alive():

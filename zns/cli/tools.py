@@ -341,6 +341,11 @@ def _status(target: Target) -> None:
         if workers:
             click.echo("\n" + table(["nameserver", "worker", "pid", "state", "applied",
                                      "lag", "lag_ms"], workers))
+        # A follower (`zns serve --follow`): the NameServer it follows, and its silence.
+        followers = [[ep, r.follows, r.silent_ms] for ep, r in results.items()
+                     if isinstance(r, StatusReply) and r.follows is not UNSET]
+        if followers:
+            click.echo("\n" + table(["nameserver", "follows", "silent_ms"], followers))
     worst = 0
     for ep, r in results.items():
         if isinstance(r, Exception):

@@ -330,6 +330,10 @@ class StatusReply(Reply, tag="status"):
     # zns extension (optional field): every worker under `zns serve --workers N`, as the
     # state process saw them at most a second ago (zns.core.figures); UNSET otherwise.
     workers: list[WorkerStatus] | UnsetType = UNSET
+    # zns extension (optional fields): a follower's (`zns serve --follow`): the NameServer
+    # endpoint it follows, and how long ago it last heard from it (ms); UNSET otherwise.
+    follows: str | UnsetType = UNSET
+    silent_ms: int | UnsetType = UNSET
 
 
 class WipeWritePermReply(Reply, tag="wipe_write_perm"):

@@ -144,8 +144,10 @@ class ReplicaService(NameService):
         self.check_link: Callable[[], None] = lambda: None
         # A follower without --follow-writes: why it refuses every write (and drops hints).
         self.read_only: str | None = None
-        # A follower's: the ids its remoting connections write under (zns.drivers.followers).
+        # A follower's: the ids its remoting connections write under (zns.drivers.followers),
+        # and what its `status` adds: the endpoint it follows, ms since it heard from there.
         self.follower_ids: FollowerIds | None = None
+        self.following: tuple[str, Callable[[], int]] | None = None
         self.forwarded = ForwardedWrites(timeout_ms=WRITE_TIMEOUT_MS)
         # The open remoting connections that forwarded a write: only their closes go to the
         # state process (`apply`).
@@ -360,8 +362,15 @@ class ReplicaService(NameService):
         self.take_in_written()
 
     def read(self, request: AnyRequest, now: int) -> Reply:
-        self.take_in_written()  # the remoting listener's reads caught up already: a comparison
+        if self.following is None or type(request) is not Status:
+            # A follower answers `status` however long its NameServer has been silent: it
+            # says how long (every other read is refused `busy` past SILENCE_MS).
+            self.take_in_written()  # the remoting listener's reads caught up already
         reply = super().read(request, now)
+        if type(request) is Status and self.following is not None:
+            assert isinstance(reply, StatusReply)
+            endpoint, silent_ms = self.following
+            return msgspec.structs.replace(reply, follows=endpoint, silent_ms=silent_ms())
         if type(request) is Status and self.worker:  # a follower's is a single process's
             assert isinstance(reply, StatusReply)
             overview = self.overview
@@ -630,6 +639,7 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkCh
 
         service.take_in_written = take_in_written
         service.check_link = lambda: check_fresh(channel)
+        service.following = (config.follow or "", channel.silent_ms)
         if not config.follow_writes:
             service.read_only = (f"this NameServer is a read replica of {config.follow} "
                                  f"(a follower without --follow-writes): send writes there")
