@@ -539,8 +539,9 @@ def test_a_snapshot_larger_than_any_reply_may_be_is_busy_and_builds_no_map():
 def test_status(svc):
     svc.started_at_ms = 1_000
     reply = call(svc, "status", now=6_000)
-    # `worker` and `workers` are answered only by a worker process (zns serve --workers N).
-    assert set(reply) == reply_keys("status") - {"worker", "workers"}
+    # `worker` and `workers` are answered only by a worker process (zns serve --workers N),
+    # `follows` and `silent_ms` only by a follower (zns serve --follow).
+    assert set(reply) == reply_keys("status") - {"worker", "workers", "follows", "silent_ms"}
     assert reply["epoch"] == EPOCH
     assert (reply["revision"], reply["brokers"], reply["topics"]) == (1, 1, 1)
     assert (reply["uptime_ms"], reply["pub_endpoint"]) == (5_000, "tcp://x:1")
