@@ -211,11 +211,12 @@ class Inproc:
         return SimpleNamespace(endpoint=endpoint)
 
 
-def make_gateway(ctx: zmq.Context, applied: int = 5,
-                 audited: list | None = None) -> tuple[Gateway, StubLink, Clock]:
+def make_gateway(ctx: zmq.Context, applied: int = 5, audited: list | None = None,
+                 dumps: Any = None) -> tuple[Gateway, StubLink, Clock]:
+    """`dumps()`: the dump in steps a gateway makes (default: two steps, then b"state")."""
     clock = Clock()
     link = StubLink(applied)
-    gateway = Gateway(ctx, link, lambda: iter([None, None, b"state"]),  # type: ignore[arg-type]
+    gateway = Gateway(ctx, link, dumps or (lambda: iter([None, None, b"state"])),  # type: ignore[arg-type]
                       worker_range=3, id_bits=40,
                       refuse=lambda error: f"refused: {error.code}: {error}".encode(),
                       audit=lambda body, by: (audited if audited is not None else []).append(
@@ -275,6 +276,27 @@ def test_a_follower_is_admitted_with_the_state_then_sent_every_command(ctx):
     assert joined == Joined(follower_ids(3, 1, 40)) and state.seq == 40
     gateway.applied(41, b"c41", None)
     assert received(sock) == [Apply(41, b"c41", 41, None)]
+
+
+def test_a_new_state_of_the_worker_gives_up_the_dump_of_the_old_one(ctx):
+    made: list[int] = []
+
+    def dumps() -> Any:  # each dump names the state it was made of
+        made.append(len(made) + 1)
+        return iter([None, None, b"state %d" % made[-1]])
+
+    gateway, _, clock = make_gateway(ctx, dumps=dumps)
+    sock = follower(ctx)
+    sock.send(encode(Report(b"")))
+    now = int(clock.now * 1000)
+    gateway.run({}, now, now + 5)  # admitted: the dump of the state at seq 5 begins
+    gateway.run({}, now, now + 5)  # one step of it
+    gateway.loaded(40)  # the worker's replica is replaced meanwhile
+    turn(gateway, clock)
+    messages = received(sock)
+    states = [m for m in messages if type(m) is State]
+    assert [type(m) for m in messages].count(Joined) == 2
+    assert [(m.seq, m.dump) for m in states] == [(40, b"state 2")]  # never the old state's
 
 
 def test_a_write_a_follower_forwards_is_answered_once_this_worker_applied_it(ctx):

@@ -305,6 +305,10 @@ class Gateway:
         self.primary = Primary(now=self._now(), seq=seq)
         identities, self._identities, self._by_identity = self._identities, {}, {}
         self._forwarded.clear()  # the state process answers them to this worker anyway
+        # A dump under way reads the state machine this one replaced, for followers the old
+        # primary numbered: it is given up, and the joins below ask for a new one.
+        self._steps = None
+        self._awaiting_dump.clear()
         for identity in identities.values():
             self._join(identity)
         self._carry_out()
