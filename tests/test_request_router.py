@@ -18,9 +18,9 @@ from zns.drivers import request_router
 from zns.drivers.loop import PollSet
 from zns.drivers.request_router import (
     MAX_ENVELOPE_FRAMES,
-    TCP_TIMEOUT_MS,
     RequestRouter,
 )
+from zns.drivers.sockets import TCP_TIMEOUT_MS
 
 from helpers import records_here, wait_for
 
@@ -182,7 +182,7 @@ def test_it_hands_back_after_a_request_that_made_events(rig: Rig) -> None:
 
 
 def test_the_peer_key_reaches_the_service_only_with_curve(ctx, monkeypatch) -> None:
-    monkeypatch.setattr(request_router, "_user_id", lambda frame: "KEY:" + frame.bytes.decode())
+    monkeypatch.setattr(request_router, "user_id", lambda frame: "KEY:" + frame.bytes.decode())
     for with_key, expected in ((True, "KEY:x"), (False, None)):
         rig = Rig(ctx, f"key-{with_key}", with_key=with_key)
         try:
@@ -199,7 +199,7 @@ def test_user_id_is_read_from_the_frame_metadata() -> None:
         def get(self, name: str) -> str:
             return {"User-Id": "abc"}[name]
 
-    assert request_router._user_id(Frame()) == "abc"
+    assert request_router.user_id(Frame()) == "abc"
 
 
 def test_each_request_is_handled_at_a_clock_read_after_it_was_read(rig: Rig) -> None:

@@ -88,9 +88,9 @@ from zns.core.replication import (
 from zns.drivers.descriptors import DescriptorGuard
 from zns.drivers.loop import PollSet, Ready
 from zns.drivers.replication_link import READ_BUDGET, ReplicaLink, written_mark
-from zns.drivers.request_router import TCP_TIMEOUT_MS
+from zns.drivers.request_router import user_id
 from zns.drivers.security import FOLLOWERS_DOMAIN, Security, curve_client
-from zns.drivers.sockets import set_keepalive
+from zns.drivers.sockets import close_dead_peers
 
 log = logging.getLogger("zns")
 
@@ -181,10 +181,9 @@ def connect(ctx: zmq.Context, endpoint: str, server_key: str, keypair: str) -> z
     # that is gone is refused (and kept by NetworkChannel) instead of vanishing into the
     # queue of a connection that will never complete.
     sock.setsockopt(zmq.IMMEDIATE, 1)
-    # A gateway whose host vanished: the connection closed by the kernel (no ZMTP heartbeat:
-    # zns.drivers.sockets.set_keepalive), and libzmq connects again, maybe to another worker.
-    set_keepalive(sock)
-    sock.setsockopt(zmq.TCP_MAXRT, TCP_TIMEOUT_MS)
+    # A gateway whose host vanished: the connection closed by the kernel, and libzmq
+    # connects again, maybe to another worker.
+    close_dead_peers(sock)
     curve_client(sock, server_key, keypair)
     sock.connect(endpoint)
     return sock
@@ -218,10 +217,7 @@ class Gateway:
         sock.setsockopt(zmq.SNDHWM, QUEUED_MESSAGES)
         sock.setsockopt(zmq.RCVHWM, RECEIVED_MESSAGES)
         sock.setsockopt(zmq.MAXMSGSIZE, max_request_bytes + FORWARD_MARGIN_BYTES)
-        # A follower whose host vanished: its connection closed by the kernel, not by a ZMTP
-        # heartbeat (which can abort libzmq 4.3.5: zns.drivers.sockets.set_keepalive).
-        set_keepalive(sock)
-        sock.setsockopt(zmq.TCP_MAXRT, TCP_TIMEOUT_MS)
+        close_dead_peers(sock)  # a follower whose host vanished, or that reads nothing
         self._link, self._dump_in_steps, self._refuse, self._clock = (
             link, dump_in_steps, refuse, clock)
         self._steps: Iterator[bytes | None] | None = None  # a dump being made
@@ -269,7 +265,7 @@ class Gateway:
             if follower is None:
                 # Its first message only asks to be admitted: whatever it says was meant for
                 # another admission (the follower sent it before it was told of this one).
-                self._admit(identity, _user_id(body), now)
+                self._admit(identity, _sender_key(body), now)
                 continue
             try:
                 message = decode_to_primary(body.bytes)
@@ -461,13 +457,13 @@ class Gateway:
         self.sock.close(linger=0)
 
 
-def _user_id(frame: zmq.Frame) -> str | None:
-    """The CURVE key ZAP gave a message's sender (None without CURVE: tests in one process)."""
+def _sender_key(frame: zmq.Frame) -> str | None:
+    """The CURVE key ZAP gave a message's sender; None without CURVE (a gateway bound in one
+    process, by tests): the frame then has no metadata to read."""
     try:
-        key = frame.get("User-Id")
+        return user_id(frame)
     except zmq.ZMQError:
         return None
-    return key if isinstance(key, str) and key else None
 
 
 def check_fresh(channel: NetworkChannel) -> None:

@@ -22,7 +22,7 @@ from zns.core.forwarding import WriteInFlight
 from zns.core.service import NameService, Response
 from zns.drivers.io_errors import ZNS1_PEER
 from zns.drivers.loop import Outbox, PollSet, Ready
-from zns.drivers.sockets import set_keepalive
+from zns.drivers.sockets import close_dead_peers
 
 log = logging.getLogger("zns")
 
@@ -44,8 +44,6 @@ MAX_HELD_BYTES = 64 * 1024 * 1024
 # op, its sender, a registration's broker names; never its decoded request) is at most
 # this (tests/test_worker_writes.py measures it with the longest names).
 PARKED_WRITE_BYTES = 16 * 1024
-# A peer that reads nothing for this long is disconnected and its unread replies freed.
-TCP_TIMEOUT_MS = 10_000
 # Plain ints, and the backend's send: pyzmq's IntFlag arithmetic and its Python-level
 # `send` wrapper each cost a noticeable share of a small request.
 _NOBLOCK, _DONTWAIT = int(zmq.NOBLOCK), int(zmq.DONTWAIT)
@@ -107,8 +105,7 @@ class RequestRouter:
         # timer then writes to, and libzmq aborts the process (tests/test_peer_resets.py).
         # The kernel closes dead connections instead: TCP_MAXRT a peer that reads nothing
         # (its unacknowledged data), keepalive one whose host vanished while idle.
-        router.setsockopt(zmq.TCP_MAXRT, TCP_TIMEOUT_MS)
-        set_keepalive(router)
+        close_dead_peers(router)
 
     # --- the loop's side (a `zns.drivers.loop.Source`) --------------------
 
@@ -196,7 +193,7 @@ class RequestRouter:
                         return False
                     continue
                 try:
-                    response = respond(frame.bytes, now, _user_id(frame) if with_key else None,
+                    response = respond(frame.bytes, now, user_id(frame) if with_key else None,
                                        frame)
                 except WriteInFlight as parked:  # answered once the write's answer is here
                     self._hold(envelope, frame, parked)
@@ -304,7 +301,7 @@ class RequestRouter:
                     else:
                         frame = held.frame
                         response = self.service.respond(
-                            frame.bytes, now, _user_id(frame) if self.with_key else None, frame)
+                            frame.bytes, now, user_id(frame) if self.with_key else None, frame)
                 except WriteInFlight as parked:
                     self._park(held, parked, identity)
                     break
@@ -382,6 +379,6 @@ def _peer_fault(exc: zmq.ZMQError) -> bool:
     return isinstance(exc, zmq.Again) or ZNS1_PEER.maps(exc)
 
 
-def _user_id(frame: Any) -> str | None:
+def user_id(frame: Any) -> str | None:
     """The peer's CURVE key, which ZAP set on the message (CURVE on)."""
     return frame.get("User-Id")

@@ -46,12 +46,11 @@ from zns.drivers.loop import Loop, Outbox, PollSet, Ready, Source
 from zns.drivers.remoting_listener import RemotingListener
 from zns.drivers.request_router import (
     MAX_ENVELOPE_FRAMES,
-    TCP_TIMEOUT_MS,
     RequestRouter,
     peer_address,
 )
 from zns.core.remoting.handler import RemotingService, describe_access, remoting_access
-from zns.drivers.sockets import Waker, handle_signals, set_keepalive
+from zns.drivers.sockets import TCP_TIMEOUT_MS, Waker, handle_signals, set_keepalive
 from zns.core.budget import ReplyBudget
 from zns.core.service import Frames, NameService
 from zns.core.timers import ServerTimers

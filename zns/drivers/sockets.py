@@ -74,6 +74,18 @@ KEEPALIVE_INTERVAL_S = 10
 KEEPALIVE_PROBES = 3
 
 
+# A peer that reads nothing for this long is disconnected and its unread messages freed.
+TCP_TIMEOUT_MS = 10_000
+
+
+def close_dead_peers(sock: zmq.Socket) -> None:
+    """Let the kernel close the connections of `sock` whose peer reads nothing (TCP_MAXRT:
+    its data unacknowledged for TCP_TIMEOUT_MS) or whose host vanished while idle
+    (`set_keepalive`): no ZMTP heartbeat, which can abort libzmq 4.3.5."""
+    sock.setsockopt(zmq.TCP_MAXRT, TCP_TIMEOUT_MS)
+    set_keepalive(sock)
+
+
 def set_keepalive(sock: zmq.Socket) -> None:
     """Let the kernel, not ZMTP heartbeats, close connections to vanished hosts.
 
