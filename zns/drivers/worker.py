@@ -53,6 +53,7 @@ import os
 import socket
 import time
 from collections import deque
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -123,6 +124,19 @@ class WriteAnswer(msgspec.Struct, frozen=True):
 _answer_decoder = msgspec.msgpack.Decoder(WriteAnswer)
 
 
+@dataclass
+class Follows:
+    """A follower's side of its ReplicaService (zns.drivers.followers): the NameServer
+    endpoint it follows, its link (whose silence it answers `busy` past SILENCE_MS), the ids
+    its remoting connections write under, and why it refuses every write (None: it passes
+    them on, --follow-writes)."""
+
+    endpoint: str
+    channel: NetworkChannel
+    ids: FollowerIds
+    read_only: str | None
+
+
 class ReplicaService(NameService):
     """A worker's NameService: reads from the replica, writes through the state process."""
 
@@ -140,14 +154,7 @@ class ReplicaService(NameService):
         # Applies what the state process wrote to this worker (ReplicaSource.catch_up, set
         # once it serves): `catch_up` runs it before each read and after each forward.
         self.take_in_written: Callable[[], None] = lambda: None
-        # A follower's: raises Busy when it has not heard from its NameServer for too long.
-        self.check_link: Callable[[], None] = lambda: None
-        # A follower without --follow-writes: why it refuses every write (and drops hints).
-        self.read_only: str | None = None
-        # A follower's: the ids its remoting connections write under (zns.drivers.followers),
-        # and what its `status` adds: the endpoint it follows, ms since it heard from there.
-        self.follower_ids: FollowerIds | None = None
-        self.following: tuple[str, Callable[[], int]] | None = None
+        self.follows: Follows | None = None  # a follower's (zns.drivers.followers)
         self.forwarded = ForwardedWrites(timeout_ms=WRITE_TIMEOUT_MS)
         # The open remoting connections that forwarded a write: only their closes go to the
         # state process (`apply`).
@@ -225,8 +232,8 @@ class ReplicaService(NameService):
             # or clients that only read routes, cost the state process nothing. One tied in
             # this replica is sent too, whatever this worker remembers (it costs a lookup).
             # A follower's connections wrote under the ids its gateway gave (FollowerIds).
-            aliases = self.follower_ids
-            told = aliases.closed(command.connections) if aliases is not None else [
+            follows = self.follows
+            told = follows.ids.closed(command.connections) if follows is not None else [
                 connection for connection in command.connections
                 if connection in self._wrote or self.state.ties_any((connection,))]
             self._wrote.difference_update(command.connections)
@@ -242,17 +249,19 @@ class ReplicaService(NameService):
             return self._suspect(command), []
         if type(command) is not Write:
             raise Internal(f"a worker applies no {type(command).__name__} of its own")
-        if self.read_only is not None:
-            raise NoPermission(self.read_only)
-        self.check_link()
+        follows = self.follows
+        if follows is not None:
+            if follows.read_only is not None:
+                raise NoPermission(follows.read_only)
+            check_fresh(follows.channel)
         if self.stopping:
             # Its answer would never come (the channel is gone, or this worker ends at the
             # end of the loop's pass): refused now, the client retries elsewhere at once
             # instead of waiting for its own timeout.
             raise Busy("this worker is stopping; retry")
-        if command.connection is not None and self.follower_ids is not None:
+        if command.connection is not None and follows is not None:
             command = msgspec.structs.replace(
-                command, connection=self.follower_ids.passed_on(command.connection))
+                command, connection=follows.ids.passed_on(command.connection))
         writes = self.forwarded
         body = msgspec.msgpack.encode(command)
         link = self.link
@@ -260,7 +269,7 @@ class ReplicaService(NameService):
         # Refused while what waits for the state process to read it would pass the bound:
         # its bytes, not the writes' count, are what a stalled state process leaves here.
         writes.admit(len(body), link.pending)
-        if command.connection is not None and self.follower_ids is None:
+        if command.connection is not None and follows is None:
             self._wrote.add(command.connection)  # its close is sent, whatever this write does
         token = self._forward(body)
         writes.sent(token, command.now)
@@ -298,8 +307,8 @@ class ReplicaService(NameService):
         registered within the last replication round trip is held there and not here yet:
         a hint about it is missed, as a hint that came before its registration would be).
         Nor is one sent while `max_queued_bytes` wait for the state process to read them."""
-        if self.read_only is not None or self.table.liveness(command.cluster,
-                                                             command.addr) is None:
+        if (self.follows is not None and self.follows.read_only is not None) \
+                or self.table.liveness(command.cluster, command.addr) is None:
             return Outcome()
         link = self.link
         assert link is not None  # set before anything is served
@@ -336,12 +345,13 @@ class ReplicaService(NameService):
         `first_connection_id`. Once admitted again, the writes it forwarded before will never
         be answered (they went to another worker, or were sent before the gateway's new
         state): `busy` at once, not after WRITE_TIMEOUT_MS."""
-        assert self.follower_ids is not None
-        if self.follower_ids.first is not None:
+        assert self.follows is not None
+        ids = self.follows.ids
+        if ids.first is not None:
             self.forwarded.lose_all()
             log.warning("admitted again by the NameServer it follows; writes in flight "
                         "answered busy")
-        self.follower_ids.rebase(first_connection_id)
+        ids.rebase(first_connection_id)
 
     def stop_serving(self) -> None:
         """The state process is gone, or this replica failed: end the worker. The rest of
@@ -359,18 +369,23 @@ class ReplicaService(NameService):
         pass
 
     def catch_up(self) -> None:
+        """Before a read: what was written to this worker taken in; a follower's refused
+        (Busy) once its NameServer has been silent too long, not answered from old routes."""
+        if self.follows is not None:
+            check_fresh(self.follows.channel)
         self.take_in_written()
 
     def read(self, request: AnyRequest, now: int) -> Reply:
-        if self.following is None or type(request) is not Status:
+        follows = self.follows
+        if follows is None or type(request) is not Status:
             # A follower answers `status` however long its NameServer has been silent: it
             # says how long (every other read is refused `busy` past SILENCE_MS).
-            self.take_in_written()  # the remoting listener's reads caught up already
+            self.catch_up()  # the remoting listener's reads caught up already
         reply = super().read(request, now)
-        if type(request) is Status and self.following is not None:
+        if type(request) is Status and follows is not None:
             assert isinstance(reply, StatusReply)
-            endpoint, silent_ms = self.following
-            return msgspec.structs.replace(reply, follows=endpoint, silent_ms=silent_ms())
+            return msgspec.structs.replace(reply, follows=follows.endpoint,
+                                           silent_ms=follows.channel.silent_ms())
         if type(request) is Status and self.worker:  # a follower's is a single process's
             assert isinstance(reply, StatusReply)
             overview = self.overview
@@ -585,16 +600,19 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkCh
             server.overview = overview
 
     follower = isinstance(channel, NetworkChannel)
-    if follower:
-        service.follower_ids = FollowerIds()
+    if isinstance(channel, NetworkChannel):
+        service.follows = Follows(config.follow or "", channel, FollowerIds(), None if
+                                  config.follow_writes else
+                                  f"this NameServer is a read replica of {config.follow} (a "
+                                  f"follower without --follow-writes): send writes there")
     link = ReplicaLink(channel, Replica(), apply=service.apply_command, load=service.load,
                        publish=publish, reply=service.answered, whole=whole, written=written,
                        joined=service.admitted if follower else None)
     service.link = link
     try:
         hello, warn = 0.0, time.monotonic() + SILENCE_MS / 1000
-        while not link.replica.loaded or (service.follower_ids and service.follower_ids.first
-                                          is None):
+        while not link.replica.loaded or (service.follows is not None
+                                          and service.follows.ids.first is None):
             if follower and time.monotonic() >= hello:  # admits it (zns.drivers.followers)
                 hello = time.monotonic() + HELLO_MS / 1000
                 link.report(b"")
@@ -630,21 +648,9 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkCh
     server.replica = link.replica
     reporter.server = server
     service.gone = server.stop
-    if follower:
-        assert isinstance(channel, NetworkChannel)
-        server.silent = channel.silent_ms
-        def take_in_written() -> None:
-            check_fresh(channel)  # silent too long: refused, not answered from old routes
-            replicating.catch_up()
-
-        service.take_in_written = take_in_written
-        service.check_link = lambda: check_fresh(channel)
-        service.following = (config.follow or "", channel.silent_ms)
-        if not config.follow_writes:
-            service.read_only = (f"this NameServer is a read replica of {config.follow} "
-                                 f"(a follower without --follow-writes): send writes there")
-    else:
-        service.take_in_written = replicating.catch_up
+    if service.follows is not None:
+        server.silent = service.follows.channel.silent_ms
+    service.take_in_written = replicating.catch_up
     if gateway is not None:
         assert server.security is not None and config.followers  # both checked by ServerConfig
         try:
