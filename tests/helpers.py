@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -66,12 +67,28 @@ def wait_for(condition: Callable[[], Any], timeout: float = LOADED_DEADLINE,
         time.sleep(interval)
 
 
+# The kernel's range of ephemeral ports (the source ports of connections).
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PICKED_PORT = 10_000
+
+
 def free_port() -> int:
     """A loopback TCP port nothing listens on now: for a server that must keep its port
-    across restarts, or a peer that is down at start."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    across restarts, or a peer that is down at start. Below the kernel's ephemeral range: a
+    client that connects again and again to a port of that range where nothing listens yet
+    (a peer link started before its peer) can be given that very port as its own source
+    port and connect to itself (TCP's simultaneous open), holding the port the server then
+    cannot bind (7 interop tests erred so, `Address already in use`, on 2026-12-05)."""
+    low = int(_EPHEMERAL.read_text().split()[0]) if _EPHEMERAL.exists() else 32768
+    for _ in range(200):
+        port = random.randrange(LOWEST_PICKED_PORT, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port between {LOWEST_PICKED_PORT} and {low}")
 
 
 class Peer:

@@ -15,7 +15,6 @@ brokers registered with it from the start, no wait for a periodic registration).
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 
 import rocketmq
 from differential import RemotingConnection, ZnsProcess, request
+from helpers import free_port
 from rocketmq import Broker, Phases, ProcessGroup, unique_topic, wait_until
 from zns.core.remoting import RemotingCommand, loads_lenient
 
@@ -32,12 +32,6 @@ pytestmark = pytest.mark.interop
 REGISTER_PERIOD_MS = 10_000  # the shortest RocketMQ allows (BrokerController clamps to 10-60 s)
 GET_ALL_TOPIC_CONFIG = 21  # asked of a broker: its whole topic table
 UPDATE_AND_CREATE_TOPIC = 17  # asked of a broker: create or update one topic
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Env:
