@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
+import zmq.auth
 
 import differential as rd  # tests/interop (conftest puts it on sys.path)
 from helpers import LOADED_DEADLINE, Peer, ProcessServer, register_fields, wait_for
@@ -31,7 +32,7 @@ from test_metrics import get
 from test_remoting_listener import Client, register_cmd
 from test_workers_differential import zns1_operation
 from zns.core import schema
-from zns.core.schema import UNSET
+from zns.core.schema import UNSET, FollowerStatus
 from zns.core.errors import Busy, NoPermission
 from zns.core.state import CloseConnections, Suspect, Write
 from zns.core.remoting import RemotingCommand
@@ -358,6 +359,37 @@ def test_a_follower_that_reads_nothing_is_dropped(ctx, monkeypatch):
     assert gateway.primary.workers == []  # dropped, not queued for without end
 
 
+def test_a_gateway_shows_each_follower_since_its_admission_and_how_far_behind_it_is(ctx):
+    gateway, _, clock = make_gateway(ctx, applied=5)
+    sock = follower(ctx)
+    sock.send(encode(Report(b"")))
+    turn(gateway, clock)  # admitted at 100 s
+    received(sock)
+    assert gateway.shown == [FollowerStatus(name="key None", key="", admitted_ms=0, applied=5,
+                                            lag_commands=0, lag_ms=0)]
+    clock.now = 102.0
+    gateway.applied(6, b"c6", None)
+    gateway.applied(7, b"c7", None)
+    received(sock)
+    clock.now = 102.5
+    turn(gateway, clock)  # shown again: a second passed since it was made
+    assert gateway.shown == [FollowerStatus(name="key None", key="", admitted_ms=2_500,
+                                            applied=5, lag_commands=2, lag_ms=500)]
+    sock.send(encode(Ack(7)))
+    time.sleep(0.05)
+    clock.now = 102.7
+    turn(gateway, clock)  # within the second: not made again
+    assert gateway.shown[0].lag_commands == 2
+    clock.now = 104.0
+    turn(gateway, clock)
+    assert gateway.shown == [FollowerStatus(name="key None", key="", admitted_ms=4_000,
+                                            applied=7, lag_commands=0, lag_ms=0)]
+    sock.send(b"\x01garbage")  # dropped: shown at once
+    time.sleep(0.05)
+    turn(gateway, clock)
+    assert gateway.shown == []
+
+
 # --- NameServers and followers as processes ---------------------------------------------------
 
 
@@ -470,6 +502,49 @@ def test_a_follower_serves_its_nameservers_routes_and_events_and_takes_no_write(
     port = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/", main.output())[0]
     wait_for(lambda: 'zns_worker_followers{worker="1"} 1.0' in get(
         f"http://127.0.0.1:{port}/metrics")[1])  # the NameServer's view of its followers
+
+
+def test_the_nameservers_status_lists_each_workers_followers(process_server, keys, tmp_path):
+    main, endpoint = start_nameserver(process_server, keys, "--workers", "2",
+                                      "--metrics", "127.0.0.1:0")
+    broker_ctx = curve_ctx(keys, keys.broker)
+    at_main = Peer(main.router, None, broker_ctx)
+    try:
+        start_follower(process_server, tmp_path, endpoint, keys, keys.follower)
+
+        def fed() -> dict[int, list[FollowerStatus]] | None:
+            lines = {w.worker: w.followers for w in at_main.call("status").workers}
+            return lines if len(lines) == 2 and sum(map(len, lines.values())) == 1 else None
+
+        # Every worker has its line, and the one that admitted the follower names it there.
+        shown = wait_for(fed, LOADED_DEADLINE)
+        gateway = next(w for w, followers_of in shown.items() if followers_of)
+        assert [f for w, f in shown.items() if w != gateway] == [[]]
+        public = zmq.auth.load_certificate(Path(keys.listed) / "follower.key")[0].decode()
+        assert (shown[gateway][0].name, shown[gateway][0].key) == ("follower", public)
+        assert not isinstance(at_main.call("register_broker", **register_fields(
+            topics={"T1": {}})), schema.Error)
+        seq = at_main.call("status").workers[gateway - 1].applied
+
+        def caught_up() -> FollowerStatus | None:
+            status = at_main.call("status").workers[gateway - 1]
+            line = status.followers[0] if status.followers else None
+            return line if line is not None and line.applied >= seq and not line.lag_commands \
+                else None
+
+        line = wait_for(caught_up, LOADED_DEADLINE)
+        assert line.lag_ms == 0 and line.admitted_ms > 0
+        shown_text = subprocess.run(
+            [sys.executable, "-m", "zns", "status", "--ns", main.router, "--server-key",
+             keys.server], capture_output=True, text=True, timeout=60).stdout
+        table = shown_text.split("FOLLOWER", 1)[1].splitlines()
+        assert table[0].split() == ["APPLIED", "LAG", "LAG_MS", "ADMITTED"]
+        assert table[1].split()[1:3] == [str(gateway), "follower"]
+        port = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/", main.output())[0]
+        wait_for(lambda: f'zns_worker_follower_lag_commands{{follower="follower",worker='
+                         f'"{gateway}"}} 0.0' in get(f"http://127.0.0.1:{port}/metrics")[1])
+    finally:
+        broker_ctx.destroy(linger=0)
 
 
 def test_a_follower_with_writes_reads_its_own_and_checks_keys_as_the_nameserver(
