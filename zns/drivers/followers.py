@@ -105,6 +105,9 @@ MESSAGES_PER_TURN = 1000  # read from the followers per turn of the loop
 # follower takes up to its own --max-message-bytes (ZNS/1) or 16 MiB (a remoting frame).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 FORWARD_MARGIN_BYTES = 64 * 1024  # a forwarded write's own fields, around the request
+# libzmq holds a CURVE message's own framing against MAXMSGSIZE (the MESSAGE command's name,
+# nonce, flags and MAC): the option is that much larger than the longest message it lets in.
+CURVE_MESSAGE_BYTES = 33
 RECEIVED_MESSAGES = 64  # queued by libzmq per follower before it stops reading (TCP pushes back)
 SILENCE_MS = 5_000  # a follower that heard nothing this long answers `busy`
 HELLO_MS = 1_000  # a follower not yet admitted says so this often
@@ -218,7 +221,8 @@ class Gateway:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a follower gone raises
         sock.setsockopt(zmq.SNDHWM, QUEUED_MESSAGES)
         sock.setsockopt(zmq.RCVHWM, RECEIVED_MESSAGES)
-        sock.setsockopt(zmq.MAXMSGSIZE, max_request_bytes + FORWARD_MARGIN_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_request_bytes + FORWARD_MARGIN_BYTES
+                        + CURVE_MESSAGE_BYTES)
         close_dead_peers(sock)  # a follower whose host vanished, or that reads nothing
         self._link, self._dump_in_steps, self._refuse, self._clock = (
             link, dump_in_steps, refuse, clock)
