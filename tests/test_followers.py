@@ -648,10 +648,28 @@ def test_a_follower_with_writes_reads_its_own_and_checks_keys_as_the_nameserver(
         assert remoting_route(remoting_of(follower_server), "R1").code == 0
         at_main = Peer(main.router, None, broker_ctx)
         assert route_of(at_main, "R1") is not None
-        # Its gateway dies: the follower is admitted by the replacement, with a new range of
-        # ids; the broker's next registration over the same connection is tied to one of it.
+        # Its gateway dies with a write of the follower's in flight: stopped first (every
+        # thread of it: it reads nothing more), sent the write, then killed.
         worker = int(main.line("worker 1 started (pid").split("pid ")[1].split(",")[0])
+        os.kill(worker, signal.SIGSTOP)
+        wait_for(lambda: Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                 == "T")
+        lost = {f"Lost{n:04d}{'x' * 60}": {} for n in range(5000)}
+        in_flight = Peer(follower_server.router, None, broker_ctx)
+        in_flight.send_raw(schema.encode({"op": "register_broker", "id": 7, **register_fields(
+            broker_name="lost", addr="10.0.2.1:10911", topics=lost)}))
+        # The follower passed it on: the bytes wait unread at the stopped gateway (its
+        # figures, a second's worth at a time, are far fewer).
+        wait_for(lambda: unread_bytes(int(endpoint.rsplit(":", 1)[1])) > 48 * 1024,
+                 LOADED_DEADLINE)
         os.kill(worker, signal.SIGKILL)
+        # It is answered busy once the replacement admits the follower (not after the 30 s a
+        # write waits for its answer), never with an outcome; this one was not applied.
+        answer = schema.decode_reply(in_flight.recv_raw(LOADED_DEADLINE)[-1])
+        assert isinstance(answer, schema.Error) and answer.code == "busy", answer
+        assert follower_server.line("writes in flight answered busy")
+        # The follower is admitted by the replacement, with a new range of ids; the broker's
+        # next registration over the same connection is tied to one of it.
 
         def registered_again() -> bool:
             return broker.call(register_cmd("rb", topics=("R1", "R2"))).code == 0
@@ -659,6 +677,7 @@ def test_a_follower_with_writes_reads_its_own_and_checks_keys_as_the_nameserver(
         wait_for(registered_again, LOADED_DEADLINE, interval=0.2)
         wait_for(lambda: route_of(Peer(main.router, None, broker_ctx), "R2") is not None,
                  LOADED_DEADLINE)
+        assert route_of(Peer(main.router, None, broker_ctx), next(iter(lost))) is None
         broker.close()
         wait_for(lambda: route_of(Peer(main.router, None, broker_ctx), "R1") is None,
                  LOADED_DEADLINE)
@@ -731,6 +750,16 @@ def test_a_follower_message_past_the_bound_closes_its_connection_and_nothing_els
             sock.close(linger=0)
         ctx.destroy(linger=0)
         broker_ctx.destroy(linger=0)
+
+
+def unread_bytes(port: int) -> int:
+    """Bytes the kernel holds unread on the accepted side of connections to `port`."""
+    held = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # established
+            held += int(fields[4].split(":")[1], 16)
+    return held
 
 
 def test_an_unlisted_key_is_not_admitted(process_server, keys, tmp_path):
