@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+import msgspec
 import pytest
 import zmq
 from click.testing import CliRunner
@@ -19,7 +20,7 @@ import zns.cli.tools as tools
 from zns.cli import main
 from zns.core.errors import NameServerUnavailable, NoPermission, NotFound, ZnsError
 from zns.core.schema import (
-    WorkerStatus,
+    FollowerStatus, WorkerStatus,
     AddWritePermReply,
     DeleteTopic,
     BrokerData,
@@ -278,6 +279,35 @@ def test_status_lists_the_workers_of_a_nameserver_that_has_them(fake):
         f"{A}   3       43   loaded  88       2    15",
     ]
     assert "WORKER" not in zns("status", ns=B).stdout
+
+
+def test_status_lists_the_followers_each_worker_feeds(fake):
+    fed = [FollowerStatus(name="eu-1", key="k" * 40, admitted_ms=61_400, applied=88,
+                          lag_commands=2, lag_ms=15),
+           FollowerStatus(name="eu-2", key="j" * 40, admitted_ms=900, applied=90,
+                          lag_commands=0, lag_ms=0)]
+    workers = [WorkerStatus(worker=1, pid=41, state="loaded", applied=90, lag_commands=0,
+                            lag_ms=0, followers=fed),
+               WorkerStatus(worker=2, pid=42, state="loaded", applied=90, lag_commands=0,
+                            lag_ms=0, followers=[])]
+    fake.answers[A] = lambda r: status_reply(worker=1, workers=workers)
+    out = zns("status", ns=A)
+    assert out.exit_code == 0
+    assert out.stdout.splitlines()[7:] == [
+        "NAMESERVER  WORKER  FOLLOWER  APPLIED  LAG  LAG_MS  ADMITTED",
+        f"{A}   1       eu-1      88       2    15      61s",
+        f"{A}   1       eu-2      90       0    0       1s",
+    ]
+    answer = json.loads(zns("status", "--json", ns=A).stdout)[A]["workers"]
+    assert answer[0]["followers"][0] == {"name": "eu-1", "key": "k" * 40, "admitted_ms": 61_400,
+                                         "applied": 88, "lag_commands": 2, "lag_ms": 15}
+    assert answer[1]["followers"] == []
+    # Without --followers there is no such field, and no table.
+    fake.answers[A] = lambda r: status_reply(worker=1, workers=[
+        msgspec.structs.replace(workers[0], followers=msgspec.UNSET)])
+    out = zns("status", ns=A)
+    assert "FOLLOWER" not in out.stdout
+    assert "followers" not in json.loads(zns("status", "--json", ns=A).stdout)[A]["workers"][0]
 
 
 def test_status_as_json_is_one_entry_per_nameserver(fake):

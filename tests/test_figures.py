@@ -11,8 +11,10 @@ import msgspec
 from zns.drivers.kv_file import KvStore
 from zns.core import schema
 from zns.core.figures import (
-    Overview, StateFigures, WorkerFigures, decode_figures, decode_overview, encode, worker_status,
+    MAX_FOLLOWER_NAME_BYTES, Overview, StateFigures, WorkerFigures, decode_figures,
+    decode_overview, encode, follower_status, with_followers, worker_status,
 )
+from zns.core.followers import MAX_FOLLOWERS
 from zns.core.latency import LatencyHistogram
 from zns.core.replication import Ack, Primary, Replica
 from zns.core.service import NameService
@@ -31,6 +33,34 @@ def test_a_worker_is_down_starting_or_loaded_and_its_lag_is_what_it_has_not_appl
                            now=100)
     assert (behind.state, behind.applied, behind.lag_commands, behind.lag_ms) == (
         "loaded", 6, 3, 30)
+
+
+def test_a_followers_line_says_who_it_is_since_when_and_how_far_behind_its_gateway():
+    behind = follower_status("eu-1", "K" * 40, 1_000, applied=6, seq=9, oldest_unapplied_at=70,
+                             now=5_000)
+    assert behind == schema.FollowerStatus(name="eu-1", key="K" * 40, admitted_ms=4_000,
+                                           applied=6, lag_commands=3, lag_ms=4_930)
+    level = follower_status("key K", None, 5_000, applied=9, seq=9, oldest_unapplied_at=None,
+                            now=5_000)
+    assert (level.key, level.admitted_ms, level.lag_commands, level.lag_ms) == ("", 0, 0, 0)
+    # A name is cut to its bound, never inside a character.
+    long = follower_status("é" * 100, None, 0, applied=0, seq=0, oldest_unapplied_at=None,
+                           now=0)
+    assert long.name == "é" * (MAX_FOLLOWER_NAME_BYTES // 2)
+    odd = follower_status("a" + "é" * 100, None, 0, applied=0, seq=0, oldest_unapplied_at=None,
+                          now=0)
+    assert odd.name == "a" + "é" * (MAX_FOLLOWER_NAME_BYTES // 2 - 1)
+
+
+def test_each_worker_lists_the_followers_of_its_last_report():
+    fed = follower_status("eu-1", "K" * 40, 0, applied=9, seq=9, oldest_unapplied_at=None,
+                          now=10)
+    workers = [worker_status(w, 40 + w, loaded=True, applied=9, seq=9, oldest_unapplied_at=None,
+                             now=10) for w in (1, 2, 3)]
+    reports = [WorkerFigures(worker=1, pid=41, followers=1, feeds=[fed]),
+               WorkerFigures(worker=2, pid=42)]
+    assert [w.followers for w in with_followers(workers, reports)] == [[fed], [], []]
+    assert workers[0].followers is msgspec.UNSET  # the state process's view has none
 
 
 def test_the_primary_says_when_the_oldest_command_a_worker_has_not_applied_was_appended():
@@ -86,9 +116,10 @@ def test_a_peer_s_junk_does_not_grow_a_worker_s_report():
     assert len(encode(figures)) < 8 * 1024
 
 
-def test_a_report_with_every_label_filled_is_under_20_kib():
+def test_a_report_with_every_label_filled_is_under_24_kib():
     # docs/operations.md's bound: every op with every error code (and ok), every remoting
-    # code with every response code, 64 latency labels and "other", every count large.
+    # code with every response code, 64 latency labels and "other", every count large, and
+    # as many followers as a worker feeds, each with the longest name of two-byte characters.
     from zns.core.errors import BY_CODE
     from zns.core.remoting import NAMESERVER_REQUEST_CODES
     from zns.core.remoting.constants import ResponseCode
@@ -101,8 +132,11 @@ def test_a_report_with_every_label_filled_is_under_20_kib():
                            [*NAMESERVER_REQUEST_CODES, -1] for response in ResponseCode],
         request_seconds=[(f"remoting:{'X' * 30}{n}", [10**12] * 13, 1e9) for n in range(65)],
         published={"route": 10**12, "broker": 10**12, "hb": 10**12}, rss_bytes=2**40,
-        cpu_seconds=1e9)
-    assert len(encode(figures)) < 20 * 1024
+        cpu_seconds=1e9, followers=MAX_FOLLOWERS, feeds=[
+            follower_status("é" * MAX_FOLLOWER_NAME_BYTES, "K" * 40, -2**62, applied=2**62,
+                            seq=2**63 - 1, oldest_unapplied_at=-2**62, now=2**62)
+        ] * MAX_FOLLOWERS)
+    assert len(encode(figures)) < 24 * 1024
 
 
 def test_the_state_processs_own_figures_with_64_workers_are_under_7_kib():
@@ -156,9 +190,12 @@ def test_a_worker_reports_what_its_replica_dropped_and_asked_for():
         service=service, request_times=LatencyHistogram(), remoting=None, dropped_replies=0,
         worker=1, timers=SimpleNamespace(stalls=0),
         subscribers=SimpleNamespace(budget=SimpleNamespace(cut=0)),
-        replica=SimpleNamespace(dropped_events=3, resyncs=2), following=lambda: 2)
+        replica=SimpleNamespace(dropped_events=3, resyncs=2), following=lambda: fed)
+    fed = [follower_status(name, None, 0, applied=1, seq=1, oldest_unapplied_at=None, now=0)
+           for name in ("a", "b")]
     figures = own_figures(server)  # type: ignore[arg-type]
     assert (figures.events_dropped, figures.resyncs, figures.followers) == (3, 2, 2)
+    assert figures.feeds == fed
     assert decode_figures(encode(figures)) == figures
     server.replica = None  # one process: no replica, nothing dropped there
     alone = own_figures(server)  # type: ignore[arg-type]

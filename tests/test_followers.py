@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
+import zmq.auth
 
 import differential as rd  # tests/interop (conftest puts it on sys.path)
 from helpers import LOADED_DEADLINE, Peer, ProcessServer, register_fields, wait_for
@@ -31,7 +32,9 @@ from test_metrics import get
 from test_remoting_listener import Client, register_cmd
 from test_workers_differential import zns1_operation
 from zns.core import schema
-from zns.core.schema import UNSET
+from zns.core.config import DEFAULT_MAX_MESSAGE_BYTES
+from zns.core.remoting import DEFAULT_MAX_FRAME_BYTES
+from zns.core.schema import UNSET, FollowerStatus
 from zns.core.errors import Busy, NoPermission
 from zns.core.state import CloseConnections, Suspect, Write
 from zns.core.remoting import RemotingCommand
@@ -44,7 +47,7 @@ from zns.core.followers import (
     FollowerIds, Ignore, Lose, Pass, Refuse, follower_ids,
 )
 from zns.drivers import followers
-from zns.drivers.followers import Gateway
+from zns.drivers.followers import FORWARD_MARGIN_BYTES, Gateway
 from zns.drivers.security import apply_client_keys, client_keys, write_keypair
 
 pytestmark = pytest.mark.timeout(120)
@@ -203,16 +206,17 @@ class Everyone:
         return None
 
 
-class Inproc:
-    """Binds as the descriptor guard does, without a TCP port."""
+class Binder:
+    """Binds as the descriptor guard does (inproc, or TCP without SO_REUSEPORT)."""
 
     def bind(self, sock: zmq.Socket, endpoint: str, *, reuse_port: bool) -> SimpleNamespace:
         sock.bind(endpoint)
-        return SimpleNamespace(endpoint=endpoint)
+        return SimpleNamespace(endpoint=sock.getsockopt(zmq.LAST_ENDPOINT).decode())
 
 
 def make_gateway(ctx: zmq.Context, applied: int = 5, audited: list | None = None,
-                 dumps: Any = None) -> tuple[Gateway, StubLink, Clock]:
+                 dumps: Any = None, endpoint: str = "inproc://gateway",
+                 ) -> tuple[Gateway, StubLink, Clock]:
     """`dumps()`: the dump in steps a gateway makes (default: two steps, then b"state")."""
     clock = Clock()
     link = StubLink(applied)
@@ -221,7 +225,7 @@ def make_gateway(ctx: zmq.Context, applied: int = 5, audited: list | None = None
                       refuse=lambda error: f"refused: {error.code}: {error}".encode(),
                       audit=lambda body, by: (audited if audited is not None else []).append(
                           (body, by)), clock=clock)
-    gateway.bind(Everyone(), Inproc(), "inproc://gateway")  # type: ignore[arg-type]
+    gateway.bind(Everyone(), Binder(), endpoint)  # type: ignore[arg-type]
     return gateway, link, clock
 
 
@@ -358,6 +362,95 @@ def test_a_follower_that_reads_nothing_is_dropped(ctx, monkeypatch):
     assert gateway.primary.workers == []  # dropped, not queued for without end
 
 
+def test_a_gateway_shows_each_follower_since_its_admission_and_how_far_behind_it_is(ctx):
+    gateway, _, clock = make_gateway(ctx, applied=5)
+    sock = follower(ctx)
+    sock.send(encode(Report(b"")))
+    turn(gateway, clock)  # admitted at 100 s
+    received(sock)
+    assert gateway.shown == [FollowerStatus(name="key None", key="", admitted_ms=0, applied=5,
+                                            lag_commands=0, lag_ms=0)]
+    clock.now = 102.0
+    gateway.applied(6, b"c6", None)
+    gateway.applied(7, b"c7", None)
+    received(sock)
+    clock.now = 102.5
+    turn(gateway, clock)  # shown again: a second passed since it was made
+    assert gateway.shown == [FollowerStatus(name="key None", key="", admitted_ms=2_500,
+                                            applied=5, lag_commands=2, lag_ms=500)]
+    sock.send(encode(Ack(7)))
+    time.sleep(0.05)
+    clock.now = 102.7
+    turn(gateway, clock)  # within the second: not made again
+    assert gateway.shown[0].lag_commands == 2
+    clock.now = 104.0
+    turn(gateway, clock)
+    assert gateway.shown == [FollowerStatus(name="key None", key="", admitted_ms=4_000,
+                                            applied=7, lag_commands=0, lag_ms=0)]
+    sock.send(b"\x01garbage")  # dropped: shown at once
+    time.sleep(0.05)
+    turn(gateway, clock)
+    assert gateway.shown == []
+
+
+def tcp_buffer_bytes() -> int:
+    """The most a TCP connection's two kernel buffers hold (Linux's autotuning maxima)."""
+    def largest(name: str) -> int:
+        return int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[2])
+    return largest("tcp_rmem") + largest("tcp_wmem")
+
+
+def test_a_follower_that_floods_its_gateway_is_held_back_within_a_bound(ctx):
+    """docs/operations.md: libzmq stops reading a follower at 64 queued messages, and TCP
+    pushes back on it. A gateway that reads nothing (its loop busy: here never run) holds at
+    most that many of a flooding follower's messages; the follower's sends stall after its
+    own queue and the kernel's buffers fill, and go on once the gateway reads."""
+    gateway, _, clock = make_gateway(ctx, endpoint="tcp://127.0.0.1:*")
+    sndhwm, size = 8, 256 * 1024
+    # What can be under way: the gateway's queue, the sender's, both kernel buffers, and a
+    # message being decoded, encoded or in libzmq's batch buffer at each end; half again.
+    bound = (followers.RECEIVED_MESSAGES + sndhwm + tcp_buffer_bytes() // size + 4) * 3 // 2
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, sndhwm)
+    sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued before the connection is made
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    sock.connect(gateway.sock.getsockopt(zmq.LAST_ENDPOINT).decode())
+    try:
+        assert monitor.poll(int(LOADED_DEADLINE * 1000)), "no connection"
+        body = encode(Report(b"x" * size))
+        sent, stalled_since = 0, None
+        deadline = time.monotonic() + LOADED_DEADLINE
+        while sent <= bound and time.monotonic() < deadline:
+            try:
+                sock.send(body, zmq.DONTWAIT)
+                sent, stalled_since = sent + 1, None
+            except zmq.Again:
+                stalled_since = stalled_since or time.monotonic()
+                if time.monotonic() - stalled_since > 2.0:
+                    break  # held back: two seconds without a message taken
+                time.sleep(0.01)
+        assert stalled_since is not None and sent <= bound, (sent, bound)
+        assert sent > sndhwm  # past its own queue: the gateway's libzmq and TCP took some
+        # The gateway reads again (one turn of its loop: it admits the follower, and a
+        # follower's figures change nothing): the follower's sends go on.
+        turn(gateway, clock)
+        assert len(gateway.admissions.joined) == 1
+
+        def taken() -> bool:
+            try:
+                sock.send(body, zmq.DONTWAIT)
+            except zmq.Again:
+                return False
+            return True
+
+        wait_for(taken, LOADED_DEADLINE)
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+
+
 # --- NameServers and followers as processes ---------------------------------------------------
 
 
@@ -472,6 +565,49 @@ def test_a_follower_serves_its_nameservers_routes_and_events_and_takes_no_write(
         f"http://127.0.0.1:{port}/metrics")[1])  # the NameServer's view of its followers
 
 
+def test_the_nameservers_status_lists_each_workers_followers(process_server, keys, tmp_path):
+    main, endpoint = start_nameserver(process_server, keys, "--workers", "2",
+                                      "--metrics", "127.0.0.1:0")
+    broker_ctx = curve_ctx(keys, keys.broker)
+    at_main = Peer(main.router, None, broker_ctx)
+    try:
+        start_follower(process_server, tmp_path, endpoint, keys, keys.follower)
+
+        def fed() -> dict[int, list[FollowerStatus]] | None:
+            lines = {w.worker: w.followers for w in at_main.call("status").workers}
+            return lines if len(lines) == 2 and sum(map(len, lines.values())) == 1 else None
+
+        # Every worker has its line, and the one that admitted the follower names it there.
+        shown = wait_for(fed, LOADED_DEADLINE)
+        gateway = next(w for w, followers_of in shown.items() if followers_of)
+        assert [f for w, f in shown.items() if w != gateway] == [[]]
+        public = zmq.auth.load_certificate(Path(keys.listed) / "follower.key")[0].decode()
+        assert (shown[gateway][0].name, shown[gateway][0].key) == ("follower", public)
+        assert not isinstance(at_main.call("register_broker", **register_fields(
+            topics={"T1": {}})), schema.Error)
+        seq = at_main.call("status").workers[gateway - 1].applied
+
+        def caught_up() -> FollowerStatus | None:
+            status = at_main.call("status").workers[gateway - 1]
+            line = status.followers[0] if status.followers else None
+            return line if line is not None and line.applied >= seq and not line.lag_commands \
+                else None
+
+        line = wait_for(caught_up, LOADED_DEADLINE)
+        assert line.lag_ms == 0 and line.admitted_ms > 0
+        shown_text = subprocess.run(
+            [sys.executable, "-m", "zns", "status", "--ns", main.router, "--server-key",
+             keys.server], capture_output=True, text=True, timeout=60).stdout
+        table = shown_text.split("FOLLOWER", 1)[1].splitlines()
+        assert table[0].split() == ["APPLIED", "LAG", "LAG_MS", "ADMITTED"]
+        assert table[1].split()[1:3] == [str(gateway), "follower"]
+        port = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/", main.output())[0]
+        wait_for(lambda: f'zns_worker_follower_lag_commands{{follower="follower",worker='
+                         f'"{gateway}"}} 0.0' in get(f"http://127.0.0.1:{port}/metrics")[1])
+    finally:
+        broker_ctx.destroy(linger=0)
+
+
 def test_a_follower_with_writes_reads_its_own_and_checks_keys_as_the_nameserver(
         process_server, keys, tmp_path):
     main, endpoint = start_nameserver(process_server, keys)
@@ -512,10 +648,28 @@ def test_a_follower_with_writes_reads_its_own_and_checks_keys_as_the_nameserver(
         assert remoting_route(remoting_of(follower_server), "R1").code == 0
         at_main = Peer(main.router, None, broker_ctx)
         assert route_of(at_main, "R1") is not None
-        # Its gateway dies: the follower is admitted by the replacement, with a new range of
-        # ids; the broker's next registration over the same connection is tied to one of it.
+        # Its gateway dies with a write of the follower's in flight: stopped first (every
+        # thread of it: it reads nothing more), sent the write, then killed.
         worker = int(main.line("worker 1 started (pid").split("pid ")[1].split(",")[0])
+        os.kill(worker, signal.SIGSTOP)
+        wait_for(lambda: Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                 == "T")
+        lost = {f"Lost{n:04d}{'x' * 60}": {} for n in range(5000)}
+        in_flight = Peer(follower_server.router, None, broker_ctx)
+        in_flight.send_raw(schema.encode({"op": "register_broker", "id": 7, **register_fields(
+            broker_name="lost", addr="10.0.2.1:10911", topics=lost)}))
+        # The follower passed it on: the bytes wait unread at the stopped gateway (its
+        # figures, a second's worth at a time, are far fewer).
+        wait_for(lambda: unread_bytes(int(endpoint.rsplit(":", 1)[1])) > 48 * 1024,
+                 LOADED_DEADLINE)
         os.kill(worker, signal.SIGKILL)
+        # It is answered busy once the replacement admits the follower (not after the 30 s a
+        # write waits for its answer), never with an outcome; this one was not applied.
+        answer = schema.decode_reply(in_flight.recv_raw(LOADED_DEADLINE)[-1])
+        assert isinstance(answer, schema.Error) and answer.code == "busy", answer
+        assert follower_server.line("writes in flight answered busy")
+        # The follower is admitted by the replacement, with a new range of ids; the broker's
+        # next registration over the same connection is tied to one of it.
 
         def registered_again() -> bool:
             return broker.call(register_cmd("rb", topics=("R1", "R2"))).code == 0
@@ -523,12 +677,89 @@ def test_a_follower_with_writes_reads_its_own_and_checks_keys_as_the_nameserver(
         wait_for(registered_again, LOADED_DEADLINE, interval=0.2)
         wait_for(lambda: route_of(Peer(main.router, None, broker_ctx), "R2") is not None,
                  LOADED_DEADLINE)
+        assert route_of(Peer(main.router, None, broker_ctx), next(iter(lost))) is None
         broker.close()
         wait_for(lambda: route_of(Peer(main.router, None, broker_ctx), "R1") is None,
                  LOADED_DEADLINE)
     finally:
         broker_ctx.destroy(linger=0)
         stranger_ctx.destroy(linger=0)
+
+
+def test_a_follower_message_past_the_bound_closes_its_connection_and_nothing_else(
+        process_server, keys, tmp_path):
+    """docs/operations.md: a message from a follower is at most the NameServer's largest
+    request + 64 KiB; a longer one closes its connection (libzmq's MAXMSGSIZE, CURVE's framing
+    counted), while the worker serves its other followers and its clients."""
+    probe_public, probe_secret = write_keypair(tmp_path, "probe")
+    (Path(keys.listed) / "probe.key").write_bytes(Path(probe_public).read_bytes())
+    main, endpoint = start_nameserver(process_server, keys)
+    follower_server = start_follower(process_server, tmp_path, endpoint, keys, keys.follower)
+    broker_ctx, ctx = curve_ctx(keys, keys.broker), zmq.Context()
+    at_main = Peer(main.router, None, broker_ctx)
+    limit = max(DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_FRAME_BYTES) + FORWARD_MARGIN_BYTES
+    overhead = len(encode(Forward(1, bytes(limit)))) - limit  # a forwarded write's fields
+    longest = encode(Forward(1, bytes(limit - overhead)))
+    assert len(longest) == limit
+    probes = []
+
+    def admitted_probe() -> tuple[zmq.Socket, zmq.Socket]:
+        """A DEALER of a listed key, as a follower's (followers.connect), admitted."""
+        sock = followers.connect(ctx, endpoint, keys.server, probe_secret)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        probes.append((sock, monitor))
+        sock.send(encode(Report(b"")))
+        assert sock.poll(int(LOADED_DEADLINE * 1000)), "not admitted"
+        assert type(decode_to_worker(sock.recv())) is Joined
+        return sock, monitor
+
+    def fed() -> list[str]:
+        (worker,) = at_main.call("status").workers
+        return [line.name for line in worker.followers]
+
+    try:
+        wait_for(lambda: fed() == ["follower"], LOADED_DEADLINE)
+        # The longest message the bound lets in is read (and, not being a write, drops the
+        # follower that sent it: the gateway read it); its connection stays.
+        sock, monitor = admitted_probe()
+        sock.send(longest)
+        wait_for(lambda: main.line("one dropped: an unreadable forwarded command",
+                                   required=False), LOADED_DEADLINE)
+        assert not monitor.poll(500), "the longest message allowed closed its connection"
+        # One byte more: libzmq closes the connection as it reads the message's size, before
+        # anything reaches the gateway; the gateway then drops that follower as gone at its
+        # next send to it (the figures it passes on each second), and holds nothing of it.
+        sock, monitor = admitted_probe()
+        wait_for(lambda: fed() == ["follower", "probe"], LOADED_DEADLINE)
+        sock.send(encode(Forward(1, bytes(limit - overhead + 1))))
+        assert monitor.poll(int(LOADED_DEADLINE * 1000)), "a message past the bound was read"
+        wait_for(lambda: fed() == ["follower"], LOADED_DEADLINE)
+        assert main.output().count("one dropped: an unreadable") == 1  # the first probe's only
+        assert main.line("followers: one dropped: gone")
+        # Its other follower and its clients noticed nothing; the worker never died.
+        assert not isinstance(at_main.call("register_broker", **register_fields(
+            topics={"After": {}})), schema.Error)
+        at_follower = Peer(follower_server.router, None, ctx)
+        wait_for(lambda: route_of(at_follower, "After") is not None, LOADED_DEADLINE)
+        assert route_of(at_main, "After") is not None
+        assert main.output().count("worker 1 started") == 1 and main.proc.poll() is None
+    finally:
+        for sock, monitor in probes:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            sock.close(linger=0)
+        ctx.destroy(linger=0)
+        broker_ctx.destroy(linger=0)
+
+
+def unread_bytes(port: int) -> int:
+    """Bytes the kernel holds unread on the accepted side of connections to `port`."""
+    held = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # established
+            held += int(fields[4].split(":")[1], 16)
+    return held
 
 
 def test_an_unlisted_key_is_not_admitted(process_server, keys, tmp_path):

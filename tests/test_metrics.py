@@ -363,6 +363,10 @@ SPLIT_HELP = {
                           "part of a state came out of order",
     "zns_worker_followers": "Followers (read replicas on other hosts, --followers) the worker "
                             "feeds",
+    "zns_worker_follower_lag_commands": "Commands the worker applied that a follower it feeds "
+                                        "(--followers) has not acknowledged",
+    "zns_worker_follower_lag_seconds": "How long ago the worker applied the oldest command a "
+                                       "follower it feeds has not acknowledged (0: none)",
 }
 
 

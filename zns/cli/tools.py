@@ -341,6 +341,15 @@ def _status(target: Target) -> None:
         if workers:
             click.echo("\n" + table(["nameserver", "worker", "pid", "state", "applied",
                                      "lag", "lag_ms"], workers))
+        # Under `--followers`: the followers each worker feeds, as it last reported them.
+        fed = [[ep, w.worker, f.name, f.applied, f.lag_commands, f.lag_ms,
+                f"{f.admitted_ms / 1000:.0f}s"]
+               for ep, r in results.items() if isinstance(r, StatusReply)
+               and r.workers is not UNSET for w in r.workers if w.followers is not UNSET
+               for f in w.followers]
+        if fed:
+            click.echo("\n" + table(["nameserver", "worker", "follower", "applied", "lag",
+                                     "lag_ms", "admitted"], fed))
         # A follower (`zns serve --follow`): the NameServer it follows, and its silence.
         followers = [[ep, r.follows, r.silent_ms] for ep, r in results.items()
                      if isinstance(r, StatusReply) and r.follows is not UNSET]

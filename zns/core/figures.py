@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import msgspec
 
-from zns.core.schema import WorkerStatus
+from zns.core.schema import FollowerStatus, WorkerStatus
 
 REPORT_INTERVAL_MS = 1000  # each worker's report, and the state process's overview
+MAX_FOLLOWER_NAME_BYTES = 64  # of a follower's name in a report and in `status`
 
 
 class WorkerFigures(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,6 +55,10 @@ class WorkerFigures(msgspec.Struct, frozen=True, kw_only=True):
     events_dropped: int = 0
     resyncs: int = 0
     followers: int = 0  # read replicas on other hosts it feeds (zns.drivers.followers)
+    # Each of them (at most zns.core.followers.MAX_FOLLOWERS), as its gateway saw it last
+    # (`follower_status`). Beside `followers`, not instead: a follower on another host,
+    # perhaps of an older version, decodes the overview its gateway passes on.
+    feeds: list[FollowerStatus] = []
     rss_bytes: int = 0
     cpu_seconds: float = 0.0
 
@@ -118,6 +123,34 @@ def worker_status(worker: int, pid: int, *, loaded: bool, applied: int | None, s
     else:
         state = "starting"
     done = applied if applied is not None else 0
+    lag_commands, lag_ms = _lag(applied, seq, oldest_unapplied_at, now)
     return WorkerStatus(worker=worker, pid=pid, state=state, applied=done,
-                        lag_commands=max(0, seq - done) if applied is not None else 0,
-                        lag_ms=0 if oldest_unapplied_at is None else max(0, now - oldest_unapplied_at))
+                        lag_commands=lag_commands, lag_ms=lag_ms)
+
+
+def follower_status(name: str, key: str | None, admitted_at: int, *, applied: int | None,
+                    seq: int, oldest_unapplied_at: int | None, now: int) -> FollowerStatus:
+    """A follower's line under its gateway worker in `status`: admitted at `admitted_at`,
+    acknowledged `applied` of the gateway's `seq` (None: not fed, a moment between two
+    states); `oldest_unapplied_at`: when the gateway applied the first command it has not
+    acknowledged (None: none). Its name is cut to MAX_FOLLOWER_NAME_BYTES."""
+    lag_commands, lag_ms = _lag(applied, seq, oldest_unapplied_at, now)
+    cut = name.encode()[:MAX_FOLLOWER_NAME_BYTES].decode(errors="ignore")
+    return FollowerStatus(name=cut, key=key or "", admitted_ms=max(0, now - admitted_at),
+                          applied=applied if applied is not None else 0,
+                          lag_commands=lag_commands, lag_ms=lag_ms)
+
+
+def with_followers(workers: list[WorkerStatus], reports: list[WorkerFigures]) -> list[WorkerStatus]:
+    """Each worker's line with the followers it feeds, from its last report (none without
+    one: it has not reported yet, or it is down)."""
+    fed = {report.worker: report.feeds for report in reports}
+    return [msgspec.structs.replace(status, followers=list(fed.get(status.worker, ())))
+            for status in workers]
+
+
+def _lag(applied: int | None, seq: int, oldest_unapplied_at: int | None,
+         now: int) -> tuple[int, int]:
+    """(commands, ms) behind `seq`: 0 commands when `applied` is None (nothing is fed)."""
+    commands = max(0, seq - applied) if applied is not None else 0
+    return commands, 0 if oldest_unapplied_at is None else max(0, now - oldest_unapplied_at)

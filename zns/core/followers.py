@@ -56,11 +56,12 @@ def follower_ids(worker_range: int, slot: int, id_bits: int) -> int:
 @dataclass
 class Follower:
     """An admitted follower: its CURVE key (None without CURVE: tests), the name an audit line
-    gives it, and the first id of its range."""
+    gives it, the first id of its range, and when it was admitted (this admission)."""
 
     key: str | None
     name: str
     first_id: int
+    admitted_at: int
     resyncs: deque[int] = field(default_factory=lambda: deque(maxlen=STATES_PER_WINDOW))
 
     def owns(self, connection: int) -> bool:
@@ -124,7 +125,8 @@ class Admissions:
                 return (f"this worker admitted {FOLLOWER_SLOTS} followers, all it can number; "
                         f"another reaches a younger worker")
             slot = self._slots[identity] = len(self._slots) + 1
-        follower = Follower(key, name, follower_ids(self.worker_range, slot, self.id_bits))
+        follower = Follower(key, name, follower_ids(self.worker_range, slot, self.id_bits),
+                            now)
         self.joined[identity] = follower
         return follower
 

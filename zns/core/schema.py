@@ -301,6 +301,17 @@ class SnapshotReply(Reply, tag="snapshot"):
     clusters: dict[str, list[str]]
 
 
+class FollowerStatus(Struct, frozen=True, kw_only=True):
+    """A follower (`zns serve --follow`) a worker feeds, as that worker (its gateway) sees it."""
+
+    name: str  # its key's file name in --followers-keys, cut to 64 bytes ("key KEY" if none)
+    key: str  # its CURVE public key (Z85)
+    admitted_ms: int  # how long ago this worker admitted it
+    applied: int  # the last replicated command it acknowledged
+    lag_commands: int  # commands this worker applied that it has not acknowledged
+    lag_ms: int  # how long ago this worker applied the oldest of those (0: none)
+
+
 class WorkerStatus(Struct, frozen=True, kw_only=True):
     """A worker process of `zns serve --workers N`, as the state process sees it."""
 
@@ -310,6 +321,9 @@ class WorkerStatus(Struct, frozen=True, kw_only=True):
     applied: int  # the last replicated command its replica applied
     lag_commands: int  # commands the state process applied that it has not
     lag_ms: int  # how long ago the oldest of those was applied (0: none)
+    # zns extension (optional field): under --followers, the followers it feeds (at most
+    # 16), as it last reported them (zns.core.figures); UNSET otherwise.
+    followers: list[FollowerStatus] | UnsetType = UNSET
 
 
 class StatusReply(Reply, tag="status"):

@@ -77,6 +77,7 @@ import msgspec
 import zmq
 
 from zns.core.errors import Busy, ConnectionLost, ErrorReply
+from zns.core.figures import REPORT_INTERVAL_MS, follower_status
 from zns.core.followers import (
     STATE_WINDOW_MS, STATES_PER_WINDOW, Admissions, Ignore, Lose, Pass, Refuse,
 )
@@ -85,6 +86,7 @@ from zns.core.replication import (
     Ack, Deliver, Drop, Execute, Joined, Primary, Resync, SendState, Whole, decode_to_primary,
     encode,
 )
+from zns.core.schema import FollowerStatus
 from zns.drivers.descriptors import DescriptorGuard
 from zns.drivers.loop import PollSet, Ready
 from zns.drivers.replication_link import READ_BUDGET, ReplicaLink, written_mark
@@ -103,6 +105,9 @@ MESSAGES_PER_TURN = 1000  # read from the followers per turn of the loop
 # follower takes up to its own --max-message-bytes (ZNS/1) or 16 MiB (a remoting frame).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 FORWARD_MARGIN_BYTES = 64 * 1024  # a forwarded write's own fields, around the request
+# libzmq holds a CURVE message's own framing against MAXMSGSIZE (the MESSAGE command's name,
+# nonce, flags and MAC): the option is that much larger than the longest message it lets in.
+CURVE_MESSAGE_BYTES = 33
 RECEIVED_MESSAGES = 64  # queued by libzmq per follower before it stops reading (TCP pushes back)
 SILENCE_MS = 5_000  # a follower that heard nothing this long answers `busy`
 HELLO_MS = 1_000  # a follower not yet admitted says so this often
@@ -216,7 +221,8 @@ class Gateway:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a follower gone raises
         sock.setsockopt(zmq.SNDHWM, QUEUED_MESSAGES)
         sock.setsockopt(zmq.RCVHWM, RECEIVED_MESSAGES)
-        sock.setsockopt(zmq.MAXMSGSIZE, max_request_bytes + FORWARD_MARGIN_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_request_bytes + FORWARD_MARGIN_BYTES
+                        + CURVE_MESSAGE_BYTES)
         close_dead_peers(sock)  # a follower whose host vanished, or that reads nothing
         self._link, self._dump_in_steps, self._refuse, self._clock = (
             link, dump_in_steps, refuse, clock)
@@ -231,6 +237,12 @@ class Gateway:
         self._by_identity: dict[bytes, int] = {}
         # our token -> (follower, its token, whom an audit line names: None for a broker write)
         self._forwarded: dict[int, tuple[int, int, str | None]] = {}
+        # Each follower as `status` and /metrics show it: made on the loop's thread at an
+        # admission, a drop, and once a REPORT_INTERVAL_MS at most (each follower sends its
+        # figures once a second), and replaced whole, never changed: the metrics thread
+        # reads it.
+        self.shown: list[FollowerStatus] = []
+        self._show_due = 0
 
     def bind(self, security: Security, descriptors: DescriptorGuard, endpoint: str) -> str:
         """Bind `endpoint` (SO_REUSEPORT, beside the other workers) as a CURVE server of the
@@ -282,6 +294,8 @@ class Gateway:
             self.primary.on_message(follower, message, now)
         self.primary.on_timer(now)
         self._carry_out()
+        if now >= self._show_due:
+            self._show(now)
 
     # --- the replica's Downstream ---------------------------------------
 
@@ -341,6 +355,7 @@ class Gateway:
         log.info("followers: admitted %s (%d following this worker)", name,
                  len(self.admissions.joined))
         self._join(identity)
+        self._show(now)
 
     def _join(self, identity: bytes) -> None:
         follower = self.primary.join(self._now())
@@ -452,6 +467,18 @@ class Gateway:
             if owner == follower:
                 del self._forwarded[ours]
         log.warning("followers: one dropped: %s", reason)
+        self._show(self._now())
+
+    def _show(self, now: int) -> None:
+        """Make `shown` again: each follower fed, in the order of their admissions."""
+        primary, joined = self.primary, self.admissions.joined
+        self.shown = [
+            follower_status(admitted.name, admitted.key, admitted.admitted_at,
+                            applied=primary.applied(follower), seq=primary.seq,
+                            oldest_unapplied_at=primary.unapplied_since(follower), now=now)
+            for follower, identity in self._identities.items()
+            if (admitted := joined.get(identity)) is not None]
+        self._show_due = now + REPORT_INTERVAL_MS
 
     def close(self) -> None:
         self.sock.close(linger=0)

@@ -37,7 +37,7 @@ from zns.core.errors import ConfigError, UsageError
 from zns.core.figures import Overview, StateFigures, WorkerFigures
 from zns.core.latency import AGE_BOUNDS, BOUNDS, Histogram, LatencyHistogram, age_buckets
 from zns.core.remoting.constants import RequestCode, ResponseCode
-from zns.core.schema import tag_of
+from zns.core.schema import FollowerStatus, tag_of
 from zns.core.service import NameService
 from zns.drivers.descriptors import DescriptorGuard, listen_tcp
 from zns.drivers.io_errors import configured
@@ -70,7 +70,8 @@ class Observed(Protocol):
     replica: Any  # a worker's zns.core.replication.Replica (.dropped_events, .resyncs), or None
     state: Any  # one process's state dump writer (.written, .failed), or None
     silent: Callable[[], int] | None  # a follower's: ms since it heard from its NameServer
-    following: Callable[[], int] | None  # a worker's with --followers: how many it feeds
+    # A worker's with --followers: the followers it feeds (zns.drivers.followers.Gateway.shown)
+    following: Callable[[], list[FollowerStatus]] | None
 
     @property
     def dropped_replies(self) -> int:
@@ -279,6 +280,7 @@ def own_figures(server: Observed) -> WorkerFigures:
     listener = server.remoting
     writes = service.forwarded
     replica = server.replica
+    feeds = server.following() if server.following is not None else []
     return WorkerFigures(
         worker=server.worker, pid=os.getpid(),
         requests=[(tag_of(kind), "ok", n) for kind, n in dict(service.ok_counts).items()]
@@ -297,7 +299,7 @@ def own_figures(server: Observed) -> WorkerFigures:
         writes_timed_out=writes.timed_out if writes is not None else 0,
         request_pauses=writes.request_pauses if writes is not None else 0,
         events_dropped=replica.dropped_events if replica is not None else 0,
-        followers=server.following() if server.following is not None else 0,
+        followers=len(feeds), feeds=feeds,
         resyncs=replica.resyncs if replica is not None else 0,
         **process_usage(),
     )
@@ -348,16 +350,34 @@ def _replication(state: StateFigures | None, overview: Overview | None, own: Wor
                    "the whole (state, or a worker's number)", labels=["process"])
     cpu = counter("zns_process_cpu_seconds", "CPU time (user and system) of each process of "
                   "the whole (state, or a worker's number)", labels=["process"])
+    reports = [own, *(r for r in (overview.reports if overview else [])
+                      if r.worker != own.worker)]
     processes: list[tuple[str, int, float]] = []
     if state is not None:
         processes.append(("state", state.rss_bytes, state.cpu_seconds))
-    processes += [(str(r.worker), r.rss_bytes, r.cpu_seconds) for r in
-                  [own, *(r for r in (overview.reports if overview else [])
-                          if r.worker != own.worker)]]
+    processes += [(str(r.worker), r.rss_bytes, r.cpu_seconds) for r in reports]
     for name, rss, seconds in processes:
         memory.add_metric([name], rss)
         cpu.add_metric([name], seconds)
     yield from (memory, cpu)
+    # At most 16 followers per worker (zns.core.followers.MAX_FOLLOWERS), so at most 16
+    # series per worker; followers of one name (one key on two hosts) are one series, the
+    # furthest behind.
+    fed = gauge("zns_worker_follower_lag_commands", "Commands the worker applied that a "
+                "follower it feeds (--followers) has not acknowledged", labels=["worker",
+                                                                               "follower"])
+    fed_s = gauge("zns_worker_follower_lag_seconds", "How long ago the worker applied the "
+                  "oldest command a follower it feeds has not acknowledged (0: none)",
+                  labels=["worker", "follower"])
+    for report in reports:
+        furthest: dict[str, tuple[int, int]] = {}
+        for follower in report.feeds:
+            furthest[follower.name] = max(furthest.get(follower.name, (0, 0)),
+                                          (follower.lag_commands, follower.lag_ms))
+        for name, (commands, ms) in sorted(furthest.items()):
+            fed.add_metric([str(report.worker), name], commands)
+            fed_s.add_metric([str(report.worker), name], ms / 1000)
+    yield from (fed, fed_s)
 
 
 def _cumulative(bounds: Iterable[float], counts: Iterable[int]) -> list[tuple[str, int]]:

@@ -37,6 +37,7 @@ from zns.core.handshakes import HandshakeWatch
 from zns.core.latency import LatencyHistogram
 from zns.core.readiness import Readiness
 from zns.core.replication import Replica
+from zns.core.schema import FollowerStatus
 from zns.core.subscriptions import QueuedEvents, SubscriptionBudget
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.handshakes import HANDSHAKE_EVENTS, HandshakeLog
@@ -86,8 +87,8 @@ class Server:
     replica: Replica | None = None  # a worker's replica (its counts go to /metrics)
     # A follower's (zns.drivers.followers): ms since it last heard from its NameServer.
     silent: Callable[[], int] | None = None
-    # A worker's with --followers: how many followers it feeds.
-    following: Callable[[], int] | None = None
+    # A worker's with --followers: the followers it feeds (zns.drivers.followers.Gateway.shown).
+    following: Callable[[], list[FollowerStatus]] | None = None
 
     def __init__(
         self,

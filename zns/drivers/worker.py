@@ -64,7 +64,7 @@ from zns.core.config import ServerConfig
 from zns.core.errors import (
     Busy, ConfigError, ConnectionLost, ErrorReply, Internal, NoPermission, from_reply,
 )
-from zns.core.figures import REPORT_INTERVAL_MS, Overview, decode_overview
+from zns.core.figures import REPORT_INTERVAL_MS, Overview, decode_overview, with_followers
 from zns.core.followers import FollowerIds
 from zns.core.figures import encode as encode_figures
 from zns.core.forwarding import ForwardedWrites, WriteInFlight
@@ -155,6 +155,7 @@ class ReplicaService(NameService):
         # once it serves): `catch_up` runs it before each read and after each forward.
         self.take_in_written: Callable[[], None] = lambda: None
         self.follows: Follows | None = None  # a follower's (zns.drivers.followers)
+        self.feeds_followers = False  # --followers: `status` lists each worker's followers
         self.forwarded = ForwardedWrites(timeout_ms=WRITE_TIMEOUT_MS)
         # The open remoting connections that forwarded a write: only their closes go to the
         # state process (`apply`).
@@ -389,9 +390,11 @@ class ReplicaService(NameService):
         if type(request) is Status and self.worker:  # a follower's is a single process's
             assert isinstance(reply, StatusReply)
             overview = self.overview
-            reply = msgspec.structs.replace(
-                reply, worker=self.worker,
-                workers=list(overview.state.workers) if overview is not None else [])
+            workers = list(overview.state.workers) if overview is not None else []
+            if self.feeds_followers:
+                workers = with_followers(workers, overview.reports if overview is not None
+                                         else [])
+            reply = msgspec.structs.replace(reply, worker=self.worker, workers=workers)
         return reply
 
 
@@ -659,7 +662,8 @@ def _serve(config: ServerConfig, worker: int, channel: socket.socket | NetworkCh
             server.close()
             raise ConfigError(f"cannot bind {config.followers}: {exc}") from exc
         link.downstream = gateway
-        server.following = lambda: len(gateway.admissions.joined)
+        server.following = lambda: gateway.shown
+        service.feeds_followers = True
         log.info("feeding followers on %s", bound)
     for frames in held:
         server.outbox.put(frames)
