@@ -4,7 +4,6 @@ the workers' shared port, `status` listing every worker, log lines naming the wo
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import logging
 import os
@@ -532,13 +531,26 @@ def test_where_ports_cannot_be_locked_the_state_process_says_so_and_starts(
         "them while none of this one's workers listens is not refused"]
 
 
+@pytest.mark.parametrize("workers", ["1", "0"])
+def test_two_endpoints_of_one_zns_on_one_port_are_refused_at_once_in_one_line(
+        tmp_path: Path, workers: str) -> None:
+    # Its own lock: not "another zns", and nothing to wait for (as one process says it).
+    port = free_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "zns", "serve", "--workers", workers, "--router",
+         f"tcp://127.0.0.1:{port}", "--pub", f"tcp://localhost:{port}",
+         "--kv-path", str(tmp_path / "kv.json")],
+        capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and not result.stdout, result
+    [line] = result.stderr.strip().splitlines()
+    assert line == f"Error: cannot bind tcp://localhost:{port}: [Errno 98] Address already in use"
+
+
 def lock_of(endpoint: str) -> socket.socket | None:
     """The lock of `endpoint`'s port taken here, or None when another process holds it."""
     try:
-        lock, why = state_process.lock_port(socket.AF_INET,
-                                            ("127.0.0.1", int(endpoint.rpartition(":")[2])))
-    except OSError as exc:
-        assert exc.errno == errno.EADDRINUSE, exc
+        lock, why = state_process.lock_port(f"127.0.0.1:{endpoint.rpartition(':')[2]}")
+    except state_process.PortLocked:
         return None
     assert lock is not None, why
     return lock

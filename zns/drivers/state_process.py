@@ -168,10 +168,12 @@ LOCK_HELD = "another zns holds the port, none of its workers listening on it now
 
 class Reservation:
     """A public port the state process holds (`reserve_port`): `sock`, the TCP socket, and
-    `lock`, the port's lock (None when ports cannot be locked here: `unlocked` says why)."""
+    `lock`, the port's lock named `name` (None when ports cannot be locked here: `unlocked`
+    says why)."""
 
-    def __init__(self, sock: socket.socket, lock: socket.socket | None, unlocked: str) -> None:
-        self.sock, self.lock, self.unlocked = sock, lock, unlocked
+    def __init__(self, sock: socket.socket, name: str, lock: socket.socket | None,
+                 unlocked: str) -> None:
+        self.sock, self.name, self.lock, self.unlocked = sock, name, lock, unlocked
 
     def close(self) -> None:
         self.sock.close()
@@ -179,10 +181,18 @@ class Reservation:
             self.lock.close()
 
 
+class PortLocked(OSError):
+    """EADDRINUSE: the lock `name` (`lock_port`) is held by another socket."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(errno.EADDRINUSE, f"{os.strerror(errno.EADDRINUSE)} ({LOCK_HELD})")
+        self.name = name
+
+
 def reserve_port(endpoint: str) -> tuple[str, Reservation]:
     """`endpoint` (tcp://host:port) with a port of `*` or 0 made a free port, and what holds
     it: a socket never listening, with SO_REUSEPORT set once it is bound, and the port's
-    lock. OSError (EADDRINUSE) when either is taken.
+    lock. OSError (EADDRINUSE) when the port is taken, PortLocked when its lock is.
 
     Set before the bind, SO_REUSEPORT would let this bind join any listener of the same
     user on the port: a second `zns serve` on the same fixed ports would share them with
@@ -201,24 +211,23 @@ def reserve_port(endpoint: str) -> tuple[str, Reservation]:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        lock, unlocked = lock_port(sock.family, sock.getsockname())
+        # The address as the kernel names it: `localhost` and 127.0.0.1 take one lock.
+        bound_host, bound_port = sock.getsockname()[:2]
+        name = f"{f'[{bound_host}]' if family == socket.AF_INET6 else bound_host}:{bound_port}"
+        lock, unlocked = lock_port(name)
     except BaseException:
         sock.close()
         raise
-    return f"tcp://{host}:{sock.getsockname()[1]}", Reservation(sock, lock, unlocked)
+    return f"tcp://{host}:{bound_port}", Reservation(sock, name, lock, unlocked)
 
 
-def lock_port(family: int, address: tuple[str, int] | tuple[str, int, int, int]
-              ) -> tuple[socket.socket | None, str]:
-    """The lock of TCP `address` (as the kernel names a bound socket's, so that `localhost`
-    and 127.0.0.1 take the same lock), held until its socket is closed: the abstract Unix
-    socket name `PORT_LOCK_PREFIX` + `127.0.0.1:9876` (`[::1]:9876` for IPv6), bound and
-    never listening. OSError (EADDRINUSE) when another process holds it. (None, why) where
-    ports cannot be locked (not Linux, or Unix sockets refused to this process)."""
+def lock_port(name: str) -> tuple[socket.socket | None, str]:
+    """The lock of the TCP address `name` (`127.0.0.1:9876`, `[::1]:9876`), held until its
+    socket is closed: the abstract Unix socket PORT_LOCK_PREFIX + `name`, bound and never
+    listening. PortLocked when another socket holds it. (None, why) where ports cannot be
+    locked (not Linux, or Unix sockets refused to this process)."""
     if not PORT_LOCKS:
         return None, "abstract Unix socket names are Linux's"
-    host, port = address[0], address[1]
-    name = f"{f'[{host}]' if family == socket.AF_INET6 else host}:{port}"
     try:
         lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     except OSError as exc:
@@ -228,8 +237,7 @@ def lock_port(family: int, address: tuple[str, int] | tuple[str, int, int, int]
     except OSError as exc:
         lock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise OSError(errno.EADDRINUSE,
-                          f"{os.strerror(errno.EADDRINUSE)} ({LOCK_HELD})") from None
+            raise PortLocked(name) from None
         return None, f"cannot bind the lock of {name}: {exc.strerror}"
     return lock, ""
 
@@ -332,7 +340,11 @@ class StateProcess:
                 bound, reservation = reserve_port(endpoint)
                 break
             except OSError as exc:
-                if exc.errno == errno.EADDRINUSE and time.monotonic() < give_up:
+                if isinstance(exc, PortLocked) and any(r.name == exc.name
+                                                       for r in self._reserved):
+                    # Another endpoint of this zns: refused at once, as one process says it.
+                    exc = OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
+                elif exc.errno == errno.EADDRINUSE and time.monotonic() < give_up:
                     time.sleep(0.05)
                     continue
                 raise EndpointError(f"{refused or f'cannot bind {endpoint}'}: {exc}") from exc
