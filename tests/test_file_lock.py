@@ -14,8 +14,8 @@ import pytest
 
 from helpers import ProcessServer, wait_for
 from zns.core.errors import Internal, KvFileError
-from zns.drivers import file_lock
-from zns.drivers.kv_file import KvStore
+from zns.drivers import file_lock, state_file
+from zns.drivers.kv_file import KvStore, read_kv_file
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -167,3 +167,77 @@ def test_workers_hold_no_copy_of_the_lock(tmp_path: Path) -> None:
         assert not any(holds(pid) for pid in pids)
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.parametrize("link", ["file", "directory"])
+@pytest.mark.parametrize("option", ["--kv-path", "--state-path"])
+def test_a_second_zns_on_the_same_file_through_another_name_is_refused_in_one_line(
+        tmp_path: Path, option: str, link: str) -> None:
+    # The lock sat beside the name given: a symlink to the first one's file, in a directory
+    # of its own, locked a file of its own, and both wrote one file.
+    first_dir, second_dir = tmp_path / "a", tmp_path / "b"
+    first_dir.mkdir()
+    if link == "directory":
+        second_dir.symlink_to(first_dir)
+    else:
+        second_dir.mkdir()
+        for name in ("kv.log", "state.dump"):
+            (second_dir / name).symlink_to(first_dir / name)  # neither exists yet
+    first = ProcessServer(tmp_path, "--workers", "0", "--state-path",
+                          str(first_dir / "state.dump"), kv_path=first_dir / "kv.log")
+    try:
+        own = {"--kv-path": str(tmp_path / "own-kv.log"),
+               "--state-path": str(tmp_path / "own-state.dump")}
+        own[option] = str(second_dir / ("kv.log" if option == "--kv-path" else "state.dump"))
+        second = serve("--workers", "0", *(word for item in own.items() for word in item))
+        assert second.returncode == 1 and not second.stdout, second
+        [line] = second.stderr.strip().splitlines()
+        held = first_dir / ("kv.log" if option == "--kv-path" else "state.dump")
+        assert line == (f"Error: {held} is in use by another zns (pid {first.proc.pid}): give "
+                        f"each NameServer a file of its own ({option})")
+    finally:
+        assert first.stop() == 0
+
+
+def test_a_symlinked_kv_file_stays_a_symlink_and_its_target_holds_the_writes(
+        tmp_path: Path) -> None:
+    # The first write and each compaction rename a new file into place: over the name given,
+    # they replaced the operator's symlink with a file of their own.
+    target, link = tmp_path / "a" / "kv.log", tmp_path / "b" / "kv.log"
+    target.parent.mkdir()
+    link.parent.mkdir()
+    link.symlink_to(target)  # the file does not exist yet: the first write makes it
+    store = KvStore(link, compact_min_bytes=256)
+    for n in range(40):
+        store.put("ns", "k", f"value {n}")
+    store.close()
+    assert (target.parent / "kv.log.bak").exists()  # compacted: renamed over the file
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert read_kv_file(target) == {"ns": {"k": "value 39"}}
+    assert [p.name for p in link.parent.iterdir()] == ["kv.log"]  # the lock is beside target
+
+
+def test_a_symlinked_state_dump_stays_a_symlink_and_its_target_holds_the_dump(
+        tmp_path: Path) -> None:
+    from helpers import register_fields, zns1_ok
+    from zns.core import warm
+    from zns.core.service import NameService
+
+    target, link = tmp_path / "a" / "state.dump", tmp_path / "b" / "state.dump"
+    target.parent.mkdir()
+    link.parent.mkdir()
+    link.symlink_to(target)
+    path = state_file.state_path_for(str(link), None)  # as the server reads --state-path
+    assert path is not None
+    service = NameService(KvStore(None), epoch="e", started_at_ms=0)
+    writer, _ = state_file.restored_writer(path, service, now=0, wall_ms=lambda: 0,
+                                           wake=lambda: None, clock=lambda: 0)
+    for n in range(2):  # made, then replaced
+        zns1_ok(service, "register_broker", 2000, id=1,
+                **register_fields(broker_name=f"broker-{n}"))
+        writer.write_now()
+    writer.close()
+    assert writer.written == 2
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert warm.decode_dump(target.read_bytes()).table == service.table.dump()
+    assert [p.name for p in link.parent.iterdir()] == ["state.dump"]

@@ -3,6 +3,7 @@ the workers' shared port, `status` listing every worker, log lines naming the wo
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -18,8 +19,10 @@ from typing import Any
 import pytest
 import zmq
 
-from helpers import Peer, ProcessServer, register_fields, wait_for
+from helpers import Peer, ProcessServer, free_port, register_fields, wait_for
 from test_metrics import get
+from zns.core.config import ServerConfig
+from zns.drivers import state_process
 from zns.drivers.security import write_keypair
 from zns.drivers.worker import name_worker_lines
 
@@ -491,29 +494,105 @@ def test_a_second_zns_on_a_port_a_running_one_serves_is_refused_in_one_line(
         assert first.stop() == 0
 
 
+@pytest.mark.parametrize("named", ["127.0.0.1", "localhost"])
+def test_a_second_zns_on_a_port_held_while_none_of_its_holders_workers_listens_is_refused(
+        tmp_path: Path, named: str) -> None:
+    # Two reservations that never listen, both with SO_REUSEADDR, bind one port: two zns
+    # started at the same moment (or a second one while the first one's only worker was
+    # being replaced) both started, and the kernel split connections between their workers.
+    # The first here is this test's reservation, held as a state process holds it before
+    # its workers listen; the second names the port by another name of the same address.
+    port = free_port()
+    _, held = state_process.reserve_port(f"tcp://127.0.0.1:{port}")
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "zns", "serve", "--workers", "1", "--router",
+             f"tcp://{named}:{port}", "--pub", "tcp://127.0.0.1:*",
+             "--kv-path", str(tmp_path / "kv.json")],
+            capture_output=True, text=True, timeout=30)
+    finally:
+        held.close()
+    assert result.returncode == 1 and not result.stdout, result
+    [line] = result.stderr.strip().splitlines()
+    assert line == (f"Error: cannot bind tcp://{named}:{port}: [Errno 98] Address already in "
+                    "use (another zns holds the port, none of its workers listening on it now)")
+    assert not (tmp_path / "kv.json").exists()
+
+
+def test_where_ports_cannot_be_locked_the_state_process_says_so_and_starts(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(state_process, "PORT_LOCKS", False)  # not Linux
+    config = ServerConfig(router="tcp://127.0.0.1:*", pub="tcp://127.0.0.1:*", kv_path=None)
+    with caplog.at_level(logging.WARNING, logger="zns"):
+        process = state_process.StateProcess(config)
+    process.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "ports not locked (abstract Unix socket names are Linux's): a second zns started on "
+        "them while none of this one's workers listens is not refused"]
+
+
+@pytest.mark.parametrize("workers", ["1", "0"])
+def test_two_endpoints_of_one_zns_on_one_port_are_refused_at_once_in_one_line(
+        tmp_path: Path, workers: str) -> None:
+    # Its own lock: not "another zns", and nothing to wait for (as one process says it).
+    port = free_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "zns", "serve", "--workers", workers, "--router",
+         f"tcp://127.0.0.1:{port}", "--pub", f"tcp://localhost:{port}",
+         "--kv-path", str(tmp_path / "kv.json")],
+        capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and not result.stdout, result
+    [line] = result.stderr.strip().splitlines()
+    assert line == f"Error: cannot bind tcp://localhost:{port}: [Errno 98] Address already in use"
+
+
+def lock_of(endpoint: str) -> socket.socket | None:
+    """The lock of `endpoint`'s port taken here, or None when another process holds it."""
+    try:
+        lock, why = state_process.lock_port(f"127.0.0.1:{endpoint.rpartition(':')[2]}")
+    except state_process.PortLocked:
+        return None
+    assert lock is not None, why
+    return lock
+
+
 def test_a_restart_on_the_ports_of_a_killed_state_process_waits_for_its_last_worker(
         tmp_path: Path) -> None:
     # Its workers leave once they read the end of its channel; a worker that has not yet
     # (here: stopped) still listens, and the restart waits for it instead of refusing.
     first = ProcessServer(tmp_path, "--workers", "1")
     (pid,) = worker_pids(first).values()
-    os.kill(pid, signal.SIGSTOP)
-    first.proc.kill()
-    first.proc.wait(15)
-    first.log.close()
-    restart = subprocess.Popen(
-        [sys.executable, "-m", "zns", "serve", "--workers", "1", "--router", first.router,
-         "--pub", first.pub, "--kv-path", str(tmp_path / "b-kv.json")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)  # the restart is trying the port meanwhile
-        assert restart.poll() is None
-        os.kill(pid, signal.SIGKILL)  # the last worker gone: the port is free
-        peer = Peer(first.router, None)
+        assert lock_of(first.router) is None and lock_of(first.pub) is None  # held: running
+        os.kill(pid, signal.SIGSTOP)
+        first.proc.kill()
+        first.proc.wait(15)
+        # The locks were the state process's alone: free at once, though its worker listens.
+        for endpoint in (first.router, first.pub):
+            lock = lock_of(endpoint)
+            assert lock is not None, f"{endpoint}'s lock outlived the state process"
+            lock.close()
+        restart = subprocess.Popen(
+            [sys.executable, "-m", "zns", "serve", "--workers", "1", "--router", first.router,
+             "--pub", first.pub, "--kv-path", str(tmp_path / "b-kv.json")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            assert peer.ok("status").brokers == 0  # the restart serves
+            time.sleep(0.5)  # the restart is trying the port meanwhile
+            assert restart.poll() is None
+            os.kill(pid, signal.SIGKILL)  # the last worker gone: the port is free
+            pid = 0
+            peer = Peer(first.router, None)
+            try:
+                assert peer.ok("status").brokers == 0  # the restart serves
+            finally:
+                peer.close()
         finally:
-            peer.close()
+            restart.terminate()
+            assert restart.wait(15) == 0, restart.stderr.read() if restart.stderr else ""
     finally:
-        restart.terminate()
-        assert restart.wait(15) == 0, restart.stderr.read() if restart.stderr else ""
+        first.proc.kill()
+        first.proc.wait(15)
+        first.log.close()
+        if pid:  # the test failed before its kill (it may be stopped)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -12,6 +12,11 @@ a stale lock file never blocks a restart; the file stays, holding the last holde
 A child forked from the holder (a worker of the state process) closes its copy at once:
 the lock stays the holder's, and is free as soon as the holder is gone, not when its
 last worker has noticed. A file system without `flock` refuses the start, saying so.
+
+A store locks the real file: its path with every symlink resolved (`real_file`, once, where
+the store is made), so that two names of one file (a symlink to it, or to its directory)
+take one lock, and the store's renames replace the file, never a symlink to it. A hard
+link is another name this cannot see: two hard links are two paths of their own.
 """
 
 from __future__ import annotations
@@ -37,6 +42,13 @@ class FileLock:
         if self._held:
             self._held = False
             _drop(self.path)
+
+
+def real_file(path: Path) -> Path:
+    """`path` with every symlink in it resolved (of the file and of its directories, those
+    that exist; os.path.realpath, so a symlink loop is left as it is, for the caller's
+    checks to refuse): the file a store locks, writes and renames over."""
+    return Path(os.path.realpath(path))
 
 
 # This process's locks: lock file -> [descriptor, holds]. A lock is per process: a second

@@ -151,7 +151,9 @@ class KvStore:
 
         KvFileError at once when `path` cannot hold the store (its directory is a
         file or not writable), not at the first write."""
-        self.path = _default_or_legacy(Path(path)) if path is not None else None
+        # The real file (file_lock.real_file): a symlink given stays one, its target written.
+        self.path = file_lock.real_file(_default_or_legacy(Path(path))) \
+            if path is not None else None
         self.policy = KvLogPolicy(compact_min_bytes, step_bytes)
         self._free_bytes = free_bytes
         self._clock = clock

@@ -57,10 +57,10 @@ LOCKED_OPTION = "--state-path"  # named by the refusal of a dump another zns hol
 
 
 def state_path_for(state_path: str, kv_path: str | None) -> Path | None:
-    """The dump's path: `state_path`, or the KV file's with DEFAULT_SUFFIX when it is "";
-    None (no dump) when the KV store is held in memory and no path is given. ConfigError
-    when it is the KV file's: each dump would be renamed over the KV log, whose
-    acknowledged writes would then go to a file no longer there."""
+    """The dump's real path (file_lock.real_file): `state_path`, or the KV file's name with
+    DEFAULT_SUFFIX when it is ""; None (no dump) when the KV store is held in memory and no
+    path is given. ConfigError when it is the KV file: each dump would be renamed over
+    the KV log, whose acknowledged writes would then go to a file no longer there."""
     if state_path:
         path = Path(state_path).expanduser()
     elif kv_path is None:
@@ -71,7 +71,7 @@ def state_path_for(state_path: str, kv_path: str | None) -> Path | None:
     if kv_path is not None and _same_file(path, Path(kv_path).expanduser()):
         raise ConfigError(f"state dump {path} is the KV file (--kv-path); give the state dump "
                           "a file of its own (--state-path)")
-    return path
+    return file_lock.real_file(path)  # its lock and its renames act on the file, not a symlink
 
 
 def _same_file(one: Path, other: Path) -> bool:

@@ -17,10 +17,11 @@ replaced.
 The public ports: the state process resolves a configured port of `*` or 0 to
 one free port, and holds that port for as long as it runs with a TCP socket
 bound with SO_REUSEPORT and never listening (so no connection can reach it,
-and a worker started later binds the same port). Its channels to the workers
-are unnamed socketpairs. So no outside peer can reach this process at all, and
-none of libzmq's aborts can take the routes down: the state process speaks no
-ZMTP.
+and a worker started later binds the same port), and with the port's lock, an
+abstract Unix socket name that another zns cannot take meanwhile (`reserve_port`).
+Its channels to the workers are unnamed socketpairs. So no outside peer can reach
+this process at all, and none of libzmq's aborts can take the routes down: the
+state process speaks no ZMTP.
 
 Figures (zns.core.figures): each worker reports its own counts once a second;
 the state process keeps the last report of each live worker and sends every
@@ -37,6 +38,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Sequence
 
@@ -155,9 +157,42 @@ def execute(service: PrimaryService, request: bytes, now: int) -> tuple[None, by
     return None, _encode(WriteAnswer(outcome=outcome, reply=encode(reply)))
 
 
-def reserve_port(endpoint: str) -> tuple[str, socket.socket]:
-    """`endpoint` (tcp://host:port) with a port of `*` or 0 made a free port, and the
-    socket that holds it: never listening, with SO_REUSEPORT set once it is bound.
+# A port's lock (`lock_port`) is an abstract Unix socket: a name with no file, which the
+# kernel drops with the last descriptor of its socket (however the process ends), and which
+# is per network namespace, as TCP ports are. Such names are Linux's: elsewhere ports are
+# not locked, and the state process says so at start.
+PORT_LOCKS = sys.platform.startswith("linux")
+PORT_LOCK_PREFIX = "\0zns:tcp:"
+LOCK_HELD = "another zns holds the port, none of its workers listening on it now"
+
+
+class Reservation:
+    """A public port the state process holds (`reserve_port`): `sock`, the TCP socket, and
+    `lock`, the port's lock named `name` (None when ports cannot be locked here: `unlocked`
+    says why)."""
+
+    def __init__(self, sock: socket.socket, name: str, lock: socket.socket | None,
+                 unlocked: str) -> None:
+        self.sock, self.name, self.lock, self.unlocked = sock, name, lock, unlocked
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.lock is not None:
+            self.lock.close()
+
+
+class PortLocked(OSError):
+    """EADDRINUSE: the lock `name` (`lock_port`) is held by another socket."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(errno.EADDRINUSE, f"{os.strerror(errno.EADDRINUSE)} ({LOCK_HELD})")
+        self.name = name
+
+
+def reserve_port(endpoint: str) -> tuple[str, Reservation]:
+    """`endpoint` (tcp://host:port) with a port of `*` or 0 made a free port, and what holds
+    it: a socket never listening, with SO_REUSEPORT set once it is bound, and the port's
+    lock. OSError (EADDRINUSE) when the port is taken, PortLocked when its lock is.
 
     Set before the bind, SO_REUSEPORT would let this bind join any listener of the same
     user on the port: a second `zns serve` on the same fixed ports would share them with
@@ -165,7 +200,10 @@ def reserve_port(endpoint: str) -> tuple[str, socket.socket]:
     of each other. Bound without it, the bind fails (EADDRINUSE) while anything listens
     there; set after it, the workers' binds (SO_REUSEPORT too) still join this socket.
     SO_REUSEADDR stays: it passes over the TIME_WAIT connections of an instance just
-    stopped, never over a listener."""
+    stopped, never over a listener. But it passes over another socket that does not
+    listen either: a second zns reserving the port while none of the first one's workers
+    listens (both started at the same moment, or the first one's only worker being
+    replaced) would bind beside it. The lock refuses that one."""
     host, _, port = endpoint[len("tcp://"):].rpartition(":")
     family, address = tcp_address(host, 0 if port in ("*", "0") else int(port))
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -173,10 +211,35 @@ def reserve_port(endpoint: str) -> tuple[str, socket.socket]:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        # The address as the kernel names it: `localhost` and 127.0.0.1 take one lock.
+        bound_host, bound_port = sock.getsockname()[:2]
+        name = f"{f'[{bound_host}]' if family == socket.AF_INET6 else bound_host}:{bound_port}"
+        lock, unlocked = lock_port(name)
     except BaseException:
         sock.close()
         raise
-    return f"tcp://{host}:{sock.getsockname()[1]}", sock
+    return f"tcp://{host}:{bound_port}", Reservation(sock, name, lock, unlocked)
+
+
+def lock_port(name: str) -> tuple[socket.socket | None, str]:
+    """The lock of the TCP address `name` (`127.0.0.1:9876`, `[::1]:9876`), held until its
+    socket is closed: the abstract Unix socket PORT_LOCK_PREFIX + `name`, bound and never
+    listening. PortLocked when another socket holds it. (None, why) where ports cannot be
+    locked (not Linux, or Unix sockets refused to this process)."""
+    if not PORT_LOCKS:
+        return None, "abstract Unix socket names are Linux's"
+    try:
+        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as exc:
+        return None, f"no Unix socket: {exc.strerror}"
+    try:
+        lock.bind(PORT_LOCK_PREFIX + name)
+    except OSError as exc:
+        lock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortLocked(name) from None
+        return None, f"cannot bind the lock of {name}: {exc.strerror}"
+    return lock, ""
 
 
 class StateProcess:
@@ -189,7 +252,7 @@ class StateProcess:
         # deadline): its lines are held to the repeat filter as a single process's are
         # (`Server` installs it there; this process makes none). The workers fork with it.
         install_repeat_filter(log)
-        self._reserved: list[socket.socket] = []
+        self._reserved: list[Reservation] = []
         try:
             router = self._reserve(config.router)
             pub = self._reserve(config.pub)
@@ -206,6 +269,9 @@ class StateProcess:
         except EndpointError:
             self.close()
             raise
+        if unlocked := sorted({r.unlocked for r in self._reserved if r.unlocked}):
+            log.warning("ports not locked (%s): a second zns started on them while none of "
+                        "this one's workers listens is not refused", "; ".join(unlocked))
         self.config = msgspec.structs.replace(config, router=router, pub=pub, remoting=remoting,
                                               metrics=metrics, followers=followers)
         self._stopping = False
@@ -263,22 +329,26 @@ class StateProcess:
                 log.info("zns stopped")  # the same last line as one process: whatever the shape
 
     def _reserve(self, endpoint: str, refused: str = "") -> str:
-        """`reserve_port`, its socket held until `close`; EndpointError starting with
-        `refused` (default: cannot bind `endpoint`), as one process says it, once the port
+        """`reserve_port`, held until `close`; EndpointError starting with `refused`
+        (default: cannot bind `endpoint`), as one process says it, once the port or its lock
         is still in use after PORT_FREED_WAIT_S: the workers of a state process just
         killed leave as soon as they read its channel's end, and a restart must not be
         refused for the moment they take; another NameServer keeps it."""
         give_up = time.monotonic() + PORT_FREED_WAIT_S
         while True:
             try:
-                bound, sock = reserve_port(endpoint)
+                bound, reservation = reserve_port(endpoint)
                 break
             except OSError as exc:
-                if exc.errno == errno.EADDRINUSE and time.monotonic() < give_up:
+                if isinstance(exc, PortLocked) and any(r.name == exc.name
+                                                       for r in self._reserved):
+                    # Another endpoint of this zns: refused at once, as one process says it.
+                    exc = OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
+                elif exc.errno == errno.EADDRINUSE and time.monotonic() < give_up:
                     time.sleep(0.05)
                     continue
                 raise EndpointError(f"{refused or f'cannot bind {endpoint}'}: {exc}") from exc
-        self._reserved.append(sock)
+        self._reserved.append(reservation)
         return bound
 
     def stop(self) -> None:
@@ -292,8 +362,8 @@ class StateProcess:
             _kill(pid, signal.SIGHUP)
 
     def close(self) -> None:
-        for sock in self._reserved:
-            sock.close()
+        for reservation in self._reserved:
+            reservation.close()
         self._reserved.clear()
         if hasattr(self, "link"):
             self.link.close()
@@ -313,8 +383,10 @@ class StateProcess:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             # SIGHUP stays blocked (fork_worker) until the worker's Server installs its
             # handler: a key reload while it starts reaches it then.
-            for sock in self._reserved:
-                sock.close()
+            # The ports and their locks are this process's: the locks are free as soon as it
+            # is gone, not once its last worker has read the end of its channel.
+            for reservation in self._reserved:
+                reservation.close()
             self.kv.disown()  # the KV file is this process's to write (its entries: copied)
             # The machine as forked, at the seq the state transfer will name (nothing is
             # applied between the fork and the worker's join): the worker serves it.
