@@ -515,7 +515,8 @@ def test_a_second_zns_on_a_port_held_while_none_of_its_holders_workers_listens_i
     assert result.returncode == 1 and not result.stdout, result
     [line] = result.stderr.strip().splitlines()
     assert line == (f"Error: cannot bind tcp://{named}:{port}: [Errno 98] Address already in "
-                    "use (another zns holds the port, none of its workers listening on it now)")
+                    "use (another zns holds the port, none of its workers listening on it now: "
+                    f"pid {os.getpid()})")
     assert not (tmp_path / "kv.json").exists()
 
 
@@ -544,6 +545,17 @@ def test_two_endpoints_of_one_zns_on_one_port_are_refused_at_once_in_one_line(
     assert result.returncode == 1 and not result.stdout, result
     [line] = result.stderr.strip().splitlines()
     assert line == f"Error: cannot bind tcp://localhost:{port}: [Errno 98] Address already in use"
+
+
+def test_a_locks_holder_is_found_by_its_descriptor_and_nobody_holds_a_free_one() -> None:
+    port = free_port()
+    lock, why = state_process.lock_port(f"127.0.0.1:{port}")
+    assert lock is not None, why
+    try:
+        assert state_process.lock_holder(f"127.0.0.1:{port}") == os.getpid()
+    finally:
+        lock.close()
+    assert state_process.lock_holder(f"127.0.0.1:{port}") is None
 
 
 def lock_of(endpoint: str) -> socket.socket | None:

@@ -182,10 +182,12 @@ class Reservation:
 
 
 class PortLocked(OSError):
-    """EADDRINUSE: the lock `name` (`lock_port`) is held by another socket."""
+    """EADDRINUSE: the lock `name` (`lock_port`) is held by another socket (of process
+    `holder`, when known: `lock_holder`)."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(errno.EADDRINUSE, f"{os.strerror(errno.EADDRINUSE)} ({LOCK_HELD})")
+    def __init__(self, name: str, holder: int | None = None) -> None:
+        held = LOCK_HELD if holder is None else f"{LOCK_HELD}: pid {holder}"
+        super().__init__(errno.EADDRINUSE, f"{os.strerror(errno.EADDRINUSE)} ({held})")
         self.name = name
 
 
@@ -240,6 +242,29 @@ def lock_port(name: str) -> tuple[socket.socket | None, str]:
             raise PortLocked(name) from None
         return None, f"cannot bind the lock of {name}: {exc.strerror}"
     return lock, ""
+
+
+def lock_holder(name: str) -> int | None:
+    """The pid of a process holding the lock `name`, as `ss -xp` finds it: the lock's inode
+    in /proc/net/unix, then a descriptor of that socket under /proc/PID/fd. None when none
+    is found (a process of another user, whose descriptors this one may not read). Asked
+    once, when a start is refused: it reads every process's descriptors."""
+    shown = "@" + (PORT_LOCK_PREFIX + name)[1:]  # an abstract name's NUL shows as "@"
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as table:
+            inodes = {fields[6] for line in table
+                      if len(fields := line.split()) >= 8 and fields[7] == shown}
+    except OSError:
+        return None
+    targets = {f"socket:[{inode}]" for inode in inodes}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in targets
+                   for fd in os.listdir(f"/proc/{pid}/fd")):
+                return int(pid)
+        except OSError:
+            continue  # gone, or another user's
+    return None
 
 
 class StateProcess:
@@ -347,6 +372,8 @@ class StateProcess:
                 elif exc.errno == errno.EADDRINUSE and time.monotonic() < give_up:
                     time.sleep(0.05)
                     continue
+                elif isinstance(exc, PortLocked):
+                    exc = PortLocked(exc.name, lock_holder(exc.name))  # named once, refused
                 raise EndpointError(f"{refused or f'cannot bind {endpoint}'}: {exc}") from exc
         self._reserved.append(reservation)
         return bound
