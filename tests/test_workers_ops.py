@@ -533,18 +533,28 @@ def test_where_ports_cannot_be_locked_the_state_process_says_so_and_starts(
 
 
 @pytest.mark.parametrize("workers", ["1", "0"])
+@pytest.mark.parametrize("first, second, refused", [
+    ("--router tcp://127.0.0.1:{port}", "--pub tcp://localhost:{port}",
+     "cannot bind tcp://localhost:{port}"),
+    # A wildcard and a specific address: two locks, but one port a connection could reach
+    # either way (one process's second listen fails; two reservations both bind).
+    ("--router tcp://0.0.0.0:{port}", "--remoting 127.0.0.1:{port}",
+     "--remoting 127.0.0.1:{port}"),
+    ("--router tcp://127.0.0.1:{port}", "--remoting 0.0.0.0:{port}",
+     "--remoting 0.0.0.0:{port}"),
+])
 def test_two_endpoints_of_one_zns_on_one_port_are_refused_at_once_in_one_line(
-        tmp_path: Path, workers: str) -> None:
+        tmp_path: Path, workers: str, first: str, second: str, refused: str) -> None:
     # Its own lock: not "another zns", and nothing to wait for (as one process says it).
     port = free_port()
     result = subprocess.run(
-        [sys.executable, "-m", "zns", "serve", "--workers", workers, "--router",
-         f"tcp://127.0.0.1:{port}", "--pub", f"tcp://localhost:{port}",
+        [sys.executable, "-m", "zns", "serve", "--workers", workers,
+         *first.format(port=port).split(), *second.format(port=port).split(),
          "--kv-path", str(tmp_path / "kv.json")],
         capture_output=True, text=True, timeout=30)
     assert result.returncode == 1 and not result.stdout, result
-    [line] = result.stderr.strip().splitlines()
-    assert line == f"Error: cannot bind tcp://localhost:{port}: [Errno 98] Address already in use"
+    line = result.stderr.strip().splitlines()[-1]  # after the warning of a wildcard, if any
+    assert line == f"Error: {refused.format(port=port)}: [Errno 98] Address already in use"
 
 
 def test_a_locks_holder_is_found_by_its_descriptor_and_nobody_holds_a_free_one() -> None:

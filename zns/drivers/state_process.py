@@ -180,6 +180,20 @@ class Reservation:
         if self.lock is not None:
             self.lock.close()
 
+    def overlaps(self, other: Reservation) -> bool:
+        """Whether a connection to one could reach the other: one port, and one address or
+        a wildcard of its family (IPv6's, `::`, takes IPv4 too). The kernel refuses two such
+        listeners, so one process refuses them as two of its endpoints; two reservations that
+        do not listen bind both, and their workers would share the connections."""
+        (host, port), (other_host, other_port) = (
+            sock.getsockname()[:2] for sock in (self.sock, other.sock))
+        if port != other_port:
+            return False
+        if "::" in (host, other_host):
+            return True
+        return self.sock.family == other.sock.family and (
+            host == other_host or "0.0.0.0" in (host, other_host))
+
 
 class PortLocked(OSError):
     """EADDRINUSE: the lock `name` (`lock_port`) is held by another socket (of process
@@ -359,10 +373,17 @@ class StateProcess:
         is still in use after PORT_FREED_WAIT_S: the workers of a state process just
         killed leave as soon as they read its channel's end, and a restart must not be
         refused for the moment they take; another NameServer keeps it."""
+        what = refused or f"cannot bind {endpoint}"
         give_up = time.monotonic() + PORT_FREED_WAIT_S
         while True:
             try:
                 bound, reservation = reserve_port(endpoint)
+                if any(reservation.overlaps(held) for held in self._reserved):
+                    # Two endpoints of this zns, one on a wildcard: refused at once, as one
+                    # process says it (the locks, one per address, do not see it).
+                    reservation.close()
+                    in_use = OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
+                    raise EndpointError(f"{what}: {in_use}")
                 break
             except OSError as exc:
                 if isinstance(exc, PortLocked) and any(r.name == exc.name
@@ -374,7 +395,7 @@ class StateProcess:
                     continue
                 elif isinstance(exc, PortLocked):
                     exc = PortLocked(exc.name, lock_holder(exc.name))  # named once, refused
-                raise EndpointError(f"{refused or f'cannot bind {endpoint}'}: {exc}") from exc
+                raise EndpointError(f"{what}: {exc}") from exc
         self._reserved.append(reservation)
         return bound
 
