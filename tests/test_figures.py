@@ -52,6 +52,19 @@ def test_a_followers_line_says_who_it_is_since_when_and_how_far_behind_its_gatew
     assert odd.name == "a" + "é" * (MAX_FOLLOWER_NAME_BYTES // 2 - 1)
 
 
+def test_a_followers_name_shows_on_one_line_and_encodes_whatever_its_key_file_is_called():
+    # A key file's name is the operator's: a control character would break `zns status`'s
+    # one line per follower, and a name not UTF-8 (os.listdir's surrogates) made the
+    # gateway's lines and the worker's report fail to encode, every turn.
+    for name, shown in [("eu\n1\x1b[2J", "eu?1?[2J"), ("caf\udce9", "caf?"),
+                        ("\x7f\x85ok", "??ok")]:
+        line = follower_status(name, None, 0, applied=0, seq=0, oldest_unapplied_at=None,
+                               now=0)
+        assert line.name == shown
+        assert decode_figures(encode(WorkerFigures(worker=1, pid=1, feeds=[line]))).feeds == [
+            line]
+
+
 def test_each_worker_lists_the_followers_of_its_last_report():
     fed = follower_status("eu-1", "K" * 40, 0, applied=9, seq=9, oldest_unapplied_at=None,
                           now=10)

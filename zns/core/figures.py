@@ -18,6 +18,8 @@ labels), not by any peer. Sans-I/O: data and pure functions only.
 
 from __future__ import annotations
 
+import unicodedata
+
 import msgspec
 
 from zns.core.schema import FollowerStatus, WorkerStatus
@@ -133,9 +135,12 @@ def follower_status(name: str, key: str | None, admitted_at: int, *, applied: in
     """A follower's line under its gateway worker in `status`: admitted at `admitted_at`,
     acknowledged `applied` of the gateway's `seq` (None: not fed, a moment between two
     states); `oldest_unapplied_at`: when the gateway applied the first command it has not
-    acknowledged (None: none). Its name is cut to MAX_FOLLOWER_NAME_BYTES."""
+    acknowledged (None: none). Its name (a key file's, the operator's) shows each control
+    character, and each byte that is not UTF-8 (a surrogate of os.listdir), as `?`, so that
+    it is one line and encodes; then it is cut to MAX_FOLLOWER_NAME_BYTES."""
     lag_commands, lag_ms = _lag(applied, seq, oldest_unapplied_at, now)
-    cut = name.encode()[:MAX_FOLLOWER_NAME_BYTES].decode(errors="ignore")
+    shown = "".join("?" if unicodedata.category(c) in ("Cc", "Cs") else c for c in name)
+    cut = shown.encode()[:MAX_FOLLOWER_NAME_BYTES].decode(errors="ignore")
     return FollowerStatus(name=cut, key=key or "", admitted_ms=max(0, now - admitted_at),
                           applied=applied if applied is not None else 0,
                           lag_commands=lag_commands, lag_ms=lag_ms)

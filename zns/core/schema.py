@@ -304,7 +304,9 @@ class SnapshotReply(Reply, tag="snapshot"):
 class FollowerStatus(Struct, frozen=True, kw_only=True):
     """A follower (`zns serve --follow`) a worker feeds, as that worker (its gateway) sees it."""
 
-    name: str  # its key's file name in --followers-keys, cut to 64 bytes ("key KEY" if none)
+    # its key's file name in --followers-keys, one line (control characters and bytes not
+    # UTF-8 as "?"), cut to 64 bytes ("key KEY" if none)
+    name: str
     key: str  # its CURVE public key (Z85)
     admitted_ms: int  # how long ago this worker admitted it
     applied: int  # the last replicated command it acknowledged
