@@ -393,6 +393,27 @@ def test_a_gateway_shows_each_follower_since_its_admission_and_how_far_behind_it
     assert gateway.shown == []
 
 
+def test_a_gateway_remakes_the_line_of_a_follower_that_says_nothing_within_a_second(ctx):
+    # Its lines were remade only when a follower's message woke the gateway: one that stopped
+    # (stopped reading and acknowledging) showed no lag until it was dropped, 10 s later.
+    gateway, _, clock = make_gateway(ctx, applied=5)
+    now = int(clock.now * 1000)
+    assert gateway.next_deadline(now) is None  # no follower: nothing to remake, no wake-up
+    sock = follower(ctx)
+    sock.send(encode(Report(b"")))
+    turn(gateway, clock)
+    received(sock)
+    gateway.applied(6, b"c6", None)  # the follower acknowledges nothing, and says nothing
+    now = int(clock.now * 1000)
+    deadline = gateway.next_deadline(now)
+    assert deadline is not None and deadline <= now + followers.REPORT_INTERVAL_MS
+    clock.now += 1.5
+    now = int(clock.now * 1000)
+    assert gateway.next_deadline(now) <= now
+    gateway.run({}, now, now + 5)
+    assert (gateway.shown[0].lag_commands, gateway.shown[0].lag_ms) == (1, 1_500)
+
+
 def tcp_buffer_bytes() -> int:
     """The most a TCP connection's two kernel buffers hold (Linux's autotuning maxima)."""
     def largest(name: str) -> int:

@@ -238,9 +238,9 @@ class Gateway:
         # our token -> (follower, its token, whom an audit line names: None for a broker write)
         self._forwarded: dict[int, tuple[int, int, str | None]] = {}
         # Each follower as `status` and /metrics show it: made on the loop's thread at an
-        # admission, a drop, and once a REPORT_INTERVAL_MS at most (each follower sends its
-        # figures once a second), and replaced whole, never changed: the metrics thread
-        # reads it.
+        # admission, a drop, and once a REPORT_INTERVAL_MS while any is fed (the gateway's
+        # deadline: a follower that stopped sends nothing to wake it), and replaced whole,
+        # never changed: the metrics thread reads it.
         self.shown: list[FollowerStatus] = []
         self._show_due = 0
 
@@ -260,7 +260,12 @@ class Gateway:
         poll.register(self.sock, zmq.POLLIN, self)
 
     def next_deadline(self, now: int) -> int | None:
-        return now if self._steps is not None else self.primary.next_deadline()
+        if self._steps is not None:
+            return now
+        due = self.primary.next_deadline()
+        if self._identities:  # `shown` remade once a second, a follower that says nothing too
+            due = self._show_due if due is None else min(due, self._show_due)
+        return due
 
     def run(self, ready: Ready, now: int, until: int) -> None:
         if self._steps is not None:
