@@ -4,6 +4,7 @@ the workers' shared port, `status` listing every worker, log lines naming the wo
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import os
@@ -555,6 +556,39 @@ def test_two_endpoints_of_one_zns_on_one_port_are_refused_at_once_in_one_line(
     assert result.returncode == 1 and not result.stdout, result
     line = result.stderr.strip().splitlines()[-1]  # after the warning of a wildcard, if any
     assert line == f"Error: {refused.format(port=port)}: [Errno 98] Address already in use"
+
+
+@pytest.mark.parametrize("v6only", [0, 1])
+def test_ipv6s_wildcard_overlaps_an_ipv4_address_only_where_it_takes_ipv4(v6only: int) -> None:
+    # A socket on [::] takes IPv4 unless IPV6_V6ONLY is set on it (net.ipv6.bindv6only=1 sets
+    # it by default): then 127.0.0.1 on the same port is no address it could be reached by,
+    # and one process listens on both.
+    port = free_port()
+    wildcard = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    address = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        wildcard.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
+        for sock, host in ((wildcard, "::"), (address, "127.0.0.1")):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        one, other = (state_process.Reservation(sock, name, None, "")
+                      for sock, name in ((wildcard, f"[::]:{port}"), (address, f"127.0.0.1:{port}")))
+        assert one.overlaps(other) is other.overlaps(one) is (not v6only)
+        loopback = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        with loopback:  # an IPv6 address: the wildcard takes it either way
+            loopback.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            loopback.bind(("::1", port))
+            assert one.overlaps(state_process.Reservation(loopback, f"[::1]:{port}", None, ""))
+        wildcard.listen()
+        if v6only:
+            address.listen()  # one process listens on both: the kernel agrees
+        else:
+            with pytest.raises(OSError) as refused:
+                address.listen()
+            assert refused.value.errno == errno.EADDRINUSE
+    finally:
+        wildcard.close()
+        address.close()
 
 
 def test_a_locks_holder_is_found_by_its_descriptor_and_nobody_holds_a_free_one() -> None:

@@ -182,17 +182,20 @@ class Reservation:
 
     def overlaps(self, other: Reservation) -> bool:
         """Whether a connection to one could reach the other: one port, and one address or
-        a wildcard of its family (IPv6's, `::`, takes IPv4 too). The kernel refuses two such
+        a wildcard of its family (IPv6's, `::`, takes IPv4 too, unless it is IPv6 only:
+        IPV6_V6ONLY, which net.ipv6.bindv6only sets by default). The kernel refuses two such
         listeners, so one process refuses them as two of its endpoints; two reservations that
         do not listen bind both, and their workers would share the connections."""
         (host, port), (other_host, other_port) = (
             sock.getsockname()[:2] for sock in (self.sock, other.sock))
         if port != other_port:
             return False
-        if "::" in (host, other_host):
+        if any(sock.family == socket.AF_INET6 and sock.getsockname()[0] == "::"
+               and not sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
+               for sock in (self.sock, other.sock)):
             return True
         return self.sock.family == other.sock.family and (
-            host == other_host or "0.0.0.0" in (host, other_host))
+            host == other_host or bool({"0.0.0.0", "::"} & {host, other_host}))
 
 
 class PortLocked(OSError):
