@@ -132,10 +132,11 @@ SENDS_AFTER_KILL = 50
 
 def sent_after(killed_at: float, survivors: set[str]) -> Callable[[list[dict[str, Any]]], bool]:
     """For ProduceLoop.wait_until: SENDS_AFTER_KILL sends, ok or not, half a second after the
-    kill, and one sent to each survivor. RocketMQ's producer keeps off a broker whose send was
-    slow for up to 30 s (its latency fault strategy: a first send to a broker's cold JVM on a
-    loaded machine can take seconds), so the sends after the kill may all go to one survivor
-    for a while: seen with the Java NameServer, 68 sends to broker-a and none to broker-c."""
+    kill, and one sent ok to each survivor (the loop's duration leaves room for this wait).
+    RocketMQ's producer keeps off a broker whose send was slow for up to 30 s (its latency
+    fault strategy: a first send to a broker's cold JVM on a loaded machine can take
+    seconds), so the sends after the kill may all go to one survivor for a while: seen with
+    the Java NameServer, 68 sends to broker-a and none to broker-c."""
     def enough(sends: list[dict[str, Any]]) -> bool:
         after = [s for s in sends if s["at"] > killed_at + 0.5]
         return len(after) >= SENDS_AFTER_KILL and {s["broker"] for s in after if s["ok"]} >= survivors

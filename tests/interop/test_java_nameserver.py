@@ -85,8 +85,9 @@ def test_sigkill_one_broker_producer_keeps_sending_sigterm_unregisters(
         return {q["brokerName"] for q in r["queueDatas"]} if r["ok"] else set()
 
 
-    # Stopped once it has sent enough after the kill; 60 s only bounds it.
-    with rocketmq.ProduceLoop(namesrv.addr, topic, duration=60, rate=25) as loop:
+    # Stopped once it has sent enough after the kill; 90 s only bounds it: its waits, 30 s to
+    # reach every broker and 60 after the kill (the loop ending first cut the second short).
+    with rocketmq.ProduceLoop(namesrv.addr, topic, duration=90, rate=25) as loop:
         loop.wait_until(lambda sends: {s.get("broker") for s in sends if s["ok"]} == everyone,
                         30, "sends reached every broker")
         phase("producer loop reached every broker")

@@ -522,8 +522,10 @@ def test_3_sigkill_one_broker_producer_keeps_sending_sigterm_unregisters(env: En
         topic, [], [], {})).queues} == everyone, 10, "the topic's route has all three brokers")
     phase("mqadmin updateTopic on the cluster; zns's route lists all three")
 
-    # Stopped once it has sent enough after the kill; 60 s only bounds it.
-    with rocketmq.ProduceLoop(zns.addr, topic, duration=60, rate=25) as loop:
+    # Stopped once it has sent enough after the kill; 100 s only bounds it: its waits, 30 s to
+    # reach every broker, 10 for the removal and 60 after the kill (the loop ending first cut
+    # the last short).
+    with rocketmq.ProduceLoop(zns.addr, topic, duration=100, rate=25) as loop:
         loop.wait_until(lambda sends: {s.get("broker") for s in sends if s["ok"]} == everyone,
                         30, "sends reached every broker")
         phase("producer loop reached every broker")
