@@ -525,6 +525,103 @@ def _drive(
     return replies, total, latencies
 
 
+# --- a delayed link ------------------------------------------------------------
+
+
+RELAY_CHUNK_BYTES = 256 * 1024  # read at once from one side
+RELAY_HELD_CHUNKS = 256  # held per direction and connection; past it, TCP pushes back
+
+
+class DelayRelay:
+    """A TCP relay on a loopback port with a one-way delay of `delay` s each way: the bench's
+    stand-in for a network's round trip (no `tc netem` here). For each connection it takes,
+    it connects to `target` (tcp://HOST:PORT) and forwards bytes both ways, each chunk
+    released `delay` s after it was read, in order. It only moves bytes, so CURVE runs end
+    to end through it. Its own process (spawned), so the benchmark's loop does not time it:
+    its cost is Python's, a chunk's extra delay one turn of its loop; no other bound on
+    throughput than that, and RELAY_HELD_CHUNKS held per direction (bounded buffering)."""
+
+    def __init__(self, target: str, delay: float) -> None:
+        host, port = target.removeprefix("tcp://").rsplit(":", 1)
+        mp = multiprocessing.get_context("spawn")
+        parent, child = mp.Pipe()
+        self._proc = mp.Process(target=_relay_main, args=(child, host, int(port), delay),
+                                daemon=True)
+        self._proc.start()
+        child.close()  # so that its death is an EOF here
+        try:
+            if not parent.poll(START_TIMEOUT_S):
+                raise EOFError
+            self.endpoint = f"tcp://127.0.0.1:{parent.recv()}"
+        except EOFError:
+            self.close()
+            raise BenchError(f"the relay to {target} did not start") from None
+        self.delay = delay
+
+    def close(self) -> None:
+        self._proc.terminate()  # its connections close with it
+        self._proc.join(5)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+
+    def __enter__(self) -> DelayRelay:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def _relay_main(conn: Connection, host: str, port: int, delay: float) -> None:
+    import asyncio
+
+    async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(RELAY_HELD_CHUNKS)
+
+        async def release() -> None:
+            broken = False
+            while True:
+                at, data = await held.get()
+                if not data:  # the other side's EOF
+                    break
+                if broken:
+                    continue  # read on to the EOF, which the closes below bring
+                if at > loop.time():
+                    await asyncio.sleep(at - loop.time())
+                try:
+                    writer.write(data)
+                    await writer.drain()
+                except OSError:
+                    broken = True
+                    writer.close()
+            writer.close()  # one way closed: the connection goes, as ZeroMQ's do
+
+        releasing = asyncio.create_task(release())
+        try:
+            while data := await reader.read(RELAY_CHUNK_BYTES):
+                await held.put((loop.time() + delay, data))
+        except OSError:
+            pass
+        await held.put((loop.time() + delay, b""))
+        await releasing
+
+    async def accepted(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            server_r, server_w = await asyncio.open_connection(host, port)
+        except OSError:
+            client_w.close()
+            return
+        await asyncio.gather(forward(client_r, server_w), forward(server_r, client_w))
+
+    async def main() -> None:
+        server = await asyncio.start_server(accepted, "127.0.0.1", 0)
+        conn.send(server.sockets[0].getsockname()[1])
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
 # --- subscribers -------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +28,7 @@ import zmq.auth
 import differential as rd  # tests/interop (conftest puts it on sys.path)
 from helpers import LOADED_DEADLINE, Peer, ProcessServer, register_fields, wait_for
 from test_bench_smoke import SCRIPT_DEADLINE, check_script
+from bench.harness import DelayRelay  # the bench's package: test_bench_smoke puts it on the path
 from test_idle_cpu import assert_idle
 from test_metrics import get
 from test_remoting_listener import Client, register_cmd
@@ -894,6 +896,37 @@ def test_what_a_follower_cannot_send_waits_within_a_bound(ctx, monkeypatch, capl
 def test_the_followers_benchmark_runs_and_writes_its_figures(tmp_path):
     """bench/followers.py (by hand, not in `make bench`): a --quick run, every figure."""
     check_script("followers", tmp_path, SCRIPT_DEADLINE)
+
+
+def test_the_followers_benchmark_relay_passes_every_byte_in_order_each_way_after_its_delay():
+    """bench/followers.py's link with a round trip (bench/harness.py's DelayRelay): 4 MiB
+    come out as they went in, none sooner than the delay, and an answer the other way
+    takes the delay again."""
+    delay = 0.05
+    payload = os.urandom(4 << 20)  # many chunks of the relay's reads
+    with socket.create_server(("127.0.0.1", 0)) as listener, \
+            DelayRelay(f"tcp://127.0.0.1:{listener.getsockname()[1]}", delay) as relay:
+        host, port = relay.endpoint.removeprefix("tcp://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            sent = time.monotonic()
+            sender = threading.Thread(target=client.sendall, args=(payload,))
+            sender.start()
+            server, _ = listener.accept()
+            with server:
+                server.settimeout(10)
+                received = bytearray(server.recv(1 << 20))
+                first = time.monotonic()
+                while len(received) < len(payload):
+                    chunk = server.recv(1 << 20)
+                    assert chunk, f"the relay closed after {len(received)} bytes"
+                    received += chunk
+                sender.join(10)
+                assert first - sent >= delay
+                assert received == payload
+                answered = time.monotonic()
+                server.sendall(b"answer")
+                assert client.recv(16) == b"answer"
+                assert time.monotonic() - answered >= delay
 
 
 # --- the differential: a follower reads and publishes as its NameServer does --------------
