@@ -49,9 +49,9 @@ The rules this module keeps:
   transfer window of a state unacknowledged; a follower that reads nothing is
   dropped when that queue is full or at the ack timeout (10 s), whichever
   comes first. A transfer's dump is made in steps, one per turn of the loop
-  (the longest 3.8 ms at 1,000 brokers and 10,000 topics, bench/followers.py),
+  (the longest 3.7 to 3.8 ms at 1,000 brokers and 10,000 topics, bench/followers.py),
   one dump for every follower that asked meanwhile, and held until its last
-  part is handed out (the size of the state: 655 KiB there), at most one per
+  part is handed out (the size of the state: 655 to 676 KiB there), at most one per
   follower. From each follower, libzmq queues RECEIVED_MESSAGES messages of
   at most this NameServer's largest request (FORWARD_MARGIN_BYTES more); a
   longer one ends the connection, one that cannot be decoded drops the
