@@ -23,7 +23,7 @@ import zmq
 from helpers import Peer, ProcessServer, free_port, register_fields, wait_for
 from test_metrics import get
 from zns.core.config import ServerConfig
-from zns.drivers import state_process
+from zns.drivers import port_lock, state_process
 from zns.drivers.security import write_keypair
 from zns.drivers.worker import name_worker_lines
 
@@ -523,7 +523,7 @@ def test_a_second_zns_on_a_port_held_while_none_of_its_holders_workers_listens_i
 
 def test_where_ports_cannot_be_locked_the_state_process_says_so_and_starts(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(state_process, "PORT_LOCKS", False)  # not Linux
+    monkeypatch.setattr(port_lock, "PORT_LOCKS", False)  # not Linux
     config = ServerConfig(router="tcp://127.0.0.1:*", pub="tcp://127.0.0.1:*", kv_path=None)
     with caplog.at_level(logging.WARNING, logger="zns"):
         process = state_process.StateProcess(config)
@@ -593,20 +593,20 @@ def test_ipv6s_wildcard_overlaps_an_ipv4_address_only_where_it_takes_ipv4(v6only
 
 def test_a_locks_holder_is_found_by_its_descriptor_and_nobody_holds_a_free_one() -> None:
     port = free_port()
-    lock, why = state_process.lock_port(f"127.0.0.1:{port}")
+    lock, why = port_lock.lock_port(f"127.0.0.1:{port}")
     assert lock is not None, why
     try:
-        assert state_process.lock_holder(f"127.0.0.1:{port}") == os.getpid()
+        assert port_lock.lock_holder(f"127.0.0.1:{port}") == os.getpid()
     finally:
         lock.close()
-    assert state_process.lock_holder(f"127.0.0.1:{port}") is None
+    assert port_lock.lock_holder(f"127.0.0.1:{port}") is None
 
 
 def lock_of(endpoint: str) -> socket.socket | None:
     """The lock of `endpoint`'s port taken here, or None when another process holds it."""
     try:
-        lock, why = state_process.lock_port(f"127.0.0.1:{endpoint.rpartition(':')[2]}")
-    except state_process.PortLocked:
+        lock, why = port_lock.lock_port(f"127.0.0.1:{endpoint.rpartition(':')[2]}")
+    except port_lock.PortLocked:
         return None
     assert lock is not None, why
     return lock

@@ -18,7 +18,8 @@ The public ports: the state process resolves a configured port of `*` or 0 to
 one free port, and holds that port for as long as it runs with a TCP socket
 bound with SO_REUSEPORT and never listening (so no connection can reach it,
 and a worker started later binds the same port), and with the port's lock, an
-abstract Unix socket name that another zns cannot take meanwhile (`reserve_port`).
+abstract Unix socket name that another zns cannot take meanwhile (`reserve_port`,
+zns.drivers.port_lock).
 Its channels to the workers are unnamed socketpairs. So no outside peer can reach
 this process at all, and none of libzmq's aborts can take the routes down: the
 state process speaks no ZMTP.
@@ -38,7 +39,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Sequence
 
@@ -68,6 +68,9 @@ from zns.drivers.metrics import require_library as metrics_library
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.loop import Loop, PollSet, Ready, Source
 from zns.drivers.metrics import process_usage
+from zns.drivers.port_lock import (
+    PORT_FREED_WAIT_S, PortLocked, lock_holder, lock_name, lock_port,
+)
 from zns.drivers.replication_link import PrimaryLink, WrittenSeq, fork_worker
 from zns.drivers.server import new_epoch
 from zns.drivers.sockets import Waker, handle_signals
@@ -76,8 +79,6 @@ from zns.drivers.worker import Forked, WriteAnswer, connection_range, worker_mai
 log = logging.getLogger("zns")
 
 STOP_GRACE_S = 5.0  # workers still alive this long after SIGTERM get SIGKILL
-# A port in use at start is tried again until this long after the first try (`_reserve`).
-PORT_FREED_WAIT_S = 2.0
 _encode = msgspec.msgpack.encode
 
 
@@ -157,15 +158,6 @@ def execute(service: PrimaryService, request: bytes, now: int) -> tuple[None, by
     return None, _encode(WriteAnswer(outcome=outcome, reply=encode(reply)))
 
 
-# A port's lock (`lock_port`) is an abstract Unix socket: a name with no file, which the
-# kernel drops with the last descriptor of its socket (however the process ends), and which
-# is per network namespace, as TCP ports are. Such names are Linux's: elsewhere ports are
-# not locked, and the state process says so at start.
-PORT_LOCKS = sys.platform.startswith("linux")
-PORT_LOCK_PREFIX = "\0zns:tcp:"
-LOCK_HELD = "another zns holds the port, none of its workers listening on it now"
-
-
 class Reservation:
     """A public port the state process holds (`reserve_port`): `sock`, the TCP socket, and
     `lock`, the port's lock named `name` (None when ports cannot be locked here: `unlocked`
@@ -198,16 +190,6 @@ class Reservation:
             host == other_host or bool({"0.0.0.0", "::"} & {host, other_host}))
 
 
-class PortLocked(OSError):
-    """EADDRINUSE: the lock `name` (`lock_port`) is held by another socket (of process
-    `holder`, when known: `lock_holder`)."""
-
-    def __init__(self, name: str, holder: int | None = None) -> None:
-        held = LOCK_HELD if holder is None else f"{LOCK_HELD}: pid {holder}"
-        super().__init__(errno.EADDRINUSE, f"{os.strerror(errno.EADDRINUSE)} ({held})")
-        self.name = name
-
-
 def reserve_port(endpoint: str) -> tuple[str, Reservation]:
     """`endpoint` (tcp://host:port) with a port of `*` or 0 made a free port, and what holds
     it: a socket never listening, with SO_REUSEPORT set once it is bound, and the port's
@@ -232,56 +214,12 @@ def reserve_port(endpoint: str) -> tuple[str, Reservation]:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         # The address as the kernel names it: `localhost` and 127.0.0.1 take one lock.
         bound_host, bound_port = sock.getsockname()[:2]
-        name = f"{f'[{bound_host}]' if family == socket.AF_INET6 else bound_host}:{bound_port}"
+        name = lock_name(family, bound_host, bound_port)
         lock, unlocked = lock_port(name)
     except BaseException:
         sock.close()
         raise
     return f"tcp://{host}:{bound_port}", Reservation(sock, name, lock, unlocked)
-
-
-def lock_port(name: str) -> tuple[socket.socket | None, str]:
-    """The lock of the TCP address `name` (`127.0.0.1:9876`, `[::1]:9876`), held until its
-    socket is closed: the abstract Unix socket PORT_LOCK_PREFIX + `name`, bound and never
-    listening. PortLocked when another socket holds it. (None, why) where ports cannot be
-    locked (not Linux, or Unix sockets refused to this process)."""
-    if not PORT_LOCKS:
-        return None, "abstract Unix socket names are Linux's"
-    try:
-        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    except OSError as exc:
-        return None, f"no Unix socket: {exc.strerror}"
-    try:
-        lock.bind(PORT_LOCK_PREFIX + name)
-    except OSError as exc:
-        lock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise PortLocked(name) from None
-        return None, f"cannot bind the lock of {name}: {exc.strerror}"
-    return lock, ""
-
-
-def lock_holder(name: str) -> int | None:
-    """The pid of a process holding the lock `name`, as `ss -xp` finds it: the lock's inode
-    in /proc/net/unix, then a descriptor of that socket under /proc/PID/fd. None when none
-    is found (a process of another user, whose descriptors this one may not read). Asked
-    once, when a start is refused: it reads every process's descriptors."""
-    shown = "@" + (PORT_LOCK_PREFIX + name)[1:]  # an abstract name's NUL shows as "@"
-    try:
-        with open("/proc/net/unix", encoding="utf-8", errors="replace") as table:
-            inodes = {fields[6] for line in table
-                      if len(fields := line.split()) >= 8 and fields[7] == shown}
-    except OSError:
-        return None
-    targets = {f"socket:[{inode}]" for inode in inodes}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in targets
-                   for fd in os.listdir(f"/proc/{pid}/fd")):
-                return int(pid)
-        except OSError:
-            continue  # gone, or another user's
-    return None
 
 
 class StateProcess:
