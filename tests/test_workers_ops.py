@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 import zmq
 
-from helpers import Peer, ProcessServer, free_port, register_fields, wait_for
+from helpers import Peer, ProcessServer, ThreadedServer, free_port, register_fields, wait_for
 from test_metrics import get
 from zns.core.config import ServerConfig
+from zns.core.errors import EndpointError
 from zns.drivers import port_lock, state_process
 from zns.drivers.security import write_keypair
+from zns.drivers.server import Server
 from zns.drivers.worker import name_worker_lines
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -495,19 +497,23 @@ def test_a_second_zns_on_a_port_a_running_one_serves_is_refused_in_one_line(
         assert first.stop() == 0
 
 
+@pytest.mark.parametrize("workers", ["1", "0"])
 @pytest.mark.parametrize("named", ["127.0.0.1", "localhost"])
 def test_a_second_zns_on_a_port_held_while_none_of_its_holders_workers_listens_is_refused(
-        tmp_path: Path, named: str) -> None:
+        tmp_path: Path, named: str, workers: str) -> None:
     # Two reservations that never listen, both with SO_REUSEADDR, bind one port: two zns
     # started at the same moment (or a second one while the first one's only worker was
     # being replaced) both started, and the kernel split connections between their workers.
     # The first here is this test's reservation, held as a state process holds it before
     # its workers listen; the second names the port by another name of the same address.
+    # A single process (`--workers 0`) listens at once, and the kernel let it bind beside
+    # the reservation too: it then served the port, and the first one's workers could never
+    # bind it; it takes the port's lock before binding, and is refused the same way.
     port = free_port()
     _, held = state_process.reserve_port(f"tcp://127.0.0.1:{port}")
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "zns", "serve", "--workers", "1", "--router",
+            [sys.executable, "-m", "zns", "serve", "--workers", workers, "--router",
              f"tcp://{named}:{port}", "--pub", "tcp://127.0.0.1:*",
              "--kv-path", str(tmp_path / "kv.json")],
             capture_output=True, text=True, timeout=30)
@@ -519,6 +525,81 @@ def test_a_second_zns_on_a_port_held_while_none_of_its_holders_workers_listens_i
                     "use (another zns holds the port, none of its workers listening on it now: "
                     f"pid {os.getpid()})")
     assert not (tmp_path / "kv.json").exists()
+
+
+@pytest.mark.parametrize("option, spec, refused", [
+    ("--remoting", "127.0.0.1:{port}", "--remoting 127.0.0.1:{port}"),
+    ("--metrics", "127.0.0.1:{port}", "--metrics 127.0.0.1:{port}: cannot listen"),
+])
+def test_a_single_process_is_refused_every_port_whose_lock_another_process_holds(
+        tmp_path: Path, option: str, spec: str, refused: str) -> None:
+    # The lock alone (no reservation: nothing is bound on the port), held here: the one
+    # line names this process, once the lock is still held 2 s after the first try.
+    port = free_port()
+    lock, why = port_lock.lock_port(f"127.0.0.1:{port}")
+    assert lock is not None, why
+    started = time.monotonic()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "zns", "serve", "--workers", "0", "--router",
+             "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*", option, spec.format(port=port),
+             "--kv-path", str(tmp_path / "kv.json")],
+            capture_output=True, text=True, timeout=30)
+    finally:
+        lock.close()
+    assert result.returncode == 1 and not result.stdout, result
+    line = result.stderr.strip().splitlines()[-1]
+    assert line == (f"Error: {refused.format(port=port)}: [Errno 98] Address already in use "
+                    "(another zns holds the port, none of its workers listening on it now: "
+                    f"pid {os.getpid()})")
+    assert time.monotonic() - started >= port_lock.PORT_FREED_WAIT_S
+
+
+def test_a_single_process_holds_its_ports_locks_until_it_stops(tmp_path: Path) -> None:
+    # A fixed port locked before it is bound, one of `*` once the kernel chose it; all free
+    # again once it stops, and a restart on the same fixed ports right after starts.
+    port = free_port()
+    first = ProcessServer(tmp_path, "--workers", "0", "--router", f"tcp://127.0.0.1:{port}",
+                          "--remoting", "127.0.0.1:0")
+    remoting = "tcp://" + first.line("RocketMQ remoting listener on").rsplit(" ", 1)[1]
+    try:
+        for endpoint in (first.router, first.pub, remoting):
+            assert lock_of(endpoint) is None, f"{endpoint}'s lock is not held"
+    finally:
+        assert first.stop() == 0
+    for endpoint in (first.router, first.pub, remoting):
+        lock = lock_of(endpoint)
+        assert lock is not None, f"{endpoint}'s lock outlived the server"
+        lock.close()
+    again = ProcessServer(tmp_path, "--workers", "0", "--router", first.router,
+                          "--pub", first.pub, kv_path=tmp_path / "again-kv.json")
+    assert again.stop() == 0
+
+
+@pytest.mark.single_process("servers in the test's own process: their locks are its own")
+def test_in_process_servers_release_their_locks_on_stop_and_refuse_each_others_ports(
+        tmp_path: Path) -> None:
+    port = free_port()
+    router = f"tcp://127.0.0.1:{port}"
+    one = ThreadedServer(tmp_path / "one", router=router)
+    other = ThreadedServer(tmp_path / "other")  # another one on other ports: both serve
+    try:
+        assert lock_of(router) is None
+        # A third on the first one's port: this process's own lock is not waited for, and
+        # not "another zns": refused at once, as the kernel refuses a second listener.
+        started = time.monotonic()
+        with pytest.raises(EndpointError) as refused:
+            Server(ServerConfig(router=router, pub="tcp://127.0.0.1:*", kv_path=None))
+        assert str(refused.value) == f"cannot bind {router}: [Errno 98] Address already in use"
+        assert time.monotonic() - started < port_lock.PORT_FREED_WAIT_S
+    finally:
+        one.stop()
+        other.stop()
+    again = ThreadedServer(tmp_path / "again", router=router)  # right after stop: free
+    again.stop()
+    lock = lock_of(router)
+    assert lock is not None, "the lock outlived the restarted server"
+    lock.close()
 
 
 def test_where_ports_cannot_be_locked_the_state_process_says_so_and_starts(

@@ -3,7 +3,11 @@
 A port's lock (`lock_port`) is an abstract Unix socket: a name with no file, which the
 kernel drops with the last descriptor of its socket (however the process ends), and which
 is per network namespace, as TCP ports are. The state process of `--workers N` holds one
-for each port it reserves (zns.drivers.state_process, `reserve_port`). Such names are Linux's: elsewhere ports
+for each port it reserves (zns.drivers.state_process, `reserve_port`), and a single
+process (`--workers 0`, zns.drivers.server) for each port it listens on (`hold_lock`):
+the kernel lets a listener bind beside a socket that does not listen (the state process's
+reservation), so without it a single process started while none of a state process's
+workers listens would take the port from them. Such names are Linux's: elsewhere ports
 are not locked, and the state process says so at start.
 """
 
@@ -13,6 +17,9 @@ import errno
 import os
 import socket
 import sys
+import time
+
+from zns.core.errors import EndpointError
 
 PORT_LOCKS = sys.platform.startswith("linux")
 PORT_LOCK_PREFIX = "\0zns:tcp:"
@@ -90,3 +97,24 @@ def lock_holder(name: str, pids: list[str] | None = None) -> int | None:
             continue  # gone, or another user's
     return None
 
+
+def hold_lock(name: str, refused: str) -> socket.socket | None:
+    """`lock_port(name)` for a single process (`--workers 0`), tried again while another
+    process holds it until PORT_FREED_WAIT_S after the first try, as the state process
+    tries its reservations; None where ports cannot be locked (the kernel still refuses a
+    second listener, which is all a single process needs). EndpointError `refused: why`
+    when it is still held then, the holder named, or at once when this process holds it
+    (another endpoint of this process on the same address: the kernel would refuse its
+    listen at once too)."""
+    give_up = time.monotonic() + PORT_FREED_WAIT_S
+    while True:
+        try:
+            return lock_port(name)[0]
+        except PortLocked:
+            if lock_holder(name, [str(os.getpid())]) is not None:
+                in_use = OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
+                raise EndpointError(f"{refused}: {in_use}") from None
+            if time.monotonic() >= give_up:
+                exc = PortLocked(name, lock_holder(name))  # named once, refused
+                raise EndpointError(f"{refused}: {exc}") from exc
+            time.sleep(0.05)

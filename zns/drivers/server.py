@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import secrets
 import signal
+import socket
 import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
@@ -28,7 +29,7 @@ from zns.drivers.kv_file import KvStore
 from zns.drivers import state_file
 from zns.drivers.peers import PeerLinks
 from zns.drivers.security import Security
-from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit
+from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit, tcp_address
 from zns.drivers.io_errors import configured
 from zns.drivers.heap import TRIM_AFTER_EVENTS, HeapTrim, glibc_malloc_trim
 from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
@@ -42,6 +43,7 @@ from zns.core.subscriptions import QueuedEvents, SubscriptionBudget
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.handshakes import HANDSHAKE_EVENTS, HandshakeLog
 from zns.drivers.metrics import MetricsServer
+from zns.drivers.port_lock import hold_lock, lock_name
 from zns.drivers.request_times import timed_remoting, timed_service
 from zns.drivers.loop import Loop, Outbox, PollSet, Ready, Source
 from zns.drivers.remoting_listener import RemotingListener
@@ -50,6 +52,8 @@ from zns.drivers.request_router import (
     RequestRouter,
     peer_address,
 )
+from zns.core.addresses import parse_host_port
+from zns.core.errors import UsageError
 from zns.core.remoting.handler import RemotingService, describe_access, remoting_access
 from zns.drivers.sockets import TCP_TIMEOUT_MS, Waker, handle_signals, set_keepalive
 from zns.core.budget import ReplyBudget
@@ -126,6 +130,9 @@ class Server:
         self._stopping = False
         self._reload_keys = False
         self.waker = Waker()
+        # The locks of the ports this server listens on alone (zns.drivers.port_lock): a
+        # worker's (`reuse_port`) are its state process's.
+        self._locks: list[socket.socket] = []
         self.reply_budget = ReplyBudget()
         self.heap = HeapTrim(glibc_malloc_trim(), self._now())
         self.descriptor_limit = raise_descriptor_limit()
@@ -218,10 +225,14 @@ class Server:
             self.loop = Loop(sources, clock=self._now, stall=self.timers, poll=PollSet(),
                              urgent=[timers, self.outbox])
             if config.metrics:
+                refused = f"--metrics {config.metrics}: cannot listen"
+                port = self._lock_fixed(config.metrics, refused, ("http",))
                 self.metrics = MetricsServer(self, config.metrics,
                                              heartbeat_interval=config.heartbeat_interval_s,
                                              descriptors=self.descriptors,
                                              reuse_port=self._reuse_port)
+                if port == 0:
+                    self._lock_chosen(self.metrics.listening, refused)
         except BaseException:
             self.close()  # a refused start (port in use, bad --peer) leaves nothing bound
             raise
@@ -319,10 +330,14 @@ class Server:
             self.security.stop()
         if self._own_ctx is not None:
             self._own_ctx.destroy(linger=0)
+        for lock in self._locks:  # last: the ports are closed (or closing, libzmq's)
+            lock.close()
+        self._locks.clear()
 
     # --- wiring ---------------------------------------------------------
 
     def _listen_remoting(self, config: ServerConfig, endpoint: str) -> RemotingListener:
+        port = self._lock_fixed(endpoint, f"--remoting {config.remoting}", ("tcp",))
         with configured(f"--remoting {config.remoting}: "):
             access, narrowed = remoting_access(
                 config.remoting_brokers, config.remoting_admins, config.remoting_clients,
@@ -342,6 +357,12 @@ class Server:
                 max_buffer_bytes=config.remoting_max_buffer_bytes,
                 reuse_port=self._reuse_port, first_connection_id=self._first_connection_id,
             )
+        if port == 0:
+            try:
+                self._lock_chosen(listener.listening, f"--remoting {config.remoting}")
+            except BaseException:
+                listener.close()  # not yet this server's to close
+                raise
         # GET_NAMESRV_CONFIG shows where the server listens, as the Java NameServer shows its
         # bound listenPort: the endpoints bound, not the configured `*` or port 0; and the
         # networks in force, CURVE's narrowing included.
@@ -417,9 +438,13 @@ class Server:
 
     def _bind(self, sock: zmq.Socket, endpoint: str,
               on_event: Callable[[int, int], None] | None = None, events: int = 0) -> str:
-        with configured(f"cannot bind {endpoint}: "):
+        refused = f"cannot bind {endpoint}"
+        port = self._lock_fixed(endpoint, refused)
+        with configured(f"{refused}: "):
             listener = self.descriptors.bind(sock, endpoint, on_event, events,
                                              reuse_port=self._reuse_port)
+        if port == 0 and listener.listening is not None:
+            self._lock_chosen(listener.listening, refused)
         bound = listener.endpoint
         if sock is self.pub:
             self.subscribers.bound(listener.listening, bound)
@@ -429,6 +454,45 @@ class Server:
                 "it can register brokers and rewrite routes", bound,
             )
         return bound
+
+    def _lock_fixed(self, spec: str, refused: str, schemes: tuple[str, ...] = ()) -> int | None:
+        """Before binding the TCP port of `spec` alone (`--workers 0`): its lock
+        (zns.drivers.port_lock), held until `close`, so that this server is refused (as
+        `refused`) while another zns's state process holds the port with none of its
+        workers listening, instead of taking it from them (the kernel lets a listener bind
+        beside a socket that does not listen). `spec`: a ZNS/1 endpoint (`tcp://HOST:PORT`),
+        or HOST:PORT (or SCHEME://HOST:PORT for one of `schemes`). Returns the port: 0 (`*`)
+        is locked once bound (`_lock_chosen`); None for a worker's, and for a `spec` the
+        bind refuses or does not bind on TCP (it says what is wrong with it)."""
+        if self._reuse_port:
+            return None
+        try:
+            if schemes:
+                host, port = parse_host_port(spec, schemes=schemes)
+            else:
+                scheme, _, address = spec.partition("://")
+                host, _, text = address.rpartition(":")
+                if scheme != "tcp":
+                    return None
+                port = 0 if text in ("*", "0") else int(text)
+        except (UsageError, ValueError):
+            return None
+        if port:
+            with configured(f"{refused}: "):  # a name that does not resolve: as the bind
+                family, (address, port) = tcp_address(host, port)
+            self._hold(lock_name(family, address, port), refused)
+        return port
+
+    def _lock_chosen(self, listening: socket.socket, refused: str) -> None:
+        """The lock of a port of `*` or 0, once the kernel has chosen it: held by another
+        zns only if it reserved that very port meanwhile, and refused then as a fixed port."""
+        host, port = listening.getsockname()[:2]
+        self._hold(lock_name(listening.family, host, port), refused)
+
+    def _hold(self, name: str, refused: str) -> None:
+        lock = hold_lock(name, refused)
+        if lock is not None:
+            self._locks.append(lock)
 
     def _install_signal_handlers(self) -> tuple[Callable[[], None], Callable[[], None]]:
         """Stop on SIGTERM/SIGINT, reload keys on SIGHUP; returns the two undos: the
