@@ -276,6 +276,7 @@ def _ha(addr: str) -> str:
 # (ß has none in upper case, the Turkish dotless ı upper-cases to I, Deseret is outside the BMP).
 ZONES = ["Straße", "ı", "\U00010400"]
 ASKED_ZONES = ["STRASSE", "STRAßE", "I", "i", "\U00010428"]
+LEAVING_S = 5.0  # the longest wait for a server to apply a close (`_await_leaving`)
 SHORT_TIMEOUT_MS = 1000  # the expiry step's heartbeatTimeoutMillis (zns's lowest)
 
 
@@ -291,6 +292,7 @@ class Step:
     close: bool = False  # close that connection instead
     settle: bool = False  # the Java NameServer applies it asynchronously
     expires: str = ""  # an address both servers must drop by expiry (nothing sent meanwhile)
+    leaves: str = ""  # the address of the broker whose connection it closes (`_await_leaving`)
 
 
 @dataclass
@@ -430,7 +432,7 @@ class Generator:
             self.current[slot.addr] = self.current.get(slot.addr, 0) + 1
             self.leaving.add(slot.addr)
             return Step(f"close the connection of {slot.addr}", self._made("close"), slot, key,
-                        close=True, settle=True)
+                        close=True, settle=True, leaves=slot.addr)
         if kind in ("heartbeat", "query") and slot.addr in self.lingering and not self.explore:
             return self.step(seen)
         binary = not self.v4 and r.random() < 0.15
@@ -839,6 +841,18 @@ class Differential:
             time.sleep(0.1)
         return True
 
+    def _await_leaving(self, addr: str) -> None:
+        """After a close of the connection `addr` registered over: until one server no longer
+        lists `addr`, for LEAVING_S at most. Both apply a close asynchronously (the Java
+        NameServer in its unregistration service, a zns worker once the state process's
+        command is back), so right after it both may still list the broker and agree: the
+        next step (the address registering again) would then race the Java NameServer's
+        queued removal, which removes it even after that registration. The settling compare
+        that follows waits for the other server to agree."""
+        deadline = time.monotonic() + LEAVING_S
+        while self.java.lists(addr) and self.zns.lists(addr) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def run_sequence(self, seed: int, steps: int, stats: RunStats) -> Difference | None:
         rng = random.Random(seed)
         gen = Generator(rng, f"s{seed}x", next(self._net), v4=self.v4,
@@ -868,6 +882,8 @@ class Differential:
                 if replies[0] != replies[1]:
                     diff = Difference(seed, n, step.what, "the step's own reply", replies[0], replies[1], history)
                     break
+                if step.leaves:
+                    self._await_leaving(step.leaves)
                 if step.expires:
                     stats.expiries += 1
                     if not self._await_expiry(step.expires):
