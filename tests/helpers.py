@@ -204,11 +204,16 @@ class ThreadedServer(_PeeredServer):
         # What the 'zns' logger says while it runs, for output() (the log of SplitServer).
         self._log = _Lines()
         self._logger = logging.getLogger("zns")
-        self._level = self._logger.level
         self._logger.addHandler(self._log)
-        if not self._logger.isEnabledFor(logging.INFO):
-            self._logger.setLevel(logging.INFO)
-        self.server = Server(config, **(server_kwargs or {}))
+        _raise_to_info(self._logger)
+        _LEVEL_HOLDERS.add(self._log)  # put back once, however often it is stopped
+        try:
+            self.server = Server(config, **(server_kwargs or {}))
+        except BaseException:
+            self._logger.removeHandler(self._log)
+            _LEVEL_HOLDERS.discard(self._log)
+            _put_back_level(self._logger)
+            raise
         self.router = self.server.router_endpoint
         self.pub = self.server.pub_endpoint
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -237,8 +242,35 @@ class ThreadedServer(_PeeredServer):
         self.server.stop()
         self.thread.join(10)
         self._logger.removeHandler(self._log)
-        self._logger.setLevel(self._level)
+        if self._log in _LEVEL_HOLDERS:
+            _LEVEL_HOLDERS.discard(self._log)
+            _put_back_level(self._logger)
         assert not self.thread.is_alive()
+
+
+# The 'zns' logger's level before the first of the ThreadedServers running now raised it to
+# INFO, put back when the last of them stops, whatever order they stop in (each keeping its
+# own would leave INFO behind when they stop in the order they started, and a later test of
+# the worker would capture INFO lines it does not expect).
+_level_before: list[int] = []
+_raised = 0
+_LEVEL_HOLDERS: set[logging.Handler] = set()  # the running servers' line collectors
+
+
+def _raise_to_info(logger: logging.Logger) -> None:
+    global _raised
+    if _raised == 0:
+        _level_before[:] = [logger.level]
+        if not logger.isEnabledFor(logging.INFO):
+            logger.setLevel(logging.INFO)
+    _raised += 1
+
+
+def _put_back_level(logger: logging.Logger) -> None:
+    global _raised
+    _raised -= 1
+    if _raised == 0:
+        logger.setLevel(_level_before[0])
 
 
 class _Lines(logging.Handler):

@@ -593,8 +593,8 @@ def test_in_process_servers_release_their_locks_on_stop_and_refuse_each_others_p
         assert str(refused.value) == f"cannot bind {router}: [Errno 98] Address already in use"
         assert time.monotonic() - started < port_lock.PORT_FREED_WAIT_S
     finally:
-        other.stop()  # the last made first: each puts back the log level it found
         one.stop()
+        other.stop()
     again = ThreadedServer(tmp_path / "again", router=router)  # right after stop: free
     again.stop()
     lock = lock_of(router)
