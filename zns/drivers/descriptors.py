@@ -84,11 +84,9 @@ class Listener:
         # Other monitor events (event, value) go here: a socket has one monitor only.
         self.on_event = on_event
         self.listening: socket.socket | None = None
-        scheme, _, address = endpoint.partition("://")
-        if scheme == "tcp":
-            host, _, port = address.rpartition(":")
-            self.listening = listen_tcp(host, 0 if port in ("*", "0") else int(port),
-                                        reuse_port=reuse_port)
+        tcp = tcp_host_port(endpoint)
+        if tcp is not None:
+            self.listening = listen_tcp(*tcp, reuse_port=reuse_port)
             sock.setsockopt(zmq.USE_FD, self.listening.fileno())
             host, port = self.listening.getsockname()[:2]
             shown = url_host(host)
@@ -334,6 +332,16 @@ def _open_descriptors() -> int:
         return len(os.listdir("/proc/self/fd"))
     except OSError:  # out of descriptors ourselves, or no /proc: assume still full
         return 1 << 30
+
+
+def tcp_host_port(endpoint: str) -> tuple[str, int] | None:
+    """The host and port a `tcp://HOST:PORT` endpoint binds (port `*` or 0: 0, any free
+    one); None for another scheme. ValueError for a port that is not a number."""
+    scheme, _, address = endpoint.partition("://")
+    if scheme != "tcp":
+        return None
+    host, _, port = address.rpartition(":")
+    return host, 0 if port in ("*", "0") else int(port)
 
 
 def tcp_address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int]]:

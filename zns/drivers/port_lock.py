@@ -18,15 +18,18 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from zns.core.errors import EndpointError
 
 PORT_LOCKS = sys.platform.startswith("linux")
 PORT_LOCK_PREFIX = "\0zns:tcp:"
 LOCK_HELD = "another zns holds the port, none of its workers listening on it now"
-# A port (or its lock) in use at start is tried again until this long after the first try:
-# a zns just killed (its workers, as they read the end of its channel) leaves it at once.
+# A port (or its lock) in use at start is tried again until this long after the first try
+# (`retried`).
 PORT_FREED_WAIT_S = 2.0
+T = TypeVar("T")
 
 
 class PortLocked(OSError):
@@ -98,23 +101,33 @@ def lock_holder(name: str, pids: list[str] | None = None) -> int | None:
     return None
 
 
-def hold_lock(name: str, refused: str) -> socket.socket | None:
-    """`lock_port(name)` for a single process (`--workers 0`), tried again while another
-    process holds it until PORT_FREED_WAIT_S after the first try, as the state process
-    tries its reservations; None where ports cannot be locked (the kernel still refuses a
-    second listener, which is all a single process needs). EndpointError `refused: why`
-    when it is still held then, the holder named, or at once when this process holds it
-    (another endpoint of this process on the same address: the kernel would refuse its
-    listen at once too)."""
+def retried(attempt: Callable[[], T], refused: str, own: Callable[[PortLocked], bool]) -> T:
+    """`attempt()` (a bind, or a lock's), tried again while a port or a lock is in use
+    (EADDRINUSE) until PORT_FREED_WAIT_S after the first try: a zns just killed (its
+    workers, as they read the end of its channel) leaves them at once. EndpointError
+    `refused: why` when still in use then, a lock's holder named; at once for a lock that
+    `own` says is this process's (another endpoint of this zns on the same address: the
+    kernel would refuse its listen at once too)."""
     give_up = time.monotonic() + PORT_FREED_WAIT_S
     while True:
         try:
-            return lock_port(name)[0]
-        except PortLocked:
-            if lock_holder(name, [str(os.getpid())]) is not None:
-                in_use = OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
-                raise EndpointError(f"{refused}: {in_use}") from None
-            if time.monotonic() >= give_up:
-                exc = PortLocked(name, lock_holder(name))  # named once, refused
-                raise EndpointError(f"{refused}: {exc}") from exc
-            time.sleep(0.05)
+            return attempt()
+        except OSError as exc:
+            if isinstance(exc, PortLocked) and own(exc):
+                exc = OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
+            elif exc.errno == errno.EADDRINUSE and time.monotonic() < give_up:
+                time.sleep(0.05)
+                continue
+            elif isinstance(exc, PortLocked):
+                exc = PortLocked(exc.name, lock_holder(exc.name))  # named once, refused
+            raise EndpointError(f"{refused}: {exc}") from exc
+
+
+def hold_lock(name: str, refused: str) -> socket.socket | None:
+    """`lock_port(name)` for a single process (`--workers 0`), `retried` as the state
+    process's reservations are, a lock of another server of this process refused at once;
+    None where ports cannot be locked (the kernel still refuses a second listener, which is
+    all a single process needs)."""
+    own = str(os.getpid())
+    return retried(lambda: lock_port(name)[0], refused,
+                   own=lambda exc: lock_holder(exc.name, [own]) is not None)

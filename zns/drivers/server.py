@@ -29,7 +29,9 @@ from zns.drivers.kv_file import KvStore
 from zns.drivers import state_file
 from zns.drivers.peers import PeerLinks
 from zns.drivers.security import Security
-from zns.drivers.descriptors import DescriptorGuard, raise_descriptor_limit, tcp_address
+from zns.drivers.descriptors import (
+    DescriptorGuard, raise_descriptor_limit, tcp_address, tcp_host_port,
+)
 from zns.drivers.io_errors import configured
 from zns.drivers.heap import TRIM_AFTER_EVENTS, HeapTrim, glibc_malloc_trim
 from zns.drivers.subscribers import MONITORED as SUBSCRIBER_EVENTS, Subscribers
@@ -469,12 +471,10 @@ class Server:
         try:
             if schemes:
                 host, port = parse_host_port(spec, schemes=schemes)
+            elif (tcp := tcp_host_port(spec)) is not None:
+                host, port = tcp
             else:
-                scheme, _, address = spec.partition("://")
-                host, _, text = address.rpartition(":")
-                if scheme != "tcp":
-                    return None
-                port = 0 if text in ("*", "0") else int(text)
+                return None
         except (UsageError, ValueError):
             return None
         if port:

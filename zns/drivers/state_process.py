@@ -61,16 +61,14 @@ from zns.core.timers import ServerTimers
 from zns.core.config import ServerConfig
 from zns.core.workers import StartWorker, StopWorker, WorkerPool
 from zns.drivers import state_file
-from zns.drivers.descriptors import tcp_address
+from zns.drivers.descriptors import tcp_address, tcp_host_port
 from zns.drivers.heap import HeapTrim, glibc_malloc_trim
 from zns.drivers.kv_file import KvStore
 from zns.drivers.metrics import require_library as metrics_library
 from zns.drivers.logs import install_repeat_filter
 from zns.drivers.loop import Loop, PollSet, Ready, Source
 from zns.drivers.metrics import process_usage
-from zns.drivers.port_lock import (
-    PORT_FREED_WAIT_S, PortLocked, lock_holder, lock_name, lock_port,
-)
+from zns.drivers.port_lock import lock_name, lock_port, retried
 from zns.drivers.replication_link import PrimaryLink, WrittenSeq, fork_worker
 from zns.drivers.server import new_epoch
 from zns.drivers.sockets import Waker, handle_signals
@@ -205,8 +203,10 @@ def reserve_port(endpoint: str) -> tuple[str, Reservation]:
     listen either: a second zns reserving the port while none of the first one's workers
     listens (both started at the same moment, or the first one's only worker being
     replaced) would bind beside it. The lock refuses that one."""
-    host, _, port = endpoint[len("tcp://"):].rpartition(":")
-    family, address = tcp_address(host, 0 if port in ("*", "0") else int(port))
+    tcp = tcp_host_port(endpoint)
+    assert tcp is not None, endpoint  # the config's ports are tcp:// endpoints
+    host, port = tcp
+    family, address = tcp_address(host, port)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -315,28 +315,20 @@ class StateProcess:
         killed leave as soon as they read its channel's end, and a restart must not be
         refused for the moment they take; another NameServer keeps it."""
         what = refused or f"cannot bind {endpoint}"
-        give_up = time.monotonic() + PORT_FREED_WAIT_S
-        while True:
-            try:
-                bound, reservation = reserve_port(endpoint)
-                if any(reservation.overlaps(held) for held in self._reserved):
-                    # Two endpoints of this zns, one on a wildcard: refused at once, as one
-                    # process says it (the locks, one per address, do not see it).
-                    reservation.close()
-                    in_use = OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
-                    raise EndpointError(f"{what}: {in_use}")
-                break
-            except OSError as exc:
-                if isinstance(exc, PortLocked) and any(r.name == exc.name
-                                                       for r in self._reserved):
-                    # Another endpoint of this zns: refused at once, as one process says it.
-                    exc = OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
-                elif exc.errno == errno.EADDRINUSE and time.monotonic() < give_up:
-                    time.sleep(0.05)
-                    continue
-                elif isinstance(exc, PortLocked):
-                    exc = PortLocked(exc.name, lock_holder(exc.name))  # named once, refused
-                raise EndpointError(f"{what}: {exc}") from exc
+
+        def attempt() -> tuple[str, Reservation]:
+            bound, reservation = reserve_port(endpoint)
+            if any(reservation.overlaps(held) for held in self._reserved):
+                # Two endpoints of this zns, one on a wildcard: refused at once, as one
+                # process says it (the locks, one per address, do not see it).
+                reservation.close()
+                in_use = OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
+                raise EndpointError(f"{what}: {in_use}")
+            return bound, reservation
+
+        # A lock this zns holds is another endpoint of its own: refused at once.
+        bound, reservation = retried(attempt, what, own=lambda exc: any(
+            held.name == exc.name for held in self._reserved))
         self._reserved.append(reservation)
         return bound
 
