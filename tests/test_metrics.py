@@ -339,6 +339,10 @@ SPLIT_HELP = {
     "zns_worker_loaded": "1 while the worker serves (loaded its state), 0 while it starts or "
                          "is down",
     "zns_worker_restarts": "Workers started again after one died",
+    "zns_paired_cpu": "The CPU the state process and worker 1 share while their work is "
+                      "light (--cpus auto); -1 while they run where the kernel puts them",
+    "zns_pair_releases": "Times the state process and worker 1 were let go of their shared "
+                         "CPU (--cpus auto), their work no longer light",
     "zns_replication_transfers": "State transfers sent to workers (a start, a resync, a worker "
                                  "past the held commands)",
     "zns_replication_workers_dropped": "Workers dropped for acknowledging nothing in time or "

@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from zns.core import schema
-from zns.core.config import MAX_CPU
+from zns.core.config import MAX_CPU, ServerConfig
 from zns.drivers import cpus
 from helpers import (
     LOADED_DEADLINE, Peer, ProcessServer, register_fields, register_until, wait_for,
@@ -671,6 +671,56 @@ def test_pin_leaves_a_process_as_it_was_when_the_kernel_refuses_its_cpu() -> Non
     before = os.sched_getaffinity(0)
     assert cpus.pin(MAX_CPU) is False  # no host here has CPU 8191 online
     assert os.sched_getaffinity(0) == before
+
+
+PAIRED = re.compile(r"the state process and worker 1 share CPU (\d+) while their work is light")
+RELEASED = "the state process and worker 1 run where the kernel puts them again"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to pair")
+@pytest.mark.timeout(180)
+def test_by_default_the_state_process_and_worker_1_share_a_cpu_until_their_work_is_heavy(
+        tmp_path: Path, ctx: Any) -> None:
+    """`--cpus auto` (zns.core.pairing): paired once light for 3 s, every thread of both;
+    a worker forked meanwhile runs where the kernel puts it, not on the pair's CPU; a
+    stream of large registrations (the pair's work past what one CPU gives them) lets
+    them go."""
+    allowed = {cpus._ranges(sorted(os.sched_getaffinity(0)))}
+    server = ProcessServer(tmp_path, "--workers", "2", "--metrics", "127.0.0.1:0")
+    peer = None
+    try:
+        wait_for(lambda: server.output().count("serving requests on") == 2)
+        line = wait_for(lambda: PAIRED.search(server.output()), timeout=3 * LOADED_DEADLINE)
+        cpu = line.group(1)
+        state, one, two = server.proc.pid, worker_pid(server, 1), worker_pid(server, 2)
+        assert cpus_of_threads(state) == {cpu}
+        assert len(list(Path(f"/proc/{one}/task").iterdir())) > 2  # libzmq's threads too
+        assert cpus_of_threads(one) == {cpu} and cpus_of_threads(two) == allowed
+        os.kill(two, signal.SIGKILL)  # forked from the paired state process: let go
+        wait_for(lambda: worker_pid(server, 2) != two, timeout=LOADED_DEADLINE)
+        assert cpus_of_threads(worker_pid(server, 2)) == allowed
+        # On worker 1: the registrations it decodes are the pair's work too (on worker 2
+        # they could leave the pair within what its CPU gives it, and rightly paired).
+        peer = peer_on_worker(server, 1, ctx)
+        deadline = time.monotonic() + 120
+        n = 0
+        while RELEASED not in server.output():  # heavy: decoded, executed, applied again
+            assert time.monotonic() < deadline, server.output()
+            n += 1
+            peer.ok("register_broker", **register_fields(topics={
+                f"Heavy{t}": {"read_queues": 1 + n % 8} for t in range(3000)}))
+        assert cpus_of_threads(state) == allowed and cpus_of_threads(one) == allowed
+    finally:
+        if peer is not None:
+            peer.close()
+        assert server.stop() == 0
+
+
+def test_cpus_off_pairs_nothing_and_a_list_pins_for_good() -> None:
+    assert ServerConfig().pairs and ServerConfig(cpus="auto", workers=2).pairs
+    assert not ServerConfig(cpus="off").pairs and not ServerConfig(cpus="0,1").pairs
+    assert not ServerConfig(workers=0).pairs  # one process: no hand-off to keep on a CPU
+    assert ServerConfig(cpus="off").cpu_of(1) is None and ServerConfig().cpu_of(1) is None
 
 
 def test_cpus_pin_one_process_to_the_first(tmp_path: Path) -> None:

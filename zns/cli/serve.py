@@ -35,8 +35,8 @@ def serve(config: ServerConfig) -> None:
     --config file's key <option> (kv_path = "..."): command line, then environment, then file.
     """
     configure_logging(config.log_level, config.log_format)
-    if config.cpus:  # once, here: a server or worker started later pins what it can (cpus.pin)
-        try:
+    if config.cpu_of(0) is not None:  # a list, checked once, here: a server or worker
+        try:  # started later pins what it can (cpus.pin)
             cpus.check(parse_cpus(config.cpus))
         except ConfigError as exc:
             raise click.ClickException(str(exc)) from exc

@@ -97,6 +97,7 @@ Modules, by role (a flat package on purpose: docs/development.md says why):
 | server | `peer_link` | one peer NameServer (§10): when to ask, what its events hint |
 | server | `replication` | numbered commands to read replicas: windows, tail, state transfers, the commit fence |
 | server | `workers` | how many worker processes to keep alive, and when to start the next |
+| server | `pairing` | `--cpus auto`: when the state process and worker 1 share a CPU, and when they are let go |
 | remoting | `remoting` | RocketMQ's remoting protocol: codec and translation to ZNS/1 ops; the listener's connection policy |
 | broker | `broker_session` | a broker's side of §4: when to register, heartbeat, reconnect, unregister |
 | client | `client_session` | the client following one NameServer (§10): connect, subscribe, time out, move on |

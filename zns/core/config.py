@@ -132,7 +132,12 @@ def _cpu_number(digits: str) -> int:
     return int(digits)
 
 
+CPUS_AUTO, CPUS_OFF = "auto", "off"  # `--cpus` as a word: zns.core.pairing; the kernel's choice
+
+
 def _cpus(value: str) -> str:
+    if value.strip() in (CPUS_AUTO, CPUS_OFF):
+        return value.strip()
     parse_cpus(value)
     return value
 
@@ -155,7 +160,7 @@ CHECKS: dict[str, Callable[[str], str]] = {
     "address": _address,  # a HOST:PORT others reach (a broker's)
     "nameservers": _nameservers,  # a NameServer list, 'h1:9876;h2:9876'
     "networks": _network,  # a CIDR or an address
-    "cpus": _cpus,  # a CPU list, '0,2-3'
+    "cpus": _cpus,  # a CPU list, '0,2-3', or auto or off
     "path": _path,  # a file or directory
 }
 
@@ -310,13 +315,15 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         "the expiry, opens no port, and keeps this many workers alive; each worker binds the "
         "request and events ports (SO_REUSEPORT) and answers from a replica "
         "(docs/operations.md, Workers).", metavar="N")] = 1
-    cpus: Annotated[str | None, _doc(
-        "Pin each process to one CPU of this list (as taskset -c writes it: 0,2-3): the state "
-        "process and worker 1 to the first, worker 2 to the second, and so on (round again "
-        "past the last); one process (--workers 0) to the first. Every thread of a process "
-        "runs where it does. Off by default: the kernel places them. Pinned, a forwarded "
-        "write's hand-offs stay on one core (docs/operations.md, Workers).",
-        metavar="LIST", check="cpus")] = None
+    cpus: Annotated[str, _doc(
+        "Where the processes run. auto (the default): the state process and worker 1 share "
+        "one CPU while their work is light, so that a forwarded write's hand-offs stay on "
+        "it, and run where the kernel puts them once it is not (docs/operations.md, Pinning "
+        "processes to CPUs). off: where the kernel puts them. A CPU list (as taskset -c "
+        "writes it: 0,2-3): each process pinned for good, the state process and worker 1 to "
+        "the first, worker 2 to the second, and so on (round again past the last); one "
+        "process (--workers 0) to the first. Every thread of a process runs where it does.",
+        metavar="auto|off|LIST", check="cpus")] = CPUS_AUTO
     # Read replicas on other hosts (docs/operations.md, Followers).
     followers: Annotated[str | None, _doc(
         "Endpoint (tcp://HOST:PORT) on which each worker feeds read replicas on other hosts "
@@ -408,12 +415,18 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
 
     def cpu_of(self, worker: int) -> int | None:
         """The CPU `--cpus` gives worker `worker` (1..N; 0: the state process, or the one
-        process of --workers 0); None without --cpus. The state process shares worker 1's: a
-        write that worker forwards is handed over and back on one core."""
-        if not self.cpus:
+        process of --workers 0); None without a CPU list. The state process shares worker
+        1's: a write that worker forwards is handed over and back on one core."""
+        if self.cpus in ("", CPUS_AUTO, CPUS_OFF):
             return None
         cpus = parse_cpus(self.cpus)
         return cpus[max(worker - 1, 0) % len(cpus)]
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the state process pairs worker 1 with itself on one CPU while light
+        (`--cpus auto` with workers: zns.core.pairing)."""
+        return self.cpus == CPUS_AUTO and self.workers > 0
 
     @property
     def limits(self) -> Limits:

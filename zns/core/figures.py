@@ -85,6 +85,11 @@ class StateFigures(msgspec.Struct, frozen=True, kw_only=True):
     workers: list[WorkerStatus] = []
     rss_bytes: int = 0
     cpu_seconds: float = 0.0
+    # `--cpus auto` (zns.core.pairing): the CPU the state process and worker 1 share (-1: not
+    # paired), and how often they were paired and let go.
+    paired_cpu: int = -1
+    pairings: int = 0
+    pair_releases: int = 0
 
 
 class Overview(msgspec.Struct, frozen=True, kw_only=True):

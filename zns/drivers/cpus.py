@@ -1,4 +1,7 @@
-"""`zns serve --cpus`: each process pinned to its CPU (sched_setaffinity).
+"""`zns serve --cpus`: where each process runs (sched_setaffinity). With a CPU list, each
+process pinned to its CPU for good; with `auto` (the default), the state process and worker
+1 paired on one CPU while their work is light (zns.core.pairing decides; `pair_sample`,
+`pair` and `release` carry it out); with `off`, wherever the kernel puts them.
 
 Why: a forwarded write is handed from its worker to the state process and back, and its
 event from the worker to its libzmq I/O thread. When the process handed to sleeps on
@@ -10,8 +13,9 @@ one worker +31 to +34 us over one process instead of +158 to +193 on the 2-core 
 (docs/operations.md, *Pinning processes to CPUs*).
 
 What it costs: the kernel no longer moves a pinned process off a core that other work keeps
-busy; and the state process shares worker 1's core. So it is off by default, as in nginx
-(`worker_cpu_affinity`) and HAProxy (`cpu-map`), for hosts whose cores are given to zns.
+busy; and the state process shares worker 1's core. So a list is for hosts whose cores are
+given to zns, as in nginx (`worker_cpu_affinity`) and HAProxy (`cpu-map`); `auto` pins the
+pair only while their work is light, and lets them go once it is not.
 
 A process pins every thread it has, and the threads it starts later (libzmq's I/O threads,
 the metrics server) inherit it; a worker forked from the pinned state process pins itself
@@ -26,6 +30,7 @@ import os
 from collections.abc import Iterable
 
 from zns.core.errors import InvalidSetting
+from zns.core.pairing import Sample
 
 log = logging.getLogger("zns")
 
@@ -50,6 +55,15 @@ def check(cpus: Iterable[int]) -> None:
 _unpinned: set[int] | None = None
 
 
+def remember() -> set[int]:
+    """The CPUs this process may run on before anything here pinned it: taken once, by the
+    process that forks the others (so theirs is the same), and returned."""
+    global _unpinned
+    if _unpinned is None:
+        _unpinned = os.sched_getaffinity(0)
+    return _unpinned
+
+
 def pin(cpu: int, who: str = "") -> bool:
     """Run the calling process on `cpu` only: every thread it has (a thread's affinity is
     its own) and so every thread they start later. False, logged, when the kernel refuses
@@ -59,19 +73,14 @@ def pin(cpu: int, who: str = "") -> bool:
     refused, it would fail every start, and its slot (with one worker, the whole
     NameServer) would serve nothing again; left as forked, it would share the state
     process's CPU."""
-    global _unpinned
-    if _unpinned is None:
-        _unpinned = os.sched_getaffinity(0)
+    unpinned = remember()
     named = f"{who} " if who else ""
-    try:
-        tasks = [int(task) for task in os.listdir("/proc/self/task")]
-    except OSError:  # no /proc: this thread, and those it starts
-        tasks = [0]
+    tasks = _tasks("self") or [0]  # no /proc: this thread, and those it starts
     try:
         _set(tasks, {cpu})
     except OSError as exc:  # EINVAL: `cpu` is offline or outside this process's cpuset
         try:  # the kernel keeps the part of it that is online and allowed
-            _set(tasks, _unpinned)
+            _set(tasks, unpinned)
         except OSError:
             pass  # none of it is any more: where the kernel moved it
         log.warning("%snot pinned to CPU %d (--cpus), not one this process may run on now "
@@ -80,6 +89,93 @@ def pin(cpu: int, who: str = "") -> bool:
         return False
     log.info("%spinned to CPU %d (--cpus)", named, cpu)
     return True
+
+
+def unpin() -> None:
+    """Run every thread of this process on the CPUs `zns serve` started with: a worker
+    forked from a state process paired with worker 1 (`--cpus auto`) other than worker 1
+    itself, which would share the pair's CPU."""
+    try:
+        _set(_tasks("self"), remember())
+    except OSError:
+        pass  # none of them is allowed any more: where the kernel moved it
+
+
+# --- `--cpus auto`: the state process and worker 1 as a pair (zns.core.pairing) -----------
+
+
+def can_pair() -> str:
+    """Why this system cannot pair processes ("" when it can): the pairing reads each
+    thread's run and wait times from /proc (schedstat) and moves them with
+    sched_setaffinity."""
+    if not hasattr(os, "sched_setaffinity"):
+        return "no sched_setaffinity"
+    if not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"):
+        return "no per-thread schedstat in /proc"
+    return ""
+
+
+def pair_sample(state_pid: int, worker_pid: int) -> Sample | None:
+    """The counters `Pairing.on_sample` takes, read now; None when worker 1 is gone (or
+    /proc cannot be read)."""
+    run = wait = 0
+    try:
+        for pid in (state_pid, worker_pid):
+            for task in _tasks(str(pid)):
+                try:
+                    with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as file:
+                        ran, waited = file.read().split()[:2]
+                except FileNotFoundError:
+                    continue  # a thread that ended meanwhile
+                run += int(ran)
+                wait += int(waited)
+        with open(f"/proc/{worker_pid}/stat", "rb") as file:
+            # After the command's name (in parentheses, itself maybe holding any byte), the
+            # 39th field is the CPU the process last ran on.
+            worker_cpu = int(file.read().rsplit(b")", 1)[1].split()[36])
+        allowed = remember()
+        idle: dict[int, int] = {}
+        with open("/proc/stat", "rb") as file:
+            for line in file:
+                if not line.startswith(b"cpu") or line[3:4].isspace():
+                    continue  # the lines of the whole and of other counts
+                name, *ticks = line.split()
+                cpu = int(name[3:])
+                if cpu in allowed:  # idle and iowait: time nothing ran there
+                    idle[cpu] = int(ticks[3]) + int(ticks[4])
+    except (OSError, ValueError, IndexError):
+        return None
+    return Sample(worker_pid, run, wait, idle, worker_cpu)
+
+
+def pair(cpu: int, pids: Iterable[int]) -> bool:
+    """Every thread of each process of `pids` on `cpu`; False (and where they were) when the
+    kernel refuses it (the CPU went offline or left the cpuset since)."""
+    tasks = {pid: _tasks(str(pid)) for pid in pids}
+    try:
+        for threads in tasks.values():
+            _set(threads, {cpu})
+    except OSError:
+        release(tasks)
+        return False
+    return True
+
+
+def release(pids: Iterable[int]) -> None:
+    """Every thread of each process of `pids` on the CPUs `zns serve` started with."""
+    for pid in pids:
+        try:
+            _set(_tasks(str(pid)), remember())
+        except OSError:
+            pass  # none of them is allowed any more: where the kernel moved it
+
+
+def _tasks(pid: str) -> list[int]:
+    """The threads of process `pid` ("self": this one); none once it is gone."""
+    try:
+        return [int(task) for task in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
 
 
 def _set(tasks: list[int], allowed: set[int]) -> None:

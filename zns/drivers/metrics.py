@@ -343,6 +343,12 @@ def _replication(state: StateFigures | None, overview: Overview | None, own: Wor
     yield counter("zns_replication_transfers", "State transfers sent to workers (a start, a "
                   "resync, a worker past the held commands)",
                   value=state.transfers if state else 0)
+    yield gauge("zns_paired_cpu", "The CPU the state process and worker 1 share while their "
+                "work is light (--cpus auto); -1 while they run where the kernel puts them",
+                value=state.paired_cpu if state else -1)
+    yield counter("zns_pair_releases", "Times the state process and worker 1 were let go of "
+                  "their shared CPU (--cpus auto), their work no longer light",
+                  value=state.pair_releases if state else 0)
     yield counter("zns_replication_workers_dropped", "Workers dropped for acknowledging "
                   "nothing in time or breaking the protocol",
                   value=state.workers_dropped if state else 0)

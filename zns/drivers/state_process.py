@@ -48,6 +48,7 @@ import zmq
 from zns import __version__
 from zns.core.addresses import parse_host_port, url_host
 from zns.core.errors import BadRequest, EndpointError, ErrorReply, Internal
+from zns.core.pairing import Pair, Pairing, Release
 from zns.core.figures import (
     REPORT_INTERVAL_MS, Overview, StateFigures, WorkerFigures, decode_figures, worker_status,
 )
@@ -60,7 +61,7 @@ from zns.core.state import AnyCommand, CloseConnections, Outcome, Suspect, Write
 from zns.core.timers import ServerTimers
 from zns.core.config import ServerConfig
 from zns.core.workers import StartWorker, StopWorker, WorkerPool
-from zns.drivers import state_file
+from zns.drivers import cpus, state_file
 from zns.drivers.descriptors import tcp_address, tcp_host_port
 from zns.drivers.heap import HeapTrim, glibc_malloc_trim
 from zns.drivers.kv_file import KvStore
@@ -280,8 +281,16 @@ class StateProcess:
         self.timers = ServerTimers(self.service, now=now, heartbeat_interval_ms=round(
             config.heartbeat_interval_s * 1000))
         self.service.heap = HeapTrim(glibc_malloc_trim(), now)
+        self.pairing: Pairing | None = None
         sources: list[Source] = [_Pool(self), _Expiry(self.timers), _Links(self.link),
                                  _Figures(self), self.service.heap]
+        if config.pairs:
+            if why := cpus.can_pair():
+                log.warning("--cpus auto: the state process and worker 1 are not paired on "
+                            "one CPU (%s)", why)
+            else:
+                self.pairing = Pairing(now, len(cpus.remember()))
+                sources.append(_Pairs(self, self.pairing))
         if self.state is not None:
             sources.append(self.state)
         self.loop = Loop(sources, clock=self._now, stall=self.timers, poll=PollSet())
@@ -465,6 +474,7 @@ class StateProcess:
         service = self.service
         times = self.kv.write_times
         ready, why = self.readiness.check(now, self._settled)
+        pairing = self.pairing
         state = StateFigures(
             pid=os.getpid(), seq=primary.seq, fence=primary.fence, ready=ready, ready_why=why,
             stalls=self.timers.stalls, removals=dict(service.removals),
@@ -472,7 +482,10 @@ class StateProcess:
             worker_restarts=self.pool.restarts, transfers=primary.transfers,
             workers_dropped=primary.dropped, workers=workers,
             dumps_written=self.state.written if self.state else 0,
-            dump_failures=self.state.failed if self.state else 0, **process_usage())
+            dump_failures=self.state.failed if self.state else 0,
+            paired_cpu=-1 if pairing is None or pairing.cpu is None else pairing.cpu,
+            pairings=pairing.pairings if pairing else 0,
+            pair_releases=pairing.releases if pairing else 0, **process_usage())
         return Overview(state=state, reports=[self.reports[c] for c in sorted(self.reports)])
 
     def _settled(self, cluster: str, addr: str) -> bool:
@@ -623,6 +636,44 @@ class _Figures:
             return
         self._due = now + REPORT_INTERVAL_MS
         self._process.send_figures(now)
+
+
+class _Pairs:
+    """`--cpus auto`: once a second, the run and wait times of this process and worker 1
+    (zns.core.pairing decides whether they share a CPU)."""
+
+    what = "pairing worker 1"
+
+    def __init__(self, process: StateProcess, pairing: Pairing) -> None:
+        self._process = process
+        self._pairing = pairing
+
+    def attach(self, poll: PollSet) -> None:
+        pass
+
+    def next_deadline(self, now: int) -> int | None:
+        return self._pairing.next_deadline()
+
+    def run(self, ready: Ready, now: int, until: int) -> None:
+        due = self._pairing.next_deadline()
+        if due is None or now < due:
+            return
+        worker = next((pid for pid, slot in self._process.slots.items() if slot == 0), None)
+        pids = [os.getpid()] if worker is None else [os.getpid(), worker]
+        sample = None if worker is None else cpus.pair_sample(os.getpid(), worker)
+        match self._pairing.on_sample(sample, now):
+            case Pair(cpu=cpu, why=why):
+                if cpus.pair(cpu, pids):
+                    log.info("the state process and worker 1 share CPU %d while their work is "
+                             "light (--cpus auto; last second: %s)", cpu, why)
+                else:
+                    self._pairing.refused()
+                    log.warning("the state process and worker 1 could not be paired on CPU %d "
+                                "(--cpus auto): the kernel refused it", cpu)
+            case Release(why=why):
+                cpus.release(pids)
+                log.info("the state process and worker 1 run where the kernel puts them "
+                         "again (--cpus auto; last second: %s)", why)
 
 
 def _wall_ms() -> int:
