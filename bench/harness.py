@@ -112,6 +112,15 @@ def wait_log(server: ServerProcess, pattern: re.Pattern[str],
                      f"{server.log_path.read_text(errors='replace')[-2000:]}")
 
 
+def wait_paired(server: ServerProcess, args: Sequence[str]) -> None:
+    """Once `zns serve *args` pairs the state process with worker 1 (`--cpus auto`, the
+    default with workers: zns.core.pairing), which it does after 3 light seconds: a figure
+    of the default shape is of the shape as it serves, not as it starts."""
+    if "--cpus" not in args and "--workers" in args \
+            and args[list(args).index("--workers") + 1] != "0":
+        wait_log(server, re.compile(r"share CPU (\d+) while their work is light"))
+
+
 def start_echo(workdir: Path, io: str = "frames") -> ServerProcess:
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "bench.echo_server", LOOPBACK, io]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from bench.harness import (
     BenchError, LoadClients, Session, Subscribers, broker_addr, check_reply, percentile,
-    register_request, request, start_echo, start_zns,
+    register_request, request, start_echo, start_zns, wait_paired,
 )
 from bench.report import BenchResult, Figure, RunConfig, Target, cli
 from zns.core.schema import route_channel
@@ -76,6 +76,7 @@ def measure(config: RunConfig, p: Params, *server_args: str) -> list[Figure]:
             LoadClients(1) as clients, Session(zns.router) as session:
         session.pipeline([register_request(f"broker-{b}", broker_addr(b), [TOPIC])
                           for b in range(2)])
+        wait_paired(zns, server_args)
         for n in p.subscribers:
             subs = Subscribers(zns.pub, [route_channel(TOPIC)], sockets=n,
                                processes=SUB_PROCESSES, ack=True)

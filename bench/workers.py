@@ -49,7 +49,7 @@ from bench import push_latency
 from bench.harness import (
     REPLY_TIMEOUT_S, START_TIMEOUT_S, BenchError, LoadPool, Probe, ServerProcess, Session,
     ask, broker_addr, check_reply, cpu_seconds, free_port, percentile, register_request,
-    request, rss_kib, start_zns, wait_log, zmq_context,
+    request, rss_kib, start_zns, wait_log, wait_paired, zmq_context,
 )
 from bench.remoting import (
     REMOTING_LINE, FakeBrokers, Generator, Params as RemotingParams, RemotingClient,
@@ -655,6 +655,10 @@ def run_lag(config: RunConfig) -> BenchResult:
     # broker dies, a permission changes) comes alone, not right behind the last one's event.
     apart = dataclasses.replace(p.push, subscribers=(1,), gap_s=APART_S)
     isolated = {w: push_latency.measure(config, apart, "--workers", str(w)) for w in (0, 1, 2)}
+    # The default shape never paired (zns.core.pairing): what `--cpus auto` changes.
+    unpaired = {"": push_latency.measure(config, p.push, "--workers", "1", "--cpus", "off"),
+                f", changes {APART_S * 1000:g} ms apart": push_latency.measure(
+                    config, apart, "--workers", "1", "--cpus", "off")}
     hops = [process_round_trips(p.push.changes) for _ in range(config.rounds)]
     for q in (50, 99):
         figures.append(Figure(
@@ -672,6 +676,13 @@ def run_lag(config: RunConfig) -> BenchResult:
                     after.rounds, "1 process", before.rounds,
                     note=f"{extra:+,.0f} µs against one process"
                     + (" (budget: +100 µs at p50)" if "p50" in before.name else "")))
+        for before, after in zip(runs[0], unpaired[cadence]):
+            if "max" in before.name:
+                continue
+            extra = statistics.median(after.rounds) - statistics.median(before.rounds)
+            figures.append(Figure(
+                f"{before.name}{cadence}, 1 worker, --cpus off", "µs", after.rounds,
+                "1 process", before.rounds, note=f"{extra:+,.0f} µs against one process"))
     for workers in (0, 1, 2):  # pinned, against one process as it runs by default
         for before, after in zip(push[0], pinned[workers]):
             if "max" in before.name:
@@ -754,6 +765,9 @@ Push latency: bench/push_latency.py (its method: one SUB per subscriber socket, 
 changes sent on one connection, the next only after every socket got the previous one; here
 {changes} changes a round, {subs} subscribers) against `--workers 0`, `--workers 1` and
 `--workers 2`; the subscribers' and the sender's connections land wherever the kernel puts them.
+With workers, each server is measured once its state process and worker 1 are paired on one CPU
+(`--cpus auto`, the default: they are after 3 light seconds), as it serves; the same `--workers
+1` with `--cpus off` (never paired) follows each cadence's three.
 Then the same three again with `--cpus` naming the machine's first two CPUs (the state process
 and worker 1 pinned to the first, worker 2 to the second; one process to the first), each
 against one process not pinned, as it runs by default. Then `--workers 0`, `1` and `2`
@@ -775,20 +789,35 @@ applying, encoding) comes on top.
 # --- workers_storm: reads while brokers register 10,000 topics ---------------------------
 
 
+# The shapes the storm is run against: (name, workers, further arguments). The default
+# shape is measured as it serves, paired (`--cpus auto`: zns.core.pairing), which the storm
+# must make let go of its shared CPU; `--cpus off` is the same shape never paired.
+STORM_SHAPES: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+    ("1 process", 0, ()), ("1 worker (the default)", 1, ()),
+    ("1 worker, --cpus off", 1, ("--cpus", "off")), ("2 workers", 2, ()))
+
+
 def run_storm(config: RunConfig) -> BenchResult:
     p = QUICK if config.quick else FULL
     topics = [f"StormTopic{i:05d}" for i in range(p.storm_topics)]
     storm = [register_request(f"storm-{k}", broker_addr(100 + k), topics,
                               topic_config={"read_queues": 8 - again, "write_queues": 8})
              for again in (0, 1) for k in range(p.storm_brokers)]
-    p99: dict[int, list[float]] = {w: [] for w in WORKER_COUNTS}
-    worst: dict[int, list[float]] = {w: [] for w in WORKER_COUNTS}
-    took: dict[int, list[float]] = {w: [] for w in WORKER_COUNTS}
-    answered: dict[int, list[float]] = {w: [] for w in WORKER_COUNTS}  # probe reads a second
+    names = [name for name, _, _ in STORM_SHAPES]
+    p99: dict[str, list[float]] = {name: [] for name in names}
+    worst: dict[str, list[float]] = {name: [] for name in names}
+    took: dict[str, list[float]] = {name: [] for name in names}
+    answered: dict[str, list[float]] = {name: [] for name in names}  # probe reads a second
     for r in range(config.rounds):
-        for w in (WORKER_COUNTS if r % 2 == 0 else WORKER_COUNTS[::-1]):
-            with _closing(start(config, w, f"storm{r}")) as zns, \
+        for i, (name, w, args) in enumerate(STORM_SHAPES):
+            if r % 2:  # rounds alternate the order
+                i = len(STORM_SHAPES) - 1 - i
+                name, w, args = STORM_SHAPES[i]
+            # A directory of its own: a server would restore another's state (its KV file
+            # and dump), whose topics would make the storm's registrations change nothing.
+            with _closing(start(config, w, f"storm{r}-{i}", *args)) as zns, \
                     Session(zns.server.router) as session:
+                wait_paired(zns.server, ("--workers", str(w), *args))
                 session.call("register_broker", cluster="bench", broker_name="probe-broker",
                              broker_id=0, broker_addr=broker_addr(1), topics={"ProbeTopic": {}})
                 probes = [Probe(zns.server.router, "ProbeTopic") for _ in range(4)]
@@ -805,25 +834,25 @@ def run_storm(config: RunConfig) -> BenchResult:
                           if began <= sent <= ended]
                 if not window:
                     raise BenchError("the probes took no sample during the storm")
-                p99[w].append(percentile(window, 99) * 1000)
-                worst[w].append(max(window) * 1000)
-                took[w].append(ended - began)
-                answered[w].append(len(window) / (ended - began))
-                config.log(f"{label(w)} round {r + 1}: storm {took[w][-1]:.2f} s, read p99 "
-                           f"{p99[w][-1]:.1f} ms, max {worst[w][-1]:.1f} ms, "
+                p99[name].append(percentile(window, 99) * 1000)
+                worst[name].append(max(window) * 1000)
+                took[name].append(ended - began)
+                answered[name].append(len(window) / (ended - began))
+                config.log(f"{name} round {r + 1}: storm {took[name][-1]:.2f} s, read p99 "
+                           f"{p99[name][-1]:.1f} ms, max {worst[name][-1]:.1f} ms, "
                            f"{len(window)} reads")
     figures = []
-    for w in WORKER_COUNTS[1:]:
-        shape = label(w) + (" (the default)" if w == 1 else "")
+    one = names[0]
+    for shape in names[1:]:
         figures += [
-            Figure(f"get_route p99 during the storm, {shape}", "ms", p99[w], "1 process",
-                   p99[0]),
-            Figure(f"get_route max during the storm, {shape}", "ms", worst[w], "1 process",
-                   worst[0]),
-            Figure(f"the storm's registrations answered in, {shape}", "s", took[w],
-                   "1 process", took[0]),
+            Figure(f"get_route p99 during the storm, {shape}", "ms", p99[shape], one,
+                   p99[one]),
+            Figure(f"get_route max during the storm, {shape}", "ms", worst[shape], one,
+                   worst[one]),
+            Figure(f"the storm's registrations answered in, {shape}", "s", took[shape],
+                   one, took[one]),
             Figure(f"probe reads answered per second during the storm, {shape}", "reads/s",
-                   answered[w], "1 process", answered[0],
+                   answered[shape], one, answered[one],
                    note="4 probes, each waiting for its reply, then 5 ms: 800/s at most"),
         ]
     method = STORM_METHOD.format(brokers=p.storm_brokers, topics=p.storm_topics,
