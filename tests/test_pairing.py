@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from zns.core.pairing import (
-    HELD_MS, MAX_QUIET_SAMPLES, QUIET_SAMPLES, SAMPLE_INTERVAL_MS, Pair, Pairing, Release,
-    Sample,
+    HELD_MS, MAX_QUIET_SAMPLES, QUIET_SAMPLES, Pair, Pairing, Release, Sample,
 )
 
 pytestmark = pytest.mark.timeout(30)
 
+SAMPLE_INTERVAL_MS = 1000  # as the state process samples
 SECOND_NS = SAMPLE_INTERVAL_MS * 1_000_000
 
 
@@ -24,16 +24,19 @@ class Counters:
         self.idle = {cpu: 0 for cpu in range(cpus)}
         self.worker_cpu = 0
 
-    def next(self, run: float, wait: float = 0.0, idle: dict[int, int] | None = None) -> Sample:
+    def next(self, run: float, wait: float = 0.0,
+             idle: dict[int, float] | None = None) -> Sample:
+        """`idle`: each CPU's idle share (default: all idle but for the pair's run, wherever
+        it ran)."""
         self.run += round(run * SECOND_NS)
         self.wait += round(wait * SECOND_NS)
         for cpu in self.idle:
-            self.idle[cpu] += (idle or {}).get(cpu, 100)
+            self.idle[cpu] += round((idle or {}).get(cpu, 1.0 - run) * SECOND_NS)
         return Sample(self.pid, self.run, self.wait, dict(self.idle), self.worker_cpu)
 
 
 def feed(pairing: Pairing, counters: Counters, now: int, samples: int, run: float,
-         wait: float = 0.0, idle: dict[int, int] | None = None) -> tuple[int, list[object]]:
+         wait: float = 0.0, idle: dict[int, float] | None = None) -> tuple[int, list[object]]:
     """`samples` samples a second apart from `now`: the time after them and what each said."""
     said = []
     for _ in range(samples):
@@ -43,7 +46,7 @@ def feed(pairing: Pairing, counters: Counters, now: int, samples: int, run: floa
 
 
 def paired(now: int = 0) -> tuple[Pairing, Counters, int]:
-    pairing, counters = Pairing(now, cpus=2), Counters()
+    pairing, counters = Pairing(cpus=2), Counters()
     assert pairing.on_sample(counters.next(0), now) is None  # the first: a baseline
     now, said = feed(pairing, counters, now, QUIET_SAMPLES, run=0.01)
     assert said[:-1] == [None] * (QUIET_SAMPLES - 1) and isinstance(said[-1], Pair)
@@ -51,21 +54,20 @@ def paired(now: int = 0) -> tuple[Pairing, Counters, int]:
 
 
 def test_a_light_pair_is_paired_after_the_quiet_samples_on_the_idlest_cpu() -> None:
-    pairing, counters = Pairing(0, cpus=2), Counters()
+    pairing, counters = Pairing(cpus=2), Counters()
     pairing.on_sample(counters.next(0), 0)
-    now, said = feed(pairing, counters, 0, QUIET_SAMPLES, run=0.05, wait=0.01,
-                     idle={0: 20, 1: 90})  # CPU 0 busy with something else
-    assert said[-1] == Pair(1, "5% of a CPU run, 1% waited")
+    _, said = feed(pairing, counters, 0, QUIET_SAMPLES, run=0.05, wait=0.01,
+                   idle={0: 0.2, 1: 0.9})  # CPU 0 busy with something else
+    assert said[-1] == Pair(1, "5% of a CPU run, 1% waited, CPU 1 90% idle")
     assert pairing.cpu == 1 and pairing.pairings == 1
-    assert pairing.next_deadline() == now + SAMPLE_INTERVAL_MS
 
 
 def test_on_a_tie_the_pair_goes_to_worker_1s_own_cpu() -> None:
-    pairing, counters = Pairing(0, cpus=4), Counters(cpus=4)
+    pairing, counters = Pairing(cpus=4), Counters(cpus=4)
     counters.worker_cpu = 2
     pairing.on_sample(counters.next(0), 0)
     _, said = feed(pairing, counters, 0, QUIET_SAMPLES, run=0.0)
-    assert said[-1] == Pair(2, "0% of a CPU run, 0% waited")
+    assert said[-1] == Pair(2, "0% of a CPU run, 0% waited, CPU 2 100% idle")
 
 
 @pytest.mark.parametrize("run, wait", [(0.61, 0.0), (0.1, 0.31)])
@@ -77,8 +79,25 @@ def test_a_pair_whose_work_no_longer_fits_is_released(run: float, wait: float) -
     assert isinstance(said[0], Release) and pairing.cpu is None and pairing.releases == 1
 
 
+def test_a_busy_machine_is_not_paired_and_other_work_on_the_pairs_cpu_releases_it() -> None:
+    """Pairing gains only where a CPU is idle (a woken process lands on a halted one); on a
+    busy machine it could only make the two wait behind other work."""
+    pairing, counters = Pairing(cpus=2), Counters()
+    pairing.on_sample(counters.next(0), 0)
+    now, said = feed(pairing, counters, 0, 10, run=0.01, idle={0: 0.3, 1: 0.45})
+    assert said == [None] * 10 and pairing.cpu is None
+    now, said = feed(pairing, counters, now, QUIET_SAMPLES, run=0.01, idle={0: 0.3, 1: 0.6})
+    assert isinstance(said[-1], Pair) and pairing.cpu == 1
+    # Other work takes the pair's CPU: 0.5 of it beside the pair's 0.05 still fits ...
+    now, said = feed(pairing, counters, now, 1, run=0.05, idle={0: 0.0, 1: 0.45})
+    assert said == [None]
+    # ... 0.6 of it does not, however little the pair runs or waits.
+    _, said = feed(pairing, counters, now, 1, run=0.05, idle={0: 0.0, 1: 0.35})
+    assert said == [Release("5% of a CPU run, 0% waited, 60% other work")]
+
+
 def test_a_load_between_light_and_released_neither_pairs_nor_keeps_counting() -> None:
-    pairing, counters = Pairing(0, cpus=2), Counters()
+    pairing, counters = Pairing(cpus=2), Counters()
     pairing.on_sample(counters.next(0), 0)
     now, said = feed(pairing, counters, 0, QUIET_SAMPLES - 1, run=0.0)
     now, said = feed(pairing, counters, now, 1, run=0.35)  # not light: the count starts again
@@ -117,7 +136,7 @@ def test_a_replaced_worker_1_or_counters_that_went_back_decide_nothing() -> None
 
 
 def test_no_worker_1_decides_nothing_and_is_no_baseline() -> None:
-    pairing, counters = Pairing(0, cpus=2), Counters()
+    pairing, counters = Pairing(cpus=2), Counters()
     assert pairing.on_sample(counters.next(0), 0) is None
     assert pairing.on_sample(None, 1000) is None  # worker 1 down
     now, said = feed(pairing, counters, 1000, QUIET_SAMPLES, run=0.0)
@@ -126,8 +145,8 @@ def test_no_worker_1_decides_nothing_and_is_no_baseline() -> None:
 
 
 def test_one_cpu_is_never_paired_and_asks_for_no_sample() -> None:
-    pairing, counters = Pairing(0, cpus=1), Counters(cpus=1)
-    assert pairing.next_deadline() is None
+    pairing, counters = Pairing(cpus=1), Counters(cpus=1)
+    assert not pairing.enabled
     pairing.on_sample(counters.next(0), 0)
     assert feed(pairing, counters, 0, 10, run=0.0)[1] == [None] * 10
 

@@ -136,8 +136,12 @@ CPUS_AUTO, CPUS_OFF = "auto", "off"  # `--cpus` as a word: zns.core.pairing; the
 
 
 def _cpus(value: str) -> str:
-    if value.strip() in (CPUS_AUTO, CPUS_OFF):
-        return value.strip()
+    word = value.strip()
+    if word in (CPUS_AUTO, CPUS_OFF):
+        return word
+    if word.isalpha():  # a word that is neither: say what the words are
+        raise ValueError(f"{word[:20]!r} is none of {CPUS_AUTO}, {CPUS_OFF} or a CPU list "
+                         f"(0,2-3)")
     parse_cpus(value)
     return value
 

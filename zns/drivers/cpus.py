@@ -135,6 +135,7 @@ def pair_sample(state_pid: int, worker_pid: int) -> Sample | None:
             worker_cpu = int(file.read().rsplit(b")", 1)[1].split()[36])
         allowed = remember()
         idle: dict[int, int] = {}
+        tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")  # /proc/stat counts in ticks
         with open("/proc/stat", "rb") as file:
             for line in file:
                 if not line.startswith(b"cpu") or line[3:4].isspace():
@@ -142,7 +143,7 @@ def pair_sample(state_pid: int, worker_pid: int) -> Sample | None:
                 name, *ticks = line.split()
                 cpu = int(name[3:])
                 if cpu in allowed:  # idle and iowait: time nothing ran there
-                    idle[cpu] = int(ticks[3]) + int(ticks[4])
+                    idle[cpu] = (int(ticks[3]) + int(ticks[4])) * tick_ns
     except (OSError, ValueError, IndexError):
         return None
     return Sample(worker_pid, run, wait, idle, worker_cpu)

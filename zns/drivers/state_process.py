@@ -289,8 +289,7 @@ class StateProcess:
                 log.warning("--cpus auto: the state process and worker 1 are not paired on "
                             "one CPU (%s)", why)
             else:
-                self.pairing = Pairing(now, len(cpus.remember()))
-                sources.append(_Pairs(self, self.pairing))
+                self.pairing = Pairing(len(cpus.remember()))
         if self.state is not None:
             sources.append(self.state)
         self.loop = Loop(sources, clock=self._now, stall=self.timers, poll=PollSet())
@@ -452,6 +451,30 @@ class StateProcess:
         self.reports[worker] = figures
         if first:
             self.send_figures(self._now())
+
+    def pair(self, now: int) -> None:
+        """`--cpus auto`: this process's and worker 1's run and wait times, read on the
+        figures' second (no wake-up of its own); zns.core.pairing decides whether the two
+        share a CPU."""
+        pairing = self.pairing
+        if pairing is None or not pairing.enabled:
+            return
+        worker = next((pid for pid, slot in self.slots.items() if slot == 0), None)
+        pids = [os.getpid()] if worker is None else [os.getpid(), worker]
+        sample = None if worker is None else cpus.pair_sample(os.getpid(), worker)
+        match pairing.on_sample(sample, now):
+            case Pair(cpu=cpu, why=why):
+                if cpus.pair(cpu, pids):
+                    log.info("the state process and worker 1 share CPU %d while their work is "
+                             "light (--cpus auto; last second: %s)", cpu, why)
+                else:
+                    pairing.refused()
+                    log.warning("the state process and worker 1 could not be paired on CPU %d "
+                                "(--cpus auto): the kernel refused it", cpu)
+            case Release(why=why):
+                cpus.release(pids)
+                log.info("the state process and worker 1 run where the kernel puts them "
+                         "again (--cpus auto; last second: %s)", why)
 
     def send_figures(self, now: int) -> None:
         """Every worker gets the whole: this process's figures and the workers' last ones."""
@@ -617,7 +640,7 @@ class _Pool:
 
 
 class _Figures:
-    """The whole's figures to every worker, once a second."""
+    """The whole's figures to every worker, once a second; and the pairing's sample."""
 
     what = "sending figures"
 
@@ -635,45 +658,8 @@ class _Figures:
         if now < self._due:
             return
         self._due = now + REPORT_INTERVAL_MS
+        self._process.pair(now)  # first: the figures say what it did
         self._process.send_figures(now)
-
-
-class _Pairs:
-    """`--cpus auto`: once a second, the run and wait times of this process and worker 1
-    (zns.core.pairing decides whether they share a CPU)."""
-
-    what = "pairing worker 1"
-
-    def __init__(self, process: StateProcess, pairing: Pairing) -> None:
-        self._process = process
-        self._pairing = pairing
-
-    def attach(self, poll: PollSet) -> None:
-        pass
-
-    def next_deadline(self, now: int) -> int | None:
-        return self._pairing.next_deadline()
-
-    def run(self, ready: Ready, now: int, until: int) -> None:
-        due = self._pairing.next_deadline()
-        if due is None or now < due:
-            return
-        worker = next((pid for pid, slot in self._process.slots.items() if slot == 0), None)
-        pids = [os.getpid()] if worker is None else [os.getpid(), worker]
-        sample = None if worker is None else cpus.pair_sample(os.getpid(), worker)
-        match self._pairing.on_sample(sample, now):
-            case Pair(cpu=cpu, why=why):
-                if cpus.pair(cpu, pids):
-                    log.info("the state process and worker 1 share CPU %d while their work is "
-                             "light (--cpus auto; last second: %s)", cpu, why)
-                else:
-                    self._pairing.refused()
-                    log.warning("the state process and worker 1 could not be paired on CPU %d "
-                                "(--cpus auto): the kernel refused it", cpu)
-            case Release(why=why):
-                cpus.release(pids)
-                log.info("the state process and worker 1 run where the kernel puts them "
-                         "again (--cpus auto; last second: %s)", why)
 
 
 def _wall_ms() -> int:
