@@ -199,7 +199,7 @@ def test_a_bad_value_is_one_line_naming_where_it_came_from(route, tmp_path, clea
     (["--cpus", "0,3-1"], "'3-1': a range goes from low to high"),
     (["--cpus", "0,"], "'' is not a CPU number"),
     (["--cpus", "9000"], "CPU 9000: CPUs are numbered 0 to 8191 at most"),
-    (["--cpus", "Auto"], "'Auto' is none of auto, off or a CPU list (0,2-3)"),
+    (["--cpus", "often"], "'often' is none of auto, off or a CPU list (0,2-3)"),
 ])
 def test_server_checks_name_the_option(args, needle, clean_env):
     line = one_line_usage_error(run(ServerConfig, args)[0])

@@ -677,38 +677,104 @@ PAIRED = re.compile(r"the state process and worker 1 share CPU (\d+) while their
 RELEASED = "the state process and worker 1 run where the kernel puts them again"
 
 
+class QuietWatch:
+    """Whether this machine gave `--cpus auto` a chance to pair: the longest run of seconds,
+    read from /proc/stat, in which some CPU was at least 60 % idle (the pairing asks for 3
+    of them at 50 %, on seconds not aligned with these)."""
+
+    def __init__(self) -> None:
+        self.longest = self._run = 0
+        self._last = self._read()
+        self._at = time.monotonic()
+
+    def tick(self) -> None:
+        if time.monotonic() - self._at < 1.0:
+            return
+        now, idle = time.monotonic(), self._read()
+        elapsed_ticks = (now - self._at) * os.sysconf("SC_CLK_TCK")
+        quiet = any((idle[c] - self._last.get(c, idle[c])) / elapsed_ticks >= 0.6 for c in idle)
+        self._run = self._run + 1 if quiet else 0
+        self.longest = max(self.longest, self._run)
+        self._last, self._at = idle, now
+
+    @staticmethod
+    def _read() -> dict[int, int]:
+        allowed, idle = os.sched_getaffinity(0), {}
+        for line in Path("/proc/stat").read_text().splitlines():
+            name, *ticks = line.split()
+            if name.startswith("cpu") and name[3:] and int(name[3:]) in allowed:
+                idle[int(name[3:])] = int(ticks[3]) + int(ticks[4])
+        return idle
+
+
+def wait_paired(server: ProcessServer, after: int, watch: QuietWatch, until: float) -> int:
+    """The number of pairing lines once there are more than `after`; skips (not fails) when
+    the machine never had 4 quiet seconds in a row meanwhile (tests beside it, JVMs)."""
+    while (count := len(PAIRED.findall(server.output()))) <= after:
+        watch.tick()
+        if time.monotonic() > until:
+            if watch.longest >= 4:
+                raise AssertionError(f"not paired though {watch.longest} quiet seconds in a "
+                                     f"row passed: {server.output()}")
+            pytest.skip(f"the machine was never quiet long enough to pair (at most "
+                        f"{watch.longest} s in a row with a CPU 60 % idle)")
+        time.sleep(0.05)
+    return count
+
+
+def paired_cpu(server: ProcessServer) -> str | None:
+    """The pair's CPU if the last pairing line has no release after it."""
+    output = server.output()
+    pairings = list(PAIRED.finditer(output))
+    if not pairings or RELEASED in output[pairings[-1].end():]:
+        return None
+    return pairings[-1].group(1)
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to pair")
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_by_default_the_state_process_and_worker_1_share_a_cpu_until_their_work_is_heavy(
         tmp_path: Path, ctx: Any) -> None:
-    """`--cpus auto` (zns.core.pairing): paired once light for 3 s, every thread of both;
-    a worker forked meanwhile runs where the kernel puts it, not on the pair's CPU; a
-    stream of large registrations (the pair's work past what one CPU gives them) lets
-    them go."""
+    """`--cpus auto` (zns.core.pairing) as `zns serve` carries it out: every thread of the
+    state process and worker 1 on the CPU its line names; a worker 2 forked while they are
+    paired lets itself go; large registrations through worker 1 (the pair's work past what
+    one CPU gives it) release them, every thread. On a machine kept busy by other tests
+    the pair may be released (or never paired) by their load instead: what was checked
+    while it was paired counts only if no release came meanwhile, else it is tried again."""
     allowed = {cpus._ranges(sorted(os.sched_getaffinity(0)))}
     server = ProcessServer(tmp_path, "--workers", "2", "--metrics", "127.0.0.1:0")
+    watch, until = QuietWatch(), time.monotonic() + 150
     peer = None
     try:
         wait_for(lambda: server.output().count("serving requests on") == 2)
-        line = wait_for(lambda: PAIRED.search(server.output()), timeout=3 * LOADED_DEADLINE)
-        cpu = line.group(1)
-        state, one, two = server.proc.pid, worker_pid(server, 1), worker_pid(server, 2)
-        assert cpus_of_threads(state) == {cpu}
-        assert len(list(Path(f"/proc/{one}/task").iterdir())) > 2  # libzmq's threads too
-        assert cpus_of_threads(one) == {cpu} and cpus_of_threads(two) == allowed
-        os.kill(two, signal.SIGKILL)  # forked from the paired state process: let go
-        wait_for(lambda: worker_pid(server, 2) != two, timeout=LOADED_DEADLINE)
-        assert cpus_of_threads(worker_pid(server, 2)) == allowed
+        pairings, checked = 0, False
+        while not checked:
+            pairings = wait_paired(server, pairings, watch, until)
+            cpu = paired_cpu(server)
+            if cpu is None:
+                continue  # released already
+            state, one, two = server.proc.pid, worker_pid(server, 1), worker_pid(server, 2)
+            seen = cpus_of_threads(state), cpus_of_threads(one)
+            os.kill(two, signal.SIGKILL)  # replaced by a worker forked from the paired process
+            wait_for(lambda: worker_pid(server, 2) != two, timeout=LOADED_DEADLINE)
+            replaced = cpus_of_threads(worker_pid(server, 2))
+            if paired_cpu(server) != cpu or len(PAIRED.findall(server.output())) != pairings:
+                continue  # released meanwhile (the machine's load): what was seen proves little
+            assert seen == ({cpu}, {cpu}), (seen, cpu)
+            assert len(list(Path(f"/proc/{one}/task").iterdir())) > 2  # libzmq's threads too
+            assert replaced == allowed  # forked onto the pair's CPU, it let itself go
+            checked = True
         # On worker 1: the registrations it decodes are the pair's work too (on worker 2
         # they could leave the pair within what its CPU gives it, and rightly paired).
         peer = peer_on_worker(server, 1, ctx)
-        deadline = time.monotonic() + 120
         n = 0
-        while RELEASED not in server.output():  # heavy: decoded, executed, applied again
-            assert time.monotonic() < deadline, server.output()
+        while paired_cpu(server) is not None:  # heavy: decoded, executed, applied again
+            assert time.monotonic() < until + 60, server.output()
             n += 1
             peer.ok("register_broker", **register_fields(topics={
                 f"Heavy{t}": {"read_queues": 1 + n % 8} for t in range(3000)}))
+        # Paired again only after 6 light seconds: checked well before.
+        state, one = server.proc.pid, worker_pid(server, 1)
         assert cpus_of_threads(state) == allowed and cpus_of_threads(one) == allowed
     finally:
         if peer is not None:

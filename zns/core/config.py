@@ -136,11 +136,11 @@ CPUS_AUTO, CPUS_OFF = "auto", "off"  # `--cpus` as a word: zns.core.pairing; the
 
 
 def _cpus(value: str) -> str:
-    word = value.strip()
-    if word in (CPUS_AUTO, CPUS_OFF):
-        return word
-    if word.isalpha():  # a word that is neither: say what the words are
-        raise ValueError(f"{word[:20]!r} is none of {CPUS_AUTO}, {CPUS_OFF} or a CPU list "
+    text = value.strip()
+    if text.lower() in (CPUS_AUTO, CPUS_OFF):  # as --log-level takes its words
+        return text.lower()
+    if text.isalpha():  # a word that is neither: say what the words are
+        raise ValueError(f"{text[:20]!r} is none of {CPUS_AUTO}, {CPUS_OFF} or a CPU list "
                          f"(0,2-3)")
     parse_cpus(value)
     return value

@@ -86,9 +86,8 @@ class StateFigures(msgspec.Struct, frozen=True, kw_only=True):
     rss_bytes: int = 0
     cpu_seconds: float = 0.0
     # `--cpus auto` (zns.core.pairing): the CPU the state process and worker 1 share (-1: not
-    # paired), and how often they were paired and let go.
+    # paired), and how often they were let go.
     paired_cpu: int = -1
-    pairings: int = 0
     pair_releases: int = 0
 
 

@@ -5,9 +5,9 @@ Why pair them: a forwarded write goes worker -> state process -> worker, and its
 leaves from the worker. When the process handed to sleeps and a CPU is idle, the kernel
 wakes it on the idle CPU; on a VM whose idle virtual CPUs halt (as most hosts' guests do
 without halt polling), the host then takes 50-80 us to run that CPU again. Two such
-wake-ups per write put one worker's push latency about +140 us over one process on the
-2-core test VM; on one CPU the two hand over by a context switch, and the excess is 0-30 us
-(bench/results.md). The gain is there only while CPUs are idle: on a busy machine a woken
+wake-ups per write put one worker's push latency p50 150-180 us over one process on the
+2-core test VM; on one CPU the two hand over by a context switch, and it is within +50 us
+of one process, at times below it (bench/results.md, *Paired by default*). The gain is there only while CPUs are idle: on a busy machine a woken
 process lands on a CPU that is running anyway.
 
 Why not always: paired, the two no longer run in parallel, and the kernel cannot move them
@@ -21,18 +21,23 @@ machine, and let go as soon as their own work or another's stops fitting:
   before the kernel places them again, as `--cpus off` does all the time.
 - Paired when `quiet` samples in a row were light: the two ran under LIGHT_RUN and waited
   under LIGHT_WAIT, and some CPU was idle for PAIR_IDLE of the time at least. They go to
-  the CPU that was idlest over the last one (worker 1's own on a tie: nothing moves).
-  `quiet` is QUIET_SAMPLES, doubled by each release up to MAX_QUIET_SAMPLES, and back to
-  QUIET_SAMPLES once a pairing has held for HELD_MS: a load that comes and goes costs a
-  pairing and a release, with a line each, a few times an hour at most.
-- A sample whose counters went back (worker 1 was replaced: its counts start again) or
-  that has no worker 1 decides nothing; it is the next sample's baseline. A paired
-  worker 1 that dies is replaced on the pair's CPU (it is forked from the state process).
+  the CPU that was idlest over the last one (the lowest-numbered of a tie).
+  `quiet` is QUIET_SAMPLES, doubled by each release (and each pairing the kernel refused)
+  up to MAX_QUIET_SAMPLES, and back to QUIET_SAMPLES once a pairing has held for HELD_MS:
+  a load that keeps coming and going costs a pairing and a release, with a line each, at
+  most 7 times in its first 11 minutes and 12 times an hour after that.
+- No worker 1 (it died, and its replacement has not started) releases a pair: nothing
+  measures it. The first sample of a new worker 1 is a baseline and decides nothing; so
+  does the first sample. Either starts the count of light samples again. A worker 1 that
+  replaces a dead one while the two are paired is forked onto the pair's CPU.
+- A thread's counts are taken since the last sample (all of them for a thread new since);
+  a thread that ended between two samples takes its counts with it.
+- The pair's CPU gone from those the processes may run on releases it.
 - With a single CPU allowed there is nothing to choose: never paired.
 
-Inputs are cumulative counters the driver reads (zns.drivers.cpus): the nanoseconds the
-pair's threads ran and waited runnable (the kernel's schedstat), and the nanoseconds each
-allowed CPU was idle. This object takes their differences between samples and says what to
+Inputs are cumulative counters the driver reads (zns.drivers.cpus): the nanoseconds each
+of the pair's threads ran and waited runnable (the kernel's schedstat), and the nanoseconds
+each allowed CPU was idle (idle and iowait: nothing ran there). This object takes their differences between samples and says what to
 do.
 """
 
@@ -55,15 +60,13 @@ HELD_MS = 600_000  # a pairing that held this long starts the doubling again
 
 @dataclass(frozen=True)
 class Sample:
-    """Cumulative counters at one moment. `run_ns`, `wait_ns`: every thread of the state
-    process and of worker 1 (`worker_pid`), ran and waited runnable. `idle_ns`: each allowed
-    CPU's idle time. `worker_cpu`: the CPU worker 1 last ran on."""
+    """Cumulative counters at one moment. `threads`: every thread of the state process and
+    of worker 1 (`worker_pid`), by thread id: (ns it ran, ns it waited runnable).
+    `idle_ns`: each allowed CPU's idle time (iowait included: nothing ran there)."""
 
     worker_pid: int
-    run_ns: int
-    wait_ns: int
+    threads: Mapping[int, tuple[int, int]]
     idle_ns: Mapping[int, int]
-    worker_cpu: int
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,6 @@ class Pairing:
     def __init__(self, cpus: int) -> None:
         """`cpus`: how many CPUs the processes may run on (below 2: never paired)."""
         self.cpu: int | None = None  # the pair's CPU while paired
-        self.pairings = 0
         self.releases = 0
         self.enabled = cpus >= 2  # else no sample is worth reading
         self._last: tuple[Sample, int] | None = None
@@ -97,45 +99,62 @@ class Pairing:
         """The counters as read at `now` (None: worker 1 is not running): what to do. The
         state process reads them once a second; any other period works alike (the shares
         are of the time between two samples), but the quiet time is counted in samples."""
+        if not self.enabled:
+            return None
         last, self._last = self._last, None if sample is None else (sample, now)
-        if sample is None or last is None or not self.enabled:
+        if sample is None:  # worker 1 died, or restarts: nothing to measure the pair by
+            self._light = 0
+            return None if self.cpu is None else self._release("worker 1 is not running")
+        if last is None or sample.worker_pid != last[0].worker_pid or now <= last[1]:
+            self._light = 0  # the first sample, or of a new worker 1: a baseline
             return None
         before, then = last
         elapsed_ns = (now - then) * 1_000_000
-        ran, waited = sample.run_ns - before.run_ns, sample.wait_ns - before.wait_ns
-        if sample.worker_pid != before.worker_pid or ran < 0 or waited < 0 or elapsed_ns <= 0:
-            return None  # worker 1 replaced: these counters start here
+        # Each thread's counts since the last sample (all of them for a thread new since):
+        # a thread that ended meanwhile takes its counts with it, and no sum goes back.
+        ran = waited = 0
+        for thread, (run_ns, wait_ns) in sample.threads.items():
+            run_before, wait_before = before.threads.get(thread, (0, 0))
+            ran += max(0, run_ns - run_before)
+            waited += max(0, wait_ns - wait_before)
         run, wait = ran / elapsed_ns, waited / elapsed_ns
         idle = {cpu: (sample.idle_ns[cpu] - before.idle_ns[cpu]) / elapsed_ns
                 for cpu in sample.idle_ns if cpu in before.idle_ns}
         load = f"{run:.0%} of a CPU run, {wait:.0%} waited"
         if self.cpu is not None:
+            if self.cpu not in idle:
+                return self._release(f"CPU {self.cpu} is no longer one to run on")
             # What else kept the pair's CPU busy (its busy time, less the pair's own).
-            other = 1 - idle[self.cpu] - run if self.cpu in idle else 0.0
-            if run <= RELEASE_RUN and wait <= RELEASE_WAIT and other <= RELEASE_OTHER:
-                if now - self._paired_at >= HELD_MS:
-                    self._quiet = QUIET_SAMPLES
-                return None
-            self.cpu = None
-            self._light = 0
-            self._quiet = min(self._quiet * 2, MAX_QUIET_SAMPLES)
-            self.releases += 1
-            return Release(load + (f", {other:.0%} other work" if other > RELEASE_OTHER
-                                   else ""))
+            other = 1 - idle[self.cpu] - run
+            if run > RELEASE_RUN or wait > RELEASE_WAIT:
+                return self._release(load)
+            if other > RELEASE_OTHER:
+                return self._release(f"{load}, {other:.0%} other work")
+            if now - self._paired_at >= HELD_MS:
+                self._quiet = QUIET_SAMPLES
+            return None
         quiet = bool(idle) and max(idle.values()) >= PAIR_IDLE
         self._light = self._light + 1 if run < LIGHT_RUN and wait < LIGHT_WAIT and quiet \
             else 0
         if self._light < self._quiet:
             return None
-        cpu = max(idle, key=lambda c: (idle[c], c == sample.worker_cpu, -c))
+        cpu = max(idle, key=lambda c: (idle[c], -c))  # the idlest; the lowest of a tie
         self.cpu = cpu
         self._paired_at = now
-        self.pairings += 1
         return Pair(cpu, f"{load}, CPU {cpu} {idle[cpu]:.0%} idle")
 
     def refused(self) -> None:
         """The kernel refused the pairing just asked (its CPU went offline, or left the
-        cpuset): unpaired, as after a release."""
+        cpuset): not paired, and the next pairing waits twice as long, as after a
+        release (not counted as one)."""
+        self._unpair()
+
+    def _release(self, why: str) -> Release:
+        self._unpair()
+        self.releases += 1
+        return Release(why)
+
+    def _unpair(self) -> None:
         self.cpu = None
         self._light = 0
         self._quiet = min(self._quiet * 2, MAX_QUIET_SAMPLES)

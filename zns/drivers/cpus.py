@@ -18,8 +18,9 @@ given to zns, as in nginx (`worker_cpu_affinity`) and HAProxy (`cpu-map`); `auto
 pair only while their work is light, and lets them go once it is not.
 
 A process pins every thread it has, and the threads it starts later (libzmq's I/O threads,
-the metrics server) inherit it; a worker forked from the pinned state process pins itself
-again as it starts. The list is checked once, when `zns serve` starts; a process started
+the metrics server) inherit it; with a list, a worker forked from the pinned state process
+pins itself again as it starts; with `auto`, a worker other than worker 1 lets itself go
+(`unpin`), and worker 1 stays where it was forked, beside the state process. The list is checked once, when `zns serve` starts; a process started
 later (a worker in place of a dead one) whose CPU is gone by then runs unpinned (`pin`).
 """
 
@@ -118,21 +119,19 @@ def can_pair() -> str:
 def pair_sample(state_pid: int, worker_pid: int) -> Sample | None:
     """The counters `Pairing.on_sample` takes, read now; None when worker 1 is gone (or
     /proc cannot be read)."""
-    run = wait = 0
+    threads: dict[int, tuple[int, int]] = {}
+    for pid in (state_pid, worker_pid):
+        tasks = _tasks(str(pid))
+        if not tasks:
+            return None  # gone (a zombie has no task left to list)
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as file:
+                    ran, waited = file.read().split()[:2]
+                threads[task] = (int(ran), int(waited))
+            except (OSError, ValueError):
+                continue  # a thread that ended meanwhile: its counts go with it
     try:
-        for pid in (state_pid, worker_pid):
-            for task in _tasks(str(pid)):
-                try:
-                    with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as file:
-                        ran, waited = file.read().split()[:2]
-                except FileNotFoundError:
-                    continue  # a thread that ended meanwhile
-                run += int(ran)
-                wait += int(waited)
-        with open(f"/proc/{worker_pid}/stat", "rb") as file:
-            # After the command's name (in parentheses, itself maybe holding any byte), the
-            # 39th field is the CPU the process last ran on.
-            worker_cpu = int(file.read().rsplit(b")", 1)[1].split()[36])
         allowed = remember()
         idle: dict[int, int] = {}
         tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")  # /proc/stat counts in ticks
@@ -146,7 +145,7 @@ def pair_sample(state_pid: int, worker_pid: int) -> Sample | None:
                     idle[cpu] = (int(ticks[3]) + int(ticks[4])) * tick_ns
     except (OSError, ValueError, IndexError):
         return None
-    return Sample(worker_pid, run, wait, idle, worker_cpu)
+    return Sample(worker_pid, threads, idle)
 
 
 def pair(cpu: int, pids: Iterable[int]) -> bool:

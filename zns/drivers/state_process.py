@@ -507,7 +507,6 @@ class StateProcess:
             dumps_written=self.state.written if self.state else 0,
             dump_failures=self.state.failed if self.state else 0,
             paired_cpu=-1 if pairing is None or pairing.cpu is None else pairing.cpu,
-            pairings=pairing.pairings if pairing else 0,
             pair_releases=pairing.releases if pairing else 0, **process_usage())
         return Overview(state=state, reports=[self.reports[c] for c in sorted(self.reports)])
 
@@ -658,8 +657,8 @@ class _Figures:
         if now < self._due:
             return
         self._due = now + REPORT_INTERVAL_MS
-        self._process.pair(now)  # first: the figures say what it did
         self._process.send_figures(now)
+        self._process.pair(now)  # what it does, the next second's figures say
 
 
 def _wall_ms() -> int:
