@@ -5,7 +5,7 @@ Why pair them: a forwarded write goes worker -> state process -> worker, and its
 leaves from the worker. When the process handed to sleeps and a CPU is idle, the kernel
 wakes it on the idle CPU; on a VM whose idle virtual CPUs halt (as most hosts' guests do
 without halt polling), the host then takes 50-80 us to run that CPU again. Two such
-wake-ups per write put one worker's push latency p50 150-180 us over one process on the
+wake-ups per write put one worker's push latency p50 100-180 us over one process on the
 2-core test VM; on one CPU the two hand over by a context switch, and it is within +50 us
 of one process, at times below it (bench/results.md, *Paired by default*). The gain is there only while CPUs are idle: on a busy machine a woken
 process lands on a CPU that is running anyway.
