@@ -323,8 +323,8 @@ class ServerConfig(Logging, kw_only=True, forbid_unknown_fields=True):
         "Where the processes run. auto (the default): the state process and worker 1 share "
         "one CPU while their work is light and the machine quiet, so that a forwarded "
         "write's hand-offs stay on it, and run where the kernel puts them otherwise "
-        "(docs/operations.md, Pinning processes to CPUs). off: where the kernel puts them. A CPU list (as taskset -c "
-        "writes it: 0,2-3): each process pinned for good, the state process and worker 1 to "
+        "(docs/operations.md, Pinning processes to CPUs). off: where the kernel puts them. "
+        "A CPU list (as taskset -c writes it: 0,2-3): each process pinned for good, the state process and worker 1 to "
         "the first, worker 2 to the second, and so on (round again past the last); one "
         "process (--workers 0) to the first. Every thread of a process runs where it does.",
         metavar="auto|off|LIST", check="cpus")] = CPUS_AUTO

@@ -7,8 +7,9 @@ wakes it on the idle CPU; on a VM whose idle virtual CPUs halt (as most hosts' g
 without halt polling), the host then takes 50-80 us to run that CPU again. Two such
 wake-ups per write put one worker's push latency p50 100-180 us over one process on the
 2-core test VM; on one CPU the two hand over by a context switch, and it is within +50 us
-of one process, at times below it (bench/results.md, *Paired by default*). The gain is there only while CPUs are idle: on a busy machine a woken
-process lands on a CPU that is running anyway.
+of one process, at times below it (bench/results.md, *Paired by default*). The gain is
+there only while CPUs are idle: on a busy machine a woken process lands on a CPU that is
+running anyway.
 
 Why not always: paired, the two no longer run in parallel, and the kernel cannot move them
 off their CPU, however busy other work makes it. So they are paired only on a quiet
@@ -37,8 +38,8 @@ machine, and let go as soon as their own work or another's stops fitting:
 
 Inputs are cumulative counters the driver reads (zns.drivers.cpus): the nanoseconds each
 of the pair's threads ran and waited runnable (the kernel's schedstat), and the nanoseconds
-each allowed CPU was idle (idle and iowait: nothing ran there). This object takes their differences between samples and says what to
-do.
+each allowed CPU was idle (idle and iowait: nothing ran there). This object takes their
+differences between samples and says what to do.
 """
 
 from __future__ import annotations

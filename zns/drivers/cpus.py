@@ -20,8 +20,9 @@ pair only while their work is light, and lets them go once it is not.
 A process pins every thread it has, and the threads it starts later (libzmq's I/O threads,
 the metrics server) inherit it; with a list, a worker forked from the pinned state process
 pins itself again as it starts; with `auto`, a worker other than worker 1 lets itself go
-(`unpin`), and worker 1 stays where it was forked, beside the state process. The list is checked once, when `zns serve` starts; a process started
-later (a worker in place of a dead one) whose CPU is gone by then runs unpinned (`pin`).
+(`release` of its own pid), and worker 1 stays where it was forked, beside the state
+process. The list is checked once, when `zns serve` starts; a process started later (a
+worker in place of a dead one) whose CPU is gone by then runs unpinned (`pin`).
 """
 
 from __future__ import annotations
@@ -92,16 +93,6 @@ def pin(cpu: int, who: str = "") -> bool:
     return True
 
 
-def unpin() -> None:
-    """Run every thread of this process on the CPUs `zns serve` started with: a worker
-    forked from a state process paired with worker 1 (`--cpus auto`) other than worker 1
-    itself, which would share the pair's CPU."""
-    try:
-        _set(_tasks("self"), remember())
-    except OSError:
-        pass  # none of them is allowed any more: where the kernel moved it
-
-
 # --- `--cpus auto`: the state process and worker 1 as a pair (zns.core.pairing) -----------
 
 
@@ -156,13 +147,15 @@ def pair(cpu: int, pids: Iterable[int]) -> bool:
         for threads in tasks.values():
             _set(threads, {cpu})
     except OSError:
-        release(tasks)
+        release(list(tasks))
         return False
     return True
 
 
 def release(pids: Iterable[int]) -> None:
-    """Every thread of each process of `pids` on the CPUs `zns serve` started with."""
+    """Every thread of each process of `pids` on the CPUs `zns serve` started with (of a
+    pair let go; or of a worker other than worker 1, forked from a state process paired with
+    it, which would share the pair's CPU)."""
     for pid in pids:
         try:
             _set(_tasks(str(pid)), remember())

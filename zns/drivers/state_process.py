@@ -641,7 +641,7 @@ class _Pool:
 class _Figures:
     """The whole's figures to every worker, once a second; and the pairing's sample."""
 
-    what = "sending figures"
+    what = "sending figures, pairing worker 1"
 
     def __init__(self, process: StateProcess) -> None:
         self._process = process

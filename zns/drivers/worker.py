@@ -556,7 +556,7 @@ def worker_main(config: ServerConfig, worker: int, channel: socket.socket,
         if cpu is not None:  # before this worker starts a thread (checked by `zns serve`)
             cpus.pin(cpu)  # its lines name the worker
         elif config.pairs and worker != 1:  # forked from a state process paired with worker 1
-            cpus.unpin()
+            cpus.release([os.getpid()])
         return _serve(config, worker, channel, written, started_at_ms, forked,
                       worker if connections is None else connections)
     except ConfigError as exc:
