@@ -808,6 +808,7 @@ def run_storm(config: RunConfig) -> BenchResult:
     worst: dict[str, list[float]] = {name: [] for name in names}
     took: dict[str, list[float]] = {name: [] for name in names}
     answered: dict[str, list[float]] = {name: [] for name in names}  # probe reads a second
+    unpaired = {name: "" for name in names}  # a note when a round was not paired
     for r in range(config.rounds):
         for i, (name, w, args) in enumerate(STORM_SHAPES):
             if r % 2:  # rounds alternate the order
@@ -817,7 +818,8 @@ def run_storm(config: RunConfig) -> BenchResult:
             # and dump), whose topics would make the storm's registrations change nothing.
             with _closing(start(config, w, f"storm{r}-{i}", *args)) as zns, \
                     Session(zns.server.router) as session:
-                wait_paired(zns.server, ("--workers", str(w), *args))
+                unpaired[name] = unpaired[name] or wait_paired(
+                    zns.server, ("--workers", str(w), *args), config.quick)
                 session.call("register_broker", cluster="bench", broker_name="probe-broker",
                              broker_id=0, broker_addr=broker_addr(1), topics={"ProbeTopic": {}})
                 probes = [Probe(zns.server.router, "ProbeTopic") for _ in range(4)]
@@ -844,16 +846,20 @@ def run_storm(config: RunConfig) -> BenchResult:
     figures = []
     one = names[0]
     for shape in names[1:]:
+        # A round whose server was not paired (a machine never quiet) says so on every figure.
+        note = unpaired[shape]
         figures += [
             Figure(f"get_route p99 during the storm, {shape}", "ms", p99[shape], one,
-                   p99[one]),
+                   p99[one], note=note),
             Figure(f"get_route max during the storm, {shape}", "ms", worst[shape], one,
-                   worst[one]),
+                   worst[one], note=note),
             Figure(f"the storm's registrations answered in, {shape}", "s", took[shape],
-                   one, took[one]),
+                   one, took[one], note=note),
             Figure(f"probe reads answered per second during the storm, {shape}", "reads/s",
                    answered[shape], one, answered[one],
-                   note="4 probes, each waiting for its reply, then 5 ms: 800/s at most"),
+                   note="; ".join(filter(None, [
+                       "4 probes, each waiting for its reply, then 5 ms: 800/s at most",
+                       note]))),
         ]
     method = STORM_METHOD.format(brokers=p.storm_brokers, topics=p.storm_topics,
                                  count=2 * p.storm_brokers)
