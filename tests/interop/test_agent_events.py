@@ -325,7 +325,10 @@ def test_a_dead_jeromq_thread_resets_the_loop_without_waiting_for_its_context(ja
     assert "LoopFault: no memory for a frame" in got["seen"], got
     assert "a JeroMQ thread failed" in got["step"], got
     assert 900 <= got["closed_ms"] < 5000, got  # the 1 s wait, then on: not stuck in terminate
-    assert got["fresh"] is True and got["hb"] is True, got
+    # Twice in loaded full runs (never alone, nor under spinning load) the fresh context
+    # received no hb: the endpoint's trace and the JVM's threads say where it stopped.
+    assert got["fresh"] is True and got["hb"] is True, \
+        (got, "\n".join(endpoint.trace), proc.stderr[-20_000:])
 
 
 def test_bad_agent_arguments_are_refused_with_a_reason(jar: Path) -> None:

@@ -456,6 +456,7 @@ class HostileEndpoint:
         self.revision = 1
         self.sent: dict[str, int] = {}
         self.last_flood_ms = 0.0  # wall clock (ms, floored) just before the last route event of `revisions`/`epochs` was sent
+        self.trace: list[str] = []  # what each connection did, for a failing test's message
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         self._subs: dict[socket.socket, set[bytes]] = {}
@@ -509,6 +510,15 @@ class HostileEndpoint:
                 return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
+    def _trace(self, conn: socket.socket, what: str) -> None:
+        try:
+            peer = conn.getpeername()[1]
+        except OSError:
+            peer = "?"
+        with self._lock:
+            if len(self.trace) < 200:
+                self.trace.append(f"{time.monotonic():.3f} conn {peer}: {what}")
+
     def _count(self, what: str) -> None:
         with self._lock:
             self.sent[what] = self.sent.get(what, 0) + 1
@@ -521,9 +531,11 @@ class HostileEndpoint:
             self._conns.append(conn)
             self._subs.setdefault(conn, set())
         route_channel = f"route/{self.topic}\0".encode()
+        self._trace(conn, "accepted")
         try:
             conn.sendall(greeting + ready)
             next_hb = 0.0
+            hbs = 0
             while not self._stop.is_set():
                 mode = self.mode
                 now = time.monotonic()
@@ -531,6 +543,9 @@ class HostileEndpoint:
                         and self.wants(conn, b"hb\0"):  # the first as soon as it is subscribed
                     next_hb = now + self.hb_ms / 1000
                     conn.sendall(self.hb())
+                    hbs += 1
+                    if hbs == 1:
+                        self._trace(conn, "first hb sent")
                 if mode == "honest":
                     time.sleep(0.01)
                 elif mode == "huge":
@@ -567,8 +582,8 @@ class HostileEndpoint:
                     self.last_flood_ms = sent_ms
                     self._count(mode)
                     time.sleep(0.001)  # about 500 a second on this machine: far more than the bound
-        except OSError:
-            pass  # the subscriber closed the connection: it reconnects, or it is done
+        except OSError as e:
+            self._trace(conn, f"ended: {e!r}")  # the subscriber closed it: it reconnects, or it is done
         finally:
             with self._lock:
                 if conn in self._conns:
@@ -606,6 +621,7 @@ class HostileEndpoint:
             pass
 
     def _subscribe(self, conn: socket.socket, prefix: bytes, on: bool) -> None:
+        self._trace(conn, f"{'subscribed' if on else 'cancelled'} {prefix!r}")
         with self._lock:
             subs = self._subs.setdefault(conn, set())
             if on:

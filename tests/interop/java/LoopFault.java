@@ -13,7 +13,9 @@
  *   {"closed_ms":N}                         closing everything took N ms (the dead context
  *                                           never terminates: closing must not wait for it)
  *   {"fresh":true|false}                    the loop made a new context after closing
- *   {"hb":true|false}                       that fresh context receives an hb (30 s at most)
+ *   {"hb_wait_ms":N,"errno":E}              how long its receive took, and JeroMQ's errno after it
+ *   {"hb":true|false}                       that fresh context receives an hb (30 s at most);
+ *                                           when not, every thread's stack goes to stderr
  */
 package zns.agent;
 
@@ -68,8 +70,21 @@ public final class LoopFault {
         h.subscribe("hb\0".getBytes(StandardCharsets.UTF_8));
         h.connect(endpoint);
         System.out.println("{\"fresh\":" + (fresh != dying) + "}");
-        System.out.println("{\"hb\":" + (h.recv() != null) + "}");
+        long waiting = System.nanoTime();
+        byte[] hb = h.recv();
+        System.out.println("{\"hb_wait_ms\":" + TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - waiting)
+                + ",\"errno\":" + h.errno() + "}");
+        System.out.println("{\"hb\":" + (hb != null) + "}");
         System.out.flush();
+        if (hb == null) { // what every thread was doing, for the test's failure message
+            for (java.util.Map.Entry<Thread, StackTraceElement[]> t : Thread.getAllStackTraces().entrySet()) {
+                System.err.println(t.getKey().getName() + " " + t.getKey().getState());
+                for (StackTraceElement e : t.getValue()) {
+                    System.err.println("    at " + e);
+                }
+            }
+            System.err.flush();
+        }
         Runtime.getRuntime().halt(0); // the dead context's threads are daemons, but leave no doubt
     }
 
