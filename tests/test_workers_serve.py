@@ -19,6 +19,7 @@ import zmq
 
 from zns.core import schema
 from zns.core.config import MAX_CPU, ServerConfig
+from zns.core.pairing import MAX_QUIET_SAMPLES, QUIET_SAMPLES
 from zns.drivers import cpus
 from helpers import (
     LOADED_DEADLINE, Peer, ProcessServer, register_fields, register_until, wait_for,
@@ -707,17 +708,23 @@ class QuietWatch:
         return idle
 
 
-def wait_paired(server: ProcessServer, after: int, watch: QuietWatch, until: float) -> int:
+def wait_paired(server: ProcessServer, after: int, until: float) -> int:
     """The number of pairing lines once there are more than `after`; skips (not fails) when
-    the machine never had 4 quiet seconds in a row meanwhile (tests beside it, JVMs)."""
+    the machine never had the quiet seconds in a row the pairing asks for meanwhile (tests
+    beside it, JVMs): QUIET_SAMPLES, doubled by each release (zns.core.pairing), counted
+    from the last release."""
+    watch, releases = QuietWatch(), -1
     while (count := len(PAIRED.findall(server.output()))) <= after:
+        if server.output().count(RELEASED) != releases:
+            watch, releases = QuietWatch(), server.output().count(RELEASED)
+        need = min(QUIET_SAMPLES * 2 ** releases, MAX_QUIET_SAMPLES) + 1
         watch.tick()
         if time.monotonic() > until:
-            if watch.longest >= 4:
+            if watch.longest >= need:
                 raise AssertionError(f"not paired though {watch.longest} quiet seconds in a "
                                      f"row passed: {server.output()}")
             pytest.skip(f"the machine was never quiet long enough to pair (at most "
-                        f"{watch.longest} s in a row with a CPU 60 % idle)")
+                        f"{watch.longest} s in a row with a CPU 60 % idle, {need} needed)")
         time.sleep(0.05)
     return count
 
@@ -743,16 +750,16 @@ def test_by_default_the_state_process_and_worker_1_share_a_cpu_until_their_work_
     while it was paired counts only if no release came meanwhile, else it is tried again."""
     allowed = {cpus._ranges(sorted(os.sched_getaffinity(0)))}
     server = ProcessServer(tmp_path, "--workers", "2", "--metrics", "127.0.0.1:0")
-    watch, until = QuietWatch(), time.monotonic() + 150
+    until = time.monotonic() + 150
     peer = None
     try:
         wait_for(lambda: server.output().count("serving requests on") == 2)
         pairings, checked = 0, False
         while not checked:
-            pairings = wait_paired(server, pairings, watch, until)
+            pairings = wait_paired(server, pairings, until)
             cpu = paired_cpu(server)
             if cpu is None:
-                continue  # released already
+                continue  # released already (the machine's load)
             state, one, two = server.proc.pid, worker_pid(server, 1), worker_pid(server, 2)
             seen = cpus_of_threads(state), cpus_of_threads(one)
             os.kill(two, signal.SIGKILL)  # replaced by a worker forked from the paired process
