@@ -766,8 +766,9 @@ changes sent on one connection, the next only after every socket got the previou
 {changes} changes a round, {subs} subscribers) against `--workers 0`, `--workers 1` and
 `--workers 2`; the subscribers' and the sender's connections land wherever the kernel puts them.
 With workers, each server is measured once its state process and worker 1 are paired on one CPU
-(`--cpus auto`, the default: they are after 3 light seconds), as it serves; the same `--workers
-1` with `--cpus off` (never paired) follows each cadence's three.
+(`--cpus auto`, the default: they are after 3 light seconds), as it serves; one that has not
+paired within 30 s (a machine never quiet) is measured unpinned, and its figures say so in a
+note. The same `--workers 1` with `--cpus off` (never paired) follows each cadence's three.
 Then the same three again with `--cpus` naming the machine's first two CPUs (the state process
 and worker 1 pinned to the first, worker 2 to the second; one process to the first), each
 against one process not pinned, as it runs by default. Then `--workers 0`, `1` and `2`
@@ -876,7 +877,9 @@ registering the same {topics:,} topics, then each again with other queue counts 
 registrations of {topics:,} topics, one in flight, as fast as they are answered). The figures
 are the p99 and the longest of the probes' round trips sent while the storm lasted, how
 long it lasted, and how many probe reads were answered per second of it (each probe waits
-for its reply, then 5 ms: 800/s at most; reads a server holds back do not happen). Rerun alone (after a change to the write path) with `.venv/bin/python -m
+for its reply, then 5 ms: 800/s at most; reads a server holds back do not happen). Servers
+of a shape that pairs begin the storm paired; one not paired within 30 s (a machine never
+quiet) is measured unpinned, with a note. Rerun alone (after a change to the write path) with `.venv/bin/python -m
 bench.workers workers_storm`.
 """
 
