@@ -675,7 +675,8 @@ def run_lag(config: RunConfig) -> BenchResult:
                     f"{before.name}{cadence}, {label(workers)}", "µs",
                     after.rounds, "1 process", before.rounds,
                     note=f"{extra:+,.0f} µs against one process"
-                    + (" (budget: +100 µs at p50)" if "p50" in before.name else "")))
+                    + (" (budget: +100 µs at p50)" if "p50" in before.name else "")
+                    + (f"; {after.note}" if after.note else "")))  # not paired
         for before, after in zip(runs[0], unpaired[cadence]):
             if "max" in before.name:
                 continue
