@@ -115,7 +115,7 @@ def measure(config: RunConfig, p: Params, *server_args: str) -> list[Figure]:
                     f"raw round trip {label}",
                     [percentile(rnd.raw_rtt, q) * 1e6 for rnd in rounds],
                     Target("ratio", "<=", 3) if q == 99 else None,
-                    unpaired,
+                    note=unpaired,
                 ))
             config.log(f"{n} subscribers: p50 {figures[-3].value:.0f} µs, "
                        f"p99 {figures[-2].value:.0f} µs (raw p99 {figures[-2].reference_value:.0f})")

@@ -820,8 +820,9 @@ def run_storm(config: RunConfig) -> BenchResult:
             # and dump), whose topics would make the storm's registrations change nothing.
             with _closing(start(config, w, f"storm{r}-{i}", *args)) as zns, \
                     Session(zns.server.router) as session:
-                unpaired[name] = unpaired[name] or wait_paired(
-                    zns.server, ("--workers", str(w), *args), config.quick)
+                # Every round waits for its own server's pairing; one not paired notes it.
+                missed = wait_paired(zns.server, ("--workers", str(w), *args), config.quick)
+                unpaired[name] = unpaired[name] or missed
                 session.call("register_broker", cluster="bench", broker_name="probe-broker",
                              broker_id=0, broker_addr=broker_addr(1), topics={"ProbeTopic": {}})
                 probes = [Probe(zns.server.router, "ProbeTopic") for _ in range(4)]
