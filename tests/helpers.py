@@ -205,14 +205,12 @@ class ThreadedServer(_PeeredServer):
         self._log = _Lines()
         self._logger = logging.getLogger("zns")
         self._logger.addHandler(self._log)
-        _raise_to_info(self._logger)
-        _LEVEL_HOLDERS.add(self._log)  # put back once, however often it is stopped
+        _raise_to_info(self._logger, self._log)
         try:
             self.server = Server(config, **(server_kwargs or {}))
         except BaseException:
             self._logger.removeHandler(self._log)
-            _LEVEL_HOLDERS.discard(self._log)
-            _put_back_level(self._logger)
+            _put_back_level(self._logger, self._log)
             raise
         self.router = self.server.router_endpoint
         self.pub = self.server.pub_endpoint
@@ -242,9 +240,7 @@ class ThreadedServer(_PeeredServer):
         self.server.stop()
         self.thread.join(10)
         self._logger.removeHandler(self._log)
-        if self._log in _LEVEL_HOLDERS:
-            _LEVEL_HOLDERS.discard(self._log)
-            _put_back_level(self._logger)
+        _put_back_level(self._logger, self._log)
         assert not self.thread.is_alive()
 
 
@@ -253,24 +249,23 @@ class ThreadedServer(_PeeredServer):
 # own would leave INFO behind when they stop in the order they started, and a later test of
 # the worker would capture INFO lines it does not expect).
 _level_before: list[int] = []
-_raised = 0
 _LEVEL_HOLDERS: set[logging.Handler] = set()  # the running servers' line collectors
 
 
-def _raise_to_info(logger: logging.Logger) -> None:
-    global _raised
-    if _raised == 0:
+def _raise_to_info(logger: logging.Logger, holder: logging.Handler) -> None:
+    if not _LEVEL_HOLDERS:
         _level_before[:] = [logger.level]
         if not logger.isEnabledFor(logging.INFO):
             logger.setLevel(logging.INFO)
-    _raised += 1
+    _LEVEL_HOLDERS.add(holder)
 
 
-def _put_back_level(logger: logging.Logger) -> None:
-    global _raised
-    _raised -= 1
-    if _raised == 0:
-        logger.setLevel(_level_before[0])
+def _put_back_level(logger: logging.Logger, holder: logging.Handler) -> None:
+    """Once for each holder, however often it is stopped."""
+    if holder in _LEVEL_HOLDERS:
+        _LEVEL_HOLDERS.discard(holder)
+        if not _LEVEL_HOLDERS:
+            logger.setLevel(_level_before[0])
 
 
 class _Lines(logging.Handler):

@@ -713,16 +713,16 @@ def wait_paired(server: ProcessServer, after: int, until: float) -> int:
     the machine never had the quiet seconds in a row the pairing asks for meanwhile (tests
     beside it, JVMs): QUIET_SAMPLES, doubled by each release (zns.core.pairing), counted
     from the last release."""
-    watch, releases = QuietWatch(), -1
-    while (count := len(PAIRED.findall(server.output()))) <= after:
-        if server.output().count(RELEASED) != releases:
-            watch, releases = QuietWatch(), server.output().count(RELEASED)
+    watch, releases = QuietWatch(), server.output().count(RELEASED)
+    while (count := len(PAIRED.findall(output := server.output()))) <= after:
+        if output.count(RELEASED) != releases:
+            watch, releases = QuietWatch(), output.count(RELEASED)
         need = min(QUIET_SAMPLES * 2 ** releases, MAX_QUIET_SAMPLES) + 1
         watch.tick()
         if time.monotonic() > until:
             if watch.longest >= need:
                 raise AssertionError(f"not paired though {watch.longest} quiet seconds in a "
-                                     f"row passed: {server.output()}")
+                                     f"row passed: {output}")
             pytest.skip(f"the machine was never quiet long enough to pair (at most "
                         f"{watch.longest} s in a row with a CPU 60 % idle, {need} needed)")
         time.sleep(0.05)
